@@ -1,0 +1,192 @@
+//! Accelerator memory: the HBM tier behind a trait.
+//!
+//! A [`DeviceMemory`] is one rank's device memory, addressed by byte offset. The store never
+//! touches device bytes directly: it copies in, copies out and discards through this trait,
+//! so a real accelerator runtime can replace the default [`HostEmulated`] backend, which
+//! emulates device memory with a lazily committed anonymous mapping (a 5 GB "HBM" costs no
+//! RSS until written).
+
+use std::io;
+use std::ptr::NonNull;
+
+/// One device's memory.
+///
+/// # Safety contract for callers
+/// The byte ranges passed to `write`, `read` and `discard` must be owned by the caller for
+/// the duration of the call: no other thread may write the same range concurrently. The
+/// store's allocator guarantees this (each range belongs to one blob on one shard).
+pub trait DeviceMemory: Send + Sync {
+    /// A name for logs (`host-emulated`, a device id, ...).
+    fn name(&self) -> &str;
+
+    fn capacity_bytes(&self) -> u64;
+
+    /// Copies `src` into device memory at `offset`.
+    ///
+    /// # Safety
+    /// The caller owns `[offset, offset + src.len())` (see the trait's contract).
+    unsafe fn write(&self, offset: u64, src: &[u8]) -> io::Result<()>;
+
+    /// Copies device memory at `offset` into `dst`.
+    ///
+    /// # Safety
+    /// No other thread writes `[offset, offset + dst.len())` during the call.
+    unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> io::Result<()>;
+
+    /// The range is free: the device may release what backs it.
+    ///
+    /// # Safety
+    /// The caller owns the range and will not read it before writing it again.
+    unsafe fn discard(&self, offset: u64, len: u64);
+}
+
+/// Device memory emulated in host memory: an anonymous `MAP_NORESERVE` mapping, committed
+/// page by page on first write and returned to the kernel by `discard`.
+pub struct HostEmulated {
+    base: NonNull<u8>,
+    len: u64,
+}
+
+// SAFETY: the mapping is plain memory; concurrent access to disjoint ranges is the callers'
+// contract (see `DeviceMemory`).
+unsafe impl Send for HostEmulated {}
+unsafe impl Sync for HostEmulated {}
+
+impl HostEmulated {
+    pub fn new(len: u64) -> io::Result<HostEmulated> {
+        if len == 0 {
+            return Ok(HostEmulated {
+                base: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        // SAFETY: an anonymous private mapping with no fixed address has no preconditions.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(HostEmulated {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+        })
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {offset}+{len} outside device memory of {} bytes",
+                    self.len
+                ),
+            )),
+        }
+    }
+}
+
+impl Drop for HostEmulated {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmapping exactly the mapping created in `new`.
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
+        }
+    }
+}
+
+impl DeviceMemory for HostEmulated {
+    fn name(&self) -> &str {
+        "host-emulated"
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.len
+    }
+
+    unsafe fn write(&self, offset: u64, src: &[u8]) -> io::Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: in bounds (checked); exclusive per the caller's contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.base.as_ptr().add(offset as usize),
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+
+    unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: in bounds (checked); no concurrent writer per the caller's contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(offset as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    unsafe fn discard(&self, offset: u64, len: u64) {
+        // Only whole pages inside the range can be released.
+        const PAGE: u64 = 4096;
+        let start = offset.div_ceil(PAGE) * PAGE;
+        let end = (offset.saturating_add(len)).min(self.len) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the range lies inside the mapping; MADV_DONTNEED on private anonymous
+            // memory makes it read back as zeros, which the caller does not rely on.
+            unsafe {
+                libc::madvise(
+                    self.base.as_ptr().add(start as usize).cast(),
+                    (end - start) as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_in_and_out_and_checks_bounds() {
+        let dev = HostEmulated::new(1 << 20).unwrap();
+        assert_eq!(dev.capacity_bytes(), 1 << 20);
+        let data: Vec<u8> = (0..=255).collect();
+        unsafe { dev.write(4000, &data).unwrap() };
+        let mut back = vec![0u8; 256];
+        unsafe { dev.read(4000, &mut back).unwrap() };
+        assert_eq!(back, data);
+        assert!(unsafe { dev.write((1 << 20) - 10, &data) }.is_err());
+        assert!(unsafe { dev.read(u64::MAX - 1, &mut back) }.is_err());
+        unsafe { dev.discard(0, 1 << 20) };
+        unsafe { dev.read(4000, &mut back).unwrap() };
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "discarded pages read back as zeros"
+        );
+    }
+
+    #[test]
+    fn a_large_device_costs_no_memory_until_written() {
+        // 64 GiB of emulated HBM: only the address space is reserved.
+        let dev = HostEmulated::new(64 << 30).unwrap();
+        unsafe { dev.write(63 << 30, b"x").unwrap() };
+        let mut b = [0u8; 1];
+        unsafe { dev.read(63 << 30, &mut b).unwrap() };
+        assert_eq!(&b, b"x");
+    }
+}

@@ -1,0 +1,116 @@
+//! `mmc-server`: the MemCache Hybrid meta service.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mmc::cli::{self, Args};
+use mmc::server::Server;
+
+fn init_logging(level: log::LevelFilter) {
+    let mut b = env_logger::Builder::new();
+    b.filter_level(level);
+    if let Ok(spec) = std::env::var("RUST_LOG") {
+        b.parse_filters(&spec);
+    }
+    b.format(|f, record| {
+        let ts = f.timestamp_millis();
+        let thread = std::thread::current();
+        writeln!(
+            f,
+            "{ts} {:5} [{}] {}",
+            record.level(),
+            thread.name().unwrap_or("main"),
+            record.args()
+        )
+    });
+    b.init();
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.print_default_config {
+        print!("{}", mmc::config::default_config_file());
+        return ExitCode::SUCCESS;
+    }
+    let plan = match cli::plan(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mmc-server: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.print_config {
+        print!("{}", plan.config.render());
+        return ExitCode::SUCCESS;
+    }
+    init_logging(plan.config.log_level);
+    // A panic anywhere is a bug; a server with a dead shard would hang the requests routed to
+    // it, so the process exits and lets its supervisor restart it.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        log::error!("fatal: {info}");
+        std::process::exit(101);
+    }));
+    for w in &plan.warnings {
+        log::warn!("{w}");
+    }
+    let shards = plan.shard_cpus.len();
+    let cpus = {
+        let mut c = plan.shard_cpus.clone();
+        c.sort_unstable();
+        c.dedup();
+        mmc::shards::runtime::format_cpu_list(&c)
+    };
+    let server = match Server::start(plan) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("mmc-server: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    log::info!(
+        "mmc-server {} listening on http://{} ({shards} shards on CPUs {cpus}, io driver {})",
+        env!("CARGO_PKG_VERSION"),
+        server.local_addr,
+        server.drivers[0]
+    );
+
+    let cluster = server.cluster.clone();
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT]);
+    match signals {
+        Ok(mut signals) => {
+            std::thread::Builder::new()
+                .name("mmc-signals".into())
+                .spawn(move || {
+                    let mut seen = 0;
+                    for sig in signals.forever() {
+                        seen += 1;
+                        let name = if sig == libc::SIGTERM {
+                            "SIGTERM"
+                        } else {
+                            "SIGINT"
+                        };
+                        if seen == 1 {
+                            log::info!("{name}: stopping accepting, finishing requests in flight");
+                            cluster.begin_shutdown();
+                        } else {
+                            log::warn!("{name} again: exiting without waiting");
+                            std::process::exit(1);
+                        }
+                    }
+                })
+                .expect("cannot start the signal thread");
+        }
+        Err(e) => log::warn!("cannot install signal handlers ({e}); stop with SIGKILL"),
+    }
+    if server.join() {
+        log::info!("mmc-server stopped");
+        ExitCode::SUCCESS
+    } else {
+        log::error!("a shard thread failed");
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,219 @@
+//! The `mmc-server` command line and how it becomes a validated start-up plan.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::values::{HostPort, parse_cpu_list};
+use crate::config::{Config, ConfigError};
+use crate::shards::runtime::{DriverChoice, allowed_cpus, format_cpu_list};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mmc-server",
+    version,
+    about = "MemCache Hybrid meta service: a thread-per-core server for a tiered (HBM/DRAM/SSD) KV cache",
+    after_help = "With no options the server runs on its embedded default: http://127.0.0.1:8000, \
+                  one shard per CPU of the affinity mask. Every configuration key is documented in \
+                  config/mmc-meta.conf (or: mmc-server --print-default-config)."
+)]
+pub struct Args {
+    /// Configuration file of `key = value` lines (`#` comments), as upstream mmc-meta.conf.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Override one configuration key; repeatable. Applied after --config.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+
+    /// Listen address; overrides ock.mmc.meta_service.metrics_url.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+
+    /// CPUs to run shards on, e.g. 0-3,8 (default: the process's affinity mask).
+    #[arg(long, value_name = "LIST")]
+    pub cores: Option<String>,
+
+    /// Number of shards (default: one per CPU of --cores). More shards than CPUs share them
+    /// round-robin.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+
+    /// io driver: io_uring when available with epoll fallback (auto), io_uring only, or epoll.
+    #[arg(
+        long = "io-driver",
+        value_name = "auto|uring|epoll",
+        default_value = "auto"
+    )]
+    pub io_driver: String,
+
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+
+    /// Print the documented default configuration file and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+}
+
+/// Everything needed to start, validated.
+#[derive(Debug)]
+pub struct Plan {
+    pub config: Config,
+    /// The CPU of each shard, in shard order.
+    pub shard_cpus: Vec<usize>,
+    pub driver: DriverChoice,
+    /// Unknown configuration keys, to warn about once logging is up.
+    pub warnings: Vec<String>,
+}
+
+/// Turns the arguments into a plan, or the one line that explains why the server cannot start.
+pub fn plan(args: &Args) -> Result<Plan, String> {
+    plan_with_cpus(args, &allowed_cpus())
+}
+
+pub fn plan_with_cpus(args: &Args, allowed: &[usize]) -> Result<Plan, String> {
+    let mut config = Config::defaults();
+    let mut warnings = Vec::new();
+    let err = |e: ConfigError| e.to_string();
+    if let Some(path) = &args.config {
+        for (line, key) in config.apply_file(path).map_err(err)? {
+            warnings.push(format!(
+                "config file {} line {line}: unknown key {key} (ignored)",
+                path.display()
+            ));
+        }
+    }
+    for s in &args.sets {
+        let Some((k, v)) = s.split_once('=') else {
+            return Err(format!("invalid value {s:?} for --set: expected KEY=VALUE"));
+        };
+        if !config.set(k.trim(), v).map_err(err)? {
+            warnings.push(format!("--set: unknown key {} (ignored)", k.trim()));
+        }
+    }
+    if let Some(listen) = &args.listen {
+        let hp = HostPort::parse(listen).map_err(|allowed| {
+            format!("invalid value {listen:?} for --listen: expected {allowed}")
+        })?;
+        let scheme = if config.url_is_https { "https" } else { "http" };
+        config
+            .set(
+                "ock.mmc.meta_service.metrics_url",
+                &format!("{scheme}://{hp}"),
+            )
+            .map_err(err)?;
+    }
+    config.validate().map_err(err)?;
+
+    let driver = DriverChoice::parse(&args.io_driver).map_err(|allowed| {
+        format!(
+            "invalid value {:?} for --io-driver: expected {allowed}",
+            args.io_driver
+        )
+    })?;
+
+    let cpus = match &args.cores {
+        None => allowed.to_vec(),
+        Some(list) => {
+            let cpus = parse_cpu_list(list).map_err(|allowed| {
+                format!("invalid value {list:?} for --cores: expected {allowed}")
+            })?;
+            if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+                return Err(format!(
+                    "invalid value {list:?} for --cores: CPU {bad} is not available to this process (allowed: {})",
+                    format_cpu_list(allowed)
+                ));
+            }
+            cpus
+        }
+    };
+    if cpus.is_empty() {
+        return Err("no CPU is available to this process".to_string());
+    }
+    let shards = match args.shards {
+        None => cpus.len(),
+        Some(0) | Some(1025..) => {
+            return Err(format!(
+                "invalid value \"{}\" for --shards: expected an integer from 1 to 1024",
+                args.shards.unwrap_or(0)
+            ));
+        }
+        Some(n) => n,
+    };
+    let shard_cpus = (0..shards).map(|i| cpus[i % cpus.len()]).collect();
+    Ok(Plan {
+        config,
+        shard_cpus,
+        driver,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("mmc-server").chain(list.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let p = plan_with_cpus(&args(&[]), &[0, 1]).unwrap();
+        assert_eq!(p.shard_cpus, vec![0, 1]);
+        assert_eq!(p.driver, DriverChoice::Auto);
+        assert_eq!(p.config.listen.to_string(), "127.0.0.1:8000");
+    }
+
+    #[test]
+    fn overrides_in_order() {
+        let p = plan_with_cpus(
+            &args(&[
+                "--set",
+                "ock.mmc.meta_service.metrics_url=http://127.0.0.1:9000",
+                "--listen",
+                "127.0.0.1:0",
+                "--shards",
+                "4",
+                "--cores",
+                "1",
+                "--set",
+                "ock.mmc.unknown=1",
+            ]),
+            &[0, 1],
+        )
+        .unwrap();
+        assert_eq!(p.config.listen.port, 0);
+        assert_eq!(p.shard_cpus, vec![1, 1, 1, 1]);
+        assert_eq!(
+            p.warnings,
+            vec!["--set: unknown key ock.mmc.unknown (ignored)"]
+        );
+    }
+
+    #[test]
+    fn refusals_are_one_clear_line() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--listen", "nowhere"], "--listen"),
+            (&["--io-driver", "kqueue"], "--io-driver"),
+            (&["--cores", "7"], "CPU 7 is not available"),
+            (&["--cores", "1-0"], "--cores"),
+            (&["--shards", "0"], "--shards"),
+            (&["--set", "novalue"], "--set"),
+            (
+                &["--set", "ock.mmc.evict_threshold_high=101"],
+                "ock.mmc.evict_threshold_high",
+            ),
+            (
+                &["--set", "ock.mmc.http.max_body_bytes=1XB"],
+                "ock.mmc.http.max_body_bytes",
+            ),
+        ];
+        for (argv, needle) in cases {
+            let e = plan_with_cpus(&args(argv), &[0, 1]).unwrap_err();
+            assert!(e.contains(needle), "{argv:?}: {e}");
+            assert!(!e.contains('\n'), "{argv:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! Configuration: the upstream `key = value` file format, `--set` overrides, validation.
+//!
+//! Every key the server reads is one row of [`KEYS`]: its name, its default (as text, parsed
+//! by the same setter as user input, so a default can never be invalid), one line of
+//! documentation, and the setter. `config/mmc-meta.conf` is generated from this table
+//! (`mmc-server --print-default-config`) and a test keeps the two identical.
+
+pub mod values;
+
+use std::fmt;
+use std::path::Path;
+
+pub use values::HostPort;
+use values::{parse_size, parse_u64_in, parse_url};
+
+/// The validated configuration of one server process. Immutable once the server starts.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where the HTTP service listens (from `ock.mmc.meta_service.metrics_url` or `--listen`).
+    pub listen: HostPort,
+    /// The `metrics_url` scheme was `https`.
+    pub url_is_https: bool,
+    /// This node's address as other nodes and clients should reach it; reported as
+    /// `leader_address` while this node leads. Empty: `unknown`.
+    pub advertise_address: String,
+    pub http: HttpConfig,
+    pub metadata: MetadataConfig,
+    pub shard: ShardConfig,
+    pub evict: EvictConfig,
+    pub log_level: log::LevelFilter,
+    /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
+    raw: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    pub max_body_bytes: u64,
+    pub idle_timeout_ms: u64,
+    pub header_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
+    pub max_connections_per_shard: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct MetadataConfig {
+    pub max_value_bytes: u64,
+    pub max_total_bytes: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    pub inbox_capacity: u64,
+    pub max_outstanding: u64,
+    pub idle_spin_us: u64,
+    pub ring_entries: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct EvictConfig {
+    pub high_percent: u64,
+    pub low_percent: u64,
+}
+
+/// One configuration key.
+pub struct KeySpec {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+    set: fn(&mut Config, &str) -> Result<(), String>,
+}
+
+macro_rules! key {
+    ($name:literal, $default:literal, $doc:literal, |$c:ident, $v:ident| $body:expr) => {
+        KeySpec {
+            name: $name,
+            default: $default,
+            doc: $doc,
+            set: |$c: &mut Config, $v: &str| -> Result<(), String> {
+                $body;
+                Ok(())
+            },
+        }
+    };
+}
+
+fn size(v: &str) -> Result<u64, String> {
+    parse_size(v).map_err(str::to_string)
+}
+
+fn size_in(v: &str, min: u64, max: u64) -> Result<u64, String> {
+    let n = size(v)?;
+    if n < min || n > max {
+        return Err(format!("a size from {min} to {max} bytes"));
+    }
+    Ok(n)
+}
+
+/// Every key, in the order `config/mmc-meta.conf` documents them.
+pub static KEYS: &[KeySpec] = &[
+    key!(
+        "ock.mmc.meta_service.metrics_url",
+        "http://127.0.0.1:8000",
+        "Address of the HTTP service (REST API, metrics, data plane). `--listen HOST:PORT` overrides it.",
+        |c, v| {
+            let (tls, hp) = parse_url(v).map_err(str::to_string)?;
+            c.url_is_https = tls;
+            c.listen = hp;
+        }
+    ),
+    key!(
+        "ock.mmc.meta_service.advertise_address",
+        "",
+        "HOST:PORT under which clients reach this node; reported as leader_address. Empty: unknown.",
+        |c, v| {
+            let v = v.trim();
+            if !v.is_empty() {
+                values::HostPort::parse(v).map_err(str::to_string)?;
+            }
+            c.advertise_address = v.to_string();
+        }
+    ),
+    key!(
+        "ock.mmc.http.max_body_bytes",
+        "64MB",
+        "Largest request body; a larger one is answered 413 without reading it.",
+        |c, v| c.http.max_body_bytes = size_in(v, 1, 1 << 40)?
+    ),
+    key!(
+        "ock.mmc.http.idle_timeout_ms",
+        "60000",
+        "An idle keep-alive connection is closed after this many milliseconds.",
+        |c, v| c.http.idle_timeout_ms = parse_u64_in(v, 100, 86_400_000)?
+    ),
+    key!(
+        "ock.mmc.http.header_timeout_ms",
+        "10000",
+        "A request head (or body) must arrive completely within this many milliseconds of its first byte.",
+        |c, v| c.http.header_timeout_ms = parse_u64_in(v, 100, 3_600_000)?
+    ),
+    key!(
+        "ock.mmc.http.shutdown_timeout_ms",
+        "10000",
+        "On SIGTERM/SIGINT, requests in flight get this long to finish before connections are closed.",
+        |c, v| c.http.shutdown_timeout_ms = parse_u64_in(v, 0, 600_000)?
+    ),
+    key!(
+        "ock.mmc.http.max_connections_per_shard",
+        "16384",
+        "Open connections one shard accepts; past it new connections are answered 429 and closed.",
+        |c, v| c.http.max_connections_per_shard = parse_u64_in(v, 1, 1_000_000)?
+    ),
+    key!(
+        "ock.mmc.metadata.max_value_bytes",
+        "1MB",
+        "Largest value PUT /metadata accepts (413 beyond).",
+        |c, v| c.metadata.max_value_bytes = size_in(v, 1, 1 << 32)?
+    ),
+    key!(
+        "ock.mmc.metadata.max_total_bytes",
+        "256MB",
+        "Memory all /metadata keys and values may use together; a PUT past it fails with `Metadata store full`.",
+        |c, v| c.metadata.max_total_bytes = size_in(v, 1024, 1 << 44)?
+    ),
+    key!(
+        "ock.mmc.shard.inbox_capacity",
+        "4096",
+        "Requests from other shards one shard queues; past it the sender answers 429.",
+        |c, v| c.shard.inbox_capacity = parse_u64_in(v, 16, 1 << 20)?
+    ),
+    key!(
+        "ock.mmc.shard.max_outstanding",
+        "4096",
+        "Requests one shard may have waiting on other shards at once; past it it answers 429.",
+        |c, v| c.shard.max_outstanding = parse_u64_in(v, 16, 1 << 20)?
+    ),
+    key!(
+        "ock.mmc.shard.idle_spin_us",
+        "0",
+        "Microseconds a shard waiting for another shard's reply polls before it parks (0: park at once).",
+        |c, v| c.shard.idle_spin_us = parse_u64_in(v, 0, 1000)?
+    ),
+    key!(
+        "ock.mmc.io.ring_entries",
+        "1024",
+        "io_uring submission queue entries per shard (rounded up to a power of two; halved down to 256 when memlock is short).",
+        |c, v| c.shard.ring_entries = parse_u64_in(v, 256, 32768)?
+    ),
+    key!(
+        "ock.mmc.evict_threshold_high",
+        "90",
+        "Percent of a medium's capacity above which an allocation first evicts.",
+        |c, v| c.evict.high_percent = parse_u64_in(v, 1, 100)?
+    ),
+    key!(
+        "ock.mmc.evict_threshold_low",
+        "80",
+        "Percent of a medium's capacity eviction brings usage down to (below the high threshold).",
+        |c, v| c.evict.low_percent = parse_u64_in(v, 0, 99)?
+    ),
+    key!(
+        "ock.mmc.log.level",
+        "info",
+        "Log level: error, warn, info, debug or trace (RUST_LOG overrides it).",
+        |c, v| {
+            c.log_level = v
+                .trim()
+                .parse()
+                .map_err(|_| "one of off, error, warn, info, debug, trace".to_string())?
+        }
+    ),
+];
+
+/// A configuration problem that stops the start. `Display` is the one line the operator sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    Invalid {
+        key: String,
+        value: String,
+        allowed: String,
+    },
+    Conflict(String),
+    File {
+        path: String,
+        line: usize,
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Invalid {
+                key,
+                value,
+                allowed,
+            } => {
+                write!(f, "invalid value {value:?} for {key}: expected {allowed}")
+            }
+            ConfigError::Conflict(s) => f.write_str(s),
+            ConfigError::File { path, line, reason } => {
+                if *line == 0 {
+                    write!(f, "config file {path}: {reason}")
+                } else {
+                    write!(f, "config file {path} line {line}: {reason}")
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// The embedded default: every key at its default.
+    pub fn defaults() -> Config {
+        let mut c = Config {
+            listen: HostPort {
+                host: String::new(),
+                port: 0,
+            },
+            url_is_https: false,
+            advertise_address: String::new(),
+            http: HttpConfig {
+                max_body_bytes: 0,
+                idle_timeout_ms: 0,
+                header_timeout_ms: 0,
+                shutdown_timeout_ms: 0,
+                max_connections_per_shard: 0,
+            },
+            metadata: MetadataConfig {
+                max_value_bytes: 0,
+                max_total_bytes: 0,
+            },
+            shard: ShardConfig {
+                inbox_capacity: 0,
+                max_outstanding: 0,
+                idle_spin_us: 0,
+                ring_entries: 0,
+            },
+            evict: EvictConfig {
+                high_percent: 0,
+                low_percent: 0,
+            },
+            log_level: log::LevelFilter::Info,
+            raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
+        };
+        for k in KEYS {
+            (k.set)(&mut c, k.default)
+                .unwrap_or_else(|e| panic!("default of {} is invalid: {e}", k.name));
+        }
+        c
+    }
+
+    /// Applies one `key = value`. Unknown keys are returned as `Ok(false)` so the caller can
+    /// warn about them; they are never fatal (newer config files may carry keys of newer
+    /// servers, and upstream files carry keys of other processes).
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool, ConfigError> {
+        let Some(i) = KEYS.iter().position(|k| k.name == key) else {
+            return Ok(false);
+        };
+        (KEYS[i].set)(self, value).map_err(|allowed| ConfigError::Invalid {
+            key: key.to_string(),
+            value: value.to_string(),
+            allowed,
+        })?;
+        self.raw[i] = value.trim().to_string();
+        Ok(true)
+    }
+
+    /// Checks rules that involve more than one key. Run after all sources are applied.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.evict.low_percent >= self.evict.high_percent {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.evict_threshold_low ({}) must be below ock.mmc.evict_threshold_high ({})",
+                self.evict.low_percent, self.evict.high_percent
+            )));
+        }
+        if self.metadata.max_value_bytes > self.http.max_body_bytes {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.metadata.max_value_bytes ({}) must not exceed ock.mmc.http.max_body_bytes ({})",
+                self.metadata.max_value_bytes, self.http.max_body_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies the lines of a config file. Returns the unknown keys (with line numbers) for the
+    /// caller to warn about.
+    pub fn apply_file_text(
+        &mut self,
+        path: &str,
+        text: &str,
+    ) -> Result<Vec<(usize, String)>, ConfigError> {
+        let mut unknown = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line_no = i + 1;
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                return Err(ConfigError::File {
+                    path: path.to_string(),
+                    line: line_no,
+                    reason: format!("expected `key = value`, found {line:?}"),
+                });
+            };
+            let k = k.trim();
+            if k.is_empty() {
+                return Err(ConfigError::File {
+                    path: path.to_string(),
+                    line: line_no,
+                    reason: "empty key".to_string(),
+                });
+            }
+            if !self.set(k, v.trim())? {
+                unknown.push((line_no, k.to_string()));
+            }
+        }
+        Ok(unknown)
+    }
+
+    pub fn apply_file(&mut self, path: &Path) -> Result<Vec<(usize, String)>, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: shown.clone(),
+            line: 0,
+            reason: e.to_string(),
+        })?;
+        self.apply_file_text(&shown, &text)
+    }
+
+    /// The effective configuration as a config file (every key with its current value).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for k in KEYS {
+            out.push_str(&format!(
+                "{} = {}\n",
+                k.name,
+                self.value_of(k.name).unwrap_or("")
+            ));
+        }
+        out
+    }
+
+    /// The current value of a key, as it was last set (the default's text when never set).
+    pub fn value_of(&self, key: &str) -> Option<&str> {
+        let i = KEYS.iter().position(|k| k.name == key)?;
+        Some(self.raw[i].as_str())
+    }
+}
+
+/// The documented default configuration file, `config/mmc-meta.conf`.
+pub fn default_config_file() -> String {
+    let mut out = String::from(
+        "# mmc-meta.conf: every key mmc-server reads, set to its default.\n\
+         # Generated by `mmc-server --print-default-config`; a test keeps it in step with the code.\n\
+         #\n\
+         # Format (upstream mmc-meta.conf style): one `key = value` per line; lines starting with\n\
+         # `#` are comments. Sizes take bytes or KB/MB/GB/TB (binary units: 1KB = 1024 bytes).\n\
+         # Unknown keys are warned about and ignored. `--set KEY=VALUE` overrides any key.\n",
+    );
+    for k in KEYS {
+        out.push_str(&format!("\n# {}\n{} = {}\n", k.doc, k.name, k.default));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_upstream_ones() {
+        let c = Config::defaults();
+        c.validate().unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8000");
+        assert_eq!(c.http.max_body_bytes, 64 << 20);
+        assert_eq!((c.evict.high_percent, c.evict.low_percent), (90, 80));
+    }
+
+    #[test]
+    fn render_shows_what_was_set() {
+        let mut c = Config::defaults();
+        c.set("ock.mmc.http.idle_timeout_ms", " 5000 ").unwrap();
+        let text = c.render();
+        assert!(
+            text.contains("ock.mmc.http.idle_timeout_ms = 5000\n"),
+            "{text}"
+        );
+        assert!(text.contains("ock.mmc.meta_service.metrics_url = http://127.0.0.1:8000\n"));
+        assert_eq!(text.lines().count(), KEYS.len());
+    }
+
+    #[test]
+    fn file_lines_comments_and_unknown_keys() {
+        let mut c = Config::defaults();
+        let unknown = c
+            .apply_file_text(
+                "t.conf",
+                "# comment\n\n  ock.mmc.http.max_body_bytes = 2MB  \nock.mmc.other.key = 1\n",
+            )
+            .unwrap();
+        assert_eq!(c.http.max_body_bytes, 2 << 20);
+        assert_eq!(unknown, vec![(4, "ock.mmc.other.key".to_string())]);
+    }
+
+    #[test]
+    fn errors_name_key_value_and_what_is_allowed() {
+        let mut c = Config::defaults();
+        let e = c.set("ock.mmc.evict_threshold_high", "150").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid value \"150\" for ock.mmc.evict_threshold_high: expected an integer from 1 to 100"
+        );
+        let e = c.set("ock.mmc.http.max_body_bytes", "lots").unwrap_err();
+        assert!(e.to_string().contains("ock.mmc.http.max_body_bytes"), "{e}");
+        let e = c.apply_file_text("x.conf", "just words\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config file x.conf line 1: expected `key = value`, found \"just words\""
+        );
+        c.set("ock.mmc.evict_threshold_low", "95").unwrap();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("must be below")
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! One connection: read, frame requests, dispatch, write answers in order.
+//!
+//! Requests are answered strictly in arrival order (pipelining), with all complete requests
+//! in a read processed before one write of their answers. Bodies are framed by
+//! `Content-Length` or decoded from chunked encoding in place, in the read buffer. A body over
+//! its limit is answered 413 as soon as the head shows it, without reading the body.
+
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+use super::chunked::{ChunkedDecoder, Progress, TOO_LARGE};
+use super::handlers::{self, Ctx, Request};
+use super::parse::{Framing, Head, Method, Parsed, ProtocolError, parse_head};
+use super::response::{self, Response, Status};
+use super::router::{self, Route};
+use super::{ConnState, Front};
+use crate::limits::{
+    LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
+    WRITE_BUF_FLUSH_BYTES,
+};
+
+/// Body framing in progress for the request at the start of the read buffer.
+enum Pending {
+    None,
+    /// Waiting until the buffer holds `total` bytes (head plus body).
+    Length {
+        head_len: usize,
+        total: usize,
+    },
+    /// Decoding chunks in place: decoded body bytes end at `write`, undecoded input starts at
+    /// `read` (both offsets from the request start; `head_len <= write <= read`).
+    Chunked {
+        dec: ChunkedDecoder,
+        head_len: usize,
+        write: usize,
+        read: usize,
+    },
+}
+
+/// What the framing step found at the start of the unprocessed bytes.
+enum Framed {
+    NeedMore,
+    /// No usable head: answer with this error and close.
+    Malformed(ProtocolError),
+    /// A head (and its body, unless `early` says otherwise). The next request starts at
+    /// `next` (offsets from the request start).
+    Request {
+        head_len: usize,
+        body_end: usize,
+        next: usize,
+        early: Option<Early>,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Early {
+    /// The body is over its limit: answer 413 and close without reading it.
+    TooLarge,
+    /// The answer does not need the body (404, 405, ...), which has not fully arrived:
+    /// answer now and close.
+    BodyNotRead,
+}
+
+/// How a head is dispatched before any handler runs.
+enum Verdict {
+    Dispatch(Route),
+    NotFound,
+    MethodNotAllowed(Route),
+    Options(Option<Route>),
+}
+
+fn verdict(head: &Head<'_>) -> Verdict {
+    if head.path == b"*" {
+        return Verdict::Options(None);
+    }
+    match router::lookup(head.path) {
+        None => Verdict::NotFound,
+        Some(route) if !route.allows(head.method) => Verdict::MethodNotAllowed(route),
+        Some(route) if head.method == Method::Options => Verdict::Options(Some(route)),
+        Some(route) => Verdict::Dispatch(route),
+    }
+}
+
+pub async fn run(front: Rc<Front>, mut stream: TcpStream) {
+    let conn = front.register(stream.as_raw_fd());
+    let mut rbuf: Vec<u8> = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+    let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
+    let mut scratch: Vec<u8> = Vec::new();
+    let mut pending = Pending::None;
+    let mut continue_sent = false;
+
+    loop {
+        // Answer every complete request in the buffer.
+        let mut start = 0;
+        let mut close = false;
+        loop {
+            let framed = frame(&front, &mut rbuf, start, &mut pending);
+            let (head_len, body_end, next, early) = match framed {
+                Framed::NeedMore => break,
+                Framed::Malformed(e) => {
+                    conn.set(ConnState::Busy);
+                    let mut resp =
+                        Response::error(e.status, e.message, front.unix_secs(), &mut scratch);
+                    resp.close = true;
+                    front.encode(resp, None, &scratch, &mut wbuf);
+                    close = true;
+                    break;
+                }
+                Framed::Request {
+                    head_len,
+                    body_end,
+                    next,
+                    early,
+                } => (head_len, body_end, next, early),
+            };
+            conn.set(ConnState::Busy);
+            let req_bytes = &rbuf[start..start + body_end];
+            let Parsed::Complete(head) = parse_head(&req_bytes[..head_len]) else {
+                unreachable!("a framed head parses again");
+            };
+            let large_body = dispatch(&front, &head, req_bytes, early, &mut scratch, &mut wbuf)
+                .await
+                .map_err(|()| close = true);
+            if let Ok(Some(body)) = large_body {
+                // Head first, then the shared body buffer without copying it.
+                if !flush(&mut stream, &mut wbuf).await || !write_bytes(&mut stream, body).await {
+                    return;
+                }
+            }
+            continue_sent = false;
+            start += next;
+            if close {
+                break;
+            }
+            if wbuf.len() >= WRITE_BUF_FLUSH_BYTES && !flush(&mut stream, &mut wbuf).await {
+                return;
+            }
+        }
+        if start > 0 {
+            rbuf.drain(..start);
+        }
+        if !wbuf.is_empty() && !flush(&mut stream, &mut wbuf).await {
+            return;
+        }
+        if close {
+            linger(&mut stream, rbuf).await;
+            return;
+        }
+        if front.is_draining() && rbuf.is_empty() {
+            return;
+        }
+        // The client waits for our go-ahead before sending a body it announced.
+        if !continue_sent && wants_continue(&rbuf, &pending) {
+            wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !flush(&mut stream, &mut wbuf).await {
+                return;
+            }
+            continue_sent = true;
+        }
+        if rbuf.is_empty() {
+            conn.set(ConnState::Idle);
+            if rbuf.capacity() > READ_BUF_KEEP_BYTES {
+                rbuf = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+            }
+        } else {
+            conn.set(ConnState::Reading);
+        }
+        // Read more, at least a few KiB of room; a known body gets room for all of it.
+        let want = match &pending {
+            Pending::Length { total, .. } => total.saturating_sub(rbuf.len()),
+            _ => 0,
+        };
+        rbuf.reserve(want.max(4096));
+        let len = rbuf.len();
+        let (res, slice) = stream.read(rbuf.slice_mut(len..)).await;
+        rbuf = slice.into_inner();
+        match res {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Decides whether a complete request sits at `rbuf[start..]`, advancing body framing.
+fn frame(front: &Front, rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending) -> Framed {
+    loop {
+        let avail = rbuf.len() - start;
+        match pending {
+            Pending::Length { head_len, total } => {
+                let (head_len, total) = (*head_len, *total);
+                if avail < total {
+                    return Framed::NeedMore;
+                }
+                *pending = Pending::None;
+                return Framed::Request {
+                    head_len,
+                    body_end: total,
+                    next: total,
+                    early: None,
+                };
+            }
+            Pending::Chunked {
+                dec,
+                head_len,
+                write,
+                read,
+            } => {
+                let region = &mut rbuf[start..];
+                let mut w = *write;
+                let mut r = *read;
+                let progress = dec.decode_in_place(region, &mut w, &mut r);
+                // Drop the consumed chunk framing so the buffer holds head, decoded body,
+                // then undecoded input.
+                rbuf.drain(start + w..start + r);
+                *write = w;
+                *read = w;
+                match progress {
+                    Err(e) if e.status == Status::PAYLOAD_TOO_LARGE => {
+                        let head_len = *head_len;
+                        *pending = Pending::None;
+                        return Framed::Request {
+                            head_len,
+                            body_end: head_len,
+                            next: head_len,
+                            early: Some(Early::TooLarge),
+                        };
+                    }
+                    Err(e) => {
+                        *pending = Pending::None;
+                        return Framed::Malformed(e);
+                    }
+                    Ok(Progress::NeedMore) => return Framed::NeedMore,
+                    Ok(Progress::Done) => {
+                        let head_len = *head_len;
+                        *pending = Pending::None;
+                        return Framed::Request {
+                            head_len,
+                            body_end: w,
+                            next: w,
+                            early: None,
+                        };
+                    }
+                }
+            }
+            Pending::None => {
+                if avail == 0 {
+                    return Framed::NeedMore;
+                }
+                let head = match parse_head(&rbuf[start..]) {
+                    Parsed::Complete(h) => h,
+                    Parsed::Partial => return Framed::NeedMore,
+                    Parsed::Error(e) => return Framed::Malformed(e),
+                };
+                let head_len = head.len;
+                let (limit, dispatchable) = match verdict(&head) {
+                    Verdict::Dispatch(route) => (
+                        handlers::body_limit(route, head.method, front.config()),
+                        true,
+                    ),
+                    _ => (front.config().http.max_body_bytes, false),
+                };
+                match head.framing {
+                    Framing::None => {
+                        return Framed::Request {
+                            head_len,
+                            body_end: head_len,
+                            next: head_len,
+                            early: None,
+                        };
+                    }
+                    Framing::Length(n) if n > limit => {
+                        return Framed::Request {
+                            head_len,
+                            body_end: head_len,
+                            next: head_len,
+                            early: Some(Early::TooLarge),
+                        };
+                    }
+                    Framing::Length(n) => {
+                        let total = head_len + n as usize;
+                        if avail >= total {
+                            return Framed::Request {
+                                head_len,
+                                body_end: total,
+                                next: total,
+                                early: None,
+                            };
+                        }
+                        if !dispatchable {
+                            return Framed::Request {
+                                head_len,
+                                body_end: head_len,
+                                next: head_len,
+                                early: Some(Early::BodyNotRead),
+                            };
+                        }
+                        *pending = Pending::Length { head_len, total };
+                        return Framed::NeedMore;
+                    }
+                    Framing::Chunked => {
+                        *pending = Pending::Chunked {
+                            dec: ChunkedDecoder::new(limit),
+                            head_len,
+                            write: head_len,
+                            read: head_len,
+                        };
+                        // Loop once more to decode whatever already arrived.
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the request at the start of the buffer announced `Expect: 100-continue` and is
+/// waiting for its body.
+fn wants_continue(rbuf: &[u8], pending: &Pending) -> bool {
+    if matches!(pending, Pending::None) {
+        return false;
+    }
+    matches!(parse_head(rbuf), Parsed::Complete(h) if h.expect_continue)
+}
+
+/// Answers one request into `wbuf`. Returns a large body to write after the head, or `Err`
+/// when the connection must close after this answer.
+async fn dispatch(
+    front: &Front,
+    head: &Head<'_>,
+    req_bytes: &[u8],
+    early: Option<Early>,
+    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+) -> Result<Option<bytes::Bytes>, ()> {
+    let shard = front.shard();
+    let stats = shard.stats();
+    stats.http_requests.inc();
+    let mut ctx = Ctx { shard, scratch };
+    let mut resp = match (early, verdict(head)) {
+        (Some(Early::TooLarge), _) => {
+            let mut r = ctx.protocol_error(TOO_LARGE.status, TOO_LARGE.message);
+            r.close = true;
+            r
+        }
+        (_, Verdict::NotFound) => ctx.protocol_error(Status::NOT_FOUND, "Not found"),
+        (_, Verdict::MethodNotAllowed(route)) => {
+            let mut r = ctx.protocol_error(Status::METHOD_NOT_ALLOWED, "Method not allowed");
+            r.allow = Some(route.spec().allow);
+            r
+        }
+        (_, Verdict::Options(route)) => {
+            let mut r = Response::new(
+                Status::NO_CONTENT,
+                response::ContentType::Text,
+                response::Body::Empty,
+            );
+            r.content_type = None;
+            r.allow =
+                Some(route.map_or("GET, HEAD, PUT, POST, DELETE, OPTIONS", |r| r.spec().allow));
+            r
+        }
+        (Some(Early::BodyNotRead), Verdict::Dispatch(_)) => {
+            unreachable!("dispatchable requests wait for their body")
+        }
+        (None, Verdict::Dispatch(route)) => {
+            let req = Request {
+                head,
+                route,
+                body: &req_bytes[head.len..],
+            };
+            handlers::handle(&req, &mut ctx).await
+        }
+    };
+    if early.is_some() || !head.keep_alive || front.is_draining() {
+        resp.close = true;
+    }
+    let close = resp.close;
+    let large = front.encode(resp, Some(head), scratch, wbuf);
+    if close { Err(()) } else { Ok(large) }
+}
+
+async fn flush(stream: &mut TcpStream, wbuf: &mut Vec<u8>) -> bool {
+    let buf = std::mem::take(wbuf);
+    let (res, mut buf) = stream.write_all(buf).await;
+    buf.clear();
+    *wbuf = buf;
+    res.is_ok()
+}
+
+async fn write_bytes(stream: &mut TcpStream, body: bytes::Bytes) -> bool {
+    stream.write_all(body).await.0.is_ok()
+}
+
+/// Closes gracefully after an error answer: stop sending, then read and discard what the
+/// client still sends (bounded in bytes and time), so the kernel does not reset the connection
+/// and destroy the answer before the client read it.
+async fn linger(stream: &mut TcpStream, mut buf: Vec<u8>) {
+    // SAFETY: the fd is open for the lifetime of `stream`.
+    unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) };
+    let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut discarded = 0;
+    buf.clear();
+    buf.reserve(16 * 1024);
+    while discarded < LINGER_DISCARD_BYTES {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        buf.clear();
+        let read = monoio::time::timeout(left, stream.read(buf)).await;
+        match read {
+            Ok((Ok(n), b)) if n > 0 => {
+                discarded += n;
+                buf = b;
+            }
+            _ => break,
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The HTTP/1.1 front end: every shard accepts on the shared port and serves its connections.
+//!
+//! Bytes become a [`parse::Head`] (httparse plus our limits), a head becomes a
+//! [`router::Route`], a route's handler turns the request into a shard [`crate::shards::Command`]
+//! and the reply into the contract's bytes ([`response`], [`json`]). Only this module knows
+//! HTTP and JSON.
+//!
+//! Per shard, a [`Front`] keeps the connection registry that the housekeeping tick uses to
+//! close idle and stalled connections (by shutting their socket down, which wakes the pending
+//! read on either io driver at no cost to the hot path) and to drain on shutdown.
+
+pub mod chunked;
+pub mod conn;
+pub mod handlers;
+pub mod json;
+pub mod openapi;
+pub mod parse;
+pub mod query;
+pub mod response;
+pub mod router;
+
+use std::cell::{Cell, RefCell};
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use monoio::io::{AsyncWriteRentExt, Canceller};
+use monoio::net::{TcpListener, TcpStream};
+use slab::Slab;
+
+use crate::config::Config;
+use crate::limits::{MAX_REQUEST_ID_BYTES, TICK_MS};
+use crate::shards::Shard;
+use parse::Head;
+use response::{Envelope, Response};
+
+/// What a connection is doing, for the housekeeping tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    /// Waiting for the first byte of a request: closed after the idle timeout, and at once
+    /// when the server drains.
+    Idle,
+    /// Part of a request has arrived: closed if the rest takes longer than the header timeout.
+    Reading,
+    /// Handling a request or writing its answer.
+    Busy,
+}
+
+struct ConnEntry {
+    fd: RawFd,
+    state: ConnState,
+    /// `Clock::now_ms` when the connection entered `state`.
+    since_ms: u64,
+}
+
+/// The per-shard HTTP state.
+pub struct Front {
+    shard: Rc<Shard>,
+    conns: RefCell<Slab<ConnEntry>>,
+    /// `Date` header value, refreshed every tick.
+    date: RefCell<[u8; 29]>,
+    /// Generated request ids: a per-process prefix, the shard, a counter.
+    id_prefix: [u8; 12],
+    id_seq: Cell<u64>,
+    draining: Cell<bool>,
+    accept_canceller: RefCell<Canceller>,
+}
+
+/// A registered connection; leaving the registry when dropped.
+pub struct ConnGuard {
+    front: Rc<Front>,
+    key: usize,
+}
+
+impl ConnGuard {
+    pub fn set(&self, state: ConnState) {
+        let mut conns = self.front.conns.borrow_mut();
+        let e = &mut conns[self.key];
+        if e.state != state {
+            e.state = state;
+            e.since_ms = self.front.shard.clock.now_ms();
+        }
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.front.conns.borrow_mut().remove(self.key);
+        self.front.shard.stats().connections_open.add(-1);
+    }
+}
+
+impl Front {
+    pub fn new(shard: Rc<Shard>, boot_id: u32) -> Rc<Front> {
+        let mut id_prefix = [0u8; 12];
+        hex_into(&mut id_prefix[..8], boot_id as u64);
+        hex_into(&mut id_prefix[8..], shard.id as u64);
+        let front = Front {
+            shard,
+            conns: RefCell::new(Slab::new()),
+            date: RefCell::new([b' '; 29]),
+            id_prefix,
+            id_seq: Cell::new(0),
+            draining: Cell::new(false),
+            accept_canceller: RefCell::new(Canceller::new()),
+        };
+        front.refresh_date();
+        Rc::new(front)
+    }
+
+    pub fn shard(&self) -> &Shard {
+        &self.shard
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shard.cluster.config
+    }
+
+    pub fn unix_secs(&self) -> u64 {
+        self.shard.clock.unix_secs()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.get()
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.borrow().len()
+    }
+
+    fn register(self: &Rc<Self>, fd: RawFd) -> ConnGuard {
+        let key = self.conns.borrow_mut().insert(ConnEntry {
+            fd,
+            state: ConnState::Idle,
+            since_ms: self.shard.clock.now_ms(),
+        });
+        self.shard.stats().connections_open.add(1);
+        ConnGuard {
+            front: self.clone(),
+            key,
+        }
+    }
+
+    fn refresh_date(&self) {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        let mut d = self.date.borrow_mut();
+        if now.len() == d.len() {
+            d.copy_from_slice(now.as_bytes());
+        }
+    }
+
+    /// Encodes `resp` for the request `head` (or for a request whose head could not be
+    /// parsed). Returns a large body for the caller to write after the head.
+    pub fn encode(
+        &self,
+        resp: Response,
+        head: Option<&Head<'_>>,
+        scratch: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<bytes::Bytes> {
+        self.shard.stats().count_response(resp.status.0);
+        let mut generated = [0u8; 24];
+        let request_id = match head.and_then(|h| h.request_id) {
+            Some(id) if is_valid_request_id(id) => id,
+            _ => {
+                let seq = self.id_seq.get();
+                self.id_seq.set(seq + 1);
+                generated[..12].copy_from_slice(&self.id_prefix);
+                hex_into(&mut generated[12..], seq);
+                &generated[..]
+            }
+        };
+        let date = self.date.borrow();
+        let env = Envelope {
+            request_id,
+            date: &date[..],
+            head_only: head.is_some_and(|h| h.method == parse::Method::Head),
+            http10_keep_alive: head.is_some_and(|h| h.minor_version == 0 && h.keep_alive),
+        };
+        response::encode(resp, &env, scratch, out)
+    }
+
+    /// The housekeeping pass: close connections past their timeouts (or idle ones while
+    /// draining; all of them when `force`).
+    fn sweep(&self, force: bool) {
+        let now = self.shard.clock.now_ms();
+        let http = &self.config().http;
+        let draining = self.draining.get();
+        let mut closed = 0;
+        for (_, e) in self.conns.borrow().iter() {
+            let age = now.saturating_sub(e.since_ms);
+            let expired = match e.state {
+                ConnState::Idle => draining || age >= http.idle_timeout_ms,
+                ConnState::Reading => age >= http.header_timeout_ms,
+                ConnState::Busy => false,
+            };
+            if expired || force {
+                // Shutting the socket down completes the connection's pending read with
+                // end-of-file on either driver; the connection task then closes it.
+                // SAFETY: the fd belongs to a live connection (entries leave the registry
+                // before their stream is dropped).
+                unsafe { libc::shutdown(e.fd, libc::SHUT_RDWR) };
+                if !draining {
+                    closed += 1;
+                }
+            }
+        }
+        self.shard.stats().connections_timed_out.add(closed);
+    }
+
+    /// Stops accepting and closes idle connections; busy ones finish their request.
+    pub fn begin_drain(&self) {
+        self.draining.set(true);
+        let c = std::mem::take(&mut *self.accept_canceller.borrow_mut());
+        *self.accept_canceller.borrow_mut() = c.cancel();
+        self.sweep(false);
+    }
+
+    /// Waits until every connection has closed, or `deadline_ms` (clock time) passed; then
+    /// closes whatever is left.
+    pub async fn drain(&self, deadline_ms: u64) {
+        loop {
+            if self.connection_count() == 0 {
+                return;
+            }
+            if self.shard.clock.now_ms() >= deadline_ms {
+                log::warn!(
+                    "shard {}: shutdown timeout with {} connections open; closing them",
+                    self.shard.id,
+                    self.connection_count()
+                );
+                self.sweep(true);
+                // Give the connection tasks a moment to observe the shutdown.
+                monoio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+            monoio::time::sleep(Duration::from_millis(10)).await;
+            self.shard.clock.refresh();
+            self.sweep(false);
+        }
+    }
+
+    /// The housekeeping task: clock, `Date`, timeouts.
+    pub async fn tick(self: Rc<Self>) {
+        loop {
+            monoio::time::sleep(Duration::from_millis(TICK_MS)).await;
+            self.shard.clock.refresh();
+            self.refresh_date();
+            self.sweep(false);
+        }
+    }
+
+    /// Accepts connections until the drain begins.
+    pub async fn serve(self: Rc<Self>, listener: TcpListener) {
+        let handle = self.accept_canceller.borrow().handle();
+        let max_conns = self.config().http.max_connections_per_shard as usize;
+        let mut last_error_log_ms = None;
+        loop {
+            match listener.cancelable_accept(handle.clone()).await {
+                Ok((stream, _peer)) => {
+                    let stats = self.shard.stats();
+                    stats.connections_accepted.inc();
+                    if self.connection_count() >= max_conns {
+                        stats.connections_rejected.inc();
+                        monoio::spawn(refuse(self.clone(), stream));
+                        continue;
+                    }
+                    let _ = stream.set_nodelay(true);
+                    monoio::spawn(conn::run(self.clone(), stream));
+                }
+                Err(_) if self.draining.get() => return,
+                Err(e) => {
+                    // Out of descriptors or memory: log at most once a second and back off
+                    // briefly instead of spinning; the server keeps serving what it has.
+                    let now = self.shard.clock.now_ms();
+                    if last_error_log_ms.is_none_or(|t| now >= t + 1000) {
+                        log::warn!("shard {}: accept failed: {e}", self.shard.id);
+                        last_error_log_ms = Some(now);
+                    }
+                    monoio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Answers a connection over the shard's limit with 429 and closes it.
+async fn refuse(front: Rc<Front>, mut stream: TcpStream) {
+    let mut scratch = Vec::new();
+    let mut resp = Response::error(
+        response::Status::TOO_MANY_REQUESTS,
+        "Too many connections",
+        front.unix_secs(),
+        &mut scratch,
+    );
+    resp.retry_after_secs = Some(1);
+    resp.close = true;
+    let mut out = Vec::with_capacity(256);
+    front.encode(resp, None, &scratch, &mut out);
+    let _ = stream.write_all(out).await;
+}
+
+/// Request ids we echo: 1 to 128 visible ASCII characters (no spaces, no control bytes), so an
+/// echoed id can never break or extend our response head.
+fn is_valid_request_id(id: &[u8]) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_REQUEST_ID_BYTES
+        && id.iter().all(|&b| (0x21..0x7f).contains(&b))
+}
+
+/// Writes `v` as lower-case hex into `out`, most significant digit first, zero padded.
+fn hex_into(out: &mut [u8], mut v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in out.iter_mut().rev() {
+        *b = HEX[(v & 0xf) as usize];
+        v >>= 4;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids() {
+        assert!(is_valid_request_id(b"abc-123_XYZ"));
+        assert!(!is_valid_request_id(b""));
+        assert!(!is_valid_request_id(b"a b"));
+        assert!(!is_valid_request_id(b"a\r\nX-Evil: 1"));
+        assert!(!is_valid_request_id(&[b'a'; MAX_REQUEST_ID_BYTES + 1]));
+        let mut out = [0u8; 6];
+        hex_into(&mut out, 0xabc);
+        assert_eq!(&out, b"000abc");
+    }
+}

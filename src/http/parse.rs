@@ -1,0 +1,460 @@
+//! Request heads: bytes → [`Head`], with the protocol limits and their statuses.
+//!
+//! Parsing is sans-I/O: [`parse_head`] looks at the bytes received so far and says "complete",
+//! "need more" or "this is an error with that status". The connection loop owns the socket.
+
+use super::response::Status;
+use crate::limits::{MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Put,
+    Post,
+    Delete,
+    Options,
+    /// Any other token (PATCH, TRACE, ...): answered 405 on known paths.
+    Other,
+}
+
+impl Method {
+    fn parse(s: &str) -> Method {
+        match s {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "PUT" => Method::Put,
+            "POST" => Method::Post,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            _ => Method::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Put => "PUT",
+            Method::Post => "POST",
+            Method::Delete => "DELETE",
+            Method::Options => "OPTIONS",
+            Method::Other => "OTHER",
+        }
+    }
+}
+
+/// How the body of a request is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// A parsed request head. Slices borrow the connection's read buffer.
+#[derive(Debug)]
+pub struct Head<'b> {
+    pub method: Method,
+    /// Path without the query, as sent (not percent-decoded: routes are fixed ASCII paths).
+    pub path: &'b [u8],
+    /// Query string without the `?` (empty when absent).
+    pub query: &'b [u8],
+    /// HTTP/1.`minor_version`.
+    pub minor_version: u8,
+    /// Bytes of the head, including the blank line.
+    pub len: usize,
+    pub framing: Framing,
+    /// The connection stays open after this exchange (HTTP/1.1 default; HTTP/1.0 with
+    /// `Connection: keep-alive`).
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    pub request_id: Option<&'b [u8]>,
+    pub content_type: Option<&'b [u8]>,
+    pub authorization: Option<&'b [u8]>,
+}
+
+/// A request the server refuses at the protocol level. The connection is closed after the
+/// answer unless the request was fully framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolError {
+    pub status: Status,
+    pub message: &'static str,
+}
+
+impl ProtocolError {
+    pub const fn new(status: Status, message: &'static str) -> ProtocolError {
+        ProtocolError { status, message }
+    }
+}
+
+const BAD_REQUEST_LINE: ProtocolError =
+    ProtocolError::new(Status::BAD_REQUEST, "Malformed request line or headers");
+const HEAD_TOO_LARGE: ProtocolError = ProtocolError::new(
+    Status::HEADERS_TOO_LARGE,
+    "Request header section too large",
+);
+const URI_TOO_LONG: ProtocolError =
+    ProtocolError::new(Status::URI_TOO_LONG, "Request URI too long");
+
+#[derive(Debug)]
+pub enum Parsed<'b> {
+    Complete(Head<'b>),
+    /// More bytes are needed (and the bytes so far are within the limits).
+    Partial,
+    Error(ProtocolError),
+}
+
+/// Longest request line we wait for before deciding the URI is too long: the URI limit plus
+/// room for the method and the version.
+const REQUEST_LINE_SLACK: usize = 32;
+
+pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return partial_verdict(buf),
+        Err(httparse::Error::TooManyHeaders) => return Parsed::Error(HEAD_TOO_LARGE),
+        Err(httparse::Error::Version) if buf.starts_with(b"PRI * HTTP/2") => {
+            return Parsed::Error(ProtocolError::new(
+                Status::HTTP_VERSION_NOT_SUPPORTED,
+                "HTTP/2 is not supported; use HTTP/1.1",
+            ));
+        }
+        Err(_) => return Parsed::Error(BAD_REQUEST_LINE),
+    };
+    if len > MAX_HEAD_BYTES {
+        return Parsed::Error(HEAD_TOO_LARGE);
+    }
+    let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version)
+    else {
+        return Parsed::Error(BAD_REQUEST_LINE);
+    };
+    if target.len() > MAX_URI_BYTES {
+        return Parsed::Error(URI_TOO_LONG);
+    }
+    let method = Method::parse(method);
+    let Some((path, query)) = split_target(target.as_bytes(), method) else {
+        return Parsed::Error(ProtocolError::new(
+            Status::BAD_REQUEST,
+            "Malformed request target",
+        ));
+    };
+
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut transfer_encoding = false;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut expect_continue = false;
+    let mut request_id = None;
+    let mut content_type = None;
+    let mut authorization = None;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = trim(h.value);
+        // Header names are matched case-insensitively by their length first (cheap).
+        match name.len() {
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                let Some(n) = parse_decimal(value) else {
+                    return Parsed::Error(ProtocolError::new(
+                        Status::BAD_REQUEST,
+                        "Invalid Content-Length",
+                    ));
+                };
+                if content_length.is_some_and(|old| old != n) {
+                    return Parsed::Error(ProtocolError::new(
+                        Status::BAD_REQUEST,
+                        "Conflicting Content-Length headers",
+                    ));
+                }
+                content_length = Some(n);
+            }
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                transfer_encoding = true;
+                if value.eq_ignore_ascii_case(b"chunked") && !chunked {
+                    chunked = true;
+                } else {
+                    return Parsed::Error(ProtocolError::new(
+                        Status::NOT_IMPLEMENTED,
+                        "Unsupported Transfer-Encoding (only chunked is accepted)",
+                    ));
+                }
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in value.split(|&b| b == b',') {
+                    let token = trim(token);
+                    if token.eq_ignore_ascii_case(b"close") {
+                        conn_close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        conn_keep_alive = true;
+                    }
+                }
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                if value.eq_ignore_ascii_case(b"100-continue") {
+                    expect_continue = true;
+                } else {
+                    return Parsed::Error(ProtocolError::new(
+                        Status::EXPECTATION_FAILED,
+                        "Unsupported Expect value (only 100-continue is accepted)",
+                    ));
+                }
+            }
+            12 if name.eq_ignore_ascii_case(b"x-request-id") => request_id = Some(value),
+            12 if name.eq_ignore_ascii_case(b"content-type") => content_type = Some(value),
+            13 if name.eq_ignore_ascii_case(b"authorization") => authorization = Some(value),
+            _ => {}
+        }
+    }
+    let framing = match (transfer_encoding, content_length) {
+        // Both headers at once is how request smuggling starts: refuse.
+        (true, Some(_)) => {
+            return Parsed::Error(ProtocolError::new(
+                Status::BAD_REQUEST,
+                "Both Transfer-Encoding and Content-Length present",
+            ));
+        }
+        (true, None) if minor_version == 0 => {
+            return Parsed::Error(ProtocolError::new(
+                Status::BAD_REQUEST,
+                "Transfer-Encoding is not defined for HTTP/1.0",
+            ));
+        }
+        (true, None) => Framing::Chunked,
+        (false, Some(0)) | (false, None) => Framing::None,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    let keep_alive = if minor_version == 0 {
+        conn_keep_alive && !conn_close
+    } else {
+        !conn_close
+    };
+    Parsed::Complete(Head {
+        method,
+        path,
+        query,
+        minor_version,
+        len,
+        framing,
+        keep_alive,
+        expect_continue,
+        request_id,
+        content_type,
+        authorization,
+    })
+}
+
+/// What an incomplete head means: wait for more, or refuse it now because it is already over
+/// a limit (so a client cannot make us buffer an endless request line or header section).
+fn partial_verdict(buf: &[u8]) -> Parsed<'_> {
+    let line_end = memchr::memchr(b'\n', buf);
+    match line_end {
+        None if buf.len() > MAX_URI_BYTES + REQUEST_LINE_SLACK => Parsed::Error(URI_TOO_LONG),
+        Some(end) if end > MAX_URI_BYTES + REQUEST_LINE_SLACK => Parsed::Error(URI_TOO_LONG),
+        _ if buf.len() > MAX_HEAD_BYTES => Parsed::Error(HEAD_TOO_LARGE),
+        _ => Parsed::Partial,
+    }
+}
+
+/// Splits a request target into path and query. Accepts origin form (`/p?q`), absolute form
+/// (`http://host/p?q`, which RFC 9112 requires servers to accept) and `*` for OPTIONS.
+fn split_target(target: &[u8], method: Method) -> Option<(&[u8], &[u8])> {
+    let rest = if target.first() == Some(&b'/') {
+        target
+    } else if target == b"*" {
+        return (method == Method::Options).then_some((target, &b""[..]));
+    } else {
+        let after_scheme = strip_prefix_ignore_case(target, b"http://")
+            .or_else(|| strip_prefix_ignore_case(target, b"https://"))?;
+        match memchr::memchr(b'/', after_scheme) {
+            Some(i) => &after_scheme[i..],
+            None => {
+                // `http://host` or `http://host?q`: the path is `/`.
+                return match memchr::memchr(b'?', after_scheme) {
+                    Some(q) => Some((&b"/"[..], &after_scheme[q + 1..])),
+                    None => Some((&b"/"[..], &b""[..])),
+                };
+            }
+        }
+    };
+    let rest = match memchr::memchr(b'#', rest) {
+        Some(i) => &rest[..i],
+        None => rest,
+    };
+    Some(match memchr::memchr(b'?', rest) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &b""[..]),
+    })
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &s[prefix.len()..])
+}
+
+pub fn trim(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
+}
+
+/// A Content-Length value: 1 to 19 decimal digits, nothing else.
+fn parse_decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, &d| n * 10 + (d - b'0') as u64))
+}
+
+/// Whether a media type is JSON (`application/json` with any parameters).
+pub fn is_json_media_type(ct: &[u8]) -> bool {
+    let essence = ct.split(|&b| b == b';').next().unwrap_or(b"");
+    trim(essence).eq_ignore_ascii_case(b"application/json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn complete(buf: &[u8]) -> Head<'_> {
+        match parse_head(buf) {
+            Parsed::Complete(h) => h,
+            other => panic!("expected a complete head, got {other:?}"),
+        }
+    }
+
+    fn error(buf: &[u8]) -> ProtocolError {
+        match parse_head(buf) {
+            Parsed::Error(e) => e,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn simple_get() {
+        let h = complete(b"GET /metadata?key=a%2Fb HTTP/1.1\r\nHost: x\r\n\r\nrest");
+        assert_eq!(h.method, Method::Get);
+        assert_eq!(h.path, b"/metadata");
+        assert_eq!(h.query, b"key=a%2Fb");
+        assert_eq!(h.len, 45);
+        assert_eq!(h.framing, Framing::None);
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn framing_and_connection_rules() {
+        let h = complete(b"PUT / HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\n");
+        assert_eq!(h.framing, Framing::Length(5));
+        assert!(!h.keep_alive);
+        let h = complete(b"PUT / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked);
+        let h = complete(b"GET / HTTP/1.0\r\n\r\n");
+        assert!(!h.keep_alive);
+        let h = complete(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
+        assert!(h.keep_alive);
+        let h = complete(b"GET / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n");
+        assert_eq!(h.framing, Framing::Length(3));
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .status,
+            Status::BAD_REQUEST
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n").status,
+            Status::BAD_REQUEST
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n").status,
+            Status::BAD_REQUEST
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").status,
+            Status::NOT_IMPLEMENTED
+        );
+        assert_eq!(
+            error(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .status,
+            Status::NOT_IMPLEMENTED
+        );
+    }
+
+    #[test]
+    fn limits() {
+        let long_uri = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_URI_BYTES));
+        assert_eq!(error(long_uri.as_bytes()).status, Status::URI_TOO_LONG);
+        // An unfinished request line longer than the limit is refused before it ends.
+        let endless = format!("GET /{}", "a".repeat(MAX_URI_BYTES + 64));
+        assert_eq!(error(endless.as_bytes()).status, Status::URI_TOO_LONG);
+        let big_headers = format!(
+            "GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+            "b".repeat(MAX_HEAD_BYTES)
+        );
+        assert_eq!(
+            error(big_headers.as_bytes()).status,
+            Status::HEADERS_TOO_LARGE
+        );
+        let unfinished = format!("GET / HTTP/1.1\r\nX-Big: {}", "b".repeat(MAX_HEAD_BYTES));
+        assert_eq!(
+            error(unfinished.as_bytes()).status,
+            Status::HEADERS_TOO_LARGE
+        );
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(error(many.as_bytes()).status, Status::HEADERS_TOO_LARGE);
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nHost: a"),
+            Parsed::Partial
+        ));
+    }
+
+    #[test]
+    fn malformed_heads() {
+        for bad in [
+            &b"GARBAGE\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"GET / HTTP/3.0\r\n\r\n",
+            b"GET foo HTTP/1.1\r\n\r\n",
+            b"\x00\x01\x02\r\n\r\n",
+        ] {
+            assert_eq!(error(bad).status, Status::BAD_REQUEST, "{bad:?}");
+        }
+        assert_eq!(
+            error(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").status,
+            Status::HTTP_VERSION_NOT_SUPPORTED
+        );
+        assert_eq!(
+            error(b"PUT / HTTP/1.1\r\nExpect: magic\r\n\r\n").status,
+            Status::EXPECTATION_FAILED
+        );
+    }
+
+    #[test]
+    fn target_forms() {
+        let h = complete(b"GET http://example.com/health?x=1 HTTP/1.1\r\n\r\n");
+        assert_eq!((h.path, h.query), (&b"/health"[..], &b"x=1"[..]));
+        let h = complete(b"GET http://example.com HTTP/1.1\r\n\r\n");
+        assert_eq!(h.path, b"/");
+        let h = complete(b"OPTIONS * HTTP/1.1\r\n\r\n");
+        assert_eq!(h.path, b"*");
+        let h = complete(b"GET /a#frag HTTP/1.1\r\n\r\n");
+        assert_eq!(h.path, b"/a");
+    }
+
+    #[test]
+    fn json_media_types() {
+        assert!(is_json_media_type(b"application/json"));
+        assert!(is_json_media_type(b"Application/JSON; charset=utf-8"));
+        assert!(!is_json_media_type(b"text/plain"));
+        assert!(!is_json_media_type(b"application/jsonx"));
+    }
+}

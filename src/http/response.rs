@@ -1,0 +1,273 @@
+//! Responses: status, headers and body, encoded straight into the connection's write buffer.
+
+use bytes::Bytes;
+
+use super::json::JsonWriter;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status(pub u16);
+
+impl Status {
+    pub const CONTINUE: Status = Status(100);
+    pub const OK: Status = Status(200);
+    pub const NO_CONTENT: Status = Status(204);
+    pub const BAD_REQUEST: Status = Status(400);
+    pub const UNAUTHORIZED: Status = Status(401);
+    pub const NOT_FOUND: Status = Status(404);
+    pub const METHOD_NOT_ALLOWED: Status = Status(405);
+    pub const REQUEST_TIMEOUT: Status = Status(408);
+    pub const PAYLOAD_TOO_LARGE: Status = Status(413);
+    pub const URI_TOO_LONG: Status = Status(414);
+    pub const UNSUPPORTED_MEDIA_TYPE: Status = Status(415);
+    pub const EXPECTATION_FAILED: Status = Status(417);
+    pub const TOO_MANY_REQUESTS: Status = Status(429);
+    pub const HEADERS_TOO_LARGE: Status = Status(431);
+    pub const INTERNAL: Status = Status(500);
+    pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const SERVICE_UNAVAILABLE: Status = Status(503);
+    pub const HTTP_VERSION_NOT_SUPPORTED: Status = Status(505);
+
+    /// The status line, ready to copy.
+    pub fn line(self) -> &'static [u8] {
+        match self.0 {
+            100 => b"HTTP/1.1 100 Continue\r\n",
+            200 => b"HTTP/1.1 200 OK\r\n",
+            204 => b"HTTP/1.1 204 No Content\r\n",
+            400 => b"HTTP/1.1 400 Bad Request\r\n",
+            401 => b"HTTP/1.1 401 Unauthorized\r\n",
+            404 => b"HTTP/1.1 404 Not Found\r\n",
+            405 => b"HTTP/1.1 405 Method Not Allowed\r\n",
+            408 => b"HTTP/1.1 408 Request Timeout\r\n",
+            413 => b"HTTP/1.1 413 Content Too Large\r\n",
+            414 => b"HTTP/1.1 414 URI Too Long\r\n",
+            415 => b"HTTP/1.1 415 Unsupported Media Type\r\n",
+            417 => b"HTTP/1.1 417 Expectation Failed\r\n",
+            429 => b"HTTP/1.1 429 Too Many Requests\r\n",
+            431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+            501 => b"HTTP/1.1 501 Not Implemented\r\n",
+            503 => b"HTTP/1.1 503 Service Unavailable\r\n",
+            505 => b"HTTP/1.1 505 HTTP Version Not Supported\r\n",
+            _ => b"HTTP/1.1 500 Internal Server Error\r\n",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentType {
+    Json,
+    Text,
+    Prometheus,
+    OctetStream,
+}
+
+impl ContentType {
+    pub fn header(self) -> &'static [u8] {
+        match self {
+            ContentType::Json => b"Content-Type: application/json; charset=utf-8\r\n",
+            ContentType::Text => b"Content-Type: text/plain; charset=utf-8\r\n",
+            ContentType::Prometheus => b"Content-Type: text/plain; version=0.0.4\r\n",
+            ContentType::OctetStream => b"Content-Type: application/octet-stream\r\n",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Body {
+    Empty,
+    Static(&'static [u8]),
+    /// Shared bytes (a stored value), written without copying when large.
+    Bytes(Bytes),
+    /// The body was written into the connection's scratch buffer.
+    Scratch,
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: Status,
+    pub content_type: Option<ContentType>,
+    pub body: Body,
+    /// `Allow` header (405 and OPTIONS).
+    pub allow: Option<&'static str>,
+    /// `Retry-After` seconds (429, 503).
+    pub retry_after_secs: Option<u32>,
+    pub www_authenticate: Option<&'static str>,
+    /// `Cache-Control: no-store`: on every dynamic response.
+    pub no_store: bool,
+    /// Close the connection after this response.
+    pub close: bool,
+}
+
+impl Response {
+    pub fn new(status: Status, content_type: ContentType, body: Body) -> Response {
+        Response {
+            status,
+            content_type: Some(content_type),
+            body,
+            allow: None,
+            retry_after_secs: None,
+            www_authenticate: None,
+            no_store: true,
+            close: false,
+        }
+    }
+
+    pub fn text(body: &'static str) -> Response {
+        Response::new(Status::OK, ContentType::Text, Body::Static(body.as_bytes()))
+    }
+
+    /// A JSON body already written into the scratch buffer.
+    pub fn json_scratch(status: Status) -> Response {
+        Response::new(status, ContentType::Json, Body::Scratch)
+    }
+
+    /// The contract's error envelope, `{"success":false,"error_message":…,"timestamp":…}`,
+    /// written into `scratch`. Business errors use status 200; protocol errors their own.
+    pub fn error(status: Status, message: &str, unix_secs: u64, scratch: &mut Vec<u8>) -> Response {
+        scratch.clear();
+        let mut w = JsonWriter::new(scratch);
+        w.begin_object();
+        w.field_bool("success", false);
+        w.field_str("error_message", message.as_bytes());
+        w.field_u64("timestamp", unix_secs);
+        w.end_object();
+        Response::json_scratch(status)
+    }
+
+    pub fn body_len(&self, scratch: &[u8]) -> usize {
+        match &self.body {
+            Body::Empty => 0,
+            Body::Static(s) => s.len(),
+            Body::Bytes(b) => b.len(),
+            Body::Scratch => scratch.len(),
+        }
+    }
+}
+
+/// Per-response facts that come from the request and the connection, not the handler.
+pub struct Envelope<'a> {
+    pub request_id: &'a [u8],
+    /// Date header value (IMF-fixdate), refreshed by the shard tick.
+    pub date: &'a [u8],
+    pub head_only: bool,
+    /// The client spoke HTTP/1.0 and asked for keep-alive: say so explicitly.
+    pub http10_keep_alive: bool,
+}
+
+/// Bodies at least this large are written from their own buffer instead of being copied into
+/// the write buffer.
+pub const SEPARATE_BODY_BYTES: usize = 64 * 1024;
+
+/// Encodes the status line and headers, and the body unless it is a large shared buffer (then
+/// it is returned for the caller to write after the head).
+pub fn encode(
+    resp: Response,
+    env: &Envelope<'_>,
+    scratch: &[u8],
+    out: &mut Vec<u8>,
+) -> Option<Bytes> {
+    let body_len = resp.body_len(scratch);
+    out.extend_from_slice(resp.status.line());
+    if let Some(ct) = resp.content_type {
+        out.extend_from_slice(ct.header());
+    }
+    out.extend_from_slice(b"Content-Length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+    out.extend_from_slice(b"\r\nX-Request-ID: ");
+    out.extend_from_slice(env.request_id);
+    out.extend_from_slice(b"\r\n");
+    if resp.no_store {
+        out.extend_from_slice(b"Cache-Control: no-store\r\n");
+    }
+    out.extend_from_slice(b"Date: ");
+    out.extend_from_slice(env.date);
+    out.extend_from_slice(b"\r\n");
+    if let Some(allow) = resp.allow {
+        out.extend_from_slice(b"Allow: ");
+        out.extend_from_slice(allow.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(secs) = resp.retry_after_secs {
+        out.extend_from_slice(b"Retry-After: ");
+        out.extend_from_slice(itoa::Buffer::new().format(secs).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(realm) = resp.www_authenticate {
+        out.extend_from_slice(b"WWW-Authenticate: ");
+        out.extend_from_slice(realm.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if resp.close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if env.http10_keep_alive {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if env.head_only {
+        return None;
+    }
+    match resp.body {
+        Body::Empty => None,
+        Body::Static(s) => {
+            out.extend_from_slice(s);
+            None
+        }
+        Body::Scratch => {
+            out.extend_from_slice(scratch);
+            None
+        }
+        Body::Bytes(b) if b.len() >= SEPARATE_BODY_BYTES => Some(b),
+        Body::Bytes(b) => {
+            out.extend_from_slice(&b);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_envelope_bytes() {
+        let mut scratch = Vec::new();
+        let r = Response::error(
+            Status::OK,
+            "Missing 'key' parameter",
+            1_700_000_000,
+            &mut scratch,
+        );
+        let env = Envelope {
+            request_id: b"abc",
+            date: b"Sun, 29 Nov 2026 17:51:12 GMT",
+            head_only: false,
+            http10_keep_alive: false,
+        };
+        let mut out = Vec::new();
+        assert!(encode(r, &env, &scratch, &mut out).is_none());
+        let body =
+            r#"{"success":false,"error_message":"Missing 'key' parameter","timestamp":1700000000}"#;
+        let expected = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n\
+             Content-Length: {}\r\nX-Request-ID: abc\r\nCache-Control: no-store\r\n\
+             Date: Sun, 29 Nov 2026 17:51:12 GMT\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    #[test]
+    fn head_requests_keep_the_length_and_drop_the_body() {
+        let env = Envelope {
+            request_id: b"r",
+            date: b"d",
+            head_only: true,
+            http10_keep_alive: true,
+        };
+        let mut out = Vec::new();
+        encode(Response::text("ok"), &env, &[], &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("Content-Length: 2\r\n"), "{s}");
+        assert!(s.contains("Connection: keep-alive\r\n"), "{s}");
+        assert!(s.ends_with("\r\n\r\n"), "{s}");
+    }
+}

@@ -1,0 +1,55 @@
+//! Fixed protocol limits, kept together so that each number carries its reason.
+//!
+//! Limits an operator may want to tune live in the configuration (`crate::config`); the ones
+//! here are part of the wire contract (the statuses that enforce them are fixed by the design)
+//! or protect the process from a single hostile peer.
+
+/// Largest request head (request line plus headers plus the blank line). A larger head is
+/// answered with 431. 16 KiB is what nginx and most proxies accept by default, so a request
+/// that passed a proxy in front of us also passes here.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// Longest request target (path plus query). A longer one is answered with 414. Keys travel in
+/// the query string, and 8 KiB leaves room for a batch of long keys while bounding the work of
+/// decoding one request line.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Most header fields in one request (431 beyond). Real clients send fewer than 20.
+pub const MAX_HEADERS: usize = 64;
+
+/// Longest key accepted by `/metadata` and the object routes. Longer keys are a business error.
+/// Upstream keys are short (an LMCache key is ~100 bytes); 4 KiB bounds the per-entry overhead
+/// an attacker can force while leaving room for any real naming scheme.
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// Longest `X-Request-ID` we echo. Longer or non-printable ids are replaced by a generated one,
+/// so a client cannot inject header bytes or bloat every response.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+
+/// Longest chunk-size line (hex size plus extensions) in a chunked body; a longer one is a
+/// malformed request (400). Real clients send a handful of bytes.
+pub const MAX_CHUNK_LINE_BYTES: usize = 1024;
+
+/// Largest trailer section after the last chunk (431 beyond, like the head).
+pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// Initial read buffer of a connection: one small request fits without growth.
+pub const READ_BUF_INITIAL_BYTES: usize = 8 * 1024;
+
+/// A read buffer grown past this by a large body is dropped and reallocated at the initial size
+/// once the request is done, so an idle connection never pins megabytes.
+pub const READ_BUF_KEEP_BYTES: usize = 256 * 1024;
+
+/// Pending response bytes after which the connection writes before parsing more pipelined
+/// requests, so a client that pipelines thousands of requests cannot grow our buffer unbounded.
+pub const WRITE_BUF_FLUSH_BYTES: usize = 64 * 1024;
+
+/// After an error response that closes the connection (e.g. 413 before the body was read), we
+/// keep reading and discarding this much for up to `LINGER_MS`, so the kernel does not reset the
+/// connection (and destroy our response) while the client is still sending.
+pub const LINGER_DISCARD_BYTES: usize = 1024 * 1024;
+pub const LINGER_MS: u64 = 2000;
+
+/// Period of each shard's housekeeping tick: refreshes the cached clock and `Date` header and
+/// closes connections past their idle or header timeout. Timeouts are therefore precise to this.
+pub const TICK_MS: u64 = 250;

@@ -1,0 +1,37 @@
+//! Counters, histograms and their exposition.
+//!
+//! Statistics are kept per shard ([`ShardStats`], atomics written only by their owner) and
+//! summed when read, so recording never contends across cores and a scrape never walks keys.
+
+pub mod counter;
+
+pub use counter::{Counter, Gauge};
+
+/// Statistics of one shard's HTTP front end and mailbox. Lives in the shard's
+/// [`crate::shards::RemoteShard`], so any thread can read it.
+#[derive(Default, Debug)]
+pub struct ShardStats {
+    pub http_requests: Counter,
+    /// Responses by status class: index 0 is 1xx ... index 4 is 5xx.
+    pub http_responses: [Counter; 5],
+    pub connections_accepted: Counter,
+    pub connections_open: Gauge,
+    /// Connections refused at accept because the shard was at its connection limit.
+    pub connections_rejected: Counter,
+    /// Connections closed by the housekeeping tick (idle or header timeout).
+    pub connections_timed_out: Counter,
+    /// Requests this shard sent to another shard (the key's owner).
+    pub cross_shard_requests: Counter,
+    /// Requests answered 429 because a shard inbox or the outstanding limit was full.
+    pub overload_rejections: Counter,
+    pub metadata_keys: Gauge,
+    pub metadata_bytes: Gauge,
+}
+
+impl ShardStats {
+    #[inline]
+    pub fn count_response(&self, status: u16) {
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.http_responses[class].inc();
+    }
+}

@@ -1,0 +1,201 @@
+//! Process orchestration: bind the shared port, start one pinned shard thread per planned
+//! CPU, report readiness, drain on shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use monoio::net::TcpListener;
+
+use crate::cli::Plan;
+use crate::http::Front;
+use crate::shards::runtime::{self, DriverKind};
+use crate::shards::{Cluster, Shard};
+
+/// A started server: its shard threads are running and every shard accepts connections.
+pub struct Server {
+    pub cluster: Arc<Cluster>,
+    pub local_addr: SocketAddr,
+    pub drivers: Vec<DriverKind>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Backlog of each shard's listening socket: deep enough for a burst of new connections
+/// from many clients at once (the kernel clamps it to `net.core.somaxconn`).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Creates one listening socket per shard on the same address with `SO_REUSEPORT`, so the
+/// kernel spreads new connections across shards. Port 0 is resolved by the first socket.
+fn bind_listeners(addr: SocketAddr, count: usize) -> Result<Vec<std::net::TcpListener>, String> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let bind_err = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+    // SO_REUSEPORT would let us silently share the port with another process of the same
+    // user already listening there; a plain bind first detects that.
+    if addr.port() != 0 {
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(bind_err)?;
+        probe.set_reuse_address(true).map_err(bind_err)?;
+        probe.bind(&addr.into()).map_err(bind_err)?;
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut addr = addr;
+    for _ in 0..count {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(bind_err)?;
+        s.set_reuse_address(true).map_err(bind_err)?;
+        s.set_reuse_port(true).map_err(bind_err)?;
+        s.set_nonblocking(true).map_err(bind_err)?;
+        if addr.is_ipv6() {
+            s.set_only_v6(true).map_err(bind_err)?;
+        }
+        s.bind(&addr.into()).map_err(bind_err)?;
+        s.listen(LISTEN_BACKLOG).map_err(bind_err)?;
+        if addr.port() == 0 {
+            let local = s.local_addr().map_err(bind_err)?;
+            addr = local
+                .as_socket()
+                .ok_or_else(|| "bound to a non-IP address".to_string())?;
+        }
+        out.push(s.into());
+    }
+    Ok(out)
+}
+
+/// A per-process random id that prefixes generated request ids.
+fn boot_id() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let seed = nanos as u64 ^ ((std::process::id() as u64) << 32);
+    xxhash_rust::xxh3::xxh3_64(&seed.to_le_bytes()) as u32
+}
+
+impl Server {
+    /// Binds, starts every shard and waits until each accepts. On failure nothing keeps
+    /// running and the error is the one line to show the operator.
+    pub fn start(plan: Plan) -> Result<Server, String> {
+        let shard_count = plan.shard_cpus.len();
+        let addr =
+            plan.config.listen.resolve().map_err(|e| {
+                format!("cannot resolve listen address {}: {e}", plan.config.listen)
+            })?;
+        let listeners = bind_listeners(addr, shard_count)?;
+        let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
+        let ring_entries = plan.config.shard.ring_entries as u32;
+        let cluster = Cluster::new(plan.config, shard_count);
+        let boot = boot_id();
+
+        let (started_tx, started_rx) = mpsc::channel::<(usize, Result<DriverKind, String>)>();
+        let mut threads = Vec::with_capacity(shard_count);
+        for (id, (listener, cpu)) in listeners.into_iter().zip(plan.shard_cpus).enumerate() {
+            let cluster = cluster.clone();
+            let started = started_tx.clone();
+            let driver = plan.driver;
+            let spawn = std::thread::Builder::new()
+                .name(format!("mmc-shard-{id}"))
+                .spawn(move || {
+                    if let Err(e) = runtime::pin_to(cpu) {
+                        log::warn!("shard {id}: cannot pin to CPU {cpu}: {e}; running unpinned");
+                    }
+                    let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
+                        let _ = started.send((id, Ok(kind)));
+                        shard_main(id, cluster, listener, boot)
+                    });
+                    if let Err(e) = ran {
+                        let _ = started.send((id, Err(e)));
+                    }
+                });
+            threads.push(spawn.map_err(|e| format!("cannot start shard thread {id}: {e}"))?);
+        }
+        drop(started_tx);
+
+        let mut drivers = vec![DriverKind::Epoll; shard_count];
+        let mut failure = None;
+        for _ in 0..shard_count {
+            match started_rx.recv() {
+                Ok((id, Ok(kind))) => drivers[id] = kind,
+                Ok((_, Err(e))) => {
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure.get_or_insert("a shard thread exited during start".to_string());
+                }
+            }
+        }
+        let server = Server {
+            cluster,
+            local_addr,
+            drivers,
+            threads,
+        };
+        if let Some(e) = failure {
+            server.cluster.begin_shutdown();
+            server.join();
+            return Err(e);
+        }
+        // Every runtime is up; wait (bounded) until each shard has entered its accept loop.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.cluster.accepting.load(Ordering::Acquire) < shard_count {
+            if Instant::now() > deadline {
+                server.cluster.begin_shutdown();
+                server.join();
+                return Err("shards did not start accepting within 10 s".to_string());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(server)
+    }
+
+    /// Waits for every shard thread to finish (after [`Cluster::begin_shutdown`]).
+    /// Returns false when a shard thread panicked.
+    pub fn join(self) -> bool {
+        let mut clean = true;
+        for t in self.threads {
+            clean &= t.join().is_ok();
+        }
+        clean
+    }
+}
+
+/// The life of one shard on its own thread.
+async fn shard_main(
+    id: usize,
+    cluster: Arc<Cluster>,
+    listener: std::net::TcpListener,
+    boot_id: u32,
+) {
+    let shard = Shard::new(id, cluster.clone());
+    let front = Front::new(shard.clone(), boot_id);
+    monoio::spawn(shard.mailbox());
+    monoio::spawn(front.clone().tick());
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!("shard {id}: cannot register the listener: {e}");
+            return;
+        }
+    };
+    let accept = monoio::spawn(front.clone().serve(listener));
+    cluster.accepting.fetch_add(1, Ordering::AcqRel);
+
+    shard.shutdown_requested().await;
+    cluster.accepting.fetch_sub(1, Ordering::AcqRel);
+    front.begin_drain();
+    accept.await;
+    shard.clock.refresh();
+    let deadline_ms = shard.clock.now_ms() + cluster.config.http.shutdown_timeout_ms;
+    front.drain(deadline_ms).await;
+    // Other shards may still wait on replies from this one: keep the mailbox running until
+    // every shard has drained (bounded by the same deadline plus a second).
+    cluster.drained.fetch_add(1, Ordering::AcqRel);
+    while cluster.drained.load(Ordering::Acquire) < cluster.shard_count()
+        && shard.clock.now_ms() < deadline_ms + 1000
+    {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+        shard.clock.refresh();
+    }
+}

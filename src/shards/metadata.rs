@@ -1,0 +1,119 @@
+//! The `/metadata` store of one shard: raw values under raw keys, bounded in total size.
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+use super::command::Reply;
+
+/// Bytes charged per entry beyond key and value: the map slot and the value's allocation
+/// header, so that many tiny entries cannot exceed the memory budget unnoticed.
+const ENTRY_OVERHEAD_BYTES: u64 = 64;
+
+pub struct MetadataStore {
+    /// Seeded per process (foldhash's random state), so a client cannot choose keys that all
+    /// collide in one bucket.
+    map: HashMap<Box<[u8]>, Bytes, foldhash::fast::RandomState>,
+    bytes_used: u64,
+    /// This shard's share of `ock.mmc.metadata.max_total_bytes`.
+    bytes_max: u64,
+}
+
+impl MetadataStore {
+    pub fn new(bytes_max: u64) -> MetadataStore {
+        MetadataStore {
+            map: HashMap::default(),
+            bytes_used: 0,
+            bytes_max,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn bytes_used(&self) -> u64 {
+        self.bytes_used
+    }
+
+    pub fn get(&self, key: &[u8]) -> Reply {
+        match self.map.get(key) {
+            Some(v) => Reply::Value(v.clone()),
+            None => Reply::NotFound,
+        }
+    }
+
+    pub fn put(&mut self, key: Box<[u8]>, value: Bytes) -> Reply {
+        let new_cost = cost(&key, &value);
+        let old_cost = self.map.get(&key).map_or(0, |old| cost(&key, old));
+        if self.bytes_used - old_cost + new_cost > self.bytes_max {
+            return Reply::Refused("Metadata store full");
+        }
+        self.bytes_used = self.bytes_used - old_cost + new_cost;
+        self.map.insert(key, value);
+        Reply::Done
+    }
+
+    pub fn delete(&mut self, key: &[u8]) -> Reply {
+        match self.map.remove_entry(key) {
+            Some((k, v)) => {
+                self.bytes_used -= cost(&k, &v);
+                Reply::Done
+            }
+            None => Reply::NotFound,
+        }
+    }
+}
+
+fn cost(key: &[u8], value: &Bytes) -> u64 {
+    key.len() as u64 + value.len() as u64 + ENTRY_OVERHEAD_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_delete_and_accounting() {
+        let mut m = MetadataStore::new(1024);
+        assert_eq!(m.get(b"k"), Reply::NotFound);
+        assert_eq!(
+            m.put(b"k".to_vec().into(), Bytes::from_static(b"\0\xffv")),
+            Reply::Done
+        );
+        assert_eq!(m.get(b"k"), Reply::Value(Bytes::from_static(b"\0\xffv")));
+        assert_eq!(m.bytes_used(), 1 + 3 + ENTRY_OVERHEAD_BYTES);
+        assert_eq!(
+            m.put(b"k".to_vec().into(), Bytes::from_static(b"vv")),
+            Reply::Done
+        );
+        assert_eq!(m.bytes_used(), 1 + 2 + ENTRY_OVERHEAD_BYTES);
+        assert_eq!(m.delete(b"k"), Reply::Done);
+        assert_eq!(m.bytes_used(), 0);
+        assert_eq!(m.delete(b"k"), Reply::NotFound);
+    }
+
+    #[test]
+    fn refuses_past_its_budget_and_keeps_the_old_value() {
+        let mut m = MetadataStore::new(200);
+        assert_eq!(
+            m.put(b"a".to_vec().into(), Bytes::from(vec![1; 100])),
+            Reply::Done
+        );
+        let big = Bytes::from(vec![2; 150]);
+        assert_eq!(
+            m.put(b"b".to_vec().into(), big.clone()),
+            Reply::Refused("Metadata store full")
+        );
+        assert_eq!(m.get(b"b"), Reply::NotFound);
+        // Replacing a value only charges the difference.
+        assert_eq!(
+            m.put(b"a".to_vec().into(), Bytes::from(vec![3; 130])),
+            Reply::Done
+        );
+        assert_eq!(m.len(), 1);
+    }
+}
