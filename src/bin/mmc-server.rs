@@ -63,6 +63,9 @@ fn main() -> ExitCode {
         c.dedup();
         mmc::shards::runtime::format_cpu_list(&c)
     };
+    // Register for the signals before the port opens, so a SIGTERM that arrives during the
+    // start is queued and handled as a graceful stop, not the default "die at once".
+    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT]);
     let server = match Server::start(plan) {
         Ok(s) => s,
         Err(e) => {
@@ -79,7 +82,6 @@ fn main() -> ExitCode {
     );
 
     let cluster = server.cluster.clone();
-    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT]);
     match signals {
         Ok(mut signals) => {
             std::thread::Builder::new()

@@ -1,1 +1,7 @@
+//! Integration tests against a real `mmc-server` process (one test binary, per the style
+//! guide). Each server listens on 127.0.0.1 on a port the kernel picks.
 
+mod harness;
+
+mod foundation;
+mod lifecycle;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone on a fresh Debian machine: installs what the tests
+# need, checks formatting and lints, builds once, runs every unit and integration test (each
+# server test under both io drivers, io_uring and epoll).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests use, installed only when missing (apt-get update first, once).
+need_pkgs=()
+command -v curl >/dev/null || need_pkgs+=(curl)
+if ((${#need_pkgs[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "== build"
+cargo build --all-targets --locked
+echo "== unit and integration tests"
+cargo test --all-targets --locked

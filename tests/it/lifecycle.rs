@@ -1,0 +1,286 @@
+//! Start-up, command line, configuration, io driver fallback and graceful shutdown.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::both_drivers;
+use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder};
+
+both_drivers!(
+    graceful_shutdown_finishes_requests_in_flight,
+    shutdown_is_bounded_by_its_timeout
+);
+
+fn graceful_shutdown_finishes_requests_in_flight(driver: Driver) {
+    let mut srv = ServerBuilder::new(driver).shards(2).start();
+    let mut idle = srv.client();
+    assert_eq!(idle.get("/healthz").status, 200);
+    // A request in flight: head and half of the body sent.
+    let mut inflight = srv.client();
+    inflight.send(b"PUT /metadata?key=during HTTP/1.1\r\nContent-Length: 10\r\n\r\n01234");
+    // Make sure the server has seen the partial request before the signal.
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    srv.signal(libc::SIGTERM);
+    // The idle connection is closed promptly.
+    assert!(
+        idle.closed_within(Duration::from_secs(3)),
+        "idle connection kept open while draining"
+    );
+    // The request in flight completes, answered with Connection: close.
+    inflight.send(b"56789");
+    let r = inflight.read_response(false);
+    assert_eq!(r.text(), "metadata updated");
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(inflight.closed_within(Duration::from_secs(3)));
+    let status = srv
+        .wait_exit(Duration::from_secs(10))
+        .expect("server did not exit");
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    // Nothing listens any more.
+    assert!(std::net::TcpStream::connect(srv.addr).is_err());
+    let log = srv.log();
+    assert!(log.contains("SIGTERM: stopping accepting"), "{log}");
+    assert!(log.contains("mmc-server stopped"), "{log}");
+}
+
+fn shutdown_is_bounded_by_its_timeout(driver: Driver) {
+    let mut srv = ServerBuilder::new(driver)
+        .set("ock.mmc.http.shutdown_timeout_ms", "300")
+        .set("ock.mmc.http.header_timeout_ms", "60000")
+        .start();
+    // A request that never completes.
+    let mut stuck = srv.client();
+    stuck.send(b"PUT /metadata?key=x HTTP/1.1\r\nContent-Length: 1000\r\n\r\nabc");
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    srv.signal(libc::SIGINT);
+    let status = srv
+        .wait_exit(Duration::from_secs(10))
+        .expect("server did not exit");
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    assert!(stuck.closed_within(Duration::from_secs(2)));
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    run_env(args, &[])
+}
+
+fn run_env(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(SERVER_BIN);
+    cmd.args(args).env_remove("RUST_LOG");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run mmc-server");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_and_version() {
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    for opt in [
+        "--config",
+        "--set",
+        "--listen",
+        "--cores",
+        "--io-driver",
+        "--help",
+        "--version",
+    ] {
+        assert!(out.contains(opt), "--help does not mention {opt}:\n{out}");
+    }
+    let (code, out, _) = run(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.trim(),
+        format!("mmc-server {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn invalid_values_stop_the_start_with_one_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--set", "ock.mmc.http.max_body_bytes=12XB"],
+            "invalid value \"12XB\" for ock.mmc.http.max_body_bytes",
+        ),
+        (
+            &["--set", "ock.mmc.evict_threshold_high=150"],
+            "ock.mmc.evict_threshold_high: expected an integer from 1 to 100",
+        ),
+        (
+            &["--set", "ock.mmc.evict_threshold_low=95"],
+            "must be below ock.mmc.evict_threshold_high",
+        ),
+        (
+            &["--io-driver", "kqueue"],
+            "--io-driver: expected one of auto, uring, epoll",
+        ),
+        (&["--listen", "not-an-address"], "--listen"),
+        (
+            &["--set", "ock.mmc.meta_service.metrics_url=ftp://x:1"],
+            "ock.mmc.meta_service.metrics_url",
+        ),
+        (&["--cores", "4095"], "is not available to this process"),
+        (
+            &["--config", "/nonexistent/mmc-meta.conf"],
+            "config file /nonexistent/mmc-meta.conf",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 2, "{args:?} exited {code}; stderr: {err}");
+        assert!(out.is_empty());
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(err.starts_with("mmc-server: "), "{err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    }
+}
+
+#[test]
+fn config_file_and_overrides() {
+    let dir = std::env::temp_dir().join(format!("mmc-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mmc-meta.conf");
+    std::fs::write(
+        &path,
+        "# test config\nock.mmc.http.idle_timeout_ms = 1234\n\nock.mmc.metadata.max_value_bytes=2048KB\nock.mmc.not.a.key = 5\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (code, out, _) = run(&[
+        "--config",
+        p,
+        "--set",
+        "ock.mmc.http.idle_timeout_ms=999",
+        "--print-config",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("ock.mmc.http.idle_timeout_ms = 999\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ock.mmc.metadata.max_value_bytes = 2048KB\n"),
+        "{out}"
+    );
+    // Unknown keys are warned about and do not stop the server.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .arg("--config")
+        .arg(p)
+        .start();
+    assert!(
+        srv.log().contains("unknown key ock.mmc.not.a.key"),
+        "{}",
+        srv.log()
+    );
+    drop(srv);
+    let bad = dir.join("bad.conf");
+    std::fs::write(&bad, "ock.mmc.http.idle_timeout_ms = 1\n").unwrap();
+    let (code, _, err) = run(&["--config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("ock.mmc.http.idle_timeout_ms: expected an integer from 100"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_documented_config_file_is_the_default() {
+    let (code, out, _) = run(&["--print-default-config"]);
+    assert_eq!(code, 0);
+    let file =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/mmc-meta.conf"))
+            .expect("config/mmc-meta.conf");
+    assert_eq!(
+        file, out,
+        "config/mmc-meta.conf is stale: regenerate with --print-default-config"
+    );
+    // And the server starts from it unchanged.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .arg("--config")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config/mmc-meta.conf"))
+        .start();
+    assert_eq!(srv.client().get("/health").status, 200);
+}
+
+#[test]
+fn a_busy_port_stops_the_start() {
+    let srv = ServerBuilder::new(Driver::Epoll).start();
+    let addr = srv.addr.to_string();
+    let (code, _, err) = run(&["--listen", &addr, "--io-driver", "epoll"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    // The running server is untouched.
+    assert_eq!(srv.client().get("/healthz").status, 200);
+}
+
+#[test]
+fn io_driver_fallback_chain() {
+    // Setup flags refused (an old kernel): plain io_uring.
+    let srv = ServerBuilder::new(Driver::Uring)
+        .env("MMC_FAULT_URING", "flags")
+        .start();
+    assert!(
+        srv.log().contains("io_uring setup flags refused"),
+        "{}",
+        srv.log()
+    );
+    assert!(
+        srv.log().contains("io driver io_uring (plain"),
+        "{}",
+        srv.log()
+    );
+    assert_eq!(srv.client().get("/health").status, 200);
+    drop(srv);
+    // io_uring blocked (a seccomp profile): auto falls back to epoll, logged once per shard.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .io_driver("auto")
+        .env("MMC_FAULT_URING", "all")
+        .start();
+    let log = srv.log();
+    assert_eq!(log.matches("falling back to epoll").count(), 2, "{log}");
+    assert_eq!(srv.client().get("/health").status, 200);
+    drop(srv);
+    // Forced io_uring that is unavailable refuses to start.
+    let (code, _, err) = run_env(
+        &["--listen", "127.0.0.1:0", "--io-driver", "uring"],
+        &[("MMC_FAULT_URING", "all")],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--io-driver uring: io_uring is unavailable"),
+        "{err}"
+    );
+}
+
+#[test]
+fn auto_driver_uses_tuned_io_uring_here() {
+    // On this kernel io_uring with the setup flags works; auto must pick it.
+    let srv = ServerBuilder::new(Driver::Epoll).io_driver("auto").start();
+    assert!(
+        srv.log()
+            .contains("io_uring (coop_taskrun+single_issuer+defer_taskrun"),
+        "{}",
+        srv.log()
+    );
+    let mut c = Client::connect(srv.addr);
+    assert_eq!(c.get("/healthz").status, 200);
+}
