@@ -86,7 +86,7 @@ impl Server {
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;
-        let cluster = Cluster::new(plan.config, shard_count);
+        let cluster = Cluster::new(plan.config, shard_count)?;
         let boot = boot_id();
 
         let (started_tx, started_rx) = mpsc::channel::<(usize, Result<DriverKind, String>)>();
@@ -103,7 +103,7 @@ impl Server {
                     }
                     let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
                         let _ = started.send((id, Ok(kind)));
-                        shard_main(id, cluster, listener, boot)
+                        shard_main(id, cluster, listener, boot, kind != DriverKind::Epoll)
                     });
                     if let Err(e) = ran {
                         let _ = started.send((id, Err(e)));
@@ -167,8 +167,9 @@ async fn shard_main(
     cluster: Arc<Cluster>,
     listener: std::net::TcpListener,
     boot_id: u32,
+    uring: bool,
 ) {
-    let shard = Shard::new(id, cluster.clone());
+    let shard = Shard::new(id, cluster.clone(), uring);
     let front = Front::new(shard.clone(), boot_id);
     monoio::spawn(shard.mailbox());
     monoio::spawn(front.clone().tick());

@@ -7,7 +7,8 @@
 //! RSS until written).
 
 use std::io;
-use std::ptr::NonNull;
+
+use crate::shards::store::memory::MappedRegion;
 
 /// One device's memory.
 ///
@@ -43,63 +44,14 @@ pub trait DeviceMemory: Send + Sync {
 /// Device memory emulated in host memory: an anonymous `MAP_NORESERVE` mapping, committed
 /// page by page on first write and returned to the kernel by `discard`.
 pub struct HostEmulated {
-    base: NonNull<u8>,
-    len: u64,
+    region: MappedRegion,
 }
-
-// SAFETY: the mapping is plain memory; concurrent access to disjoint ranges is the callers'
-// contract (see `DeviceMemory`).
-unsafe impl Send for HostEmulated {}
-unsafe impl Sync for HostEmulated {}
 
 impl HostEmulated {
     pub fn new(len: u64) -> io::Result<HostEmulated> {
-        if len == 0 {
-            return Ok(HostEmulated {
-                base: NonNull::dangling(),
-                len: 0,
-            });
-        }
-        // SAFETY: an anonymous private mapping with no fixed address has no preconditions.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(HostEmulated {
-            base: NonNull::new(p.cast()).expect("mmap returned null"),
-            len,
+            region: MappedRegion::new(len)?,
         })
-    }
-
-    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "range {offset}+{len} outside device memory of {} bytes",
-                    self.len
-                ),
-            )),
-        }
-    }
-}
-
-impl Drop for HostEmulated {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: unmapping exactly the mapping created in `new`.
-            unsafe { libc::munmap(self.base.as_ptr().cast(), self.len as usize) };
-        }
     }
 }
 
@@ -109,51 +61,22 @@ impl DeviceMemory for HostEmulated {
     }
 
     fn capacity_bytes(&self) -> u64 {
-        self.len
+        self.region.len()
     }
 
     unsafe fn write(&self, offset: u64, src: &[u8]) -> io::Result<()> {
-        self.check(offset, src.len())?;
-        // SAFETY: in bounds (checked); exclusive per the caller's contract.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.base.as_ptr().add(offset as usize),
-                src.len(),
-            )
-        };
-        Ok(())
+        // SAFETY: forwarded contract.
+        unsafe { self.region.write(offset, src) }
     }
 
     unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
-        self.check(offset, dst.len())?;
-        // SAFETY: in bounds (checked); no concurrent writer per the caller's contract.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base.as_ptr().add(offset as usize),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        Ok(())
+        // SAFETY: forwarded contract.
+        unsafe { self.region.read(offset, dst) }
     }
 
     unsafe fn discard(&self, offset: u64, len: u64) {
-        // Only whole pages inside the range can be released.
-        const PAGE: u64 = 4096;
-        let start = offset.div_ceil(PAGE) * PAGE;
-        let end = (offset.saturating_add(len)).min(self.len) / PAGE * PAGE;
-        if end > start {
-            // SAFETY: the range lies inside the mapping; MADV_DONTNEED on private anonymous
-            // memory makes it read back as zeros, which the caller does not rely on.
-            unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(start as usize).cast(),
-                    (end - start) as usize,
-                    libc::MADV_DONTNEED,
-                )
-            };
-        }
+        // SAFETY: forwarded contract.
+        unsafe { self.region.discard(offset, len) }
     }
 }
 

@@ -11,7 +11,9 @@ use std::fmt;
 use std::path::Path;
 
 pub use values::HostPort;
-use values::{parse_size, parse_u64_in, parse_url};
+
+use crate::shards::store::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES};
+use values::{parse_bool, parse_size, parse_u64_in, parse_url};
 
 /// The validated configuration of one server process. Immutable once the server starts.
 #[derive(Clone, Debug)]
@@ -27,6 +29,7 @@ pub struct Config {
     pub metadata: MetadataConfig,
     pub shard: ShardConfig,
     pub evict: EvictConfig,
+    pub store: StoreKeys,
     pub log_level: log::LevelFilter,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
@@ -53,6 +56,21 @@ pub struct ShardConfig {
     pub max_outstanding: u64,
     pub idle_spin_us: u64,
     pub ring_entries: u64,
+}
+
+/// Segments, ranks, leases and the SSD tier.
+#[derive(Clone, Debug)]
+pub struct StoreKeys {
+    pub ranks: u64,
+    pub dram_bytes: u64,
+    pub hbm_bytes: u64,
+    pub ssd_enable: bool,
+    /// SSD directories (rank r uses `ssd_dirs[r % len]`).
+    pub ssd_dirs: Vec<String>,
+    pub ssd_bytes: u64,
+    pub lease_ms: u64,
+    pub alloc_timeout_ms: u64,
+    pub run_bytes: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -186,6 +204,67 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.shard.ring_entries = parse_u64_in(v, 256, 32768)?
     ),
     key!(
+        "ock.mmc.embedded.ranks",
+        "1",
+        "Ranks this process provides segments for (each rank gets its own DRAM, HBM and SSD segments).",
+        |c, v| c.store.ranks = parse_u64_in(v, 1, 1024)?
+    ),
+    key!(
+        "ock.mmc.local_service.dram.size",
+        "1GB",
+        "DRAM segment size per rank (host memory, committed only as it is used); 0: no DRAM segment.",
+        |c, v| c.store.dram_bytes = size_in(v, 0, MAX_SEGMENT_BYTES)?
+    ),
+    key!(
+        "ock.mmc.local_service.hbm.size",
+        "1GB",
+        "HBM segment size per rank (accelerator memory; emulated in host memory by default); 0: no HBM segment.",
+        |c, v| c.store.hbm_bytes = size_in(v, 0, MAX_SEGMENT_BYTES)?
+    ),
+    key!(
+        "ock.mmc.ssd.enable",
+        "false",
+        "Enable the SSD tier: evicted DRAM blobs are flushed to files and rewarmed on read.",
+        |c, v| c.store.ssd_enable = parse_bool(v)?
+    ),
+    key!(
+        "ock.mmc.ssd.path",
+        "",
+        "Directories for SSD segment files, comma-separated (rank r uses directory r mod count). Required with the SSD tier.",
+        |c, v| {
+            c.store.ssd_dirs = v
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_string)
+                .collect()
+        }
+    ),
+    key!(
+        "ock.mmc.ssd.size",
+        "4GB",
+        "SSD segment size per rank (a sparse file).",
+        |c, v| c.store.ssd_bytes = size_in(v, PAGE_BYTES, MAX_SEGMENT_BYTES)?
+    ),
+    key!(
+        "ock.mmc.lease_ms",
+        "2000",
+        "Read lease: a read blob cannot be evicted or freed for this long.",
+        |c, v| c.store.lease_ms = parse_u64_in(v, 0, 3_600_000)?
+    ),
+    key!(
+        "ock.mmc.store.alloc_timeout_ms",
+        "30000",
+        "An allocation whose writer never commits is reclaimed after this long.",
+        |c, v| c.store.alloc_timeout_ms = parse_u64_in(v, 100, 86_400_000)?
+    ),
+    key!(
+        "ock.mmc.segment.run_bytes",
+        "16MB",
+        "Size of the runs shards take from a segment to place small blobs in (capped at a quarter of a shard's share).",
+        |c, v| c.store.run_bytes = size_in(v, PAGE_BYTES, 1 << 32)?
+    ),
+    key!(
         "ock.mmc.evict_threshold_high",
         "90",
         "Percent of a medium's capacity above which an allocation first evicts.",
@@ -281,6 +360,17 @@ impl Config {
                 high_percent: 0,
                 low_percent: 0,
             },
+            store: StoreKeys {
+                ranks: 0,
+                dram_bytes: 0,
+                hbm_bytes: 0,
+                ssd_enable: false,
+                ssd_dirs: Vec::new(),
+                ssd_bytes: 0,
+                lease_ms: 0,
+                alloc_timeout_ms: 0,
+                run_bytes: 0,
+            },
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
@@ -314,6 +404,12 @@ impl Config {
                 "ock.mmc.evict_threshold_low ({}) must be below ock.mmc.evict_threshold_high ({})",
                 self.evict.low_percent, self.evict.high_percent
             )));
+        }
+        if self.store.ssd_enable && self.store.ssd_dirs.is_empty() {
+            return Err(ConfigError::Conflict(
+                "ock.mmc.ssd.enable is true but ock.mmc.ssd.path is empty: set the SSD directory"
+                    .to_string(),
+            ));
         }
         if self.metadata.max_value_bytes > self.http.max_body_bytes {
             return Err(ConfigError::Conflict(format!(

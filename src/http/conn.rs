@@ -14,9 +14,10 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use super::chunked::{ChunkedDecoder, Progress, TOO_LARGE};
+use super::handlers::keys_stream::KeyCursor;
 use super::handlers::{self, Ctx, Request};
 use super::parse::{Framing, Head, Method, Parsed, ProtocolError, parse_head};
-use super::response::{self, Response, Status};
+use super::response::{self, Body, KeyListing, Part, Response, Status, Tail};
 use super::router::{self, Route};
 use super::{ConnState, Front};
 use crate::limits::{
@@ -123,12 +124,14 @@ pub async fn run(front: Rc<Front>, mut stream: TcpStream) {
             let Parsed::Complete(head) = parse_head(&req_bytes[..head_len]) else {
                 unreachable!("a framed head parses again");
             };
-            let large_body = dispatch(&front, &head, req_bytes, early, &mut scratch, &mut wbuf)
-                .await
-                .map_err(|()| close = true);
-            if let Ok(Some(body)) = large_body {
-                // Head first, then the shared body buffer without copying it.
-                if !flush(&mut stream, &mut wbuf).await || !write_bytes(&mut stream, body).await {
+            let (tail, must_close) =
+                dispatch(&front, &head, req_bytes, early, &mut scratch, &mut wbuf).await;
+            close |= must_close;
+            if let Some(tail) = tail {
+                // Head first, then the body from where it is.
+                if !flush(&mut stream, &mut wbuf).await
+                    || !write_tail(&front, &mut stream, tail, head.minor_version == 0).await
+                {
                     return;
                 }
             }
@@ -326,8 +329,8 @@ fn wants_continue(rbuf: &[u8], pending: &Pending) -> bool {
     matches!(parse_head(rbuf), Parsed::Complete(h) if h.expect_continue)
 }
 
-/// Answers one request into `wbuf`. Returns a large body to write after the head, or `Err`
-/// when the connection must close after this answer.
+/// Answers one request into `wbuf`. Returns what to write after the head, and whether the
+/// connection closes after this answer.
 async fn dispatch(
     front: &Front,
     head: &Head<'_>,
@@ -335,7 +338,7 @@ async fn dispatch(
     early: Option<Early>,
     scratch: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
-) -> Result<Option<bytes::Bytes>, ()> {
+) -> (Option<Tail>, bool) {
     let shard = front.shard();
     let stats = shard.stats();
     stats.http_requests.inc();
@@ -378,9 +381,99 @@ async fn dispatch(
     if early.is_some() || !head.keep_alive || front.is_draining() {
         resp.close = true;
     }
+    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
+    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
+        resp.close = true;
+    }
     let close = resp.close;
-    let large = front.encode(resp, Some(head), scratch, wbuf);
-    if close { Err(()) } else { Ok(large) }
+    let tail = front.encode(resp, Some(head), scratch, wbuf);
+    (tail, close)
+}
+
+/// Writes the body parts that follow a head: shared bytes and pinned blobs (host memory
+/// straight from the segment; device memory through a bounded buffer), or a key stream.
+async fn write_tail(front: &Front, stream: &mut TcpStream, tail: Tail, http10: bool) -> bool {
+    match tail {
+        Tail::Parts(parts) => {
+            for part in parts {
+                let ok = match part {
+                    Part::Bytes(b) => stream.write_all(b).await.0.is_ok(),
+                    Part::Blob(p) => write_blob(stream, &p).await,
+                };
+                if !ok {
+                    return false;
+                }
+            }
+            true
+        }
+        Tail::KeyStream(listing) => stream_keys(front, stream, listing, !http10).await,
+    }
+}
+
+async fn write_blob(stream: &mut TcpStream, p: &crate::shards::PinnedBlob) -> bool {
+    use crate::shards::store::ssd::IoBuffer;
+    let v = &p.view;
+    let len = v.len as usize;
+    if v.seg.backend.host_region().is_some() {
+        // SAFETY: the blob is pinned (readable, never written) until `p` is dropped, after
+        // this write completes.
+        return match unsafe { IoBuffer::segment_view(v.seg.clone(), v.offset, len, true) } {
+            Ok(buf) => stream.write_all(buf).await.0.is_ok(),
+            Err(_) => false,
+        };
+    }
+    // Device memory is not addressable here: copy out a megabyte at a time.
+    const CHUNK: usize = 1 << 20;
+    let mut buf = Vec::with_capacity(CHUNK.min(len));
+    let mut done = 0;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        buf.clear();
+        buf.resize(n, 0);
+        // SAFETY: as above.
+        if unsafe { v.seg.backend.read(v.offset + done as u64, &mut buf) }.is_err() {
+            return false;
+        }
+        let (res, b) = stream.write_all(buf).await;
+        buf = b;
+        if res.is_err() {
+            return false;
+        }
+        done += n;
+    }
+    true
+}
+
+/// Streams `/get_all_keys` shard by shard, one page per chunk.
+async fn stream_keys(
+    front: &Front,
+    stream: &mut TcpStream,
+    listing: KeyListing,
+    chunked: bool,
+) -> bool {
+    let mut cursor = KeyCursor::new(listing.limit);
+    while let Some(page) = cursor.next_page(front.shard(), &listing.prefix).await {
+        let Ok(text) = page else {
+            log::warn!(
+                "shard {}: a key listing failed midway; closing the stream",
+                front.shard().id
+            );
+            return false;
+        };
+        let out = if chunked {
+            let mut framed = Vec::with_capacity(text.len() + 20);
+            framed.extend_from_slice(format!("{:x}\r\n", text.len()).as_bytes());
+            framed.extend_from_slice(&text);
+            framed.extend_from_slice(b"\r\n");
+            framed
+        } else {
+            text
+        };
+        if stream.write_all(out).await.0.is_err() {
+            return false;
+        }
+    }
+    !chunked || stream.write_all(&b"0\r\n\r\n"[..]).await.0.is_ok()
 }
 
 async fn flush(stream: &mut TcpStream, wbuf: &mut Vec<u8>) -> bool {
@@ -389,10 +482,6 @@ async fn flush(stream: &mut TcpStream, wbuf: &mut Vec<u8>) -> bool {
     buf.clear();
     *wbuf = buf;
     res.is_ok()
-}
-
-async fn write_bytes(stream: &mut TcpStream, body: bytes::Bytes) -> bool {
-    stream.write_all(body).await.0.is_ok()
 }
 
 /// Closes gracefully after an error answer: stop sending, then read and discard what the

@@ -116,6 +116,12 @@ impl<'a> JsonWriter<'a> {
         write_string(self.out, value);
     }
 
+    pub fn value_bool(&mut self, value: bool) {
+        self.separator();
+        self.out
+            .extend_from_slice(if value { b"true" } else { b"false" });
+    }
+
     pub fn value_u64(&mut self, value: u64) {
         self.separator();
         self.out

@@ -108,7 +108,7 @@ impl Front {
         Rc::new(front)
     }
 
-    pub fn shard(&self) -> &Shard {
+    pub fn shard(&self) -> &Rc<Shard> {
         &self.shard
     }
 
@@ -157,7 +157,7 @@ impl Front {
         head: Option<&Head<'_>>,
         scratch: &[u8],
         out: &mut Vec<u8>,
-    ) -> Option<bytes::Bytes> {
+    ) -> Option<response::Tail> {
         self.shard.stats().count_response(resp.status.0);
         let mut generated = [0u8; 24];
         let request_id = match head.and_then(|h| h.request_id) {
@@ -176,6 +176,7 @@ impl Front {
             date: &date[..],
             head_only: head.is_some_and(|h| h.method == parse::Method::Head),
             http10_keep_alive: head.is_some_and(|h| h.minor_version == 0 && h.keep_alive),
+            http10: head.is_some_and(|h| h.minor_version == 0),
         };
         response::encode(resp, &env, scratch, out)
     }
@@ -247,6 +248,7 @@ impl Front {
             self.shard.clock.refresh();
             self.refresh_date();
             self.sweep(false);
+            self.shard.tick();
         }
     }
 

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use super::json::JsonWriter;
+use crate::shards::PinnedBlob;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Status(pub u16);
@@ -79,6 +80,45 @@ pub enum Body {
     Bytes(Bytes),
     /// The body was written into the connection's scratch buffer.
     Scratch,
+    /// A sequence of parts (framing bytes and pinned blobs), written one after the other;
+    /// blobs in host memory go to the socket without a copy.
+    Parts(Vec<Part>),
+    /// `/get_all_keys`: streamed page by page with chunked transfer encoding, because its
+    /// length is not known until every shard has been listed.
+    KeyStream(KeyListing),
+}
+
+#[derive(Debug)]
+pub enum Part {
+    Bytes(Bytes),
+    Blob(PinnedBlob),
+}
+
+impl Part {
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Bytes(b) => b.len(),
+            Part::Blob(p) => p.view.len as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What `/get_all_keys` lists.
+#[derive(Debug, Clone)]
+pub struct KeyListing {
+    pub prefix: Box<[u8]>,
+    pub limit: u64,
+}
+
+/// What the connection writes after the head: nothing more, parts, or a key stream.
+#[derive(Debug)]
+pub enum Tail {
+    Parts(Vec<Part>),
+    KeyStream(KeyListing),
 }
 
 #[derive(Debug)]
@@ -133,13 +173,16 @@ impl Response {
         Response::json_scratch(status)
     }
 
-    pub fn body_len(&self, scratch: &[u8]) -> usize {
-        match &self.body {
+    /// The body length, or `None` for a streamed body.
+    pub fn body_len(&self, scratch: &[u8]) -> Option<usize> {
+        Some(match &self.body {
             Body::Empty => 0,
             Body::Static(s) => s.len(),
             Body::Bytes(b) => b.len(),
             Body::Scratch => scratch.len(),
-        }
+            Body::Parts(parts) => parts.iter().map(Part::len).sum(),
+            Body::KeyStream(_) => return None,
+        })
     }
 }
 
@@ -151,28 +194,39 @@ pub struct Envelope<'a> {
     pub head_only: bool,
     /// The client spoke HTTP/1.0 and asked for keep-alive: say so explicitly.
     pub http10_keep_alive: bool,
+    /// The client spoke HTTP/1.0 (no chunked responses).
+    pub http10: bool,
 }
 
 /// Bodies at least this large are written from their own buffer instead of being copied into
 /// the write buffer.
 pub const SEPARATE_BODY_BYTES: usize = 64 * 1024;
 
-/// Encodes the status line and headers, and the body unless it is a large shared buffer (then
-/// it is returned for the caller to write after the head).
+/// Encodes the status line and headers, and the body when it is small; a large body, blobs
+/// and streams are returned for the caller to write after the head.
 pub fn encode(
     resp: Response,
     env: &Envelope<'_>,
     scratch: &[u8],
     out: &mut Vec<u8>,
-) -> Option<Bytes> {
+) -> Option<Tail> {
     let body_len = resp.body_len(scratch);
     out.extend_from_slice(resp.status.line());
     if let Some(ct) = resp.content_type {
         out.extend_from_slice(ct.header());
     }
-    out.extend_from_slice(b"Content-Length: ");
-    out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
-    out.extend_from_slice(b"\r\nX-Request-ID: ");
+    match body_len {
+        Some(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // HTTP/1.0 has no chunked encoding: the end of the body is the end of the connection
+        // (the caller closes it).
+        None if env.http10 => {}
+        None => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"X-Request-ID: ");
     out.extend_from_slice(env.request_id);
     out.extend_from_slice(b"\r\n");
     if resp.no_store {
@@ -215,10 +269,45 @@ pub fn encode(
             out.extend_from_slice(scratch);
             None
         }
-        Body::Bytes(b) if b.len() >= SEPARATE_BODY_BYTES => Some(b),
+        Body::Bytes(b) if b.len() >= SEPARATE_BODY_BYTES => Some(Tail::Parts(vec![Part::Bytes(b)])),
         Body::Bytes(b) => {
             out.extend_from_slice(&b);
             None
+        }
+        Body::Parts(parts) => {
+            // Small parts are copied into the head's buffer (one write); large ones are sent
+            // from where they are.
+            let mut rest = Vec::new();
+            for part in parts {
+                if !rest.is_empty() || part.len() >= SEPARATE_BODY_BYTES || !copy_part(&part, out) {
+                    rest.push(part);
+                }
+            }
+            (!rest.is_empty()).then_some(Tail::Parts(rest))
+        }
+        Body::KeyStream(k) => Some(Tail::KeyStream(k)),
+    }
+}
+
+/// Appends a small part to `out`; false when it cannot be read here (then it is written as
+/// its own part).
+fn copy_part(part: &Part, out: &mut Vec<u8>) -> bool {
+    match part {
+        Part::Bytes(b) => {
+            out.extend_from_slice(b);
+            true
+        }
+        Part::Blob(p) => {
+            let len = p.view.len as usize;
+            let start = out.len();
+            out.resize(start + len, 0);
+            // SAFETY: the blob is pinned (readable, nobody writes it) while `p` lives.
+            let res = unsafe { p.view.seg.backend.read(p.view.offset, &mut out[start..]) };
+            if res.is_err() {
+                out.truncate(start);
+                return false;
+            }
+            true
         }
     }
 }
@@ -241,6 +330,7 @@ mod tests {
             date: b"Sun, 29 Nov 2026 17:51:12 GMT",
             head_only: false,
             http10_keep_alive: false,
+            http10: false,
         };
         let mut out = Vec::new();
         assert!(encode(r, &env, &scratch, &mut out).is_none());
@@ -262,6 +352,7 @@ mod tests {
             date: b"d",
             head_only: true,
             http10_keep_alive: true,
+            http10: true,
         };
         let mut out = Vec::new();
         encode(Response::text("ok"), &env, &[], &mut out);

@@ -15,6 +15,29 @@ pub enum Route {
     Healthz,
     Ready,
     OpenApi,
+    QueryKey,
+    BatchQueryKeys,
+    Key,
+    AllKeys,
+    GetAllKeys,
+    GetAllSegments,
+    QuerySegment,
+    SegmentStatus,
+    CapacityUsage,
+    SegmentRemaining,
+    DrainJobs,
+    DrainJobsQuery,
+    DrainJobsCancel,
+    MemoryEvict,
+    MemoryPrefetch,
+    Objects,
+    ObjectsExist,
+    ObjectsBatchPut,
+    ObjectsBatchGet,
+    ObjectsBatchExist,
+    ObjectsBatchRemove,
+    SegmentsMount,
+    SegmentsUnmount,
 }
 
 pub struct RouteSpec {
@@ -26,7 +49,29 @@ pub struct RouteSpec {
     pub allow: &'static str,
 }
 
-use Method::{Delete, Get, Put};
+use Method::{Delete, Get, Post, Put};
+
+const GET_ONLY: &str = "GET, HEAD, OPTIONS";
+const POST_ONLY: &str = "POST, OPTIONS";
+const DELETE_ONLY: &str = "DELETE, OPTIONS";
+
+const fn get(path: &'static str, route: Route) -> RouteSpec {
+    RouteSpec {
+        path,
+        route,
+        methods: &[Get],
+        allow: GET_ONLY,
+    }
+}
+
+const fn post(path: &'static str, route: Route) -> RouteSpec {
+    RouteSpec {
+        path,
+        route,
+        methods: &[Post],
+        allow: POST_ONLY,
+    }
+}
 
 /// Every route, in the order of [`Route`]'s variants.
 pub static ROUTES: &[RouteSpec] = &[
@@ -36,51 +81,55 @@ pub static ROUTES: &[RouteSpec] = &[
         methods: &[Get, Put, Delete],
         allow: "GET, HEAD, PUT, DELETE, OPTIONS",
     },
+    get("/health", Route::Health),
+    get("/role", Route::Role),
+    get("/ha_status", Route::HaStatus),
+    get("/leader", Route::Leader),
+    get("/healthz", Route::Healthz),
+    get("/ready", Route::Ready),
+    get("/openapi.json", Route::OpenApi),
+    get("/query_key", Route::QueryKey),
+    get("/batch_query_keys", Route::BatchQueryKeys),
     RouteSpec {
-        path: "/health",
-        route: Route::Health,
-        methods: &[Get],
-        allow: GET_ONLY,
+        path: "/key",
+        route: Route::Key,
+        methods: &[Delete],
+        allow: DELETE_ONLY,
     },
     RouteSpec {
-        path: "/role",
-        route: Route::Role,
-        methods: &[Get],
-        allow: GET_ONLY,
+        path: "/all_keys",
+        route: Route::AllKeys,
+        methods: &[Delete],
+        allow: DELETE_ONLY,
     },
+    get("/get_all_keys", Route::GetAllKeys),
+    get("/get_all_segments", Route::GetAllSegments),
+    get("/query_segment", Route::QuerySegment),
+    get("/api/v1/segments/status", Route::SegmentStatus),
+    get("/api/v1/capacity/usage", Route::CapacityUsage),
+    get(
+        "/api/v1/capacity/segment_remaining",
+        Route::SegmentRemaining,
+    ),
+    post("/api/v1/drain_jobs", Route::DrainJobs),
+    get("/api/v1/drain_jobs/query", Route::DrainJobsQuery),
+    post("/api/v1/drain_jobs/cancel", Route::DrainJobsCancel),
+    post("/memory/evict", Route::MemoryEvict),
+    post("/memory/prefetch", Route::MemoryPrefetch),
     RouteSpec {
-        path: "/ha_status",
-        route: Route::HaStatus,
-        methods: &[Get],
-        allow: GET_ONLY,
+        path: "/api/v1/objects",
+        route: Route::Objects,
+        methods: &[Get, Put, Delete],
+        allow: "GET, HEAD, PUT, DELETE, OPTIONS",
     },
-    RouteSpec {
-        path: "/leader",
-        route: Route::Leader,
-        methods: &[Get],
-        allow: GET_ONLY,
-    },
-    RouteSpec {
-        path: "/healthz",
-        route: Route::Healthz,
-        methods: &[Get],
-        allow: GET_ONLY,
-    },
-    RouteSpec {
-        path: "/ready",
-        route: Route::Ready,
-        methods: &[Get],
-        allow: GET_ONLY,
-    },
-    RouteSpec {
-        path: "/openapi.json",
-        route: Route::OpenApi,
-        methods: &[Get],
-        allow: GET_ONLY,
-    },
+    get("/api/v1/objects/exist", Route::ObjectsExist),
+    post("/api/v1/objects/batch_put", Route::ObjectsBatchPut),
+    get("/api/v1/objects/batch_get", Route::ObjectsBatchGet),
+    get("/api/v1/objects/batch_exist", Route::ObjectsBatchExist),
+    post("/api/v1/objects/batch_remove", Route::ObjectsBatchRemove),
+    post("/api/v1/segments/mount", Route::SegmentsMount),
+    post("/api/v1/segments/unmount", Route::SegmentsUnmount),
 ];
-
-const GET_ONLY: &str = "GET, HEAD, OPTIONS";
 
 impl Route {
     pub fn spec(self) -> &'static RouteSpec {
@@ -110,6 +159,29 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/healthz" => Route::Healthz,
         b"/ready" => Route::Ready,
         b"/openapi.json" => Route::OpenApi,
+        b"/query_key" => Route::QueryKey,
+        b"/batch_query_keys" => Route::BatchQueryKeys,
+        b"/key" => Route::Key,
+        b"/all_keys" => Route::AllKeys,
+        b"/get_all_keys" => Route::GetAllKeys,
+        b"/get_all_segments" => Route::GetAllSegments,
+        b"/query_segment" => Route::QuerySegment,
+        b"/api/v1/segments/status" => Route::SegmentStatus,
+        b"/api/v1/capacity/usage" => Route::CapacityUsage,
+        b"/api/v1/capacity/segment_remaining" => Route::SegmentRemaining,
+        b"/api/v1/drain_jobs" => Route::DrainJobs,
+        b"/api/v1/drain_jobs/query" => Route::DrainJobsQuery,
+        b"/api/v1/drain_jobs/cancel" => Route::DrainJobsCancel,
+        b"/memory/evict" => Route::MemoryEvict,
+        b"/memory/prefetch" => Route::MemoryPrefetch,
+        b"/api/v1/objects" => Route::Objects,
+        b"/api/v1/objects/exist" => Route::ObjectsExist,
+        b"/api/v1/objects/batch_put" => Route::ObjectsBatchPut,
+        b"/api/v1/objects/batch_get" => Route::ObjectsBatchGet,
+        b"/api/v1/objects/batch_exist" => Route::ObjectsBatchExist,
+        b"/api/v1/objects/batch_remove" => Route::ObjectsBatchRemove,
+        b"/api/v1/segments/mount" => Route::SegmentsMount,
+        b"/api/v1/segments/unmount" => Route::SegmentsUnmount,
         _ => return None,
     })
 }

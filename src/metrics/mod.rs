@@ -4,6 +4,7 @@
 //! summed when read, so recording never contends across cores and a scrape never walks keys.
 
 pub mod counter;
+pub mod store;
 
 pub use counter::{Counter, Gauge};
 

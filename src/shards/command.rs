@@ -1,40 +1,201 @@
 //! The operations a shard applies to the state it owns, independent of any transport.
 //!
-//! The HTTP front end (and, later, any other protocol) turns a request into a [`Command`];
-//! the key's owner shard applies it and answers with a [`Reply`]. Commands are owned values
-//! so they can travel to another shard's inbox unchanged.
+//! The HTTP front end (and, later, any other protocol) turns a request into [`Command`]s; the
+//! owner shard applies them and answers with a [`Reply`]. Commands are owned values so they
+//! can travel to another shard's inbox unchanged.
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
+
+use super::store::segment::{Medium, SegmentId};
+use super::store::{BlobView, ObjHandle, QueryInfo};
+use super::{Cluster, Notice, ShardId};
 
 #[derive(Debug)]
 pub enum Command {
-    MetadataGet { key: Box<[u8]> },
-    MetadataPut { key: Box<[u8]>, value: Bytes },
-    MetadataDelete { key: Box<[u8]> },
+    MetadataGet {
+        key: Box<[u8]>,
+    },
+    MetadataPut {
+        key: Box<[u8]>,
+        value: Bytes,
+    },
+    MetadataDelete {
+        key: Box<[u8]>,
+    },
+    /// Allocate blobs for a new object (the first step of a put).
+    Alloc {
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: u8,
+        prot: u16,
+    },
+    /// update_state after the bytes were written (`ok`) or could not be (`!ok`).
+    Commit {
+        key: Box<[u8]>,
+        obj: ObjHandle,
+        ok: bool,
+    },
+    /// A leased, pinned read.
+    Get {
+        key: Box<[u8]>,
+    },
+    Exist {
+        key: Box<[u8]>,
+    },
+    Query {
+        key: Box<[u8]>,
+    },
+    Remove {
+        key: Box<[u8]>,
+    },
+    /// Per shard (sent to every shard): remove every object.
+    RemoveAll,
+    /// Per shard: a page of keys from slot `cursor`.
+    ListKeys {
+        cursor: u32,
+        max_bytes: u32,
+        prefix: Box<[u8]>,
+        limit: u64,
+    },
+    /// Per shard: evict the objects the chunk hashes name.
+    EvictNamed {
+        names: Arc<[Box<[u8]>]>,
+        locations: Option<SmallVec<[Medium; 3]>>,
+    },
+    /// Per shard: rewarm the objects the chunk hashes name, in the background.
+    PrefetchNamed {
+        names: Arc<[Box<[u8]>]>,
+    },
+    /// Per shard: move every blob off a segment being unmounted.
+    Evacuate {
+        seg: SegmentId,
+    },
+    /// Several commands for the same owner, answered in order.
+    Many(Vec<Command>),
 }
 
 impl Command {
-    /// The key that decides the owner shard.
-    pub fn key(&self) -> &[u8] {
+    /// The key that decides the owner shard; `None` for per-shard commands.
+    pub fn key(&self) -> Option<&[u8]> {
         match self {
             Command::MetadataGet { key }
             | Command::MetadataPut { key, .. }
-            | Command::MetadataDelete { key } => key,
+            | Command::MetadataDelete { key }
+            | Command::Alloc { key, .. }
+            | Command::Commit { key, .. }
+            | Command::Get { key }
+            | Command::Exist { key }
+            | Command::Query { key }
+            | Command::Remove { key } => Some(key),
+            Command::RemoveAll
+            | Command::ListKeys { .. }
+            | Command::EvictNamed { .. }
+            | Command::PrefetchNamed { .. }
+            | Command::Evacuate { .. }
+            | Command::Many(_) => None,
         }
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
+/// A blob pinned for reading. Dropping it releases the pin on the owner shard, on every
+/// path (sent, failed, abandoned), so a pin can never leak.
+pub struct PinnedBlob {
+    pub view: BlobView,
+    pub(super) owner: ShardId,
+    pub(super) cluster: Arc<Cluster>,
+}
+
+impl Drop for PinnedBlob {
+    fn drop(&mut self) {
+        self.cluster
+            .notify(self.owner, Notice::Unpin(self.view.handle));
+    }
+}
+
+impl std::fmt::Debug for PinnedBlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedBlob({:?} on shard {})", self.view, self.owner)
+    }
+}
+
+/// Blobs allocated for a put. Dropping it without [`WriteGrant::disarm`] aborts the put on
+/// the owner (the object and its blobs are freed), so a writer that vanishes leaks nothing.
+pub struct WriteGrant {
+    pub obj: ObjHandle,
+    pub blobs: SmallVec<[BlobView; 2]>,
+    pub(super) owner: ShardId,
+    pub(super) cluster: Arc<Cluster>,
+    armed: bool,
+}
+
+impl WriteGrant {
+    pub(super) fn new(
+        obj: ObjHandle,
+        blobs: SmallVec<[BlobView; 2]>,
+        owner: ShardId,
+        cluster: Arc<Cluster>,
+    ) -> WriteGrant {
+        WriteGrant {
+            obj,
+            blobs,
+            owner,
+            cluster,
+            armed: true,
+        }
+    }
+
+    /// The commit was handed to the owner; it now decides the object's fate.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for WriteGrant {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cluster.notify(self.owner, Notice::Abort(self.obj));
+        }
+    }
+}
+
+impl std::fmt::Debug for WriteGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WriteGrant({:?}, {:?})", self.obj, self.blobs)
+    }
+}
+
+#[derive(Debug)]
 pub enum Reply {
-    /// The operation succeeded and returns bytes.
+    /// Bytes (a metadata value).
     Value(Bytes),
-    /// The operation succeeded.
     Done,
-    /// The key does not exist.
     NotFound,
-    /// The owner refused the operation; the text is the error message for the client.
-    Refused(&'static str),
+    /// The operation failed; the text is the error message for the client.
+    Refused(Cow<'static, str>),
     /// The owner shard could not take the request (its inbox, or our outstanding limit, is
     /// full). The client should retry later (429).
     Overloaded,
+    Granted(WriteGrant),
+    Read(PinnedBlob),
+    Exists(bool),
+    Query(Box<QueryInfo>),
+    /// A page of keys; `next` is the cursor to continue from.
+    Keys {
+        text: Vec<u8>,
+        next: Option<u32>,
+        limit_left: u64,
+    },
+    Count(u64),
+    Many(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn refused(msg: &'static str) -> Reply {
+        Reply::Refused(Cow::Borrowed(msg))
+    }
 }

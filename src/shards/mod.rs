@@ -11,8 +11,10 @@
 //! each requester once per batch. This module does no socket I/O.
 
 pub mod command;
+pub mod event;
 pub mod metadata;
 pub mod runtime;
+pub mod store;
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -24,14 +26,19 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use atomic_waker::AtomicWaker;
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::{ArrayQueue, SegQueue};
 use hashbrown::HashMap;
 
 use crate::config::Config;
 use crate::ha::HaView;
 use crate::metrics::ShardStats;
-pub use command::{Command, Reply};
+use crate::metrics::store::StoreStats;
+pub use command::{Command, PinnedBlob, Reply, WriteGrant};
+use event::LocalEvent;
 use metadata::MetadataStore;
+use store::segment::SegmentTable;
+use store::ssd::SsdIo;
+use store::{AllocStep, BlobHandle, GetStep, IoJob, ObjHandle, Store, StoreConfig};
 
 pub type ShardId = usize;
 
@@ -61,6 +68,15 @@ pub struct ReplyEnvelope {
     reply: Reply,
 }
 
+/// A one-way message that must never be lost: releasing a pin, aborting an unfinished put.
+/// Sent from `Drop` implementations, so it cannot wait or fail: these queues are unbounded,
+/// and bounded in practice by the pins and grants outstanding.
+#[derive(Debug, Clone, Copy)]
+pub enum Notice {
+    Unpin(BlobHandle),
+    Abort(ObjHandle),
+}
+
 /// The part of a shard that other shards may touch: its inboxes, its waker and its
 /// statistics. Everything else about a shard is reachable only from its own thread.
 pub struct RemoteShard {
@@ -68,9 +84,11 @@ pub struct RemoteShard {
     /// Sized to the requester's outstanding limit, so a reply always finds room: a shard never
     /// has more requests in flight than its reply queue holds.
     replies: ArrayQueue<ReplyEnvelope>,
+    notices: SegQueue<Notice>,
     /// Holds the mailbox task's waker only while that task is parked.
     waker: AtomicWaker,
     pub stats: ShardStats,
+    pub store_stats: Arc<StoreStats>,
 }
 
 impl RemoteShard {
@@ -78,8 +96,10 @@ impl RemoteShard {
         RemoteShard {
             requests: ArrayQueue::new(inbox),
             replies: ArrayQueue::new(outstanding),
+            notices: SegQueue::new(),
             waker: AtomicWaker::new(),
             stats: ShardStats::default(),
+            store_stats: Arc::new(StoreStats::default()),
         }
     }
 
@@ -90,15 +110,17 @@ impl RemoteShard {
 
     /// Messages waiting in this shard's inboxes.
     pub fn inbox_depth(&self) -> usize {
-        self.requests.len() + self.replies.len()
+        self.requests.len() + self.replies.len() + self.notices.len()
     }
 }
 
-/// Process-wide state shared by all shards. Immutable after start except for the atomics.
+/// Process-wide state shared by all shards. Immutable after start except for the atomics and
+/// the segment table.
 pub struct Cluster {
     pub config: Config,
     pub shards: Box<[RemoteShard]>,
     pub ha: HaView,
+    pub segments: Arc<SegmentTable>,
     /// Shards whose listener accepts connections. `/ready` answers 200 once this equals the
     /// shard count.
     pub accepting: AtomicUsize,
@@ -111,22 +133,25 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(config: Config, shard_count: usize) -> Arc<Cluster> {
+    pub fn new(config: Config, shard_count: usize) -> Result<Arc<Cluster>, String> {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
         let ha = HaView::standalone(&config.advertise_address);
-        Arc::new(Cluster {
+        let segments = Arc::new(SegmentTable::default());
+        store::mount::mount_configured(&config, &segments, shard_count)?;
+        Ok(Arc::new(Cluster {
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding))
                 .collect(),
             config,
             ha,
+            segments,
             accepting: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
             started: Instant::now(),
-        })
+        }))
     }
 
     pub fn shard_count(&self) -> usize {
@@ -149,11 +174,27 @@ impl Cluster {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
     }
+
+    /// Delivers a notice to a shard (from any thread, never blocking).
+    pub fn notify(&self, shard: ShardId, n: Notice) {
+        let s = &self.shards[shard];
+        s.notices.push(n);
+        s.wake();
+    }
+
+    pub fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            lease_ms: self.config.store.lease_ms,
+            high_percent: self.config.evict.high_percent,
+            low_percent: self.config.evict.low_percent,
+            alloc_timeout_ms: self.config.store.alloc_timeout_ms,
+        }
+    }
 }
 
 /// A cheap clock refreshed by the shard's housekeeping tick, so hot paths read a `Cell`
-/// instead of calling the clock: `now_ms` for timeouts and leases, `unix_secs` for the
-/// `timestamp` of error envelopes.
+/// instead of calling the clock: `now_ms` for timeouts, `unix_secs` for the `timestamp` of
+/// error envelopes.
 pub struct Clock {
     started: Instant,
     now_ms: Cell<u64>,
@@ -189,10 +230,50 @@ impl Clock {
     }
 }
 
+/// What a read waits for before it looks at the object again.
+enum Waiting {
+    Job(IoJob),
+    Rewarm,
+    Flush,
+}
+
+impl Waiting {
+    fn new(flush: bool) -> Waiting {
+        if flush {
+            Waiting::Flush
+        } else {
+            Waiting::Rewarm
+        }
+    }
+}
+
 /// A reply slot of a request sent to another shard.
 enum Slot {
     Waiting(Option<Waker>),
     Ready(Reply),
+}
+
+/// A command applied now, or work that completes later (I/O, waiting for a flush).
+pub enum Applied {
+    Now(Reply),
+    Later(Pin<Box<dyn Future<Output = Reply>>>),
+}
+
+/// A command handed to its owner: already answered, or awaiting the owner.
+pub enum Submitted<'a> {
+    Ready(Reply),
+    Local(Pin<Box<dyn Future<Output = Reply>>>),
+    Remote(ReplyFuture<'a>),
+}
+
+impl Submitted<'_> {
+    pub async fn wait(self) -> Reply {
+        match self {
+            Submitted::Ready(r) => r,
+            Submitted::Local(f) => f.await,
+            Submitted::Remote(f) => f.await,
+        }
+    }
 }
 
 /// The shard-local context: the state this shard owns and its end of the mailboxes. Lives on
@@ -202,9 +283,15 @@ pub struct Shard {
     pub cluster: Arc<Cluster>,
     pub clock: Clock,
     metadata: RefCell<MetadataStore>,
+    pub store: RefCell<Store>,
+    ssd: SsdIo,
+    /// Notified when a flush to SSD lands (allocations waiting for room retry then).
+    flush_done: LocalEvent,
+    /// Notified when a rewarm lands (readers of the object retry then).
+    rewarm_done: LocalEvent,
     /// Requests sent to other shards whose reply has not been consumed, by request id. A
     /// requester that gives up (its connection closed) removes its slot; the late reply is
-    /// then dropped on arrival.
+    /// then dropped on arrival (and whatever it holds releases itself).
     pending: RefCell<HashMap<u64, Slot>>,
     next_request_id: Cell<u64>,
     /// Requests sent and not yet answered, including abandoned ones: bounds the reply queue.
@@ -215,13 +302,25 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub fn new(id: ShardId, cluster: Arc<Cluster>) -> Rc<Shard> {
+    /// `uring`: the shard runs on the io_uring driver (SSD I/O then goes through its ring).
+    pub fn new(id: ShardId, cluster: Arc<Cluster>, uring: bool) -> Rc<Shard> {
         let shards = cluster.shard_count() as u64;
         let metadata_budget = cluster.config.metadata.max_total_bytes.div_ceil(shards);
+        let store = Store::new(
+            id,
+            cluster.store_config(),
+            cluster.segments.clone(),
+            cluster.shards[id].store_stats.clone(),
+            cluster.started,
+        );
         Rc::new(Shard {
             id,
             clock: Clock::new(cluster.started),
             metadata: RefCell::new(MetadataStore::new(metadata_budget)),
+            store: RefCell::new(store),
+            ssd: SsdIo::new(uring),
+            flush_done: LocalEvent::default(),
+            rewarm_done: LocalEvent::default(),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
@@ -238,40 +337,480 @@ impl Shard {
         &self.remote().stats
     }
 
+    pub fn store_stats(&self) -> &StoreStats {
+        &self.remote().store_stats
+    }
+
     pub fn owner_of(&self, key: &[u8]) -> ShardId {
         shard_for(key, self.cluster.shard_count())
     }
 
-    /// Runs `cmd` on the owner of its key: here when this shard owns it, else through the
-    /// owner's inbox.
-    pub async fn execute(&self, cmd: Command) -> Reply {
-        let owner = self.owner_of(cmd.key());
+    /// Runs a keyed command on the owner of its key.
+    pub async fn execute(self: &Rc<Self>, cmd: Command) -> Reply {
+        let owner = self.owner_of(cmd.key().expect("a keyed command"));
+        self.submit(owner, cmd).wait().await
+    }
+
+    /// Hands `cmd` to shard `owner` without waiting, so several owners work in parallel.
+    pub fn submit(self: &Rc<Self>, owner: ShardId, cmd: Command) -> Submitted<'_> {
         if owner == self.id {
-            self.apply(cmd)
-        } else {
-            self.send(owner, cmd).await
+            return match self.try_apply(cmd) {
+                Applied::Now(r) => Submitted::Ready(r),
+                Applied::Later(f) => Submitted::Local(f),
+            };
+        }
+        match self.send(owner, cmd) {
+            Some(f) => Submitted::Remote(f),
+            None => Submitted::Ready(Reply::Overloaded),
         }
     }
 
-    /// Applies a command to this shard's own state.
-    fn apply(&self, cmd: Command) -> Reply {
-        let mut md = self.metadata.borrow_mut();
-        let reply = match cmd {
-            Command::MetadataGet { key } => md.get(&key),
-            Command::MetadataPut { key, value } => md.put(key, value),
-            Command::MetadataDelete { key } => md.delete(&key),
-        };
-        let stats = self.stats();
-        stats.metadata_keys.set(md.len() as i64);
-        stats.metadata_bytes.set(md.bytes_used() as i64);
-        reply
+    /// Runs `cmds` on their owners in parallel (grouped per owner) and returns the replies in
+    /// the order of `cmds`.
+    pub async fn execute_many(self: &Rc<Self>, cmds: Vec<Command>) -> Vec<Reply> {
+        let n = self.cluster.shard_count();
+        let mut groups: Vec<Vec<(usize, Command)>> = (0..n).map(|_| Vec::new()).collect();
+        let total = cmds.len();
+        for (i, c) in cmds.into_iter().enumerate() {
+            let owner = self.owner_of(c.key().expect("a keyed command"));
+            groups[owner].push((i, c));
+        }
+        let mut order: Vec<Vec<usize>> = Vec::with_capacity(n);
+        let mut submitted = Vec::with_capacity(n);
+        for (owner, g) in groups.into_iter().enumerate() {
+            if g.is_empty() {
+                continue;
+            }
+            let (idx, cmds): (Vec<usize>, Vec<Command>) = g.into_iter().unzip();
+            order.push(idx);
+            submitted.push(self.submit(owner, Command::Many(cmds)));
+        }
+        let mut out: Vec<Option<Reply>> = (0..total).map(|_| None).collect();
+        for (idx, s) in order.into_iter().zip(submitted) {
+            match s.wait().await {
+                Reply::Many(replies) => {
+                    for (i, r) in idx.into_iter().zip(replies) {
+                        out[i] = Some(r);
+                    }
+                }
+                other => {
+                    // The whole group failed to reach its owner (overload): every item gets
+                    // that answer.
+                    let overloaded = matches!(other, Reply::Overloaded);
+                    for i in idx {
+                        out[i] = Some(if overloaded {
+                            Reply::Overloaded
+                        } else {
+                            Reply::refused("Internal server error")
+                        });
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Reply::Overloaded))
+            .collect()
     }
 
-    async fn send(&self, owner: ShardId, cmd: Command) -> Reply {
+    /// Runs a per-shard command on every shard in parallel; replies in shard order.
+    pub async fn broadcast(self: &Rc<Self>, make: impl Fn() -> Command) -> Vec<Reply> {
+        let submitted: Vec<Submitted<'_>> = (0..self.cluster.shard_count())
+            .map(|s| self.submit(s, make()))
+            .collect();
+        let mut out = Vec::with_capacity(submitted.len());
+        for s in submitted {
+            out.push(s.wait().await);
+        }
+        out
+    }
+
+    /// Applies a command to this shard's own state: now, or as a future for work that waits.
+    fn try_apply(self: &Rc<Self>, cmd: Command) -> Applied {
+        let applied = match cmd {
+            Command::MetadataGet { key } => Applied::Now(self.metadata.borrow().get(&key)),
+            Command::MetadataPut { key, value } => {
+                let r = self.metadata.borrow_mut().put(key, value);
+                self.update_metadata_gauges();
+                Applied::Now(r)
+            }
+            Command::MetadataDelete { key } => {
+                let r = self.metadata.borrow_mut().delete(&key);
+                self.update_metadata_gauges();
+                Applied::Now(r)
+            }
+            Command::Alloc {
+                key,
+                size,
+                medium,
+                replicas,
+                prot,
+            } => {
+                let step = self.store.borrow_mut().alloc(
+                    key.clone(),
+                    size,
+                    medium,
+                    replicas as usize,
+                    prot,
+                );
+                match step {
+                    AllocStep::WaitForFlush => {
+                        let me = self.clone();
+                        Applied::Later(Box::pin(async move {
+                            me.alloc_waiting(key, size, medium, replicas, prot).await
+                        }))
+                    }
+                    step => Applied::Now(self.alloc_reply(step)),
+                }
+            }
+            Command::Commit { obj, ok, .. } => {
+                Applied::Now(self.store.borrow_mut().commit(obj, ok))
+            }
+            Command::Get { key } => {
+                let step = self.store.borrow_mut().get(&key);
+                match step {
+                    GetStep::Ready(view) => Applied::Now(self.pinned(view)),
+                    GetStep::NotFound => Applied::Now(Reply::NotFound),
+                    GetStep::Failed(m) => Applied::Now(Reply::Refused(m)),
+                    GetStep::Rewarm(job) => {
+                        let me = self.clone();
+                        Applied::Later(Box::pin(async move {
+                            me.get_after_rewarm(key, Some(Waiting::Job(job))).await
+                        }))
+                    }
+                    GetStep::ReadDirect(job) => {
+                        let me = self.clone();
+                        Applied::Later(Box::pin(async move { me.read_direct(job).await }))
+                    }
+                    GetStep::Wait | GetStep::WaitForFlush => {
+                        let me = self.clone();
+                        let flush = matches!(step, GetStep::WaitForFlush);
+                        Applied::Later(Box::pin(async move {
+                            me.get_after_rewarm(key, Some(Waiting::new(flush))).await
+                        }))
+                    }
+                }
+            }
+            Command::Exist { key } => {
+                Applied::Now(Reply::Exists(self.store.borrow_mut().exists(&key)))
+            }
+            Command::Query { key } => Applied::Now(match self.store.borrow_mut().query(&key) {
+                Some(q) => Reply::Query(Box::new(q)),
+                None => Reply::NotFound,
+            }),
+            Command::Remove { key } => Applied::Now(if self.store.borrow_mut().remove(&key) {
+                Reply::Done
+            } else {
+                Reply::NotFound
+            }),
+            Command::RemoveAll => Applied::Now(Reply::Count(self.store.borrow_mut().remove_all())),
+            Command::ListKeys {
+                cursor,
+                max_bytes,
+                prefix,
+                mut limit,
+            } => {
+                let mut text = Vec::with_capacity(max_bytes as usize + 256);
+                let next = self.store.borrow().list_keys(
+                    cursor,
+                    max_bytes as usize,
+                    &prefix,
+                    &mut limit,
+                    &mut text,
+                );
+                Applied::Now(Reply::Keys {
+                    text,
+                    next,
+                    limit_left: limit,
+                })
+            }
+            Command::EvictNamed { names, locations } => {
+                let mut store = self.store.borrow_mut();
+                let n = names
+                    .iter()
+                    .map(|name| store.evict_named(name, locations.as_deref()))
+                    .sum();
+                Applied::Now(Reply::Count(n))
+            }
+            Command::PrefetchNamed { names } => {
+                let jobs: Vec<IoJob> = names
+                    .iter()
+                    .flat_map(|name| self.store.borrow_mut().prefetch_named(name))
+                    .collect();
+                let n = jobs.len() as u64;
+                for job in jobs {
+                    self.spawn_job(job);
+                }
+                Applied::Now(Reply::Count(n))
+            }
+            Command::Evacuate { seg } => {
+                if self.store.borrow_mut().evacuate(seg) {
+                    Applied::Now(Reply::Done)
+                } else {
+                    let me = self.clone();
+                    Applied::Later(Box::pin(async move { me.evacuate_waiting(seg).await }))
+                }
+            }
+            Command::Many(cmds) => self.apply_many(cmds),
+        };
+        self.after_store();
+        applied
+    }
+
+    fn update_metadata_gauges(&self) {
+        let md = self.metadata.borrow();
+        self.stats().metadata_keys.set(md.len() as i64);
+        self.stats().metadata_bytes.set(md.bytes_used() as i64);
+    }
+
+    fn apply_many(self: &Rc<Self>, cmds: Vec<Command>) -> Applied {
+        let mut done: Vec<Applied> = Vec::with_capacity(cmds.len());
+        for c in cmds {
+            done.push(self.try_apply(c));
+        }
+        if done.iter().all(|a| matches!(a, Applied::Now(_))) {
+            return Applied::Now(Reply::Many(
+                done.into_iter()
+                    .map(|a| match a {
+                        Applied::Now(r) => r,
+                        Applied::Later(_) => unreachable!(),
+                    })
+                    .collect(),
+            ));
+        }
+        Applied::Later(Box::pin(async move {
+            let mut out = Vec::with_capacity(done.len());
+            for a in done {
+                out.push(match a {
+                    Applied::Now(r) => r,
+                    Applied::Later(f) => f.await,
+                });
+            }
+            Reply::Many(out)
+        }))
+    }
+
+    fn pinned(self: &Rc<Self>, view: store::BlobView) -> Reply {
+        Reply::Read(PinnedBlob {
+            view,
+            owner: self.id,
+            cluster: self.cluster.clone(),
+        })
+    }
+
+    fn alloc_reply(self: &Rc<Self>, step: AllocStep) -> Reply {
+        match step {
+            AllocStep::Granted { obj, blobs } => {
+                Reply::Granted(WriteGrant::new(obj, blobs, self.id, self.cluster.clone()))
+            }
+            AllocStep::Refused(m) => Reply::Refused(m),
+            AllocStep::WaitForFlush => Reply::refused("No space, even after eviction"),
+        }
+    }
+
+    /// An allocation that found no room while flushes were freeing some: retry as each lands.
+    async fn alloc_waiting(
+        self: Rc<Self>,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<store::segment::Medium>,
+        replicas: u8,
+        prot: u16,
+    ) -> Reply {
+        const ATTEMPTS: usize = 64;
+        for _ in 0..ATTEMPTS {
+            self.flush_done.wait().await;
+            let step =
+                self.store
+                    .borrow_mut()
+                    .alloc(key.clone(), size, medium, replicas as usize, prot);
+            self.after_store();
+            if !matches!(step, AllocStep::WaitForFlush) {
+                return self.alloc_reply(step);
+            }
+        }
+        Reply::refused("No space, even after eviction")
+    }
+
+    /// A read that needs the object rewarmed from SSD: run the rewarm (or wait for another
+    /// reader's, or for a flush to make room in DRAM), then read the DRAM copy.
+    async fn get_after_rewarm(self: Rc<Self>, key: Box<[u8]>, mut next: Option<Waiting>) -> Reply {
+        const ATTEMPTS: usize = 64;
+        for _ in 0..ATTEMPTS {
+            let step = match next.take() {
+                Some(Waiting::Job(j)) => {
+                    let ok = self.run_job_io(&j).await;
+                    let rank = match &j {
+                        IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
+                        IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
+                    };
+                    self.store.borrow_mut().finish_rewarm(&j, ok);
+                    self.after_store();
+                    self.rewarm_done.notify_all();
+                    if !ok {
+                        self.store_stats().record(
+                            crate::metrics::store::Op::Get,
+                            crate::metrics::store::Outcome::Failure,
+                            Some(rank),
+                        );
+                        return Reply::refused("I/O error while rewarming the object from SSD");
+                    }
+                    self.store.borrow_mut().get_after_rewarm(&key)
+                }
+                Some(Waiting::Rewarm) | None => {
+                    self.rewarm_done.wait().await;
+                    self.store.borrow_mut().get(&key)
+                }
+                Some(Waiting::Flush) => {
+                    self.flush_done.wait().await;
+                    self.store.borrow_mut().get(&key)
+                }
+            };
+            self.after_store();
+            match step {
+                GetStep::Ready(view) => return self.pinned(view),
+                GetStep::NotFound => return Reply::NotFound,
+                GetStep::Failed(m) => return Reply::Refused(m),
+                GetStep::Rewarm(j) => next = Some(Waiting::Job(j)),
+                GetStep::Wait => next = Some(Waiting::Rewarm),
+                GetStep::WaitForFlush => next = Some(Waiting::Flush),
+                GetStep::ReadDirect(job) => return self.read_direct(job).await,
+            }
+        }
+        Reply::refused("The object kept moving between tiers; retry")
+    }
+
+    /// Serves a read from the SSD copy (DRAM had no room to rewarm it).
+    async fn read_direct(self: &Rc<Self>, job: IoJob) -> Reply {
+        let IoJob::ReadSsd { src_view, .. } = &job else {
+            unreachable!()
+        };
+        let len = src_view.len as usize;
+        let buf = store::ssd::IoBuffer::owned(Vec::with_capacity(len), false);
+        let (res, buf) = self.ssd.read(&src_view.seg, src_view.offset, buf).await;
+        self.store
+            .borrow_mut()
+            .finish_direct_read(&job, res.is_ok());
+        self.after_store();
+        match res {
+            Ok(()) => Reply::Value(bytes::Bytes::from(buf.into_vec())),
+            Err(_) => Reply::refused("I/O error while reading the object from SSD"),
+        }
+    }
+
+    async fn evacuate_waiting(self: Rc<Self>, seg: store::segment::SegmentId) -> Reply {
+        for _ in 0..2000 {
+            monoio::time::sleep(Duration::from_millis(5)).await;
+            let done = self.store.borrow_mut().evacuate(seg);
+            self.after_store();
+            if done {
+                return Reply::Done;
+            }
+        }
+        Reply::refused("Blobs on the segment stayed in use; unmount incomplete")
+    }
+
+    /// Starts the store's pending I/O jobs.
+    fn after_store(self: &Rc<Self>) {
+        let jobs = self.store.borrow_mut().take_jobs();
+        for job in jobs {
+            self.spawn_job(job);
+        }
+        // Store events feed the KV-event publisher and the event bus (wired by their
+        // modules); without subscribers they are dropped here.
+        let _ = self.store.borrow_mut().take_events();
+    }
+
+    fn spawn_job(self: &Rc<Self>, job: IoJob) {
+        let me = self.clone();
+        monoio::spawn(async move {
+            let ok = me.run_job_io(&job).await;
+            match &job {
+                IoJob::Flush { .. } => {
+                    me.store.borrow_mut().finish_flush(&job, ok);
+                    me.flush_done.notify_all();
+                }
+                IoJob::Rewarm { .. } => {
+                    me.store.borrow_mut().finish_rewarm(&job, ok);
+                    me.rewarm_done.notify_all();
+                }
+                IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, ok),
+            }
+            me.after_store();
+        });
+    }
+
+    /// The I/O of a job: memory → SSD file for a flush, SSD file → DRAM for a rewarm.
+    async fn run_job_io(&self, job: &IoJob) -> bool {
+        use store::ssd::IoBuffer;
+        match job {
+            IoJob::Flush {
+                src_view, dst_view, ..
+            } => {
+                let len = src_view.len as usize;
+                let buf = if src_view.seg.backend.host_region().is_some() {
+                    // SAFETY: the source blob is pinned by the flush (`flushing`) until
+                    // `finish_flush`.
+                    unsafe {
+                        IoBuffer::segment_view(src_view.seg.clone(), src_view.offset, len, true)
+                    }
+                } else {
+                    let mut v = vec![0u8; len];
+                    // SAFETY: as above.
+                    unsafe { src_view.seg.backend.read(src_view.offset, &mut v) }
+                        .map(|()| IoBuffer::owned(v, true))
+                };
+                match buf {
+                    Ok(buf) => self
+                        .ssd
+                        .write(&dst_view.seg, dst_view.offset, buf)
+                        .await
+                        .0
+                        .is_ok(),
+                    Err(e) => {
+                        log::error!("flush: reading {} failed: {e}", src_view.seg.name);
+                        false
+                    }
+                }
+            }
+            IoJob::ReadSsd { .. } => false,
+            IoJob::Rewarm {
+                src_view, dst_view, ..
+            } => {
+                let len = src_view.len as usize;
+                // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until
+                // `finish_rewarm`; nobody else reads or writes it.
+                let buf = unsafe {
+                    IoBuffer::segment_view(dst_view.seg.clone(), dst_view.offset, len, false)
+                };
+                match buf {
+                    Ok(buf) => self
+                        .ssd
+                        .read(&src_view.seg, src_view.offset, buf)
+                        .await
+                        .0
+                        .is_ok(),
+                    Err(e) => {
+                        log::error!("rewarm: {} is not host memory: {e}", dst_view.seg.name);
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// Housekeeping: expired leases, stale allocations.
+    pub fn tick(self: &Rc<Self>) {
+        self.store.borrow_mut().tick();
+        self.after_store();
+    }
+
+    /// Sends `cmd` to `owner`; `None` when the owner's inbox (or our outstanding limit) is
+    /// full, which the caller answers as overload.
+    fn send(&self, owner: ShardId, cmd: Command) -> Option<ReplyFuture<'_>> {
         let stats = self.stats();
         if self.in_flight.get() >= self.cluster.config.shard.max_outstanding as usize {
             stats.overload_rejections.inc();
-            return Reply::Overloaded;
+            return None;
         }
         let id = self.next_request_id.get();
         self.next_request_id.set(id + 1);
@@ -286,18 +825,39 @@ impl Shard {
             .is_err()
         {
             stats.overload_rejections.inc();
-            return Reply::Overloaded;
+            return None;
         }
         stats.cross_shard_requests.inc();
         self.in_flight.set(self.in_flight.get() + 1);
         self.pending.borrow_mut().insert(id, Slot::Waiting(None));
         target.wake();
-        ReplyFuture { shard: self, id }.await
+        Some(ReplyFuture { shard: self, id })
     }
 
-    /// Drains both inboxes once (up to `budget` requests). Returns how many messages it
+    fn push_reply(&self, to: ShardId, id: u64, reply: Reply) {
+        // Cannot fail: the requester keeps at most `max_outstanding` requests in flight and
+        // its reply queue holds that many.
+        if self.cluster.shards[to]
+            .replies
+            .push(ReplyEnvelope { id, reply })
+            .is_err()
+        {
+            unreachable!("reply queue of shard {to} overflowed its outstanding bound");
+        }
+    }
+
+    fn handle_notice(&self, n: Notice) {
+        match n {
+            Notice::Unpin(h) => self.store.borrow_mut().unpin(h),
+            Notice::Abort(obj) => {
+                self.store.borrow_mut().commit(obj, false);
+            }
+        }
+    }
+
+    /// Drains the inboxes once (up to `budget` requests). Returns how many messages it
     /// handled.
-    fn drain(&self, budget: usize) -> usize {
+    fn drain(self: &Rc<Self>, budget: usize) -> usize {
         let me = self.remote();
         let mut handled = 0;
         // Replies first: they complete work already paid for and free outstanding slots.
@@ -311,6 +871,15 @@ impl Shard {
                 }
             }
         }
+        let mut notices = 0;
+        while let Some(n) = me.notices.pop() {
+            handled += 1;
+            notices += 1;
+            self.handle_notice(n);
+        }
+        if notices > 0 {
+            self.after_store();
+        }
         let mut wake_list = WakeSet::new(self.cluster.shard_count());
         let mut served = 0;
         while served < budget {
@@ -318,14 +887,20 @@ impl Shard {
                 break;
             };
             served += 1;
-            let reply = self.apply(cmd);
-            let back = &self.cluster.shards[from];
-            // Cannot fail: the requester keeps at most `max_outstanding` requests in flight
-            // and its reply queue holds that many.
-            if back.replies.push(ReplyEnvelope { id, reply }).is_err() {
-                unreachable!("reply queue of shard {from} overflowed its outstanding bound");
+            match self.try_apply(cmd) {
+                Applied::Now(reply) => {
+                    self.push_reply(from, id, reply);
+                    wake_list.insert(from);
+                }
+                Applied::Later(fut) => {
+                    let me = self.clone();
+                    monoio::spawn(async move {
+                        let reply = fut.await;
+                        me.push_reply(from, id, reply);
+                        me.cluster.shards[from].wake();
+                    });
+                }
             }
-            wake_list.insert(from);
         }
         for s in wake_list.iter() {
             self.cluster.shards[s].wake();
@@ -399,7 +974,7 @@ impl Shard {
 }
 
 /// Awaits the reply of a request sent to another shard.
-struct ReplyFuture<'a> {
+pub struct ReplyFuture<'a> {
     shard: &'a Shard,
     id: u64,
 }

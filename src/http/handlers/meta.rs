@@ -1,0 +1,90 @@
+//! Health, HA state, readiness, the OpenAPI document and `/metadata`.
+
+use bytes::Bytes;
+
+use super::{Ctx, Request, required_key};
+use crate::http::json::JsonWriter;
+use crate::http::parse::Method;
+use crate::http::response::{Body, ContentType, Response, Status};
+use crate::shards::{Command, Reply};
+
+pub fn role(ctx: &mut Ctx<'_>) -> Response {
+    Response::text(ctx.shard.cluster.ha.snapshot().role.as_str())
+}
+
+pub fn ha_status(ctx: &mut Ctx<'_>) -> Response {
+    Response::text(ctx.shard.cluster.ha.snapshot().state.as_str())
+}
+
+pub fn ready(ctx: &mut Ctx<'_>) -> Response {
+    if ctx.shard.cluster.is_ready() {
+        Response::text("ready")
+    } else {
+        let mut r = ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "Service not ready");
+        r.retry_after_secs = Some(1);
+        r
+    }
+}
+
+pub fn openapi() -> Response {
+    let mut r = Response::new(
+        Status::OK,
+        ContentType::Json,
+        Body::Static(crate::http::openapi::DOCUMENT.as_bytes()),
+    );
+    r.no_store = false;
+    r
+}
+
+pub fn health(ctx: &mut Ctx<'_>) -> Response {
+    let ha = ctx.shard.cluster.ha.snapshot();
+    let ready = ctx.shard.cluster.is_ready();
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_str("status", b"ok");
+    w.field_str("role", ha.role.as_str().as_bytes());
+    w.field_str("ha_state", ha.state.as_str().as_bytes());
+    w.field_bool("service_ready", ready);
+    w.field_str("leader_address", ha.leader_address_str().as_bytes());
+    w.field_u64("view_version", ha.view_version);
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
+pub fn leader(ctx: &mut Ctx<'_>) -> Response {
+    let ha = ctx.shard.cluster.ha.snapshot();
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("present", ha.leader_present());
+    w.field_str("leader_address", ha.leader_address_str().as_bytes());
+    w.field_u64("view_version", ha.view_version);
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
+pub async fn metadata(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let key = match required_key(req, ctx, "key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    match req.head.method {
+        Method::Get | Method::Head => match ctx.shard.execute(Command::MetadataGet { key }).await {
+            Reply::Value(v) => Response::new(Status::OK, ContentType::Text, Body::Bytes(v)),
+            other => ctx.reply_error(other, "Metadata key not found"),
+        },
+        Method::Put => {
+            let value = Bytes::copy_from_slice(req.body);
+            match ctx.shard.execute(Command::MetadataPut { key, value }).await {
+                Reply::Done => Response::text("metadata updated"),
+                other => ctx.reply_error(other, "Metadata key not found"),
+            }
+        }
+        Method::Delete => match ctx.shard.execute(Command::MetadataDelete { key }).await {
+            Reply::Done => Response::text("metadata deleted"),
+            other => ctx.reply_error(other, "Metadata key not found"),
+        },
+        _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
+    }
+}

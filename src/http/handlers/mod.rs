@@ -1,0 +1,226 @@
+//! One handler per route: the request → [`Command`]s for the owner shards (or a read of
+//! shared state) → the contract's response bytes.
+
+mod keys;
+/// The key-listing cursor the connection uses to stream `/get_all_keys`.
+pub mod keys_stream {
+    pub use super::keys::KeyCursor;
+}
+mod memory;
+mod meta;
+mod objects;
+mod segments;
+
+use std::borrow::Cow;
+use std::rc::Rc;
+
+use super::parse::{Head, Method};
+use super::query;
+use super::response::{Response, Status};
+use super::router::Route;
+use crate::config::Config;
+use crate::limits::MAX_KEY_BYTES;
+use crate::shards::store::keys as object_keys;
+use crate::shards::{Reply, Shard};
+
+/// The most keys one batch request may name (each costs work on its owner).
+pub const MAX_BATCH_KEYS: usize = 4096;
+
+/// The largest body a route accepts; a larger one is answered 413 before it is read.
+pub fn body_limit(route: Route, method: Method, config: &Config) -> u64 {
+    match (route, method) {
+        (Route::Metadata, Method::Put) => config.metadata.max_value_bytes,
+        // JSON bodies of /memory/* name chunk hashes; 4 MiB is tens of thousands of them.
+        (Route::MemoryEvict | Route::MemoryPrefetch, _) => config.http.max_body_bytes.min(4 << 20),
+        _ => config.http.max_body_bytes,
+    }
+}
+
+/// A request whose head and body are complete.
+pub struct Request<'a> {
+    pub head: &'a Head<'a>,
+    pub route: Route,
+    pub body: &'a [u8],
+}
+
+/// Everything a handler may use besides the request.
+pub struct Ctx<'a> {
+    pub shard: &'a Rc<Shard>,
+    /// Reused buffer for bodies built per request (JSON, error envelopes).
+    pub scratch: &'a mut Vec<u8>,
+}
+
+impl Ctx<'_> {
+    /// A business error: HTTP 200 with the contract's envelope.
+    pub fn business_error(&mut self, message: &str) -> Response {
+        Response::error(
+            Status::OK,
+            message,
+            self.shard.clock.unix_secs(),
+            self.scratch,
+        )
+    }
+
+    /// A protocol error: its own status, the same envelope.
+    pub fn protocol_error(&mut self, status: Status, message: &str) -> Response {
+        Response::error(status, message, self.shard.clock.unix_secs(), self.scratch)
+    }
+
+    /// 429 with `Retry-After`, for a request the owner shard could not take.
+    pub fn overloaded(&mut self) -> Response {
+        let mut r = self.protocol_error(
+            Status::TOO_MANY_REQUESTS,
+            "Server overloaded: shard queue full, retry later",
+        );
+        r.retry_after_secs = Some(1);
+        r
+    }
+
+    /// The response for a reply that is not the handler's success case.
+    pub fn reply_error(&mut self, reply: Reply, not_found: &str) -> Response {
+        match reply {
+            Reply::Overloaded => self.overloaded(),
+            Reply::Refused(msg) => self.business_error(&msg),
+            Reply::NotFound => self.business_error(not_found),
+            other => {
+                log::error!("unexpected reply {other:?}");
+                self.business_error("Internal server error")
+            }
+        }
+    }
+}
+
+pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    match req.route {
+        Route::Metadata => meta::metadata(req, ctx).await,
+        Route::Health => meta::health(ctx),
+        Route::Role => meta::role(ctx),
+        Route::HaStatus => meta::ha_status(ctx),
+        Route::Leader => meta::leader(ctx),
+        Route::Healthz => Response::text("ok"),
+        Route::Ready => meta::ready(ctx),
+        Route::OpenApi => meta::openapi(),
+        Route::QueryKey => keys::query_key(req, ctx).await,
+        Route::BatchQueryKeys => keys::batch_query_keys(req, ctx).await,
+        Route::Key => keys::delete_key(req, ctx).await,
+        Route::AllKeys => keys::delete_all_keys(ctx).await,
+        Route::GetAllKeys => keys::get_all_keys(req, ctx),
+        Route::GetAllSegments => segments::get_all_segments(ctx),
+        Route::QuerySegment => segments::query_segment(req, ctx),
+        Route::SegmentStatus => segments::segment_status(req, ctx),
+        Route::CapacityUsage => segments::capacity_usage(ctx),
+        Route::SegmentRemaining => segments::segment_remaining(ctx),
+        Route::DrainJobs | Route::DrainJobsQuery | Route::DrainJobsCancel => {
+            ctx.business_error("Not supported")
+        }
+        Route::MemoryEvict => memory::evict(req, ctx).await,
+        Route::MemoryPrefetch => memory::prefetch(req, ctx).await,
+        Route::Objects => objects::object(req, ctx).await,
+        Route::ObjectsExist => objects::exist(req, ctx).await,
+        Route::ObjectsBatchPut => objects::batch_put(req, ctx).await,
+        Route::ObjectsBatchGet => objects::batch_get(req, ctx).await,
+        Route::ObjectsBatchExist => objects::batch_exist(req, ctx).await,
+        Route::ObjectsBatchRemove => objects::batch_remove(req, ctx).await,
+        Route::SegmentsMount => segments::mount(req, ctx).await,
+        Route::SegmentsUnmount => segments::unmount(req, ctx).await,
+    }
+}
+
+/// An optional query parameter, percent-decoded. A malformed escape is a 400.
+fn optional<'q>(
+    req: &Request<'q>,
+    ctx: &mut Ctx<'_>,
+    name: &str,
+) -> Result<Option<Cow<'q, [u8]>>, Response> {
+    query::param(req.head.query, name).map_err(|query::BadEscape| {
+        ctx.protocol_error(
+            Status::BAD_REQUEST,
+            "Malformed query string: invalid percent-encoding",
+        )
+    })
+}
+
+/// A required query parameter: present and non-empty, else the contract's
+/// `Missing '<name>' parameter`.
+fn required<'q>(
+    req: &Request<'q>,
+    ctx: &mut Ctx<'_>,
+    name: &str,
+) -> Result<Cow<'q, [u8]>, Response> {
+    match optional(req, ctx, name)? {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(ctx.business_error(&format!("Missing '{name}' parameter"))),
+    }
+}
+
+/// A required key within the key limit (any bytes: `/metadata` keys).
+fn required_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<[u8]>, Response> {
+    let k = required(req, ctx, name)?;
+    if k.len() > MAX_KEY_BYTES {
+        return Err(ctx.business_error(&format!("Key too long (max {MAX_KEY_BYTES} bytes)")));
+    }
+    Ok(k.into_owned().into_boxed_slice())
+}
+
+/// A required object key: within the limit, UTF-8, no control characters.
+fn object_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<[u8]>, Response> {
+    let k = required_key(req, ctx, name)?;
+    check_object_key(&k, ctx)?;
+    Ok(k)
+}
+
+fn check_object_key(k: &[u8], ctx: &mut Ctx<'_>) -> Result<(), Response> {
+    if k.len() > MAX_KEY_BYTES {
+        return Err(ctx.business_error(&format!("Key too long (max {MAX_KEY_BYTES} bytes)")));
+    }
+    object_keys::validate(k).map_err(|m| ctx.business_error(m))
+}
+
+/// A comma-separated list (`keys=a,b`): split first, then each item percent-decoded, so a
+/// key may contain an encoded comma (`%2C`). Empty items are skipped.
+fn list_param(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    name: &str,
+) -> Result<Vec<Box<[u8]>>, Response> {
+    let raw = raw_param(req.head.query, name);
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Err(ctx.business_error(&format!("Missing '{name}' parameter")));
+    };
+    let mut out = Vec::new();
+    for item in raw.split(|&b| b == b',') {
+        let item = query::decode(item).map_err(|query::BadEscape| {
+            ctx.protocol_error(
+                Status::BAD_REQUEST,
+                "Malformed query string: invalid percent-encoding",
+            )
+        })?;
+        if item.is_empty() {
+            continue;
+        }
+        if out.len() == MAX_BATCH_KEYS {
+            return Err(
+                ctx.business_error(&format!("Too many keys (max {MAX_BATCH_KEYS} per request)"))
+            );
+        }
+        out.push(item.into_owned().into_boxed_slice());
+    }
+    Ok(out)
+}
+
+/// The raw (still percent-encoded) value of the first parameter `name`.
+fn raw_param<'q>(query: &'q [u8], name: &str) -> Option<&'q [u8]> {
+    query.split(|&b| b == b'&').find_map(|pair| {
+        let (n, v) = match memchr::memchr(b'=', pair) {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &b""[..]),
+        };
+        (query::decode(n).ok()?.as_ref() == name.as_bytes()).then_some(v)
+    })
+}
+
+/// Parses an unsigned integer parameter within a range; the message names what is allowed.
+fn parse_uint(v: &[u8], min: u64, max: u64) -> Option<u64> {
+    let n: u64 = std::str::from_utf8(v).ok()?.trim().parse().ok()?;
+    (min..=max).contains(&n).then_some(n)
+}

@@ -1,0 +1,438 @@
+//! The data plane: objects stored and fetched over HTTP.
+//!
+//! A put is alloc (the owner reserves blobs) → write (this shard copies the body straight into
+//! the blobs' memory) → update_state (the owner makes them readable); a get is a leased,
+//! pinned read whose bytes go from the blob to the socket. Batch forms group keys per owner
+//! shard and run the owners in parallel.
+//!
+//! Batch formats (documented in `openapi.json` and the README):
+//! - `POST /api/v1/objects/batch_put?keys=a,b&sizes=3,5`: the body is the objects' bytes
+//!   concatenated in key order.
+//! - `GET /api/v1/objects/batch_get?keys=a,b`: the body is, per key in order, an 8-byte
+//!   big-endian length and that many bytes; a missing key has length `u64::MAX` and no bytes.
+
+use bytes::Bytes;
+
+use super::{Ctx, Request, check_object_key, list_param, object_key, optional, parse_uint};
+use crate::http::json::JsonWriter;
+use crate::http::parse::Method;
+use crate::http::response::{Body, ContentType, Part, Response, Status};
+use crate::metrics::store::{Op, Outcome};
+use crate::shards::store::segment::Medium;
+use crate::shards::store::{BlobView, MAX_REPLICAS};
+use crate::shards::{Command, Reply, Submitted, WriteGrant};
+
+/// Length marker of a missing key in a batch_get body.
+pub const MISSING: u64 = u64::MAX;
+
+struct PutOptions {
+    medium: Option<Medium>,
+    replicas: u8,
+}
+
+fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Response> {
+    let medium = match optional(req, ctx, "medium")? {
+        None => None,
+        Some(m) => match std::str::from_utf8(&m).ok().and_then(Medium::parse) {
+            Some(m) if m.is_memory() => Some(m),
+            _ => return Err(ctx.business_error("Invalid 'medium' parameter: expected hbm or dram")),
+        },
+    };
+    let replicas = match optional(req, ctx, "replicas")? {
+        None => 1,
+        Some(r) => match parse_uint(&r, 1, MAX_REPLICAS as u64) {
+            Some(n) => n as u8,
+            None => {
+                return Err(ctx.business_error(&format!(
+                    "Invalid 'replicas' parameter: expected 1 to {MAX_REPLICAS}"
+                )));
+            }
+        },
+    };
+    Ok(PutOptions { medium, replicas })
+}
+
+/// Copies `data` into every blob of a grant.
+fn write_blobs(blobs: &[BlobView], data: &[u8]) -> std::io::Result<()> {
+    for b in blobs {
+        debug_assert_eq!(b.len as usize, data.len());
+        if !data.is_empty() {
+            // SAFETY: the blobs are ALLOCATED for this writer alone (the grant) until commit.
+            unsafe { b.seg.backend.write(b.offset, data)? };
+        }
+    }
+    Ok(())
+}
+
+/// Sends update_state for a written grant; the grant is disarmed once the owner has the
+/// commit (else dropping it aborts the put).
+async fn commit(ctx: &mut Ctx<'_>, key: Box<[u8]>, mut grant: WriteGrant, ok: bool) -> Reply {
+    let owner = ctx.shard.owner_of(&key);
+    let sub = ctx.shard.submit(
+        owner,
+        Command::Commit {
+            key,
+            obj: grant.obj,
+            ok,
+        },
+    );
+    if !matches!(sub, Submitted::Ready(Reply::Overloaded)) {
+        grant.disarm();
+    }
+    sub.wait().await
+}
+
+fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("success", true);
+    w.field_str("key", key);
+    w.field_u64("size", size);
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
+pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let key = match object_key(req, ctx, "key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    match req.head.method {
+        Method::Get | Method::Head => match ctx.shard.execute(Command::Get { key }).await {
+            Reply::Read(pinned) => Response::new(
+                Status::OK,
+                ContentType::OctetStream,
+                Body::Parts(vec![Part::Blob(pinned)]),
+            ),
+            Reply::Value(bytes) => {
+                Response::new(Status::OK, ContentType::OctetStream, Body::Bytes(bytes))
+            }
+            other => ctx.reply_error(other, "Key not found"),
+        },
+        Method::Put => {
+            let opts = match put_options(req, ctx) {
+                Ok(o) => o,
+                Err(r) => return r,
+            };
+            let size = req.body.len() as u64;
+            let cmd = Command::Alloc {
+                key: key.clone(),
+                size,
+                medium: opts.medium,
+                replicas: opts.replicas,
+                prot: 0,
+            };
+            let grant = match ctx.shard.execute(cmd).await {
+                Reply::Granted(g) => g,
+                other => return ctx.reply_error(other, "Key not found"),
+            };
+            if let Err(e) = write_blobs(&grant.blobs, req.body) {
+                log::error!("writing {} bytes for a put failed: {e}", req.body.len());
+                commit(ctx, key, grant, false).await;
+                return ctx
+                    .business_error("Write failed: could not copy the object into its segment");
+            }
+            match commit(ctx, key.clone(), grant, true).await {
+                Reply::Done => put_success(ctx, &key, size),
+                Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
+                other => ctx.reply_error(other, "Key not found"),
+            }
+        }
+        Method::Delete => match ctx.shard.execute(Command::Remove { key }).await {
+            Reply::Done => {
+                ctx.scratch.clear();
+                let mut w = JsonWriter::new(ctx.scratch);
+                w.begin_object();
+                w.field_bool("success", true);
+                w.field_str("message", b"key deleted");
+                w.end_object();
+                Response::json_scratch(Status::OK)
+            }
+            other => ctx.reply_error(other, "Key not found"),
+        },
+        _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
+    }
+}
+
+pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let key = match object_key(req, ctx, "key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    match ctx.shard.execute(Command::Exist { key }).await {
+        Reply::Exists(found) => {
+            ctx.scratch.clear();
+            let mut w = JsonWriter::new(ctx.scratch);
+            w.begin_object();
+            w.field_bool("success", true);
+            w.field_bool("exists", found);
+            w.end_object();
+            Response::json_scratch(Status::OK)
+        }
+        other => ctx.reply_error(other, "Key not found"),
+    }
+}
+
+/// The validated keys of a batch request.
+fn batch_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>, Response> {
+    let keys = list_param(req, ctx, "keys")?;
+    for k in &keys {
+        check_object_key(k, ctx)?;
+    }
+    Ok(keys)
+}
+
+fn outcome_of(r: &Reply) -> Outcome {
+    match r {
+        Reply::NotFound => Outcome::NotFound,
+        Reply::Refused(_) | Reply::Overloaded => Outcome::Failure,
+        Reply::Exists(false) => Outcome::NotFound,
+        _ => Outcome::Success,
+    }
+}
+
+/// Writes `{"success":true,"results":[...]}` with one entry per key.
+fn batch_results(
+    ctx: &mut Ctx<'_>,
+    keys: &[Box<[u8]>],
+    results: &[Result<Option<u64>, String>],
+) -> Response {
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("success", true);
+    w.begin_array_field("results");
+    for (k, r) in keys.iter().zip(results) {
+        w.begin_object();
+        w.field_str("key", k);
+        match r {
+            Ok(size) => {
+                w.field_bool("success", true);
+                if let Some(s) = size {
+                    w.field_u64("size", *s);
+                }
+            }
+            Err(m) => {
+                w.field_bool("success", false);
+                w.field_str("error_message", m.as_bytes());
+            }
+        }
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
+fn reply_message(r: &Reply, not_found: &str) -> String {
+    match r {
+        Reply::Refused(m) => m.to_string(),
+        Reply::NotFound => not_found.to_string(),
+        Reply::Overloaded => "Server overloaded: shard queue full, retry later".to_string(),
+        _ => "Internal server error".to_string(),
+    }
+}
+
+pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let keys = match batch_keys(req, ctx) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let sizes_raw = match list_param(req, ctx, "sizes") {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let mut sizes = Vec::with_capacity(sizes_raw.len());
+    for s in &sizes_raw {
+        match parse_uint(s, 0, u64::MAX) {
+            Some(n) => sizes.push(n),
+            None => {
+                return ctx
+                    .business_error("Invalid 'sizes' parameter: expected non-negative integers");
+            }
+        }
+    }
+    if sizes.len() != keys.len() {
+        return ctx.business_error(&format!(
+            "'keys' names {} objects but 'sizes' gives {} sizes",
+            keys.len(),
+            sizes.len()
+        ));
+    }
+    let total: u128 = sizes.iter().map(|&s| s as u128).sum();
+    if total != req.body.len() as u128 {
+        return ctx.business_error(&format!(
+            "Body length {} does not match the sum of sizes {total}",
+            req.body.len()
+        ));
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if keys[..i].contains(k) {
+            return ctx.business_error("Duplicated key in batch");
+        }
+    }
+    let opts = match put_options(req, ctx) {
+        Ok(o) => o,
+        Err(r) => return r,
+    };
+    let allocs = keys
+        .iter()
+        .zip(&sizes)
+        .map(|(k, &size)| Command::Alloc {
+            key: k.clone(),
+            size,
+            medium: opts.medium,
+            replicas: opts.replicas,
+            prot: 0,
+        })
+        .collect();
+    let granted = ctx.shard.execute_many(allocs).await;
+    let stats = ctx.shard.store_stats();
+    stats.record(
+        Op::BatchAlloc,
+        Outcome::of_batch(granted.iter().map(outcome_of)),
+        None,
+    );
+
+    // Write every granted object from its slice of the body.
+    let mut results: Vec<Result<Option<u64>, String>> = Vec::with_capacity(keys.len());
+    let mut grants: Vec<(usize, WriteGrant, bool)> = Vec::new();
+    let mut offset = 0usize;
+    for (i, (reply, &size)) in granted.into_iter().zip(&sizes).enumerate() {
+        let data = &req.body[offset..offset + size as usize];
+        offset += size as usize;
+        match reply {
+            Reply::Granted(g) => {
+                let ok = write_blobs(&g.blobs, data).is_ok();
+                results.push(if ok {
+                    Ok(Some(size))
+                } else {
+                    Err("Write failed".to_string())
+                });
+                grants.push((i, g, ok));
+            }
+            other => results.push(Err(reply_message(&other, "Key not found"))),
+        }
+    }
+    if !grants.is_empty() {
+        let commits = grants
+            .iter()
+            .map(|(i, g, ok)| Command::Commit {
+                key: keys[*i].clone(),
+                obj: g.obj,
+                ok: *ok,
+            })
+            .collect();
+        let replies = ctx.shard.execute_many(commits).await;
+        ctx.shard.store_stats().record(
+            Op::BatchUpdateState,
+            Outcome::of_batch(replies.iter().map(outcome_of)),
+            None,
+        );
+        for ((i, mut g, ok), r) in grants.into_iter().zip(replies) {
+            if !matches!(r, Reply::Overloaded) {
+                g.disarm();
+            }
+            if ok && !matches!(r, Reply::Done) {
+                results[i] = Err(reply_message(
+                    &r,
+                    "Key was removed while it was being written",
+                ));
+            }
+        }
+    }
+    batch_results(ctx, &keys, &results)
+}
+
+pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let keys = match batch_keys(req, ctx) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let cmds = keys
+        .iter()
+        .map(|k| Command::Get { key: k.clone() })
+        .collect();
+    let replies = ctx.shard.execute_many(cmds).await;
+    let outcome = Outcome::of_batch(replies.iter().map(outcome_of));
+    ctx.shard.store_stats().record(Op::BatchGet, outcome, None);
+    if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
+        return ctx.overloaded();
+    }
+    let mut parts = Vec::with_capacity(keys.len() * 2);
+    for r in replies {
+        match r {
+            Reply::Read(p) => {
+                parts.push(Part::Bytes(Bytes::copy_from_slice(
+                    &p.view.len.to_be_bytes(),
+                )));
+                parts.push(Part::Blob(p));
+            }
+            Reply::Value(b) => {
+                parts.push(Part::Bytes(Bytes::copy_from_slice(
+                    &(b.len() as u64).to_be_bytes(),
+                )));
+                parts.push(Part::Bytes(b));
+            }
+            _ => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
+        }
+    }
+    Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts))
+}
+
+pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let keys = match batch_keys(req, ctx) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let cmds = keys
+        .iter()
+        .map(|k| Command::Exist { key: k.clone() })
+        .collect();
+    let replies = ctx.shard.execute_many(cmds).await;
+    ctx.shard.store_stats().record(
+        Op::BatchExistKey,
+        Outcome::of_batch(replies.iter().map(outcome_of)),
+        None,
+    );
+    if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
+        return ctx.overloaded();
+    }
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("success", true);
+    w.begin_array_field("exists");
+    for r in &replies {
+        w.value_bool(matches!(r, Reply::Exists(true)));
+    }
+    w.end_array();
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
+pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let keys = match batch_keys(req, ctx) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let cmds = keys
+        .iter()
+        .map(|k| Command::Remove { key: k.clone() })
+        .collect();
+    let replies = ctx.shard.execute_many(cmds).await;
+    ctx.shard.store_stats().record(
+        Op::BatchRemove,
+        Outcome::of_batch(replies.iter().map(outcome_of)),
+        None,
+    );
+    let results: Vec<Result<Option<u64>, String>> = replies
+        .iter()
+        .map(|r| match r {
+            Reply::Done => Ok(None),
+            other => Err(reply_message(other, "Key not found")),
+        })
+        .collect();
+    batch_results(ctx, &keys, &results)
+}

@@ -1,0 +1,1487 @@
+//! The tiered object store of one shard: objects, their blobs on HBM, DRAM and SSD segments,
+//! leases, LRU eviction down the tiers, SSD flush and rewarm.
+//!
+//! Objects live in a slab indexed by a hash table of their keys; blobs live in a second slab
+//! so that pins, leases and asynchronous operations can refer to a blob by a stable handle
+//! even after its object is gone. Everything here runs on the owner shard's thread; bytes
+//! are touched only through segment [`Backend`]s. The store never awaits: work that needs I/O
+//! (a flush to SSD, a rewarm from SSD) is handed to the shard as a job and finished by
+//! `finish_flush` / `finish_rewarm`.
+//!
+//! Blob states follow upstream: ALLOCATED (0) → READABLE (1) → REMOVING (2) → gone; a failed
+//! write goes ALLOCATED → REMOVING. A read takes a lease (`ock.mmc.lease_ms`) and, while the
+//! bytes are being sent, a pin; leased or pinned blobs are never evicted, and a removed one
+//! is freed only when its lease and pins end.
+
+pub mod alloc;
+pub mod keys;
+pub mod lru;
+pub mod memory;
+pub mod mount;
+pub mod segment;
+pub mod ssd;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hashbrown::HashTable;
+use slab::Slab;
+use smallvec::SmallVec;
+
+use crate::metrics::store::{Op, Outcome, StoreStats};
+use lru::{Lru, NIL};
+use segment::{Medium, Segment, SegmentId, SegmentTable, ShardSegment};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlobState {
+    Allocated = 0,
+    Readable = 1,
+    Removing = 2,
+}
+
+/// A stable reference to a blob: its slot and a tag that changes when the slot is reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlobHandle {
+    pub id: u32,
+    pub tag: u64,
+}
+
+/// A stable reference to an object (slot and generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjHandle {
+    pub id: u32,
+    pub generation: u64,
+}
+
+/// Where a blob's bytes are, for the shard that reads or writes them.
+#[derive(Clone)]
+pub struct BlobView {
+    pub seg: Arc<Segment>,
+    pub offset: u64,
+    /// The object's size (the blob may be larger: allocations are page-rounded).
+    pub len: u64,
+    pub handle: BlobHandle,
+}
+
+impl std::fmt::Debug for BlobView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "BlobView({}+{}, {} bytes)",
+            self.seg.name, self.offset, self.len
+        )
+    }
+}
+
+struct Object {
+    key: Box<[u8]>,
+    size: u64,
+    prot: u16,
+    blobs: SmallVec<[u32; 2]>,
+    generation: u64,
+    created_ms: u64,
+    /// A rewarm from SSD is in flight; other readers wait for it.
+    rewarming: bool,
+    chunk: Option<u64>,
+}
+
+struct BlobRec {
+    /// Owning object, or `NIL` once detached (a zombie waiting for its lease and pins).
+    obj: u32,
+    seg: SegmentId,
+    medium: Medium,
+    rank: u32,
+    offset: u64,
+    /// Allocated bytes (page-rounded).
+    len: u64,
+    state: BlobState,
+    lease_until_ms: u64,
+    pins: u32,
+    lru: u32,
+    tag: u64,
+    since_ms: u64,
+    /// A flush of this blob to SSD is in flight.
+    flushing: bool,
+    /// Made by a rewarm (counted in `rewarm_bytes_current` while it lives).
+    rewarmed: bool,
+}
+
+/// What one object looks like to `/query_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryInfo {
+    pub size: u64,
+    pub prot: u16,
+    pub valid: bool,
+    pub blobs: Vec<BlobInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobInfo {
+    pub rank: u32,
+    pub medium: Medium,
+    pub gva: u64,
+    pub state: u8,
+    pub lease_ttl_ms: u64,
+}
+
+/// A store-level change that KV-event subscribers and the event bus care about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// The object became readable on a medium.
+    Stored {
+        key: Box<[u8]>,
+        medium: Medium,
+        size: u64,
+    },
+    /// The object left a medium.
+    Removed {
+        key: Box<[u8]>,
+        medium: Medium,
+        size: u64,
+    },
+    /// Every object was removed.
+    Cleared,
+    /// A blob moved down a tier or was dropped by eviction.
+    Evicted {
+        medium: Medium,
+        bytes: u64,
+        lifetime_ms: u64,
+        idle_ms: u64,
+    },
+    Flushed {
+        bytes: u64,
+    },
+    Rewarmed {
+        bytes: u64,
+    },
+}
+
+/// Asynchronous work the shard runs for the store.
+#[derive(Debug)]
+pub enum IoJob {
+    /// Copy a memory blob to an SSD blob (ALLOCATED) and swap them.
+    Flush {
+        src: BlobHandle,
+        dst: BlobHandle,
+        src_view: BlobView,
+        dst_view: BlobView,
+    },
+    /// Copy an SSD blob into a DRAM blob (ALLOCATED) for a reader.
+    Rewarm {
+        obj: ObjHandle,
+        src: BlobHandle,
+        dst: BlobHandle,
+        src_view: BlobView,
+        dst_view: BlobView,
+    },
+    /// Read an SSD blob straight into a buffer for one reader (DRAM had no room to rewarm).
+    ReadSsd { src: BlobHandle, src_view: BlobView },
+}
+
+/// The answer to an allocation.
+#[derive(Debug)]
+pub enum AllocStep {
+    Granted {
+        obj: ObjHandle,
+        blobs: SmallVec<[BlobView; 2]>,
+    },
+    Refused(Cow<'static, str>),
+    /// No room now, but flushes in flight will free some: wait for one and try again.
+    WaitForFlush,
+}
+
+/// The answer to a read.
+#[derive(Debug)]
+pub enum GetStep {
+    /// Pinned for the caller; release with `unpin`.
+    Ready(BlobView),
+    NotFound,
+    /// The only copy is on SSD: run this rewarm, then read again.
+    Rewarm(IoJob),
+    /// Another reader's rewarm is in flight: wait, then read again.
+    Wait,
+    /// DRAM is full but flushes in flight will free room: wait for one, then read again.
+    WaitForFlush,
+    /// DRAM has no room to rewarm (its blobs are leased): run this read of the SSD copy and
+    /// serve the bytes from it.
+    ReadDirect(IoJob),
+    Failed(Cow<'static, str>),
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub lease_ms: u64,
+    pub high_percent: u64,
+    pub low_percent: u64,
+    /// ALLOCATED blobs never committed are reclaimed after this long (a writer that died).
+    pub alloc_timeout_ms: u64,
+}
+
+pub const MAX_REPLICAS: usize = 8;
+
+/// How far one eviction pass scans past leased or pinned blobs before giving up.
+const EVICT_SCAN_LIMIT: usize = 4096;
+
+pub struct Store {
+    shard: usize,
+    cfg: StoreConfig,
+    table: Arc<SegmentTable>,
+    table_version: u64,
+    segs: Vec<Option<ShardSegment>>,
+    objects: Slab<Object>,
+    index: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    /// Chunk hash → objects whose key carries it (for `/memory/evict` and `/memory/prefetch`).
+    chunks: HashMap<u64, SmallVec<[u32; 1]>, foldhash::fast::RandomState>,
+    blobs: Slab<BlobRec>,
+    lru: Lru,
+    next_tag: u64,
+    zombies: Vec<u32>,
+    jobs: Vec<IoJob>,
+    events: Vec<StoreEvent>,
+    flushes_in_flight: usize,
+    stats: Arc<StoreStats>,
+    clock: Instant,
+}
+
+fn now_ms(clock: Instant) -> u64 {
+    clock.elapsed().as_millis() as u64
+}
+
+impl Store {
+    pub fn new(
+        shard: usize,
+        cfg: StoreConfig,
+        table: Arc<SegmentTable>,
+        stats: Arc<StoreStats>,
+        clock: Instant,
+    ) -> Store {
+        let mut s = Store {
+            shard,
+            cfg,
+            table,
+            table_version: u64::MAX,
+            segs: Vec::new(),
+            objects: Slab::new(),
+            index: HashTable::new(),
+            hasher: Default::default(),
+            chunks: HashMap::default(),
+            blobs: Slab::new(),
+            lru: Lru::new(Medium::ALL.len()),
+            next_tag: 1,
+            zombies: Vec::new(),
+            jobs: Vec::new(),
+            events: Vec::new(),
+            flushes_in_flight: 0,
+            stats,
+            clock,
+        };
+        s.refresh_segments();
+        s
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        now_ms(self.clock)
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// Objects this shard holds (readable or being written).
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn take_jobs(&mut self) -> Vec<IoJob> {
+        std::mem::take(&mut self.jobs)
+    }
+
+    pub fn take_events(&mut self) -> Vec<StoreEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Adopts mounted segments this shard has not seen yet.
+    fn refresh_segments(&mut self) {
+        let v = self.table.version();
+        if v == self.table_version {
+            return;
+        }
+        self.table_version = v;
+        for seg in self.table.snapshot().iter() {
+            let i = seg.id as usize;
+            if self.segs.len() <= i {
+                self.segs.resize_with(i + 1, || None);
+            }
+            if self.segs[i].is_none() {
+                self.segs[i] = Some(ShardSegment::new(seg.clone(), self.shard));
+            }
+        }
+    }
+
+    fn hash_key(&self, key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let h = self.hash_key(key);
+        self.index
+            .find(h, |&id| &*self.objects[id as usize].key == key)
+            .copied()
+    }
+
+    fn new_tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    fn seg(&self, id: SegmentId) -> &ShardSegment {
+        self.segs[id as usize]
+            .as_ref()
+            .expect("blob on an unknown segment")
+    }
+
+    fn view(&self, blob: u32, len: u64) -> BlobView {
+        let b = &self.blobs[blob as usize];
+        BlobView {
+            seg: self.seg(b.seg).seg.clone(),
+            offset: b.offset,
+            len,
+            handle: BlobHandle {
+                id: blob,
+                tag: b.tag,
+            },
+        }
+    }
+
+    fn blob_by_handle(&self, h: BlobHandle) -> Option<&BlobRec> {
+        self.blobs.get(h.id as usize).filter(|b| b.tag == h.tag)
+    }
+
+    fn object_readable(&self, obj: u32) -> bool {
+        self.objects[obj as usize]
+            .blobs
+            .iter()
+            .any(|&b| self.blobs[b as usize].state == BlobState::Readable)
+    }
+
+    fn has_readable_on(&self, obj: u32, medium: Medium) -> bool {
+        self.objects[obj as usize].blobs.iter().any(|&b| {
+            self.blobs[b as usize].state == BlobState::Readable
+                && self.blobs[b as usize].medium == medium
+        })
+    }
+
+    // ----- capacity and allocation -----
+
+    /// (capacity, used) of a medium over all mounted segments.
+    pub fn medium_totals(&self, medium: Medium) -> (u64, u64) {
+        self.table
+            .snapshot()
+            .iter()
+            .filter(|s| s.medium == medium)
+            .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
+    }
+
+    fn my_used(&self, medium: Medium) -> u64 {
+        self.segs
+            .iter()
+            .flatten()
+            .filter(|s| s.seg.medium == medium)
+            .map(|s| s.used())
+            .sum()
+    }
+
+    /// Allocates one blob of `len` bytes on `medium`, avoiding the ranks in `avoid`,
+    /// preferring `prefer_rank` and then the segment with the most room.
+    fn alloc_blob(
+        &mut self,
+        medium: Medium,
+        len: u64,
+        avoid: &[u32],
+        prefer_rank: Option<u32>,
+    ) -> Option<(SegmentId, u64, u64)> {
+        self.refresh_segments();
+        let mut candidates: Vec<(bool, u64, SegmentId)> = self
+            .segs
+            .iter()
+            .flatten()
+            .filter(|s| {
+                s.seg.medium == medium && s.seg.is_allocatable() && !avoid.contains(&s.seg.rank)
+            })
+            .map(|s| {
+                (
+                    Some(s.seg.rank) != prefer_rank,
+                    u64::MAX - s.free_bytes_hint(),
+                    s.seg.id,
+                )
+            })
+            .collect();
+        candidates.sort_unstable();
+        for (_, _, id) in candidates {
+            let ss = self.segs[id as usize].as_mut().expect("candidate exists");
+            if let Some((offset, rounded)) = ss.alloc(len) {
+                return Some((id, offset, rounded));
+            }
+        }
+        None
+    }
+
+    fn insert_blob(
+        &mut self,
+        obj: u32,
+        seg: SegmentId,
+        offset: u64,
+        len: u64,
+        state: BlobState,
+        now: u64,
+    ) -> u32 {
+        let tag = self.new_tag();
+        let s = &self.seg(seg).seg;
+        let (medium, rank) = (s.medium, s.rank);
+        let id = self.blobs.insert(BlobRec {
+            obj,
+            seg,
+            medium,
+            rank,
+            offset,
+            len,
+            state,
+            lease_until_ms: 0,
+            pins: 0,
+            lru: NIL,
+            tag,
+            since_ms: now,
+            flushing: false,
+            rewarmed: false,
+        }) as u32;
+        self.objects[obj as usize].blobs.push(id);
+        id
+    }
+
+    /// Frees a blob's range and slot. The blob must be detached or about to be.
+    fn free_blob(&mut self, id: u32) {
+        let b = self.blobs.remove(id as usize);
+        debug_assert!(b.lru == NIL && b.pins == 0);
+        if b.rewarmed {
+            let len = b.len as i64;
+            self.stats
+                .tier(b.rank, |t| t.rewarm_bytes_current.add(-len));
+        }
+        if let Some(Some(ss)) = self.segs.get_mut(b.seg as usize) {
+            ss.free(b.offset, b.len);
+        }
+    }
+
+    /// Takes a blob out of its object (and the LRU): freed now if nobody holds it, else kept
+    /// as a zombie until its lease and pins end.
+    fn detach_blob(&mut self, id: u32, now: u64) {
+        let (obj, lru, medium) = {
+            let b = &mut self.blobs[id as usize];
+            let r = (b.obj, b.lru, b.medium);
+            b.obj = NIL;
+            b.lru = NIL;
+            b.state = BlobState::Removing;
+            r
+        };
+        if lru != NIL {
+            self.lru.remove(medium as usize, lru);
+        }
+        if obj != NIL {
+            let was_on_medium = self.has_readable_on(obj, medium);
+            self.objects[obj as usize].blobs.retain(|&mut x| x != id);
+            if was_on_medium && !self.has_readable_on(obj, medium) {
+                let o = &self.objects[obj as usize];
+                self.events.push(StoreEvent::Removed {
+                    key: o.key.clone(),
+                    medium,
+                    size: o.size,
+                });
+            }
+        }
+        let b = &self.blobs[id as usize];
+        if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+            self.free_blob(id);
+        } else {
+            self.zombies.push(id);
+        }
+    }
+
+    /// Removes an object and all its blobs.
+    fn remove_object(&mut self, obj: u32, now: u64) {
+        let was_readable = self.object_readable(obj);
+        let blobs: SmallVec<[u32; 2]> = self.objects[obj as usize].blobs.clone();
+        for b in blobs {
+            self.detach_blob(b, now);
+        }
+        let o = self.objects.remove(obj as usize);
+        let h = self.hash_key(&o.key);
+        if let Ok(e) = self.index.find_entry(h, |&id| id == obj) {
+            e.remove();
+        }
+        if let Some(c) = o.chunk {
+            if let Some(list) = self.chunks.get_mut(&c) {
+                list.retain(|&mut x| x != obj);
+                if list.is_empty() {
+                    self.chunks.remove(&c);
+                }
+            }
+        }
+        if was_readable {
+            self.stats.stored_keys.add(-1);
+        }
+    }
+
+    /// Makes a blob readable and eligible for eviction.
+    fn make_readable(&mut self, id: u32, now: u64) {
+        let obj = self.blobs[id as usize].obj;
+        let medium = self.blobs[id as usize].medium;
+        let was_readable = self.object_readable(obj);
+        let was_on_medium = self.has_readable_on(obj, medium);
+        let lru = self.lru.push_front(medium as usize, id);
+        let b = &mut self.blobs[id as usize];
+        b.state = BlobState::Readable;
+        b.lru = lru;
+        b.since_ms = now;
+        if !was_readable {
+            self.stats.stored_keys.add(1);
+        }
+        if !was_on_medium {
+            let o = &self.objects[obj as usize];
+            self.events.push(StoreEvent::Stored {
+                key: o.key.clone(),
+                medium,
+                size: o.size,
+            });
+        }
+    }
+
+    // ----- put: alloc → write → update_state -----
+
+    /// Allocates `replicas` blobs for a new object (state ALLOCATED) after evicting if the
+    /// medium is above its high watermark.
+    pub fn alloc(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+        prot: u16,
+    ) -> AllocStep {
+        let now = self.now_ms();
+        self.refresh_segments();
+        if self.find(&key).is_some() {
+            self.stats.record(Op::Alloc, Outcome::Failure, None);
+            return AllocStep::Refused(Cow::Borrowed("Duplicated object: key already exists"));
+        }
+        let medium = match medium.or_else(|| self.default_medium()) {
+            Some(m) => m,
+            None => {
+                self.stats.record(Op::Alloc, Outcome::Failure, None);
+                return AllocStep::Refused(Cow::Borrowed("No memory segment is mounted"));
+            }
+        };
+        let ranks = self.ranks_of(medium);
+        if ranks < replicas {
+            self.stats.record(Op::Alloc, Outcome::Failure, None);
+            return AllocStep::Refused(Cow::Owned(format!(
+                "Not enough ranks for {replicas} replicas on {medium} ({ranks} available)"
+            )));
+        }
+        let (capacity, _) = self.medium_totals(medium);
+        if size > capacity {
+            self.stats.record(Op::Alloc, Outcome::Failure, None);
+            return AllocStep::Refused(Cow::Owned(format!(
+                "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
+            )));
+        }
+        self.evict_for(medium, size * replicas as u64, now);
+
+        let mut placed: SmallVec<[(SegmentId, u64, u64); 2]> = SmallVec::new();
+        let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
+        while placed.len() < replicas {
+            match self.alloc_blob(medium, size, &ranks_used, None) {
+                Some(p) => {
+                    ranks_used.push(self.seg(p.0).seg.rank);
+                    placed.push(p);
+                }
+                None => {
+                    // No room even above the watermark: make room now, or wait for flushes.
+                    if self.evict_forced(medium, size, now) {
+                        continue;
+                    }
+                    for (seg, off, len) in placed {
+                        self.segs[seg as usize].as_mut().unwrap().free(off, len);
+                    }
+                    if self.flushes_in_flight > 0 {
+                        return AllocStep::WaitForFlush;
+                    }
+                    self.stats.record(Op::Alloc, Outcome::Failure, None);
+                    return AllocStep::Refused(Cow::Owned(format!(
+                        "No space on {medium} for {size} bytes, even after eviction"
+                    )));
+                }
+            }
+        }
+
+        let generation = self.new_tag();
+        let chunk = keys::chunk_hash(&key);
+        let obj = self.objects.insert(Object {
+            key,
+            size,
+            prot,
+            blobs: SmallVec::new(),
+            generation,
+            created_ms: now,
+            rewarming: false,
+            chunk,
+        }) as u32;
+        let h = self.hash_key(&self.objects[obj as usize].key);
+        let objects = &self.objects;
+        let hasher = &self.hasher;
+        self.index.insert_unique(h, obj, |&id| {
+            use std::hash::BuildHasher;
+            hasher.hash_one(&*objects[id as usize].key)
+        });
+        if let Some(c) = chunk {
+            self.chunks.entry(c).or_default().push(obj);
+        }
+        let mut views = SmallVec::new();
+        for (seg, offset, len) in placed {
+            let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
+            self.blobs[id as usize].pins = 1; // the writer's pin
+            views.push(self.view(id, size));
+        }
+        let rank = views.first().map(|v: &BlobView| v.seg.rank);
+        self.stats.record(Op::Alloc, Outcome::Success, rank);
+        AllocStep::Granted {
+            obj: ObjHandle {
+                id: obj,
+                generation,
+            },
+            blobs: views,
+        }
+    }
+
+    /// The medium a put goes to when the client names none: the fastest one mounted.
+    fn default_medium(&self) -> Option<Medium> {
+        [Medium::Hbm, Medium::Dram].into_iter().find(|&m| {
+            self.table
+                .snapshot()
+                .iter()
+                .any(|s| s.medium == m && s.is_allocatable())
+        })
+    }
+
+    fn ranks_of(&self, medium: Medium) -> usize {
+        let mut ranks: Vec<u32> = self
+            .table
+            .snapshot()
+            .iter()
+            .filter(|s| s.medium == medium && s.is_allocatable())
+            .map(|s| s.rank)
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.len()
+    }
+
+    /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
+    /// dropped (a failed write). NotFound when the object was removed meanwhile.
+    pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
+        use crate::shards::Reply;
+        let now = self.now_ms();
+        let live = self
+            .objects
+            .get(obj.id as usize)
+            .is_some_and(|o| o.generation == obj.generation);
+        if !live {
+            self.stats.record(Op::UpdateState, Outcome::NotFound, None);
+            return Reply::NotFound;
+        }
+        let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
+        let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
+        for &b in &blobs {
+            let rec = &mut self.blobs[b as usize];
+            if rec.state == BlobState::Allocated {
+                rec.pins = rec.pins.saturating_sub(1);
+            }
+        }
+        if ok {
+            for &b in &blobs {
+                if self.blobs[b as usize].state == BlobState::Allocated {
+                    self.make_readable(b, now);
+                }
+            }
+            self.stats.record(Op::UpdateState, Outcome::Success, rank);
+            Reply::Done
+        } else {
+            self.remove_object(obj.id, now);
+            self.stats.record(Op::UpdateState, Outcome::Success, rank);
+            Reply::Done
+        }
+    }
+
+    // ----- get -----
+
+    /// A leased, pinned read of the fastest readable copy. An object held only on SSD is
+    /// rewarmed into DRAM first.
+    pub fn get(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, false)
+    }
+
+    /// The read that follows this reader's own rewarm: served from the rewarmed copy, so it
+    /// counts as an SSD hit (`get_hits_ssd`), not a memory hit.
+    pub fn get_after_rewarm(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, true)
+    }
+
+    fn get_inner(&mut self, key: &[u8], rewarmed: bool) -> GetStep {
+        let now = self.now_ms();
+        let Some(obj) = self.find(key) else {
+            self.stats.record(Op::Get, Outcome::NotFound, None);
+            return GetStep::NotFound;
+        };
+        let best = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .copied()
+            .filter(|&b| self.blobs[b as usize].state == BlobState::Readable)
+            .min_by_key(|&b| self.blobs[b as usize].medium);
+        let Some(blob) = best else {
+            self.stats.record(Op::Get, Outcome::NotFound, None);
+            return GetStep::NotFound;
+        };
+        let (medium, rank, lru) = {
+            let b = &self.blobs[blob as usize];
+            (b.medium, b.rank, b.lru)
+        };
+        if medium.is_memory() {
+            let lease = now + self.cfg.lease_ms;
+            let b = &mut self.blobs[blob as usize];
+            b.lease_until_ms = b.lease_until_ms.max(lease);
+            b.pins += 1;
+            self.lru.touch(medium as usize, lru);
+            self.stats.record(Op::Get, Outcome::Success, Some(rank));
+            if rewarmed {
+                self.stats.tier(rank, |t| t.get_hits_ssd.inc());
+            } else {
+                self.stats.tier(rank, |t| t.get_hits_dram.inc());
+            }
+            let size = self.objects[obj as usize].size;
+            return GetStep::Ready(self.view(blob, size));
+        }
+        // Only on SSD.
+        if self.objects[obj as usize].rewarming {
+            return GetStep::Wait;
+        }
+        match self.start_rewarm(obj, blob, now) {
+            Some(job) => GetStep::Rewarm(job),
+            None if self.flushes_in_flight > 0 => GetStep::WaitForFlush,
+            None => {
+                // No DRAM to rewarm into: serve this read from the SSD copy itself.
+                self.stats.tier(rank, |t| t.rewarm_failed.inc());
+                let size = self.objects[obj as usize].size;
+                let b = &mut self.blobs[blob as usize];
+                b.pins += 1;
+                b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
+                let tag = b.tag;
+                GetStep::ReadDirect(IoJob::ReadSsd {
+                    src: BlobHandle { id: blob, tag },
+                    src_view: self.view(blob, size),
+                })
+            }
+        }
+    }
+
+    /// Finishes a direct SSD read: the read counts as a get (success or failure).
+    pub fn finish_direct_read(&mut self, job: &IoJob, ok: bool) {
+        let IoJob::ReadSsd { src, src_view } = job else {
+            return;
+        };
+        self.unpin(*src);
+        let outcome = if ok {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        };
+        self.stats.record(Op::Get, outcome, Some(src_view.seg.rank));
+    }
+
+    /// Allocates a DRAM blob for an SSD blob and returns the job that copies it.
+    fn start_rewarm(&mut self, obj: u32, ssd_blob: u32, now: u64) -> Option<IoJob> {
+        let size = self.objects[obj as usize].size;
+        let rank = self.blobs[ssd_blob as usize].rank;
+        self.evict_for(Medium::Dram, size, now);
+        let placed = match self.alloc_blob(Medium::Dram, size, &[], Some(rank)) {
+            Some(p) => p,
+            None => {
+                self.evict_forced(Medium::Dram, size, now);
+                self.alloc_blob(Medium::Dram, size, &[], Some(rank))?
+            }
+        };
+        let (seg, offset, len) = placed;
+        let dst = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
+        self.blobs[dst as usize].pins = 1;
+        self.blobs[ssd_blob as usize].pins += 1;
+        self.objects[obj as usize].rewarming = true;
+        let generation = self.objects[obj as usize].generation;
+        Some(IoJob::Rewarm {
+            obj: ObjHandle {
+                id: obj,
+                generation,
+            },
+            src: BlobHandle {
+                id: ssd_blob,
+                tag: self.blobs[ssd_blob as usize].tag,
+            },
+            dst: BlobHandle {
+                id: dst,
+                tag: self.blobs[dst as usize].tag,
+            },
+            src_view: self.view(ssd_blob, size),
+            dst_view: self.view(dst, size),
+        })
+    }
+
+    /// Finishes a rewarm: the DRAM copy becomes readable, or is dropped on failure.
+    pub fn finish_rewarm(&mut self, job: &IoJob, ok: bool) {
+        let IoJob::Rewarm { obj, src, dst, .. } = job else {
+            return;
+        };
+        let now = self.now_ms();
+        self.unpin(*src);
+        let live = self
+            .objects
+            .get(obj.id as usize)
+            .is_some_and(|o| o.generation == obj.generation);
+        if live {
+            self.objects[obj.id as usize].rewarming = false;
+        }
+        let Some(d) = self.blob_by_handle(*dst) else {
+            return;
+        };
+        let (rank, len, state) = (d.rank, d.len, d.state);
+        self.blobs[dst.id as usize].pins -= 1;
+        if ok && live && state == BlobState::Allocated {
+            self.blobs[dst.id as usize].rewarmed = true;
+            let size = self.objects[obj.id as usize].size;
+            self.stats.tier(rank, |t| {
+                t.rewarm.inc();
+                t.rewarm_bytes.add(size);
+                t.rewarm_bytes_current.add(len as i64);
+            });
+            self.events.push(StoreEvent::Rewarmed { bytes: size });
+            self.make_readable(dst.id, now);
+        } else {
+            if !ok {
+                self.stats.tier(rank, |t| t.rewarm_failed.inc());
+            }
+            if self.blobs[dst.id as usize].obj != NIL {
+                self.detach_blob(dst.id, now);
+            } else if self.blobs[dst.id as usize].pins == 0 {
+                self.reap_zombies(now);
+            }
+        }
+    }
+
+    /// Releases a pin taken by `get` (or by a job).
+    pub fn unpin(&mut self, h: BlobHandle) {
+        let now = self.now_ms();
+        if let Some(b) = self.blobs.get_mut(h.id as usize).filter(|b| b.tag == h.tag) {
+            b.pins = b.pins.saturating_sub(1);
+            if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+                self.zombies.retain(|&z| z != h.id);
+                self.free_blob(h.id);
+            }
+        }
+    }
+
+    // ----- exist, query, remove, list -----
+
+    pub fn exists(&mut self, key: &[u8]) -> bool {
+        let found = self.find(key).is_some_and(|o| self.object_readable(o));
+        let outcome = if found {
+            Outcome::Success
+        } else {
+            Outcome::NotFound
+        };
+        self.stats.record(Op::ExistKey, outcome, None);
+        found
+    }
+
+    /// The object as `/query_key` shows it (counted as a query).
+    pub fn query(&mut self, key: &[u8]) -> Option<QueryInfo> {
+        let now = self.now_ms();
+        let Some(obj) = self.find(key) else {
+            self.stats.record(Op::Query, Outcome::NotFound, None);
+            return None;
+        };
+        let o = &self.objects[obj as usize];
+        let blobs: Vec<BlobInfo> = o
+            .blobs
+            .iter()
+            .map(|&b| {
+                let b = &self.blobs[b as usize];
+                BlobInfo {
+                    rank: b.rank,
+                    medium: b.medium,
+                    gva: self.seg(b.seg).seg.gva(b.offset),
+                    state: b.state as u8,
+                    lease_ttl_ms: b.lease_until_ms.saturating_sub(now),
+                }
+            })
+            .collect();
+        let rank = blobs.first().map(|b| b.rank);
+        self.stats.record(Op::Query, Outcome::Success, rank);
+        Some(QueryInfo {
+            size: o.size,
+            prot: o.prot,
+            valid: self.object_readable(obj),
+            blobs,
+        })
+    }
+
+    /// Removes an object. A leased or pinned copy stays allocated until its lease and pins
+    /// end; the key is gone at once.
+    pub fn remove(&mut self, key: &[u8]) -> bool {
+        let now = self.now_ms();
+        match self.find(key) {
+            Some(obj) => {
+                let rank = self.objects[obj as usize]
+                    .blobs
+                    .first()
+                    .map(|&b| self.blobs[b as usize].rank);
+                self.remove_object(obj, now);
+                self.stats.record(Op::Remove, Outcome::Success, rank);
+                true
+            }
+            None => {
+                self.stats.record(Op::Remove, Outcome::NotFound, None);
+                false
+            }
+        }
+    }
+
+    /// Removes every object of this shard; returns how many.
+    pub fn remove_all(&mut self) -> u64 {
+        let now = self.now_ms();
+        let ids: Vec<u32> = self.objects.iter().map(|(i, _)| i as u32).collect();
+        let n = ids.len() as u64;
+        for id in ids {
+            self.remove_object(id, now);
+        }
+        self.events
+            .retain(|e| !matches!(e, StoreEvent::Removed { .. }));
+        self.events.push(StoreEvent::Cleared);
+        n
+    }
+
+    /// Appends readable keys (one per line) from slot `cursor` on, until about `max_bytes`
+    /// are written or `limit` keys; returns the slot to continue from.
+    pub fn list_keys(
+        &self,
+        cursor: u32,
+        max_bytes: usize,
+        prefix: &[u8],
+        limit: &mut u64,
+        out: &mut Vec<u8>,
+    ) -> Option<u32> {
+        let cap = self.objects.capacity() as u32;
+        let mut i = cursor;
+        while i < cap {
+            if out.len() >= max_bytes || *limit == 0 {
+                return Some(i);
+            }
+            if let Some(o) = self.objects.get(i as usize) {
+                if o.key.starts_with(prefix) && self.object_readable(i) {
+                    out.extend_from_slice(&o.key);
+                    out.push(b'\n');
+                    *limit -= 1;
+                }
+            }
+            i += 1;
+        }
+        None
+    }
+
+    // ----- eviction -----
+
+    fn is_evictable(&self, b: &BlobRec, now: u64) -> bool {
+        b.state == BlobState::Readable
+            && b.pins == 0
+            && b.lease_until_ms <= now
+            && !b.flushing
+            && !self.objects[b.obj as usize].rewarming
+    }
+
+    /// Watermark eviction before an allocation of `need` bytes on `medium`: above the high
+    /// threshold, this shard evicts its least recently used blobs of the medium until its
+    /// share of the excess over the low threshold is gone.
+    fn evict_for(&mut self, medium: Medium, need: u64, now: u64) {
+        let (cap, used) = self.medium_totals(medium);
+        if cap == 0 || (used + need) * 100 <= cap * self.cfg.high_percent {
+            return;
+        }
+        let low = cap * self.cfg.low_percent / 100;
+        let excess = (used + need).saturating_sub(low);
+        let mine = self.my_used(medium);
+        let target = if used == 0 {
+            excess
+        } else {
+            (excess as u128 * mine as u128 / used as u128) as u64
+        };
+        self.stats.evict_running.set(1);
+        let mut freed = 0;
+        let mut scanned = 0;
+        let victims: Vec<u32> = self
+            .lru
+            .iter_lru(medium as usize)
+            .take(EVICT_SCAN_LIMIT)
+            .collect();
+        for v in victims {
+            if freed >= target {
+                break;
+            }
+            scanned += 1;
+            let Some(b) = self.blobs.get(v as usize) else {
+                continue;
+            };
+            if b.lru == NIL || !self.is_evictable(b, now) {
+                continue;
+            }
+            freed += self.evict_blob(v, now);
+        }
+        let _ = scanned;
+        self.stats.evict_running.set(0);
+    }
+
+    /// Eviction when an allocation found no room: evicts least recently used blobs of the
+    /// medium one by one until `need` bytes could fit. True when something was evicted.
+    fn evict_forced(&mut self, medium: Medium, need: u64, now: u64) -> bool {
+        let victims: Vec<u32> = self
+            .lru
+            .iter_lru(medium as usize)
+            .take(EVICT_SCAN_LIMIT)
+            .collect();
+        let mut freed = 0;
+        let mut any = false;
+        for v in victims {
+            if freed >= need.max(1) {
+                break;
+            }
+            let Some(b) = self.blobs.get(v as usize) else {
+                continue;
+            };
+            if b.lru == NIL || !self.is_evictable(b, now) {
+                continue;
+            }
+            let f = self.evict_blob(v, now);
+            freed += f;
+            any = true;
+        }
+        any
+    }
+
+    /// Moves one blob down a tier (or drops it where nothing lower has room). Returns the
+    /// bytes this frees on its medium now or when its flush lands.
+    fn evict_blob(&mut self, id: u32, now: u64) -> u64 {
+        let (obj, medium, rank, len, since) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank, b.len, b.since_ms)
+        };
+        let size = self.objects[obj as usize].size;
+        let lifetime = now.saturating_sub(self.objects[obj as usize].created_ms);
+        self.stats.tier(rank, |t| t.evict.inc());
+        self.events.push(StoreEvent::Evicted {
+            medium,
+            bytes: size,
+            lifetime_ms: lifetime,
+            idle_ms: now.saturating_sub(since.max(self.blobs[id as usize].lease_until_ms.min(now))),
+        });
+        // Down the tiers: the first one below with room takes the blob (a copy that already
+        // exists lower down, as after a rewarm, makes the move free).
+        let mut tier = medium.lower_tier();
+        while let Some(t) = tier {
+            if self.has_readable_on(obj, t) {
+                self.detach_blob(id, now);
+                return len;
+            }
+            if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
+                if t.is_memory() {
+                    if self.copy_memory(id, seg, off, size) {
+                        let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+                        self.make_readable(dst, now);
+                        self.stats.demoted_blobs.inc();
+                        self.detach_blob(id, now);
+                        return len;
+                    }
+                    self.segs[seg as usize].as_mut().unwrap().free(off, alen);
+                } else {
+                    let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+                    self.blobs[dst as usize].pins = 1;
+                    self.blobs[id as usize].flushing = true;
+                    self.flushes_in_flight += 1;
+                    self.stats.flush_in_flight_bytes.add(size as i64);
+                    self.jobs.push(IoJob::Flush {
+                        src: BlobHandle {
+                            id,
+                            tag: self.blobs[id as usize].tag,
+                        },
+                        dst: BlobHandle {
+                            id: dst,
+                            tag: self.blobs[dst as usize].tag,
+                        },
+                        src_view: self.view(id, size),
+                        dst_view: self.view(dst, size),
+                    });
+                    return len;
+                }
+            }
+            tier = t.lower_tier();
+        }
+        // Nothing lower has room: the copy is dropped, and the object with it if it was the
+        // last one.
+        if self.objects[obj as usize].blobs.len() <= 1 {
+            self.stats.evicted_objects_deleted.inc();
+            self.remove_object(obj, now);
+        } else {
+            self.detach_blob(id, now);
+        }
+        len
+    }
+
+    /// Room on the tier below for a demoted blob: watermark eviction there first (SSD
+    /// eviction deletes), then the allocation, then forced eviction there.
+    fn alloc_demoted(
+        &mut self,
+        medium: Medium,
+        size: u64,
+        rank: u32,
+        now: u64,
+    ) -> Option<(SegmentId, u64, u64)> {
+        self.evict_for(medium, size, now);
+        if let Some(p) = self.alloc_blob(medium, size, &[], Some(rank)) {
+            return Some(p);
+        }
+        if medium == Medium::Ssd && self.evict_forced(medium, size, now) {
+            return self.alloc_blob(medium, size, &[], Some(rank));
+        }
+        None
+    }
+
+    /// Copies a memory blob's bytes into another memory segment (HBM → DRAM).
+    fn copy_memory(&self, src: u32, dst_seg: SegmentId, dst_off: u64, size: u64) -> bool {
+        let b = &self.blobs[src as usize];
+        let from = &self.seg(b.seg).seg.backend;
+        let to = &self.seg(dst_seg).seg.backend;
+        // Straight into the destination when it is host memory, else through a buffer.
+        let res = match to.host_region() {
+            Some(region) if region.check(dst_off, size as usize).is_ok() => {
+                // SAFETY: the destination range was just allocated for this copy; the source
+                // blob is readable and nobody writes it.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(region.ptr(dst_off), size as usize) };
+                // SAFETY: see above.
+                unsafe { from.read(b.offset, dst) }
+            }
+            _ => {
+                let mut buf = vec![0u8; size as usize];
+                // SAFETY: see above.
+                unsafe {
+                    from.read(b.offset, &mut buf)
+                        .and_then(|()| to.write(dst_off, &buf))
+                }
+            }
+        };
+        if let Err(e) = &res {
+            log::error!(
+                "moving a blob from {} down a tier failed: {e}",
+                self.seg(b.seg).seg.name
+            );
+        }
+        res.is_ok()
+    }
+
+    /// Finishes a flush: on success the SSD copy replaces the memory copy; on failure the SSD
+    /// allocation is released and the memory copy stays (nothing acknowledged is lost).
+    pub fn finish_flush(&mut self, job: &IoJob, ok: bool) {
+        let IoJob::Flush { src, dst, .. } = job else {
+            return;
+        };
+        let now = self.now_ms();
+        self.flushes_in_flight -= 1;
+        let src_live = self.blob_by_handle(*src).is_some();
+        let size = job_size(job);
+        self.stats.flush_in_flight_bytes.add(-(size as i64));
+        if src_live {
+            self.blobs[src.id as usize].flushing = false;
+        }
+        let Some(d) = self.blob_by_handle(*dst) else {
+            return;
+        };
+        let rank = d.rank;
+        self.blobs[dst.id as usize].pins -= 1;
+        let dst_attached = self.blobs[dst.id as usize].obj != NIL;
+        if ok && dst_attached && self.blobs[dst.id as usize].state == BlobState::Allocated {
+            self.stats.tier(rank, |t| {
+                t.flush_blobs.inc();
+                t.flush_bytes.add(size);
+            });
+            self.events.push(StoreEvent::Flushed { bytes: size });
+            self.make_readable(dst.id, now);
+            if src_live && self.blobs[src.id as usize].obj != NIL {
+                self.detach_blob(src.id, now);
+            }
+        } else {
+            if !ok {
+                self.stats.flush_failed.inc();
+            }
+            if dst_attached {
+                self.detach_blob(dst.id, now);
+            }
+        }
+        self.reap_zombies(now);
+    }
+
+    /// Frees zombies whose leases and pins have ended; reclaims allocations whose writer
+    /// never committed. Run on the shard's tick.
+    pub fn tick(&mut self) {
+        let now = self.now_ms();
+        self.reap_zombies(now);
+        let stale: Vec<u32> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o.blobs.iter().all(|&b| {
+                    let b = &self.blobs[b as usize];
+                    b.state == BlobState::Allocated
+                        && now.saturating_sub(b.since_ms) > self.cfg.alloc_timeout_ms
+                }) && !o.blobs.is_empty()
+                    && !o.rewarming
+            })
+            .map(|(i, _)| i as u32)
+            .collect();
+        for obj in stale {
+            log::warn!(
+                "reclaiming {:?}: allocated {} ms ago and never committed",
+                String::from_utf8_lossy(&self.objects[obj as usize].key),
+                self.cfg.alloc_timeout_ms
+            );
+            for &b in self.objects[obj as usize].blobs.clone().iter() {
+                self.blobs[b as usize].pins = 0;
+            }
+            self.remove_object(obj, now);
+        }
+    }
+
+    fn reap_zombies(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.zombies.len() {
+            let id = self.zombies[i];
+            let b = &self.blobs[id as usize];
+            if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+                self.zombies.swap_remove(i);
+                self.free_blob(id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Store {
+    // ----- /memory/evict, /memory/prefetch -----
+
+    /// Objects named by a chunk hash: every key that parses to that hash, and the key equal
+    /// to the string itself.
+    pub fn objects_named(&self, name: &[u8]) -> SmallVec<[u32; 4]> {
+        let mut out: SmallVec<[u32; 4]> = SmallVec::new();
+        if let Some(h) = keys::parse_hex_hash(name) {
+            if let Some(list) = self.chunks.get(&h) {
+                out.extend(list.iter().copied());
+            }
+        }
+        if let Some(o) = self.find(name) {
+            if !out.contains(&o) {
+                out.push(o);
+            }
+        }
+        out
+    }
+
+    /// Evicts the named objects: everywhere (`locations` None) or one tier down from each
+    /// named medium. Returns the tier removals (an object leaving one medium counts one).
+    /// Leased or pinned copies are left alone.
+    pub fn evict_named(&mut self, name: &[u8], locations: Option<&[Medium]>) -> u64 {
+        let now = self.now_ms();
+        let mut removals = 0;
+        for obj in self.objects_named(name) {
+            if !self.objects.contains(obj as usize) {
+                continue;
+            }
+            match locations {
+                None => {
+                    let media: SmallVec<[Medium; 3]> = Medium::ALL
+                        .into_iter()
+                        .filter(|&m| self.has_readable_on(obj, m))
+                        .collect();
+                    removals += media.len() as u64;
+                    if let Some(&b) = self.objects[obj as usize].blobs.first() {
+                        let rank = self.blobs[b as usize].rank;
+                        self.stats.tier(rank, |t| t.evict.inc());
+                    }
+                    self.remove_object(obj, now);
+                }
+                Some(media) => {
+                    for &m in media {
+                        let blob = self.objects[obj as usize].blobs.iter().copied().find(|&b| {
+                            let rec = &self.blobs[b as usize];
+                            rec.medium == m && self.is_evictable(rec, now)
+                        });
+                        if let Some(b) = blob {
+                            self.evict_blob(b, now);
+                            removals += 1;
+                            if !self.objects.contains(obj as usize) {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        removals
+    }
+
+    /// Starts rewarms (SSD → DRAM) for the named objects held only on SSD. Returns the jobs,
+    /// which the shard runs in the background.
+    pub fn prefetch_named(&mut self, name: &[u8]) -> Vec<IoJob> {
+        let now = self.now_ms();
+        let mut jobs = Vec::new();
+        for obj in self.objects_named(name) {
+            let o = &self.objects[obj as usize];
+            if o.rewarming
+                || Medium::ALL
+                    .iter()
+                    .any(|&m| m.is_memory() && self.has_readable_on(obj, m))
+            {
+                continue;
+            }
+            let ssd = o.blobs.iter().copied().find(|&b| {
+                let r = &self.blobs[b as usize];
+                r.state == BlobState::Readable && r.medium == Medium::Ssd
+            });
+            if let Some(b) = ssd {
+                if let Some(job) = self.start_rewarm(obj, b, now) {
+                    jobs.push(job);
+                }
+            }
+        }
+        jobs
+    }
+
+    // ----- unmount -----
+
+    /// Moves this shard's blobs off a segment being unmounted: to another segment of the same
+    /// medium, else to the memory tier below, else they are dropped (with their object when
+    /// it has no other copy). Returns false while some blob there is still pinned (a transfer
+    /// in flight); call again later. When it returns true, the shard holds nothing there.
+    pub fn evacuate(&mut self, seg: SegmentId) -> bool {
+        let now = self.now_ms();
+        let ids: Vec<u32> = self
+            .blobs
+            .iter()
+            .filter(|(_, b)| b.seg == seg)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut busy = false;
+        for id in ids {
+            let b = &self.blobs[id as usize];
+            if b.obj == NIL || b.pins > 0 || b.flushing || b.state != BlobState::Readable {
+                busy = true;
+                continue;
+            }
+            let (obj, medium, rank) = (b.obj, b.medium, b.rank);
+            let size = self.objects[obj as usize].size;
+            let mut moved = false;
+            if medium.is_memory() {
+                let targets = [Some(medium), medium.lower_tier().filter(|m| m.is_memory())];
+                for target in targets.into_iter().flatten() {
+                    if let Some((nseg, off, alen)) = self.alloc_blob(target, size, &[], Some(rank))
+                    {
+                        if self.copy_memory(id, nseg, off, size) {
+                            let dst =
+                                self.insert_blob(obj, nseg, off, alen, BlobState::Allocated, now);
+                            self.make_readable(dst, now);
+                            moved = true;
+                            break;
+                        }
+                        self.segs[nseg as usize].as_mut().unwrap().free(off, alen);
+                    }
+                }
+            }
+            if !moved && self.objects[obj as usize].blobs.len() <= 1 {
+                self.remove_object(obj, now);
+                continue;
+            }
+            self.blobs[id as usize].lease_until_ms = 0;
+            self.detach_blob(id, now);
+        }
+        self.reap_zombies(now);
+        if busy || self.blobs.iter().any(|(_, b)| b.seg == seg) {
+            return false;
+        }
+        if let Some(ss) = self.segs.get_mut(seg as usize).and_then(|s| s.as_mut()) {
+            ss.release_all();
+        }
+        true
+    }
+
+    /// Forgets an unmounted segment (after every shard evacuated it).
+    pub fn forget_segment(&mut self, seg: SegmentId) {
+        if let Some(slot) = self.segs.get_mut(seg as usize) {
+            *slot = None;
+        }
+    }
+
+    /// Checks internal consistency (tests).
+    pub fn check(&self) {
+        let mut readable = 0;
+        for (i, o) in self.objects.iter() {
+            for &b in &o.blobs {
+                assert_eq!(self.blobs[b as usize].obj, i as u32);
+            }
+            if self.object_readable(i as u32) {
+                readable += 1;
+            }
+            assert_eq!(self.find(&o.key), Some(i as u32));
+        }
+        assert_eq!(self.index.len(), self.objects.len());
+        let _ = readable;
+        for (i, b) in self.blobs.iter() {
+            if b.obj == NIL {
+                assert!(
+                    self.zombies.contains(&(i as u32)),
+                    "detached blob {i} is not a zombie"
+                );
+            }
+            assert_eq!(
+                b.lru != NIL,
+                b.state == BlobState::Readable,
+                "blob {i} lru/state mismatch"
+            );
+        }
+    }
+}
+
+fn job_size(job: &IoJob) -> u64 {
+    match job {
+        IoJob::Flush { src_view, .. }
+        | IoJob::Rewarm { src_view, .. }
+        | IoJob::ReadSsd { src_view, .. } => src_view.len,
+    }
+}

@@ -1,0 +1,550 @@
+//! Segments: one rank's memory of one medium, `rank-<r>-<medium>`, and where their bytes live.
+//!
+//! A [`Segment`] is shared by all shards: its capacity is cut into runs that shards take from
+//! the segment's pool and sub-allocate inside ([`ShardSegment`]), so allocating for a key never
+//! leaves the key's shard; the pool's lock is taken only to take or return a whole run.
+//! Used bytes are per-shard atomics summed when read. Every byte access goes through the
+//! segment's [`Backend`], so the store never assumes where the bytes are.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::alloc::RangeAlloc;
+use super::memory::MappedRegion;
+use super::ssd::SsdFile;
+use crate::accel::DeviceMemory;
+
+/// Allocation granule: blobs start on page boundaries (what DMA engines and `madvise` need).
+pub const PAGE_BYTES: u64 = 4096;
+
+/// The largest segment: gvas give each segment a 1 TiB window.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Medium {
+    Hbm = 0,
+    Dram = 1,
+    Ssd = 2,
+}
+
+impl Medium {
+    pub const ALL: [Medium; 3] = [Medium::Hbm, Medium::Dram, Medium::Ssd];
+
+    /// Upper case, as in JSON bodies (`HBM`).
+    pub fn upper(self) -> &'static str {
+        match self {
+            Medium::Hbm => "HBM",
+            Medium::Dram => "DRAM",
+            Medium::Ssd => "SSD",
+        }
+    }
+
+    /// Lower case, as in segment ids and metric labels (`hbm`).
+    pub fn lower(self) -> &'static str {
+        match self {
+            Medium::Hbm => "hbm",
+            Medium::Dram => "dram",
+            Medium::Ssd => "ssd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Medium> {
+        match s.to_ascii_lowercase().as_str() {
+            "hbm" | "npu" | "gpu" => Some(Medium::Hbm),
+            "dram" | "cpu" => Some(Medium::Dram),
+            "ssd" | "disk" => Some(Medium::Ssd),
+            _ => None,
+        }
+    }
+
+    /// The tier eviction moves blobs down to.
+    pub fn lower_tier(self) -> Option<Medium> {
+        match self {
+            Medium::Hbm => Some(Medium::Dram),
+            Medium::Dram => Some(Medium::Ssd),
+            Medium::Ssd => None,
+        }
+    }
+
+    pub fn is_memory(self) -> bool {
+        self != Medium::Ssd
+    }
+}
+
+impl fmt::Display for Medium {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.upper())
+    }
+}
+
+/// Where a segment's bytes are. The one interface between the store and bytes: host memory
+/// (DRAM), accelerator memory (HBM, through `accel`), files (SSD); later memory of other hosts.
+pub enum Backend {
+    /// Memory in this process's address space: blobs can be sent without copying.
+    Host(MappedRegion),
+    /// Accelerator memory: copied in and out through the device interface.
+    Device(Box<dyn DeviceMemory>),
+    /// A file on a local disk, accessed asynchronously through the shard's io driver.
+    File(SsdFile),
+}
+
+impl Backend {
+    /// Copies `src` into the segment at `offset` (memory backends only; files are written
+    /// asynchronously by the SSD tier).
+    ///
+    /// # Safety
+    /// The range belongs to one blob that the caller is writing (state ALLOCATED, or a blob
+    /// being moved that no reader holds).
+    pub unsafe fn write(&self, offset: u64, src: &[u8]) -> std::io::Result<()> {
+        match self {
+            // SAFETY: forwarded.
+            Backend::Host(r) => unsafe { r.write(offset, src) },
+            // SAFETY: forwarded.
+            Backend::Device(d) => unsafe { d.write(offset, src) },
+            Backend::File(_) => Err(std::io::Error::other(
+                "file segments are written asynchronously",
+            )),
+        }
+    }
+
+    /// Copies the segment's bytes at `offset` into `dst` (memory backends only).
+    ///
+    /// # Safety
+    /// The range belongs to a readable blob that the caller holds (pinned), so nobody writes it.
+    pub unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        match self {
+            // SAFETY: forwarded.
+            Backend::Host(r) => unsafe { r.read(offset, dst) },
+            // SAFETY: forwarded.
+            Backend::Device(d) => unsafe { d.read(offset, dst) },
+            Backend::File(_) => Err(std::io::Error::other(
+                "file segments are read asynchronously",
+            )),
+        }
+    }
+
+    /// Lets the backend release what backs a freed range.
+    ///
+    /// # Safety
+    /// The range is free: no blob uses it.
+    pub unsafe fn discard(&self, offset: u64, len: u64) {
+        match self {
+            // SAFETY: forwarded.
+            Backend::Host(r) => unsafe { r.discard(offset, len) },
+            // SAFETY: forwarded.
+            Backend::Device(d) => unsafe { d.discard(offset, len) },
+            Backend::File(_) => {}
+        }
+    }
+
+    pub fn host_region(&self) -> Option<&MappedRegion> {
+        match self {
+            Backend::Host(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn file(&self) -> Option<&SsdFile> {
+        match self {
+            Backend::File(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// Segment status codes (the upstream set; `/api/v1/segments/status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SegmentStatus {
+    Undefined = 0,
+    Ok = 1,
+    Draining = 2,
+    Drained = 3,
+    GracefullyUnmounting = 4,
+    Unmounting = 5,
+}
+
+impl SegmentStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            SegmentStatus::Undefined => "UNDEFINED",
+            SegmentStatus::Ok => "OK",
+            SegmentStatus::Draining => "DRAINING",
+            SegmentStatus::Drained => "DRAINED",
+            SegmentStatus::GracefullyUnmounting => "GRACEFULLY_UNMOUNTING",
+            SegmentStatus::Unmounting => "UNMOUNTING",
+        }
+    }
+
+    fn from_u8(v: u8) -> SegmentStatus {
+        match v {
+            1 => SegmentStatus::Ok,
+            2 => SegmentStatus::Draining,
+            3 => SegmentStatus::Drained,
+            4 => SegmentStatus::GracefullyUnmounting,
+            5 => SegmentStatus::Unmounting,
+            _ => SegmentStatus::Undefined,
+        }
+    }
+}
+
+pub type SegmentId = u32;
+
+pub struct Segment {
+    /// Index in the segment table; never reused while the process runs.
+    pub id: SegmentId,
+    pub rank: u32,
+    pub medium: Medium,
+    /// `rank-<r>-<medium-lower>`.
+    pub name: String,
+    pub capacity: u64,
+    /// Global virtual address of offset 0: rank and medium select a disjoint 1 TiB window.
+    pub base_gva: u64,
+    pub backend: Backend,
+    /// Free space no shard holds, at page granularity.
+    pool: Mutex<RangeAlloc>,
+    /// Bytes allocated to blobs, per shard (each written only by its shard).
+    used_by_shard: Box<[AtomicU64]>,
+    status: AtomicU8,
+    /// Size of the runs shards take for small blobs.
+    pub run_bytes: u64,
+}
+
+impl Segment {
+    pub fn new(
+        id: SegmentId,
+        rank: u32,
+        medium: Medium,
+        capacity: u64,
+        backend: Backend,
+        shards: usize,
+        run_bytes: u64,
+    ) -> Segment {
+        let capacity = capacity / PAGE_BYTES * PAGE_BYTES;
+        // Runs small enough that each shard can hold several, large enough to amortize the
+        // pool lock over many blobs.
+        let per_shard = (capacity / (4 * shards as u64)).max(PAGE_BYTES);
+        let run_bytes = (run_bytes.min(per_shard) / PAGE_BYTES).max(1) * PAGE_BYTES;
+        Segment {
+            id,
+            rank,
+            medium,
+            name: segment_name(rank, medium),
+            capacity,
+            base_gva: gva_base(rank, medium),
+            backend,
+            pool: Mutex::new(RangeAlloc::new(0, capacity, PAGE_BYTES)),
+            used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            status: AtomicU8::new(SegmentStatus::Ok as u8),
+            run_bytes,
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used_by_shard
+            .iter()
+            .map(|u| u.load(Relaxed))
+            .sum::<u64>()
+            .min(self.capacity)
+    }
+
+    pub fn remaining_bytes(&self) -> u64 {
+        self.capacity - self.used_bytes()
+    }
+
+    pub fn status(&self) -> SegmentStatus {
+        SegmentStatus::from_u8(self.status.load(Relaxed))
+    }
+
+    pub fn set_status(&self, s: SegmentStatus) {
+        self.status.store(s as u8, Relaxed);
+    }
+
+    /// Accepts new blobs (mounted and not being drained or unmounted).
+    pub fn is_allocatable(&self) -> bool {
+        self.status() == SegmentStatus::Ok
+    }
+
+    fn add_used(&self, shard: usize, delta: i64) {
+        let u = &self.used_by_shard[shard];
+        u.store(u.load(Relaxed).wrapping_add(delta as u64), Relaxed);
+    }
+
+    pub fn used_by(&self, shard: usize) -> u64 {
+        self.used_by_shard[shard].load(Relaxed)
+    }
+
+    fn take_run(&self, len: u64) -> Option<u64> {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc(len)
+    }
+
+    fn give_run(&self, start: u64, len: u64) {
+        // SAFETY: a whole free run is no blob's range any more.
+        unsafe { self.backend.discard(start, len) };
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(start, len);
+    }
+
+    /// Bytes in the pool (no shard holds them).
+    pub fn pool_free_bytes(&self) -> u64 {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .free_bytes()
+    }
+
+    pub fn gva(&self, offset: u64) -> u64 {
+        self.base_gva + offset
+    }
+}
+
+pub fn segment_name(rank: u32, medium: Medium) -> String {
+    format!("rank-{rank}-{}", medium.lower())
+}
+
+/// Disjoint address windows: bits 42.. rank, bits 40-41 medium, 40 bits of offset.
+pub fn gva_base(rank: u32, medium: Medium) -> u64 {
+    ((rank as u64) << 42) | ((medium as u64) << 40)
+}
+
+/// All mounted segments, shared by every shard. Changes (mount, unmount) are rare; readers
+/// take a cheap snapshot and refresh it when the version moves.
+pub struct SegmentTable {
+    current: RwLock<Arc<Vec<Arc<Segment>>>>,
+    version: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl Default for SegmentTable {
+    fn default() -> Self {
+        SegmentTable {
+            current: RwLock::new(Arc::new(Vec::new())),
+            version: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SegmentTable {
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The mounted segments, in listing order: by medium (HBM, DRAM, SSD), then by rank.
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Segment>>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn next_id(&self) -> SegmentId {
+        self.next_id.fetch_add(1, Relaxed) as SegmentId
+    }
+
+    pub fn find(&self, name: &str) -> Option<Arc<Segment>> {
+        self.snapshot().iter().find(|s| s.name == name).cloned()
+    }
+
+    /// Adds a segment; refuses a second segment with the same name.
+    pub fn insert(&self, seg: Arc<Segment>) -> Result<(), String> {
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if cur.iter().any(|s| s.name == seg.name) {
+            return Err(format!("Segment {} is already mounted", seg.name));
+        }
+        let mut next: Vec<Arc<Segment>> = cur.iter().cloned().collect();
+        next.push(seg);
+        next.sort_by_key(|s| (s.medium, s.rank));
+        *cur = Arc::new(next);
+        self.version
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes a segment from the table (its blobs must already be gone).
+    pub fn remove(&self, name: &str) -> Option<Arc<Segment>> {
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        let pos = cur.iter().position(|s| s.name == name)?;
+        let mut next: Vec<Arc<Segment>> = cur.iter().cloned().collect();
+        let seg = next.remove(pos);
+        *cur = Arc::new(next);
+        self.version
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Some(seg)
+    }
+}
+
+/// One shard's share of one segment: the runs it holds and the free space inside them.
+pub struct ShardSegment {
+    pub seg: Arc<Segment>,
+    shard: usize,
+    /// Runs held: start → length.
+    runs: BTreeMap<u64, u64>,
+    /// Free space inside the held runs.
+    free: RangeAlloc,
+    /// Bytes of blobs this shard allocated here (mirrors the segment's per-shard counter).
+    used: u64,
+}
+
+impl ShardSegment {
+    pub fn new(seg: Arc<Segment>, shard: usize) -> ShardSegment {
+        ShardSegment {
+            seg,
+            shard,
+            runs: BTreeMap::new(),
+            free: RangeAlloc::empty(PAGE_BYTES),
+            used: 0,
+        }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    pub fn held_bytes(&self) -> u64 {
+        self.runs.values().sum()
+    }
+
+    /// Bytes this shard could allocate without evicting: free space in its runs plus the
+    /// segment pool.
+    pub fn free_bytes_hint(&self) -> u64 {
+        self.free.free_bytes() + self.seg.pool_free_bytes()
+    }
+
+    /// Allocates `len` bytes (page-rounded). Small blobs go into shared runs; a blob of a run
+    /// or more gets a run of its own, so large blobs never fragment small runs.
+    pub fn alloc(&mut self, len: u64) -> Option<(u64, u64)> {
+        let rounded = self.free.round_up(len.max(1));
+        let offset = match self.free.alloc(rounded) {
+            Some(o) => o,
+            None => {
+                let want = rounded.max(self.seg.run_bytes);
+                let (start, run_len) = match self.seg.take_run(want) {
+                    Some(start) => (start, want),
+                    // The pool cannot give a full run: take exactly what this blob needs.
+                    None if want > rounded => (self.seg.take_run(rounded)?, rounded),
+                    None => return None,
+                };
+                self.runs.insert(start, run_len);
+                self.free.release(start, run_len);
+                self.free.alloc(rounded).expect("a fresh run fits its blob")
+            }
+        };
+        self.used += rounded;
+        self.seg.add_used(self.shard, rounded as i64);
+        Some((offset, rounded))
+    }
+
+    /// Frees a blob's range. Runs that become entirely free go back to the pool, keeping one
+    /// spare so a shard that allocates and frees in a loop does not take the pool lock each
+    /// time.
+    pub fn free(&mut self, offset: u64, len: u64) {
+        let rounded = self.free.round_up(len.max(1));
+        self.used -= rounded;
+        self.seg.add_used(self.shard, -(rounded as i64));
+        let (fs, fl) = self.free.release(offset, rounded);
+        // SAFETY: the range belongs to no blob any more.
+        unsafe { self.seg.backend.discard(offset, rounded) };
+        let fully_free: Vec<(u64, u64)> = self
+            .runs
+            .range(fs..fs + fl)
+            .filter(|&(&s, &l)| s + l <= fs + fl)
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        let spare_kept = self.runs.len() == fully_free.len();
+        for (i, (s, l)) in fully_free.into_iter().enumerate() {
+            if spare_kept && i == 0 && l == self.seg.run_bytes {
+                continue;
+            }
+            let carved = self.free.alloc_at(s, l);
+            debug_assert!(carved);
+            self.runs.remove(&s);
+            self.seg.give_run(s, l);
+        }
+    }
+
+    /// Gives every held run back (the shard holds no blobs here any more).
+    pub fn release_all(&mut self) {
+        debug_assert_eq!(self.used, 0);
+        for (s, l) in std::mem::take(&mut self.runs) {
+            self.free.alloc_at(s, l);
+            self.seg.give_run(s, l);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_segment(capacity: u64, shards: usize, run: u64) -> Arc<Segment> {
+        Arc::new(Segment::new(
+            0,
+            0,
+            Medium::Dram,
+            capacity,
+            Backend::Host(MappedRegion::new(capacity).unwrap()),
+            shards,
+            run,
+        ))
+    }
+
+    #[test]
+    fn names_and_addresses() {
+        assert_eq!(segment_name(3, Medium::Hbm), "rank-3-hbm");
+        assert_ne!(gva_base(0, Medium::Dram), gva_base(0, Medium::Hbm));
+        assert_eq!(gva_base(1, Medium::Hbm), 1 << 42);
+        assert_eq!(Medium::parse("DRAM"), Some(Medium::Dram));
+        assert_eq!(Medium::Hbm.lower_tier(), Some(Medium::Dram));
+    }
+
+    #[test]
+    fn shards_take_runs_and_give_them_back() {
+        let seg = host_segment(16 << 20, 2, 1 << 20);
+        let mut a = ShardSegment::new(seg.clone(), 0);
+        let mut b = ShardSegment::new(seg.clone(), 1);
+        let (x, lx) = a.alloc(1000).unwrap();
+        let (y, ly) = b.alloc(5000).unwrap();
+        assert_eq!((lx, ly), (4096, 8192));
+        assert_eq!(seg.used_bytes(), 4096 + 8192);
+        assert_eq!(seg.used_by(0), 4096);
+        // Each shard took one run from the pool.
+        assert_eq!(seg.pool_free_bytes(), (16 << 20) - 2 * (1 << 20));
+        // A blob larger than a run gets its own run.
+        let (big, lbig) = a.alloc(3 << 20).unwrap();
+        assert_eq!(lbig, 3 << 20);
+        a.free(big, lbig);
+        a.free(x, lx);
+        b.free(y, ly);
+        assert_eq!(seg.used_bytes(), 0);
+        // One spare run per shard stays held; the rest went back.
+        assert_eq!(seg.pool_free_bytes(), (16 << 20) - 2 * (1 << 20));
+        a.release_all();
+        b.release_all();
+        assert_eq!(seg.pool_free_bytes(), 16 << 20);
+    }
+
+    #[test]
+    fn allocation_fails_cleanly_when_full() {
+        let seg = host_segment(1 << 20, 1, 1 << 20);
+        let mut a = ShardSegment::new(seg.clone(), 0);
+        let mut got = Vec::new();
+        while let Some(r) = a.alloc(64 << 10) {
+            got.push(r);
+        }
+        assert_eq!(got.len(), 16);
+        assert_eq!(seg.remaining_bytes(), 0);
+        assert!(a.alloc(1).is_none());
+        for (o, l) in got {
+            a.free(o, l);
+        }
+        assert_eq!(seg.remaining_bytes(), 1 << 20);
+    }
+}
