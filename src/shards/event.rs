@@ -20,9 +20,20 @@ impl LocalEvent {
         }
     }
 
+    /// The current generation: pass it to [`LocalEvent::wait_since`] to wait for the first
+    /// notification after this moment (capture it before the attempt that may need to wait,
+    /// so a notification between the attempt and the wait is not lost).
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+
     /// Resolves at the next `notify_all` after this call.
     pub fn wait(&self) -> impl Future<Output = ()> + '_ {
-        let start = self.generation.get();
+        self.wait_since(self.generation.get())
+    }
+
+    /// Resolves once a notification happened after generation `start`.
+    pub fn wait_since(&self, start: u64) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
             if self.generation.get() != start {
                 return Poll::Ready(());

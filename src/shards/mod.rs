@@ -230,19 +230,20 @@ impl Clock {
     }
 }
 
-/// What a read waits for before it looks at the object again.
+/// What a read waits for before it looks at the object again (with the event generation
+/// seen before the attempt that decided to wait, so no notification is missed).
 enum Waiting {
     Job(IoJob),
-    Rewarm,
-    Flush,
+    Rewarm(u64),
+    Flush(u64),
 }
 
 impl Waiting {
-    fn new(flush: bool) -> Waiting {
+    fn new(flush: bool, (rewarms, flushes): (u64, u64)) -> Waiting {
         if flush {
-            Waiting::Flush
+            Waiting::Flush(flushes)
         } else {
-            Waiting::Rewarm
+            Waiting::Rewarm(rewarms)
         }
     }
 }
@@ -445,6 +446,7 @@ impl Shard {
                 replicas,
                 prot,
             } => {
+                let flushes = self.flush_done.generation();
                 let step = self.store.borrow_mut().alloc(
                     key.clone(),
                     size,
@@ -456,7 +458,8 @@ impl Shard {
                     AllocStep::WaitForFlush => {
                         let me = self.clone();
                         Applied::Later(Box::pin(async move {
-                            me.alloc_waiting(key, size, medium, replicas, prot).await
+                            me.alloc_waiting(key, size, medium, replicas, prot, flushes)
+                                .await
                         }))
                     }
                     step => Applied::Now(self.alloc_reply(step)),
@@ -466,6 +469,7 @@ impl Shard {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
             }
             Command::Get { key } => {
+                let marks = self.wait_marks();
                 let step = self.store.borrow_mut().get(&key);
                 match step {
                     GetStep::Ready(view) => Applied::Now(self.pinned(view)),
@@ -485,7 +489,8 @@ impl Shard {
                         let me = self.clone();
                         let flush = matches!(step, GetStep::WaitForFlush);
                         Applied::Later(Box::pin(async move {
-                            me.get_after_rewarm(key, Some(Waiting::new(flush))).await
+                            me.get_after_rewarm(key, Some(Waiting::new(flush, marks)))
+                                .await
                         }))
                     }
                 }
@@ -615,10 +620,12 @@ impl Shard {
         medium: Option<store::segment::Medium>,
         replicas: u8,
         prot: u16,
+        mut flushes: u64,
     ) -> Reply {
         const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
-            self.flush_done.wait().await;
+            self.flush_done.wait_since(flushes).await;
+            flushes = self.flush_done.generation();
             let step =
                 self.store
                     .borrow_mut()
@@ -636,6 +643,7 @@ impl Shard {
     async fn get_after_rewarm(self: Rc<Self>, key: Box<[u8]>, mut next: Option<Waiting>) -> Reply {
         const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
+            let marks = self.wait_marks();
             let step = match next.take() {
                 Some(Waiting::Job(j)) => {
                     let ok = self.run_job_io(&j).await;
@@ -656,14 +664,15 @@ impl Shard {
                     }
                     self.store.borrow_mut().get_after_rewarm(&key)
                 }
-                Some(Waiting::Rewarm) | None => {
-                    self.rewarm_done.wait().await;
+                Some(Waiting::Rewarm(g)) => {
+                    self.rewarm_done.wait_since(g).await;
                     self.store.borrow_mut().get(&key)
                 }
-                Some(Waiting::Flush) => {
-                    self.flush_done.wait().await;
+                Some(Waiting::Flush(g)) => {
+                    self.flush_done.wait_since(g).await;
                     self.store.borrow_mut().get(&key)
                 }
+                None => self.store.borrow_mut().get(&key),
             };
             self.after_store();
             match step {
@@ -671,12 +680,17 @@ impl Shard {
                 GetStep::NotFound => return Reply::NotFound,
                 GetStep::Failed(m) => return Reply::Refused(m),
                 GetStep::Rewarm(j) => next = Some(Waiting::Job(j)),
-                GetStep::Wait => next = Some(Waiting::Rewarm),
-                GetStep::WaitForFlush => next = Some(Waiting::Flush),
+                GetStep::Wait => next = Some(Waiting::Rewarm(marks.0)),
+                GetStep::WaitForFlush => next = Some(Waiting::Flush(marks.1)),
                 GetStep::ReadDirect(job) => return self.read_direct(job).await,
             }
         }
         Reply::refused("The object kept moving between tiers; retry")
+    }
+
+    /// The (rewarm, flush) event generations, taken before an attempt that may wait.
+    fn wait_marks(&self) -> (u64, u64) {
+        (self.rewarm_done.generation(), self.flush_done.generation())
     }
 
     /// Serves a read from the SSD copy (DRAM had no room to rewarm it).

@@ -369,6 +369,12 @@ impl Client {
                 (k.to_string(), v.trim().to_string())
             })
             .collect();
+        let chunked = headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+        });
+        if chunked && !head_only {
+            return self.read_chunked(status, reason, headers, head_end);
+        }
         let len: usize = if head_only || status == 100 || status == 204 {
             0
         } else {
@@ -376,7 +382,7 @@ impl Client {
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
                 .map(|(_, v)| v.parse().unwrap())
-                .expect("every response has Content-Length")
+                .expect("every response has Content-Length or is chunked")
         };
         while self.buf.len() < head_end + len {
             if self.fill() == 0 {
@@ -392,6 +398,52 @@ impl Client {
             body,
             raw,
         }
+    }
+
+    fn read_chunked(
+        &mut self,
+        status: u16,
+        reason: String,
+        headers: Vec<(String, String)>,
+        head_end: usize,
+    ) -> Response {
+        let mut pos = head_end;
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(i) = self.buf[pos..].windows(2).position(|w| w == b"\r\n") {
+                    break pos + i;
+                }
+                assert!(self.fill() > 0, "connection closed inside a chunked body");
+            };
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&self.buf[pos..line_end]).unwrap(), 16)
+                    .expect("hex chunk size");
+            let data_start = line_end + 2;
+            while self.buf.len() < data_start + size + 2 {
+                assert!(self.fill() > 0, "connection closed inside a chunk");
+            }
+            body.extend_from_slice(&self.buf[data_start..data_start + size]);
+            assert_eq!(&self.buf[data_start + size..data_start + size + 2], b"\r\n");
+            pos = data_start + size + 2;
+            if size == 0 {
+                break;
+            }
+        }
+        let raw: Vec<u8> = self.buf.drain(..pos).collect();
+        Response {
+            status,
+            reason,
+            headers,
+            body,
+            raw,
+        }
+    }
+
+    /// Reads until the server closes the connection (an HTTP/1.0 close-delimited body).
+    pub fn read_to_close(&mut self) -> Vec<u8> {
+        while self.fill() > 0 {}
+        std::mem::take(&mut self.buf)
     }
 
     /// True when the server closed the connection (EOF) within `limit`.

@@ -5,3 +5,4 @@ mod harness;
 
 mod foundation;
 mod lifecycle;
+mod store;

@@ -1407,11 +1407,29 @@ impl Store {
             }
             let (obj, medium, rank) = (b.obj, b.medium, b.rank);
             let size = self.objects[obj as usize].size;
+            let others: SmallVec<[(u32, Medium); 2]> = self.objects[obj as usize]
+                .blobs
+                .iter()
+                .filter(|&&o| o != id && self.blobs[o as usize].state == BlobState::Readable)
+                .map(|&o| (self.blobs[o as usize].rank, self.blobs[o as usize].medium))
+                .collect();
             let mut moved = false;
             if medium.is_memory() {
-                let targets = [Some(medium), medium.lower_tier().filter(|m| m.is_memory())];
-                for target in targets.into_iter().flatten() {
-                    if let Some((nseg, off, alen)) = self.alloc_blob(target, size, &[], Some(rank))
+                // Same medium on a rank without a copy yet; else (when this is the only copy)
+                // the memory tier below.
+                let mut targets: SmallVec<[Medium; 2]> = SmallVec::new();
+                targets.push(medium);
+                if others.is_empty() {
+                    targets.extend(medium.lower_tier().filter(|m| m.is_memory()));
+                }
+                for target in targets {
+                    let avoid: SmallVec<[u32; 2]> = others
+                        .iter()
+                        .filter(|(_, m)| *m == target)
+                        .map(|(r, _)| *r)
+                        .collect();
+                    if let Some((nseg, off, alen)) =
+                        self.alloc_blob(target, size, &avoid, Some(rank))
                     {
                         if self.copy_memory(id, nseg, off, size) {
                             let dst =
