@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # System packages the tests use, installed only when missing (apt-get update first, once).
 need_pkgs=()
 command -v curl >/dev/null || need_pkgs+=(curl)
+# promtool checks the /metrics exposition; a real Prometheus scrapes it.
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 if ((${#need_pkgs[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod ha;
 pub mod http;
+pub mod kv_events;
 pub mod limits;
 pub mod metrics;
 pub mod server;

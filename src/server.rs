@@ -173,6 +173,8 @@ async fn shard_main(
     let front = Front::new(shard.clone(), boot_id);
     monoio::spawn(shard.mailbox());
     monoio::spawn(front.clone().tick());
+    let bus_shard = shard.clone();
+    monoio::spawn(async move { bus_shard.bus.run().await });
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {

@@ -49,6 +49,11 @@ fn main() -> ExitCode {
     // it, so the process exits and lets its supervisor restart it.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        if mmc::metrics::bus::in_subscriber() {
+            // An event-bus subscriber failed: the bus contains and counts it.
+            log::debug!("event bus subscriber panicked: {info}");
+            return;
+        }
         default_hook(info);
         log::error!("fatal: {info}");
         std::process::exit(101);

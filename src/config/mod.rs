@@ -30,6 +30,7 @@ pub struct Config {
     pub shard: ShardConfig,
     pub evict: EvictConfig,
     pub store: StoreKeys,
+    pub metrics: MetricsConfig,
     pub log_level: log::LevelFilter,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
@@ -56,6 +57,14 @@ pub struct ShardConfig {
     pub max_outstanding: u64,
     pub idle_spin_us: u64,
     pub ring_entries: u64,
+}
+
+/// Observability.
+#[derive(Clone, Debug)]
+pub struct MetricsConfig {
+    pub per_rank: bool,
+    pub window_secs: u64,
+    pub bus_capacity: u64,
 }
 
 /// Segments, ranks, leases and the SSD tier.
@@ -277,6 +286,24 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.evict.low_percent = parse_u64_in(v, 0, 99)?
     ),
     key!(
+        "ock.mmc.metrics.per_rank",
+        "false",
+        "Also export per-rank series ({rank=...}) and per-rank /metrics/summary fields.",
+        |c, v| c.metrics.per_rank = parse_bool(v)?
+    ),
+    key!(
+        "ock.mmc.metrics.window_secs",
+        "10",
+        "Sliding window of the bandwidth metrics; a rank with no traffic in it is stale.",
+        |c, v| c.metrics.window_secs = parse_u64_in(v, 1, 60)?
+    ),
+    key!(
+        "ock.mmc.event_bus.queue_capacity",
+        "65536",
+        "Lifecycle events one shard's event bus queues before it drops (and counts) new ones.",
+        |c, v| c.metrics.bus_capacity = parse_u64_in(v, 16, 1 << 24)?
+    ),
+    key!(
         "ock.mmc.log.level",
         "info",
         "Log level: error, warn, info, debug or trace (RUST_LOG overrides it).",
@@ -370,6 +397,11 @@ impl Config {
                 lease_ms: 0,
                 alloc_timeout_ms: 0,
                 run_bytes: 0,
+            },
+            metrics: MetricsConfig {
+                per_rank: false,
+                window_secs: 0,
+                bus_capacity: 0,
             },
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),

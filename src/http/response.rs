@@ -135,6 +135,8 @@ pub struct Response {
     pub no_store: bool,
     /// Close the connection after this response.
     pub close: bool,
+    /// The body is the error envelope (for tracepoints: a bad end).
+    pub failed: bool,
 }
 
 impl Response {
@@ -148,6 +150,7 @@ impl Response {
             www_authenticate: None,
             no_store: true,
             close: false,
+            failed: false,
         }
     }
 
@@ -170,7 +173,9 @@ impl Response {
         w.field_str("error_message", message.as_bytes());
         w.field_u64("timestamp", unix_secs);
         w.end_object();
-        Response::json_scratch(status)
+        let mut r = Response::json_scratch(status);
+        r.failed = true;
+        r
     }
 
     /// The body length, or `None` for a streamed body.

@@ -38,6 +38,10 @@ pub enum Route {
     ObjectsBatchRemove,
     SegmentsMount,
     SegmentsUnmount,
+    Metrics,
+    MetricsSummary,
+    MetricsPtracer,
+    AllocFreeLatency,
 }
 
 pub struct RouteSpec {
@@ -129,6 +133,13 @@ pub static ROUTES: &[RouteSpec] = &[
     post("/api/v1/objects/batch_remove", Route::ObjectsBatchRemove),
     post("/api/v1/segments/mount", Route::SegmentsMount),
     post("/api/v1/segments/unmount", Route::SegmentsUnmount),
+    get("/metrics", Route::Metrics),
+    get("/metrics/summary", Route::MetricsSummary),
+    get("/metrics/ptracer", Route::MetricsPtracer),
+    get(
+        "/api/v1/analysis/alloc_free_latency",
+        Route::AllocFreeLatency,
+    ),
 ];
 
 impl Route {
@@ -182,6 +193,10 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/api/v1/objects/batch_remove" => Route::ObjectsBatchRemove,
         b"/api/v1/segments/mount" => Route::SegmentsMount,
         b"/api/v1/segments/unmount" => Route::SegmentsUnmount,
+        b"/metrics" => Route::Metrics,
+        b"/metrics/summary" => Route::MetricsSummary,
+        b"/metrics/ptracer" => Route::MetricsPtracer,
+        b"/api/v1/analysis/alloc_free_latency" => Route::AllocFreeLatency,
         _ => return None,
     })
 }

@@ -3,8 +3,14 @@
 //! Statistics are kept per shard ([`ShardStats`], atomics written only by their owner) and
 //! summed when read, so recording never contends across cores and a scrape never walks keys.
 
+pub mod bus;
+pub mod client;
 pub mod counter;
+pub mod exposition;
+pub mod hist;
 pub mod store;
+pub mod trace;
+pub mod window;
 
 pub use counter::{Counter, Gauge};
 

@@ -182,7 +182,8 @@ pub enum Reply {
     Overloaded,
     Granted(WriteGrant),
     Read(PinnedBlob),
-    Exists(bool),
+    /// Whether the object is readable (`Some(rank)` of a readable copy).
+    Exists(Option<u32>),
     Query(Box<QueryInfo>),
     /// A page of keys; `next` is the cursor to continue from.
     Keys {

@@ -32,7 +32,13 @@ use hashbrown::HashMap;
 use crate::config::Config;
 use crate::ha::HaView;
 use crate::metrics::ShardStats;
+use crate::metrics::bus::{
+    BusStats, EventBus, LoggingSubscriber, PanickingTestSubscriber, Subscriber,
+    TierMetricsSubscriber, TierStats,
+};
+use crate::metrics::client::ClientStats;
 use crate::metrics::store::StoreStats;
+use crate::metrics::trace::{Tp, Tracer};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
 use event::LocalEvent;
 use metadata::MetadataStore;
@@ -89,10 +95,14 @@ pub struct RemoteShard {
     waker: AtomicWaker,
     pub stats: ShardStats,
     pub store_stats: Arc<StoreStats>,
+    pub tracer: Arc<Tracer>,
+    pub client: ClientStats,
+    pub bus_stats: Arc<BusStats>,
+    pub tier_stats: Arc<TierStats>,
 }
 
 impl RemoteShard {
-    fn new(inbox: usize, outstanding: usize) -> RemoteShard {
+    fn new(inbox: usize, outstanding: usize, started: Instant, window_secs: u64) -> RemoteShard {
         RemoteShard {
             requests: ArrayQueue::new(inbox),
             replies: ArrayQueue::new(outstanding),
@@ -100,6 +110,10 @@ impl RemoteShard {
             waker: AtomicWaker::new(),
             stats: ShardStats::default(),
             store_stats: Arc::new(StoreStats::default()),
+            tracer: Arc::new(Tracer::default()),
+            client: ClientStats::new(started, window_secs),
+            bus_stats: Arc::new(BusStats::default()),
+            tier_stats: Arc::new(TierStats::default()),
         }
     }
 
@@ -126,6 +140,8 @@ pub struct Cluster {
     pub accepting: AtomicUsize,
     /// Set once by the signal handler; shards then stop accepting and drain.
     pub shutting_down: AtomicBool,
+    /// The KV-event publisher's statistics.
+    pub kv_stats: Arc<crate::kv_events::KvEventStats>,
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
@@ -140,9 +156,11 @@ impl Cluster {
         let ha = HaView::standalone(&config.advertise_address);
         let segments = Arc::new(SegmentTable::default());
         store::mount::mount_configured(&config, &segments, shard_count)?;
+        let started = Instant::now();
+        let window = config.metrics.window_secs;
         Ok(Arc::new(Cluster {
             shards: (0..shard_count)
-                .map(|_| RemoteShard::new(inbox, outstanding))
+                .map(|_| RemoteShard::new(inbox, outstanding, started, window))
                 .collect(),
             config,
             ha,
@@ -150,7 +168,8 @@ impl Cluster {
             accepting: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
-            started: Instant::now(),
+            kv_stats: Arc::new(crate::kv_events::KvEventStats::default()),
+            started,
         }))
     }
 
@@ -290,6 +309,10 @@ pub struct Shard {
     flush_done: LocalEvent,
     /// Notified when a rewarm lands (readers of the object retry then).
     rewarm_done: LocalEvent,
+    /// Lifecycle events for the observability subscribers.
+    pub bus: EventBus,
+    /// Reused buffer for the store's events.
+    event_buf: RefCell<Vec<crate::metrics::bus::Event>>,
     /// Requests sent to other shards whose reply has not been consumed, by request id. A
     /// requester that gives up (its connection closed) removes its slot; the late reply is
     /// then dropped on arrival (and whatever it holds releases itself).
@@ -307,12 +330,28 @@ impl Shard {
     pub fn new(id: ShardId, cluster: Arc<Cluster>, uring: bool) -> Rc<Shard> {
         let shards = cluster.shard_count() as u64;
         let metadata_budget = cluster.config.metadata.max_total_bytes.div_ceil(shards);
+        let remote = &cluster.shards[id];
         let store = Store::new(
             id,
             cluster.store_config(),
             cluster.segments.clone(),
-            cluster.shards[id].store_stats.clone(),
+            remote.store_stats.clone(),
+            remote.tracer.clone(),
             cluster.started,
+        );
+        let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
+            Box::new(TierMetricsSubscriber {
+                stats: remote.tier_stats.clone(),
+            }),
+            Box::new(LoggingSubscriber { shard: id }),
+        ];
+        if std::env::var_os("MMC_TEST_PANICKING_SUBSCRIBER").is_some() {
+            subscribers.push(Box::new(PanickingTestSubscriber));
+        }
+        let bus = EventBus::new(
+            cluster.config.metrics.bus_capacity as usize,
+            remote.bus_stats.clone(),
+            subscribers,
         );
         Rc::new(Shard {
             id,
@@ -322,6 +361,8 @@ impl Shard {
             ssd: SsdIo::new(uring),
             flush_done: LocalEvent::default(),
             rewarm_done: LocalEvent::default(),
+            bus,
+            event_buf: RefCell::new(Vec::new()),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
@@ -646,12 +687,12 @@ impl Shard {
             let marks = self.wait_marks();
             let step = match next.take() {
                 Some(Waiting::Job(j)) => {
-                    let ok = self.run_job_io(&j).await;
+                    let (ok, micros) = self.timed_job_io(&j).await;
                     let rank = match &j {
                         IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
                         IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
                     };
-                    self.store.borrow_mut().finish_rewarm(&j, ok);
+                    self.store.borrow_mut().finish_rewarm(&j, ok, micros);
                     self.after_store();
                     self.rewarm_done.notify_all();
                     if !ok {
@@ -723,34 +764,55 @@ impl Shard {
         Reply::refused("Blobs on the segment stayed in use; unmount incomplete")
     }
 
-    /// Starts the store's pending I/O jobs.
+    /// Starts the store's pending I/O jobs and hands its events to their consumers.
     fn after_store(self: &Rc<Self>) {
         let jobs = self.store.borrow_mut().take_jobs();
         for job in jobs {
             self.spawn_job(job);
         }
-        // Store events feed the KV-event publisher and the event bus (wired by their
-        // modules); without subscribers they are dropped here.
-        let _ = self.store.borrow_mut().take_events();
+        // Swap the store's event buffer with ours, so neither allocates per operation.
+        let mut events = std::mem::take(&mut *self.event_buf.borrow_mut());
+        self.store.borrow_mut().swap_events(&mut events);
+        if !events.is_empty() {
+            let now = self.cluster.started.elapsed().as_millis() as u64;
+            for ev in events.drain(..) {
+                self.bus.publish(now, ev);
+            }
+        }
+        *self.event_buf.borrow_mut() = events;
     }
 
     fn spawn_job(self: &Rc<Self>, job: IoJob) {
         let me = self.clone();
         monoio::spawn(async move {
-            let ok = me.run_job_io(&job).await;
+            let (ok, micros) = me.timed_job_io(&job).await;
             match &job {
                 IoJob::Flush { .. } => {
-                    me.store.borrow_mut().finish_flush(&job, ok);
+                    me.store.borrow_mut().finish_flush(&job, ok, micros);
                     me.flush_done.notify_all();
                 }
                 IoJob::Rewarm { .. } => {
-                    me.store.borrow_mut().finish_rewarm(&job, ok);
+                    me.store.borrow_mut().finish_rewarm(&job, ok, micros);
                     me.rewarm_done.notify_all();
                 }
                 IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, ok),
             }
             me.after_store();
         });
+    }
+
+    /// Runs a job's I/O under its tracepoint; returns success and the time it took.
+    async fn timed_job_io(&self, job: &IoJob) -> (bool, u64) {
+        let tp = match job {
+            IoJob::Flush { .. } => Tp::Flush,
+            IoJob::Rewarm { .. } | IoJob::ReadSsd { .. } => Tp::Rewarm,
+        };
+        let span = self.remote().tracer.begin(tp);
+        let start = Instant::now();
+        let ok = self.run_job_io(job).await;
+        let micros = start.elapsed().as_micros() as u64;
+        span.end(ok);
+        (ok, micros)
     }
 
     /// The I/O of a job: memory → SSD file for a flush, SSD file → DRAM for a rewarm.

@@ -210,7 +210,7 @@ impl Drop for Server {
             self.log()
         );
         let log = self.log();
-        assert!(!log.contains("panicked"), "server panicked; log:\n{log}");
+        assert!(!log.contains("panicked at"), "server panicked; log:\n{log}");
     }
 }
 
@@ -279,6 +279,17 @@ pub struct Client {
 }
 
 impl Client {
+    pub fn try_connect(addr: SocketAddr) -> Option<Client> {
+        let stream = TcpStream::connect(addr).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Some(Client {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream

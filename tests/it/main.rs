@@ -5,4 +5,5 @@ mod harness;
 
 mod foundation;
 mod lifecycle;
+mod observability;
 mod store;

@@ -9,6 +9,7 @@ pub mod keys_stream {
 mod memory;
 mod meta;
 mod objects;
+mod scrape;
 mod segments;
 
 use std::borrow::Cow;
@@ -20,6 +21,7 @@ use super::response::{Response, Status};
 use super::router::Route;
 use crate::config::Config;
 use crate::limits::MAX_KEY_BYTES;
+use crate::metrics::trace::Tp;
 use crate::shards::store::keys as object_keys;
 use crate::shards::{Reply, Shard};
 
@@ -90,7 +92,40 @@ impl Ctx<'_> {
     }
 }
 
+/// The tracepoint a request runs under (coordinator side; owners trace their own steps).
+fn tracepoint(route: Route, method: Method) -> Option<Tp> {
+    Some(match (route, method) {
+        (Route::Objects, Method::Put) => Tp::Put,
+        (Route::Objects, Method::Get | Method::Head) => Tp::Get,
+        (Route::Objects | Route::Key, Method::Delete) => Tp::Remove,
+        (Route::ObjectsExist, _) => Tp::Exist,
+        (Route::ObjectsBatchPut, _) => Tp::BatchPut,
+        (Route::ObjectsBatchGet, _) => Tp::BatchGet,
+        (Route::ObjectsBatchExist, _) => Tp::BatchExist,
+        (Route::ObjectsBatchRemove, _) => Tp::BatchRemove,
+        (Route::AllKeys, _) => Tp::RemoveAll,
+        (Route::QueryKey, _) => Tp::Query,
+        (Route::BatchQueryKeys, _) => Tp::BatchQuery,
+        (Route::GetAllKeys, _) => Tp::GetAllKeys,
+        (Route::SegmentsMount, _) => Tp::Mount,
+        (Route::SegmentsUnmount, _) => Tp::Unmount,
+        (Route::MemoryEvict, _) => Tp::MemoryEvict,
+        (Route::MemoryPrefetch, _) => Tp::MemoryPrefetch,
+        _ => return None,
+    })
+}
+
 pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let shard: &Rc<Shard> = ctx.shard;
+    let span = tracepoint(req.route, req.head.method).map(|tp| shard.remote().tracer.begin(tp));
+    let resp = route(req, ctx).await;
+    if let Some(span) = span {
+        span.end(!resp.failed);
+    }
+    resp
+}
+
+async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     match req.route {
         Route::Metadata => meta::metadata(req, ctx).await,
         Route::Health => meta::health(ctx),
@@ -123,6 +158,10 @@ pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ObjectsBatchRemove => objects::batch_remove(req, ctx).await,
         Route::SegmentsMount => segments::mount(req, ctx).await,
         Route::SegmentsUnmount => segments::unmount(req, ctx).await,
+        Route::Metrics => scrape::metrics(ctx),
+        Route::MetricsSummary => scrape::summary(ctx),
+        Route::MetricsPtracer => scrape::ptracer(ctx, false),
+        Route::AllocFreeLatency => scrape::ptracer(ctx, true),
     }
 }
 

@@ -11,12 +11,15 @@
 //! - `GET /api/v1/objects/batch_get?keys=a,b`: the body is, per key in order, an 8-byte
 //!   big-endian length and that many bytes; a missing key has length `u64::MAX` and no bytes.
 
+use std::time::Instant;
+
 use bytes::Bytes;
 
 use super::{Ctx, Request, check_object_key, list_param, object_key, optional, parse_uint};
 use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
+use crate::metrics::client::ClientOp;
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, MAX_REPLICAS};
@@ -93,18 +96,34 @@ fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
     Response::json_scratch(Status::OK)
 }
 
+/// Records a data-plane operation in the client bandwidth metrics.
+fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, start: Instant) {
+    let micros = start.elapsed().as_micros() as u64;
+    ctx.shard.remote().client.record(rank, op, bytes, micros);
+}
+
 pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let start = Instant::now();
     let key = match object_key(req, ctx, "key") {
         Ok(k) => k,
         Err(r) => return r,
     };
     match req.head.method {
         Method::Get | Method::Head => match ctx.shard.execute(Command::Get { key }).await {
-            Reply::Read(pinned) => Response::new(
-                Status::OK,
-                ContentType::OctetStream,
-                Body::Parts(vec![Part::Blob(pinned)]),
-            ),
+            Reply::Read(pinned) => {
+                client(
+                    ctx,
+                    pinned.view.seg.rank,
+                    ClientOp::BatchGet,
+                    pinned.view.len,
+                    start,
+                );
+                Response::new(
+                    Status::OK,
+                    ContentType::OctetStream,
+                    Body::Parts(vec![Part::Blob(pinned)]),
+                )
+            }
             Reply::Value(bytes) => {
                 Response::new(Status::OK, ContentType::OctetStream, Body::Bytes(bytes))
             }
@@ -127,6 +146,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 Reply::Granted(g) => g,
                 other => return ctx.reply_error(other, "Key not found"),
             };
+            let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
             if let Err(e) = write_blobs(&grant.blobs, req.body) {
                 log::error!("writing {} bytes for a put failed: {e}", req.body.len());
                 commit(ctx, key, grant, false).await;
@@ -134,7 +154,10 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                     .business_error("Write failed: could not copy the object into its segment");
             }
             match commit(ctx, key.clone(), grant, true).await {
-                Reply::Done => put_success(ctx, &key, size),
+                Reply::Done => {
+                    client(ctx, rank, ClientOp::BatchPut, size, start);
+                    put_success(ctx, &key, size)
+                }
                 Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
                 other => ctx.reply_error(other, "Key not found"),
             }
@@ -156,12 +179,17 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let start = Instant::now();
     let key = match object_key(req, ctx, "key") {
         Ok(k) => k,
         Err(r) => return r,
     };
     match ctx.shard.execute(Command::Exist { key }).await {
         Reply::Exists(found) => {
+            if let Some(rank) = found {
+                client(ctx, rank, ClientOp::BatchExist, 0, start);
+            }
+            let found = found.is_some();
             ctx.scratch.clear();
             let mut w = JsonWriter::new(ctx.scratch);
             w.begin_object();
@@ -187,7 +215,7 @@ fn outcome_of(r: &Reply) -> Outcome {
     match r {
         Reply::NotFound => Outcome::NotFound,
         Reply::Refused(_) | Reply::Overloaded => Outcome::Failure,
-        Reply::Exists(false) => Outcome::NotFound,
+        Reply::Exists(None) => Outcome::NotFound,
         _ => Outcome::Success,
     }
 }
@@ -235,6 +263,7 @@ fn reply_message(r: &Reply, not_found: &str) -> String {
 }
 
 pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let start = Instant::now();
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
@@ -330,9 +359,17 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             Outcome::of_batch(replies.iter().map(outcome_of)),
             None,
         );
+        let rank = grants
+            .first()
+            .and_then(|(_, g, _)| g.blobs.first())
+            .map(|b| b.seg.rank);
+        let mut stored = 0;
         for ((i, mut g, ok), r) in grants.into_iter().zip(replies) {
             if !matches!(r, Reply::Overloaded) {
                 g.disarm();
+            }
+            if ok && matches!(r, Reply::Done) {
+                stored += sizes[i];
             }
             if ok && !matches!(r, Reply::Done) {
                 results[i] = Err(reply_message(
@@ -341,11 +378,15 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 ));
             }
         }
+        if let Some(rank) = rank {
+            client(ctx, rank, ClientOp::BatchPut, stored, start);
+        }
     }
     batch_results(ctx, &keys, &results)
 }
 
 pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let start = Instant::now();
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
@@ -361,15 +402,22 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         return ctx.overloaded();
     }
     let mut parts = Vec::with_capacity(keys.len() * 2);
+    let rank = replies.iter().find_map(|r| match r {
+        Reply::Read(p) => Some(p.view.seg.rank),
+        _ => None,
+    });
+    let mut bytes = 0;
     for r in replies {
         match r {
             Reply::Read(p) => {
+                bytes += p.view.len;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &p.view.len.to_be_bytes(),
                 )));
                 parts.push(Part::Blob(p));
             }
             Reply::Value(b) => {
+                bytes += b.len() as u64;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &(b.len() as u64).to_be_bytes(),
                 )));
@@ -378,10 +426,14 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             _ => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
         }
     }
+    if let Some(rank) = rank {
+        client(ctx, rank, ClientOp::BatchGet, bytes, start);
+    }
     Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts))
 }
 
 pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let start = Instant::now();
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
@@ -399,13 +451,19 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
+    if let Some(rank) = replies.iter().find_map(|r| match r {
+        Reply::Exists(r) => *r,
+        _ => None,
+    }) {
+        client(ctx, rank, ClientOp::BatchExist, 0, start);
+    }
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
     w.begin_object();
     w.field_bool("success", true);
     w.begin_array_field("exists");
     for r in &replies {
-        w.value_bool(matches!(r, Reply::Exists(true)));
+        w.value_bool(matches!(r, Reply::Exists(Some(_))));
     }
     w.end_array();
     w.end_object();

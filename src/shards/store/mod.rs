@@ -30,7 +30,9 @@ use hashbrown::HashTable;
 use slab::Slab;
 use smallvec::SmallVec;
 
+use crate::metrics::bus::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
+use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};
 use segment::{Medium, Segment, SegmentId, SegmentTable, ShardSegment};
 
@@ -127,38 +129,6 @@ pub struct BlobInfo {
     pub lease_ttl_ms: u64,
 }
 
-/// A store-level change that KV-event subscribers and the event bus care about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreEvent {
-    /// The object became readable on a medium.
-    Stored {
-        key: Box<[u8]>,
-        medium: Medium,
-        size: u64,
-    },
-    /// The object left a medium.
-    Removed {
-        key: Box<[u8]>,
-        medium: Medium,
-        size: u64,
-    },
-    /// Every object was removed.
-    Cleared,
-    /// A blob moved down a tier or was dropped by eviction.
-    Evicted {
-        medium: Medium,
-        bytes: u64,
-        lifetime_ms: u64,
-        idle_ms: u64,
-    },
-    Flushed {
-        bytes: u64,
-    },
-    Rewarmed {
-        bytes: u64,
-    },
-}
-
 /// Asynchronous work the shard runs for the store.
 #[derive(Debug)]
 pub enum IoJob {
@@ -169,8 +139,9 @@ pub enum IoJob {
         src_view: BlobView,
         dst_view: BlobView,
     },
-    /// Copy an SSD blob into a DRAM blob (ALLOCATED) for a reader.
+    /// Copy an SSD blob into a DRAM blob (ALLOCATED) for a reader or a prefetch.
     Rewarm {
+        prefetch: bool,
         obj: ObjHandle,
         src: BlobHandle,
         dst: BlobHandle,
@@ -241,9 +212,10 @@ pub struct Store {
     next_tag: u64,
     zombies: Vec<u32>,
     jobs: Vec<IoJob>,
-    events: Vec<StoreEvent>,
+    events: Vec<Event>,
     flushes_in_flight: usize,
     stats: Arc<StoreStats>,
+    tracer: Arc<Tracer>,
     clock: Instant,
 }
 
@@ -257,6 +229,7 @@ impl Store {
         cfg: StoreConfig,
         table: Arc<SegmentTable>,
         stats: Arc<StoreStats>,
+        tracer: Arc<Tracer>,
         clock: Instant,
     ) -> Store {
         let mut s = Store {
@@ -277,6 +250,7 @@ impl Store {
             events: Vec::new(),
             flushes_in_flight: 0,
             stats,
+            tracer,
             clock,
         };
         s.refresh_segments();
@@ -300,8 +274,9 @@ impl Store {
         std::mem::take(&mut self.jobs)
     }
 
-    pub fn take_events(&mut self) -> Vec<StoreEvent> {
-        std::mem::take(&mut self.events)
+    /// Exchanges the store's event buffer with `other` (which should be empty).
+    pub fn swap_events(&mut self, other: &mut Vec<Event>) {
+        std::mem::swap(&mut self.events, other);
     }
 
     /// Adopts mounted segments this shard has not seen yet.
@@ -496,8 +471,8 @@ impl Store {
             self.objects[obj as usize].blobs.retain(|&mut x| x != id);
             if was_on_medium && !self.has_readable_on(obj, medium) {
                 let o = &self.objects[obj as usize];
-                self.events.push(StoreEvent::Removed {
-                    key: o.key.clone(),
+                self.events.push(Event::Removed {
+                    chunk: o.chunk,
                     medium,
                     size: o.size,
                 });
@@ -552,8 +527,8 @@ impl Store {
         }
         if !was_on_medium {
             let o = &self.objects[obj as usize];
-            self.events.push(StoreEvent::Stored {
-                key: o.key.clone(),
+            self.events.push(Event::Stored {
+                chunk: o.chunk,
                 medium,
                 size: o.size,
             });
@@ -565,6 +540,21 @@ impl Store {
     /// Allocates `replicas` blobs for a new object (state ALLOCATED) after evicting if the
     /// medium is above its high watermark.
     pub fn alloc(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+        prot: u16,
+    ) -> AllocStep {
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::Alloc);
+        let step = self.alloc_inner(key, size, medium, replicas, prot);
+        span.end(!matches!(step, AllocStep::Refused(_)));
+        step
+    }
+
+    fn alloc_inner(
         &mut self,
         key: Box<[u8]>,
         size: u64,
@@ -693,6 +683,14 @@ impl Store {
     /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
     /// dropped (a failed write). NotFound when the object was removed meanwhile.
     pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::UpdateState);
+        let reply = self.commit_inner(obj, ok);
+        span.end(matches!(reply, crate::shards::Reply::Done));
+        reply
+    }
+
+    fn commit_inner(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
         use crate::shards::Reply;
         let now = self.now_ms();
         let live = self
@@ -772,6 +770,10 @@ impl Store {
             } else {
                 self.stats.tier(rank, |t| t.get_hits_dram.inc());
             }
+            self.events.push(Event::Read {
+                medium,
+                bytes: self.objects[obj as usize].size,
+            });
             let size = self.objects[obj as usize].size;
             return GetStep::Ready(self.view(blob, size));
         }
@@ -779,7 +781,7 @@ impl Store {
         if self.objects[obj as usize].rewarming {
             return GetStep::Wait;
         }
-        match self.start_rewarm(obj, blob, now) {
+        match self.start_rewarm(obj, blob, now, false) {
             Some(job) => GetStep::Rewarm(job),
             None if self.flushes_in_flight > 0 => GetStep::WaitForFlush,
             None => {
@@ -813,7 +815,7 @@ impl Store {
     }
 
     /// Allocates a DRAM blob for an SSD blob and returns the job that copies it.
-    fn start_rewarm(&mut self, obj: u32, ssd_blob: u32, now: u64) -> Option<IoJob> {
+    fn start_rewarm(&mut self, obj: u32, ssd_blob: u32, now: u64, prefetch: bool) -> Option<IoJob> {
         let size = self.objects[obj as usize].size;
         let rank = self.blobs[ssd_blob as usize].rank;
         self.evict_for(Medium::Dram, size, now);
@@ -830,7 +832,12 @@ impl Store {
         self.blobs[ssd_blob as usize].pins += 1;
         self.objects[obj as usize].rewarming = true;
         let generation = self.objects[obj as usize].generation;
+        self.events.push(Event::RewarmStarted {
+            bytes: size,
+            prefetch,
+        });
         Some(IoJob::Rewarm {
+            prefetch,
             obj: ObjHandle {
                 id: obj,
                 generation,
@@ -848,12 +855,27 @@ impl Store {
         })
     }
 
-    /// Finishes a rewarm: the DRAM copy becomes readable, or is dropped on failure.
-    pub fn finish_rewarm(&mut self, job: &IoJob, ok: bool) {
-        let IoJob::Rewarm { obj, src, dst, .. } = job else {
+    /// Finishes a rewarm (its I/O took `micros`): the DRAM copy becomes readable, or is
+    /// dropped on failure.
+    pub fn finish_rewarm(&mut self, job: &IoJob, ok: bool, micros: u64) {
+        let IoJob::Rewarm {
+            obj,
+            src,
+            dst,
+            prefetch,
+            src_view,
+            ..
+        } = job
+        else {
             return;
         };
         let now = self.now_ms();
+        self.events.push(Event::Rewarmed {
+            bytes: src_view.len,
+            ok,
+            micros,
+            prefetch: *prefetch,
+        });
         self.unpin(*src);
         let live = self
             .objects
@@ -875,7 +897,6 @@ impl Store {
                 t.rewarm_bytes.add(size);
                 t.rewarm_bytes_current.add(len as i64);
             });
-            self.events.push(StoreEvent::Rewarmed { bytes: size });
             self.make_readable(dst.id, now);
         } else {
             if !ok {
@@ -903,15 +924,23 @@ impl Store {
 
     // ----- exist, query, remove, list -----
 
-    pub fn exists(&mut self, key: &[u8]) -> bool {
-        let found = self.find(key).is_some_and(|o| self.object_readable(o));
-        let outcome = if found {
+    /// Whether the object is readable: the rank of its first readable copy.
+    pub fn exists(&mut self, key: &[u8]) -> Option<u32> {
+        let rank = self.find(key).and_then(|o| {
+            self.objects[o as usize]
+                .blobs
+                .iter()
+                .map(|&b| &self.blobs[b as usize])
+                .find(|b| b.state == BlobState::Readable)
+                .map(|b| b.rank)
+        });
+        let outcome = if rank.is_some() {
             Outcome::Success
         } else {
             Outcome::NotFound
         };
-        self.stats.record(Op::ExistKey, outcome, None);
-        found
+        self.stats.record(Op::ExistKey, outcome, rank);
+        rank
     }
 
     /// The object as `/query_key` shows it (counted as a query).
@@ -975,9 +1004,8 @@ impl Store {
         for id in ids {
             self.remove_object(id, now);
         }
-        self.events
-            .retain(|e| !matches!(e, StoreEvent::Removed { .. }));
-        self.events.push(StoreEvent::Cleared);
+        self.events.retain(|e| !matches!(e, Event::Removed { .. }));
+        self.events.push(Event::Cleared);
         n
     }
 
@@ -1035,6 +1063,8 @@ impl Store {
         } else {
             (excess as u128 * mine as u128 / used as u128) as u64
         };
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::Evict);
         self.stats.evict_running.set(1);
         let mut freed = 0;
         let mut scanned = 0;
@@ -1058,6 +1088,7 @@ impl Store {
         }
         let _ = scanned;
         self.stats.evict_running.set(0);
+        span.end(freed >= target);
     }
 
     /// Eviction when an allocation found no room: evicts least recently used blobs of the
@@ -1097,7 +1128,7 @@ impl Store {
         let size = self.objects[obj as usize].size;
         let lifetime = now.saturating_sub(self.objects[obj as usize].created_ms);
         self.stats.tier(rank, |t| t.evict.inc());
-        self.events.push(StoreEvent::Evicted {
+        self.events.push(Event::Evicted {
             medium,
             bytes: size,
             lifetime_ms: lifetime,
@@ -1127,6 +1158,7 @@ impl Store {
                     self.blobs[id as usize].flushing = true;
                     self.flushes_in_flight += 1;
                     self.stats.flush_in_flight_bytes.add(size as i64);
+                    self.events.push(Event::FlushStarted { bytes: size });
                     self.jobs.push(IoJob::Flush {
                         src: BlobHandle {
                             id,
@@ -1209,7 +1241,7 @@ impl Store {
 
     /// Finishes a flush: on success the SSD copy replaces the memory copy; on failure the SSD
     /// allocation is released and the memory copy stays (nothing acknowledged is lost).
-    pub fn finish_flush(&mut self, job: &IoJob, ok: bool) {
+    pub fn finish_flush(&mut self, job: &IoJob, ok: bool, micros: u64) {
         let IoJob::Flush { src, dst, .. } = job else {
             return;
         };
@@ -1217,6 +1249,11 @@ impl Store {
         self.flushes_in_flight -= 1;
         let src_live = self.blob_by_handle(*src).is_some();
         let size = job_size(job);
+        self.events.push(Event::Flushed {
+            bytes: size,
+            ok,
+            micros,
+        });
         self.stats.flush_in_flight_bytes.add(-(size as i64));
         if src_live {
             self.blobs[src.id as usize].flushing = false;
@@ -1232,7 +1269,6 @@ impl Store {
                 t.flush_blobs.inc();
                 t.flush_bytes.add(size);
             });
-            self.events.push(StoreEvent::Flushed { bytes: size });
             self.make_readable(dst.id, now);
             if src_live && self.blobs[src.id as usize].obj != NIL {
                 self.detach_blob(src.id, now);
@@ -1376,7 +1412,7 @@ impl Store {
                 r.state == BlobState::Readable && r.medium == Medium::Ssd
             });
             if let Some(b) = ssd {
-                if let Some(job) = self.start_rewarm(obj, b, now) {
+                if let Some(job) = self.start_rewarm(obj, b, now, true) {
                     jobs.push(job);
                 }
             }

@@ -37,10 +37,9 @@ pub fn build_segment(
         }
         Medium::Ssd => {
             let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
-            Backend::File(
-                SsdFile::create(dir, rank, size)
-                    .map_err(|e| format!("cannot create the SSD file for {name} in {dir}: {e}"))?,
-            )
+            Backend::File(Box::new(SsdFile::create(dir, rank, size).map_err(|e| {
+                format!("cannot create the SSD file for {name} in {dir}: {e}")
+            })?))
         }
     };
     Ok(Arc::new(Segment::new(

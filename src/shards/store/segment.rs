@@ -87,7 +87,7 @@ pub enum Backend {
     /// Accelerator memory: copied in and out through the device interface.
     Device(Box<dyn DeviceMemory>),
     /// A file on a local disk, accessed asynchronously through the shard's io driver.
-    File(SsdFile),
+    File(Box<SsdFile>),
 }
 
 impl Backend {

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::segment::{Segment, SegmentId};
+use crate::metrics::window::RateWindow;
 
 /// A buffer for file I/O that is either owned or a view into a segment's host memory (so a
 /// DRAM blob is flushed and rewarmed without an extra copy). Moves between threads with its
@@ -191,6 +192,9 @@ pub struct SsdFile {
     pub bytes_written: AtomicU64,
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Bytes read and written per second, for the disk bandwidth gauges.
+    pub read_window: RateWindow,
+    pub write_window: RateWindow,
     /// 0 normal; else the errno of the last failed operation (cleared by the next success).
     status: AtomicU8,
     logged: Mutex<HashSet<(IoOp, i32)>>,
@@ -216,6 +220,8 @@ impl SsdFile {
             bytes_written: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
+            read_window: RateWindow::new(std::time::Instant::now()),
+            write_window: RateWindow::new(std::time::Instant::now()),
             status: AtomicU8::new(0),
             logged: Mutex::new(HashSet::new()),
         })
@@ -232,12 +238,13 @@ impl SsdFile {
     fn record(&self, op: IoOp, res: &io::Result<()>, bytes: usize) {
         match res {
             Ok(()) => {
-                let c = if op == IoOp::Read {
-                    &self.bytes_read
+                let (c, w) = if op == IoOp::Read {
+                    (&self.bytes_read, &self.read_window)
                 } else {
-                    &self.bytes_written
+                    (&self.bytes_written, &self.write_window)
                 };
                 c.fetch_add(bytes as u64, Relaxed);
+                w.add(bytes as u64);
                 self.status.store(0, Relaxed);
             }
             Err(e) => {

@@ -1,0 +1,353 @@
+//! ptracer: a tracepoint per meta operation, counting BEGIN, GOOD_END and BAD_END, with the
+//! latency of every end in a per-shard HDR histogram (nanoseconds, 3 significant digits).
+//! `/metrics/ptracer` merges the shards' histograms when it is read.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tp {
+    Put,
+    BatchPut,
+    Get,
+    BatchGet,
+    Alloc,
+    BatchAlloc,
+    UpdateState,
+    BatchUpdateState,
+    Remove,
+    BatchRemove,
+    RemoveAll,
+    Exist,
+    BatchExist,
+    Query,
+    BatchQuery,
+    GetAllKeys,
+    Mount,
+    Unmount,
+    Evict,
+    Flush,
+    Rewarm,
+    MemoryEvict,
+    MemoryPrefetch,
+}
+
+impl Tp {
+    pub const ALL: [Tp; 23] = [
+        Tp::Put,
+        Tp::BatchPut,
+        Tp::Get,
+        Tp::BatchGet,
+        Tp::Alloc,
+        Tp::BatchAlloc,
+        Tp::UpdateState,
+        Tp::BatchUpdateState,
+        Tp::Remove,
+        Tp::BatchRemove,
+        Tp::RemoveAll,
+        Tp::Exist,
+        Tp::BatchExist,
+        Tp::Query,
+        Tp::BatchQuery,
+        Tp::GetAllKeys,
+        Tp::Mount,
+        Tp::Unmount,
+        Tp::Evict,
+        Tp::Flush,
+        Tp::Rewarm,
+        Tp::MemoryEvict,
+        Tp::MemoryPrefetch,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tp::Put => "TP_MMC_META_PUT",
+            Tp::BatchPut => "TP_MMC_META_BATCH_PUT",
+            Tp::Get => "TP_MMC_META_GET",
+            Tp::BatchGet => "TP_MMC_META_BATCH_GET",
+            Tp::Alloc => "TP_MMC_META_ALLOC",
+            Tp::BatchAlloc => "TP_MMC_META_BATCH_ALLOC",
+            Tp::UpdateState => "TP_MMC_META_UPDATE_STATE",
+            Tp::BatchUpdateState => "TP_MMC_META_BATCH_UPDATE_STATE",
+            Tp::Remove => "TP_MMC_META_REMOVE",
+            Tp::BatchRemove => "TP_MMC_META_BATCH_REMOVE",
+            Tp::RemoveAll => "TP_MMC_META_REMOVE_ALL",
+            Tp::Exist => "TP_MMC_META_EXIST",
+            Tp::BatchExist => "TP_MMC_META_BATCH_EXIST",
+            Tp::Query => "TP_MMC_META_QUERY",
+            Tp::BatchQuery => "TP_MMC_META_BATCH_QUERY",
+            Tp::GetAllKeys => "TP_MMC_META_GET_ALL_KEYS",
+            Tp::Mount => "TP_MMC_META_MOUNT",
+            Tp::Unmount => "TP_MMC_META_UNMOUNT",
+            Tp::Evict => "TP_MMC_META_EVICT",
+            Tp::Flush => "TP_MMC_META_FLUSH",
+            Tp::Rewarm => "TP_MMC_META_REWARM",
+            Tp::MemoryEvict => "TP_MMC_META_MEMORY_EVICT",
+            Tp::MemoryPrefetch => "TP_MMC_META_MEMORY_PREFETCH",
+        }
+    }
+}
+
+/// The most a latency sample may be (longer ones are clamped): one hour.
+const MAX_NS: u64 = 3_600_000_000_000;
+
+struct Point {
+    begin: AtomicU64,
+    good: AtomicU64,
+    bad: AtomicU64,
+    /// Recorded only by the owning shard; the lock is uncontended except while a scrape
+    /// copies it.
+    latency_ns: Mutex<Histogram<u64>>,
+}
+
+/// One shard's tracepoints.
+pub struct Tracer {
+    points: Box<[Point]>,
+}
+
+impl Default for Tracer {
+    fn default() -> Self {
+        Tracer {
+            points: Tp::ALL
+                .iter()
+                .map(|_| Point {
+                    begin: AtomicU64::new(0),
+                    good: AtomicU64::new(0),
+                    bad: AtomicU64::new(0),
+                    latency_ns: Mutex::new(
+                        Histogram::new_with_bounds(1, MAX_NS, 3).expect("valid histogram bounds"),
+                    ),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Relaxed) + 1, Relaxed);
+}
+
+impl Tracer {
+    /// Starts a span. Only the owning shard calls this.
+    pub fn begin(&self, tp: Tp) -> Span<'_> {
+        bump(&self.points[tp as usize].begin);
+        Span {
+            tracer: self,
+            tp,
+            start: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn end(&self, tp: Tp, start: Instant, ok: bool) {
+        let p = &self.points[tp as usize];
+        bump(if ok { &p.good } else { &p.bad });
+        let ns = (start.elapsed().as_nanos() as u64).clamp(1, MAX_NS);
+        if let Ok(mut h) = p.latency_ns.lock() {
+            let _ = h.record(ns);
+        }
+    }
+}
+
+/// A running operation; ends as good or bad, and as bad if dropped (a cancelled request).
+pub struct Span<'a> {
+    tracer: &'a Tracer,
+    tp: Tp,
+    start: Instant,
+    done: bool,
+}
+
+impl Span<'_> {
+    pub fn end(mut self, ok: bool) {
+        self.done = true;
+        self.tracer.end(self.tp, self.start, ok);
+    }
+}
+
+impl Drop for Span<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.tracer.end(self.tp, self.start, false);
+        }
+    }
+}
+
+/// One tracepoint summed over shards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointSnapshot {
+    pub tp: Tp,
+    pub begin: u64,
+    pub good_end: u64,
+    pub bad_end: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub avg_us: f64,
+    pub max_us: f64,
+}
+
+impl PointSnapshot {
+    pub fn on_fly(&self) -> u64 {
+        self.begin.saturating_sub(self.good_end + self.bad_end)
+    }
+}
+
+/// Merges the shards' tracepoints; only tracepoints that have been hit are returned.
+pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<PointSnapshot> {
+    let mut out = Vec::new();
+    for tp in Tp::ALL {
+        let i = tp as usize;
+        let (mut begin, mut good, mut bad) = (0, 0, 0);
+        let mut merged: Option<Histogram<u64>> = None;
+        for t in tracers.clone() {
+            let p = &t.points[i];
+            begin += p.begin.load(Relaxed);
+            good += p.good.load(Relaxed);
+            bad += p.bad.load(Relaxed);
+            if let Ok(h) = p.latency_ns.lock() {
+                if !h.is_empty() {
+                    match &mut merged {
+                        Some(m) => {
+                            let _ = m.add(&*h);
+                        }
+                        None => merged = Some(h.clone()),
+                    }
+                }
+            }
+        }
+        if begin == 0 {
+            continue;
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let (p50, p99, p999, avg, max) = match &merged {
+            Some(h) => (
+                us(h.value_at_quantile(0.5)),
+                us(h.value_at_quantile(0.99)),
+                us(h.value_at_quantile(0.999)),
+                h.mean() / 1000.0,
+                us(h.max()),
+            ),
+            None => (0.0, 0.0, 0.0, 0.0, 0.0),
+        };
+        out.push(PointSnapshot {
+            tp,
+            begin,
+            good_end: good,
+            bad_end: bad,
+            p50_us: p50,
+            p99_us: p99,
+            p999_us: p999,
+            avg_us: avg,
+            max_us: max,
+        });
+    }
+    out
+}
+
+/// The ptracer table: the seed's header and fixed-width rows (TIME 23 wide, NAME 40, each
+/// number 15; the last column unpadded). `filter` selects rows.
+pub fn render(points: &[PointSnapshot], time: &str, filter: impl Fn(Tp) -> bool) -> String {
+    let mut out = format!(
+        "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{}\n",
+        "TIME",
+        "NAME",
+        "BEGIN",
+        "GOOD_END",
+        "BAD_END",
+        "ON_FLY",
+        "P50(us)",
+        "P99(us)",
+        "P999(us)",
+        "AVG(us)",
+        "MAX(us)"
+    );
+    for p in points.iter().filter(|p| filter(p.tp)) {
+        out.push_str(&format!(
+            "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15.3}{:<15.3}{:<15.3}{:<15.3}{:.3}\n",
+            time,
+            p.tp.name(),
+            p.begin,
+            p.good_end,
+            p.bad_end,
+            p.on_fly(),
+            p.p50_us,
+            p.p99_us,
+            p.p999_us,
+            p.avg_us,
+            p.max_us
+        ));
+    }
+    out
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time.
+pub fn format_time(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let secs = unix_secs % 86_400;
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(format_time(0), "1970-01-01 00:00:00");
+        assert_eq!(format_time(1_767_625_023), "2026-01-05 14:57:03");
+        assert_eq!(format_time(951_782_400), "2000-02-29 00:00:00");
+    }
+
+    #[test]
+    fn spans_count_and_the_table_has_the_seed_layout() {
+        let a = Tracer::default();
+        let b = Tracer::default();
+        a.begin(Tp::Put).end(true);
+        a.begin(Tp::Put).end(false);
+        b.begin(Tp::Put).end(true);
+        drop(b.begin(Tp::Get)); // dropped: a bad end
+        let _open = a.begin(Tp::Remove); // still running
+        let snap = snapshot([&a, &b].into_iter());
+        let put = snap.iter().find(|p| p.tp == Tp::Put).unwrap();
+        assert_eq!(
+            (put.begin, put.good_end, put.bad_end, put.on_fly()),
+            (3, 2, 1, 0)
+        );
+        let rm = snap.iter().find(|p| p.tp == Tp::Remove).unwrap();
+        assert_eq!(rm.on_fly(), 1);
+        assert!(
+            snap.iter().all(|p| p.tp != Tp::Mount),
+            "untouched tracepoints are not listed"
+        );
+        let text = render(&snap, "2026-01-05 14:57:03", |_| true);
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            "TIME                   NAME                                    BEGIN          GOOD_END       BAD_END        ON_FLY         P50(us)        P99(us)        P999(us)       AVG(us)        MAX(us)"
+        );
+        let row = lines.next().unwrap();
+        assert!(row.starts_with("2026-01-05 14:57:03    TP_MMC_META_PUT                         3              2              1              0              "), "{row}");
+        assert_eq!(
+            &row[183..184].chars().next().unwrap().is_ascii_digit(),
+            &true
+        );
+    }
+}
