@@ -24,3 +24,9 @@ echo "== build"
 cargo build --all-targets --locked
 echo "== unit and integration tests"
 cargo test --all-targets --locked
+echo "== KV-event subscriber tests (pyzmq + msgpack, as routers decode)"
+if [ ! -x target/pyenv/bin/python ]; then
+  python3 -m venv target/pyenv
+fi
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack pytest
+MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python

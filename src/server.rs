@@ -21,6 +21,7 @@ pub struct Server {
     pub local_addr: SocketAddr,
     pub drivers: Vec<DriverKind>,
     threads: Vec<JoinHandle<()>>,
+    kv_publisher: Option<crate::kv_events::KvPublisher>,
 }
 
 /// Backlog of each shard's listening socket: deep enough for a burst of new connections
@@ -87,6 +88,16 @@ impl Server {
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;
         let cluster = Cluster::new(plan.config, shard_count)?;
+        let kv_publisher = if cluster.config.kv_events.enable {
+            let p = crate::kv_events::KvPublisher::start(
+                cluster.config.kv_events.clone(),
+                cluster.kv_stats.clone(),
+            )?;
+            let _ = cluster.kv_queue.set(p.queue.clone());
+            Some(p)
+        } else {
+            None
+        };
         let boot = boot_id();
 
         let (started_tx, started_rx) = mpsc::channel::<(usize, Result<DriverKind, String>)>();
@@ -131,6 +142,7 @@ impl Server {
             local_addr,
             drivers,
             threads,
+            kv_publisher,
         };
         if let Some(e) = failure {
             server.cluster.begin_shutdown();
@@ -156,6 +168,10 @@ impl Server {
         let mut clean = true;
         for t in self.threads {
             clean &= t.join().is_ok();
+        }
+        // The shards are gone: publish what they queued, then stop.
+        if let Some(p) = self.kv_publisher {
+            p.stop();
         }
         clean
     }

@@ -31,6 +31,7 @@ pub struct Config {
     pub evict: EvictConfig,
     pub store: StoreKeys,
     pub metrics: MetricsConfig,
+    pub kv_events: crate::kv_events::KvEventsConfig,
     pub log_level: log::LevelFilter,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
@@ -108,6 +109,15 @@ macro_rules! key {
             },
         }
     };
+}
+
+fn endpoint(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    if crate::kv_events::valid_endpoint(v) {
+        Ok(v.to_string())
+    } else {
+        Err("a ZMQ endpoint such as tcp://127.0.0.1:5557 or ipc:///path".to_string())
+    }
 }
 
 fn size(v: &str) -> Result<u64, String> {
@@ -304,6 +314,79 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.metrics.bus_capacity = parse_u64_in(v, 16, 1 << 24)?
     ),
     key!(
+        "ock.mmc.kv_events.enable",
+        "false",
+        "Publish KV cache events (vLLM's ZMQ format) for KV-aware routers.",
+        |c, v| c.kv_events.enable = parse_bool(v)?
+    ),
+    key!(
+        "ock.mmc.kv_events.endpoint",
+        "tcp://127.0.0.1:5557",
+        "ZMQ PUB endpoint the events are published on (tcp://HOST:PORT, ipc://PATH).",
+        |c, v| c.kv_events.endpoint = endpoint(v)?
+    ),
+    key!(
+        "ock.mmc.kv_events.replay_endpoint",
+        "",
+        "ZMQ ROUTER endpoint where late subscribers ask for missed batches; empty: no replay.",
+        |c, v| {
+            let v = v.trim();
+            c.kv_events.replay_endpoint = if v.is_empty() {
+                String::new()
+            } else {
+                endpoint(v)?
+            }
+        }
+    ),
+    key!(
+        "ock.mmc.kv_events.topic",
+        "",
+        "Topic frame of every published message (may be empty).",
+        |c, v| c.kv_events.topic = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.kv_events.queue_capacity",
+        "65536",
+        "Soft queue limit: past it new stored events are dropped (counted).",
+        |c, v| c.kv_events.queue_capacity = parse_u64_in(v, 1, 1 << 26)?
+    ),
+    key!(
+        "ock.mmc.kv_events.hard_capacity",
+        "131072",
+        "Hard queue limit: past it removed and cleared events are dropped too (counted).",
+        |c, v| c.kv_events.hard_capacity = parse_u64_in(v, 1, 1 << 27)?
+    ),
+    key!(
+        "ock.mmc.kv_events.batch_max_events",
+        "256",
+        "Most events in one published batch.",
+        |c, v| c.kv_events.batch_max_events = parse_u64_in(v, 1, 65536)?
+    ),
+    key!(
+        "ock.mmc.kv_events.batch_max_delay_ms",
+        "5",
+        "Longest an event waits for its batch to fill before the batch is sent.",
+        |c, v| c.kv_events.batch_max_delay_ms = parse_u64_in(v, 0, 10_000)?
+    ),
+    key!(
+        "ock.mmc.kv_events.data_parallel_rank",
+        "0",
+        "The data_parallel_rank element of every EventBatch.",
+        |c, v| c.kv_events.data_parallel_rank = parse_u64_in(v, 0, 1 << 20)? as i64
+    ),
+    key!(
+        "ock.mmc.kv_events.replay_batches",
+        "10000",
+        "Batches kept for the replay socket.",
+        |c, v| c.kv_events.replay_batches = parse_u64_in(v, 0, 1 << 24)?
+    ),
+    key!(
+        "ock.mmc.kv_events.block_size",
+        "256",
+        "block_size reported in BlockStored events (tokens per chunk; LMCache's default chunk is 256).",
+        |c, v| c.kv_events.block_size = parse_u64_in(v, 1, 1 << 20)?
+    ),
+    key!(
         "ock.mmc.log.level",
         "info",
         "Log level: error, warn, info, debug or trace (RUST_LOG overrides it).",
@@ -403,6 +486,19 @@ impl Config {
                 window_secs: 0,
                 bus_capacity: 0,
             },
+            kv_events: crate::kv_events::KvEventsConfig {
+                enable: false,
+                endpoint: String::new(),
+                replay_endpoint: String::new(),
+                topic: String::new(),
+                queue_capacity: 0,
+                hard_capacity: 0,
+                batch_max_events: 0,
+                batch_max_delay_ms: 0,
+                data_parallel_rank: 0,
+                replay_batches: 0,
+                block_size: 0,
+            },
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
@@ -435,6 +531,12 @@ impl Config {
             return Err(ConfigError::Conflict(format!(
                 "ock.mmc.evict_threshold_low ({}) must be below ock.mmc.evict_threshold_high ({})",
                 self.evict.low_percent, self.evict.high_percent
+            )));
+        }
+        if self.kv_events.hard_capacity < self.kv_events.queue_capacity {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.kv_events.hard_capacity ({}) must not be below ock.mmc.kv_events.queue_capacity ({})",
+                self.kv_events.hard_capacity, self.kv_events.queue_capacity
             )));
         }
         if self.store.ssd_enable && self.store.ssd_dirs.is_empty() {

@@ -42,6 +42,7 @@ pub enum Route {
     MetricsSummary,
     MetricsPtracer,
     AllocFreeLatency,
+    KvEventsStatus,
 }
 
 pub struct RouteSpec {
@@ -140,6 +141,7 @@ pub static ROUTES: &[RouteSpec] = &[
         "/api/v1/analysis/alloc_free_latency",
         Route::AllocFreeLatency,
     ),
+    get("/kv_events/status", Route::KvEventsStatus),
 ];
 
 impl Route {
@@ -197,6 +199,7 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/metrics/summary" => Route::MetricsSummary,
         b"/metrics/ptracer" => Route::MetricsPtracer,
         b"/api/v1/analysis/alloc_free_latency" => Route::AllocFreeLatency,
+        b"/kv_events/status" => Route::KvEventsStatus,
         _ => return None,
     })
 }

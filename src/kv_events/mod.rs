@@ -1,6 +1,515 @@
-//! KV cache events in vLLM's wire format (ZMQ PUB, msgpack batches), so KV-aware routers can
-//! subscribe to this server unchanged.
+//! KV cache events in vLLM's wire format, so KV-aware routers (Dynamo, llm-d, vLLM tooling)
+//! can subscribe to this server unchanged.
+//!
+//! Shards turn store events into [`KvEvent`]s and hand them to a bounded lock-free queue
+//! ([`KvQueue`]) that never blocks them: past the soft capacity `stored` events are dropped
+//! first; `removed` / `cleared` events only past the hard limit; every drop is counted by kind.
+//! A publisher thread batches events by count and time, numbers the batches 0, 1, 2, … as it
+//! sends them on a ZMQ PUB socket (`[topic, seq u64 BE, msgpack EventBatch]`), and keeps the
+//! last batches for late subscribers on an optional ROUTER replay socket.
 
+pub mod encode;
 pub mod stats;
 
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_queue::SegQueue;
+
+use crate::metrics::bus::Event;
+use crate::shards::store::segment::Medium;
 pub use stats::KvEventStats;
+use stats::{EventType, medium_index};
+
+/// One event on its way to subscribers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    Stored { hash: u64, medium: Medium },
+    Removed { hash: u64, medium: Medium },
+    Cleared,
+}
+
+impl KvEvent {
+    fn kind(&self) -> EventType {
+        match self {
+            KvEvent::Stored { .. } => EventType::Stored,
+            KvEvent::Removed { .. } => EventType::Removed,
+            KvEvent::Cleared => EventType::Cleared,
+        }
+    }
+
+    fn medium(&self) -> Option<Medium> {
+        match *self {
+            KvEvent::Stored { medium, .. } | KvEvent::Removed { medium, .. } => Some(medium),
+            KvEvent::Cleared => None,
+        }
+    }
+}
+
+/// `ock.mmc.kv_events.*`.
+#[derive(Clone, Debug)]
+pub struct KvEventsConfig {
+    pub enable: bool,
+    pub endpoint: String,
+    pub replay_endpoint: String,
+    pub topic: String,
+    pub queue_capacity: u64,
+    pub hard_capacity: u64,
+    pub batch_max_events: u64,
+    pub batch_max_delay_ms: u64,
+    pub data_parallel_rank: i64,
+    pub replay_batches: u64,
+    pub block_size: u64,
+}
+
+/// Checks an endpoint's form (`tcp://host:port`, `ipc://path`, `inproc://name`).
+pub fn valid_endpoint(s: &str) -> bool {
+    if let Some(rest) = s.strip_prefix("tcp://") {
+        return rest
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+    }
+    ["ipc://", "inproc://"]
+        .iter()
+        .any(|p| s.strip_prefix(p).is_some_and(|r| !r.is_empty()))
+}
+
+/// The shards' side: a bounded, never-blocking queue to the publisher.
+pub struct KvQueue {
+    queue: SegQueue<KvEvent>,
+    size: AtomicUsize,
+    soft: usize,
+    hard: usize,
+    stats: Arc<KvEventStats>,
+    /// Written when the queue goes from empty to non-empty; the publisher polls it.
+    wake: OwnedFd,
+    stop: AtomicBool,
+}
+
+impl KvQueue {
+    fn new(cfg: &KvEventsConfig, stats: Arc<KvEventStats>) -> std::io::Result<KvQueue> {
+        // SAFETY: eventfd has no preconditions; the returned descriptor is owned here.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(KvQueue {
+            queue: SegQueue::new(),
+            size: AtomicUsize::new(0),
+            soft: cfg.queue_capacity as usize,
+            hard: cfg.hard_capacity.max(cfg.queue_capacity) as usize,
+            stats,
+            // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to an eventfd we own; failure (counter overflow) is harmless.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Turns a store event into a KV event and queues it. Never blocks; counts what it drops
+    /// or skips.
+    pub fn produce(&self, ev: &Event) {
+        let kv = match *ev {
+            Event::Stored { chunk, medium, .. } | Event::Removed { chunk, medium, .. } => {
+                let Some(hash) = chunk else {
+                    self.stats.skipped_unparsed_keys.fetch_add(1, Relaxed);
+                    return;
+                };
+                if matches!(ev, Event::Stored { .. }) {
+                    KvEvent::Stored { hash, medium }
+                } else {
+                    KvEvent::Removed { hash, medium }
+                }
+            }
+            Event::Cleared => KvEvent::Cleared,
+            _ => return,
+        };
+        self.stats.produced_events.fetch_add(1, Relaxed);
+        let limit = if kv.kind() == EventType::Stored {
+            self.soft
+        } else {
+            self.hard
+        };
+        let before = self.size.fetch_add(1, Relaxed);
+        if before >= limit {
+            self.size.fetch_sub(1, Relaxed);
+            self.stats.dropped_events.fetch_add(1, Relaxed);
+            let kind = if kv.kind() == EventType::Stored {
+                &self.stats.dropped_stored
+            } else {
+                &self.stats.dropped_high_priority
+            };
+            kind.fetch_add(1, Relaxed);
+            return;
+        }
+        self.queue.push(kv);
+        self.stats.queue_size.store((before + 1) as u64, Relaxed);
+        if before == 0 {
+            self.signal();
+        }
+    }
+
+    fn pop(&self) -> Option<KvEvent> {
+        let e = self.queue.pop()?;
+        let left = self.size.fetch_sub(1, Relaxed) - 1;
+        self.stats.queue_size.store(left as u64, Relaxed);
+        Some(e)
+    }
+}
+
+/// The running publisher: the queue shards write to, and its thread.
+pub struct KvPublisher {
+    pub queue: Arc<KvQueue>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KvPublisher {
+    /// Binds the sockets and starts the publisher thread; an endpoint that cannot be bound
+    /// is the one-line error that stops the start.
+    pub fn start(cfg: KvEventsConfig, stats: Arc<KvEventStats>) -> Result<KvPublisher, String> {
+        stats.enabled.store(true, Relaxed);
+        stats.queue_capacity.store(cfg.queue_capacity, Relaxed);
+        let queue = Arc::new(
+            KvQueue::new(&cfg, stats.clone()).map_err(|e| format!("KV events: eventfd: {e}"))?,
+        );
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let q = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("mmc-kv-events".into())
+            .spawn(move || {
+                let sockets = match Sockets::bind(&cfg) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(()));
+                stats.publisher_active.store(true, Relaxed);
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Publisher::new(cfg, q, stats.clone(), sockets).run();
+                }));
+                stats.publisher_active.store(false, Relaxed);
+                if res.is_err() {
+                    log::error!("KV event publisher stopped after a panic");
+                }
+            })
+            .map_err(|e| format!("KV events: cannot start the publisher thread: {e}"))?;
+        match rx.recv() {
+            Ok(Ok(())) => Ok(KvPublisher {
+                queue,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err("KV events: the publisher thread exited during start".to_string()),
+        }
+    }
+
+    /// Publishes what is queued, then stops the thread.
+    pub fn stop(mut self) {
+        self.queue.stop.store(true, Relaxed);
+        self.queue.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Sockets {
+    _ctx: zmq::Context,
+    publisher: zmq::Socket,
+    replay: Option<zmq::Socket>,
+}
+
+impl Sockets {
+    fn bind(cfg: &KvEventsConfig) -> Result<Sockets, String> {
+        let ctx = zmq::Context::new();
+        let publisher = ctx
+            .socket(zmq::PUB)
+            .map_err(|e| format!("KV events: {e}"))?;
+        // Slow subscribers lose messages past this many (PUB never blocks the sender).
+        let _ = publisher.set_sndhwm(100_000);
+        let _ = publisher.set_linger(100);
+        publisher.bind(&cfg.endpoint).map_err(|e| {
+            format!(
+                "invalid value {:?} for ock.mmc.kv_events.endpoint: cannot bind: {e}",
+                cfg.endpoint
+            )
+        })?;
+        let replay = if cfg.replay_endpoint.is_empty() {
+            None
+        } else {
+            let r = ctx
+                .socket(zmq::ROUTER)
+                .map_err(|e| format!("KV events: {e}"))?;
+            let _ = r.set_linger(100);
+            r.bind(&cfg.replay_endpoint).map_err(|e| {
+                format!(
+                    "invalid value {:?} for ock.mmc.kv_events.replay_endpoint: cannot bind: {e}",
+                    cfg.replay_endpoint
+                )
+            })?;
+            Some(r)
+        };
+        log::info!(
+            "KV events: publishing on {}{}",
+            cfg.endpoint,
+            if cfg.replay_endpoint.is_empty() {
+                String::new()
+            } else {
+                format!(", replay on {}", cfg.replay_endpoint)
+            }
+        );
+        Ok(Sockets {
+            _ctx: ctx,
+            publisher,
+            replay,
+        })
+    }
+}
+
+/// Replies to a replay request past its end.
+const END_OF_REPLAY: [u8; 8] = [0xff; 8];
+
+struct Publisher {
+    cfg: KvEventsConfig,
+    queue: Arc<KvQueue>,
+    stats: Arc<KvEventStats>,
+    sockets: Sockets,
+    next_seq: u64,
+    /// The last published batches: (seq, payload).
+    replay_buffer: VecDeque<(u64, Vec<u8>)>,
+    batch: Vec<KvEvent>,
+    payload: Vec<u8>,
+}
+
+impl Publisher {
+    fn new(
+        cfg: KvEventsConfig,
+        queue: Arc<KvQueue>,
+        stats: Arc<KvEventStats>,
+        sockets: Sockets,
+    ) -> Publisher {
+        Publisher {
+            batch: Vec::with_capacity(cfg.batch_max_events as usize),
+            cfg,
+            queue,
+            stats,
+            sockets,
+            next_seq: 0,
+            replay_buffer: VecDeque::new(),
+            payload: Vec::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        let wake_fd: RawFd = self.queue.wake.as_raw_fd();
+        let max = self.cfg.batch_max_events.max(1) as usize;
+        let delay = Duration::from_millis(self.cfg.batch_max_delay_ms);
+        let mut first_at: Option<Instant> = None;
+        loop {
+            // Wait for events, replay requests, or the end of the batching delay.
+            let timeout_ms = match first_at {
+                Some(t) => delay.saturating_sub(t.elapsed()).as_millis() as i64,
+                None => 500,
+            };
+            let mut items = Vec::with_capacity(2);
+            items.push(zmq::PollItem::from_fd(wake_fd, zmq::POLLIN));
+            if let Some(r) = &self.sockets.replay {
+                items.push(r.as_poll_item(zmq::POLLIN));
+            }
+            let _ = zmq::poll(&mut items, timeout_ms.max(0));
+            let replay_ready = items.get(1).is_some_and(|i| i.is_readable());
+            drop(items);
+            let mut counter = [0u8; 8];
+            // SAFETY: reading the eventfd's 8-byte counter into a local buffer (non-blocking).
+            unsafe { libc::read(wake_fd, counter.as_mut_ptr().cast(), 8) };
+            if replay_ready {
+                self.serve_replays();
+            }
+            while let Some(e) = self.queue.pop() {
+                first_at.get_or_insert_with(Instant::now);
+                self.batch.push(e);
+                if self.batch.len() >= max {
+                    self.publish();
+                    first_at = None;
+                }
+            }
+            let due = first_at.is_some_and(|t| t.elapsed() >= delay);
+            let stopping = self.queue.stop.load(Relaxed);
+            if !self.batch.is_empty() && (due || stopping) {
+                self.publish();
+                first_at = None;
+            }
+            if stopping && self.queue.size.load(Relaxed) == 0 && self.batch.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        encode::batch(
+            &mut self.payload,
+            ts,
+            &self.batch,
+            self.cfg.data_parallel_rank,
+            self.cfg.block_size,
+        );
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let frames: [&[u8]; 3] = [self.cfg.topic.as_bytes(), &seq.to_be_bytes(), &self.payload];
+        if let Err(e) = self.sockets.publisher.send_multipart(frames, zmq::DONTWAIT) {
+            // PUB drops for slow subscribers itself; an error here is a broken socket.
+            log::warn!("KV events: publishing batch {seq} failed: {e}");
+        }
+        let s = &self.stats;
+        s.published_batches.fetch_add(1, Relaxed);
+        s.published_events
+            .fetch_add(self.batch.len() as u64, Relaxed);
+        for e in &self.batch {
+            s.published_by_type[e.kind() as usize].fetch_add(1, Relaxed);
+            s.published_by_medium[medium_index(e.medium())].fetch_add(1, Relaxed);
+        }
+        s.last_sequence.store(seq, Relaxed);
+        self.batch.clear();
+        if self.cfg.replay_batches > 0 && self.sockets.replay.is_some() {
+            if self.replay_buffer.len() as u64 >= self.cfg.replay_batches {
+                self.replay_buffer.pop_front();
+            }
+            self.replay_buffer.push_back((seq, self.payload.clone()));
+        }
+    }
+
+    /// Answers replay requests: `[identity, ("",) start_seq u64 BE]` → every buffered batch
+    /// with `seq >= start` as `[identity, "", topic, seq, payload]`, then
+    /// `[identity, "", 0xFFFFFFFFFFFFFFFF, ""]`.
+    fn serve_replays(&mut self) {
+        let Some(r) = &self.sockets.replay else {
+            return;
+        };
+        while let Ok(frames) = r.recv_multipart(zmq::DONTWAIT) {
+            let (Some(identity), Some(last)) = (frames.first(), frames.last()) else {
+                continue;
+            };
+            let Ok(start) = <[u8; 8]>::try_from(last.as_slice()) else {
+                log::debug!("KV events: ignoring a replay request without an 8-byte sequence");
+                continue;
+            };
+            let start = u64::from_be_bytes(start);
+            for (seq, payload) in self.replay_buffer.iter().filter(|(s, _)| *s >= start) {
+                let out: [&[u8]; 5] = [
+                    identity,
+                    b"",
+                    self.cfg.topic.as_bytes(),
+                    &seq.to_be_bytes(),
+                    payload,
+                ];
+                let _ = r.send_multipart(out, 0);
+            }
+            let end: [&[u8]; 4] = [identity, b"", &END_OF_REPLAY, b""];
+            let _ = r.send_multipart(end, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(soft: u64, hard: u64) -> KvEventsConfig {
+        KvEventsConfig {
+            enable: true,
+            endpoint: "inproc://t".into(),
+            replay_endpoint: String::new(),
+            topic: String::new(),
+            queue_capacity: soft,
+            hard_capacity: hard,
+            batch_max_events: 4,
+            batch_max_delay_ms: 1,
+            data_parallel_rank: 0,
+            replay_batches: 0,
+            block_size: 256,
+        }
+    }
+
+    #[test]
+    fn endpoints() {
+        assert!(valid_endpoint("tcp://*:5557"));
+        assert!(valid_endpoint("tcp://127.0.0.1:0"));
+        assert!(valid_endpoint("ipc:///tmp/x"));
+        for bad in [
+            "",
+            "tcp://",
+            "tcp://host",
+            "udp://x:1",
+            "tcp://:1",
+            "ipc://",
+        ] {
+            assert!(!valid_endpoint(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn stored_events_drop_first_and_every_drop_is_counted() {
+        let stats = Arc::new(KvEventStats::default());
+        let q = KvQueue::new(&cfg(2, 3), stats.clone()).unwrap();
+        let stored = Event::Stored {
+            chunk: Some(1),
+            medium: Medium::Dram,
+            size: 1,
+        };
+        let removed = Event::Removed {
+            chunk: Some(1),
+            medium: Medium::Dram,
+            size: 1,
+        };
+        q.produce(&stored);
+        q.produce(&stored);
+        q.produce(&stored); // over the soft limit: dropped
+        q.produce(&removed); // high priority: fits under the hard limit
+        q.produce(&removed); // over the hard limit: dropped
+        q.produce(&Event::Stored {
+            chunk: None,
+            medium: Medium::Dram,
+            size: 1,
+        }); // unparsed
+        q.produce(&Event::Read {
+            medium: Medium::Dram,
+            bytes: 1,
+        }); // not a KV event
+        let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
+        assert_eq!(g(&stats.produced_events), 5);
+        assert_eq!(
+            (
+                g(&stats.dropped_events),
+                g(&stats.dropped_stored),
+                g(&stats.dropped_high_priority)
+            ),
+            (2, 1, 1)
+        );
+        assert_eq!(g(&stats.skipped_unparsed_keys), 1);
+        assert_eq!(g(&stats.queue_size), 3);
+        let mut popped = 0;
+        while q.pop().is_some() {
+            popped += 1;
+        }
+        assert_eq!(popped, 3);
+        assert_eq!(g(&stats.produced_events), popped + g(&stats.dropped_events));
+    }
+}

@@ -412,7 +412,7 @@ pub fn render_metrics(cluster: &Cluster, buf: &mut Vec<u8>) {
         "memcache_kv_events_queue_capacity",
         "Configured KV cache event soft queue capacity",
         "gauge",
-        g(&kv.queue_capacity),
+        cluster.config.kv_events.queue_capacity,
     );
     o.single(
         "memcache_kv_events_publisher_active",

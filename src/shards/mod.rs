@@ -142,6 +142,8 @@ pub struct Cluster {
     pub shutting_down: AtomicBool,
     /// The KV-event publisher's statistics.
     pub kv_stats: Arc<crate::kv_events::KvEventStats>,
+    /// The KV-event queue, when publishing is enabled (set once at start).
+    pub kv_queue: std::sync::OnceLock<Arc<crate::kv_events::KvQueue>>,
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
@@ -169,6 +171,7 @@ impl Cluster {
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
             kv_stats: Arc::new(crate::kv_events::KvEventStats::default()),
+            kv_queue: std::sync::OnceLock::new(),
             started,
         }))
     }
@@ -775,7 +778,11 @@ impl Shard {
         self.store.borrow_mut().swap_events(&mut events);
         if !events.is_empty() {
             let now = self.cluster.started.elapsed().as_millis() as u64;
+            let kv = self.cluster.kv_queue.get();
             for ev in events.drain(..) {
+                if let Some(kv) = kv {
+                    kv.produce(&ev);
+                }
                 self.bus.publish(now, ev);
             }
         }
@@ -813,6 +820,14 @@ impl Shard {
         let micros = start.elapsed().as_micros() as u64;
         span.end(ok);
         (ok, micros)
+    }
+
+    /// Publishes the one `Cleared` event of a remove_all (after every shard cleared).
+    pub fn publish_cleared(self: &Rc<Self>) {
+        self.store
+            .borrow_mut()
+            .push_event(crate::metrics::bus::Event::Cleared);
+        self.after_store();
     }
 
     /// The I/O of a job: memory → SSD file for a flush, SSD file → DRAM for a rewarm.

@@ -132,6 +132,7 @@ pub async fn delete_all_keys(ctx: &mut Ctx<'_>) -> Response {
             .record(Op::RemoveAll, Outcome::Failure, None);
         return ctx.overloaded();
     }
+    ctx.shard.publish_cleared();
     ctx.shard
         .store_stats()
         .record(Op::RemoveAll, Outcome::Success, None);

@@ -2,8 +2,12 @@
 //! `/api/v1/analysis/alloc_free_latency`. They read running figures and never count as
 //! business operations.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::Ctx;
+use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, Response, Status};
+use crate::kv_events::stats::EventType;
 use crate::metrics::exposition;
 use crate::metrics::trace::Tp;
 
@@ -17,6 +21,40 @@ pub fn summary(ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
     exposition::render_summary(&ctx.shard.cluster, ctx.scratch);
     Response::new(Status::OK, ContentType::Text, Body::Scratch)
+}
+
+/// `/kv_events/status`: the publisher's state, keys in the seed's (alphabetical) order.
+pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
+    let cluster = &ctx.shard.cluster;
+    let s = &cluster.kv_stats;
+    let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_u64("dropped_events", g(&s.dropped_events));
+    w.field_u64("dropped_high_priority_events", g(&s.dropped_high_priority));
+    w.field_u64("dropped_stored_events", g(&s.dropped_stored));
+    w.field_bool("enabled", s.enabled.load(Relaxed));
+    w.field_u64("last_sequence", g(&s.last_sequence));
+    w.field_u64("published_batches", g(&s.published_batches));
+    w.begin_object_field("published_by_medium");
+    // Alphabetical, as the seed shows: dram, hbm, ssd, unknown.
+    for (name, i) in [("dram", 1), ("hbm", 0), ("ssd", 2), ("unknown", 3)] {
+        w.field_u64(name, g(&s.published_by_medium[i]));
+    }
+    w.end_object();
+    w.begin_object_field("published_by_type");
+    for t in [EventType::Cleared, EventType::Removed, EventType::Stored] {
+        w.field_u64(t.name(), g(&s.published_by_type[t as usize]));
+    }
+    w.end_object();
+    w.field_u64("published_events", g(&s.published_events));
+    w.field_bool("publisher_active", s.publisher_active.load(Relaxed));
+    w.field_u64("queue_capacity", cluster.config.kv_events.queue_capacity);
+    w.field_u64("queue_size", g(&s.queue_size));
+    w.field_u64("skipped_unparsed_keys", g(&s.skipped_unparsed_keys));
+    w.end_object();
+    Response::json_scratch(Status::OK)
 }
 
 /// The ptracer table; `alloc_free_only`: just the alloc and remove rows.

@@ -274,6 +274,11 @@ impl Store {
         std::mem::take(&mut self.jobs)
     }
 
+    /// Queues an event produced outside the store (the coordinator of a remove_all).
+    pub fn push_event(&mut self, ev: Event) {
+        self.events.push(ev);
+    }
+
     /// Exchanges the store's event buffer with `other` (which should be empty).
     pub fn swap_events(&mut self, other: &mut Vec<Event>) {
         std::mem::swap(&mut self.events, other);
@@ -456,18 +461,25 @@ impl Store {
     /// as a zombie until its lease and pins end.
     fn detach_blob(&mut self, id: u32, now: u64) {
         let (obj, lru, medium) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.lru, b.medium)
+        };
+        // What the object looked like before this blob left it.
+        let (was_on_medium, was_readable) = if obj != NIL {
+            (self.has_readable_on(obj, medium), self.object_readable(obj))
+        } else {
+            (false, false)
+        };
+        {
             let b = &mut self.blobs[id as usize];
-            let r = (b.obj, b.lru, b.medium);
             b.obj = NIL;
             b.lru = NIL;
             b.state = BlobState::Removing;
-            r
-        };
+        }
         if lru != NIL {
             self.lru.remove(medium as usize, lru);
         }
         if obj != NIL {
-            let was_on_medium = self.has_readable_on(obj, medium);
             self.objects[obj as usize].blobs.retain(|&mut x| x != id);
             if was_on_medium && !self.has_readable_on(obj, medium) {
                 let o = &self.objects[obj as usize];
@@ -476,6 +488,9 @@ impl Store {
                     medium,
                     size: o.size,
                 });
+            }
+            if was_readable && !self.object_readable(obj) {
+                self.stats.stored_keys.add(-1);
             }
         }
         let b = &self.blobs[id as usize];
@@ -488,7 +503,7 @@ impl Store {
 
     /// Removes an object and all its blobs.
     fn remove_object(&mut self, obj: u32, now: u64) {
-        let was_readable = self.object_readable(obj);
+        // Detaching the blobs keeps `stored_keys` and the removal events right.
         let blobs: SmallVec<[u32; 2]> = self.objects[obj as usize].blobs.clone();
         for b in blobs {
             self.detach_blob(b, now);
@@ -505,9 +520,6 @@ impl Store {
                     self.chunks.remove(&c);
                 }
             }
-        }
-        if was_readable {
-            self.stats.stored_keys.add(-1);
         }
     }
 
@@ -996,16 +1008,24 @@ impl Store {
         }
     }
 
-    /// Removes every object of this shard; returns how many.
+    /// Removes every object of this shard; returns how many. The per-object removal events
+    /// are suppressed: the caller publishes one `Cleared` for the whole remove_all.
     pub fn remove_all(&mut self) -> u64 {
         let now = self.now_ms();
         let ids: Vec<u32> = self.objects.iter().map(|(i, _)| i as u32).collect();
         let n = ids.len() as u64;
+        let before = self.events.len();
         for id in ids {
             self.remove_object(id, now);
         }
-        self.events.retain(|e| !matches!(e, Event::Removed { .. }));
-        self.events.push(Event::Cleared);
+        let mut i = before;
+        while i < self.events.len() {
+            if matches!(self.events[i], Event::Removed { .. }) {
+                self.events.remove(i);
+            } else {
+                i += 1;
+            }
+        }
         n
     }
 

@@ -1,0 +1,247 @@
+"""KV cache events decoded the way KV-aware routers decode them (pyzmq + msgpack): three
+frames, a three-element EventBatch, event maps looked up by their field names."""
+
+import json
+import time
+
+import msgpack
+import zmq
+
+from conftest import free_port, wait_until
+
+MASK = (1 << 64) - 1
+
+
+def kv_args(pub_port, replay_port=None, extra=()):
+    args = [
+        "--set", "ock.mmc.kv_events.enable=true",
+        "--set", "ock.mmc.kv_events.endpoint=tcp://127.0.0.1:%d" % pub_port,
+        "--set", "ock.mmc.kv_events.topic=kv@test",
+        "--set", "ock.mmc.kv_events.batch_max_delay_ms=2",
+        "--set", "ock.mmc.kv_events.data_parallel_rank=3",
+    ]
+    if replay_port:
+        args += ["--set", "ock.mmc.kv_events.replay_endpoint=tcp://127.0.0.1:%d" % replay_port]
+    return args + list(extra)
+
+
+def key(h):
+    return "llama@1@0@%x@bf16" % h
+
+
+def decode(frames):
+    """What a router does with one message."""
+    assert len(frames) == 3, frames
+    topic, seq, payload = frames
+    assert len(seq) == 8
+    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    assert isinstance(batch, list) and len(batch) == 3, batch
+    ts, events, dp_rank = batch
+    assert isinstance(ts, float) and abs(ts - time.time()) < 60
+    assert dp_rank == 3
+    return topic.decode(), int.from_bytes(seq, "big"), events
+
+
+def simplify(ev):
+    t = ev["type"]
+    if t == "BlockStored":
+        assert ev["parent_block_hash"] is None and ev["lora_id"] is None and ev["lora_name"] is None
+        assert ev["token_ids"] == [] and ev["block_size"] == 256
+        return ("stored", ev["block_hashes"], ev["medium"])
+    if t == "BlockRemoved":
+        return ("removed", ev["block_hashes"], ev["medium"])
+    assert t == "AllBlocksCleared", ev
+    return ("cleared",)
+
+
+class Subscriber:
+    def __init__(self, port):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@test")
+        self.sock.setsockopt(zmq.RCVTIMEO, 10000)
+        self.sock.connect("tcp://127.0.0.1:%d" % port)
+        self.seqs = []
+        self.events = []
+
+    def take(self, n):
+        while len(self.events) < n:
+            topic, seq, events = decode(self.sock.recv_multipart())
+            assert topic == "kv@test"
+            self.seqs.append(seq)
+            self.events.extend(simplify(e) for e in events)
+        return self.events
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def join_stream(server, sub):
+    """PUB/SUB subscriptions take a moment to reach the publisher: put probe objects until one
+    is seen, then drop what was received so far."""
+    i = 0
+    while True:
+        i += 1
+        server.put("probe@1@0@%x@bf16" % (0xF00000 + i), b"p", "&medium=dram")
+        try:
+            sub.sock.setsockopt(zmq.RCVTIMEO, 200)
+            sub.take(1)
+            break
+        except zmq.Again:
+            continue
+    sub.sock.setsockopt(zmq.RCVTIMEO, 10000)
+    time.sleep(0.05)
+    while True:
+        try:
+            sub.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+    sub.seqs, sub.events = sub.seqs[-1:], []
+
+
+def test_subscriber_sees_every_event_in_order(server_factory):
+    pub = free_port()
+    s = server_factory(kv_args(pub, extra=[
+        "--set", "ock.mmc.local_service.hbm.size=1MB",
+        "--set", "ock.mmc.segment.run_bytes=256KB",
+    ]))
+    sub = Subscriber(pub)
+    join_stream(s, sub)
+    expected = []
+    # Stored on DRAM, then on HBM; a long digest keeps its low 64 bits.
+    s.put(key(0xA1), b"x" * 1000, "&medium=dram")
+    expected.append(("stored", [0xA1], "CPU"))
+    long = 0x123456789ABCDEF0FEDCBA98
+    s.put(key(long), b"y" * 1000, "&medium=hbm")
+    expected.append(("stored", [long & MASK], "GPU"))
+    # A key that does not parse publishes nothing (and is counted).
+    s.put("not-an-lmcache-key", b"z", "&medium=dram")
+    # Removal.
+    assert s.json("DELETE", "/key?key=" + key(0xA1))["success"] is True
+    expected.append(("removed", [0xA1], "CPU"))
+    # Eviction: HBM fills, its oldest blob moves down to DRAM.
+    for h in range(0xB0, 0xB0 + 6):
+        s.put(key(h), b"e" * (200 << 10), "&medium=hbm")
+        expected.append(("stored", [h], "GPU"))
+    # remove_all: one AllBlocksCleared.
+    assert s.json("DELETE", "/all_keys")["success"] is True
+    expected.append(("cleared",))
+    got = []
+    while not got or got[-1] != ("cleared",):
+        got = sub.take(len(got) + 1)
+    # Demotions (HBM → DRAM) show as removed-from-GPU plus stored-on-CPU of the same hash.
+    demoted = {e[1][0] for e in got if e[0] == "removed" and e[2] == "GPU"
+               and ("stored", e[1], "CPU") in got}
+    assert long & MASK in demoted, got
+    moves = [e for e in got if e[0] != "cleared" and e[1][0] in demoted
+             and ((e[0] == "removed" and e[2] == "GPU") or (e[0] == "stored" and e[2] == "CPU"))]
+    assert len(moves) == 2 * len(demoted), moves
+    # Everything else arrives in the order it happened.
+    assert [e for e in got if e not in moves] == expected
+    # Sequence numbers are contiguous.
+    assert sub.seqs == list(range(sub.seqs[0], sub.seqs[0] + len(sub.seqs))), sub.seqs
+    st = s.json("GET", "/kv_events/status")
+    assert st["skipped_unparsed_keys"] >= 1
+    assert st["last_sequence"] == sub.seqs[-1]
+    assert st["enabled"] is True and st["publisher_active"] is True
+    sub.close()
+
+
+def test_late_subscriber_recovers_through_replay(server_factory):
+    pub, replay = free_port(), free_port()
+    s = server_factory(kv_args(pub, replay))
+    for h in range(20):
+        s.put(key(0xC00 + h), b"r", "&medium=dram")
+    wait_until("events published", lambda: s.json("GET", "/kv_events/status")["published_events"] == 20)
+    ctx = zmq.Context()
+    # A DEALER with the REQ-style empty delimiter, as replay clients send it.
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.RCVTIMEO, 10000)
+    req.connect("tcp://127.0.0.1:%d" % replay)
+    req.send_multipart([b"", (0).to_bytes(8, "big")])
+    hashes, seqs = [], []
+    while True:
+        frames = req.recv_multipart()
+        assert frames[0] == b"", frames
+        frames = frames[1:]
+        if frames[0] == b"\xff" * 8:
+            assert frames == [b"\xff" * 8, b""], frames
+            break
+        topic, seq, events = decode(frames)
+        assert topic == "kv@test"
+        seqs.append(seq)
+        hashes += [simplify(e)[1][0] for e in events]
+    req.close(0)
+    assert seqs == list(range(len(seqs))), seqs
+    assert hashes == [0xC00 + h for h in range(20)]
+    # Asking from a later sequence returns only the rest, through a DEALER too.
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, 10000)
+    dealer.connect("tcp://127.0.0.1:%d" % replay)
+    dealer.send_multipart([b"", (seqs[-1]).to_bytes(8, "big")])
+    frames = dealer.recv_multipart()
+    assert frames[0] == b"" and int.from_bytes(frames[2], "big") == seqs[-1], frames
+    assert dealer.recv_multipart() == [b"", b"\xff" * 8, b""]
+    dealer.close(0)
+    ctx.term()
+
+
+def test_flood_overflows_the_queue_and_every_event_is_accounted(server_factory):
+    pub = free_port()
+    s = server_factory(kv_args(pub, extra=[
+        "--set", "ock.mmc.kv_events.queue_capacity=16",
+        "--set", "ock.mmc.kv_events.hard_capacity=24",
+        "--set", "ock.mmc.kv_events.batch_max_events=4",
+        "--set", "ock.mmc.kv_events.batch_max_delay_ms=50",
+        "--set", "ock.mmc.local_service.hbm.size=0",
+    ]))
+    n, per = 2000, 200
+    for start in range(0, n, per):
+        keys = ",".join(key(0xD000 + i) for i in range(start, start + per))
+        status, _, body = s.request(
+            "POST", "/api/v1/objects/batch_put?keys=%s&sizes=%s" % (keys, ",".join(["1"] * per)), b"q" * per)
+        assert status == 200 and all(r["success"] for r in json.loads(body)["results"])
+    # The server kept serving while the queue overflowed.
+    assert s.json("GET", "/health")["status"] == "ok"
+    st = s.json("GET", "/kv_events/status")
+    assert st["queue_size"] <= 24
+    wait_until("the queue drains", lambda: s.json("GET", "/kv_events/status")["queue_size"] == 0)
+    st = s.json("GET", "/kv_events/status")
+    assert st["dropped_stored_events"] > 0, st
+    assert st["published_events"] + st["dropped_events"] == n, st
+    assert st["published_by_type"]["stored"] == st["published_events"]
+    assert st["published_by_medium"]["dram"] == st["published_events"]
+    assert st["dropped_high_priority_events"] == 0
+    # /metrics tells the same story.
+    _, _, text = s.request("GET", "/metrics")
+    m = dict(l.rsplit(" ", 1) for l in text.decode().splitlines() if l and not l.startswith("#"))
+    assert int(m["memcache_kv_events_published_total"]) == st["published_events"]
+    assert int(m["memcache_kv_events_dropped_total"]) == st["dropped_events"]
+    assert int(m["memcache_kv_events_dropped_stored_total"]) == st["dropped_stored_events"]
+    assert int(m["memcache_kv_events_queue_capacity"]) == 16
+    assert int(m["memcache_kv_events_publisher_active"]) == 1
+    # Removals have priority: a remove_all's clear event is never dropped at this depth.
+    assert s.json("DELETE", "/all_keys")["success"] is True
+    wait_until("the clear is published",
+               lambda: s.json("GET", "/kv_events/status")["published_by_type"]["cleared"] == 1)
+
+
+def test_disabled_by_default_and_bad_endpoints_refused(server_factory):
+    s = server_factory([])
+    st = s.json("GET", "/kv_events/status")
+    assert list(st.keys()) == sorted(st.keys()), "the seed's key order"
+    assert st["enabled"] is False and st["publisher_active"] is False
+    assert st["queue_capacity"] == 65536
+    assert list(st["published_by_medium"]) == ["dram", "hbm", "ssd", "unknown"]
+    assert list(st["published_by_type"]) == ["cleared", "removed", "stored"]
+    import subprocess
+    from conftest import SERVER
+    r = subprocess.run([SERVER, "--listen", "127.0.0.1:0", "--set", "ock.mmc.kv_events.enable=true",
+                        "--set", "ock.mmc.kv_events.endpoint=tcp://1.2.3.4.5:1"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r
+    assert "ock.mmc.kv_events.endpoint: cannot bind" in r.stderr, r.stderr
+    r = subprocess.run([SERVER, "--set", "ock.mmc.kv_events.endpoint=udp://x"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "ock.mmc.kv_events.endpoint" in r.stderr, r
