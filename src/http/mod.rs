@@ -9,6 +9,7 @@
 //! close idle and stalled connections (by shutting their socket down, which wakes the pending
 //! read on either io driver at no cost to the hot path) and to drain on shutdown.
 
+pub mod bodies;
 pub mod chunked;
 pub mod conn;
 pub mod handlers;

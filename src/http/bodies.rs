@@ -1,0 +1,139 @@
+//! Request bodies of `/memory/evict` and `/memory/prefetch`: JSON → typed requests, with the
+//! contract's error texts. Pure functions (no I/O), so they are unit-tested and fuzzed alone.
+
+use serde_json::Value;
+use smallvec::SmallVec;
+
+use super::parse::is_json_media_type;
+use crate::shards::store::segment::Medium;
+
+/// Most chunk hashes one request may name.
+pub const MAX_CHUNK_HASHES: usize = 65_536;
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not `application/json` (answered 415).
+    MediaType,
+    /// A business error with this message.
+    Invalid(String),
+}
+
+impl BodyError {
+    fn msg(s: impl Into<String>) -> BodyError {
+        BodyError::Invalid(s.into())
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct EvictRequest {
+    pub chunk_hashes: Vec<String>,
+    /// `None`: delete everywhere; else move one tier down from each medium.
+    pub locations: Option<SmallVec<[Medium; 3]>>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct PrefetchRequest {
+    pub chunk_hashes: Vec<String>,
+    pub lookup_id: String,
+}
+
+fn object(content_type: Option<&[u8]>, body: &[u8]) -> Result<serde_json::Map<String, Value>, BodyError> {
+    if !content_type.is_some_and(is_json_media_type) {
+        return Err(BodyError::MediaType);
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(BodyError::msg("Invalid JSON body")),
+    }
+}
+
+fn chunk_hashes(body: &serde_json::Map<String, Value>) -> Result<Vec<String>, BodyError> {
+    let Some(v) = body.get("chunk_hashes").filter(|v| !v.is_null()) else {
+        return Err(BodyError::msg("Missing 'chunk_hashes' in request body"));
+    };
+    let bad = || BodyError::msg("Invalid 'chunk_hashes': expected an array of strings");
+    let items = v.as_array().ok_or_else(bad)?;
+    if items.len() > MAX_CHUNK_HASHES {
+        return Err(BodyError::msg(format!("Too many chunk hashes (max {MAX_CHUNK_HASHES})")));
+    }
+    items.iter().map(|h| h.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(bad)
+}
+
+/// LMCache backend names and medium names → media.
+pub fn location(name: &str) -> Option<Medium> {
+    match name {
+        "LocalCPUBackend" => Some(Medium::Dram),
+        "LocalDiskBackend" => Some(Medium::Ssd),
+        "GPU" | "LocalGPUBackend" => Some(Medium::Hbm),
+        other => Medium::parse(other),
+    }
+}
+
+pub fn parse_evict(content_type: Option<&[u8]>, body: &[u8]) -> Result<EvictRequest, BodyError> {
+    let body = object(content_type, body)?;
+    let chunk_hashes = chunk_hashes(&body)?;
+    let locations = match body.get("locations") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => {
+            let mut media = SmallVec::new();
+            for it in items {
+                match it.as_str().and_then(location) {
+                    Some(m) => {
+                        if !media.contains(&m) {
+                            media.push(m);
+                        }
+                    }
+                    None => {
+                        return Err(BodyError::msg(format!(
+                            "Unknown location {it}: expected LocalCPUBackend, LocalDiskBackend, HBM, DRAM or SSD"
+                        )));
+                    }
+                }
+            }
+            Some(media)
+        }
+        Some(_) => return Err(BodyError::msg("Invalid 'locations': expected an array of strings or null")),
+    };
+    Ok(EvictRequest { chunk_hashes, locations })
+}
+
+pub fn parse_prefetch(content_type: Option<&[u8]>, body: &[u8]) -> Result<PrefetchRequest, BodyError> {
+    let body = object(content_type, body)?;
+    let chunk_hashes = chunk_hashes(&body)?;
+    let lookup_id = match body.get("lookup_id") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(BodyError::msg("Invalid 'lookup_id': expected a string")),
+    };
+    Ok(PrefetchRequest { chunk_hashes, lookup_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JSON: Option<&[u8]> = Some(b"application/json");
+
+    #[test]
+    fn evict_bodies() {
+        let r = parse_evict(JSON, br#"{"chunk_hashes":["a","b"],"locations":["LocalCPUBackend","DRAM"]}"#).unwrap();
+        assert_eq!(r.chunk_hashes, ["a", "b"]);
+        assert_eq!(r.locations.unwrap().as_slice(), [Medium::Dram]);
+        assert_eq!(parse_evict(JSON, br#"{"chunk_hashes":[],"locations":null}"#).unwrap().locations, None);
+        assert_eq!(parse_evict(Some(b"text/plain"), b"{}"), Err(BodyError::MediaType));
+        assert_eq!(parse_evict(None, b"{}"), Err(BodyError::MediaType));
+        assert_eq!(parse_evict(JSON, b"[]"), Err(BodyError::msg("Invalid JSON body")));
+        assert_eq!(parse_evict(JSON, b"{"), Err(BodyError::msg("Invalid JSON body")));
+        assert_eq!(parse_evict(JSON, b"{}"), Err(BodyError::msg("Missing 'chunk_hashes' in request body")));
+        assert!(parse_evict(JSON, br#"{"chunk_hashes":"a"}"#).is_err());
+        assert!(parse_evict(JSON, br#"{"chunk_hashes":["a"],"locations":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn prefetch_bodies() {
+        let r = parse_prefetch(JSON, br#"{"chunk_hashes":["a"],"lookup_id":"req_001"}"#).unwrap();
+        assert_eq!((r.chunk_hashes.len(), r.lookup_id.as_str()), (1, "req_001"));
+        assert_eq!(parse_prefetch(JSON, br#"{"chunk_hashes":[]}"#).unwrap().lookup_id, "");
+        assert!(parse_prefetch(JSON, br#"{"chunk_hashes":[],"lookup_id":5}"#).is_err());
+    }
+}
