@@ -69,10 +69,25 @@ pub struct Plan {
 
 /// Turns the arguments into a plan, or the one line that explains why the server cannot start.
 pub fn plan(args: &Args) -> Result<Plan, String> {
-    plan_with_cpus(args, &allowed_cpus())
+    plan_with(args, &allowed_cpus(), |var| std::env::var(var).ok())
 }
 
+/// Environment variables that set configuration keys: applied after the config file and
+/// before `--set`.
+pub const ENV_KEYS: &[(&str, &str)] = &[
+    ("MMC_API_TOKEN", "ock.mmc.http.auth_token"),
+    ("MMC_METRICS_TOKEN", "ock.mmc.http.metrics_token"),
+];
+
 pub fn plan_with_cpus(args: &Args, allowed: &[usize]) -> Result<Plan, String> {
+    plan_with(args, allowed, |_| None)
+}
+
+pub fn plan_with(
+    args: &Args,
+    allowed: &[usize],
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Plan, String> {
     let mut config = Config::defaults();
     let mut warnings = Vec::new();
     let err = |e: ConfigError| e.to_string();
@@ -82,6 +97,13 @@ pub fn plan_with_cpus(args: &Args, allowed: &[usize]) -> Result<Plan, String> {
                 "config file {} line {line}: unknown key {key} (ignored)",
                 path.display()
             ));
+        }
+    }
+    for (var, key) in ENV_KEYS {
+        if let Some(v) = env(var).filter(|v| !v.is_empty()) {
+            config
+                .set(key, &v)
+                .map_err(|e| format!("{e} (from the environment variable {var})"))?;
         }
     }
     for s in &args.sets {

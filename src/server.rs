@@ -65,6 +65,31 @@ fn bind_listeners(addr: SocketAddr, count: usize) -> Result<Vec<std::net::TcpLis
     Ok(out)
 }
 
+/// Fail-closed binding: off loopback, the server needs a data token and a different metrics
+/// token, or it does not start.
+pub fn check_exposure(config: &crate::config::Config, addr: SocketAddr) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        return Ok(());
+    }
+    let http = &config.http;
+    if http.auth_token.is_empty() {
+        return Err(format!(
+            "refusing to listen on {addr} (not loopback) without authentication: set ock.mmc.http.auth_token (or MMC_API_TOKEN) and a different ock.mmc.http.metrics_token (or MMC_METRICS_TOKEN)"
+        ));
+    }
+    if http.metrics_token.is_empty() {
+        return Err(format!(
+            "refusing to listen on {addr} (not loopback) without a separate metrics token: set ock.mmc.http.metrics_token (or MMC_METRICS_TOKEN), different from the data token"
+        ));
+    }
+    if http.metrics_token == http.auth_token {
+        return Err(format!(
+            "refusing to listen on {addr} (not loopback): ock.mmc.http.metrics_token must differ from ock.mmc.http.auth_token, so scrapers never hold the data token"
+        ));
+    }
+    Ok(())
+}
+
 /// A per-process random id that prefixes generated request ids.
 fn boot_id() -> u32 {
     let nanos = std::time::SystemTime::now()
@@ -84,6 +109,7 @@ impl Server {
             plan.config.listen.resolve().map_err(|e| {
                 format!("cannot resolve listen address {}: {e}", plan.config.listen)
             })?;
+        check_exposure(&plan.config, addr)?;
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;

@@ -27,6 +27,23 @@ fn init_logging(level: log::LevelFilter) {
     b.init();
 }
 
+/// Thousands of connections need descriptors: raise the soft limit to the hard one.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+                log::warn!("cannot raise the open-files limit from {}", lim.rlim_cur);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
@@ -61,6 +78,7 @@ fn main() -> ExitCode {
     for w in &plan.warnings {
         log::warn!("{w}");
     }
+    raise_fd_limit();
     let shards = plan.shard_cpus.len();
     let cpus = {
         let mut c = plan.shard_cpus.clone();
@@ -74,14 +92,19 @@ fn main() -> ExitCode {
     let server = match Server::start(plan) {
         Ok(s) => s,
         Err(e) => {
-            log::error!("{e}");
+            // One line, the same shape as a configuration error.
             eprintln!("mmc-server: {e}");
             return ExitCode::from(1);
         }
     };
     log::info!(
-        "mmc-server {} listening on http://{} ({shards} shards on CPUs {cpus}, io driver {})",
+        "mmc-server {} listening on {}://{} ({shards} shards on CPUs {cpus}, io driver {})",
         env!("CARGO_PKG_VERSION"),
+        if server.cluster.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
         server.local_addr,
         server.drivers[0]
     );

@@ -32,6 +32,7 @@ pub struct Config {
     pub store: StoreKeys,
     pub metrics: MetricsConfig,
     pub kv_events: crate::kv_events::KvEventsConfig,
+    pub tls: crate::http::tls::TlsConfig,
     pub log_level: log::LevelFilter,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
@@ -44,6 +45,9 @@ pub struct HttpConfig {
     pub header_timeout_ms: u64,
     pub shutdown_timeout_ms: u64,
     pub max_connections_per_shard: u64,
+    pub auth_token: String,
+    pub metrics_token: String,
+    pub max_inflight_per_shard: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -94,6 +98,8 @@ pub struct KeySpec {
     pub name: &'static str,
     pub default: &'static str,
     pub doc: &'static str,
+    /// A credential: never printed (errors and `--print-config` show `<redacted>`).
+    pub secret: bool,
     set: fn(&mut Config, &str) -> Result<(), String>,
 }
 
@@ -103,12 +109,36 @@ macro_rules! key {
             name: $name,
             default: $default,
             doc: $doc,
+            secret: false,
             set: |$c: &mut Config, $v: &str| -> Result<(), String> {
                 $body;
                 Ok(())
             },
         }
     };
+    (secret $name:literal, $default:literal, $doc:literal, |$c:ident, $v:ident| $body:expr) => {
+        KeySpec {
+            name: $name,
+            default: $default,
+            doc: $doc,
+            secret: true,
+            set: |$c: &mut Config, $v: &str| -> Result<(), String> {
+                $body;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Shown instead of a secret's value.
+pub const REDACTED: &str = "<redacted>";
+
+fn token(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    if v.len() > 1024 || !v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err("a token of at most 1024 visible ASCII characters (no spaces)".to_string());
+    }
+    Ok(v.to_string())
 }
 
 fn endpoint(v: &str) -> Result<String, String> {
@@ -185,6 +215,24 @@ pub static KEYS: &[KeySpec] = &[
         "16384",
         "Open connections one shard accepts; past it new connections are answered 429 and closed.",
         |c, v| c.http.max_connections_per_shard = parse_u64_in(v, 1, 1_000_000)?
+    ),
+    key!(
+        secret "ock.mmc.http.auth_token",
+        "",
+        "Bearer token every route but /healthz and /ready requires (env MMC_API_TOKEN). Required off loopback.",
+        |c, v| c.http.auth_token = token(v)?
+    ),
+    key!(
+        secret "ock.mmc.http.metrics_token",
+        "",
+        "Separate bearer token for /metrics* (env MMC_METRICS_TOKEN), so scrapers never hold the data token. Required off loopback.",
+        |c, v| c.http.metrics_token = token(v)?
+    ),
+    key!(
+        "ock.mmc.http.max_inflight_per_shard",
+        "1024",
+        "Requests one shard may be working on at once (waiting for other shards or the SSD); past it: 429.",
+        |c, v| c.http.max_inflight_per_shard = parse_u64_in(v, 1, 1_000_000)?
     ),
     key!(
         "ock.mmc.metadata.max_value_bytes",
@@ -312,6 +360,36 @@ pub static KEYS: &[KeySpec] = &[
         "65536",
         "Lifecycle events one shard's event bus queues before it drops (and counts) new ones.",
         |c, v| c.metrics.bus_capacity = parse_u64_in(v, 16, 1 << 24)?
+    ),
+    key!(
+        "ock.mmc.metrics.tls.enable",
+        "false",
+        "Serve HTTPS with required client certificates (mTLS) on the HTTP service.",
+        |c, v| c.tls.enable = parse_bool(v)?
+    ),
+    key!(
+        "ock.mmc.metrics.tls.ca.path",
+        "",
+        "PEM CA certificate(s) client certificates must chain to.",
+        |c, v| c.tls.ca_path = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.metrics.tls.cert.path",
+        "",
+        "PEM server certificate chain.",
+        |c, v| c.tls.cert_path = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.metrics.tls.key.path",
+        "",
+        "PEM private key of the server certificate.",
+        |c, v| c.tls.key_path = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.metrics.tls.crl.path",
+        "",
+        "Optional PEM certificate revocation list(s) for client certificates.",
+        |c, v| c.tls.crl_path = v.trim().to_string()
     ),
     key!(
         "ock.mmc.kv_events.enable",
@@ -455,6 +533,9 @@ impl Config {
                 header_timeout_ms: 0,
                 shutdown_timeout_ms: 0,
                 max_connections_per_shard: 0,
+                auth_token: String::new(),
+                metrics_token: String::new(),
+                max_inflight_per_shard: 0,
             },
             metadata: MetadataConfig {
                 max_value_bytes: 0,
@@ -499,6 +580,7 @@ impl Config {
                 replay_batches: 0,
                 block_size: 0,
             },
+            tls: crate::http::tls::TlsConfig::default(),
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
@@ -518,7 +600,11 @@ impl Config {
         };
         (KEYS[i].set)(self, value).map_err(|allowed| ConfigError::Invalid {
             key: key.to_string(),
-            value: value.to_string(),
+            value: if KEYS[i].secret {
+                REDACTED.to_string()
+            } else {
+                value.to_string()
+            },
             allowed,
         })?;
         self.raw[i] = value.trim().to_string();
@@ -532,6 +618,19 @@ impl Config {
                 "ock.mmc.evict_threshold_low ({}) must be below ock.mmc.evict_threshold_high ({})",
                 self.evict.low_percent, self.evict.high_percent
             )));
+        }
+        if self.tls.enable {
+            for (key, v) in [
+                ("ock.mmc.metrics.tls.ca.path", &self.tls.ca_path),
+                ("ock.mmc.metrics.tls.cert.path", &self.tls.cert_path),
+                ("ock.mmc.metrics.tls.key.path", &self.tls.key_path),
+            ] {
+                if v.is_empty() {
+                    return Err(ConfigError::Conflict(format!(
+                        "ock.mmc.metrics.tls.enable is true but {key} is empty: set it"
+                    )));
+                }
+            }
         }
         if self.kv_events.hard_capacity < self.kv_events.queue_capacity {
             return Err(ConfigError::Conflict(format!(
@@ -601,14 +700,18 @@ impl Config {
     }
 
     /// The effective configuration as a config file (every key with its current value).
+    /// The effective configuration as a config file; secrets that are set show as
+    /// `<redacted>`.
     pub fn render(&self) -> String {
         let mut out = String::new();
         for k in KEYS {
-            out.push_str(&format!(
-                "{} = {}\n",
-                k.name,
-                self.value_of(k.name).unwrap_or("")
-            ));
+            let v = self.value_of(k.name).unwrap_or("");
+            let v = if k.secret && !v.is_empty() {
+                REDACTED
+            } else {
+                v
+            };
+            out.push_str(&format!("{} = {}\n", k.name, v));
         }
         out
     }

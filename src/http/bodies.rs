@@ -37,7 +37,10 @@ pub struct PrefetchRequest {
     pub lookup_id: String,
 }
 
-fn object(content_type: Option<&[u8]>, body: &[u8]) -> Result<serde_json::Map<String, Value>, BodyError> {
+fn object(
+    content_type: Option<&[u8]>,
+    body: &[u8],
+) -> Result<serde_json::Map<String, Value>, BodyError> {
     if !content_type.is_some_and(is_json_media_type) {
         return Err(BodyError::MediaType);
     }
@@ -54,9 +57,15 @@ fn chunk_hashes(body: &serde_json::Map<String, Value>) -> Result<Vec<String>, Bo
     let bad = || BodyError::msg("Invalid 'chunk_hashes': expected an array of strings");
     let items = v.as_array().ok_or_else(bad)?;
     if items.len() > MAX_CHUNK_HASHES {
-        return Err(BodyError::msg(format!("Too many chunk hashes (max {MAX_CHUNK_HASHES})")));
+        return Err(BodyError::msg(format!(
+            "Too many chunk hashes (max {MAX_CHUNK_HASHES})"
+        )));
     }
-    items.iter().map(|h| h.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(bad)
+    items
+        .iter()
+        .map(|h| h.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(bad)
 }
 
 /// LMCache backend names and medium names → media.
@@ -92,12 +101,22 @@ pub fn parse_evict(content_type: Option<&[u8]>, body: &[u8]) -> Result<EvictRequ
             }
             Some(media)
         }
-        Some(_) => return Err(BodyError::msg("Invalid 'locations': expected an array of strings or null")),
+        Some(_) => {
+            return Err(BodyError::msg(
+                "Invalid 'locations': expected an array of strings or null",
+            ));
+        }
     };
-    Ok(EvictRequest { chunk_hashes, locations })
+    Ok(EvictRequest {
+        chunk_hashes,
+        locations,
+    })
 }
 
-pub fn parse_prefetch(content_type: Option<&[u8]>, body: &[u8]) -> Result<PrefetchRequest, BodyError> {
+pub fn parse_prefetch(
+    content_type: Option<&[u8]>,
+    body: &[u8],
+) -> Result<PrefetchRequest, BodyError> {
     let body = object(content_type, body)?;
     let chunk_hashes = chunk_hashes(&body)?;
     let lookup_id = match body.get("lookup_id") {
@@ -105,7 +124,10 @@ pub fn parse_prefetch(content_type: Option<&[u8]>, body: &[u8]) -> Result<Prefet
         Some(Value::String(s)) => s.clone(),
         Some(_) => return Err(BodyError::msg("Invalid 'lookup_id': expected a string")),
     };
-    Ok(PrefetchRequest { chunk_hashes, lookup_id })
+    Ok(PrefetchRequest {
+        chunk_hashes,
+        lookup_id,
+    })
 }
 
 #[cfg(test)]
@@ -116,15 +138,36 @@ mod tests {
 
     #[test]
     fn evict_bodies() {
-        let r = parse_evict(JSON, br#"{"chunk_hashes":["a","b"],"locations":["LocalCPUBackend","DRAM"]}"#).unwrap();
+        let r = parse_evict(
+            JSON,
+            br#"{"chunk_hashes":["a","b"],"locations":["LocalCPUBackend","DRAM"]}"#,
+        )
+        .unwrap();
         assert_eq!(r.chunk_hashes, ["a", "b"]);
         assert_eq!(r.locations.unwrap().as_slice(), [Medium::Dram]);
-        assert_eq!(parse_evict(JSON, br#"{"chunk_hashes":[],"locations":null}"#).unwrap().locations, None);
-        assert_eq!(parse_evict(Some(b"text/plain"), b"{}"), Err(BodyError::MediaType));
+        assert_eq!(
+            parse_evict(JSON, br#"{"chunk_hashes":[],"locations":null}"#)
+                .unwrap()
+                .locations,
+            None
+        );
+        assert_eq!(
+            parse_evict(Some(b"text/plain"), b"{}"),
+            Err(BodyError::MediaType)
+        );
         assert_eq!(parse_evict(None, b"{}"), Err(BodyError::MediaType));
-        assert_eq!(parse_evict(JSON, b"[]"), Err(BodyError::msg("Invalid JSON body")));
-        assert_eq!(parse_evict(JSON, b"{"), Err(BodyError::msg("Invalid JSON body")));
-        assert_eq!(parse_evict(JSON, b"{}"), Err(BodyError::msg("Missing 'chunk_hashes' in request body")));
+        assert_eq!(
+            parse_evict(JSON, b"[]"),
+            Err(BodyError::msg("Invalid JSON body"))
+        );
+        assert_eq!(
+            parse_evict(JSON, b"{"),
+            Err(BodyError::msg("Invalid JSON body"))
+        );
+        assert_eq!(
+            parse_evict(JSON, b"{}"),
+            Err(BodyError::msg("Missing 'chunk_hashes' in request body"))
+        );
         assert!(parse_evict(JSON, br#"{"chunk_hashes":"a"}"#).is_err());
         assert!(parse_evict(JSON, br#"{"chunk_hashes":["a"],"locations":"x"}"#).is_err());
     }
@@ -133,7 +176,12 @@ mod tests {
     fn prefetch_bodies() {
         let r = parse_prefetch(JSON, br#"{"chunk_hashes":["a"],"lookup_id":"req_001"}"#).unwrap();
         assert_eq!((r.chunk_hashes.len(), r.lookup_id.as_str()), (1, "req_001"));
-        assert_eq!(parse_prefetch(JSON, br#"{"chunk_hashes":[]}"#).unwrap().lookup_id, "");
+        assert_eq!(
+            parse_prefetch(JSON, br#"{"chunk_hashes":[]}"#)
+                .unwrap()
+                .lookup_id,
+            ""
+        );
         assert!(parse_prefetch(JSON, br#"{"chunk_hashes":[],"lookup_id":5}"#).is_err());
     }
 }

@@ -5,13 +5,12 @@
 //! `Content-Length` or decoded from chunked encoding in place, in the read buffer. A body over
 //! its limit is answered 413 as soon as the head shows it, without reading the body.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::time::Duration;
 
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
-use monoio::net::TcpStream;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::chunked::{ChunkedDecoder, Progress, TOO_LARGE};
 use super::handlers::keys_stream::KeyCursor;
@@ -19,7 +18,7 @@ use super::handlers::{self, Ctx, Request};
 use super::parse::{Framing, Head, Method, Parsed, ProtocolError, parse_head};
 use super::response::{self, Body, KeyListing, Part, Response, Status, Tail};
 use super::router::{self, Route};
-use super::{ConnState, Front};
+use super::{ConnState, Front, auth};
 use crate::limits::{
     LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
     WRITE_BUF_FLUSH_BYTES,
@@ -73,9 +72,13 @@ enum Verdict {
     NotFound,
     MethodNotAllowed(Route),
     Options(Option<Route>),
+    Unauthorized,
 }
 
-fn verdict(head: &Head<'_>) -> Verdict {
+fn verdict(front: &Front, head: &Head<'_>) -> Verdict {
+    if !front.auth().allows(head) {
+        return Verdict::Unauthorized;
+    }
     if head.path == b"*" {
         return Verdict::Options(None);
     }
@@ -87,8 +90,15 @@ fn verdict(head: &Head<'_>) -> Verdict {
     }
 }
 
-pub async fn run(front: Rc<Front>, mut stream: TcpStream) {
-    let conn = front.register(stream.as_raw_fd());
+/// A connection's byte stream: plain TCP or TLS over it.
+pub trait Io: AsyncReadRent + AsyncWriteRent {}
+
+impl<T: AsyncReadRent + AsyncWriteRent> Io for T {}
+
+/// Serves one connection. `fd` is the socket under `stream` (the housekeeping tick shuts it
+/// down to end idle or stalled connections).
+pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
+    let conn = front.register(fd);
     let mut rbuf: Vec<u8> = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
     let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
     let mut scratch: Vec<u8> = Vec::new();
@@ -151,7 +161,7 @@ pub async fn run(front: Rc<Front>, mut stream: TcpStream) {
             return;
         }
         if close {
-            linger(&mut stream, rbuf).await;
+            linger(&mut stream, fd, rbuf).await;
             return;
         }
         if front.is_draining() && rbuf.is_empty() {
@@ -260,7 +270,7 @@ fn frame(front: &Front, rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending)
                     Parsed::Error(e) => return Framed::Malformed(e),
                 };
                 let head_len = head.len;
-                let (limit, dispatchable) = match verdict(&head) {
+                let (limit, dispatchable) = match verdict(front, &head) {
                     Verdict::Dispatch(route) => (
                         handlers::body_limit(route, head.method, front.config()),
                         true,
@@ -343,7 +353,15 @@ async fn dispatch(
     let stats = shard.stats();
     stats.http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
-    let mut resp = match (early, verdict(head)) {
+    let mut resp = match (early, verdict(front, head)) {
+        (_, Verdict::Unauthorized) => {
+            let mut r = ctx.protocol_error(
+                Status::UNAUTHORIZED,
+                "Unauthorized: missing or invalid bearer token",
+            );
+            r.www_authenticate = Some(auth::CHALLENGE);
+            r
+        }
         (Some(Early::TooLarge), _) => {
             let mut r = ctx.protocol_error(TOO_LARGE.status, TOO_LARGE.message);
             r.close = true;
@@ -375,7 +393,11 @@ async fn dispatch(
                 route,
                 body: &req_bytes[head.len..],
             };
-            handlers::handle(&req, &mut ctx).await
+            match shard.load.enter() {
+                // Too much work already waits on this shard: shed at once.
+                None => ctx.overloaded(),
+                Some(_working) => handlers::handle(&req, &mut ctx).await,
+            }
         }
     };
     if early.is_some() || !head.keep_alive || front.is_draining() {
@@ -392,7 +414,7 @@ async fn dispatch(
 
 /// Writes the body parts that follow a head: shared bytes and pinned blobs (host memory
 /// straight from the segment; device memory through a bounded buffer), or a key stream.
-async fn write_tail(front: &Front, stream: &mut TcpStream, tail: Tail, http10: bool) -> bool {
+async fn write_tail<S: Io>(front: &Front, stream: &mut S, tail: Tail, http10: bool) -> bool {
     match tail {
         Tail::Parts(parts) => {
             for part in parts {
@@ -410,7 +432,7 @@ async fn write_tail(front: &Front, stream: &mut TcpStream, tail: Tail, http10: b
     }
 }
 
-async fn write_blob(stream: &mut TcpStream, p: &crate::shards::PinnedBlob) -> bool {
+async fn write_blob<S: Io>(stream: &mut S, p: &crate::shards::PinnedBlob) -> bool {
     use crate::shards::store::ssd::IoBuffer;
     let v = &p.view;
     let len = v.len as usize;
@@ -445,9 +467,9 @@ async fn write_blob(stream: &mut TcpStream, p: &crate::shards::PinnedBlob) -> bo
 }
 
 /// Streams `/get_all_keys` shard by shard, one page per chunk.
-async fn stream_keys(
+async fn stream_keys<S: Io>(
     front: &Front,
-    stream: &mut TcpStream,
+    stream: &mut S,
     listing: KeyListing,
     chunked: bool,
 ) -> bool {
@@ -476,7 +498,7 @@ async fn stream_keys(
     !chunked || stream.write_all(&b"0\r\n\r\n"[..]).await.0.is_ok()
 }
 
-async fn flush(stream: &mut TcpStream, wbuf: &mut Vec<u8>) -> bool {
+async fn flush<S: Io>(stream: &mut S, wbuf: &mut Vec<u8>) -> bool {
     let buf = std::mem::take(wbuf);
     let (res, mut buf) = stream.write_all(buf).await;
     buf.clear();
@@ -487,9 +509,9 @@ async fn flush(stream: &mut TcpStream, wbuf: &mut Vec<u8>) -> bool {
 /// Closes gracefully after an error answer: stop sending, then read and discard what the
 /// client still sends (bounded in bytes and time), so the kernel does not reset the connection
 /// and destroy the answer before the client read it.
-async fn linger(stream: &mut TcpStream, mut buf: Vec<u8>) {
+async fn linger<S: Io>(stream: &mut S, fd: RawFd, mut buf: Vec<u8>) {
     // SAFETY: the fd is open for the lifetime of `stream`.
-    unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) };
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
     let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
     let mut discarded = 0;
     buf.clear();

@@ -9,6 +9,7 @@
 //! close idle and stalled connections (by shutting their socket down, which wakes the pending
 //! read on either io driver at no cost to the hot path) and to drain on shutdown.
 
+pub mod auth;
 pub mod bodies;
 pub mod chunked;
 pub mod conn;
@@ -19,9 +20,10 @@ pub mod parse;
 pub mod query;
 pub mod response;
 pub mod router;
+pub mod tls;
 
 use std::cell::{Cell, RefCell};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -65,6 +67,9 @@ pub struct Front {
     id_seq: Cell<u64>,
     draining: Cell<bool>,
     accept_canceller: RefCell<Canceller>,
+    auth: auth::Auth,
+    /// mTLS acceptor when `ock.mmc.metrics.tls.enable` is on.
+    tls: Option<monoio_rustls::TlsAcceptor>,
 }
 
 /// A registered connection; leaving the registry when dropped.
@@ -93,6 +98,12 @@ impl Drop for ConnGuard {
 
 impl Front {
     pub fn new(shard: Rc<Shard>, boot_id: u32) -> Rc<Front> {
+        let auth = auth::Auth::new(&shard.cluster.config);
+        let tls = shard
+            .cluster
+            .tls
+            .clone()
+            .map(monoio_rustls::TlsAcceptor::from);
         let mut id_prefix = [0u8; 12];
         hex_into(&mut id_prefix[..8], boot_id as u64);
         hex_into(&mut id_prefix[8..], shard.id as u64);
@@ -104,6 +115,8 @@ impl Front {
             id_seq: Cell::new(0),
             draining: Cell::new(false),
             accept_canceller: RefCell::new(Canceller::new()),
+            auth,
+            tls,
         };
         front.refresh_date();
         Rc::new(front)
@@ -111,6 +124,10 @@ impl Front {
 
     pub fn shard(&self) -> &Rc<Shard> {
         &self.shard
+    }
+
+    pub fn auth(&self) -> &auth::Auth {
+        &self.auth
     }
 
     pub fn config(&self) -> &Config {
@@ -265,11 +282,27 @@ impl Front {
                     stats.connections_accepted.inc();
                     if self.connection_count() >= max_conns {
                         stats.connections_rejected.inc();
-                        monoio::spawn(refuse(self.clone(), stream));
+                        // A TLS client cannot read a plain answer: it is just closed.
+                        if self.tls.is_none() {
+                            monoio::spawn(refuse(self.clone(), stream));
+                        }
                         continue;
                     }
                     let _ = stream.set_nodelay(true);
-                    monoio::spawn(conn::run(self.clone(), stream));
+                    let fd = stream.as_raw_fd();
+                    match &self.tls {
+                        None => {
+                            monoio::spawn(conn::run(self.clone(), stream, fd));
+                        }
+                        Some(acceptor) => {
+                            monoio::spawn(tls_handshake(
+                                self.clone(),
+                                acceptor.clone(),
+                                stream,
+                                fd,
+                            ));
+                        }
+                    }
                 }
                 Err(_) if self.draining.get() => return,
                 Err(e) => {
@@ -283,6 +316,28 @@ impl Front {
                     monoio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
+        }
+    }
+}
+
+/// Completes the TLS handshake (bounded by the header timeout) and serves the connection; a
+/// client without a valid certificate is refused here.
+async fn tls_handshake(
+    front: Rc<Front>,
+    acceptor: monoio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    fd: RawFd,
+) {
+    let limit = Duration::from_millis(front.config().http.header_timeout_ms);
+    match monoio::time::timeout(limit, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => conn::run(front, tls, fd).await,
+        Ok(Err(e)) => {
+            front.shard.stats().tls_handshake_failures.inc();
+            log::debug!("shard {}: TLS handshake refused: {e}", front.shard.id);
+        }
+        Err(_) => {
+            front.shard.stats().tls_handshake_failures.inc();
+            log::debug!("shard {}: TLS handshake timed out", front.shard.id);
         }
     }
 }

@@ -145,6 +145,17 @@ pub static ROUTES: &[RouteSpec] = &[
 ];
 
 impl Route {
+    /// The scrape routes, guarded by the metrics token.
+    pub fn is_metrics(self) -> bool {
+        matches!(
+            self,
+            Route::Metrics
+                | Route::MetricsSummary
+                | Route::MetricsPtracer
+                | Route::AllocFreeLatency
+        )
+    }
+
     pub fn spec(self) -> &'static RouteSpec {
         &ROUTES[self as usize]
     }

@@ -978,6 +978,12 @@ fn render_server(cluster: &Cluster, o: &mut Out<'_>) {
         st(|s| s.overload_rejections.get()),
     );
     o.single(
+        "memcache_tls_handshake_failures_total",
+        "TLS handshakes refused or timed out (missing or invalid client certificates)",
+        "counter",
+        st(|s| s.tls_handshake_failures.get()),
+    );
+    o.single(
         "memcache_metadata_keys",
         "Keys stored through /metadata",
         "gauge",

@@ -31,6 +31,8 @@ pub struct ShardStats {
     pub cross_shard_requests: Counter,
     /// Requests answered 429 because a shard inbox or the outstanding limit was full.
     pub overload_rejections: Counter,
+    /// TLS handshakes that failed or timed out (bad or missing client certificates).
+    pub tls_handshake_failures: Counter,
     pub metadata_keys: Gauge,
     pub metadata_bytes: Gauge,
 }

@@ -12,6 +12,7 @@
 
 pub mod command;
 pub mod event;
+pub mod load;
 pub mod metadata;
 pub mod runtime;
 pub mod store;
@@ -140,6 +141,8 @@ pub struct Cluster {
     pub accepting: AtomicUsize,
     /// Set once by the signal handler; shards then stop accepting and drain.
     pub shutting_down: AtomicBool,
+    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The KV-event publisher's statistics.
     pub kv_stats: Arc<crate::kv_events::KvEventStats>,
     /// The KV-event queue, when publishing is enabled (set once at start).
@@ -160,6 +163,11 @@ impl Cluster {
         store::mount::mount_configured(&config, &segments, shard_count)?;
         let started = Instant::now();
         let window = config.metrics.window_secs;
+        let tls = if config.tls.enable {
+            Some(crate::http::tls::server_config(&config.tls)?)
+        } else {
+            None
+        };
         Ok(Arc::new(Cluster {
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, started, window))
@@ -170,6 +178,7 @@ impl Cluster {
             accepting: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
+            tls,
             kv_stats: Arc::new(crate::kv_events::KvEventStats::default()),
             kv_queue: std::sync::OnceLock::new(),
             started,
@@ -316,6 +325,8 @@ pub struct Shard {
     pub bus: EventBus,
     /// Reused buffer for the store's events.
     event_buf: RefCell<Vec<crate::metrics::bus::Event>>,
+    /// Requests in progress and their pace (overload shedding, `Retry-After`).
+    pub load: load::Load,
     /// Requests sent to other shards whose reply has not been consumed, by request id. A
     /// requester that gives up (its connection closed) removes its slot; the late reply is
     /// then dropped on arrival (and whatever it holds releases itself).
@@ -366,6 +377,7 @@ impl Shard {
             rewarm_done: LocalEvent::default(),
             bus,
             event_buf: RefCell::new(Vec::new()),
+            load: load::Load::new(cluster.config.http.max_inflight_per_shard as usize),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
@@ -900,7 +912,6 @@ impl Shard {
     fn send(&self, owner: ShardId, cmd: Command) -> Option<ReplyFuture<'_>> {
         let stats = self.stats();
         if self.in_flight.get() >= self.cluster.config.shard.max_outstanding as usize {
-            stats.overload_rejections.inc();
             return None;
         }
         let id = self.next_request_id.get();
@@ -915,7 +926,6 @@ impl Shard {
             })
             .is_err()
         {
-            stats.overload_rejections.inc();
             return None;
         }
         stats.cross_shard_requests.inc();

@@ -76,6 +76,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Replaces the listen address.
+    pub fn listen(mut self, addr: &str) -> Self {
+        let i = self.args.iter().position(|a| a == "--listen").unwrap();
+        self.args[i + 1] = addr.to_string();
+        self
+    }
+
     pub fn set(mut self, key: &str, value: &str) -> Self {
         self.args.push("--set".into());
         self.args.push(format!("{key}={value}"));
@@ -111,15 +118,22 @@ impl ServerBuilder {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                {
+                    let mut l = log2.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+                // Announce the address only once its line is in the log.
+                if let Some(rest) = line
+                    .split("listening on http")
+                    .nth(1)
+                    .and_then(|r| r.split("://").nth(1))
+                {
                     let addr = rest.split_whitespace().next().unwrap().to_string();
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(addr);
                     }
                 }
-                let mut l = log2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(20)) {

@@ -6,4 +6,5 @@ mod harness;
 mod foundation;
 mod lifecycle;
 mod observability;
+mod security;
 mod store;

@@ -33,7 +33,10 @@ pub async fn evict(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let mut evicted = 0;
     let replies = ctx
         .shard
-        .broadcast(|| Command::EvictNamed { names: names.clone(), locations: locations.clone() })
+        .broadcast(|| Command::EvictNamed {
+            names: names.clone(),
+            locations: locations.clone(),
+        })
         .await;
     for r in replies {
         match r {
@@ -57,7 +60,12 @@ pub async fn prefetch(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     // The rewarms start on the owners and run in the background; the answer does not wait.
     let names = names_of(&body.chunk_hashes);
-    let replies = ctx.shard.broadcast(|| Command::PrefetchNamed { names: names.clone() }).await;
+    let replies = ctx
+        .shard
+        .broadcast(|| Command::PrefetchNamed {
+            names: names.clone(),
+        })
+        .await;
     if let Some(bad) = replies.into_iter().find(|r| !matches!(r, Reply::Count(_))) {
         return ctx.reply_error(bad, "Key not found");
     }

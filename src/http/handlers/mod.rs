@@ -68,13 +68,17 @@ impl Ctx<'_> {
         Response::error(status, message, self.shard.clock.unix_secs(), self.scratch)
     }
 
-    /// 429 with `Retry-After`, for a request the owner shard could not take.
+    /// 429 with `Retry-After` (estimated from the work waiting and the recent pace), for a
+    /// request this shard or the key's owner could not take.
     pub fn overloaded(&mut self) -> Response {
+        let backlog = self.shard.remote().inbox_depth();
+        let retry = self.shard.load.retry_after_secs(backlog);
+        self.shard.stats().overload_rejections.inc();
         let mut r = self.protocol_error(
             Status::TOO_MANY_REQUESTS,
-            "Server overloaded: shard queue full, retry later",
+            "Server overloaded: too much work waiting, retry later",
         );
-        r.retry_after_secs = Some(1);
+        r.retry_after_secs = Some(retry);
         r
     }
 

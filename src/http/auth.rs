@@ -1,0 +1,151 @@
+//! Bearer-token authentication. With `ock.mmc.http.auth_token` set, every route but
+//! `/healthz` and `/ready` needs `Authorization: Bearer <token>`; with
+//! `ock.mmc.http.metrics_token` set, the `/metrics*` routes need that token instead, so a
+//! scraper never holds the data token. Tokens are compared in constant time.
+
+use super::parse::Head;
+use super::router::{self, Route};
+use crate::config::Config;
+
+/// The realm in `WWW-Authenticate`.
+pub const CHALLENGE: &str = "Bearer realm=\"memcache\"";
+
+pub struct Auth {
+    data: Option<Box<[u8]>>,
+    metrics: Option<Box<[u8]>>,
+}
+
+/// Which token a path needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Need {
+    Nothing,
+    Data,
+    Metrics,
+}
+
+impl Auth {
+    pub fn new(config: &Config) -> Auth {
+        let some = |t: &str| (!t.is_empty()).then(|| t.as_bytes().into());
+        Auth {
+            data: some(&config.http.auth_token),
+            metrics: some(&config.http.metrics_token),
+        }
+    }
+
+    fn need(path: &[u8]) -> Need {
+        match router::lookup(path) {
+            Some(Route::Healthz | Route::Ready) => Need::Nothing,
+            Some(r) if r.is_metrics() => Need::Metrics,
+            _ => Need::Data,
+        }
+    }
+
+    /// Whether the request may proceed.
+    pub fn allows(&self, head: &Head<'_>) -> bool {
+        let expected = match Auth::need(head.path) {
+            Need::Nothing => return true,
+            Need::Data => &self.data,
+            Need::Metrics => &self.metrics,
+        };
+        let Some(expected) = expected else {
+            return true;
+        };
+        head.authorization
+            .and_then(bearer)
+            .is_some_and(|t| constant_time_eq(t, expected))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive).
+fn bearer(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at(v.iter().position(|&b| b == b' ' || b == b'\t')?);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let t = super::parse::trim(rest);
+    (!t.is_empty()).then_some(t)
+}
+
+/// Compares without an early exit: the time depends only on the expected token's length.
+fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = (given.len() != expected.len()) as u8;
+    for (i, &e) in expected.iter().enumerate() {
+        diff |= e ^ given.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::parse::{Parsed, parse_head};
+
+    fn auth(data: &str, metrics: &str) -> Auth {
+        let mut c = Config::defaults();
+        c.set("ock.mmc.http.auth_token", data).unwrap();
+        c.set("ock.mmc.http.metrics_token", metrics).unwrap();
+        Auth::new(&c)
+    }
+
+    fn allows(a: &Auth, req: &str) -> bool {
+        match parse_head(req.as_bytes()) {
+            Parsed::Complete(h) => a.allows(&h),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn routes_and_tokens() {
+        let a = auth("data-token", "scrape-token");
+        assert!(allows(&a, "GET /healthz HTTP/1.1\r\n\r\n"));
+        assert!(allows(&a, "GET /ready HTTP/1.1\r\n\r\n"));
+        assert!(!allows(&a, "GET /health HTTP/1.1\r\n\r\n"));
+        assert!(allows(
+            &a,
+            "GET /health HTTP/1.1\r\nAuthorization: Bearer data-token\r\n\r\n"
+        ));
+        assert!(allows(
+            &a,
+            "GET /health HTTP/1.1\r\nAuthorization: bearer   data-token \r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /health HTTP/1.1\r\nAuthorization: Bearer data-tokeN\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /health HTTP/1.1\r\nAuthorization: Basic data-token\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /metrics HTTP/1.1\r\nAuthorization: Bearer data-token\r\n\r\n"
+        ));
+        assert!(allows(
+            &a,
+            "GET /metrics/summary HTTP/1.1\r\nAuthorization: Bearer scrape-token\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /health HTTP/1.1\r\nAuthorization: Bearer scrape-token\r\n\r\n"
+        ));
+        assert!(
+            !allows(&a, "GET /unknown HTTP/1.1\r\n\r\n"),
+            "unknown paths need the data token"
+        );
+        let open = auth("", "");
+        assert!(allows(&open, "GET /metrics HTTP/1.1\r\n\r\n"));
+        let data_only = auth("d", "");
+        assert!(
+            allows(&data_only, "GET /metrics HTTP/1.1\r\n\r\n"),
+            "no metrics token: scrapes are open"
+        );
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abcd", b"abc"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
+        assert!(!constant_time_eq(b"", b"abc"));
+    }
+}
