@@ -7,9 +7,13 @@ cd "$(dirname "$0")/.."
 
 # System packages the tests use, installed only when missing (apt-get update first, once).
 need_pkgs=()
+# The bundled libzmq (C++) and ring (C) are compiled by the build.
+command -v c++ >/dev/null || need_pkgs+=(g++)
 command -v curl >/dev/null || need_pkgs+=(curl)
 # promtool checks the /metrics exposition; a real Prometheus scrapes it.
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
+# The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3 python3-venv)
 if ((${#need_pkgs[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
