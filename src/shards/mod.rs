@@ -905,6 +905,11 @@ impl Shard {
     pub fn tick(self: &Rc<Self>) {
         self.store.borrow_mut().tick();
         self.after_store();
+        // Debug builds under test re-check the store's invariants every tick (a violation
+        // panics, which stops the server and fails the test that caused it).
+        if cfg!(debug_assertions) && debug_checks() {
+            self.store.borrow().check();
+        }
     }
 
     /// Sends `cmd` to `owner`; `None` when the owner's inbox (or our outstanding limit) is
@@ -1132,6 +1137,13 @@ impl WakeSet {
                 .map(move |b| w * 64 + b)
         })
     }
+}
+
+/// Whether `MMC_DEBUG_CHECK=1` asks debug builds to verify the store's invariants on every
+/// housekeeping tick (the integration tests set it).
+fn debug_checks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MMC_DEBUG_CHECK").is_some_and(|v| v == "1"))
 }
 
 #[cfg(test)]

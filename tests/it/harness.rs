@@ -106,6 +106,8 @@ impl ServerBuilder {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         cmd.env_remove("RUST_LOG");
+        // The debug server re-checks its store's invariants on every housekeeping tick.
+        cmd.env("MMC_DEBUG_CHECK", "1");
         for (k, v) in &self.envs {
             cmd.env(k, v);
         }

@@ -22,7 +22,7 @@ pub mod segment;
 pub mod ssd;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -208,6 +208,9 @@ pub struct Store {
     /// Chunk hash → objects whose key carries it (for `/memory/evict` and `/memory/prefetch`).
     chunks: HashMap<u64, SmallVec<[u32; 1]>, foldhash::fast::RandomState>,
     blobs: Slab<BlobRec>,
+    /// Objects allocated but not yet committed by their writer, so the tick that reclaims
+    /// abandoned allocations looks at these only, never at every object.
+    uncommitted: HashSet<u32, foldhash::fast::RandomState>,
     lru: Lru,
     next_tag: u64,
     zombies: Vec<u32>,
@@ -243,6 +246,7 @@ impl Store {
             hasher: Default::default(),
             chunks: HashMap::default(),
             blobs: Slab::new(),
+            uncommitted: HashSet::default(),
             lru: Lru::new(Medium::ALL.len()),
             next_tag: 1,
             zombies: Vec::new(),
@@ -509,6 +513,7 @@ impl Store {
             self.detach_blob(b, now);
         }
         let o = self.objects.remove(obj as usize);
+        self.uncommitted.remove(&obj);
         let h = self.hash_key(&o.key);
         if let Ok(e) = self.index.find_entry(h, |&id| id == obj) {
             e.remove();
@@ -642,6 +647,7 @@ impl Store {
             rewarming: false,
             chunk,
         }) as u32;
+        self.uncommitted.insert(obj);
         let h = self.hash_key(&self.objects[obj as usize].key);
         let objects = &self.objects;
         let hasher = &self.hasher;
@@ -722,6 +728,7 @@ impl Store {
             }
         }
         if ok {
+            self.uncommitted.remove(&obj.id);
             for &b in &blobs {
                 if self.blobs[b as usize].state == BlobState::Allocated {
                     self.make_readable(b, now);
@@ -1309,10 +1316,13 @@ impl Store {
     pub fn tick(&mut self) {
         let now = self.now_ms();
         self.reap_zombies(now);
+        // Only objects whose writer has not committed yet: a tick never walks all objects.
         let stale: Vec<u32> = self
-            .objects
+            .uncommitted
             .iter()
-            .filter(|(_, o)| {
+            .copied()
+            .filter(|&i| {
+                let o = &self.objects[i as usize];
                 o.blobs.iter().all(|&b| {
                     let b = &self.blobs[b as usize];
                     b.state == BlobState::Allocated
@@ -1320,7 +1330,6 @@ impl Store {
                 }) && !o.blobs.is_empty()
                     && !o.rewarming
             })
-            .map(|(i, _)| i as u32)
             .collect();
         for obj in stale {
             log::warn!(
@@ -1536,6 +1545,26 @@ impl Store {
         }
         assert_eq!(self.index.len(), self.objects.len());
         let _ = readable;
+        for &o in &self.uncommitted {
+            assert!(
+                self.objects.contains(o as usize),
+                "uncommitted object {o} is gone"
+            );
+        }
+        // Capacity accounting: a segment's used bytes are exactly its blobs' (live or zombie).
+        let mut used = vec![0u64; self.segs.len()];
+        for (_, b) in self.blobs.iter() {
+            used[b.seg as usize] += b.len;
+        }
+        for (id, ss) in self.segs.iter().enumerate() {
+            match ss {
+                Some(ss) => {
+                    assert_eq!(ss.used(), used[id], "used bytes of {}", ss.seg.name);
+                    ss.check();
+                }
+                None => assert_eq!(used[id], 0, "blobs on a forgotten segment {id}"),
+            }
+        }
         for (i, b) in self.blobs.iter() {
             if b.obj == NIL {
                 assert!(

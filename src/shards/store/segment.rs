@@ -412,6 +412,19 @@ impl ShardSegment {
         self.runs.values().sum()
     }
 
+    /// Checks the accounting (tests): the runs held are exactly the used plus the free bytes
+    /// inside them, and the segment's per-shard counter agrees.
+    pub fn check(&self) {
+        self.free.check();
+        assert_eq!(
+            self.used + self.free.free_bytes(),
+            self.held_bytes(),
+            "{}",
+            self.seg.name
+        );
+        assert_eq!(self.seg.used_by(self.shard), self.used, "{}", self.seg.name);
+    }
+
     /// Bytes this shard could allocate without evicting: free space in its runs plus the
     /// segment pool.
     pub fn free_bytes_hint(&self) -> u64 {
