@@ -300,6 +300,15 @@ impl Segment {
             .free_bytes()
     }
 
+    /// The largest contiguous range in the pool (for fragmentation measurements; takes the
+    /// pool lock).
+    pub fn pool_largest_free(&self) -> u64 {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .largest_free()
+    }
+
     pub fn gva(&self, offset: u64) -> u64 {
         self.base_gva + offset
     }
@@ -410,6 +419,26 @@ impl ShardSegment {
 
     pub fn held_bytes(&self) -> u64 {
         self.runs.values().sum()
+    }
+
+    /// Runs this shard holds.
+    pub fn runs_held(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Free bytes inside the runs this shard holds (usable by this shard only).
+    pub fn free_in_runs(&self) -> u64 {
+        self.free.free_bytes()
+    }
+
+    /// The largest contiguous free range inside this shard's runs.
+    pub fn largest_free_in_runs(&self) -> u64 {
+        self.free.largest_free()
+    }
+
+    /// Separate free ranges inside this shard's runs (holes between blobs, run tails).
+    pub fn free_ranges_in_runs(&self) -> usize {
+        self.free.free_ranges()
     }
 
     /// Bytes this shard could allocate without evicting: free space in its runs plus the
