@@ -14,7 +14,8 @@
 //!    `1 - largest free range / free bytes` as one shard sees them (its runs plus the segment
 //!    pool) and for the whole segment, the free bytes stranded in other shards' runs, and
 //!    allocation failures while the free bytes would have covered the request (the store
-//!    answers those by evicting more, so they cost capacity, not refused puts).
+//!    answers those by evicting more, so they cost capacity, not refused puts). Last, the
+//!    two-shard churn again for run sizes of 1 to 64 MiB (`ock.mmc.segment.run_bytes`).
 //!
 //! What bounds the fragmentation (from `src/shards/store/alloc.rs` and `segment.rs`):
 //! - every range is a multiple of the 4 KiB page, so no hole is smaller than a page and the
@@ -29,10 +30,11 @@
 //!   shard), where it merges with its free neighbours;
 //! - what is not bounded: free space inside a run is usable only by the shard that holds the
 //!   run ("stranded" for the others), and a run with one small live blob stays held; blobs are
-//!   never moved to compact. The figures below say how much that costs on these workloads.
+//!   never moved to compact. The printed figures say what that costs on these workloads;
+//!   `perf/results/store.md` records them.
 //!
-//! Run: `taskset -c 1 cargo bench --bench store_footprint` (about 30 s; `-- --test` runs a
-//! quick smoke version with 20,000 keys and fewer churn steps).
+//! Run: `taskset -c 1 cargo bench --bench store_footprint` (under 10 s here; `-- --test`
+//! runs a quick smoke version with 20,000 keys and fewer churn steps).
 
 mod common;
 
@@ -205,7 +207,11 @@ fn footprint(keys: u64, tp: u64) {
     let mut key = Vec::with_capacity(128);
     let mut alive = vec![true; (keys + keys / 10) as usize];
     let mut rng = Rng::new(7);
-    let checkpoints = [keys / 4, keys / 2, keys * 3 / 4, keys];
+    // Quarters, and the worst point below 1 M: one key past 2^19, where the slabs have just
+    // doubled their capacity.
+    let mut checkpoints = vec![keys / 4, keys / 2, keys * 3 / 4, keys, (1 << 19) + 1];
+    checkpoints.retain(|&c| c <= keys);
+    checkpoints.sort_unstable();
     let base = heap();
     // Big allocations that exist before the keys (statistics, histograms) are not the
     // store's per-key tables.
@@ -273,6 +279,7 @@ fn footprint(keys: u64, tp: u64) {
         if alive[i as usize] {
             lmcache_key(i, tp, &mut key);
             assert!(store.remove(&key));
+            drain_events(&mut store, &mut events);
             key_bytes -= key.len() as u64;
             alive[i as usize] = false;
             removed += 1;
@@ -291,6 +298,12 @@ fn footprint(keys: u64, tp: u64) {
     );
     println!("|---:|---:|---:|---:|---:|");
     row(keys, key_bytes);
+    let big: Vec<String> = big_allocations()
+        .into_iter()
+        .filter(|b| !big_before.contains(b))
+        .map(|(_, size)| size.to_string())
+        .collect();
+    println!("\nTables then (bytes): {}", big.join(", "));
     store.check();
     drop(store);
     drop(alive);
@@ -372,7 +385,7 @@ struct Churn {
 }
 
 impl Churn {
-    fn new(dist: Dist, shards: usize, seed: u64) -> Churn {
+    fn new(dist: Dist, shards: usize, run_bytes: u64, seed: u64) -> Churn {
         let seg = build_segment(
             &SegmentTable::default(),
             0,
@@ -380,7 +393,7 @@ impl Churn {
             CHURN_SEGMENT_BYTES,
             None,
             shards,
-            RUN_BYTES,
+            run_bytes,
         )
         .expect("a DRAM segment");
         Churn {
@@ -475,7 +488,7 @@ impl Churn {
 }
 
 fn churn(dist: Dist, shards: usize, steps: u64) {
-    let mut c = Churn::new(dist, shards, 0x5eed + shards as u64);
+    let mut c = Churn::new(dist, shards, RUN_BYTES, 0x5eed + shards as u64);
     c.fill();
     println!(
         "\n### {}, {shards} shard(s): {} live objects at the {FILL_PERCENT} % fill, {steps} remove+refill steps\n",
@@ -534,15 +547,56 @@ fn churn(dist: Dist, shards: usize, steps: u64) {
             (used - c.requested_live) as f64 * 100.0 / used as f64,
         );
     }
-    // Emptying the segment gives every byte back as one range: the coalescing check.
-    while !c.live.is_empty() {
-        c.remove_random();
+    c.empty();
+}
+
+impl Churn {
+    /// Removes everything: every byte must come back to the pool as one range (the
+    /// coalescing check).
+    fn empty(mut self) {
+        while !self.live.is_empty() {
+            self.remove_random();
+        }
+        for s in &mut self.shards {
+            s.release_all();
+        }
+        assert_eq!(self.seg.pool_free_bytes(), self.seg.capacity);
+        assert_eq!(self.seg.pool_largest_free(), self.seg.capacity);
     }
-    for s in &mut c.shards {
-        s.release_all();
+}
+
+/// One line per run size: the same churn with `ock.mmc.segment.run_bytes` changed, averaged
+/// over the steps after the first tenth (the warm-up).
+fn run_size_sweep(dist: Dist, shards: usize, steps: u64) {
+    for run_mib in [1u64, 4, 16, 64] {
+        let mut c = Churn::new(dist, shards, run_mib << 20, 0x5eed + shards as u64);
+        c.fill();
+        for _ in 0..steps / 10 {
+            c.remove_random();
+            c.fill();
+        }
+        let (a0, f0) = (c.attempts, c.failures);
+        let (mut frag_sum, mut stranded_sum, mut samples) = (0.0, 0.0, 0);
+        for step in 0..steps - steps / 10 {
+            c.remove_random();
+            c.fill();
+            if step % 64 == 0 {
+                frag_sum += c.frag_segment();
+                stranded_sum += c.stranded_for(0) as f64;
+                samples += 1;
+            }
+        }
+        let attempts = c.attempts - a0;
+        println!(
+            "| {} | {shards} | {} MiB | {:.3} | {:.1} | {:.2} % |",
+            dist.name(),
+            c.seg.run_bytes >> 20,
+            frag_sum / samples as f64,
+            stranded_sum / samples as f64 / (1 << 20) as f64,
+            (c.failures - f0) as f64 * 100.0 / attempts as f64,
+        );
+        c.empty();
     }
-    assert_eq!(c.seg.pool_free_bytes(), c.seg.capacity);
-    assert_eq!(c.seg.pool_largest_free(), c.seg.capacity);
 }
 
 fn main() {
@@ -574,6 +628,16 @@ fn main() {
         for shards in [1, 2] {
             churn(dist, shards, steps);
         }
+    }
+    println!(
+        "\n### Run size (`ock.mmc.segment.run_bytes`) against fragmentation, after a tenth of warm-up\n"
+    );
+    println!(
+        "| distribution | shards | run | frag, whole segment (mean) | free in shard 1's runs MiB (mean) | failed while free ≥ request |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for dist in [Dist::KvBlocks, Dist::LogUniform] {
+        run_size_sweep(dist, 2, steps);
     }
     println!("\n(total {:.1} s)", started.elapsed().as_secs_f64());
 }
