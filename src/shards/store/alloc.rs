@@ -7,7 +7,7 @@
 //!
 //! Best fit with coalescing keeps fragmentation low in practice (it is among the best
 //! policies measured by Johnstone & Wilson, "The memory fragmentation problem: solved?",
-//! 1998); `benches/store.rs` measures it on a mixed-size churn.
+//! 1998); `benches/store_footprint.rs` measures it on mixed-size churns.
 
 use std::collections::{BTreeMap, BTreeSet};
 

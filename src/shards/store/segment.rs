@@ -300,6 +300,15 @@ impl Segment {
             .free_bytes()
     }
 
+    /// The largest contiguous range in the pool (for fragmentation measurements; takes the
+    /// pool lock).
+    pub fn pool_largest_free(&self) -> u64 {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .largest_free()
+    }
+
     pub fn gva(&self, offset: u64) -> u64 {
         self.base_gva + offset
     }
@@ -425,6 +434,26 @@ impl ShardSegment {
         assert_eq!(self.seg.used_by(self.shard), self.used, "{}", self.seg.name);
     }
 
+    /// Runs this shard holds.
+    pub fn runs_held(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Free bytes inside the runs this shard holds (usable by this shard only).
+    pub fn free_in_runs(&self) -> u64 {
+        self.free.free_bytes()
+    }
+
+    /// The largest contiguous free range inside this shard's runs.
+    pub fn largest_free_in_runs(&self) -> u64 {
+        self.free.largest_free()
+    }
+
+    /// Separate free ranges inside this shard's runs (holes between blobs, run tails).
+    pub fn free_ranges_in_runs(&self) -> usize {
+        self.free.free_ranges()
+    }
+
     /// Bytes this shard could allocate without evicting: free space in its runs plus the
     /// segment pool.
     pub fn free_bytes_hint(&self) -> u64 {
@@ -462,9 +491,12 @@ impl ShardSegment {
         let rounded = self.free.round_up(len.max(1));
         self.used -= rounded;
         self.seg.add_used(self.shard, -(rounded as i64));
+        // The freed pages stay committed while this shard holds their run: handing them back
+        // here would make the next blob placed there fault every page in again (measured:
+        // a 64 KiB write costs 44 µs into discarded pages, 5 µs into mapped ones). Memory goes
+        // back to the kernel when a whole run returns to the pool (`give_run`), so a shard keeps
+        // at most its runs' worth of free pages resident.
         let (fs, fl) = self.free.release(offset, rounded);
-        // SAFETY: the range belongs to no blob any more.
-        unsafe { self.seg.backend.discard(offset, rounded) };
         let fully_free: Vec<(u64, u64)> = self
             .runs
             .range(fs..fs + fl)
