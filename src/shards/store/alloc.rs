@@ -141,6 +141,14 @@ impl RangeAlloc {
         (new_start, new_len)
     }
 
+    /// Whether `[start, start + len)` is entirely free.
+    pub fn covers(&self, start: u64, len: u64) -> bool {
+        self.by_start
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(&fs, &fl)| fs + fl >= start + len)
+    }
+
     /// Removes a free range that exactly matches `[start, start + len)` (used to give a fully
     /// free run back to its pool). Returns false when it is not a single free range.
     pub fn take_exact(&mut self, start: u64, len: u64) -> bool {

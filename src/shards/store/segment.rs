@@ -210,6 +210,8 @@ pub struct Segment {
     status: AtomicU8,
     /// Size of the runs shards take for small blobs.
     pub run_bytes: u64,
+    /// Empty runs one shard may keep instead of returning them to the pool.
+    pub spare_runs: usize,
 }
 
 impl Segment {
@@ -227,6 +229,9 @@ impl Segment {
         // pool lock over many blobs.
         let per_shard = (capacity / (4 * shards as u64)).max(PAGE_BYTES);
         let run_bytes = (run_bytes.min(per_shard) / PAGE_BYTES).max(1) * PAGE_BYTES;
+        // Empty runs a shard keeps (pages committed) instead of returning them to the pool:
+        // at most an eighth of its share of the segment, between one and four runs.
+        let spare_runs = (capacity / shards as u64 / 8 / run_bytes).clamp(1, 4) as usize;
         Segment {
             id,
             rank,
@@ -239,6 +244,7 @@ impl Segment {
             used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             status: AtomicU8::new(SegmentStatus::Ok as u8),
             run_bytes,
+            spare_runs,
         }
     }
 
@@ -484,9 +490,8 @@ impl ShardSegment {
         Some((offset, rounded))
     }
 
-    /// Frees a blob's range. Runs that become entirely free go back to the pool, keeping one
-    /// spare so a shard that allocates and frees in a loop does not take the pool lock each
-    /// time.
+    /// Frees a blob's range. Runs that become entirely free go back to the pool, except up to
+    /// [`Segment::spare_runs`] kept for the next blobs.
     pub fn free(&mut self, offset: u64, len: u64) {
         let rounded = self.free.round_up(len.max(1));
         self.used -= rounded;
@@ -503,9 +508,24 @@ impl ShardSegment {
             .filter(|&(&s, &l)| s + l <= fs + fl)
             .map(|(&s, &l)| (s, l))
             .collect();
-        let spare_kept = self.runs.len() == fully_free.len();
-        for (i, (s, l)) in fully_free.into_iter().enumerate() {
-            if spare_kept && i == 0 && l == self.seg.run_bytes {
+        if fully_free.is_empty() {
+            return;
+        }
+        // Keep a few empty runs, pages committed, for the next blobs: a shard that churns
+        // (puts and removes about as much as a run) then neither takes the pool lock nor
+        // faults pages in. Past `spare_runs`, empty runs go back to the pool for every shard.
+        let mut idle = self
+            .runs
+            .iter()
+            .filter(|&(&s, &l)| {
+                l == self.seg.run_bytes
+                    && !fully_free.contains(&(s, l))
+                    && self.free.covers(s, l)
+            })
+            .count();
+        for (s, l) in fully_free {
+            if l == self.seg.run_bytes && idle < self.seg.spare_runs {
+                idle += 1;
                 continue;
             }
             let carved = self.free.alloc_at(s, l);
@@ -574,6 +594,40 @@ mod tests {
         a.release_all();
         b.release_all();
         assert_eq!(seg.pool_free_bytes(), 16 << 20);
+    }
+
+    #[test]
+    fn empty_runs_are_kept_up_to_the_spare_budget_with_pages_committed() {
+        // 64 MiB, one shard, 1 MiB runs: an eighth of the share is 8 runs, capped at 4.
+        let seg = host_segment(64 << 20, 1, 1 << 20);
+        assert_eq!(seg.spare_runs, 4);
+        let mut a = ShardSegment::new(seg.clone(), 0);
+        let keep = a.alloc(4096).unwrap();
+        // Fill six more runs with 256 KiB blobs, written so their pages are committed.
+        let blobs: Vec<(u64, u64)> = (0..24).map(|_| a.alloc(256 << 10).unwrap()).collect();
+        for &(off, len) in &blobs {
+            let region = seg.backend.host_region().unwrap();
+            // SAFETY: the range is this test's blob.
+            unsafe { region.write(off, &vec![7u8; len as usize]).unwrap() };
+        }
+        assert_eq!(a.runs_held(), 7);
+        for &(off, len) in &blobs {
+            a.free(off, len);
+        }
+        // Four empty runs stay with the shard (plus the one holding `keep`); two went back.
+        assert_eq!(a.runs_held(), 5);
+        assert_eq!(seg.pool_free_bytes(), (64 << 20) - (5 << 20));
+        a.check();
+        // The kept pages were not handed back: the next blob lands on committed memory.
+        let (off, _) = a.alloc(256 << 10).unwrap();
+        let mut back = vec![0u8; 16];
+        // SAFETY: reading this test's blob.
+        unsafe { seg.backend.host_region().unwrap().read(off, &mut back).unwrap() };
+        assert_eq!(back, [7u8; 16], "pages of a kept run are not discarded");
+        a.free(off, 256 << 10);
+        a.free(keep.0, keep.1);
+        a.release_all();
+        assert_eq!(seg.pool_free_bytes(), 64 << 20);
     }
 
     #[test]
