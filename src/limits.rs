@@ -40,6 +40,15 @@ pub const READ_BUF_INITIAL_BYTES: usize = 8 * 1024;
 /// once the request is done, so an idle connection never pins megabytes.
 pub const READ_BUF_KEEP_BYTES: usize = 256 * 1024;
 
+/// A single-object put with a body at least this large is streamed from the socket into its
+/// blobs as it arrives (no read buffer the size of the body, one copy fewer for host memory);
+/// smaller bodies are buffered, which costs less than the extra round of the alloc first.
+pub const STREAM_BODY_MIN_BYTES: u64 = 256 * 1024;
+
+/// Staging buffer of a streamed body on its way into device memory (or several replicas), and
+/// of a body read only to be dropped.
+pub const STAGING_BYTES: usize = 1024 * 1024;
+
 /// Pending response bytes after which the connection writes before parsing more pipelined
 /// requests, so a client that pipelines thousands of requests cannot grow our buffer unbounded.
 pub const WRITE_BUF_FLUSH_BYTES: usize = 64 * 1024;

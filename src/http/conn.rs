@@ -20,7 +20,7 @@ use super::response::{self, Body, KeyListing, Part, Response, Status, Tail};
 use super::router::{self, Route};
 use super::{ConnState, Front, auth};
 use crate::limits::{
-    LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
+    LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES, STAGING_BYTES,
     WRITE_BUF_FLUSH_BYTES,
 };
 
@@ -54,6 +54,13 @@ enum Framed {
         body_end: usize,
         next: usize,
         early: Option<Early>,
+    },
+    /// A complete head whose large body is still arriving and goes straight to its
+    /// destination ([`handlers::streams_body`]): everything after the head in the buffer is
+    /// the start of that body.
+    Stream {
+        head_len: usize,
+        body_len: usize,
     },
 }
 
@@ -113,6 +120,33 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             let framed = frame(&front, &mut rbuf, start, &mut pending);
             let (head_len, body_end, next, early) = match framed {
                 Framed::NeedMore => break,
+                Framed::Stream { head_len, body_len } => {
+                    // The answers before this one go out first (they are complete).
+                    if !wbuf.is_empty() && !flush(&mut stream, &mut wbuf).await {
+                        return;
+                    }
+                    let streamed = stream_put(
+                        &front,
+                        &mut stream,
+                        &rbuf[start..],
+                        head_len,
+                        body_len,
+                        &mut scratch,
+                        &mut wbuf,
+                    )
+                    .await;
+                    // The rest of the buffer was this request's body.
+                    rbuf.truncate(start);
+                    continue_sent = false;
+                    match streamed {
+                        None => return,
+                        Some(true) => {
+                            close = true;
+                            break;
+                        }
+                        Some(false) => continue,
+                    }
+                }
                 Framed::Malformed(e) => {
                     conn.set(ConnState::Busy);
                     let mut resp =
@@ -270,13 +304,14 @@ fn frame(front: &Front, rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending)
                     Parsed::Error(e) => return Framed::Malformed(e),
                 };
                 let head_len = head.len;
-                let (limit, dispatchable) = match verdict(front, &head) {
+                let (limit, route) = match verdict(front, &head) {
                     Verdict::Dispatch(route) => (
                         handlers::body_limit(route, head.method, front.config()),
-                        true,
+                        Some(route),
                     ),
-                    _ => (front.config().http.max_body_bytes, false),
+                    _ => (front.config().http.max_body_bytes, None),
                 };
+                let dispatchable = route.is_some();
                 match head.framing {
                     Framing::None => {
                         return Framed::Request {
@@ -310,6 +345,12 @@ fn frame(front: &Front, rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending)
                                 body_end: head_len,
                                 next: head_len,
                                 early: Some(Early::BodyNotRead),
+                            };
+                        }
+                        if route.is_some_and(|r| handlers::streams_body(r, head.method, n)) {
+                            return Framed::Stream {
+                                head_len,
+                                body_len: n as usize,
                             };
                         }
                         *pending = Pending::Length { head_len, total };
@@ -410,6 +451,166 @@ async fn dispatch(
     let close = resp.close;
     let tail = front.encode(resp, Some(head), scratch, wbuf);
     (tail, close)
+}
+
+/// Serves a put whose body is still arriving ([`Framed::Stream`]): the owner allocates first,
+/// then the body goes from the socket into the blobs (host memory directly; device memory
+/// through a bounded staging buffer), then the commit. `req` is the head and the body bytes
+/// that already arrived. The answer is encoded into `wbuf`. Returns whether the connection
+/// closes after it, or `None` when it broke (an allocation is then aborted).
+async fn stream_put<S: Io>(
+    front: &Front,
+    stream: &mut S,
+    req: &[u8],
+    head_len: usize,
+    body_len: usize,
+    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+) -> Option<bool> {
+    let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
+        unreachable!("a framed head parses again");
+    };
+    let received = &req[head_len..];
+    debug_assert!(received.len() < body_len);
+    let shard = front.shard();
+    shard.stats().http_requests.inc();
+    let mut ctx = Ctx { shard, scratch };
+    let request = Request {
+        head: &head,
+        route: Route::Objects,
+        body: &[],
+    };
+    // With `Expect: 100-continue` the client sends the body only after our go-ahead, so a put
+    // refused before allocation is answered at once and the connection closed.
+    let mut refused_unread = false;
+    let mut resp = match shard.load.enter() {
+        None => {
+            let mut r = ctx.overloaded();
+            r.close = true;
+            r
+        }
+        Some(_working) => {
+            let fill = async |blobs: Option<&[crate::shards::store::BlobView]>| match blobs {
+                None if head.expect_continue => {
+                    refused_unread = true;
+                    handlers::Filled::Ok
+                }
+                None => {
+                    if discard_body(stream, body_len - received.len()).await {
+                        handlers::Filled::Ok
+                    } else {
+                        handlers::Filled::Broken
+                    }
+                }
+                Some(blobs) => {
+                    if head.expect_continue
+                        && stream
+                            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
+                            .await
+                            .0
+                            .is_err()
+                    {
+                        return handlers::Filled::Broken;
+                    }
+                    fill_blobs(stream, blobs, received, body_len).await
+                }
+            };
+            handlers::put_streamed(&request, &mut ctx, body_len as u64, fill).await?
+        }
+    };
+    if refused_unread || !head.keep_alive || front.is_draining() {
+        resp.close = true;
+    }
+    let close = resp.close;
+    let tail = front.encode(resp, Some(&head), scratch, wbuf);
+    debug_assert!(tail.is_none(), "a put's answer is JSON");
+    Some(close)
+}
+
+/// Moves a body into every blob: `received` (already read), then the rest from the socket.
+/// One host-memory blob is read into directly; otherwise the bytes pass through a staging
+/// buffer of at most [`STAGING_BYTES`].
+async fn fill_blobs<S: Io>(
+    stream: &mut S,
+    blobs: &[crate::shards::store::BlobView],
+    received: &[u8],
+    body_len: usize,
+) -> handlers::Filled {
+    use crate::shards::store::ssd::IoBuffer;
+    use handlers::Filled;
+    let write_all = |offset: usize, data: &[u8]| -> std::io::Result<()> {
+        for b in blobs {
+            // SAFETY: the blobs are ALLOCATED for this writer alone (the grant) until commit.
+            unsafe { b.seg.backend.write(b.offset + offset as u64, data)? };
+        }
+        Ok(())
+    };
+    if let Err(e) = write_all(0, received) {
+        return Filled::SegmentError(e);
+    }
+    let mut filled = received.len();
+    if let [b] = blobs
+        && b.seg.backend.host_region().is_some()
+    {
+        while filled < body_len {
+            // SAFETY: the blob is ALLOCATED for this writer alone until commit, and the
+            // grant (held by our caller) keeps it so while the read is in flight.
+            let view = unsafe {
+                IoBuffer::segment_view(
+                    b.seg.clone(),
+                    b.offset + filled as u64,
+                    body_len - filled,
+                    false,
+                )
+            };
+            let view = match view {
+                Ok(v) => v,
+                Err(e) => return Filled::SegmentError(e),
+            };
+            match stream.read(view).await.0 {
+                Ok(0) | Err(_) => return Filled::Broken,
+                Ok(n) => filled += n,
+            }
+        }
+        return Filled::Ok;
+    }
+    let mut staging: Vec<u8> = Vec::with_capacity(STAGING_BYTES.min(body_len - filled));
+    let mut failed = None;
+    while filled < body_len {
+        let want = staging.capacity().min(body_len - filled);
+        staging.clear();
+        let (res, slice) = stream.read(staging.slice_mut(0..want)).await;
+        staging = slice.into_inner();
+        match res {
+            Ok(0) | Err(_) => return Filled::Broken,
+            Ok(n) => {
+                // After a failed copy the rest of the body is still read, and dropped.
+                if failed.is_none()
+                    && let Err(e) = write_all(filled, &staging[..n])
+                {
+                    failed = Some(e);
+                }
+                filled += n;
+            }
+        }
+    }
+    failed.map_or(Filled::Ok, Filled::SegmentError)
+}
+
+/// Reads and drops `len` body bytes. False when the connection broke first.
+async fn discard_body<S: Io>(stream: &mut S, mut len: usize) -> bool {
+    let mut buf: Vec<u8> = Vec::with_capacity(STAGING_BYTES.min(len));
+    while len > 0 {
+        let want = buf.capacity().min(len);
+        buf.clear();
+        let (res, slice) = stream.read(buf.slice_mut(0..want)).await;
+        buf = slice.into_inner();
+        match res {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => len -= n,
+        }
+    }
+    true
 }
 
 /// Writes the body parts that follow a head: shared bytes and pinned blobs (host memory

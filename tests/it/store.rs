@@ -21,6 +21,7 @@ both_drivers!(
     memory_evict_and_prefetch,
     mount_and_unmount_segments,
     batch_routes,
+    large_puts_stream_into_their_blobs,
 );
 
 /// Deterministic pseudo-random bytes.
@@ -128,6 +129,92 @@ pub fn temp_dir(tag: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// Puts of 256 KiB and more go from the socket straight into their blobs as the body arrives.
+/// The framing around them must hold: expect-continue, pipelining, refusals that still
+/// consume the body, and clients that vanish mid-body (their allocation is given back).
+fn large_puts_stream_into_their_blobs(driver: Driver) {
+    let srv = ServerBuilder::new(driver)
+        .shards(2)
+        .set("ock.mmc.local_service.hbm.size", "64MB")
+        .set("ock.mmc.local_service.dram.size", "64MB")
+        .start();
+    let mut c = srv.client();
+    let big = data(3 << 20, 7);
+    let head = |key: &str, extra: &str, len: usize| {
+        format!("PUT /api/v1/objects?key={key}{extra} HTTP/1.1\r\nContent-Length: {len}\r\n\r\n")
+    };
+    // Head, a piece of the body, a pause, the rest: on both media, and with replicas.
+    for (key, extra) in [("s-hbm", "&medium=hbm"), ("s-dram", "&medium=dram")] {
+        c.send(head(key, extra, big.len()).as_bytes());
+        c.send(&big[..1000]);
+        std::thread::sleep(Duration::from_millis(50));
+        c.send(&big[1000..]);
+        let r = c.read_response(false);
+        assert_eq!(r.json()["size"], big.len() as u64, "{key}: {}", r.text());
+        assert_eq!(get_bytes(&mut c, key), big, "{key}");
+    }
+    // Pipelined: a small request before, a streamed put, and a GET after, in one write.
+    let mut burst = b"GET /healthz HTTP/1.1\r\n\r\n".to_vec();
+    burst.extend_from_slice(head("s-pipe", "", big.len()).as_bytes());
+    burst.extend_from_slice(&big);
+    burst.extend_from_slice(b"GET /api/v1/objects/exist?key=s-pipe HTTP/1.1\r\n\r\n");
+    c.send(&burst);
+    assert_eq!(c.read_response(false).text(), "ok");
+    assert_eq!(c.read_response(false).json()["success"], true);
+    assert_eq!(c.read_response(false).json()["exists"], true);
+    assert_eq!(get_bytes(&mut c, "s-pipe"), big);
+    // A refused put (duplicate key) still consumes its body: the connection stays usable.
+    c.send(head("s-dram", "", big.len()).as_bytes());
+    c.send(&big);
+    c.read_response(false)
+        .assert_error(200, "Duplicated object: key already exists");
+    assert_eq!(c.get("/healthz").text(), "ok");
+    // With Expect: 100-continue the go-ahead comes only once the blobs are allocated.
+    let mut e = srv.client();
+    e.send(
+        format!(
+            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            big.len()
+        )
+        .as_bytes(),
+    );
+    let interim = e.read_response(true);
+    assert_eq!(interim.status, 100);
+    e.send(&big);
+    assert_eq!(e.read_response(false).json()["size"], big.len() as u64);
+    assert_eq!(get_bytes(&mut e, "s-cont"), big);
+    // ...and a refusal is answered at once, without the body, and the connection closed.
+    e.send(
+        format!(
+            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            big.len()
+        )
+        .as_bytes(),
+    );
+    let r = e.read_response(false);
+    r.assert_error(200, "Duplicated object: key already exists");
+    assert_eq!(r.header("connection"), Some("close"));
+    // A client that goes away mid-body: nothing is stored, the bytes are given back.
+    let used = segment_used(&mut c, "rank-0-dram");
+    for i in 0..4 {
+        let mut gone = srv.client();
+        gone.send(head(&format!("s-gone-{i}"), "&medium=dram", big.len()).as_bytes());
+        gone.send(&big[..big.len() / 2]);
+        drop(gone);
+    }
+    eventually("aborted puts release their blobs", || {
+        segment_used(&mut c, "rank-0-dram") == used
+    });
+    for i in 0..4 {
+        c.get(&format!("/api/v1/objects?key=s-gone-{i}"))
+            .assert_error(200, "Key not found");
+    }
+    // The server is fine: a last round trip on a fresh connection.
+    let mut f = srv.client();
+    put_ok(&mut f, "s-last", &big[..300_000], "");
+    assert_eq!(get_bytes(&mut f, "s-last"), &big[..300_000]);
 }
 
 fn objects_round_trip_every_size_medium_and_replica(driver: Driver) {

@@ -119,6 +119,32 @@ fn tracepoint(route: Route, method: Method) -> Option<Tp> {
     })
 }
 
+pub use objects::Filled;
+
+/// Whether a request's body is streamed into its destination as it arrives instead of being
+/// buffered first: a single-object put large enough for the copy and the buffer to matter.
+pub fn streams_body(route: Route, method: Method, len: u64) -> bool {
+    route == Route::Objects && method == Method::Put && len >= crate::limits::STREAM_BODY_MIN_BYTES
+}
+
+/// `PUT /api/v1/objects` with a body that is still arriving: `fill` moves it into the granted
+/// blobs (or consumes it when the put fails first). `None`: the connection broke mid-body.
+pub async fn put_streamed(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    size: u64,
+    fill: impl AsyncFnOnce(Option<&[crate::shards::store::BlobView]>) -> Filled,
+) -> Option<Response> {
+    let span = ctx.shard.remote().tracer.begin(Tp::Put);
+    let start = std::time::Instant::now();
+    let resp = match object_key(req, ctx, "key") {
+        Ok(key) => objects::put(req, ctx, key, size, start, fill).await,
+        Err(r) => objects::consumed(fill, r).await,
+    };
+    span.end(resp.as_ref().is_some_and(|r| !r.failed));
+    resp
+}
+
 pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let shard: &Rc<Shard> = ctx.shard;
     let span = tracepoint(req.route, req.head.method).map(|tp| shard.remote().tracer.begin(tp));

@@ -130,37 +130,17 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             other => ctx.reply_error(other, "Key not found"),
         },
         Method::Put => {
-            let opts = match put_options(req, ctx) {
-                Ok(o) => o,
-                Err(r) => return r,
+            let body = req.body;
+            let fill = async |blobs: Option<&[BlobView]>| match blobs {
+                None => Filled::Ok,
+                Some(blobs) => match write_blobs(blobs, body) {
+                    Ok(()) => Filled::Ok,
+                    Err(e) => Filled::SegmentError(e),
+                },
             };
-            let size = req.body.len() as u64;
-            let cmd = Command::Alloc {
-                key: key.clone(),
-                size,
-                medium: opts.medium,
-                replicas: opts.replicas,
-                prot: 0,
-            };
-            let grant = match ctx.shard.execute(cmd).await {
-                Reply::Granted(g) => g,
-                other => return ctx.reply_error(other, "Key not found"),
-            };
-            let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
-            if let Err(e) = write_blobs(&grant.blobs, req.body) {
-                log::error!("writing {} bytes for a put failed: {e}", req.body.len());
-                commit(ctx, key, grant, false).await;
-                return ctx
-                    .business_error("Write failed: could not copy the object into its segment");
-            }
-            match commit(ctx, key.clone(), grant, true).await {
-                Reply::Done => {
-                    client(ctx, rank, ClientOp::BatchPut, size, start);
-                    put_success(ctx, &key, size)
-                }
-                Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
-                other => ctx.reply_error(other, "Key not found"),
-            }
+            put(req, ctx, key, body.len() as u64, start, fill)
+                .await
+                .expect("a body already read cannot break the connection")
         }
         Method::Delete => match ctx.shard.execute(Command::Remove { key }).await {
             Reply::Done => {
@@ -175,6 +155,81 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             other => ctx.reply_error(other, "Key not found"),
         },
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
+    }
+}
+
+/// How a put's body reached its blobs.
+pub enum Filled {
+    /// Every byte is in every blob (or, when there were no blobs, the body was consumed).
+    Ok,
+    /// Copying into a blob failed; the body was consumed.
+    SegmentError(std::io::Error),
+    /// The connection broke before the whole body arrived: there is nobody to answer.
+    Broken,
+}
+
+/// `PUT /api/v1/objects`: alloc on the owner → `fill` writes the `size` body bytes into the
+/// granted blobs → update_state. `fill` is called exactly once: with the blobs, or with `None`
+/// when the put fails before anything is allocated (the body must still be consumed). The
+/// body may already be in memory or still arriving on the socket (large bodies are streamed
+/// straight into the blobs). `None`: the connection broke; an allocation is aborted.
+pub async fn put(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    key: Box<[u8]>,
+    size: u64,
+    start: Instant,
+    fill: impl AsyncFnOnce(Option<&[BlobView]>) -> Filled,
+) -> Option<Response> {
+    let opts = match put_options(req, ctx) {
+        Ok(o) => o,
+        Err(r) => return consumed(fill, r).await,
+    };
+    let cmd = Command::Alloc {
+        key: key.clone(),
+        size,
+        medium: opts.medium,
+        replicas: opts.replicas,
+        prot: 0,
+    };
+    let grant = match ctx.shard.execute(cmd).await {
+        Reply::Granted(g) => g,
+        other => {
+            let r = ctx.reply_error(other, "Key not found");
+            return consumed(fill, r).await;
+        }
+    };
+    let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
+    match fill(Some(&grant.blobs)).await {
+        // Dropping the grant aborts the allocation on the owner.
+        Filled::Broken => return None,
+        Filled::SegmentError(e) => {
+            log::error!("writing {size} bytes for a put failed: {e}");
+            commit(ctx, key, grant, false).await;
+            return Some(
+                ctx.business_error("Write failed: could not copy the object into its segment"),
+            );
+        }
+        Filled::Ok => {}
+    }
+    Some(match commit(ctx, key.clone(), grant, true).await {
+        Reply::Done => {
+            client(ctx, rank, ClientOp::BatchPut, size, start);
+            put_success(ctx, &key, size)
+        }
+        Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
+        other => ctx.reply_error(other, "Key not found"),
+    })
+}
+
+/// The answer to a put that failed before allocating, once its body is consumed.
+pub(super) async fn consumed(
+    fill: impl AsyncFnOnce(Option<&[BlobView]>) -> Filled,
+    resp: Response,
+) -> Option<Response> {
+    match fill(None).await {
+        Filled::Broken => None,
+        _ => Some(resp),
     }
 }
 

@@ -518,9 +518,7 @@ impl ShardSegment {
             .runs
             .iter()
             .filter(|&(&s, &l)| {
-                l == self.seg.run_bytes
-                    && !fully_free.contains(&(s, l))
-                    && self.free.covers(s, l)
+                l == self.seg.run_bytes && !fully_free.contains(&(s, l)) && self.free.covers(s, l)
             })
             .count();
         for (s, l) in fully_free {
@@ -622,7 +620,13 @@ mod tests {
         let (off, _) = a.alloc(256 << 10).unwrap();
         let mut back = vec![0u8; 16];
         // SAFETY: reading this test's blob.
-        unsafe { seg.backend.host_region().unwrap().read(off, &mut back).unwrap() };
+        unsafe {
+            seg.backend
+                .host_region()
+                .unwrap()
+                .read(off, &mut back)
+                .unwrap()
+        };
         assert_eq!(back, [7u8; 16], "pages of a kept run are not discarded");
         a.free(off, 256 << 10);
         a.free(keep.0, keep.1);
