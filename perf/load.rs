@@ -662,3 +662,160 @@ async fn preload_conn(
     }
     (ok, (reqs.len() as u64).saturating_sub(ok))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener};
+
+    use super::*;
+    use crate::mix::parse_spec;
+
+    /// A tiny blocking HTTP server for the tests: answers `ok` (no body for HEAD), and every
+    /// `close_every`-th response on a connection carries `Connection: close` and ends it.
+    fn test_server(close_every: usize) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let mut served = 0;
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                            let body = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("Content-Length: "))
+                                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                            if buf.len() < end + 4 + body {
+                                break;
+                            }
+                            buf.drain(..end + 4 + body);
+                            served += 1;
+                            let close = close_every > 0 && served % close_every == 0;
+                            let resp = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n{}\r\n{}",
+                                if close { "Connection: close\r\n" } else { "" },
+                                if head.starts_with("HEAD ") { "" } else { "ok" }
+                            );
+                            if s.write_all(resp.as_bytes()).is_err() {
+                                return;
+                            }
+                            if close {
+                                // Linger until the client closes, so no reset destroys the answer.
+                                let _ = s.shutdown(Shutdown::Write);
+                                while matches!(s.read(&mut chunk), Ok(n) if n > 0) {}
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk) {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn plan(addr: SocketAddr, pipeline: usize, secs: f64) -> Arc<Plan> {
+        plan_on(addr, pipeline, secs, DriverChoice::Auto)
+    }
+
+    fn plan_on(addr: SocketAddr, pipeline: usize, secs: f64, driver: DriverChoice) -> Arc<Plan> {
+        let mix = Mix::new(
+            vec![
+                parse_spec("GET /metadata?key={key} 3").unwrap(),
+                parse_spec("PUT /metadata?key={key} 1").unwrap(),
+                parse_spec("HEAD /health 1").unwrap(),
+            ],
+            "test",
+            10,
+            Some(50),
+        )
+        .unwrap();
+        let warm = Instant::now() + Duration::from_millis(50);
+        Arc::new(Plan {
+            addr,
+            mix: Arc::new(mix),
+            pipeline,
+            warm,
+            end: warm + Duration::from_secs_f64(secs),
+            io_timeout: Duration::from_secs(2),
+            driver,
+        })
+    }
+
+    #[test]
+    fn pipelined_mix_with_server_closes() {
+        let addr = test_server(7);
+        for driver in [DriverChoice::Auto, DriverChoice::Epoll] {
+            let p = plan_on(addr, 3, 0.3, driver);
+            let started = Instant::now();
+            let (stats, name) = run_thread(p, 0, 4, None).unwrap();
+            assert!(started.elapsed() < Duration::from_secs(2));
+            assert!(stats.requests > 20, "{name}: {} requests", stats.requests);
+            assert_eq!(stats.errors, Errors::default(), "{name}");
+            assert_eq!(stats.status[200], stats.requests);
+            assert_eq!(stats.hist.len(), stats.requests);
+            assert!(
+                stats.connects > 4,
+                "the server's closes made the client reconnect"
+            );
+            assert!(stats.unanswered > 0);
+        }
+    }
+
+    #[test]
+    fn a_dead_server_is_errors_not_a_hang() {
+        // A port that was just free: connections are refused.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let started = Instant::now();
+        let (stats, _) = run_thread(plan(addr, 1, 0.3), 0, 2, None).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(stats.requests, 0);
+        assert!(stats.errors.connect > 0);
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        // Accepted by the kernel (backlog), never answered.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut p = plan(addr, 1, 1.5);
+        Arc::get_mut(&mut p).unwrap().io_timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let (stats, _) = run_thread(p, 0, 2, None).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(stats.requests, 0);
+        assert!(stats.errors.timeout > 0, "{:?}", stats.errors);
+        drop(listener);
+    }
+
+    #[test]
+    fn preload_counts_answers() {
+        let addr = test_server(0);
+        let reqs: Vec<Vec<u8>> = (0..100)
+            .map(|i| {
+                format!("PUT /m?key=key-{i} HTTP/1.1\r\nContent-Length: 1\r\n\r\nv").into_bytes()
+            })
+            .collect();
+        let p = preload(
+            addr,
+            reqs,
+            3,
+            DriverChoice::Auto,
+            Duration::from_secs(2),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!((p.requests, p.ok, p.failed), (100, 100, 0));
+    }
+}
