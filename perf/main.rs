@@ -187,10 +187,31 @@ fn validate(args: &Args) -> Result<Config, String> {
     })
 }
 
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
+type ThreadResult = Result<(Stats, &'static str), String>;
+
+/// Waits until `t`, but returns at once with the error of a load thread that failed to start
+/// (e.g. `--pin` refused, io_uring forced but unavailable). Results of threads that finished
+/// early are kept in `early`.
+fn wait_until(
+    t: Instant,
+    rx: &mpsc::Receiver<ThreadResult>,
+    early: &mut Vec<(Stats, &'static str)>,
+) -> Result<(), String> {
+    loop {
+        let left = t.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        match rx.recv_timeout(left) {
+            Ok(Ok(r)) => early.push(r),
+            Ok(Err(e)) => return Err(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(()),
+            // Every thread has reported already.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(left);
+                return Ok(());
+            }
+        }
     }
 }
 
@@ -275,10 +296,11 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
 
     // CPU time of the server and of this process over the measured window.
     let pid = args.cpu_pid.map(|p| p.to_string());
-    sleep_until(warm);
+    let mut early = Vec::new();
+    wait_until(warm, &rx, &mut early)?;
     let server0 = pid.as_deref().map(procstat::cpu_ticks).transpose()?;
     let self0 = procstat::cpu_ticks("self").ok();
-    sleep_until(end);
+    wait_until(end, &rx, &mut early)?;
     let server1 = match pid.as_deref().map(procstat::cpu_ticks).transpose() {
         Ok(t) => t,
         Err(e) => {
@@ -293,6 +315,13 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
     let mut total = Stats::new();
     let mut drivers: Vec<&'static str> = Vec::new();
     let mut missing = cfg.threads;
+    for (stats, driver) in early {
+        total.merge(&stats);
+        if !drivers.contains(&driver) {
+            drivers.push(driver);
+        }
+        missing -= 1;
+    }
     while missing > 0 {
         let left = give_up.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
