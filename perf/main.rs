@@ -1,1 +1,618 @@
-fn main() {}
+//! `mmc-perf`: a fixed-concurrency, keep-alive HTTP/1.1 load generator for `mmc-server`.
+//!
+//! `--connections` connections spread over `--threads` load threads, each thread one monoio
+//! runtime (io_uring, epoll fallback) driving all its connections; every connection keeps
+//! `--pipeline` requests in flight, drawn from a weighted mix of `--request` lines. Latencies
+//! go to an HDR histogram (µs, 3 significant digits); responses completed during the warm-up
+//! are not counted. With `--cpu-pid` the server's utime+stime is read from `/proc/PID/stat`
+//! at the start and end of the measured window, giving its CPU µs per request.
+//!
+//! The run is bounded: it ends by itself at warm-up + duration; a connection that makes no
+//! progress for `--timeout` seconds is shut down, counted as an error and reopened.
+
+mod load;
+mod mix;
+mod procstat;
+mod response;
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{Value, json};
+
+use load::{DriverChoice, Plan, Stats};
+use mix::Mix;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mmc-perf",
+    version,
+    about = "Keep-alive HTTP/1.1 load generator for mmc-server (fixed concurrency, HDR latencies, \
+             server CPU per request)",
+    after_help = "Example:\n  mmc-perf --target 127.0.0.1:8000 --connections 64 --duration 8 \\\n    \
+                  --request \"GET /metadata?key={key} 9\" --request \"PUT /metadata?key={key} 1\" \\\n    \
+                  --keys 1000 --preload --body-bytes 16 --cpu-pid $(pgrep -n mmc-server) --pin 1 --json"
+)]
+struct Args {
+    /// Server address, HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:8000", value_name = "HOST:PORT")]
+    target: String,
+
+    /// Open connections (fixed concurrency).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    connections: usize,
+
+    /// Measured duration in seconds (fractions allowed).
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    duration: f64,
+
+    /// Warm-up in seconds before the measured window (not counted).
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    warmup: f64,
+
+    /// Load threads; connections are spread over them.
+    #[arg(long, default_value_t = 1, value_name = "T")]
+    threads: usize,
+
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 1, value_name = "D")]
+    pipeline: usize,
+
+    /// Report the CPU µs per request of this process (the server), from /proc/PID/stat.
+    #[arg(long, value_name = "PID")]
+    cpu_pid: Option<u32>,
+
+    /// Pin the load threads to this CPU.
+    #[arg(long, value_name = "CPU")]
+    pin: Option<usize>,
+
+    /// Print one JSON object instead of the readable summary.
+    #[arg(long)]
+    json: bool,
+
+    /// A request of the mix: "METHOD PATH[?QUERY] [WEIGHT]"; repeatable. Default: "GET /health".
+    #[arg(long = "request", value_name = "SPEC")]
+    requests: Vec<String>,
+
+    /// Body size of PUT and POST requests.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    body_bytes: usize,
+
+    /// Distinct keys: `{key}` in a path becomes key-<i>, i uniform in 0..N.
+    #[arg(long, value_name = "N")]
+    keys: Option<u64>,
+
+    /// Before the run, PUT every key once on every keyed path of the mix (so GETs hit).
+    /// The value is --body-bytes long (16 bytes when --body-bytes is 0).
+    #[arg(long)]
+    preload: bool,
+
+    /// io driver of the load threads.
+    #[arg(
+        long = "io-driver",
+        default_value = "auto",
+        value_name = "auto|uring|epoll"
+    )]
+    io_driver: String,
+
+    /// Connect, read and write timeout in seconds (no progress for this long is an error).
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    timeout: f64,
+}
+
+/// Largest accepted values, so a typo cannot exhaust memory or descriptors.
+const MAX_CONNECTIONS: usize = 100_000;
+const MAX_PIPELINE: usize = 4096;
+const MAX_BODY_BYTES: usize = 64 << 20;
+const MAX_SECONDS: f64 = 24.0 * 3600.0;
+
+fn seconds(name: &str, v: f64, allow_zero: bool) -> Result<Duration, String> {
+    let ok = v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (allow_zero && v == 0.0));
+    if !ok {
+        return Err(format!(
+            "invalid --{name} {v}: expected {} seconds up to {MAX_SECONDS}",
+            if allow_zero {
+                "0 or more"
+            } else {
+                "more than 0"
+            }
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+struct Config {
+    addr: SocketAddr,
+    threads: usize,
+    duration: Duration,
+    warmup: Duration,
+    io_timeout: Duration,
+    driver: DriverChoice,
+    mix: Arc<Mix>,
+}
+
+fn validate(args: &Args) -> Result<Config, String> {
+    let addr = args
+        .target
+        .to_socket_addrs()
+        .map_err(|e| format!("invalid --target {:?}: {e}", args.target))?
+        .next()
+        .ok_or_else(|| format!("--target {:?} resolves to no address", args.target))?;
+    if args.connections == 0 || args.connections > MAX_CONNECTIONS {
+        return Err(format!(
+            "invalid --connections {}: expected 1 to {MAX_CONNECTIONS}",
+            args.connections
+        ));
+    }
+    if args.threads == 0 {
+        return Err("invalid --threads 0: expected at least 1".into());
+    }
+    if args.pipeline == 0 || args.pipeline > MAX_PIPELINE {
+        return Err(format!(
+            "invalid --pipeline {}: expected 1 to {MAX_PIPELINE}",
+            args.pipeline
+        ));
+    }
+    if args.body_bytes > MAX_BODY_BYTES {
+        return Err(format!(
+            "invalid --body-bytes {}: at most {MAX_BODY_BYTES}",
+            args.body_bytes
+        ));
+    }
+    let specs = if args.requests.is_empty() {
+        mix::default_specs()
+    } else {
+        args.requests
+            .iter()
+            .map(|s| mix::parse_spec(s))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let mix = Mix::new(specs, &args.target, args.body_bytes, args.keys)?;
+    if args.preload && mix.keys == 0 {
+        return Err("--preload needs a --request path with {key} (and --keys N)".into());
+    }
+    Ok(Config {
+        addr,
+        threads: args.threads.min(args.connections),
+        duration: seconds("duration", args.duration, false)?,
+        warmup: seconds("warmup", args.warmup, true)?,
+        io_timeout: seconds("timeout", args.timeout, false)?,
+        driver: DriverChoice::parse(&args.io_driver)?,
+        mix: Arc::new(mix),
+    })
+}
+
+type ThreadResult = Result<(Stats, &'static str), String>;
+
+/// Waits until `t`, but returns at once with the error of a load thread that failed to start
+/// (e.g. `--pin` refused, io_uring forced but unavailable). Results of threads that finished
+/// early are kept in `early`.
+fn wait_until(
+    t: Instant,
+    rx: &mpsc::Receiver<ThreadResult>,
+    early: &mut Vec<(Stats, &'static str)>,
+) -> Result<(), String> {
+    loop {
+        let left = t.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        match rx.recv_timeout(left) {
+            Ok(Ok(r)) => early.push(r),
+            Ok(Err(e)) => return Err(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(()),
+            // Every thread has reported already.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(left);
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = match validate(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mmc-perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args, cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mmc-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args, cfg: Config) -> Result<(), String> {
+    let preload = if args.preload {
+        let value_bytes = if args.body_bytes == 0 {
+            16
+        } else {
+            args.body_bytes
+        };
+        let reqs = cfg.mix.preload_requests(&args.target, value_bytes);
+        let started = Instant::now();
+        let p = load::preload(
+            cfg.addr,
+            reqs,
+            args.connections.min(16),
+            cfg.driver,
+            cfg.io_timeout,
+            started + Duration::from_secs(300),
+        )?;
+        if !args.json {
+            println!(
+                "preload: {} PUTs, {} ok, {} failed, {:.2} s",
+                p.requests,
+                p.ok,
+                p.failed,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Some(p)
+    } else {
+        None
+    };
+
+    let start = Instant::now();
+    let warm = start + cfg.warmup;
+    let end = warm + cfg.duration;
+    let plan = Arc::new(Plan {
+        addr: cfg.addr,
+        mix: cfg.mix.clone(),
+        pipeline: args.pipeline,
+        warm,
+        end,
+        io_timeout: cfg.io_timeout,
+        driver: cfg.driver,
+    });
+
+    let (tx, rx) = mpsc::channel();
+    let per = args.connections / cfg.threads;
+    let extra = args.connections % cfg.threads;
+    let mut first = 0;
+    for t in 0..cfg.threads {
+        let n = per + usize::from(t < extra);
+        let (plan, tx, pin) = (plan.clone(), tx.clone(), args.pin);
+        std::thread::Builder::new()
+            .name(format!("load-{t}"))
+            .spawn(move || {
+                let _ = tx.send(load::run_thread(plan, first, n, pin));
+            })
+            .map_err(|e| format!("cannot start a load thread: {e}"))?;
+        first += n;
+    }
+    drop(tx);
+
+    // CPU time of the server and of this process over the measured window.
+    let pid = args.cpu_pid.map(|p| p.to_string());
+    let mut early = Vec::new();
+    wait_until(warm, &rx, &mut early)?;
+    let server0 = pid.as_deref().map(procstat::cpu_ticks).transpose()?;
+    let self0 = procstat::cpu_ticks("self").ok();
+    wait_until(end, &rx, &mut early)?;
+    let server1 = match pid.as_deref().map(procstat::cpu_ticks).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("mmc-perf: {e} (did the server exit during the run?)");
+            None
+        }
+    };
+    let self1 = procstat::cpu_ticks("self").ok();
+
+    // Collect the threads; never wait past the I/O timeout plus slack.
+    let give_up = end + cfg.io_timeout + Duration::from_secs(2);
+    let mut total = Stats::new();
+    let mut drivers: Vec<&'static str> = Vec::new();
+    let mut missing = cfg.threads;
+    for (stats, driver) in early {
+        total.merge(&stats);
+        if !drivers.contains(&driver) {
+            drivers.push(driver);
+        }
+        missing -= 1;
+    }
+    while missing > 0 {
+        let left = give_up.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Ok((stats, driver))) => {
+                total.merge(&stats);
+                if !drivers.contains(&driver) {
+                    drivers.push(driver);
+                }
+                missing -= 1;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                eprintln!("mmc-perf: {missing} load thread(s) did not finish in time");
+                break;
+            }
+        }
+    }
+
+    let secs = cfg.duration.as_secs_f64();
+    let server_us = match (server0, server1) {
+        (Some(a), Some(b)) => procstat::us_per_request(b.saturating_sub(a), total.requests),
+        _ => None,
+    };
+    let client_us = match (self0, self1) {
+        (Some(a), Some(b)) => procstat::us_per_request(b.saturating_sub(a), total.requests),
+        _ => None,
+    };
+    let report = Report {
+        args,
+        cfg: &cfg,
+        stats: &total,
+        secs,
+        server_us,
+        client_us,
+        drivers: drivers.join("+"),
+        preload,
+    };
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}
+
+struct Report<'a> {
+    args: &'a Args,
+    cfg: &'a Config,
+    stats: &'a Stats,
+    secs: f64,
+    server_us: Option<f64>,
+    client_us: Option<f64>,
+    drivers: String,
+    preload: Option<load::Preload>,
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+impl Report<'_> {
+    fn rps(&self) -> f64 {
+        self.stats.requests as f64 / self.secs
+    }
+
+    fn status_codes(&self) -> BTreeMap<usize, u64> {
+        self.stats
+            .status
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(c, n)| (c, *n))
+            .collect()
+    }
+
+    fn status_classes(&self) -> [(String, u64); 5] {
+        let sum = |lo: usize| self.stats.status[lo..lo + 100].iter().sum::<u64>();
+        [
+            ("1xx".into(), sum(100)),
+            ("2xx".into(), sum(200)),
+            ("3xx".into(), sum(300)),
+            ("4xx".into(), sum(400)),
+            ("5xx".into(), sum(500)),
+        ]
+    }
+
+    fn latency(&self) -> Option<[(&'static str, f64); 6]> {
+        let h = &self.stats.hist;
+        (self.stats.requests > 0).then(|| {
+            [
+                ("p50", h.value_at_quantile(0.50) as f64),
+                ("p90", h.value_at_quantile(0.90) as f64),
+                ("p99", h.value_at_quantile(0.99) as f64),
+                ("p999", h.value_at_quantile(0.999) as f64),
+                ("max", h.max() as f64),
+                ("mean", round2(h.mean())),
+            ]
+        })
+    }
+
+    fn json(&self) -> Value {
+        let e = &self.stats.errors;
+        let status: serde_json::Map<String, Value> = self
+            .status_codes()
+            .into_iter()
+            .map(|(c, n)| (c.to_string(), json!(n)))
+            .collect();
+        let classes: serde_json::Map<String, Value> = self
+            .status_classes()
+            .into_iter()
+            .map(|(c, n)| (c, json!(n)))
+            .collect();
+        let latency = match self.latency() {
+            Some(l) => {
+                let m: serde_json::Map<String, Value> = l
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = if *k == "mean" {
+                            json!(v)
+                        } else {
+                            json!(*v as u64)
+                        };
+                        (k.to_string(), v)
+                    })
+                    .collect();
+                Value::Object(m)
+            }
+            None => Value::Null,
+        };
+        let mix: Vec<Value> = self
+            .cfg
+            .mix
+            .entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "method": e.spec.method,
+                    "path": e.spec.target,
+                    "weight": e.spec.weight,
+                })
+            })
+            .collect();
+        json!({
+            "target": self.args.target,
+            "connections": self.args.connections,
+            "threads": self.cfg.threads,
+            "pipeline": self.args.pipeline,
+            "io_driver": self.drivers,
+            "warmup_s": self.cfg.warmup.as_secs_f64(),
+            "duration_s": self.secs,
+            "requests": self.stats.requests,
+            "errors": e.total(),
+            "errors_detail": {
+                "connect": e.connect,
+                "read": e.read,
+                "write": e.write,
+                "eof": e.eof,
+                "timeout": e.timeout,
+                "parse": e.parse,
+            },
+            "unanswered": self.stats.unanswered,
+            "connects": self.stats.connects,
+            "rps": round2(self.rps()),
+            "status": status,
+            "status_class": classes,
+            "latency_us": latency,
+            "server_cpu_pid": self.args.cpu_pid,
+            "server_cpu_us_per_req": self.server_us.map(round2),
+            "client_cpu_us_per_req": self.client_us.map(round2),
+            "keys": self.args.keys,
+            "body_bytes": self.args.body_bytes,
+            "preload": self.preload.map(|p| json!({
+                "requests": p.requests, "ok": p.ok, "failed": p.failed
+            })),
+            "mix": mix,
+        })
+    }
+
+    fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let e = &self.stats.errors;
+        let _ = writeln!(
+            s,
+            "target {}: {} connections on {} thread(s) ({}), pipeline {}, {:.1} s measured after {:.1} s warm-up",
+            self.args.target,
+            self.args.connections,
+            self.cfg.threads,
+            self.drivers,
+            self.args.pipeline,
+            self.secs,
+            self.cfg.warmup.as_secs_f64()
+        );
+        let mix: Vec<String> = self
+            .cfg
+            .mix
+            .entries
+            .iter()
+            .map(|e| format!("{} {} x{}", e.spec.method, e.spec.target, e.spec.weight))
+            .collect();
+        let _ = writeln!(s, "mix      {}", mix.join(", "));
+        let _ = writeln!(
+            s,
+            "requests {} ({:.1} req/s), errors {} (connect {}, read {}, write {}, eof {}, timeout {}, parse {})",
+            self.stats.requests,
+            self.rps(),
+            e.total(),
+            e.connect,
+            e.read,
+            e.write,
+            e.eof,
+            e.timeout,
+            e.parse
+        );
+        let codes: Vec<String> = self
+            .status_codes()
+            .into_iter()
+            .map(|(c, n)| format!("{c}: {n}"))
+            .collect();
+        let _ = writeln!(s, "status   {}", codes.join(", "));
+        match self.latency() {
+            Some(l) => {
+                let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                let _ = writeln!(s, "latency  (µs) {}", parts.join("  "));
+            }
+            None => {
+                let _ = writeln!(s, "latency  (no responses)");
+            }
+        }
+        if let Some(pid) = self.args.cpu_pid {
+            match self.server_us {
+                Some(us) => {
+                    let _ = writeln!(s, "server   {us:.2} µs CPU per request (pid {pid})");
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "server   CPU per request unknown (no requests, or the process exited)"
+                    );
+                }
+            }
+        }
+        if let Some(us) = self.client_us {
+            let _ = writeln!(s, "client   {us:.2} µs CPU per request (mmc-perf itself)");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["mmc-perf"];
+        v.extend_from_slice(extra);
+        Args::try_parse_from(v).expect("arguments parse")
+    }
+
+    #[test]
+    fn defaults() {
+        let a = args(&[]);
+        assert_eq!(a.connections, 64);
+        assert_eq!(a.duration, 10.0);
+        assert_eq!(a.warmup, 1.0);
+        assert_eq!(a.threads, 1);
+        assert_eq!(a.pipeline, 1);
+        let c = validate(&a).unwrap();
+        assert_eq!(c.mix.entries.len(), 1);
+        assert_eq!(c.mix.entries[0].spec.target, "/health");
+    }
+
+    #[test]
+    fn validation() {
+        assert!(validate(&args(&["--duration", "0.5", "--warmup", "0"])).is_ok());
+        for bad in [
+            &["--connections", "0"][..],
+            &["--duration", "0"],
+            &["--duration=-1"],
+            &["--warmup=-1"],
+            &["--pipeline", "0"],
+            &["--threads", "0"],
+            &["--target", "nowhere"],
+            &["--request", "GET nopath"],
+            &["--request", "GET /m?key={key}"],
+            &["--preload"],
+            &["--io-driver", "kqueue"],
+        ] {
+            assert!(validate(&args(bad)).is_err(), "{bad:?} should be refused");
+        }
+        let c = validate(&args(&["--connections", "2", "--threads", "8"])).unwrap();
+        assert_eq!(c.threads, 2);
+    }
+}

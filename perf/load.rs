@@ -1,0 +1,821 @@
+//! The load itself: one monoio runtime per load thread, many keep-alive connections per
+//! runtime, each keeping `pipeline` requests in flight.
+//!
+//! Hot path per response: frame it in the read buffer, take the send time of the oldest
+//! request in flight, record the latency. Time is read once per write and once per read.
+//! There is no timer per read: a watchdog task per thread shuts down the socket of a
+//! connection that has waited longer than the I/O timeout (which completes its pending read or
+//! write on either io driver) and, at the end of the run, of every connection.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use monoio::time::TimeDriver;
+use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
+
+use crate::mix::{Mix, XorShift};
+use crate::response::{self, Framed};
+
+/// Latency histogram bounds: 1 µs to 60 s, 3 significant digits.
+pub const HIST_MAX_US: u64 = 60_000_000;
+
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
+}
+
+/// The io driver of the load threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverChoice {
+    Auto,
+    Uring,
+    Epoll,
+}
+
+impl DriverChoice {
+    pub fn parse(s: &str) -> Result<DriverChoice, String> {
+        match s {
+            "auto" => Ok(DriverChoice::Auto),
+            "uring" | "io_uring" => Ok(DriverChoice::Uring),
+            "epoll" | "legacy" => Ok(DriverChoice::Epoll),
+            _ => Err(format!(
+                "invalid --io-driver {s:?}: expected auto, uring or epoll"
+            )),
+        }
+    }
+}
+
+/// Runs the future made by `make` on a fresh monoio runtime of this thread: io_uring with
+/// `COOP_TASKRUN | SINGLE_ISSUER | DEFER_TASKRUN`, else plain io_uring, else epoll (unless
+/// the choice forbids it). Returns the output and the driver's name.
+pub fn block_on<F, Fut>(
+    choice: DriverChoice,
+    make: F,
+) -> Result<(Fut::Output, &'static str), String>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    let mut last_err = String::new();
+    if choice != DriverChoice::Epoll {
+        for tuned in [true, false] {
+            let mut urb = io_uring::IoUring::builder();
+            if tuned {
+                urb.setup_coop_taskrun()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun();
+            }
+            let built = RuntimeBuilder::<IoUringDriver>::new()
+                .with_entries(1024)
+                .uring_builder(urb)
+                .enable_timer()
+                .build();
+            match built {
+                Ok(mut rt) => {
+                    let name = if tuned {
+                        "io_uring"
+                    } else {
+                        "io_uring (plain)"
+                    };
+                    return Ok((rt.block_on(make()), name));
+                }
+                Err(e) => last_err = e.to_string(),
+            }
+        }
+        if choice == DriverChoice::Uring {
+            return Err(format!("io_uring unavailable: {last_err}"));
+        }
+    }
+    let mut rt: monoio::Runtime<TimeDriver<LegacyDriver>> = RuntimeBuilder::<LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .map_err(|e| format!("cannot build an epoll runtime: {e}"))?;
+    Ok((rt.block_on(make()), "epoll"))
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it (checked above).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What every load thread shares.
+pub struct Plan {
+    pub addr: SocketAddr,
+    pub mix: Arc<Mix>,
+    pub pipeline: usize,
+    /// Responses completed in `[warm, end)` are counted.
+    pub warm: Instant,
+    pub end: Instant,
+    pub io_timeout: Duration,
+    pub driver: DriverChoice,
+}
+
+/// Failures, each counted once per event (the connection is then reopened).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Errors {
+    pub connect: u64,
+    pub read: u64,
+    pub write: u64,
+    /// The server closed the connection with requests in flight, without `Connection: close`.
+    pub eof: u64,
+    /// No progress for the I/O timeout (connect, read or write).
+    pub timeout: u64,
+    /// A response that could not be framed.
+    pub parse: u64,
+}
+
+impl Errors {
+    pub fn total(&self) -> u64 {
+        self.connect + self.read + self.write + self.eof + self.timeout + self.parse
+    }
+
+    pub fn add(&mut self, o: &Errors) {
+        self.connect += o.connect;
+        self.read += o.read;
+        self.write += o.write;
+        self.eof += o.eof;
+        self.timeout += o.timeout;
+        self.parse += o.parse;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ErrorKind {
+    Connect,
+    Read,
+    Write,
+    Eof,
+    Timeout,
+    Parse,
+}
+
+/// The measured results of one thread (or, merged, of the run).
+pub struct Stats {
+    pub hist: Histogram<u64>,
+    pub requests: u64,
+    /// Responses by exact status code (index = code, 0..1000).
+    pub status: Vec<u64>,
+    pub errors: Errors,
+    /// Requests in flight on a connection the server closed with `Connection: close`.
+    pub unanswered: u64,
+    /// Connections opened (including reconnects), during the whole run.
+    pub connects: u64,
+}
+
+impl Stats {
+    pub fn new() -> Stats {
+        Stats {
+            hist: new_histogram(),
+            requests: 0,
+            status: vec![0; 1000],
+            errors: Errors::default(),
+            unanswered: 0,
+            connects: 0,
+        }
+    }
+
+    pub fn merge(&mut self, o: &Stats) {
+        self.hist
+            .add(&o.hist)
+            .expect("histograms with equal bounds");
+        self.requests += o.requests;
+        for (a, b) in self.status.iter_mut().zip(&o.status) {
+            *a += b;
+        }
+        self.errors.add(&o.errors);
+        self.unanswered += o.unanswered;
+        self.connects += o.connects;
+    }
+}
+
+/// A connection as the watchdog sees it.
+struct Slot {
+    /// The open socket, or -1 between connections.
+    fd: Cell<RawFd>,
+    /// Blocked in a read or write.
+    waiting: Cell<bool>,
+    /// Last write or read completion.
+    progress: Cell<Instant>,
+    /// Set by the watchdog when it shut the socket down for lack of progress.
+    timed_out: Cell<bool>,
+}
+
+struct Ctx {
+    plan: Arc<Plan>,
+    stats: RefCell<Stats>,
+    slots: RefCell<Vec<Rc<Slot>>>,
+    live: Cell<usize>,
+}
+
+impl Ctx {
+    fn in_window(&self, t: Instant) -> bool {
+        t >= self.plan.warm && t < self.plan.end
+    }
+
+    fn error(&self, kind: ErrorKind) {
+        if !self.in_window(Instant::now()) {
+            return;
+        }
+        let mut s = self.stats.borrow_mut();
+        let e = &mut s.errors;
+        match kind {
+            ErrorKind::Connect => e.connect += 1,
+            ErrorKind::Read => e.read += 1,
+            ErrorKind::Write => e.write += 1,
+            ErrorKind::Eof => e.eof += 1,
+            ErrorKind::Timeout => e.timeout += 1,
+            ErrorKind::Parse => e.parse += 1,
+        }
+    }
+}
+
+/// Runs `conns` connections (global indices `first..first + conns`) on this thread until the
+/// end of the plan. Returns the thread's stats and the io driver used.
+pub fn run_thread(
+    plan: Arc<Plan>,
+    first: usize,
+    conns: usize,
+    pin: Option<usize>,
+) -> Result<(Stats, &'static str), String> {
+    if let Some(cpu) = pin {
+        pin_current_thread(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+    }
+    let driver = plan.driver;
+    block_on(driver, move || async move {
+        let ctx = Rc::new(Ctx {
+            plan,
+            stats: RefCell::new(Stats::new()),
+            slots: RefCell::new(Vec::with_capacity(conns)),
+            live: Cell::new(conns),
+        });
+        let mut handles = Vec::with_capacity(conns);
+        for c in 0..conns {
+            let slot = Rc::new(Slot {
+                fd: Cell::new(-1),
+                waiting: Cell::new(false),
+                progress: Cell::new(Instant::now()),
+                timed_out: Cell::new(false),
+            });
+            ctx.slots.borrow_mut().push(slot.clone());
+            handles.push(monoio::spawn(connection(
+                ctx.clone(),
+                slot,
+                (first + c) as u64,
+            )));
+        }
+        let dog = monoio::spawn(watchdog(ctx.clone()));
+        for h in handles {
+            h.await;
+        }
+        dog.await;
+        ctx.stats.replace(Stats::new())
+    })
+}
+
+/// Shuts down sockets that made no progress for the I/O timeout, and every socket at the end.
+async fn watchdog(ctx: Rc<Ctx>) {
+    let plan = ctx.plan.clone();
+    loop {
+        let now = Instant::now();
+        let next = if now < plan.end {
+            (now + Duration::from_millis(50)).min(plan.end)
+        } else {
+            now + Duration::from_millis(20)
+        };
+        monoio::time::sleep_until(monoio::time::Instant::from_std(next)).await;
+        if ctx.live.get() == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let ending = now >= plan.end;
+        for slot in ctx.slots.borrow().iter() {
+            let fd = slot.fd.get();
+            if fd < 0 {
+                continue;
+            }
+            let stalled =
+                slot.waiting.get() && now.duration_since(slot.progress.get()) >= plan.io_timeout;
+            if ending || stalled {
+                if stalled && !ending {
+                    slot.timed_out.set(true);
+                }
+                // Completes the pending read or write with end-of-file or an error; the
+                // connection task then drops (closes) the socket.
+                // SAFETY: `fd` is the open socket of a live connection: the slot is reset to
+                // -1 before its stream is dropped, and nothing awaits in between.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            }
+        }
+    }
+}
+
+enum Outcome {
+    /// The run is over.
+    Done,
+    /// The server closed after a `Connection: close` response: reconnect, no error.
+    Reconnect,
+    Failed(ErrorKind),
+}
+
+async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
+    let plan = ctx.plan.clone();
+    let mut rng = XorShift::new(seed);
+    let mut rbuf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
+    let mut inflight: VecDeque<(Instant, bool)> = VecDeque::with_capacity(plan.pipeline);
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let now = Instant::now();
+        if now >= plan.end {
+            break;
+        }
+        let deadline = (now + plan.io_timeout).min(plan.end);
+        let connect = monoio::time::timeout_at(
+            monoio::time::Instant::from_std(deadline),
+            TcpStream::connect_addr(plan.addr),
+        )
+        .await;
+        let mut stream = match connect {
+            Ok(Ok(s)) => s,
+            Ok(Err(_)) => {
+                ctx.error(ErrorKind::Connect);
+                // Do not spin on a refused port: back off, up to half a second.
+                let wake = (Instant::now() + backoff).min(plan.end);
+                monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+                continue;
+            }
+            Err(_) => {
+                ctx.error(ErrorKind::Timeout);
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(10);
+        let _ = stream.set_nodelay(true);
+        ctx.stats.borrow_mut().connects += 1;
+        slot.fd.set(stream.as_raw_fd());
+        slot.timed_out.set(false);
+        rbuf.clear();
+        wbuf.clear();
+        inflight.clear();
+        let outcome = drive(
+            &ctx,
+            &slot,
+            &mut stream,
+            &mut rng,
+            &mut rbuf,
+            &mut wbuf,
+            &mut inflight,
+        )
+        .await;
+        slot.fd.set(-1);
+        slot.waiting.set(false);
+        drop(stream);
+        match outcome {
+            Outcome::Done => break,
+            Outcome::Reconnect => {
+                ctx.stats.borrow_mut().unanswered += inflight.len() as u64;
+            }
+            Outcome::Failed(kind) => {
+                let kind = if slot.timed_out.get() {
+                    ErrorKind::Timeout
+                } else {
+                    kind
+                };
+                ctx.error(kind);
+            }
+        }
+    }
+    ctx.live.set(ctx.live.get() - 1);
+}
+
+/// Sends and reads on one open connection until the run ends or the connection fails.
+async fn drive(
+    ctx: &Ctx,
+    slot: &Slot,
+    stream: &mut TcpStream,
+    rng: &mut XorShift,
+    rbuf: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+    inflight: &mut VecDeque<(Instant, bool)>,
+) -> Outcome {
+    let plan = &*ctx.plan;
+    let mix = &*plan.mix;
+    let mut pos = 0usize;
+    let mut t_read = Instant::now();
+    loop {
+        // Refill the pipeline.
+        let now = Instant::now();
+        if now >= plan.end {
+            return Outcome::Done;
+        }
+        while inflight.len() < plan.pipeline {
+            let i = mix.choose(rng);
+            let head = mix.write_request(i, rng, wbuf);
+            inflight.push_back((now, head));
+        }
+        if !wbuf.is_empty() {
+            slot.progress.set(now);
+            slot.waiting.set(true);
+            let (res, mut buf) = stream.write_all(std::mem::take(wbuf)).await;
+            slot.waiting.set(false);
+            buf.clear();
+            *wbuf = buf;
+            if res.is_err() {
+                return ended_or(plan, ErrorKind::Write);
+            }
+        }
+        // Read until at least one response is complete.
+        let mut completed = false;
+        loop {
+            let mut want = 0;
+            while let Some(&(sent, head_request)) = inflight.front() {
+                match response::frame(&rbuf[pos..], head_request) {
+                    Framed::Complete {
+                        status,
+                        len,
+                        close,
+                        interim,
+                    } => {
+                        pos += len;
+                        if interim {
+                            continue;
+                        }
+                        inflight.pop_front();
+                        completed = true;
+                        if ctx.in_window(t_read) {
+                            let us = t_read.duration_since(sent).as_micros() as u64;
+                            let mut s = ctx.stats.borrow_mut();
+                            s.hist.saturating_record(us.max(1));
+                            s.requests += 1;
+                            s.status[(status as usize).min(999)] += 1;
+                        }
+                        if close {
+                            return Outcome::Reconnect;
+                        }
+                    }
+                    Framed::Partial { total } => {
+                        want = total.unwrap_or(0).saturating_sub(rbuf.len() - pos);
+                        break;
+                    }
+                    Framed::Invalid(_) => return Outcome::Failed(ErrorKind::Parse),
+                }
+            }
+            if inflight.is_empty() && pos < rbuf.len() {
+                // Bytes nobody asked for.
+                return Outcome::Failed(ErrorKind::Parse);
+            }
+            if pos == rbuf.len() {
+                rbuf.clear();
+                pos = 0;
+            } else if pos > 0 {
+                rbuf.drain(..pos);
+                pos = 0;
+            }
+            if completed {
+                break;
+            }
+            rbuf.reserve(want.max(8 * 1024));
+            let len = rbuf.len();
+            slot.waiting.set(true);
+            let (res, slice) = stream.read(std::mem::take(rbuf).slice_mut(len..)).await;
+            slot.waiting.set(false);
+            *rbuf = slice.into_inner();
+            t_read = Instant::now();
+            slot.progress.set(t_read);
+            match res {
+                Ok(0) => return ended_or(plan, ErrorKind::Eof),
+                Ok(_) => {}
+                Err(_) => return ended_or(plan, ErrorKind::Read),
+            }
+        }
+    }
+}
+
+fn ended_or(plan: &Plan, kind: ErrorKind) -> Outcome {
+    if Instant::now() >= plan.end {
+        Outcome::Done
+    } else {
+        Outcome::Failed(kind)
+    }
+}
+
+/// Result of `--preload`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Preload {
+    pub requests: u64,
+    pub ok: u64,
+    pub failed: u64,
+}
+
+/// Sends every request of `reqs` once over `conns` connections (batches of 32 pipelined
+/// requests), before `deadline`. A 2xx answer is `ok`; anything else, or no answer, `failed`.
+pub fn preload(
+    addr: SocketAddr,
+    reqs: Vec<Vec<u8>>,
+    conns: usize,
+    driver: DriverChoice,
+    io_timeout: Duration,
+    deadline: Instant,
+) -> Result<Preload, String> {
+    let conns = conns.clamp(1, reqs.len().max(1));
+    let per = reqs.len().div_ceil(conns).max(1);
+    let reqs = Rc::new(reqs);
+    let (out, _) = block_on(driver, move || async move {
+        let total = Rc::new(RefCell::new(Preload {
+            requests: reqs.len() as u64,
+            ..Preload::default()
+        }));
+        let mut handles = Vec::new();
+        for c in 0..conns {
+            let (lo, hi) = ((c * per).min(reqs.len()), ((c + 1) * per).min(reqs.len()));
+            let (reqs, total) = (reqs.clone(), total.clone());
+            handles.push(monoio::spawn(async move {
+                let (ok, failed) = preload_conn(addr, &reqs[lo..hi], io_timeout, deadline).await;
+                let mut t = total.borrow_mut();
+                t.ok += ok;
+                t.failed += failed;
+            }));
+        }
+        for h in handles {
+            h.await;
+        }
+        *total.borrow()
+    })?;
+    Ok(out)
+}
+
+async fn preload_conn(
+    addr: SocketAddr,
+    reqs: &[Vec<u8>],
+    io_timeout: Duration,
+    deadline: Instant,
+) -> (u64, u64) {
+    let step_deadline =
+        || monoio::time::Instant::from_std((Instant::now() + io_timeout).min(deadline));
+    let mut ok = 0u64;
+    let mut done = 0usize;
+    let mut stream = None;
+    let mut rbuf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut wbuf: Vec<u8> = Vec::new();
+    let mut retries = 0;
+    while done < reqs.len() && Instant::now() < deadline && retries < 3 {
+        if stream.is_none() {
+            match monoio::time::timeout_at(step_deadline(), TcpStream::connect_addr(addr)).await {
+                Ok(Ok(s)) => stream = Some(s),
+                _ => {
+                    retries += 1;
+                    continue;
+                }
+            }
+        }
+        let s = stream.as_mut().expect("connected");
+        let batch = &reqs[done..(done + 32).min(reqs.len())];
+        wbuf.clear();
+        for r in batch {
+            wbuf.extend_from_slice(r);
+        }
+        let write =
+            monoio::time::timeout_at(step_deadline(), s.write_all(std::mem::take(&mut wbuf))).await;
+        match write {
+            Ok((Ok(_), b)) => wbuf = b,
+            _ => {
+                // The batch is lost; count it as failed and go on with a new connection.
+                done += batch.len();
+                stream = None;
+                retries += 1;
+                continue;
+            }
+        }
+        let mut answered = 0;
+        let mut pos = 0;
+        rbuf.clear();
+        let mut broken = false;
+        while answered < batch.len() {
+            match response::frame(&rbuf[pos..], false) {
+                Framed::Complete {
+                    status,
+                    len,
+                    close,
+                    interim,
+                } => {
+                    pos += len;
+                    if interim {
+                        continue;
+                    }
+                    answered += 1;
+                    if (200..300).contains(&status) {
+                        ok += 1;
+                    }
+                    if close {
+                        broken = true;
+                        break;
+                    }
+                    continue;
+                }
+                Framed::Partial { .. } => {}
+                Framed::Invalid(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+            rbuf.reserve(16 * 1024);
+            let len = rbuf.len();
+            let read = monoio::time::timeout_at(
+                step_deadline(),
+                s.read(std::mem::take(&mut rbuf).slice_mut(len..)),
+            )
+            .await;
+            match read {
+                Ok((Ok(n), slice)) if n > 0 => rbuf = slice.into_inner(),
+                _ => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        done += batch.len();
+        if broken {
+            stream = None;
+            retries += 1;
+        }
+    }
+    (ok, (reqs.len() as u64).saturating_sub(ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener};
+
+    use super::*;
+    use crate::mix::parse_spec;
+
+    /// A tiny blocking HTTP server for the tests: answers `ok` (no body for HEAD), and every
+    /// `close_every`-th response on a connection carries `Connection: close` and ends it.
+    fn test_server(close_every: usize) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let mut served = 0;
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                            let body = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("Content-Length: "))
+                                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                            if buf.len() < end + 4 + body {
+                                break;
+                            }
+                            buf.drain(..end + 4 + body);
+                            served += 1;
+                            let close = close_every > 0 && served % close_every == 0;
+                            let resp = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n{}\r\n{}",
+                                if close { "Connection: close\r\n" } else { "" },
+                                if head.starts_with("HEAD ") { "" } else { "ok" }
+                            );
+                            if s.write_all(resp.as_bytes()).is_err() {
+                                return;
+                            }
+                            if close {
+                                // Linger until the client closes, so no reset destroys the answer.
+                                let _ = s.shutdown(Shutdown::Write);
+                                while matches!(s.read(&mut chunk), Ok(n) if n > 0) {}
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk) {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn plan(addr: SocketAddr, pipeline: usize, secs: f64) -> Arc<Plan> {
+        plan_on(addr, pipeline, secs, DriverChoice::Auto)
+    }
+
+    fn plan_on(addr: SocketAddr, pipeline: usize, secs: f64, driver: DriverChoice) -> Arc<Plan> {
+        let mix = Mix::new(
+            vec![
+                parse_spec("GET /metadata?key={key} 3").unwrap(),
+                parse_spec("PUT /metadata?key={key} 1").unwrap(),
+                parse_spec("HEAD /health 1").unwrap(),
+            ],
+            "test",
+            10,
+            Some(50),
+        )
+        .unwrap();
+        let warm = Instant::now() + Duration::from_millis(50);
+        Arc::new(Plan {
+            addr,
+            mix: Arc::new(mix),
+            pipeline,
+            warm,
+            end: warm + Duration::from_secs_f64(secs),
+            io_timeout: Duration::from_secs(2),
+            driver,
+        })
+    }
+
+    #[test]
+    fn pipelined_mix_with_server_closes() {
+        let addr = test_server(7);
+        for driver in [DriverChoice::Auto, DriverChoice::Epoll] {
+            let p = plan_on(addr, 3, 0.3, driver);
+            let started = Instant::now();
+            let (stats, name) = run_thread(p, 0, 4, None).unwrap();
+            assert!(started.elapsed() < Duration::from_secs(2));
+            assert!(stats.requests > 20, "{name}: {} requests", stats.requests);
+            assert_eq!(stats.errors, Errors::default(), "{name}");
+            assert_eq!(stats.status[200], stats.requests);
+            assert_eq!(stats.hist.len(), stats.requests);
+            assert!(
+                stats.connects > 4,
+                "the server's closes made the client reconnect"
+            );
+            assert!(stats.unanswered > 0);
+        }
+    }
+
+    #[test]
+    fn a_dead_server_is_errors_not_a_hang() {
+        // A port that was just free: connections are refused.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let started = Instant::now();
+        let (stats, _) = run_thread(plan(addr, 1, 0.3), 0, 2, None).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(stats.requests, 0);
+        assert!(stats.errors.connect > 0);
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        // Accepted by the kernel (backlog), never answered.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut p = plan(addr, 1, 1.5);
+        Arc::get_mut(&mut p).unwrap().io_timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let (stats, _) = run_thread(p, 0, 2, None).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(stats.requests, 0);
+        assert!(stats.errors.timeout > 0, "{:?}", stats.errors);
+        drop(listener);
+    }
+
+    #[test]
+    fn preload_counts_answers() {
+        let addr = test_server(0);
+        let reqs: Vec<Vec<u8>> = (0..100)
+            .map(|i| {
+                format!("PUT /m?key=key-{i} HTTP/1.1\r\nContent-Length: 1\r\n\r\nv").into_bytes()
+            })
+            .collect();
+        let p = preload(
+            addr,
+            reqs,
+            3,
+            DriverChoice::Auto,
+            Duration::from_secs(2),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!((p.requests, p.ok, p.failed), (100, 100, 0));
+    }
+}
