@@ -117,6 +117,35 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
         let mut start = 0;
         let mut close = false;
         loop {
+            // The common case, a whole request already in the buffer, is parsed once here;
+            // everything else (partial heads, chunked or large bodies, early answers) goes
+            // through `frame`, which keeps the framing state.
+            let complete = match pending {
+                Pending::None => complete_request(&front, &rbuf[start..]),
+                _ => None,
+            };
+            if let Some((head, total)) = complete {
+                conn.set(ConnState::Busy);
+                let req_bytes = &rbuf[start..start + total];
+                let (tail, must_close) =
+                    dispatch(&front, &head, req_bytes, None, &mut scratch, &mut wbuf).await;
+                close |= must_close;
+                if let Some(tail) = tail
+                    && (!flush(&mut stream, &mut wbuf).await
+                        || !write_tail(&front, &mut stream, tail, head.minor_version == 0).await)
+                {
+                    return;
+                }
+                continue_sent = false;
+                start += total;
+                if close {
+                    break;
+                }
+                if wbuf.len() >= WRITE_BUF_FLUSH_BYTES && !flush(&mut stream, &mut wbuf).await {
+                    return;
+                }
+                continue;
+            }
             let framed = frame(&front, &mut rbuf, start, &mut pending);
             let (head_len, body_end, next, early) = match framed {
                 Framed::NeedMore => break,
@@ -231,6 +260,32 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             Ok(_) => {}
         }
     }
+}
+
+/// A request whose head and whole body are in `buf`, needing no early answer: its head and
+/// total length. `None` leaves the decision to [`frame`].
+fn complete_request<'b>(front: &Front, buf: &'b [u8]) -> Option<(Head<'b>, usize)> {
+    let Parsed::Complete(head) = parse_head(buf) else {
+        return None;
+    };
+    let total = match head.framing {
+        Framing::None => head.len,
+        Framing::Length(n) => {
+            let limit = match verdict(front, &head) {
+                Verdict::Dispatch(route) => {
+                    handlers::body_limit(route, head.method, front.config())
+                }
+                _ => front.config().http.max_body_bytes,
+            };
+            let total = head.len.checked_add(usize::try_from(n).ok()?)?;
+            if n > limit || total > buf.len() {
+                return None;
+            }
+            total
+        }
+        Framing::Chunked => return None,
+    };
+    Some((head, total))
 }
 
 /// Decides whether a complete request sits at `rbuf[start..]`, advancing body framing.
