@@ -116,7 +116,9 @@ impl ChunkedDecoder {
                         "Chunked trailer section too large",
                     );
                     let Some(nl) = memchr::memchr(b'\n', rest) else {
-                        if seen + rest.len() > MAX_TRAILER_BYTES {
+                        // A lone CR may begin the blank line that ends the section, which
+                        // does not count towards the limit.
+                        if rest != b"\r" && seen + rest.len() > MAX_TRAILER_BYTES {
                             return Err(too_large);
                         }
                         return Ok(Progress::NeedMore);
@@ -225,5 +227,38 @@ mod tests {
         assert_eq!(e.status, Status::PAYLOAD_TOO_LARGE);
         let endless_size_line = vec![b'1'; MAX_CHUNK_LINE_BYTES + 2];
         assert!(decode_all(&endless_size_line, 1024).is_err());
+    }
+
+    #[test]
+    fn trailers_at_the_limit_do_not_depend_on_where_reads_end() {
+        // Found by the `chunked` fuzz target (fuzz/corpus/chunked/regress_trailer_limit_split):
+        // trailers of exactly MAX_TRAILER_BYTES were accepted in one read, but refused with
+        // 431 when the CR and LF of the final blank line arrived in separate reads.
+        let line = format!("X-Pid: {}\r\n", "a".repeat(MAX_TRAILER_BYTES - 9));
+        assert_eq!(line.len(), MAX_TRAILER_BYTES);
+        let first = format!("0\r\n{line}\r");
+        let whole = format!("{first}\n");
+        let (n, p, out) = decode_all(whole.as_bytes(), 1024).unwrap();
+        assert_eq!((n, p, out.len()), (whole.len(), Progress::Done, 0));
+
+        let mut d = ChunkedDecoder::new(1024);
+        let mut buf = first.into_bytes();
+        let (mut w, mut r) = (0, 0);
+        let p = d.decode_in_place(&mut buf, &mut w, &mut r);
+        assert_eq!(p, Ok(Progress::NeedMore));
+        buf.drain(w..r);
+        assert_eq!(buf, b"\r");
+        buf.push(b'\n');
+        let mut r = w;
+        let p = d.decode_in_place(&mut buf, &mut w, &mut r);
+        assert_eq!((p, w, r), (Ok(Progress::Done), 0, 2));
+
+        // One byte more is refused, and so is a line past the limit before its end arrives.
+        let over = format!("0\r\nX-Pid: {}\r\n\r\n", "a".repeat(MAX_TRAILER_BYTES - 8));
+        let e = decode_all(over.as_bytes(), 1024).unwrap_err();
+        assert_eq!(e.status, Status::HEADERS_TOO_LARGE);
+        let unfinished = format!("0\r\nX-Pid: {}", "a".repeat(MAX_TRAILER_BYTES));
+        let e = decode_all(unfinished.as_bytes(), 1024).unwrap_err();
+        assert_eq!(e.status, Status::HEADERS_TOO_LARGE);
     }
 }
