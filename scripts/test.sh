@@ -34,3 +34,5 @@ if [ ! -x target/pyenv/bin/python ]; then
 fi
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack pytest
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python
+echo "== fuzz the parsers (20 s per target; fuzz/README.md)"
+bash scripts/fuzz.sh 20
