@@ -207,6 +207,9 @@ def test_flood_overflows_the_queue_and_every_event_is_accounted(server_factory):
     st = s.json("GET", "/kv_events/status")
     assert st["queue_size"] <= 24
     wait_until("the queue drains", lambda: s.json("GET", "/kv_events/status")["queue_size"] == 0)
+    # Events taken off the queue wait up to batch_max_delay_ms in the batch being filled.
+    wait_until("every event is published or dropped", lambda: (
+        lambda st: st["published_events"] + st["dropped_events"] >= n)(s.json("GET", "/kv_events/status")))
     st = s.json("GET", "/kv_events/status")
     assert st["dropped_stored_events"] > 0, st
     assert st["published_events"] + st["dropped_events"] == n, st
