@@ -48,6 +48,7 @@ pub struct HttpConfig {
     pub auth_token: String,
     pub metrics_token: String,
     pub max_inflight_per_shard: u64,
+    pub max_buffered_bytes_per_shard: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -233,6 +234,12 @@ pub static KEYS: &[KeySpec] = &[
         "1024",
         "Requests one shard may be working on at once (waiting for other shards or the SSD); past it: 429.",
         |c, v| c.http.max_inflight_per_shard = parse_u64_in(v, 1, 1_000_000)?
+    ),
+    key!(
+        "ock.mmc.http.max_buffered_bytes_per_shard",
+        "512MB",
+        "Read-buffer memory one shard's connections may hold for requests still arriving (bodies are buffered, except large object puts, which stream); past it: 429. At least max_body_bytes.",
+        |c, v| c.http.max_buffered_bytes_per_shard = size_in(v, 1 << 20, 1 << 40)?
     ),
     key!(
         "ock.mmc.metadata.max_value_bytes",
@@ -536,6 +543,7 @@ impl Config {
                 auth_token: String::new(),
                 metrics_token: String::new(),
                 max_inflight_per_shard: 0,
+                max_buffered_bytes_per_shard: 0,
             },
             metadata: MetadataConfig {
                 max_value_bytes: 0,
@@ -617,6 +625,12 @@ impl Config {
             return Err(ConfigError::Conflict(format!(
                 "ock.mmc.evict_threshold_low ({}) must be below ock.mmc.evict_threshold_high ({})",
                 self.evict.low_percent, self.evict.high_percent
+            )));
+        }
+        if self.http.max_buffered_bytes_per_shard < self.http.max_body_bytes {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.http.max_buffered_bytes_per_shard ({}) must not be below ock.mmc.http.max_body_bytes ({}): a largest body could never be read",
+                self.http.max_buffered_bytes_per_shard, self.http.max_body_bytes
             )));
         }
         if self.tls.enable {

@@ -111,6 +111,10 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
     let mut scratch: Vec<u8> = Vec::new();
     let mut pending = Pending::None;
     let mut continue_sent = false;
+    let mut charge = BufferCharge {
+        front: &front,
+        bytes: 0,
+    };
 
     loop {
         // Answer every complete request in the buffer.
@@ -242,6 +246,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             conn.set(ConnState::Idle);
             if rbuf.capacity() > READ_BUF_KEEP_BYTES {
                 rbuf = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+                charge.settle(rbuf.capacity());
             }
         } else {
             conn.set(ConnState::Reading);
@@ -251,7 +256,31 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             Pending::Length { total, .. } => total.saturating_sub(rbuf.len()),
             _ => 0,
         };
-        rbuf.reserve(want.max(4096));
+        let needed = want.max(4096);
+        if rbuf.capacity() - rbuf.len() < needed {
+            // The capacity `reserve` will pick (it doubles, or takes exactly what is needed).
+            let grown = (rbuf.capacity() * 2).max(rbuf.len() + needed);
+            if !charge.fits(grown) {
+                // The shard's connections already hold their budget of buffered requests:
+                // shed this one rather than grow memory without bound.
+                let resp = {
+                    let mut ctx = Ctx {
+                        shard: front.shard(),
+                        scratch: &mut scratch,
+                    };
+                    let mut r = ctx.overloaded();
+                    r.close = true;
+                    r
+                };
+                front.encode(resp, None, &scratch, &mut wbuf);
+                if flush(&mut stream, &mut wbuf).await {
+                    linger(&mut stream, fd, rbuf).await;
+                }
+                return;
+            }
+            rbuf.reserve(needed);
+            charge.settle(rbuf.capacity());
+        }
         let len = rbuf.len();
         let (res, slice) = stream.read(rbuf.slice_mut(len..)).await;
         rbuf = slice.into_inner();
@@ -259,6 +288,37 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+    }
+}
+
+/// The part of a connection's read buffer charged to its shard's budget
+/// (`ock.mmc.http.max_buffered_bytes_per_shard`): its capacity beyond the initial size.
+struct BufferCharge<'a> {
+    front: &'a Front,
+    bytes: usize,
+}
+
+impl BufferCharge<'_> {
+    /// Whether the buffer may grow to `capacity` within the shard's budget.
+    fn fits(&self, capacity: usize) -> bool {
+        let extra = capacity.saturating_sub(READ_BUF_INITIAL_BYTES);
+        let held = self.front.shard().stats().buffered_bytes.get() as u64;
+        let limit = self.front.config().http.max_buffered_bytes_per_shard;
+        held - self.bytes as u64 + extra as u64 <= limit
+    }
+
+    /// Charges the buffer's capacity now.
+    fn settle(&mut self, capacity: usize) {
+        let extra = capacity.saturating_sub(READ_BUF_INITIAL_BYTES);
+        let stats = self.front.shard().stats();
+        stats.buffered_bytes.add(extra as i64 - self.bytes as i64);
+        self.bytes = extra;
+    }
+}
+
+impl Drop for BufferCharge<'_> {
+    fn drop(&mut self) {
+        self.settle(0);
     }
 }
 

@@ -978,6 +978,12 @@ fn render_server(cluster: &Cluster, o: &mut Out<'_>) {
         st(|s| s.overload_rejections.get()),
     );
     o.single(
+        "memcache_http_buffered_bytes",
+        "Read-buffer bytes held for requests still arriving (bounded per shard by ock.mmc.http.max_buffered_bytes_per_shard)",
+        "gauge",
+        sum_i(cluster, |s| s.stats.buffered_bytes.get()),
+    );
+    o.single(
         "memcache_tls_handshake_failures_total",
         "TLS handshakes refused or timed out (missing or invalid client certificates)",
         "counter",

@@ -33,6 +33,8 @@ pub struct ShardStats {
     pub overload_rejections: Counter,
     /// TLS handshakes that failed or timed out (bad or missing client certificates).
     pub tls_handshake_failures: Counter,
+    /// Read-buffer bytes beyond the initial buffer that this shard's connections hold.
+    pub buffered_bytes: Gauge,
     pub metadata_keys: Gauge,
     pub metadata_bytes: Gauge,
 }

@@ -18,7 +18,8 @@ use crate::store::temp_dir;
 both_drivers!(
     tokens_guard_every_route_but_the_probes,
     overload_sheds_with_429,
-    mtls_requires_a_valid_client_certificate
+    mtls_requires_a_valid_client_certificate,
+    buffered_request_bytes_are_bounded_per_shard,
 );
 
 const DATA: &str = "data-token-0123456789";
@@ -602,4 +603,69 @@ fn bad_tls_files_stop_the_start() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{key}={value}: {err}");
     }
+}
+
+/// Bodies that are buffered until complete (here batch puts) share a per-shard budget: a
+/// request that would take the shard past it is shed with 429, the others complete, and the
+/// memory is given back when they are done.
+fn buffered_request_bytes_are_bounded_per_shard(driver: Driver) {
+    let srv = ServerBuilder::new(driver)
+        .shards(1)
+        .set("ock.mmc.http.max_body_bytes", "2MB")
+        .set("ock.mmc.http.max_buffered_bytes_per_shard", "4MB")
+        .start();
+    let len = 1_500_000;
+    let body = crate::store::data(len, 3);
+    let head = |i: usize| {
+        format!(
+            "POST /api/v1/objects/batch_put?keys=buf-{i}&sizes={len} HTTP/1.1\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    let buffered = |c: &mut Client| {
+        crate::observability::scrape(c)
+            .get("memcache_http_buffered_bytes")
+            .copied()
+            .unwrap()
+    };
+    let mut m = srv.client();
+    assert_eq!(buffered(&mut m), 0.0);
+    // Two requests half sent: about 3 MB of the 4 MB budget is held for them.
+    let mut held: Vec<Client> = (0..2).map(|_| srv.client()).collect();
+    for (i, c) in held.iter_mut().enumerate() {
+        c.send(head(i).as_bytes());
+        c.send(&body[..len / 2]);
+    }
+    crate::store::eventually("both bodies are being buffered", || {
+        buffered(&mut m) >= 2.0 * (len as f64) * 0.99
+    });
+    // A third does not fit: shed at once, with Retry-After, and closed.
+    let mut third = srv.client();
+    third.send(head(2).as_bytes());
+    let r = third.read_response(false);
+    r.assert_error(429, "Server overloaded: too much work waiting, retry later");
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(r.header("connection"), Some("close"));
+    // The first two complete normally, and their memory is released.
+    for c in held.iter_mut() {
+        c.send(&body[len / 2..]);
+        let r = c.read_response(false);
+        assert_eq!(r.json()["results"][0]["success"], true, "{}", r.text());
+    }
+    drop(held);
+    crate::store::eventually("the buffers are released", || buffered(&mut m) == 0.0);
+    assert_eq!(
+        crate::store::get_bytes(&mut m, "buf-1"),
+        body,
+        "a buffered put stored its bytes"
+    );
+    // The budget must hold at least one largest body.
+    let out = std::process::Command::new(SERVER_BIN)
+        .args(["--set", "ock.mmc.http.max_buffered_bytes_per_shard=8MB"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ock.mmc.http.max_buffered_bytes_per_shard (8388608) must not be below ock.mmc.http.max_body_bytes (67108864)"),
+        "{err}"
+    );
 }
