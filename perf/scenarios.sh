@@ -121,6 +121,10 @@ check_alive() { # NAME PID
 tck=$(getconf CLK_TCK)
 ncpu=$(nproc)
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# The kernel's softirq threads: big loopback transfers overflow network receive work into them.
+# That is part of the transfer's cost, not another process: it is reported apart.
+softirqd=$(pgrep '^ksoftirqd/' | tr '\n' ' ')
+softirq_ticks() { local p t=0; for p in $softirqd; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
 busy_all() { awk '$1=="cpu"{print $2+$3+$4+$7+$8}' /proc/stat; }
 rss_kib() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
 wait_quiet() { # up to QUIET_WAIT s for a second with < QUIET_PCT% of the machine busy
@@ -149,29 +153,34 @@ count() { awk -v s="$1" -v l="$2" '$1==s && $2==l' "$results" | wc -l; }
 
 # One measured mmc-perf run against the server PID: waits for a quiet machine, runs mmc-perf
 # with --json and --cpu-pid, adds how much CPU other processes used meanwhile (other_cpu_pct,
-# % of one CPU) and redoes a disturbed run up to RETRIES times. Prints the JSON object. The
+# % of one CPU; the kernel's ksoftirqd threads apart, ksoftirqd_cpu_pct) and the share of a CPU
+# the server and mmc-perf kept busy in the measured window (server_busy_pct, client_busy_pct),
+# and redoes a disturbed run up to RETRIES times. Prints the JSON object. The
 # functions named by $BEFORE_RUN and $AFTER_RUN (if set) run around every attempt (e.g. to
 # start and collect a scraper or a subscriber that must overlap the measured run).
 perf_run() { # NAME PID MMC-PERF-ARGS...
-  local name=$1 pid=$2 attempt out b0 b1 s0 s1 t0 t1 other
+  local name=$1 pid=$2 attempt out b0 b1 s0 s1 q0 q1 t0 t1 other softirq
   shift 2
   for attempt in $(seq 0 "$RETRIES"); do
     check_alive "$name" "$pid"
     wait_quiet
     [ -n "${BEFORE_RUN:-}" ] && "$BEFORE_RUN"
-    b0=$(busy_all); s0=$(cpu_ticks "$pid"); t0=$(date +%s.%N)
+    b0=$(busy_all); s0=$(cpu_ticks "$pid"); q0=$(softirq_ticks); t0=$(date +%s.%N)
     { TIMEFORMAT='%3U %3S'; time timeout 300 "$PERF" --pin "$LOAD_CPU" --cpu-pid "$pid" --json "$@" > "$work/perf.out" 2> "$work/perf.err"; } 2> "$work/perf.time" || true
-    b1=$(busy_all); s1=$(cpu_ticks "$pid"); t1=$(date +%s.%N)
+    b1=$(busy_all); s1=$(cpu_ticks "$pid"); q1=$(softirq_ticks); t1=$(date +%s.%N)
     [ -n "${AFTER_RUN:-}" ] && "$AFTER_RUN"
     check_alive "$name" "$pid"
     if ! jq -e . "$work/perf.out" > /dev/null 2>&1; then
       echo "# mmc-perf failed: $(cat "$work/perf.err")" >&2; exit 1
     fi
-    # Busy time of the machine not spent by the server or by mmc-perf, over the whole run.
-    other=$(awk -v b="$((b1 - b0))" -v s="$((s1 - s0))" -v t="$tck" -v t0="$t0" -v t1="$t1" \
+    # Busy time of the machine not spent by the server, mmc-perf or ksoftirqd, over the run.
+    softirq=$(awk -v q="$((q1 - q0))" -v t="$tck" -v t0="$t0" -v t1="$t1" 'BEGIN{printf "%.1f", q/t/(t1-t0)*100}')
+    other=$(awk -v b="$((b1 - b0))" -v s="$((s1 - s0))" -v q="$((q1 - q0))" -v t="$tck" -v t0="$t0" -v t1="$t1" \
       -v c="$(awk '{print $1+$2}' "$work/perf.time")" \
-      'BEGIN{o=(b-s)/t - c; if (o<0) o=0; printf "%.1f", o/(t1-t0)*100}')
-    out=$(jq -c --argjson o "$other" '. + {other_cpu_pct: $o}' "$work/perf.out")
+      'BEGIN{o=(b-s-q)/t - c; if (o<0) o=0; printf "%.1f", o/(t1-t0)*100}')
+    out=$(jq -c --argjson o "$other" --argjson q "$softirq" '. + {other_cpu_pct: $o, ksoftirqd_cpu_pct: $q,
+      server_busy_pct: ((.rps * (.server_cpu_us_per_req // 0) / 1e4) | round),
+      client_busy_pct: ((.rps * (.client_cpu_us_per_req // 0) / 1e4) | round)}' "$work/perf.out")
     awk -v o="$other" -v m="$CLEAN_PCT" 'BEGIN{exit !(o+0 < m)}' && break
     [ "$attempt" -lt "$RETRIES" ] && echo "# $name: other processes used ${other}% of a CPU during the run: redoing it" >&2
   done
@@ -202,6 +211,11 @@ if wants dataplane; then
     case $m in dram) dp_port[$m]=$port_dram;; hbm) dp_port[$m]=$port_hbm;; *) echo "DP_MEDIA: dram or hbm" >&2; exit 2;; esac
     start_server "dp-$m" "${dp_port[$m]}"
     dp_pid[$m]=$srv_pid
+    # Fill the segments first (3 s of 1 MiB puts, several GB), so that every measured run,
+    # the first one too, finds them full and evicting rather than faulting fresh pages in.
+    timeout 60 "$PERF" --target "127.0.0.1:${dp_port[$m]}" --connections 8 --duration 3 --warmup 0 \
+      --pin "$LOAD_CPU" --body-bytes $((1 << 20)) --request "PUT /api/v1/objects?key=fill-{seq}&medium=$m" --json \
+      | jq -c '{prefill: .target, requests, business_failures, errors}'
   done
   sizes_csv=$(echo "$DP_SIZES" | tr ' ' ',')
   for round in $(seq "$RUNS"); do
@@ -386,8 +400,8 @@ fi
 echo
 if wants dataplane; then
   echo "## 1. data plane (medians of $RUNS runs; GB = 10^9 bytes; memcpy: one thread, see mmc-perf memcpy)"
-  printf '| %-14s | %9s | %9s | %14s | %16s | %9s | %8s | %8s | %7s |\n' run "req/s" "GB/s" "÷ memcpy hot" "÷ memcpy pool" "srv s/GB" "p50 µs" "p99 µs" "other %"
-  echo "|----------------|----------:|----------:|---------------:|-----------------:|----------:|---------:|---------:|--------:|"
+  printf '| %-14s | %9s | %9s | %14s | %16s | %9s | %9s | %6s | %6s | %8s | %8s | %7s |\n' run "req/s" "GB/s" "÷ memcpy hot" "÷ memcpy pool" "srv s/GB" "cli s/GB" "srv %" "cli %" "p50 µs" "p99 µs" "softirqd %"
+  echo "|----------------|----------:|----------:|---------------:|-----------------:|----------:|----------:|-------:|-------:|---------:|---------:|--------:|"
   for m in $DP_MEDIA; do
     for op in put get; do
       for size in $DP_SIZES; do
@@ -397,11 +411,13 @@ if wants dataplane; then
         if [ "$op" = put ]; then bps=$(med dataplane "$l" '.body_bytes_per_s.sent'); pool=to_pool; else bps=$(med dataplane "$l" '.body_bytes_per_s.received'); pool=from_pool; fi
         hot=$(med dataplane memcpy ".sizes[] | select(.bytes == $b) | .hot_bytes_per_s")
         pl=$(med dataplane memcpy ".sizes[] | select(.bytes == $b) | .${pool}_bytes_per_s")
-        printf '| %-14s | %9.0f | %9.2f | %14.3f | %10.3f %5s | %9.3f | %8.0f | %8.0f | %7s |\n' "$l" \
+        printf '| %-14s | %9.0f | %9.2f | %14.3f | %10.3f %5s | %9.3f | %9.3f | %6.0f | %6.0f | %8.0f | %8.0f | %7s |\n' "$l" \
           "$(med dataplane "$l" .rps)" "$(awk -v v="$bps" 'BEGIN{print v/1e9}')" \
           "$(awk -v a="$bps" -v b="$hot" 'BEGIN{print a/b}')" "$(awk -v a="$bps" -v b="$pl" 'BEGIN{print a/b}')" "$pool" \
           "$(awk -v us="$(med dataplane "$l" .server_cpu_us_per_req)" -v b="$b" 'BEGIN{print us*1000/b}')" \
-          "$(med dataplane "$l" .latency_us.p50)" "$(med dataplane "$l" .latency_us.p99)" "$(med dataplane "$l" .other_cpu_pct)"
+          "$(awk -v us="$(med dataplane "$l" .client_cpu_us_per_req)" -v b="$b" 'BEGIN{print us*1000/b}')" \
+          "$(med dataplane "$l" .server_busy_pct)" "$(med dataplane "$l" .client_busy_pct)" \
+          "$(med dataplane "$l" .latency_us.p50)" "$(med dataplane "$l" .latency_us.p99)" "$(med dataplane "$l" .ksoftirqd_cpu_pct)"
       done
     done
   done
