@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hdrhistogram::Histogram;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
@@ -23,7 +24,7 @@ use monoio::net::TcpStream;
 use monoio::time::TimeDriver;
 use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
-use crate::mix::{Mix, XorShift};
+use crate::mix::{Mix, Preloads, XorShift};
 use crate::response::{self, Framed};
 
 /// Latency histogram bounds: 1 µs to 60 s, 3 significant digits.
@@ -128,6 +129,10 @@ pub struct Plan {
     pub end: Instant,
     pub io_timeout: Duration,
     pub driver: DriverChoice,
+    /// `--rate`: each connection sends its next request at most this often (pipeline 1).
+    pub interval: Option<Duration>,
+    /// Connections in the whole run (to spread paced connections over one interval).
+    pub connections: usize,
 }
 
 /// Failures, each counted once per event (the connection is then reopened).
@@ -180,6 +185,13 @@ pub struct Stats {
     pub unanswered: u64,
     /// Connections opened (including reconnects), during the whole run.
     pub connects: u64,
+    /// Counted responses that are business failures of mmc-server (HTTP 200 with
+    /// `{"success":false`, or a batch answer with a failed item).
+    pub business_failures: u64,
+    /// Request body bytes of the counted responses' requests.
+    pub sent_body_bytes: u64,
+    /// Response body bytes of the counted responses.
+    pub received_body_bytes: u64,
 }
 
 impl Stats {
@@ -191,6 +203,9 @@ impl Stats {
             errors: Errors::default(),
             unanswered: 0,
             connects: 0,
+            business_failures: 0,
+            sent_body_bytes: 0,
+            received_body_bytes: 0,
         }
     }
 
@@ -205,6 +220,9 @@ impl Stats {
         self.errors.add(&o.errors);
         self.unanswered += o.unanswered;
         self.connects += o.connects;
+        self.business_failures += o.business_failures;
+        self.sent_body_bytes += o.sent_body_bytes;
+        self.received_body_bytes += o.received_body_bytes;
     }
 }
 
@@ -342,8 +360,13 @@ async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
     let mut rng = XorShift::new(seed);
     let mut rbuf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
-    let mut inflight: VecDeque<(Instant, bool)> = VecDeque::with_capacity(plan.pipeline);
+    let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(plan.pipeline);
     let mut backoff = Duration::from_millis(10);
+    // Paced connections start spread over one interval, not all at once.
+    let mut next_due = plan.interval.map(|iv| {
+        let share = (seed as usize % plan.connections.max(1)) as u32;
+        Instant::now() + iv / plan.connections.max(1) as u32 * share
+    });
     loop {
         let now = Instant::now();
         if now >= plan.end {
@@ -386,6 +409,7 @@ async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
             &mut rbuf,
             &mut wbuf,
             &mut inflight,
+            &mut next_due,
         )
         .await;
         slot.fd.set(-1);
@@ -409,7 +433,36 @@ async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
     ctx.live.set(ctx.live.get() - 1);
 }
 
+/// A request sent and not yet answered.
+struct InFlight {
+    sent: Instant,
+    /// It was a HEAD (its response has no body).
+    head: bool,
+    body_bytes: usize,
+}
+
+/// Writes `wbuf` (emptied, its capacity kept) and then `rest`, if any.
+async fn send(
+    slot: &Slot,
+    stream: &mut TcpStream,
+    wbuf: &mut Vec<u8>,
+    rest: Option<Bytes>,
+) -> std::io::Result<()> {
+    slot.progress.set(Instant::now());
+    slot.waiting.set(true);
+    let (res, mut buf) = stream.write_all(std::mem::take(wbuf)).await;
+    buf.clear();
+    *wbuf = buf;
+    let res = match (res, rest) {
+        (Ok(_), Some(rest)) => stream.write_all(rest).await.0.map(|_| ()),
+        (res, _) => res.map(|_| ()),
+    };
+    slot.waiting.set(false);
+    res
+}
+
 /// Sends and reads on one open connection until the run ends or the connection fails.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     ctx: &Ctx,
     slot: &Slot,
@@ -417,59 +470,77 @@ async fn drive(
     rng: &mut XorShift,
     rbuf: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
-    inflight: &mut VecDeque<(Instant, bool)>,
+    inflight: &mut VecDeque<InFlight>,
+    next_due: &mut Option<Instant>,
 ) -> Outcome {
     let plan = &*ctx.plan;
     let mix = &*plan.mix;
     let mut pos = 0usize;
     let mut t_read = Instant::now();
     loop {
-        // Refill the pipeline.
-        let now = Instant::now();
+        let mut now = Instant::now();
         if now >= plan.end {
             return Outcome::Done;
         }
+        // Paced: wait for this connection's next slot; after a late answer, the next request
+        // leaves at once but the schedule does not try to catch up (no bursts).
+        if let (Some(iv), Some(due)) = (plan.interval, *next_due) {
+            if due > now {
+                let wake = due.min(plan.end);
+                monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
+                now = Instant::now();
+                if now >= plan.end {
+                    return Outcome::Done;
+                }
+            }
+            *next_due = Some(due.max(now) + iv);
+        }
+        // Refill the pipeline. A large body's shared rest goes out right after its head.
         while inflight.len() < plan.pipeline {
             let i = mix.choose(rng);
-            let head = mix.write_request(i, rng, wbuf);
-            inflight.push_back((now, head));
-        }
-        if !wbuf.is_empty() {
-            slot.progress.set(now);
-            slot.waiting.set(true);
-            let (res, mut buf) = stream.write_all(std::mem::take(wbuf)).await;
-            slot.waiting.set(false);
-            buf.clear();
-            *wbuf = buf;
-            if res.is_err() {
+            let w = mix.write_request(i, rng, wbuf);
+            inflight.push_back(InFlight {
+                sent: now,
+                head: w.is_head,
+                body_bytes: mix.entries[i].body_bytes,
+            });
+            if w.body_rest.is_some() && send(slot, stream, wbuf, w.body_rest).await.is_err() {
                 return ended_or(plan, ErrorKind::Write);
             }
+        }
+        if !wbuf.is_empty() && send(slot, stream, wbuf, None).await.is_err() {
+            return ended_or(plan, ErrorKind::Write);
         }
         // Read until at least one response is complete.
         let mut completed = false;
         loop {
             let mut want = 0;
-            while let Some(&(sent, head_request)) = inflight.front() {
-                match response::frame(&rbuf[pos..], head_request) {
+            while let Some(f) = inflight.front() {
+                match response::frame(&rbuf[pos..], f.head) {
                     Framed::Complete {
                         status,
                         len,
+                        head_len,
                         close,
                         interim,
                     } => {
+                        let body = &rbuf[pos + head_len..pos + len];
                         pos += len;
                         if interim {
                             continue;
                         }
-                        inflight.pop_front();
-                        completed = true;
                         if ctx.in_window(t_read) {
-                            let us = t_read.duration_since(sent).as_micros() as u64;
+                            let us = t_read.duration_since(f.sent).as_micros() as u64;
                             let mut s = ctx.stats.borrow_mut();
                             s.hist.saturating_record(us.max(1));
                             s.requests += 1;
                             s.status[(status as usize).min(999)] += 1;
+                            s.business_failures += u64::from(response::business_failure(body));
+                            s.sent_body_bytes += f.body_bytes as u64;
+                            s.received_body_bytes += body.len() as u64;
                         }
+                        inflight.pop_front();
+                        completed = true;
                         if close {
                             return Outcome::Reconnect;
                         }
@@ -526,18 +597,30 @@ pub struct Preload {
     pub requests: u64,
     pub ok: u64,
     pub failed: u64,
+    /// Of the `ok` answers, business failures of mmc-server (`{"success":false`, or a batch
+    /// answer with a failed item).
+    pub business_failures: u64,
 }
 
-/// Sends every request of `reqs` once over `conns` connections (batches of 32 pipelined
-/// requests), before `deadline`. A 2xx answer is `ok`; anything else, or no answer, `failed`.
+/// Requests pipelined per batch, and the bytes a batch stops growing at.
+const PRELOAD_BATCH: usize = 32;
+const PRELOAD_BATCH_BYTES: usize = 1 << 20;
+
+/// Sends every request of `reqs` once over `conns` connections (batches of up to 32 pipelined
+/// requests or about 1 MiB), before `deadline`. A 2xx answer is `ok`; anything else, or no
+/// answer, `failed`.
 pub fn preload(
     addr: SocketAddr,
-    reqs: Vec<Vec<u8>>,
+    reqs: Preloads,
     conns: usize,
     driver: DriverChoice,
     io_timeout: Duration,
     deadline: Instant,
 ) -> Result<Preload, String> {
+    let Preloads {
+        requests: reqs,
+        body_rest,
+    } = reqs;
     let conns = conns.clamp(1, reqs.len().max(1));
     let per = reqs.len().div_ceil(conns).max(1);
     let reqs = Rc::new(reqs);
@@ -549,12 +632,14 @@ pub fn preload(
         let mut handles = Vec::new();
         for c in 0..conns {
             let (lo, hi) = ((c * per).min(reqs.len()), ((c + 1) * per).min(reqs.len()));
-            let (reqs, total) = (reqs.clone(), total.clone());
+            let (reqs, total, rest) = (reqs.clone(), total.clone(), body_rest.clone());
             handles.push(monoio::spawn(async move {
-                let (ok, failed) = preload_conn(addr, &reqs[lo..hi], io_timeout, deadline).await;
+                let (ok, business) =
+                    preload_conn(addr, &reqs[lo..hi], rest, io_timeout, deadline).await;
                 let mut t = total.borrow_mut();
                 t.ok += ok;
-                t.failed += failed;
+                t.failed += (hi - lo) as u64 - ok;
+                t.business_failures += business;
             }));
         }
         for h in handles {
@@ -565,15 +650,19 @@ pub fn preload(
     Ok(out)
 }
 
+/// Returns (2xx answers, business failures among them).
 async fn preload_conn(
     addr: SocketAddr,
     reqs: &[Vec<u8>],
+    body_rest: Option<Bytes>,
     io_timeout: Duration,
     deadline: Instant,
 ) -> (u64, u64) {
     let step_deadline =
         || monoio::time::Instant::from_std((Instant::now() + io_timeout).min(deadline));
     let mut ok = 0u64;
+    let mut business = 0u64;
+    let rest_len = body_rest.as_ref().map_or(0, Bytes::len);
     let mut done = 0usize;
     let mut stream = None;
     let mut rbuf: Vec<u8> = Vec::with_capacity(16 * 1024);
@@ -590,22 +679,50 @@ async fn preload_conn(
             }
         }
         let s = stream.as_mut().expect("connected");
-        let batch = &reqs[done..(done + 32).min(reqs.len())];
-        wbuf.clear();
-        for r in batch {
-            wbuf.extend_from_slice(r);
+        let mut n = 0;
+        let mut bytes = 0;
+        while done + n < reqs.len() && n < PRELOAD_BATCH && (n == 0 || bytes < PRELOAD_BATCH_BYTES)
+        {
+            bytes += reqs[done + n].len() + rest_len;
+            n += 1;
         }
-        let write =
-            monoio::time::timeout_at(step_deadline(), s.write_all(std::mem::take(&mut wbuf))).await;
-        match write {
-            Ok((Ok(_), b)) => wbuf = b,
-            _ => {
-                // The batch is lost; count it as failed and go on with a new connection.
-                done += batch.len();
-                stream = None;
-                retries += 1;
+        let batch = &reqs[done..done + n];
+        let mut written = true;
+        wbuf.clear();
+        for (i, r) in batch.iter().enumerate() {
+            wbuf.extend_from_slice(r);
+            let last = i + 1 == batch.len();
+            if body_rest.is_none() && !last {
                 continue;
             }
+            let write =
+                monoio::time::timeout_at(step_deadline(), s.write_all(std::mem::take(&mut wbuf)))
+                    .await;
+            match write {
+                Ok((Ok(_), mut b)) => {
+                    b.clear();
+                    wbuf = b;
+                }
+                _ => {
+                    written = false;
+                    break;
+                }
+            }
+            if let Some(rest) = &body_rest {
+                let write =
+                    monoio::time::timeout_at(step_deadline(), s.write_all(rest.clone())).await;
+                if !matches!(write, Ok((Ok(_), _))) {
+                    written = false;
+                    break;
+                }
+            }
+        }
+        if !written {
+            // The batch is lost; count it as failed and go on with a new connection.
+            done += batch.len();
+            stream = None;
+            retries += 1;
+            continue;
         }
         let mut answered = 0;
         let mut pos = 0;
@@ -616,9 +733,11 @@ async fn preload_conn(
                 Framed::Complete {
                     status,
                     len,
+                    head_len,
                     close,
                     interim,
                 } => {
+                    let failed = response::business_failure(&rbuf[pos + head_len..pos + len]);
                     pos += len;
                     if interim {
                         continue;
@@ -626,6 +745,7 @@ async fn preload_conn(
                     answered += 1;
                     if (200..300).contains(&status) {
                         ok += 1;
+                        business += u64::from(failed);
                     }
                     if close {
                         broken = true;
@@ -660,7 +780,7 @@ async fn preload_conn(
             retries += 1;
         }
     }
-    (ok, (reqs.len() as u64).saturating_sub(ok))
+    (ok, business)
 }
 
 #[cfg(test)]
@@ -736,6 +856,7 @@ mod tests {
             "test",
             10,
             Some(50),
+            0,
         )
         .unwrap();
         let warm = Instant::now() + Duration::from_millis(50);
@@ -747,6 +868,8 @@ mod tests {
             end: warm + Duration::from_secs_f64(secs),
             io_timeout: Duration::from_secs(2),
             driver,
+            interval: None,
+            connections: 4,
         })
     }
 
@@ -768,6 +891,120 @@ mod tests {
             );
             assert!(stats.unanswered > 0);
         }
+    }
+
+    /// A server that checks every request body is `abc...z` repeated and answers
+    /// `{"success":true}`, or `{"success":false}` when the path starts with `/fail`
+    /// (400 for a wrong body).
+    fn checking_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = vec![0u8; 1 << 16];
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                            let len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("Content-Length: "))
+                                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                            if buf.len() < end + 4 + len {
+                                break;
+                            }
+                            let good = buf[end + 4..end + 4 + len]
+                                .iter()
+                                .copied()
+                                .eq(crate::mix::body(len));
+                            buf.drain(..end + 4 + len);
+                            let answer: &str = if !good {
+                                "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+                            } else if head.split(' ').nth(1).unwrap().starts_with("/fail") {
+                                "HTTP/1.1 200 OK\r\nContent-Length: 17\r\n\r\n{\"success\":false}"
+                            } else {
+                                "HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n{\"success\":true}"
+                            };
+                            if s.write_all(answer.as_bytes()).is_err() {
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk) {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn plan_with(addr: SocketAddr, specs: &[&str], body_bytes: usize, secs: f64) -> Plan {
+        let mix = Mix::new(
+            specs.iter().map(|s| parse_spec(s).unwrap()).collect(),
+            "test",
+            body_bytes,
+            None,
+            0,
+        )
+        .unwrap();
+        let warm = Instant::now() + Duration::from_millis(50);
+        Plan {
+            addr,
+            mix: Arc::new(mix),
+            pipeline: 1,
+            warm,
+            end: warm + Duration::from_secs_f64(secs),
+            io_timeout: Duration::from_secs(2),
+            driver: DriverChoice::Auto,
+            interval: None,
+            connections: 2,
+        }
+    }
+
+    #[test]
+    fn large_bodies_arrive_whole_and_failures_are_counted() {
+        let addr = checking_server();
+        let n = crate::mix::INLINE_BODY_BYTES + 100_000;
+        let mut p = plan_with(addr, &["PUT /ok?k={seq} 1", "PUT /fail?k={seq} 1"], n, 0.4);
+        p.pipeline = 2;
+        let (stats, _) = run_thread(Arc::new(p), 0, 2, None).unwrap();
+        assert!(stats.requests > 4, "{} requests", stats.requests);
+        assert_eq!(stats.errors, Errors::default());
+        assert_eq!(
+            stats.status[200], stats.requests,
+            "every body arrived intact"
+        );
+        assert_eq!(stats.sent_body_bytes, stats.requests * n as u64);
+        assert!(
+            stats.business_failures > 0 && stats.business_failures < stats.requests,
+            "{} of {}",
+            stats.business_failures,
+            stats.requests
+        );
+        let oks = stats.requests - stats.business_failures;
+        assert_eq!(
+            stats.received_body_bytes,
+            oks * 16 + stats.business_failures * 17
+        );
+    }
+
+    #[test]
+    fn rate_paces_each_connection() {
+        let addr = checking_server();
+        let mut p = plan_with(addr, &["GET /ok"], 0, 0.6);
+        // 100 requests per second over 2 connections: one every 20 ms each.
+        p.interval = Some(Duration::from_millis(20));
+        let (stats, _) = run_thread(Arc::new(p), 0, 2, None).unwrap();
+        assert_eq!(stats.errors, Errors::default());
+        assert!(
+            (40..=75).contains(&stats.requests),
+            "{} requests in 0.6 s at 100/s",
+            stats.requests
+        );
     }
 
     #[test]
@@ -807,6 +1044,10 @@ mod tests {
                 format!("PUT /m?key=key-{i} HTTP/1.1\r\nContent-Length: 1\r\n\r\nv").into_bytes()
             })
             .collect();
+        let reqs = Preloads {
+            requests: reqs,
+            body_rest: None,
+        };
         let p = preload(
             addr,
             reqs,

@@ -9,11 +9,21 @@
 //!
 //! The run is bounded: it ends by itself at warm-up + duration; a connection that makes no
 //! progress for `--timeout` seconds is shut down, counted as an error and reopened.
+//!
+//! Subcommands serve the scenarios of `perf/scenarios.sh`: `memcpy` (this machine's copy
+//! bandwidth), `fill` (store many small objects through batch_put), `drain` (read one long
+//! response, e.g. `/get_all_keys`, at a limited rate while sampling the server's RSS) and
+//! `kv-sub` (a KV-event subscriber that counts what it receives).
 
+mod drain;
+mod fill;
+mod kvsub;
 mod load;
+mod memcpy;
 mod mix;
 mod procstat;
 mod response;
+mod units;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -22,7 +32,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
 use load::{DriverChoice, Plan, Stats};
@@ -36,9 +46,13 @@ use mix::Mix;
              server CPU per request)",
     after_help = "Example:\n  mmc-perf --target 127.0.0.1:8000 --connections 64 --duration 8 \\\n    \
                   --request \"GET /metadata?key={key} 9\" --request \"PUT /metadata?key={key} 1\" \\\n    \
-                  --keys 1000 --preload --body-bytes 16 --cpu-pid $(pgrep -n mmc-server) --pin 1 --json"
+                  --keys 1000 --preload --body-bytes 16 --cpu-pid $(pgrep -n mmc-server) --pin 1 --json",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    #[command(subcommand)]
+    tool: Option<Tool>,
+
     /// Server address, HOST:PORT.
     #[arg(long, default_value = "127.0.0.1:8000", value_name = "HOST:PORT")]
     target: String,
@@ -103,6 +117,30 @@ struct Args {
     /// Connect, read and write timeout in seconds (no progress for this long is an error).
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     timeout: f64,
+
+    /// Total requests per second, spread evenly over the connections: each connection sends
+    /// its next request at its next slot, or at once when the answer came late (no catch-up
+    /// bursts). Needs --pipeline 1. Slots are timed with millisecond resolution. Default: each
+    /// connection sends as soon as it has its answer (closed loop).
+    #[arg(long, value_name = "REQ/S")]
+    rate: Option<f64>,
+
+    /// The first number that `{seq}` in a path becomes (then +1 per request, over all threads).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    seq_start: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum Tool {
+    /// Measure this machine's memcpy bandwidth for the given sizes (one thread).
+    Memcpy(memcpy::Args),
+    /// Store many small objects through POST /api/v1/objects/batch_put.
+    Fill(fill::Args),
+    /// GET one long response (e.g. /get_all_keys), optionally reading it slowly, while
+    /// sampling the resident memory of a process (the server).
+    Drain(drain::Args),
+    /// Subscribe to the KV events of a server and count what arrives.
+    KvSub(kvsub::Args),
 }
 
 /// Largest accepted values, so a typo cannot exhaust memory or descriptors.
@@ -134,6 +172,8 @@ struct Config {
     io_timeout: Duration,
     driver: DriverChoice,
     mix: Arc<Mix>,
+    /// Per connection, with `--rate`.
+    interval: Option<Duration>,
 }
 
 fn validate(args: &Args) -> Result<Config, String> {
@@ -172,10 +212,28 @@ fn validate(args: &Args) -> Result<Config, String> {
             .map(|s| mix::parse_spec(s))
             .collect::<Result<Vec<_>, _>>()?
     };
-    let mix = Mix::new(specs, &args.target, args.body_bytes, args.keys)?;
+    let mix = Mix::new(
+        specs,
+        &args.target,
+        args.body_bytes,
+        args.keys,
+        args.seq_start,
+    )?;
     if args.preload && mix.keys == 0 {
         return Err("--preload needs a --request path with {key} (and --keys N)".into());
     }
+    let interval = match args.rate {
+        None => None,
+        Some(r) if !(r.is_finite() && r > 0.0 && r <= 10_000_000.0) => {
+            return Err(format!(
+                "invalid --rate {r}: expected more than 0 and at most 10000000 requests per second"
+            ));
+        }
+        Some(_) if args.pipeline != 1 => {
+            return Err("--rate needs --pipeline 1".into());
+        }
+        Some(r) => Some(Duration::from_secs_f64(args.connections as f64 / r)),
+    };
     Ok(Config {
         addr,
         threads: args.threads.min(args.connections),
@@ -184,6 +242,7 @@ fn validate(args: &Args) -> Result<Config, String> {
         io_timeout: seconds("timeout", args.timeout, false)?,
         driver: DriverChoice::parse(&args.io_driver)?,
         mix: Arc::new(mix),
+        interval,
     })
 }
 
@@ -217,6 +276,26 @@ fn wait_until(
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(tool) = &args.tool {
+        let out = match tool {
+            Tool::Memcpy(a) => memcpy::main(a),
+            Tool::Fill(a) => fill::main(a),
+            Tool::Drain(a) => drain::main(a),
+            Tool::KvSub(a) => kvsub::main(a),
+        };
+        return match out {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mmc-perf: {e}");
+                // Argument errors are found before anything runs.
+                if e.starts_with("invalid ") {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        };
+    }
     let cfg = match validate(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -241,6 +320,7 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
             args.body_bytes
         };
         let reqs = cfg.mix.preload_requests(&args.target, value_bytes);
+        let n = reqs.requests.len();
         let started = Instant::now();
         let p = load::preload(
             cfg.addr,
@@ -250,11 +330,13 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
             cfg.io_timeout,
             started + Duration::from_secs(300),
         )?;
+        debug_assert_eq!(p.requests, n as u64);
         if !args.json {
             println!(
-                "preload: {} PUTs, {} ok, {} failed, {:.2} s",
+                "preload: {} PUTs, {} ok ({} business failures), {} failed, {:.2} s",
                 p.requests,
                 p.ok,
+                p.business_failures,
                 p.failed,
                 started.elapsed().as_secs_f64()
             );
@@ -275,6 +357,8 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
         end,
         io_timeout: cfg.io_timeout,
         driver: cfg.driver,
+        interval: cfg.interval,
+        connections: args.connections,
     });
 
     let (tx, rx) = mpsc::channel();
@@ -484,7 +568,13 @@ impl Report<'_> {
             },
             "unanswered": self.stats.unanswered,
             "connects": self.stats.connects,
+            "business_failures": self.stats.business_failures,
             "rps": round2(self.rps()),
+            "rate": self.args.rate,
+            "body_bytes_per_s": {
+                "sent": round2(self.stats.sent_body_bytes as f64 / self.secs),
+                "received": round2(self.stats.received_body_bytes as f64 / self.secs),
+            },
             "status": status,
             "status_class": classes,
             "latency_us": latency,
@@ -494,7 +584,8 @@ impl Report<'_> {
             "keys": self.args.keys,
             "body_bytes": self.args.body_bytes,
             "preload": self.preload.map(|p| json!({
-                "requests": p.requests, "ok": p.ok, "failed": p.failed
+                "requests": p.requests, "ok": p.ok, "failed": p.failed,
+                "business_failures": p.business_failures,
             })),
             "mix": mix,
         })
@@ -541,7 +632,18 @@ impl Report<'_> {
             .into_iter()
             .map(|(c, n)| format!("{c}: {n}"))
             .collect();
-        let _ = writeln!(s, "status   {}", codes.join(", "));
+        let _ = writeln!(
+            s,
+            "status   {} (business failures: {})",
+            codes.join(", "),
+            self.stats.business_failures
+        );
+        let _ = writeln!(
+            s,
+            "bodies   sent {:.1} MB/s, received {:.1} MB/s",
+            self.stats.sent_body_bytes as f64 / self.secs / 1e6,
+            self.stats.received_body_bytes as f64 / self.secs / 1e6
+        );
         match self.latency() {
             Some(l) => {
                 let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k} {v}")).collect();
@@ -609,10 +711,35 @@ mod tests {
             &["--request", "GET /m?key={key}"],
             &["--preload"],
             &["--io-driver", "kqueue"],
+            &["--rate", "0"],
+            &["--rate", "100", "--pipeline", "2"],
+            &["--rate", "inf"],
         ] {
             assert!(validate(&args(bad)).is_err(), "{bad:?} should be refused");
         }
         let c = validate(&args(&["--connections", "2", "--threads", "8"])).unwrap();
         assert_eq!(c.threads, 2);
+        let c = validate(&args(&["--connections", "4", "--rate", "40"])).unwrap();
+        assert_eq!(c.interval, Some(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let a = args(&["memcpy", "--sizes", "64KiB,1MiB", "--secs", "0.5"]);
+        assert!(matches!(a.tool, Some(Tool::Memcpy(_))));
+        let a = args(&["fill", "--keys", "10"]);
+        assert!(matches!(a.tool, Some(Tool::Fill(_))));
+        let a = args(&["drain", "--path", "/get_all_keys", "--rate-bytes", "4MiB"]);
+        assert!(matches!(a.tool, Some(Tool::Drain(_))));
+        let a = args(&[
+            "kv-sub",
+            "--endpoint",
+            "tcp://127.0.0.1:5557",
+            "--secs",
+            "1",
+        ]);
+        assert!(matches!(a.tool, Some(Tool::KvSub(_))));
+        // Load options belong to the load run, not to a subcommand.
+        assert!(Args::try_parse_from(["mmc-perf", "--connections", "2", "memcpy"]).is_err());
     }
 }

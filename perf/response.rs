@@ -8,6 +8,8 @@ pub enum Framed {
     Complete {
         status: u16,
         len: usize,
+        /// Where the body starts (the head's length).
+        head_len: usize,
         /// The server will close the connection after this response.
         close: bool,
         /// A 1xx interim response (e.g. `100 Continue`): not the answer to the request.
@@ -81,9 +83,22 @@ pub fn frame(buf: &[u8], head_request: bool) -> Framed {
     Framed::Complete {
         status,
         len,
+        head_len,
         close,
         interim,
     }
+}
+
+/// The start of the body of a failed business answer of mmc-server (HTTP 200 with
+/// `{"success":false,...}`).
+pub const BUSINESS_FAILURE: &[u8] = b"{\"success\":false";
+
+/// Whether a response body is a business failure of mmc-server: it starts with
+/// [`BUSINESS_FAILURE`], or (a batch answer) holds it for one of its items.
+pub fn business_failure(body: &[u8]) -> bool {
+    body.starts_with(BUSINESS_FAILURE)
+        || (body.starts_with(b"{\"success\":true,\"results\":")
+            && memchr::memmem::find(body, b"\"success\":false").is_some())
 }
 
 fn trim(mut v: &[u8]) -> &[u8] {
@@ -110,6 +125,7 @@ mod tests {
             Framed::Complete {
                 status: 200,
                 len: OK.len(),
+                head_len: OK.len() - 5,
                 close: false,
                 interim: false
             }
@@ -155,6 +171,22 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn business_failures() {
+        assert!(business_failure(
+            br#"{"success":false,"error_message":"Duplicated object: key already exists","timestamp":1}"#
+        ));
+        assert!(!business_failure(br#"{"success":true,"key":"k","size":3}"#));
+        assert!(business_failure(
+            br#"{"success":true,"results":[{"key":"A","success":true,"size":3},{"key":"B","success":false,"error_message":"x"}]}"#
+        ));
+        assert!(!business_failure(
+            br#"{"success":true,"results":[{"key":"A","success":true,"size":3}]}"#
+        ));
+        assert!(!business_failure(b"raw object bytes {\"success\":false"));
+        assert!(!business_failure(b""));
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub const STREAM_BODY_MIN_BYTES: u64 = 256 * 1024;
 /// of a body read only to be dropped.
 pub const STAGING_BYTES: usize = 1024 * 1024;
 
+/// Staging buffers a shard keeps for reuse (16 MiB at most, only once device-memory traffic
+/// used them): more transfers through staging at once than this allocate extra buffers, freed
+/// after use.
+pub const STAGING_POOL_BUFFERS: usize = 16;
+
 /// Pending response bytes after which the connection writes before parsing more pipelined
 /// requests, so a client that pipelines thousands of requests cannot grow our buffer unbounded.
 pub const WRITE_BUF_FLUSH_BYTES: usize = 64 * 1024;

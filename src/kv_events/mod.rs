@@ -84,8 +84,13 @@ pub struct KvQueue {
     size: AtomicUsize,
     soft: usize,
     hard: usize,
+    /// Events per batch: the queue reaching this many wakes the publisher.
+    batch_max: usize,
     stats: Arc<KvEventStats>,
-    /// Written when the queue goes from empty to non-empty; the publisher polls it.
+    /// Written when the queue goes from empty to non-empty and when it fills a batch; the
+    /// publisher polls it. Between the two the publisher sleeps until its batch is due, so a
+    /// steady stream of events costs the shards one syscall and the publisher one wake-up
+    /// per batch, not per event (it shares the shards' cores).
     wake: OwnedFd,
     stop: AtomicBool,
 }
@@ -102,6 +107,7 @@ impl KvQueue {
             size: AtomicUsize::new(0),
             soft: cfg.queue_capacity as usize,
             hard: cfg.hard_capacity.max(cfg.queue_capacity) as usize,
+            batch_max: cfg.batch_max_events.max(1) as usize,
             stats,
             // SAFETY: `fd` is a fresh descriptor owned by nobody else.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
@@ -110,6 +116,7 @@ impl KvQueue {
     }
 
     fn signal(&self) {
+        self.stats.wakeups.fetch_add(1, Relaxed);
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to an eventfd we own; failure (counter overflow) is harmless.
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
@@ -153,7 +160,7 @@ impl KvQueue {
         }
         self.queue.push(kv);
         self.stats.queue_size.store((before + 1) as u64, Relaxed);
-        if before == 0 {
+        if before == 0 || before + 1 == self.batch_max {
             self.signal();
         }
     }
@@ -318,11 +325,13 @@ impl Publisher {
         let wake_fd: RawFd = self.queue.wake.as_raw_fd();
         let max = self.cfg.batch_max_events.max(1) as usize;
         let delay = Duration::from_millis(self.cfg.batch_max_delay_ms);
+        // When the oldest event not yet published arrived (about: when its wake-up came).
         let mut first_at: Option<Instant> = None;
         loop {
-            // Wait for events, replay requests, or the end of the batching delay.
+            // Wait for events, replay requests, or the end of the batching delay (rounded up
+            // to whole milliseconds, so that the wait never ends just before the batch is due).
             let timeout_ms = match first_at {
-                Some(t) => delay.saturating_sub(t.elapsed()).as_millis() as i64,
+                Some(t) => delay.saturating_sub(t.elapsed()).as_micros().div_ceil(1000) as i64,
                 None => 500,
             };
             let mut items = Vec::with_capacity(2);
@@ -339,19 +348,29 @@ impl Publisher {
             if replay_ready {
                 self.serve_replays();
             }
-            while let Some(e) = self.queue.pop() {
+            // Events stay queued until their batch is due or a whole batch is there: the
+            // queue then does not go empty after every event, so producers do not wake this
+            // thread for each one (they wake it when the queue leaves empty or fills a batch).
+            let queued = self.queue.size.load(Relaxed);
+            if queued > 0 {
                 first_at.get_or_insert_with(Instant::now);
-                self.batch.push(e);
-                if self.batch.len() >= max {
-                    self.publish();
-                    first_at = None;
-                }
             }
             let due = first_at.is_some_and(|t| t.elapsed() >= delay);
             let stopping = self.queue.stop.load(Relaxed);
-            if !self.batch.is_empty() && (due || stopping) {
-                self.publish();
-                first_at = None;
+            if due || stopping || queued + self.batch.len() >= max {
+                while let Some(e) = self.queue.pop() {
+                    self.batch.push(e);
+                    if self.batch.len() >= max {
+                        self.publish();
+                    }
+                }
+                if !self.batch.is_empty() && (due || stopping) {
+                    self.publish();
+                }
+                // A partial batch left over keeps the time of the oldest event in it.
+                if self.batch.is_empty() {
+                    first_at = None;
+                }
             }
             if stopping && self.queue.size.load(Relaxed) == 0 && self.batch.is_empty() {
                 return;
@@ -446,6 +465,85 @@ mod tests {
             replay_batches: 0,
             block_size: 256,
         }
+    }
+
+    /// The eventfd's counter: how many signals since the last read.
+    fn signals(q: &KvQueue) -> u64 {
+        let mut counter = [0u8; 8];
+        // SAFETY: reading 8 bytes from our non-blocking eventfd into a local buffer.
+        let n = unsafe { libc::read(q.wake.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        if n == 8 {
+            u64::from_ne_bytes(counter)
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn producers_signal_when_the_queue_leaves_empty_or_fills_a_batch() {
+        let stats = Arc::new(KvEventStats::default());
+        let q = KvQueue::new(&cfg(100, 100), stats.clone()).unwrap();
+        let ev = Event::Stored {
+            chunk: Some(7),
+            medium: Medium::Hbm,
+            size: 1,
+        };
+        for _ in 0..10 {
+            q.produce(&ev);
+        }
+        // Batches of 4: the first event and the fourth signal, the others do not.
+        assert_eq!(signals(&q), 2);
+        while q.pop().is_some() {}
+        q.produce(&ev);
+        assert_eq!(signals(&q), 1, "an empty queue signals again");
+        assert_eq!(stats.wakeups.load(Relaxed), 3);
+    }
+
+    #[test]
+    fn a_steady_stream_wakes_the_publisher_about_once_per_batch() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut c = cfg(100_000, 100_000);
+        c.endpoint = format!("tcp://127.0.0.1:{port}");
+        c.batch_max_events = 64;
+        c.batch_max_delay_ms = 5;
+        let stats = Arc::new(KvEventStats::default());
+        let p = KvPublisher::start(c, stats.clone()).unwrap();
+        // 2000 events over about 200 ms: 10 per millisecond, so a 5 ms batch delay sees about
+        // 50 events; with a wake-up per event this would be ~2000.
+        for i in 0..2000u64 {
+            p.queue.produce(&Event::Removed {
+                chunk: Some(i),
+                medium: Medium::Dram,
+                size: 1,
+            });
+            if i % 10 == 9 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while stats.published_events.load(Relaxed) < 2000 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        p.stop();
+        assert_eq!(
+            stats.published_events.load(Relaxed),
+            2000,
+            "every event is sent"
+        );
+        let batches = stats.published_batches.load(Relaxed);
+        let wakeups = stats.wakeups.load(Relaxed);
+        assert!(
+            wakeups <= 2 * batches + 10,
+            "{wakeups} wake-ups for {batches} batches"
+        );
+        assert!(
+            batches <= 2000 / 10,
+            "events are batched: {batches} batches"
+        );
     }
 
     #[test]

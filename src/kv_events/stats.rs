@@ -57,6 +57,9 @@ pub struct KvEventStats {
     pub queue_capacity: AtomicU64,
     /// Sequence number of the last batch sent (0 before the first).
     pub last_sequence: AtomicU64,
+    /// Times a shard woke the publisher (an eventfd write); not exported, for tests and
+    /// profiling: a steady stream should cost about one per batch.
+    pub wakeups: AtomicU64,
 }
 
 impl KvEventStats {

@@ -229,9 +229,13 @@ impl Segment {
         // pool lock over many blobs.
         let per_shard = (capacity / (4 * shards as u64)).max(PAGE_BYTES);
         let run_bytes = (run_bytes.min(per_shard) / PAGE_BYTES).max(1) * PAGE_BYTES;
-        // Empty runs a shard keeps (pages committed) instead of returning them to the pool:
-        // at most an eighth of its share of the segment, between one and four runs.
-        let spare_runs = (capacity / shards as u64 / 8 / run_bytes).clamp(1, 4) as usize;
+        // Empty runs a shard keeps (pages committed) instead of returning them to the pool: an
+        // eighth of its share of the segment, at least one run. An eighth covers what one
+        // watermark eviction frees (the default 90 -> 80 % frees a tenth), so the runs it
+        // empties are reused by the puts that caused it. Fewer (it was at most four runs)
+        // made a full 1 GB segment of 16 MiB objects return and fault in again three of every
+        // seven runs it churned: 39 % of the pages of each put, half the server's CPU.
+        let spare_runs = (capacity / shards as u64 / 8 / run_bytes).max(1) as usize;
         Segment {
             id,
             rank,
@@ -595,26 +599,56 @@ mod tests {
     }
 
     #[test]
+    fn spare_runs_cover_a_watermark_eviction() {
+        // Segment, shards, run: the default segments, one and several shards, small runs.
+        for (capacity, shards, run) in [
+            (1u64 << 30, 1usize, 16u64 << 20),
+            (1 << 30, 2, 16 << 20),
+            (8 << 30, 1, 16 << 20),
+            (64 << 30, 8, 16 << 20),
+            (256 << 20, 4, 1 << 20),
+        ] {
+            let seg = Segment::new(
+                0,
+                0,
+                Medium::Dram,
+                capacity,
+                Backend::Host(MappedRegion::new(capacity).unwrap()),
+                shards,
+                run,
+            );
+            // The default watermarks (90 -> 80 %) free a tenth of a shard's share at once.
+            let batch = capacity / shards as u64 / 10;
+            assert!(
+                seg.spare_runs as u64 * seg.run_bytes >= batch,
+                "{capacity} bytes, {shards} shards: {} spare runs of {} bytes",
+                seg.spare_runs,
+                seg.run_bytes
+            );
+        }
+    }
+
+    #[test]
     fn empty_runs_are_kept_up_to_the_spare_budget_with_pages_committed() {
-        // 64 MiB, one shard, 1 MiB runs: an eighth of the share is 8 runs, capped at 4.
+        // 64 MiB, one shard, 1 MiB runs: an eighth of the share is 8 runs.
         let seg = host_segment(64 << 20, 1, 1 << 20);
-        assert_eq!(seg.spare_runs, 4);
+        assert_eq!(seg.spare_runs, 8);
         let mut a = ShardSegment::new(seg.clone(), 0);
         let keep = a.alloc(4096).unwrap();
-        // Fill six more runs with 256 KiB blobs, written so their pages are committed.
-        let blobs: Vec<(u64, u64)> = (0..24).map(|_| a.alloc(256 << 10).unwrap()).collect();
+        // Fill ten more runs with 256 KiB blobs, written so their pages are committed.
+        let blobs: Vec<(u64, u64)> = (0..40).map(|_| a.alloc(256 << 10).unwrap()).collect();
         for &(off, len) in &blobs {
             let region = seg.backend.host_region().unwrap();
             // SAFETY: the range is this test's blob.
             unsafe { region.write(off, &vec![7u8; len as usize]).unwrap() };
         }
-        assert_eq!(a.runs_held(), 7);
+        assert_eq!(a.runs_held(), 11);
         for &(off, len) in &blobs {
             a.free(off, len);
         }
-        // Four empty runs stay with the shard (plus the one holding `keep`); two went back.
-        assert_eq!(a.runs_held(), 5);
-        assert_eq!(seg.pool_free_bytes(), (64 << 20) - (5 << 20));
+        // Eight empty runs stay with the shard (plus the one holding `keep`); two went back.
+        assert_eq!(a.runs_held(), 9);
+        assert_eq!(seg.pool_free_bytes(), (64 << 20) - (9 << 20));
         a.check();
         // The kept pages were not handed back: the next blob lands on committed memory.
         let (off, _) = a.alloc(256 << 10).unwrap();

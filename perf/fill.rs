@@ -1,0 +1,267 @@
+//! `mmc-perf fill`: stores N small objects through `POST /api/v1/objects/batch_put`, as many
+//! keys per request as the server's limits allow (4096 keys, an 8 KiB request target), over a
+//! few pipelined keep-alive connections. Used to put a million keys in a server before
+//! listing or scraping it.
+
+use std::fmt::Write;
+use std::net::ToSocketAddrs;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::load::{self, DriverChoice};
+use crate::mix::{Preloads, body};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Server address, HOST:PORT.
+    #[arg(long, default_value = "127.0.0.1:8000", value_name = "HOST:PORT")]
+    target: String,
+
+    /// Objects to store.
+    #[arg(long, value_name = "N")]
+    keys: u64,
+
+    /// Index of the first object.
+    #[arg(long, default_value_t = 0, value_name = "I")]
+    first: u64,
+
+    /// Key of object i: `{i}` becomes i in decimal, `{hex}` i as 16 hex digits (so the
+    /// default is an LMCache key whose chunk hash is i).
+    #[arg(
+        long,
+        default_value = "llama3-8b@1@0@{hex}@bfloat16",
+        value_name = "FORMAT"
+    )]
+    key_format: String,
+
+    /// Bytes of each object.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    value_bytes: usize,
+
+    /// `medium=` of the puts (hbm or dram); default: the server's.
+    #[arg(long, value_name = "MEDIUM")]
+    medium: Option<String>,
+
+    /// Connections (each pipelines up to 32 batches).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    connections: usize,
+
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600.0, value_name = "SECS")]
+    timeout: f64,
+
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The server's limits on one batch (`src/limits.rs`: `MAX_URI_BYTES`; README: 4096 keys).
+const MAX_TARGET_BYTES: usize = 8 * 1024;
+const MAX_BATCH_KEYS: usize = 4096;
+const MAX_VALUE_BYTES: usize = 1 << 20;
+
+/// Percent-encodes a key for a `keys=` list: everything but letters, digits and `-._~@:`.
+fn encode_key(key: &str, out: &mut String) {
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~@:".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+/// Key `i` from the format.
+pub fn key(format: &str, i: u64) -> String {
+    format
+        .replace("{i}", &i.to_string())
+        .replace("{hex}", &format!("{i:016x}"))
+}
+
+/// The batch_put requests for keys `first..first + n`: each target at most
+/// [`MAX_TARGET_BYTES`], at most [`MAX_BATCH_KEYS`] keys.
+pub fn requests(
+    host: &str,
+    format: &str,
+    first: u64,
+    n: u64,
+    value_bytes: usize,
+    medium: Option<&str>,
+) -> Result<Vec<Vec<u8>>, String> {
+    let value: Vec<u8> = body(value_bytes).collect();
+    let size = value_bytes.to_string();
+    let suffix = medium.map(|m| format!("&medium={m}")).unwrap_or_default();
+    let mut out = Vec::new();
+    let mut i = first;
+    let end = first + n;
+    while i < end {
+        let mut keys = String::from("/api/v1/objects/batch_put?keys=");
+        let mut sizes = String::from("&sizes=");
+        let mut count = 0usize;
+        while i < end && count < MAX_BATCH_KEYS {
+            let mut k = String::new();
+            encode_key(&key(format, i), &mut k);
+            let grown = keys.len() + k.len() + 1 + sizes.len() + size.len() + 1 + suffix.len();
+            if grown > MAX_TARGET_BYTES {
+                if count == 0 {
+                    return Err(format!("invalid --key-format: key {i} alone is too long"));
+                }
+                break;
+            }
+            if count > 0 {
+                keys.push(',');
+                sizes.push(',');
+            }
+            keys.push_str(&k);
+            sizes.push_str(&size);
+            count += 1;
+            i += 1;
+        }
+        let mut req = format!(
+            "POST {keys}{sizes}{suffix} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n\r\n",
+            count * value_bytes
+        )
+        .into_bytes();
+        for _ in 0..count {
+            req.extend_from_slice(&value);
+        }
+        out.push(req);
+    }
+    Ok(out)
+}
+
+pub fn main(args: &Args) -> Result<(), String> {
+    let addr = args
+        .target
+        .to_socket_addrs()
+        .map_err(|e| format!("invalid --target {:?}: {e}", args.target))?
+        .next()
+        .ok_or_else(|| format!("invalid --target {:?}: no address", args.target))?;
+    if args.value_bytes > MAX_VALUE_BYTES {
+        return Err(format!(
+            "invalid --value-bytes {}: at most {MAX_VALUE_BYTES}",
+            args.value_bytes
+        ));
+    }
+    if args.connections == 0 || args.connections > 1024 {
+        return Err("invalid --connections: expected 1 to 1024".into());
+    }
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err(format!("invalid --timeout {}", args.timeout));
+    }
+    let reqs = requests(
+        &args.target,
+        &args.key_format,
+        args.first,
+        args.keys,
+        args.value_bytes,
+        args.medium.as_deref(),
+    )?;
+    let batches = reqs.len();
+    let started = Instant::now();
+    let p = load::preload(
+        addr,
+        Preloads {
+            requests: reqs,
+            body_rest: None,
+        },
+        args.connections,
+        DriverChoice::Auto,
+        Duration::from_secs(10),
+        started + Duration::from_secs_f64(args.timeout),
+    )?;
+    let secs = started.elapsed().as_secs_f64();
+    let clean = p.ok == p.requests && p.business_failures == 0;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "keys": args.keys, "batches": batches, "ok": p.ok, "failed": p.failed,
+                "business_failures": p.business_failures, "secs": (secs * 1000.0).round() / 1000.0,
+                "keys_per_s": (args.keys as f64 / secs).round(),
+            })
+        );
+    } else {
+        println!(
+            "fill: {} keys in {batches} batches, {:.2} s ({:.0} keys/s); batches ok {}, failed {}, with a failed key {}",
+            args.keys,
+            secs,
+            args.keys as f64 / secs,
+            p.ok,
+            p.failed,
+            p.business_failures
+        );
+    }
+    if clean {
+        Ok(())
+    } else {
+        Err("some keys were not stored".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_from_the_format() {
+        assert_eq!(key("k{i}", 42), "k42");
+        assert_eq!(key("m@1@0@{hex}@bf16", 255), "m@1@0@00000000000000ff@bf16");
+    }
+
+    #[test]
+    fn batches_respect_the_server_limits() {
+        let reqs = requests(
+            "h",
+            "llama3-8b@1@0@{hex}@bfloat16",
+            0,
+            1000,
+            4,
+            Some("dram"),
+        )
+        .unwrap();
+        let mut seen = 0;
+        for r in &reqs {
+            let text = String::from_utf8_lossy(r);
+            let line = text.lines().next().unwrap();
+            let target = line.split(' ').nth(1).unwrap();
+            assert!(target.len() <= MAX_TARGET_BYTES, "{}", target.len());
+            assert!(target.ends_with("&medium=dram"));
+            let keys = target
+                .strip_prefix("/api/v1/objects/batch_put?keys=")
+                .unwrap()
+                .split('&')
+                .next()
+                .unwrap()
+                .split(',')
+                .count();
+            let sizes = target
+                .split("&sizes=")
+                .nth(1)
+                .unwrap()
+                .split('&')
+                .next()
+                .unwrap();
+            assert_eq!(sizes.split(',').count(), keys);
+            assert!(sizes.split(',').all(|s| s == "4"));
+            let head_end = r.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            assert_eq!(r.len() - head_end, keys * 4);
+            assert!(text.contains(&format!("Content-Length: {}\r\n", keys * 4)));
+            seen += keys;
+        }
+        assert_eq!(seen, 1000);
+        assert!(reqs.len() < 10, "about 180 keys per batch: {}", reqs.len());
+        let first = String::from_utf8_lossy(&reqs[0]);
+        assert!(first.contains(
+            "keys=llama3-8b@1@0@0000000000000000@bfloat16,llama3-8b@1@0@0000000000000001@bfloat16,"
+        ));
+        // Reserved characters are percent-encoded; a key too long for any batch is refused.
+        let odd = requests("h", "a,b {i}", 7, 1, 1, None).unwrap();
+        assert!(String::from_utf8_lossy(&odd[0]).contains("keys=a%2Cb%207&"));
+        assert!(requests("h", &"x".repeat(9000), 0, 1, 1, None).is_err());
+        // Many tiny keys: at most 4096 per batch.
+        let tiny = requests("h", "{i}", 0, 5000, 0, None).unwrap();
+        assert!(tiny.len() >= 2);
+    }
+}

@@ -1,0 +1,173 @@
+//! `mmc-perf kv-sub`: a KV-event subscriber, as a KV-aware router runs one: a ZMQ SUB socket
+//! on the publisher's endpoint, every topic. It counts batches, events (from each msgpack
+//! `EventBatch` header) and bytes, and checks that sequence numbers are contiguous. It stops by
+//! itself after `--secs`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The publisher's endpoint (`ock.mmc.kv_events.endpoint`).
+    #[arg(long, default_value = "tcp://127.0.0.1:5557", value_name = "ENDPOINT")]
+    endpoint: String,
+
+    /// Listen this many seconds, then print what arrived.
+    #[arg(long, value_name = "SECS")]
+    secs: f64,
+
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What arrived.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Received {
+    pub batches: u64,
+    pub events: u64,
+    pub bytes: u64,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    /// Sequence numbers skipped between consecutive batches.
+    pub missing: u64,
+    /// Messages that were not `[topic, 8-byte sequence, EventBatch]`.
+    pub malformed: u64,
+}
+
+/// The number of events in an encoded `EventBatch` `[ts, [events...], dp_rank]`.
+pub fn batch_events(payload: &[u8]) -> Option<u64> {
+    let mut rd = payload;
+    if rmp::decode::read_array_len(&mut rd).ok()? < 2 {
+        return None;
+    }
+    rmp::decode::read_f64(&mut rd).ok()?;
+    Some(rmp::decode::read_array_len(&mut rd).ok()? as u64)
+}
+
+impl Received {
+    pub fn add(&mut self, frames: &[Vec<u8>]) {
+        let (Some(seq), Some(payload)) = (frames.get(1), frames.get(2)) else {
+            self.malformed += 1;
+            return;
+        };
+        let (Ok(seq), 3, Some(events)) = (
+            <[u8; 8]>::try_from(seq.as_slice()),
+            frames.len(),
+            batch_events(payload),
+        ) else {
+            self.malformed += 1;
+            return;
+        };
+        let seq = u64::from_be_bytes(seq);
+        if let Some(last) = self.last_seq
+            && seq > last + 1
+        {
+            self.missing += seq - last - 1;
+        }
+        self.first_seq.get_or_insert(seq);
+        self.last_seq = Some(seq);
+        self.batches += 1;
+        self.events += events;
+        self.bytes += payload.len() as u64;
+    }
+}
+
+pub fn main(args: &Args) -> Result<(), String> {
+    if !(args.secs.is_finite() && args.secs > 0.0 && args.secs <= 86400.0) {
+        return Err(format!("invalid --secs {}", args.secs));
+    }
+    let ctx = zmq::Context::new();
+    let s = ctx
+        .socket(zmq::SUB)
+        .map_err(|e| format!("zmq socket: {e}"))?;
+    let setup = || -> Result<(), zmq::Error> {
+        s.set_rcvhwm(0)?;
+        s.set_rcvtimeo(100)?;
+        s.set_linger(0)?;
+        s.set_subscribe(b"")?;
+        s.connect(&args.endpoint)
+    };
+    setup().map_err(|e| format!("cannot subscribe to {}: {e}", args.endpoint))?;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(args.secs);
+    let mut r = Received::default();
+    let mut first_at = None;
+    while Instant::now() < end {
+        match s.recv_multipart(0) {
+            Ok(frames) => {
+                first_at.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                r.add(&frames);
+            }
+            Err(zmq::Error::EAGAIN) => {}
+            Err(e) => return Err(format!("recv: {e}")),
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "endpoint": args.endpoint, "secs": args.secs, "batches": r.batches,
+                "events": r.events, "bytes": r.bytes, "first_seq": r.first_seq,
+                "last_seq": r.last_seq, "missing": r.missing, "malformed": r.malformed,
+                "first_batch_after_s": first_at,
+            })
+        );
+    } else {
+        println!(
+            "kv-sub {}: {} batches, {} events, {} bytes, sequences {:?}..{:?}, {} missing, {} malformed",
+            args.endpoint,
+            r.batches,
+            r.events,
+            r.bytes,
+            r.first_seq,
+            r.last_seq,
+            r.missing,
+            r.malformed
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmp::encode::write_array_len(&mut out, 3).unwrap();
+        rmp::encode::write_f64(&mut out, 1.5).unwrap();
+        rmp::encode::write_array_len(&mut out, n).unwrap();
+        for _ in 0..n {
+            rmp::encode::write_map_len(&mut out, 1).unwrap();
+            rmp::encode::write_str(&mut out, "type").unwrap();
+            rmp::encode::write_str(&mut out, "AllBlocksCleared").unwrap();
+        }
+        rmp::encode::write_sint(&mut out, 0).unwrap();
+        out
+    }
+
+    #[test]
+    fn counts_batches_events_and_gaps() {
+        assert_eq!(batch_events(&batch(3)), Some(3));
+        assert_eq!(batch_events(b"\x01"), None);
+        let mut r = Received::default();
+        for seq in [0u64, 1, 2, 5] {
+            r.add(&[b"kv".to_vec(), seq.to_be_bytes().to_vec(), batch(2)]);
+        }
+        r.add(&[b"kv".to_vec(), vec![1, 2], batch(1)]);
+        r.add(&[b"kv".to_vec()]);
+        assert_eq!(
+            (
+                r.batches,
+                r.events,
+                r.first_seq,
+                r.last_seq,
+                r.missing,
+                r.malformed
+            ),
+            (4, 8, Some(0), Some(5), 2, 2)
+        );
+    }
+}
