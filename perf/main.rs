@@ -119,8 +119,9 @@ struct Args {
     timeout: f64,
 
     /// Total requests per second, spread evenly over the connections: each connection sends
-    /// its next request at its next slot, or at once when the answer came late (no catch-up
-    /// bursts). Needs --pipeline 1. Slots are timed with millisecond resolution. Default: each
+    /// its next request at its next slot, or at once when the answer came more than 2 ms late
+    /// (then the schedule restarts: no catch-up bursts). Needs --pipeline 1. The timer's
+    /// millisecond resolution is made up by the following slots. Default: each
     /// connection sends as soon as it has its answer (closed loop).
     #[arg(long, value_name = "REQ/S")]
     rate: Option<f64>,

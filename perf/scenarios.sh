@@ -11,15 +11,19 @@
 #              stream, read at full speed and by a slow reader                (issue 3)
 #   scrape     GET /metrics at 0, 100 k and 1 M stored keys: server CPU and latency per
 #              scrape, response bytes                                         (issue 6)
-#   scraper    GET /metadata p99 with and without a scraper every 100 ms      (issue 6)
-#   kvevents   PUT p99 with the KV-event publisher on (a subscriber connected) and off
-#              (issue 4)
+#   scraper    GET /metadata p99 with and without a scraper every 100 ms, at a fixed offered
+#              rate (MD_RATE)                                                 (issue 6)
+#   kvevents   PUT p99 with the KV-event publisher on (a subscriber connected) and off, at a
+#              fixed offered rate (KV_RATE)                                   (issue 4)
+# Latency comparisons run at a fixed rate below saturation: at saturation p99 is queueing, and
+# run-to-run drift of the throughput (10-30 % here) swamps the effect being measured.
 # (`listing` reuses the server that `scrape` filled when both run; alone it fills its own.)
 #
 # Environment: RUNS (3) rounds per comparison, SECS (5) measured seconds per run, BASE_PORT
 #   (18500; this script uses BASE_PORT..BASE_PORT+9), SERVER_CPU (0), LOAD_CPU (1), KEYS
 #   (1000000) for listing/scrape/scraper, DP_SIZES ("64KiB 1MiB 16MiB"), DP_MEDIA ("dram
-#   hbm"), DP_CONNS (8), KV_BODY (64KiB), KV_CONNS (16), MD_CONNS (16), SLOW_RATE (4MiB: the
+#   hbm"), DP_CONNS (8), KV_BODY (64KiB), KV_CONNS (16), KV_RATE (20000 puts/s), MD_CONNS (16),
+#   MD_RATE (60000 gets/s; both rates about half of what one server core answers), SLOW_RATE (4MiB: the
 #   slow reader's bytes/s), QUIET_PCT (5) and QUIET_WAIT (60) as in compare_nginx.sh,
 #   CLEAN_PCT (5) and RETRIES (2): a run during which other processes used CLEAN_PCT% of a CPU
 #   or more is redone up to RETRIES times, MAX_SECS (5400): no run starts after this long (the
@@ -42,6 +46,8 @@ DP_MEDIA=${DP_MEDIA:-"dram hbm"}
 DP_CONNS=${DP_CONNS:-8}
 KV_BODY=${KV_BODY:-64KiB}
 KV_CONNS=${KV_CONNS:-16}
+KV_RATE=${KV_RATE:-20000}
+MD_RATE=${MD_RATE:-60000}
 MD_CONNS=${MD_CONNS:-16}
 SLOW_RATE=${SLOW_RATE:-4MiB}
 QUIET_PCT=${QUIET_PCT:-5}
@@ -329,7 +335,7 @@ if wants scraper; then
   record scraper "fill-$KEYS" "$(fill_to "$port_md" 0 "$KEYS")"
   curl -s -m 5 -X PUT --data-binary 0123456789abcdef "http://127.0.0.1:$port_md/metadata?key=bench" > /dev/null
   [ "$(curl -s -m 5 "http://127.0.0.1:$port_md/metadata?key=bench")" = 0123456789abcdef ] || { echo "metadata PUT failed" >&2; exit 1; }
-  load=(--target "127.0.0.1:$port_md" --connections "$MD_CONNS" --duration "$SECS" --warmup 1 --request "GET /metadata?key=bench")
+  load=(--target "127.0.0.1:$port_md" --connections "$MD_CONNS" --duration "$SECS" --warmup 1 --rate "$MD_RATE" --request "GET /metadata?key=bench")
   # The scraper: its own mmc-perf, one connection, 10 requests per second, on the load CPU,
   # from before the warm-up of the load to after its end.
   start_scraper() {
@@ -361,7 +367,7 @@ if wants kvevents; then
   start_server kv-off "$port_kv_off"
   off_pid=$srv_pid
   kv_b=$(bytes_of "$KV_BODY")
-  put=(--connections "$KV_CONNS" --duration "$SECS" --warmup 2 --body-bytes "$kv_b"
+  put=(--connections "$KV_CONNS" --duration "$SECS" --warmup 2 --rate "$KV_RATE" --body-bytes "$kv_b"
        --request "PUT /api/v1/objects?key=llama3-8b@1@0@{seq}@bfloat16&medium=dram")
   status() { curl -s -m 5 "http://127.0.0.1:$port_kv_on/kv_events/status"; }
   # The subscriber listens from before the run to after it (ZMQ's slow joiner: it connects
