@@ -193,6 +193,7 @@ impl KvPublisher {
         let thread = std::thread::Builder::new()
             .name("mmc-kv-events".into())
             .spawn(move || {
+                batch_scheduling();
                 let sockets = match Sockets::bind(&cfg) {
                     Ok(s) => s,
                     Err(e) => {
@@ -231,6 +232,22 @@ impl KvPublisher {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Puts the calling thread (and the threads it starts: libzmq's I/O thread is created with the
+/// first socket and inherits the policy) under `SCHED_BATCH`: same share of the CPU, but a
+/// wake-up never preempts the running thread. The publisher usually shares a core with a
+/// shard; preempting it at every batch would add the batch's work to the latency of the
+/// requests that shard is serving, where running in the shard's idle moments costs nothing.
+fn batch_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        log::debug!(
+            "KV events: SCHED_BATCH refused ({}); the publisher keeps the default policy",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
