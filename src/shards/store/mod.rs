@@ -197,10 +197,15 @@ pub const MAX_REPLICAS: usize = 8;
 const EVICT_SCAN_LIMIT: usize = 4096;
 
 /// Watermark eviction goes in slices: an allocation that finds its medium draining evicts at
-/// least this many blobs (and at least twice its own size), not the whole excess at once.
+/// least this many blobs or [`EVICT_SLICE_BYTES`] (and at least twice its own size), not the
+/// whole excess at once.
 /// Evicting a tenth of a 1 GiB segment of 64 KiB objects in one go held the shard 1.2-2.5 ms
 /// (~0.75 us per blob), which was the p99 of every request queued behind it.
 const EVICT_SLICE_BLOBS: usize = 32;
+
+/// A slice also ends past this many bytes (when that covers twice the allocation): evicting a
+/// blob may copy it down a tier, and 32 blobs of 1 MiB were 32 MiB of copying in one slice.
+const EVICT_SLICE_BYTES: u64 = 4 << 20;
 
 /// LRU candidates collected per pass of an eviction loop (re-collected as they are used).
 const EVICT_CANDIDATES: usize = 128;
@@ -1132,7 +1137,8 @@ impl Store {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Evict);
         let (freed, evicted) = self.evict_lru(medium, now, |freed, n| {
-            freed >= target || (n >= EVICT_SLICE_BLOBS && freed >= 2 * need)
+            freed >= target
+                || (freed >= 2 * need && (n >= EVICT_SLICE_BLOBS || freed >= EVICT_SLICE_BYTES))
         });
         // Done, or stuck behind leased and pinned blobs (the next allocation above the high
         // threshold starts again).
