@@ -22,6 +22,7 @@
 # count. Every step is bounded by `timeout`; the servers are killed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. perf/lib.sh
 
 RUNS=${1:-5}
 SECS=${2:-8}
@@ -128,29 +129,15 @@ url_nginx="http://127.0.0.1:$port_nginx/"
 url_uring="http://127.0.0.1:$port_uring/metadata?key=bench"
 url_epoll="http://127.0.0.1:$port_epoll/metadata?key=bench"
 
-tck=$(getconf CLK_TCK)
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 to_us() { # wrk latency (e.g. 450.00us, 1.20ms, 2.00s) -> microseconds
   awk -v v="$1" 'BEGIN{ n=v+0; if (v ~ /us$/) m=1; else if (v ~ /ms$/) m=1000; else if (v ~ /s$/) m=1000000; else m=1; printf "%.0f", n*m }'
 }
-median() { sort -g | awk '{a[NR]=$1} END{ if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 
 results=$work/results.txt
 : > "$results"
-ncpu=$(nproc)
-busy_all() { awk '$1=="cpu"{print $2+$3+$4+$7+$8}' /proc/stat; }
 busy_cpu() { awk -v c="cpu$1" '$1==c{print $2+$3+$4+$7+$8}' /proc/stat; }
 steal_all() { awk '$1=="cpu"{print $9}' /proc/stat; }
-wait_quiet() { # up to QUIET_WAIT s for a second with < QUIET_PCT% of the machine busy
-  local i b0 b1 pct
-  for i in $(seq "$QUIET_WAIT"); do
-    b0=$(busy_all); sleep 1; b1=$(busy_all)
-    pct=$(( (b1 - b0) * 100 / tck / ncpu ))
-    [ "$pct" -lt "$QUIET_PCT" ] && return 0
-    [ "$i" -eq 1 ] && echo "# other processes keep the machine $pct% busy: waiting (up to ${QUIET_WAIT} s)" >&2
-  done
-  echo "# machine still busy after ${QUIET_WAIT} s; measuring anyway" >&2
-}
 check_alive() { # NAME PID LOG
   kill -0 "$2" 2>/dev/null && return 0
   local st=0
@@ -209,9 +196,9 @@ for round in $(seq "$RUNS"); do
   measure mmc-epoll "$epoll_pid" "$url_epoll" "$work/mmc-epoll.log"
 done
 
-col() { awk -v n="$1" -v c="$2" '$1==n{print $c}' "$results" | median; }
+col() { awk -v n="$1" -v c="$2" '$1==n{print $c}' "$results" | median %.2f; }
 # The same over the runs during which other processes used less than CLEAN_PCT% of a CPU.
-ccol() { awk -v n="$1" -v c="$2" -v m="$CLEAN_PCT" '$1==n && $6+0 < m {print $c}' "$results" | median; }
+ccol() { awk -v n="$1" -v c="$2" -v m="$CLEAN_PCT" '$1==n && $6+0 < m {print $c}' "$results" | median %.2f; }
 cnt() { awk -v n="$1" -v m="$CLEAN_PCT" '$1==n && $6+0 < m {k++} END{print k+0}' "$results"; }
 table() { # col-function title
   local f=$1 n label

@@ -1002,34 +1002,31 @@ mod tests {
         );
     }
 
-    #[test]
-    fn rate_paces_each_connection() {
+    /// Requests answered in `secs` over two connections, each paced one per `interval`.
+    fn paced_requests(interval: Duration, secs: f64) -> u64 {
         let addr = checking_server();
-        let mut p = plan_with(addr, &["GET /ok"], 0, 0.6);
-        // 100 requests per second over 2 connections: one every 20 ms each.
-        p.interval = Some(Duration::from_millis(20));
+        let mut p = plan_with(addr, &["GET /ok"], 0, secs);
+        p.interval = Some(interval);
         let (stats, _) = run_thread(Arc::new(p), 0, 2, None).unwrap();
         assert_eq!(stats.errors, Errors::default());
-        assert!(
-            (40..=75).contains(&stats.requests),
-            "{} requests in 0.6 s at 100/s",
-            stats.requests
-        );
+        stats.requests
+    }
+
+    #[test]
+    fn rate_paces_each_connection() {
+        // 100 requests per second over 2 connections: one every 20 ms each.
+        let n = paced_requests(Duration::from_millis(20), 0.6);
+        assert!((40..=75).contains(&n), "{n} requests in 0.6 s at 100/s");
     }
 
     #[test]
     fn rate_holds_with_intervals_under_the_timer_granularity() {
-        let addr = checking_server();
-        let mut p = plan_with(addr, &["GET /ok"], 0, 0.5);
         // 10 000 requests per second over 2 connections: one every 200 us each, below the
         // timer's millisecond.
-        p.interval = Some(Duration::from_micros(200));
-        let (stats, _) = run_thread(Arc::new(p), 0, 2, None).unwrap();
-        assert_eq!(stats.errors, Errors::default());
+        let n = paced_requests(Duration::from_micros(200), 0.5);
         assert!(
-            (4000..=5600).contains(&stats.requests),
-            "{} requests in 0.5 s at 10 000/s",
-            stats.requests
+            (4000..=5600).contains(&n),
+            "{n} requests in 0.5 s at 10 000/s"
         );
     }
 

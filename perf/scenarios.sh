@@ -34,6 +34,7 @@
 # result of every run is printed as it ends (one JSON line per run), then a table per scenario.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. perf/lib.sh
 
 RUNS=${RUNS:-3}
 SECS=${SECS:-5}
@@ -124,26 +125,12 @@ check_alive() { # NAME PID
   exit 1
 }
 
-tck=$(getconf CLK_TCK)
-ncpu=$(nproc)
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # The kernel's softirq threads: big loopback transfers overflow network receive work into them.
 # That is part of the transfer's cost, not another process: it is reported apart.
 softirqd=$(pgrep '^ksoftirqd/' | tr '\n' ' ')
 softirq_ticks() { local p t=0; for p in $softirqd; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
-busy_all() { awk '$1=="cpu"{print $2+$3+$4+$7+$8}' /proc/stat; }
 rss_kib() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
-wait_quiet() { # up to QUIET_WAIT s for a second with < QUIET_PCT% of the machine busy
-  local i b0 b1 pct
-  for i in $(seq "$QUIET_WAIT"); do
-    b0=$(busy_all); sleep 1; b1=$(busy_all)
-    pct=$(( (b1 - b0) * 100 / tck / ncpu ))
-    [ "$pct" -lt "$QUIET_PCT" ] && return 0
-    [ "$i" -eq 1 ] && echo "# other processes keep the machine $pct% busy: waiting (up to ${QUIET_WAIT} s)" >&2
-  done
-  echo "# machine still busy after ${QUIET_WAIT} s; measuring anyway" >&2
-}
-median() { sort -g | awk '{a[NR]=$1} END{ if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf "%.6g\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 
 results=$work/results.txt
 : > "$results"
@@ -466,26 +453,25 @@ if wants listing; then
   echo "largest growth of any run: $(awk '$1=="listing" && ($2=="fast" || $2=="slow") { $1=""; $2=""; print }' "$results" | jq -r .rss_growth_max_bytes | sort -g | tail -1 | awk '{printf "%.2f MiB", $1/1048576}'); target: <= 16 MiB"
   echo
 fi
+# A latency comparison of two labels of one scenario: medians, and the p99 ratio of B to A.
+latency_table() { # SCENARIO COLUMN A B TARGET
+  local sc=$1 col=$2 a=$3 b=$4 l
+  printf '| %-8s | %9s | %11s | %8s | %8s | %8s | %7s |\n' "$col" "req/s" "srv µs/req" "p50 µs" "p99 µs" "p999 µs" "other %"
+  echo "|----------|----------:|------------:|---------:|---------:|---------:|--------:|"
+  for l in "$a" "$b"; do
+    printf '| %-8s | %9.0f | %11.2f | %8.0f | %8.0f | %8.0f | %7s |\n' "$l" "$(med "$sc" "$l" .rps)" "$(med "$sc" "$l" .server_cpu_us_per_req)" \
+      "$(med "$sc" "$l" .latency_us.p50)" "$(med "$sc" "$l" .latency_us.p99)" "$(med "$sc" "$l" .latency_us.p999)" "$(med "$sc" "$l" .other_cpu_pct)"
+  done
+  echo "p99 $b / $a: $(awk -v x="$(med "$sc" "$b" .latency_us.p99)" -v y="$(med "$sc" "$a" .latency_us.p99)" 'BEGIN{printf "%.3f", x/y}') (target <= $5)"
+}
 if wants scraper; then
   echo "## 4. GET /metadata with and without a scraper (medians of $RUNS runs)"
-  printf '| %-8s | %9s | %11s | %8s | %8s | %8s | %7s |\n' load "req/s" "srv µs/req" "p50 µs" "p99 µs" "p999 µs" "other %"
-  echo "|----------|----------:|------------:|---------:|---------:|---------:|--------:|"
-  for l in alone scraped; do
-    printf '| %-8s | %9.0f | %11.2f | %8.0f | %8.0f | %8.0f | %7s |\n' "$l" "$(med scraper "$l" .rps)" "$(med scraper "$l" .server_cpu_us_per_req)" \
-      "$(med scraper "$l" .latency_us.p50)" "$(med scraper "$l" .latency_us.p99)" "$(med scraper "$l" .latency_us.p999)" "$(med scraper "$l" .other_cpu_pct)"
-  done
-  echo "p99 scraped / alone: $(awk -v a="$(med scraper scraped .latency_us.p99)" -v b="$(med scraper alone .latency_us.p99)" 'BEGIN{printf "%.3f", a/b}') (target <= 1.10)"
+  latency_table scraper load alone scraped 1.10
   echo "scraper: $(med scraper scraper .requests) scrapes per run, latency p50 $(med scraper scraper .latency_us.p50) µs, p99 $(med scraper scraper .latency_us.p99) µs, max $(med scraper scraper .latency_us.max) µs (medians)"
   echo
 fi
 if wants kvevents; then
   echo "## 5. PUT with the KV-event publisher on and off (medians of $RUNS runs)"
-  printf '| %-4s | %9s | %11s | %8s | %8s | %8s | %7s |\n' kv "req/s" "srv µs/req" "p50 µs" "p99 µs" "p999 µs" "other %"
-  echo "|------|----------:|------------:|---------:|---------:|---------:|--------:|"
-  for l in off on; do
-    printf '| %-4s | %9.0f | %11.2f | %8.0f | %8.0f | %8.0f | %7s |\n' "$l" "$(med kvevents "$l" .rps)" "$(med kvevents "$l" .server_cpu_us_per_req)" \
-      "$(med kvevents "$l" .latency_us.p50)" "$(med kvevents "$l" .latency_us.p99)" "$(med kvevents "$l" .latency_us.p999)" "$(med kvevents "$l" .other_cpu_pct)"
-  done
-  echo "p99 on / off: $(awk -v a="$(med kvevents on .latency_us.p99)" -v b="$(med kvevents off .latency_us.p99)" 'BEGIN{printf "%.3f", a/b}') (target <= 1.05)"
+  latency_table kvevents kv off on 1.05
   echo "events per run (medians): published $(med kvevents events .published) (stored $(med kvevents events .stored), removed $(med kvevents events .removed)), received by the subscriber $(med kvevents events .received), dropped $(med kvevents events .dropped), missing sequences $(med kvevents events .missing), keys not parsed $(med kvevents events .skipped_unparsed_keys)"
 fi

@@ -1,0 +1,25 @@
+# Shell helpers shared by compare_nginx.sh and scenarios.sh (sourced, not run).
+# Needs QUIET_WAIT and QUIET_PCT set by the caller.
+
+tck=$(getconf CLK_TCK)
+ncpu=$(nproc)
+
+# Busy ticks of the whole machine (user, nice, system, irq, softirq).
+busy_all() { awk '$1=="cpu"{print $2+$3+$4+$7+$8}' /proc/stat; }
+
+wait_quiet() { # up to QUIET_WAIT s for a second with < QUIET_PCT% of the machine busy
+  local i b0 b1 pct
+  for i in $(seq "$QUIET_WAIT"); do
+    b0=$(busy_all); sleep 1; b1=$(busy_all)
+    pct=$(( (b1 - b0) * 100 / tck / ncpu ))
+    [ "$pct" -lt "$QUIET_PCT" ] && return 0
+    [ "$i" -eq 1 ] && echo "# other processes keep the machine $pct% busy: waiting (up to ${QUIET_WAIT} s)" >&2
+  done
+  echo "# machine still busy after ${QUIET_WAIT} s; measuring anyway" >&2
+}
+
+# The median of the numbers on stdin, one a line ("nan" for none); an even count's mean of the
+# middle two is printed with FORMAT (default %.6g).
+median() {
+  sort -g | awk -v f="${1:-%.6g}" '{a[NR]=$1} END{ if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf f "\n", (a[NR/2]+a[NR/2+1])/2 }'
+}
