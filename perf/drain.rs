@@ -8,7 +8,7 @@
 //! for `/get_all_keys` a line is a key.
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -274,12 +274,7 @@ fn transfer(args: &Args, t0: Instant) -> Result<Outcome, String> {
     let rate = opt_bytes("rate-bytes", &args.rate_bytes)?;
     let read_bytes = opt_bytes("read-bytes", &args.read_bytes)?.clamp(1, 16 << 20) as usize;
     let rcvbuf = opt_bytes("rcvbuf", &args.rcvbuf)?;
-    let addr = args
-        .target
-        .to_socket_addrs()
-        .map_err(|e| format!("invalid --target {:?}: {e}", args.target))?
-        .next()
-        .ok_or_else(|| format!("invalid --target {:?}: no address", args.target))?;
+    let addr = crate::units::resolve_target(&args.target)?;
     let deadline = t0 + Duration::from_secs_f64(args.timeout);
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
         .map_err(|e| format!("socket: {e}"))?;

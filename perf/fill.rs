@@ -4,7 +4,6 @@
 //! listing or scraping it.
 
 use std::fmt::Write;
-use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -132,12 +131,7 @@ pub fn requests(
 }
 
 pub fn main(args: &Args) -> Result<(), String> {
-    let addr = args
-        .target
-        .to_socket_addrs()
-        .map_err(|e| format!("invalid --target {:?}: {e}", args.target))?
-        .next()
-        .ok_or_else(|| format!("invalid --target {:?}: no address", args.target))?;
+    let addr = crate::units::resolve_target(&args.target)?;
     if args.value_bytes > MAX_VALUE_BYTES {
         return Err(format!(
             "invalid --value-bytes {}: at most {MAX_VALUE_BYTES}",

@@ -26,7 +26,7 @@ mod response;
 mod units;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -178,12 +178,7 @@ struct Config {
 }
 
 fn validate(args: &Args) -> Result<Config, String> {
-    let addr = args
-        .target
-        .to_socket_addrs()
-        .map_err(|e| format!("invalid --target {:?}: {e}", args.target))?
-        .next()
-        .ok_or_else(|| format!("--target {:?} resolves to no address", args.target))?;
+    let addr = crate::units::resolve_target(&args.target)?;
     if args.connections == 0 || args.connections > MAX_CONNECTIONS {
         return Err(format!(
             "invalid --connections {}: expected 1 to {MAX_CONNECTIONS}",

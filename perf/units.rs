@@ -32,6 +32,16 @@ pub fn format_bytes(n: u64) -> String {
     format!("{n}B")
 }
 
+/// The first address `--target` (HOST:PORT) resolves to.
+pub fn resolve_target(target: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    target
+        .to_socket_addrs()
+        .map_err(|e| format!("invalid --target {target:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--target {target:?} resolves to no address"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
