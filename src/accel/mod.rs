@@ -34,6 +34,14 @@ pub trait DeviceMemory: Send + Sync {
     /// No other thread writes `[offset, offset + dst.len())` during the call.
     unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> io::Result<()>;
 
+    /// Commits what backs `[offset, offset + len)` ahead of use, where the device commits
+    /// lazily (`ock.mmc.segment.prefault`). Must not change the contents. Default: nothing
+    /// to do.
+    fn prefault(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
     /// The range is free: the device may release what backs it.
     ///
     /// # Safety
@@ -77,6 +85,10 @@ impl DeviceMemory for HostEmulated {
     unsafe fn discard(&self, offset: u64, len: u64) {
         // SAFETY: forwarded contract.
         unsafe { self.region.discard(offset, len) }
+    }
+
+    fn prefault(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.region.populate(offset, len)
     }
 }
 

@@ -86,6 +86,8 @@ pub struct StoreKeys {
     pub lease_ms: u64,
     pub alloc_timeout_ms: u64,
     pub run_bytes: u64,
+    /// Commit memory segments' pages at mount, in the background, instead of at first write.
+    pub prefault: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -339,6 +341,12 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.store.run_bytes = size_in(v, PAGE_BYTES, 1 << 32)?
     ),
     key!(
+        "ock.mmc.segment.prefault",
+        "false",
+        "Commit the pages of DRAM and (emulated) HBM segments when they are mounted, on a background thread, instead of at their first write: RSS grows to the segments' size at start, and no request pays for first-touch page faults.",
+        |c, v| c.store.prefault = parse_bool(v)?
+    ),
+    key!(
         "ock.mmc.evict_threshold_high",
         "90",
         "Percent of a medium's capacity above which an allocation first evicts.",
@@ -569,6 +577,7 @@ impl Config {
                 lease_ms: 0,
                 alloc_timeout_ms: 0,
                 run_bytes: 0,
+                prefault: false,
             },
             metrics: MetricsConfig {
                 per_rank: false,

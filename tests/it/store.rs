@@ -22,6 +22,7 @@ both_drivers!(
     mount_and_unmount_segments,
     batch_routes,
     large_puts_stream_into_their_blobs,
+    prefault_commits_memory_segments_at_mount,
 );
 
 /// Deterministic pseudo-random bytes.
@@ -842,6 +843,51 @@ fn memory_evict_and_prefetch(driver: Driver) {
     );
     r.assert_error(200, "Unknown location \"Nowhere\": expected LocalCPUBackend, LocalDiskBackend, HBM, DRAM or SSD");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn prefault_commits_memory_segments_at_mount(driver: Driver) {
+    let lazy = ServerBuilder::new(driver)
+        .set("ock.mmc.local_service.dram.size", "96MB")
+        .set("ock.mmc.local_service.hbm.size", "64MB")
+        .start();
+    let eager = ServerBuilder::new(driver)
+        .set("ock.mmc.local_service.dram.size", "96MB")
+        .set("ock.mmc.local_service.hbm.size", "64MB")
+        .set("ock.mmc.segment.prefault", "true")
+        .start();
+    // 160 MB of segments: committed in the background by the eager server only.
+    eventually("the segments are committed", || {
+        rss_kib(eager.pid()) > rss_kib(lazy.pid()) + 150_000
+    });
+    assert!(
+        rss_kib(lazy.pid()) < 100_000,
+        "a lazy server commits nothing up front"
+    );
+    // Committing changes no byte: objects put meanwhile and after read back intact, and a
+    // segment mounted at run time is committed too.
+    let mut c = eager.client();
+    put_ok(&mut c, "k", &data(1 << 20, 7), "");
+    assert_eq!(get_bytes(&mut c, "k"), data(1 << 20, 7));
+    let before = rss_kib(eager.pid());
+    let r = c.request(
+        "POST",
+        "/api/v1/segments/mount?rank=1&medium=dram&size=64MB",
+        None,
+    );
+    assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-dram"}"#);
+    eventually("the mounted segment is committed", || {
+        rss_kib(eager.pid()) > before + 60_000
+    });
+    assert_eq!(get_bytes(&mut c, "k"), data(1 << 20, 7));
 }
 
 fn mount_and_unmount_segments(driver: Driver) {

@@ -215,7 +215,12 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         cluster.shard_count(),
         cluster.config.store.run_bytes,
     )
-    .and_then(|seg| cluster.segments.insert(seg));
+    .and_then(|seg| {
+        if cluster.config.store.prefault {
+            crate::shards::store::mount::prefault_in_background(&seg);
+        }
+        cluster.segments.insert(seg)
+    });
     match built {
         Ok(()) => {
             log::info!("mounted segment {name} ({size} bytes)");

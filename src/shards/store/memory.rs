@@ -119,6 +119,33 @@ impl MappedRegion {
     }
 }
 
+impl MappedRegion {
+    /// Commits the pages of `[offset, offset + len)` now (`MADV_POPULATE_WRITE`, Linux 5.14+)
+    /// instead of at their first write. Contents are unchanged, so it may run while the range
+    /// is in use.
+    pub fn populate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let start = offset / PAGE * PAGE;
+        let end = offset.saturating_add(len).min(self.len).div_ceil(PAGE) * PAGE;
+        let end = end.min(self.len);
+        if end <= start {
+            return Ok(());
+        }
+        // SAFETY: inside the mapping; populating does not change what the pages hold.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr(start).cast(),
+                (end - start) as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
 impl Drop for MappedRegion {
     fn drop(&mut self) {
         if self.len > 0 {
@@ -144,6 +171,21 @@ mod tests {
         unsafe { r.discard(0, 1 << 20) };
         unsafe { r.read(8000, &mut back).unwrap() };
         assert!(back.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn populate_keeps_contents_and_clamps_to_the_region() {
+        let r = MappedRegion::new(1 << 20).unwrap();
+        let data: Vec<u8> = (0..=255).collect();
+        unsafe { r.write(5000, &data).unwrap() };
+        r.populate(0, 1 << 20).unwrap();
+        r.populate(4000, 10).unwrap();
+        r.populate((1 << 20) - 100, 1 << 30).unwrap();
+        let mut back = vec![0; 256];
+        unsafe { r.read(5000, &mut back).unwrap() };
+        assert_eq!(back, data);
+        unsafe { r.read(100_000, &mut back).unwrap() };
+        assert!(back.iter().all(|&b| b == 0), "populated pages read as zeros");
     }
 
     #[test]

@@ -53,6 +53,50 @@ pub fn build_segment(
     )))
 }
 
+/// Bytes one prefault step commits before it looks whether the segment is still mounted.
+const PREFAULT_STEP_BYTES: u64 = 64 << 20;
+
+/// Commits a memory segment's pages on a background thread (`ock.mmc.segment.prefault`), so
+/// that no request pays for their first-touch faults; the server serves meanwhile. The thread
+/// stops early when the segment is unmounted.
+pub fn prefault_in_background(seg: &Arc<Segment>) {
+    if !seg.medium.is_memory() {
+        return;
+    }
+    let weak = Arc::downgrade(seg);
+    let name = seg.name.clone();
+    let spawned = std::thread::Builder::new()
+        .name("mmc-prefault".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            let mut offset = 0;
+            loop {
+                let Some(seg) = weak.upgrade() else {
+                    log::info!("prefault of {name} stopped: the segment was unmounted");
+                    return;
+                };
+                if offset >= seg.capacity {
+                    break;
+                }
+                let len = PREFAULT_STEP_BYTES.min(seg.capacity - offset);
+                if let Err(e) = seg.backend.prefault(offset, len) {
+                    log::warn!(
+                        "prefault of {name} stopped at {offset} bytes: {e} (pages are committed at first write instead)"
+                    );
+                    return;
+                }
+                offset += len;
+            }
+            log::info!(
+                "prefaulted {name}: {offset} bytes in {:.2} s",
+                started.elapsed().as_secs_f64()
+            );
+        });
+    if let Err(e) = spawned {
+        log::warn!("cannot start the prefault thread for {}: {e}", seg.name);
+    }
+}
+
 /// Mounts the segments of the embedded default / configuration: for each rank, HBM and DRAM
 /// of the configured sizes (when non-zero) and SSD when enabled.
 pub fn mount_configured(
@@ -75,6 +119,9 @@ pub fn mount_configured(
                 continue;
             }
             let seg = build_segment(table, rank, medium, size, dir, shards, s.run_bytes)?;
+            if s.prefault {
+                prefault_in_background(&seg);
+            }
             table.insert(seg)?;
         }
     }
