@@ -492,6 +492,16 @@ impl Client {
     }
 }
 
+/// A process's resident set in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
 /// Percent-encodes every byte that is not unreserved.
 pub fn pct(bytes: &[u8]) -> String {
     let mut s = String::new();

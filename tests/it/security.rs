@@ -12,7 +12,7 @@ use rcgen::{
 };
 
 use crate::both_drivers;
-use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder};
+use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder, rss_kib};
 use crate::store::temp_dir;
 
 both_drivers!(
@@ -264,15 +264,6 @@ fn overload_sheds_with_429(driver: Driver) {
         rejected,
         format!("memcache_overload_rejections_total {shed}")
     );
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 fn raise_fd_limit() {

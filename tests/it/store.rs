@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::both_drivers;
-use crate::harness::{Client, Driver, ServerBuilder, pct};
+use crate::harness::{Client, Driver, ServerBuilder, pct, rss_kib};
 
 both_drivers!(
     objects_round_trip_every_size_medium_and_replica,
@@ -843,15 +843,6 @@ fn memory_evict_and_prefetch(driver: Driver) {
     );
     r.assert_error(200, "Unknown location \"Nowhere\": expected LocalCPUBackend, LocalDiskBackend, HBM, DRAM or SSD");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 fn prefault_commits_memory_segments_at_mount(driver: Driver) {

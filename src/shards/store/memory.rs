@@ -185,7 +185,10 @@ mod tests {
         unsafe { r.read(5000, &mut back).unwrap() };
         assert_eq!(back, data);
         unsafe { r.read(100_000, &mut back).unwrap() };
-        assert!(back.iter().all(|&b| b == 0), "populated pages read as zeros");
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "populated pages read as zeros"
+        );
     }
 
     #[test]
