@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use mmc::shards::runtime;
+pub use mmc::shards::runtime::DriverChoice;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
-use monoio::time::TimeDriver;
-use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
 use crate::mix::{Mix, Preloads, XorShift};
 use crate::response::{self, Framed};
@@ -37,30 +37,10 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
 }
 
-/// The io driver of the load threads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DriverChoice {
-    Auto,
-    Uring,
-    Epoll,
-}
-
-impl DriverChoice {
-    pub fn parse(s: &str) -> Result<DriverChoice, String> {
-        match s {
-            "auto" => Ok(DriverChoice::Auto),
-            "uring" | "io_uring" => Ok(DriverChoice::Uring),
-            "epoll" | "legacy" => Ok(DriverChoice::Epoll),
-            _ => Err(format!(
-                "invalid --io-driver {s:?}: expected auto, uring or epoll"
-            )),
-        }
-    }
-}
-
-/// Runs the future made by `make` on a fresh monoio runtime of this thread: io_uring with
-/// `COOP_TASKRUN | SINGLE_ISSUER | DEFER_TASKRUN`, else plain io_uring, else epoll (unless
-/// the choice forbids it). Returns the output and the driver's name.
+/// Runs the future made by `make` on a fresh monoio runtime of this thread, built the way the
+/// server builds its shards' (io_uring with `COOP_TASKRUN | SINGLE_ISSUER | DEFER_TASKRUN`,
+/// else plain io_uring, else epoll, unless the choice forbids it). Returns the output and the
+/// driver's name.
 pub fn block_on<F, Fut>(
     choice: DriverChoice,
     make: F,
@@ -69,57 +49,10 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    let mut last_err = String::new();
-    if choice != DriverChoice::Epoll {
-        for tuned in [true, false] {
-            let mut urb = io_uring::IoUring::builder();
-            if tuned {
-                urb.setup_coop_taskrun()
-                    .setup_single_issuer()
-                    .setup_defer_taskrun();
-            }
-            let built = RuntimeBuilder::<IoUringDriver>::new()
-                .with_entries(1024)
-                .uring_builder(urb)
-                .enable_timer()
-                .build();
-            match built {
-                Ok(mut rt) => {
-                    let name = if tuned {
-                        "io_uring"
-                    } else {
-                        "io_uring (plain)"
-                    };
-                    return Ok((rt.block_on(make()), name));
-                }
-                Err(e) => last_err = e.to_string(),
-            }
-        }
-        if choice == DriverChoice::Uring {
-            return Err(format!("io_uring unavailable: {last_err}"));
-        }
-    }
-    let mut rt: monoio::Runtime<TimeDriver<LegacyDriver>> = RuntimeBuilder::<LegacyDriver>::new()
-        .enable_timer()
-        .build()
-        .map_err(|e| format!("cannot build an epoll runtime: {e}"))?;
-    Ok((rt.block_on(make()), "epoll"))
-}
-
-/// Pins the calling thread to `cpu`.
-pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it (checked above).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    runtime::run_shard(choice, 1024, 0, |kind| {
+        let fut = make();
+        async move { (fut.await, kind.name()) }
+    })
 }
 
 /// What every load thread shares.
@@ -279,7 +212,7 @@ pub fn run_thread(
     pin: Option<usize>,
 ) -> Result<(Stats, &'static str), String> {
     if let Some(cpu) = pin {
-        pin_current_thread(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+        runtime::pin_to(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
     }
     let driver = plan.driver;
     block_on(driver, move || async move {

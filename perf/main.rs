@@ -236,7 +236,12 @@ fn validate(args: &Args) -> Result<Config, String> {
         duration: seconds("duration", args.duration, false)?,
         warmup: seconds("warmup", args.warmup, true)?,
         io_timeout: seconds("timeout", args.timeout, false)?,
-        driver: DriverChoice::parse(&args.io_driver)?,
+        driver: DriverChoice::parse(&args.io_driver).map_err(|allowed| {
+            format!(
+                "invalid --io-driver {:?}: expected {allowed}",
+                args.io_driver
+            )
+        })?,
         mix: Arc::new(mix),
         interval,
     })

@@ -130,8 +130,7 @@ pub fn main(args: &Args) -> Result<(), String> {
         return Err(format!("invalid --secs {}: expected 0 to 3600", args.secs));
     }
     if let Some(cpu) = args.pin {
-        crate::load::pin_current_thread(cpu)
-            .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+        mmc::shards::runtime::pin_to(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
     }
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let pool_len = (pool_bytes as usize).max(2 * largest);

@@ -48,6 +48,17 @@ pub enum DriverKind {
     Epoll,
 }
 
+impl DriverKind {
+    /// A short name: `io_uring`, `io_uring (plain)` or `epoll`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DriverKind::UringTuned { .. } => "io_uring",
+            DriverKind::UringPlain { .. } => "io_uring (plain)",
+            DriverKind::Epoll => "epoll",
+        }
+    }
+}
+
 impl std::fmt::Display for DriverKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -203,9 +214,12 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// Pins the calling thread to one CPU.
+/// Pins the calling thread to one CPU (`EINVAL` past `CPU_SETSIZE`).
 pub fn pin_to(cpu: usize) -> io::Result<()> {
-    // SAFETY: as above; the set names one CPU within CPU_SETSIZE (checked by the caller).
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: as above; the set names one CPU within CPU_SETSIZE (checked above).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
