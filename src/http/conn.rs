@@ -82,6 +82,15 @@ enum Verdict {
     Unauthorized,
 }
 
+/// The most body bytes a request may carry: its route's limit, or the general one when it
+/// will not be dispatched.
+fn body_limit_for(front: &Front, head: &Head<'_>, verdict: &Verdict) -> u64 {
+    match verdict {
+        Verdict::Dispatch(route) => handlers::body_limit(*route, head.method, front.config()),
+        _ => front.config().http.max_body_bytes,
+    }
+}
+
 fn verdict(front: &Front, head: &Head<'_>) -> Verdict {
     if !front.auth().allows(head) {
         return Verdict::Unauthorized;
@@ -128,11 +137,19 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                 Pending::None => complete_request(&front, &rbuf[start..]),
                 _ => None,
             };
-            if let Some((head, total)) = complete {
+            if let Some((head, total, verdict)) = complete {
                 conn.set(ConnState::Busy);
                 let req_bytes = &rbuf[start..start + total];
-                let (tail, must_close) =
-                    dispatch(&front, &head, req_bytes, None, &mut scratch, &mut wbuf).await;
+                let (tail, must_close) = dispatch(
+                    &front,
+                    &head,
+                    verdict,
+                    req_bytes,
+                    None,
+                    &mut scratch,
+                    &mut wbuf,
+                )
+                .await;
                 close |= must_close;
                 if let Some(tail) = tail
                     && (!flush(&mut stream, &mut wbuf).await
@@ -201,8 +218,17 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             let Parsed::Complete(head) = parse_head(&req_bytes[..head_len]) else {
                 unreachable!("a framed head parses again");
             };
-            let (tail, must_close) =
-                dispatch(&front, &head, req_bytes, early, &mut scratch, &mut wbuf).await;
+            let verdict = verdict(&front, &head);
+            let (tail, must_close) = dispatch(
+                &front,
+                &head,
+                verdict,
+                req_bytes,
+                early,
+                &mut scratch,
+                &mut wbuf,
+            )
+            .await;
             close |= must_close;
             if let Some(tail) = tail {
                 // Head first, then the body from where it is.
@@ -322,30 +348,31 @@ impl Drop for BufferCharge<'_> {
     }
 }
 
-/// A request whose head and whole body are in `buf`, needing no early answer: its head and
-/// total length. `None` leaves the decision to [`frame`].
-fn complete_request<'b>(front: &Front, buf: &'b [u8]) -> Option<(Head<'b>, usize)> {
+/// A request whose head and whole body are in `buf`, needing no early answer: its head, total
+/// length and verdict (computed once, for the body limit and for [`dispatch`]). `None` leaves
+/// the decision to [`frame`].
+fn complete_request<'b>(front: &Front, buf: &'b [u8]) -> Option<(Head<'b>, usize, Verdict)> {
     let Parsed::Complete(head) = parse_head(buf) else {
         return None;
     };
     let total = match head.framing {
         Framing::None => head.len,
         Framing::Length(n) => {
-            let limit = match verdict(front, &head) {
-                Verdict::Dispatch(route) => {
-                    handlers::body_limit(route, head.method, front.config())
-                }
-                _ => front.config().http.max_body_bytes,
-            };
             let total = head.len.checked_add(usize::try_from(n).ok()?)?;
-            if n > limit || total > buf.len() {
+            if total > buf.len() {
                 return None;
             }
             total
         }
         Framing::Chunked => return None,
     };
-    Some((head, total))
+    let verdict = verdict(front, &head);
+    if let Framing::Length(n) = head.framing
+        && n > body_limit_for(front, &head, &verdict)
+    {
+        return None;
+    }
+    Some((head, total, verdict))
 }
 
 /// Decides whether a complete request sits at `rbuf[start..]`, advancing body framing.
@@ -419,12 +446,11 @@ fn frame(front: &Front, rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending)
                     Parsed::Error(e) => return Framed::Malformed(e),
                 };
                 let head_len = head.len;
-                let (limit, route) = match verdict(front, &head) {
-                    Verdict::Dispatch(route) => (
-                        handlers::body_limit(route, head.method, front.config()),
-                        Some(route),
-                    ),
-                    _ => (front.config().http.max_body_bytes, None),
+                let verdict = verdict(front, &head);
+                let limit = body_limit_for(front, &head, &verdict);
+                let route = match verdict {
+                    Verdict::Dispatch(route) => Some(route),
+                    _ => None,
                 };
                 let dispatchable = route.is_some();
                 match head.framing {
@@ -495,11 +521,12 @@ fn wants_continue(rbuf: &[u8], pending: &Pending) -> bool {
     matches!(parse_head(rbuf), Parsed::Complete(h) if h.expect_continue)
 }
 
-/// Answers one request into `wbuf`. Returns what to write after the head, and whether the
-/// connection closes after this answer.
+/// Answers one request into `wbuf`; `verdict` is [`verdict`] of `head`. Returns what to write
+/// after the head, and whether the connection closes after this answer.
 async fn dispatch(
     front: &Front,
     head: &Head<'_>,
+    verdict: Verdict,
     req_bytes: &[u8],
     early: Option<Early>,
     scratch: &mut Vec<u8>,
@@ -509,7 +536,7 @@ async fn dispatch(
     let stats = shard.stats();
     stats.http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
-    let mut resp = match (early, verdict(front, head)) {
+    let mut resp = match (early, verdict) {
         (_, Verdict::Unauthorized) => {
             let mut r = ctx.protocol_error(
                 Status::UNAUTHORIZED,
