@@ -1113,7 +1113,8 @@ impl Store {
         let (cap, used) = self.medium_totals(medium);
         let m = medium as usize;
         if cap == 0 {
-            self.draining[m] = false;
+            // Unmounted while draining: nothing left to drain.
+            self.set_draining(medium, false);
             return;
         }
         if (used + need) * 100 > cap * self.cfg.high_percent {
