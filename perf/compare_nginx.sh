@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Server CPU per request: mmc-server (io_uring and epoll) against nginx `return 200`, on this
-# machine, the way shared/tools/cpu_per_req.sh measures it.
+# machine, the way perf/cpu_per_req.sh measures it.
 #
 # Usage: perf/compare_nginx.sh [RUNS] [SECS] [CONNS]      (defaults: 5 runs of 8 s, 64 connections)
 # Environment: BASE_PORT (default 18480: nginx, +1 mmc io_uring, +2 mmc epoll), SERVER_CPU (0),

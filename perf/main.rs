@@ -46,7 +46,7 @@ use mix::Mix;
              server CPU per request)",
     after_help = "Example:\n  mmc-perf --target 127.0.0.1:8000 --connections 64 --duration 8 \\\n    \
                   --request \"GET /metadata?key={key} 9\" --request \"PUT /metadata?key={key} 1\" \\\n    \
-                  --keys 1000 --preload --body-bytes 16 --cpu-pid $(pgrep -n mmc-server) --pin 1 --json",
+                  --keys 1000 --preload --body-bytes 16 --cpu-pid $SERVER_PID --pin 1 --json",
     args_conflicts_with_subcommands = true
 )]
 struct Args {

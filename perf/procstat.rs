@@ -1,5 +1,5 @@
 //! CPU time of a process from `/proc/PID/stat`: utime + stime (fields 14 and 15) in clock
-//! ticks, summed over all its threads, exactly as `shared/tools/cpu_per_req.sh` reads it.
+//! ticks, summed over all its threads, exactly as `perf/cpu_per_req.sh` reads it.
 
 /// utime + stime of `pid` (or `"self"`), in clock ticks.
 pub fn cpu_ticks(pid: &str) -> Result<u64, String> {

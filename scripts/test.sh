@@ -34,5 +34,9 @@ if [ ! -x target/pyenv/bin/python ]; then
 fi
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack pytest
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python
-echo "== fuzz the parsers (20 s per target; fuzz/README.md)"
-bash scripts/fuzz.sh 20
+if [ "${MMC_SKIP_FUZZ:-}" = 1 ] && [ "${CI:-}" != true ]; then
+  echo "== fuzzing skipped (MMC_SKIP_FUZZ=1; CI always runs it)"
+else
+  echo "== fuzz the parsers (20 s per target; fuzz/README.md)"
+  bash scripts/fuzz.sh 20
+fi

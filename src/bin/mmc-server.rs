@@ -58,6 +58,11 @@ fn main() -> ExitCode {
         }
     };
     if args.print_config {
+        // Checking a config is what --print-config is for: the warnings go to stderr, so the
+        // printed file stays clean to redirect.
+        for w in &plan.warnings {
+            eprintln!("mmc-server: warning: {w}");
+        }
         print!("{}", plan.config.render());
         return ExitCode::SUCCESS;
     }

@@ -705,7 +705,12 @@ impl Config {
                     reason: "empty key".to_string(),
                 });
             }
-            if !self.set(k, v.trim())? {
+            let known = self.set(k, v.trim()).map_err(|e| ConfigError::File {
+                path: path.to_string(),
+                line: line_no,
+                reason: e.to_string(),
+            })?;
+            if !known {
                 unknown.push((line_no, k.to_string()));
             }
         }
@@ -815,6 +820,14 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "config file x.conf line 1: expected `key = value`, found \"just words\""
+        );
+        // A bad value in a file names the file and the line, as a syntax error does.
+        let e = c
+            .apply_file_text("x.conf", "# c\nock.mmc.evict_threshold_high = 150\n")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config file x.conf line 2: invalid value \"150\" for ock.mmc.evict_threshold_high: expected an integer from 1 to 100"
         );
         c.set("ock.mmc.evict_threshold_low", "95").unwrap();
         assert!(

@@ -124,9 +124,13 @@ pub fn parse_url(s: &str) -> Result<(bool, HostPort), &'static str> {
     Ok((tls, hp))
 }
 
+/// CPU numbers a CPU list may name (the kernel's `CPU_SETSIZE`).
+pub const MAX_CPUS: usize = 4096;
+
 /// Parses a CPU list such as `0-3,8`. Order is kept and duplicates are refused: each entry is
 /// the core of one shard.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, &'static str> {
+/// The error is what was expected, for `invalid value … : expected {it}`.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
     const ALLOWED: &str = "a CPU list such as 0-3,8 (ascending ranges, no repeats)";
     let mut out = Vec::new();
     for part in s.trim().split(',') {
@@ -135,20 +139,26 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, &'static str> {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
         };
-        let lo: usize = lo.parse().map_err(|_| ALLOWED)?;
-        let hi: usize = hi.parse().map_err(|_| ALLOWED)?;
-        if lo > hi || hi >= 4096 {
-            return Err(ALLOWED);
+        let lo: usize = lo.parse().map_err(|_| ALLOWED.to_string())?;
+        let hi: usize = hi.parse().map_err(|_| ALLOWED.to_string())?;
+        if hi >= MAX_CPUS {
+            return Err(format!(
+                "CPUs numbered 0 to {}: CPU {hi} is out of range",
+                MAX_CPUS - 1
+            ));
+        }
+        if lo > hi {
+            return Err(ALLOWED.to_string());
         }
         for c in lo..=hi {
             if out.contains(&c) {
-                return Err(ALLOWED);
+                return Err(ALLOWED.to_string());
             }
             out.push(c);
         }
     }
     if out.is_empty() {
-        return Err(ALLOWED);
+        return Err(ALLOWED.to_string());
     }
     Ok(out)
 }
@@ -216,6 +226,10 @@ mod tests {
     fn cpu_lists() {
         assert_eq!(parse_cpu_list("0-3,8"), Ok(vec![0, 1, 2, 3, 8]));
         assert_eq!(parse_cpu_list("1"), Ok(vec![1]));
+        assert_eq!(
+            parse_cpu_list("99999").unwrap_err(),
+            "CPUs numbered 0 to 4095: CPU 99999 is out of range"
+        );
         for bad in ["", "3-1", "0,0", "a", "0-", "1,,2"] {
             assert!(parse_cpu_list(bad).is_err(), "{bad:?} must be refused");
         }

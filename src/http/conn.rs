@@ -536,6 +536,10 @@ async fn dispatch(
     let stats = shard.stats();
     stats.http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
+    let routed = match &verdict {
+        Verdict::Dispatch(route) => Some(*route),
+        _ => None,
+    };
     let mut resp = match (early, verdict) {
         (_, Verdict::Unauthorized) => {
             let mut r = ctx.protocol_error(
@@ -546,7 +550,8 @@ async fn dispatch(
             r
         }
         (Some(Early::TooLarge), _) => {
-            let mut r = ctx.protocol_error(TOO_LARGE.status, TOO_LARGE.message);
+            let message = handlers::body_limit_message(routed, head.method, front.config());
+            let mut r = ctx.protocol_error(TOO_LARGE.status, &message);
             r.close = true;
             r
         }

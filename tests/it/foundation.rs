@@ -137,7 +137,10 @@ fn metadata_errors_use_the_envelope(driver: Driver) {
         .assert_error(400, "Malformed query string: invalid percent-encoding");
     // Over the value limit: 413 with the envelope, and nothing stored.
     let r = c.request("PUT", "/metadata?key=big", Some(&[7u8; 1025]));
-    r.assert_error(413, "Request body too large");
+    r.assert_error(
+        413,
+        "Request body too large: the limit is 1024 bytes (set by ock.mmc.metadata.max_value_bytes)",
+    );
     let mut c = srv.client();
     c.get("/metadata?key=big")
         .assert_error(200, "Metadata key not found");
@@ -214,7 +217,7 @@ fn chunked_bodies_are_decoded(driver: Driver) {
     wire.extend_from_slice(format!("{:x}\r\n", 65 * 1024).as_bytes());
     c2.send(&wire);
     c2.read_response(false)
-        .assert_error(413, "Request body too large");
+        .assert_error(413, "Request body too large: the limit is 65536 bytes (set by ock.mmc.metadata.max_value_bytes)");
     assert!(c2.closed_within(Duration::from_secs(5)));
     c.get("/metadata?key=huge")
         .assert_error(200, "Metadata key not found");
@@ -305,7 +308,7 @@ fn body_over_the_limit_is_refused_before_it_is_sent(driver: Driver) {
     // Only the head is sent: the 413 must come without the body.
     c.send(b"PUT /metadata?key=x HTTP/1.1\r\nContent-Length: 1073741824\r\n\r\n");
     let r = c.read_response(false);
-    r.assert_error(413, "Request body too large");
+    r.assert_error(413, "Request body too large: the limit is 1048576 bytes (set by ock.mmc.metadata.max_value_bytes)");
     assert_eq!(r.reason, "Content Too Large");
     assert_eq!(r.header("connection"), Some("close"));
     assert!(c.closed_within(Duration::from_secs(5)));
@@ -313,8 +316,10 @@ fn body_over_the_limit_is_refused_before_it_is_sent(driver: Driver) {
     let mut c = srv.client();
     c.send(b"PUT /nope HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n");
     c.send(&vec![b'z'; 256 * 1024]);
-    c.read_response(false)
-        .assert_error(413, "Request body too large");
+    c.read_response(false).assert_error(
+        413,
+        "Request body too large: the limit is 1048576 bytes (set by ock.mmc.http.max_body_bytes)",
+    );
     srv.client().get("/health");
 }
 

@@ -139,6 +139,10 @@ fn invalid_values_stop_the_start_with_one_line() {
         ),
         (&["--cores", "4095"], "is not available to this process"),
         (
+            &["--cores", "99999"],
+            "--cores: expected CPUs numbered 0 to 4095: CPU 99999 is out of range",
+        ),
+        (
             &["--config", "/nonexistent/mmc-meta.conf"],
             "config file /nonexistent/mmc-meta.conf",
         ),
@@ -164,14 +168,26 @@ fn config_file_and_overrides() {
     )
     .unwrap();
     let p = path.to_str().unwrap();
-    let (code, out, _) = run(&[
+    let (code, out, err) = run(&[
         "--config",
         p,
         "--set",
         "ock.mmc.http.idle_timeout_ms=999",
+        "--set",
+        "ock.mmc.local_service.dram_sise=2GB",
         "--print-config",
     ]);
     assert_eq!(code, 0);
+    // --print-config is how a config is checked: it warns about typos too (on stderr).
+    assert!(
+        err.contains("config file ") && err.contains("line 5: unknown key ock.mmc.not.a.key"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--set: unknown key ock.mmc.local_service.dram_sise"),
+        "{err}"
+    );
+    assert!(!out.contains("dram_sise"), "{out}");
     assert!(
         out.contains("ock.mmc.http.idle_timeout_ms = 999\n"),
         "{out}"
@@ -199,6 +215,7 @@ fn config_file_and_overrides() {
         err.contains("ock.mmc.http.idle_timeout_ms: expected an integer from 100"),
         "{err}"
     );
+    assert!(err.contains("bad.conf line 1: invalid value"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

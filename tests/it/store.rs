@@ -889,6 +889,17 @@ fn mount_and_unmount_segments(driver: Driver) {
     let mut c = srv.client();
     put(&mut c, "two", b"x", "&replicas=2")
         .assert_error(200, "Not enough ranks for 2 replicas on DRAM (1 available)");
+    // A medium with no segment says so, and what to change.
+    put(&mut c, "on-hbm", b"x", "&medium=hbm").assert_error(
+        200,
+        "No HBM segment is mounted: mount one, or set ock.mmc.local_service.hbm.size",
+    );
+    // An SSD mount without a path when no SSD directory is configured names the key.
+    c.request("POST", "/api/v1/segments/mount?rank=1&medium=ssd&size=1MB", None)
+        .assert_error(
+            200,
+            "Missing 'path' parameter: no SSD directory is configured (ock.mmc.ssd.path), so an SSD mount must name its path",
+        );
     let r = c.request(
         "POST",
         "/api/v1/segments/mount?rank=1&medium=dram&size=64MB",

@@ -38,6 +38,24 @@ pub fn body_limit(route: Route, method: Method, config: &Config) -> u64 {
     }
 }
 
+/// The 413 text: the limit a body passed and the key that sets it.
+pub fn body_limit_message(route: Option<Route>, method: Method, config: &Config) -> String {
+    let limit = match route {
+        Some(r) => body_limit(r, method, config),
+        None => config.http.max_body_bytes,
+    };
+    let key = match route {
+        Some(Route::Metadata) if method == Method::Put => "ock.mmc.metadata.max_value_bytes",
+        Some(Route::MemoryEvict | Route::MemoryPrefetch) if limit < config.http.max_body_bytes => {
+            return format!(
+                "Request body too large: this route takes at most {limit} bytes (a fixed limit of 4 MiB)"
+            );
+        }
+        _ => "ock.mmc.http.max_body_bytes",
+    };
+    format!("Request body too large: the limit is {limit} bytes (set by {key})")
+}
+
 /// A request whose head and body are complete.
 pub struct Request<'a> {
     pub head: &'a Head<'a>,

@@ -195,7 +195,9 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             let dirs = &cluster.config.store.ssd_dirs;
             if dirs.is_empty() {
                 stats.record(Op::Mount, Outcome::Failure, Some(rank));
-                return ctx.business_error("Missing 'path' parameter");
+                return ctx.business_error(
+                    "Missing 'path' parameter: no SSD directory is configured (ock.mmc.ssd.path), so an SSD mount must name its path",
+                );
             }
             Some(dirs[rank as usize % dirs.len()].clone())
         }

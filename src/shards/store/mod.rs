@@ -620,9 +620,16 @@ impl Store {
         let ranks = self.ranks_of(medium);
         if ranks < replicas {
             self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return AllocStep::Refused(Cow::Owned(format!(
-                "Not enough ranks for {replicas} replicas on {medium} ({ranks} available)"
-            )));
+            return AllocStep::Refused(Cow::Owned(if ranks == 0 {
+                let key = match medium {
+                    Medium::Hbm => "set ock.mmc.local_service.hbm.size",
+                    Medium::Dram => "set ock.mmc.local_service.dram.size",
+                    Medium::Ssd => "set ock.mmc.ssd.enable and ock.mmc.ssd.path",
+                };
+                format!("No {medium} segment is mounted: mount one, or {key}")
+            } else {
+                format!("Not enough ranks for {replicas} replicas on {medium} ({ranks} available)")
+            }));
         }
         let (capacity, _) = self.medium_totals(medium);
         if size > capacity {
