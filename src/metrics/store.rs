@@ -142,7 +142,8 @@ pub struct TierCounters {
     pub rewarm: Counter,
     pub rewarm_failed: Counter,
     pub rewarm_bytes: Counter,
-    /// Bytes of DRAM copies made by rewarm that still exist.
+    /// Object bytes (counted as `rewarm_bytes` counts them) of the DRAM copies made by rewarm
+    /// that still exist, so never more than `rewarm_bytes`.
     pub rewarm_bytes_current: Gauge,
     pub flush_blobs: Counter,
     pub flush_bytes: Counter,
