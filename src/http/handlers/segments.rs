@@ -260,6 +260,18 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     ctx.shard.cluster.segments.remove(&seg.name);
     log::info!("unmounted segment {}", seg.name);
+    // The rank's last segment is gone: its client bandwidth figures go with it.
+    let cluster = &ctx.shard.cluster;
+    if !cluster
+        .segments
+        .snapshot()
+        .iter()
+        .any(|s| s.rank == seg.rank)
+    {
+        for s in cluster.shards.iter() {
+            s.client.forget_rank(seg.rank);
+        }
+    }
     stats.record(Op::Unmount, Outcome::Success, Some(seg.rank));
     segment_reply(ctx, &seg.name)
 }
