@@ -7,7 +7,7 @@
 
 use std::os::fd::RawFd;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
@@ -119,6 +119,9 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
     let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
     let mut scratch: Vec<u8> = Vec::new();
     let mut pending = Pending::None;
+    // When the body of the request being framed started to arrive over several reads (its
+    // receiving counts in a put's transfer time).
+    let mut body_since: Option<Instant> = None;
     let mut continue_sent = false;
     let mut charge = BufferCharge {
         front: &front,
@@ -140,11 +143,12 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             if let Some((head, total, verdict)) = complete {
                 conn.set(ConnState::Busy);
                 let req_bytes = &rbuf[start..start + total];
-                let (tail, must_close) = dispatch(
+                let (tail, must_close, sending) = dispatch(
                     &front,
                     &head,
                     verdict,
                     req_bytes,
+                    None,
                     None,
                     &mut scratch,
                     &mut wbuf,
@@ -157,6 +161,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                 {
                     return;
                 }
+                record_transfer(&front, sending);
                 continue_sent = false;
                 start += total;
                 if close {
@@ -169,8 +174,14 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             }
             let framed = frame(&front, &mut rbuf, start, &mut pending);
             let (head_len, body_end, next, early) = match framed {
-                Framed::NeedMore => break,
+                Framed::NeedMore => {
+                    if !matches!(pending, Pending::None) && body_since.is_none() {
+                        body_since = Some(Instant::now());
+                    }
+                    break;
+                }
                 Framed::Stream { head_len, body_len } => {
+                    body_since = None;
                     // The answers before this one go out first (they are complete).
                     if !wbuf.is_empty() && !flush(&mut stream, &mut wbuf).await {
                         return;
@@ -198,6 +209,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                     }
                 }
                 Framed::Malformed(e) => {
+                    body_since = None;
                     conn.set(ConnState::Busy);
                     let mut resp =
                         Response::error(e.status, e.message, front.unix_secs(), &mut scratch);
@@ -219,12 +231,13 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                 unreachable!("a framed head parses again");
             };
             let verdict = verdict(&front, &head);
-            let (tail, must_close) = dispatch(
+            let (tail, must_close, sending) = dispatch(
                 &front,
                 &head,
                 verdict,
                 req_bytes,
                 early,
+                body_since.take(),
                 &mut scratch,
                 &mut wbuf,
             )
@@ -238,6 +251,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                     return;
                 }
             }
+            record_transfer(&front, sending);
             continue_sent = false;
             start += next;
             if close {
@@ -521,17 +535,39 @@ fn wants_continue(rbuf: &[u8], pending: &Pending) -> bool {
     matches!(parse_head(rbuf), Parsed::Complete(h) if h.expect_continue)
 }
 
-/// Answers one request into `wbuf`; `verdict` is [`verdict`] of `head`. Returns what to write
-/// after the head, and whether the connection closes after this answer.
+/// A data-plane body being sent, and when its sending (the copy out of its blobs) began.
+type Sending = Option<(response::Transfer, Instant)>;
+
+/// Records a data-plane body in the client bandwidth metrics once it has been handed to the
+/// socket: its transfer took from the start of its encoding (the copy out of the blob, into
+/// the write buffer or straight to the socket) until now.
+fn record_transfer(front: &Front, sending: Sending) {
+    if let Some((t, from)) = sending {
+        let transfer_ns = from.elapsed().as_nanos() as u64;
+        let latency_us = t.started.elapsed().as_micros() as u64;
+        front
+            .shard()
+            .remote()
+            .client
+            .record(t.rank, t.op, t.bytes, transfer_ns, latency_us);
+    }
+}
+
+/// Answers one request into `wbuf`; `verdict` is [`verdict`] of `head`; `body_since` is when
+/// its body started to arrive, if over several reads. Returns what to write after the head,
+/// whether the connection closes after this answer, and the data-plane body to record once
+/// sent.
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     front: &Front,
     head: &Head<'_>,
     verdict: Verdict,
     req_bytes: &[u8],
     early: Option<Early>,
+    body_since: Option<Instant>,
     scratch: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
-) -> (Option<Tail>, bool) {
+) -> (Option<Tail>, bool, Sending) {
     let shard = front.shard();
     let stats = shard.stats();
     stats.http_requests.inc();
@@ -580,6 +616,7 @@ async fn dispatch(
                 head,
                 route,
                 body: &req_bytes[head.len..],
+                body_since,
             };
             match shard.load.enter() {
                 // Too much work already waits on this shard: shed at once.
@@ -596,8 +633,10 @@ async fn dispatch(
         resp.close = true;
     }
     let close = resp.close;
+    let transfer = resp.transfer.take();
+    let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);
-    (tail, close)
+    (tail, close, transfer.map(|t| (t, from)))
 }
 
 /// Serves a put whose body is still arriving ([`Framed::Stream`]): the owner allocates first,
@@ -626,6 +665,7 @@ async fn stream_put<S: Io>(
         head: &head,
         route: Route::Objects,
         body: &[],
+        body_since: None,
     };
     // With `Expect: 100-continue` the client sends the body only after our go-ahead, so a put
     // refused before allocation is answered at once and the connection closed.

@@ -111,6 +111,13 @@ impl<'a> JsonWriter<'a> {
         write_f64(self.out, value);
     }
 
+    /// A ratio in the contract's form: rounded to [`RATIO_DIGITS`] digits after the point,
+    /// trailing zeros dropped (`0`, `1`, `0.5`, `0.9999313354`).
+    pub fn field_ratio(&mut self, name: &str, value: f64) {
+        self.key(name);
+        write_ratio(self.out, value);
+    }
+
     pub fn value_str(&mut self, value: &[u8]) {
         self.separator();
         write_string(self.out, value);
@@ -134,6 +141,33 @@ pub fn write_f64(out: &mut Vec<u8>, value: f64) {
         use std::io::Write;
         let _ = write!(out, "{value}");
     } else {
+        out.push(b'0');
+    }
+}
+
+/// Digits after the point of the contract's ratios: its `/query_segment` example shows
+/// `"remaining_ratio": 0.9999313354` for 368640 bytes used of 5368709120.
+pub const RATIO_DIGITS: usize = 10;
+
+/// Writes a ratio rounded to [`RATIO_DIGITS`] digits after the point, without trailing zeros
+/// (so 0 and 1 are `0` and `1`, as in the contract's examples); non-finite values as 0.
+pub fn write_ratio(out: &mut Vec<u8>, value: f64) {
+    use std::io::Write;
+    if !value.is_finite() {
+        out.push(b'0');
+        return;
+    }
+    let start = out.len();
+    let _ = write!(out, "{value:.RATIO_DIGITS$}");
+    while out.last() == Some(&b'0') {
+        out.pop();
+    }
+    if out.last() == Some(&b'.') {
+        out.pop();
+    }
+    // A value that rounds to zero from below would read `-0`.
+    if &out[start..] == b"-0" {
+        out.truncate(start);
         out.push(b'0');
     }
 }
@@ -178,6 +212,30 @@ fn escape_into(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_have_the_contracts_digits() {
+        let r = |v: f64| {
+            let mut out = Vec::new();
+            write_ratio(&mut out, v);
+            String::from_utf8(out).unwrap()
+        };
+        // The seed's example: 5368709120 total, 368640 used.
+        assert_eq!(
+            r((5_368_709_120_u64 - 368_640) as f64 / 5_368_709_120_f64),
+            "0.9999313354"
+        );
+        assert_eq!(r(0.0), "0");
+        assert_eq!(r(1.0), "1");
+        assert_eq!(r(0.5), "0.5");
+        assert_eq!(r(0.25), "0.25");
+        assert_eq!(r(1.0 / 3.0), "0.3333333333");
+        assert_eq!(r(2.0 / 3.0), "0.6666666667");
+        assert_eq!(r(0.99999999999), "1");
+        assert_eq!(r(1e-12), "0");
+        assert_eq!(r(-1e-12), "0");
+        assert_eq!(r(f64::NAN), "0");
+    }
 
     #[test]
     fn nested_values_in_written_order() {

@@ -86,6 +86,9 @@ pub enum Body {
     /// `/get_all_keys`: streamed page by page with chunked transfer encoding, because its
     /// length is not known until every shard has been listed.
     KeyStream(KeyListing),
+    /// The answer to a HEAD request whose GET body would be this long: the length is sent,
+    /// no body is (HEAD answers never carry one).
+    Omitted(u64),
 }
 
 #[derive(Debug)]
@@ -137,6 +140,20 @@ pub struct Response {
     pub close: bool,
     /// The body is the error envelope (for tracepoints: a bad end).
     pub failed: bool,
+    /// The data-plane bytes of this body, recorded in the client bandwidth metrics once the
+    /// connection has sent them (their transfer time is the sending).
+    pub transfer: Option<Transfer>,
+}
+
+/// A data-plane body on its way out: recorded in the client bandwidth metrics when sent.
+#[derive(Debug)]
+pub struct Transfer {
+    pub rank: u32,
+    pub op: crate::metrics::client::ClientOp,
+    /// The object bytes in the body (framing bytes excluded).
+    pub bytes: u64,
+    /// When the handler started: the operation's latency ends when the body is sent.
+    pub started: std::time::Instant,
 }
 
 impl Response {
@@ -151,6 +168,7 @@ impl Response {
             no_store: true,
             close: false,
             failed: false,
+            transfer: None,
         }
     }
 
@@ -187,6 +205,7 @@ impl Response {
             Body::Scratch => scratch.len(),
             Body::Parts(parts) => parts.iter().map(Part::len).sum(),
             Body::KeyStream(_) => return None,
+            Body::Omitted(n) => *n as usize,
         })
     }
 }
@@ -291,6 +310,10 @@ pub fn encode(
             (!rest.is_empty()).then_some(Tail::Parts(rest))
         }
         Body::KeyStream(k) => Some(Tail::KeyStream(k)),
+        Body::Omitted(_) => {
+            debug_assert!(false, "an omitted body answers only HEAD requests");
+            None
+        }
     }
 }
 

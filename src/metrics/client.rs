@@ -2,6 +2,14 @@
 //! `memcache_bandwidth_*` and `memcache_metric_stale` families). Every shard keeps its own,
 //! merged when scraped: window sums over the last `ock.mmc.metrics.window_secs`, cumulative
 //! totals, and latency quantiles from HDR histograms of the current and previous window.
+//!
+//! Two times are recorded per operation: the *transfer* time (how long the operation's bytes
+//! took: a get's body copied out and handed to the socket, a put's body received and written
+//! into its blobs), behind the `duration_ms` families and bytes per second; and the *latency*
+//! of the whole operation (microseconds), behind the latency quantiles. Transfer times are
+//! kept in nanoseconds and converted to (fractional) milliseconds only when shown, so a
+//! transfer shorter than a millisecond (a 4 KiB copy takes well under a microsecond) still
+//! counts.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,12 +44,12 @@ impl ClientOp {
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
 struct OpWindow {
-    /// Per-window-index sums: (index, bytes, duration_us, ops) for the current and previous
+    /// Per-window-index sums: (index, bytes, transfer_ns, ops) for the current and previous
     /// window.
     cur: (u64, u64, u64, u64),
     prev: (u64, u64, u64, u64),
     cum_bytes: u64,
-    cum_duration_us: u64,
+    cum_duration_ns: u64,
     lat_cur: Histogram<u64>,
     lat_prev: Histogram<u64>,
 }
@@ -53,7 +61,7 @@ impl OpWindow {
             cur: (0, 0, 0, 0),
             prev: (0, 0, 0, 0),
             cum_bytes: 0,
-            cum_duration_us: 0,
+            cum_duration_ns: 0,
             lat_cur: h(),
             lat_prev: h(),
         }
@@ -89,10 +97,12 @@ pub struct OpView {
     pub rank: u32,
     pub op: ClientOp,
     pub bytes: u64,
-    pub duration_ms: u64,
+    /// Transfer time in the window, nanoseconds.
+    pub duration_ns: u64,
     pub ops: u64,
     pub cum_bytes: u64,
-    pub cum_duration_ms: u64,
+    /// Transfer time since start, nanoseconds.
+    pub cum_duration_ns: u64,
     /// Seconds: P50, P90, P99, average.
     pub latency: [f64; 4],
 }
@@ -110,18 +120,27 @@ impl ClientStats {
         self.origin.elapsed().as_secs() / self.window_secs
     }
 
-    /// Records one data-plane operation of `bytes` that took `micros`.
-    pub fn record(&self, rank: u32, op: ClientOp, bytes: u64, micros: u64) {
+    /// Records one data-plane operation of `bytes` whose bytes took `transfer_ns` to move and
+    /// which took `latency_us` in all.
+    pub fn record(&self, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, latency_us: u64) {
         let idx = self.window_index();
         let Ok(mut per) = self.per.lock() else { return };
         let w = per.entry((rank, op)).or_insert_with(OpWindow::new);
         w.roll(idx);
         w.cur.1 += bytes;
-        w.cur.2 += micros;
+        w.cur.2 += transfer_ns;
         w.cur.3 += 1;
         w.cum_bytes += bytes;
-        w.cum_duration_us += micros;
-        let _ = w.lat_cur.record(micros.clamp(1, MAX_LATENCY_US));
+        w.cum_duration_ns += transfer_ns;
+        let _ = w.lat_cur.record(latency_us.clamp(1, MAX_LATENCY_US));
+    }
+
+    /// Drops everything recorded for `rank` (its last segment was unmounted: its series go
+    /// with it, and a rank mounted again later starts from zero).
+    pub fn forget_rank(&self, rank: u32) {
+        if let Ok(mut per) = self.per.lock() {
+            per.retain(|&(r, _), _| r != rank);
+        }
     }
 
     /// Adds this shard's figures into `acc` (keyed by rank and operation).
@@ -136,23 +155,47 @@ impl ClientStats {
                         rank,
                         op,
                         bytes: 0,
-                        duration_ms: 0,
+                        duration_ns: 0,
                         ops: 0,
                         cum_bytes: 0,
-                        cum_duration_ms: 0,
+                        cum_duration_ns: 0,
                         latency: [0.0; 4],
                     },
                     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid bounds"),
                 )
             });
             v.bytes += w.cur.1 + w.prev.1;
-            v.duration_ms += (w.cur.2 + w.prev.2) / 1000;
+            v.duration_ns += w.cur.2 + w.prev.2;
             v.ops += w.cur.3 + w.prev.3;
             v.cum_bytes += w.cum_bytes;
-            v.cum_duration_ms += w.cum_duration_us / 1000;
+            v.cum_duration_ns += w.cum_duration_ns;
             let _ = h.add(&w.lat_cur);
             let _ = h.add(&w.lat_prev);
         }
+    }
+}
+
+impl OpView {
+    /// An operation of a rank with nothing recorded (the contract keeps such series as 0).
+    pub fn empty(rank: u32, op: ClientOp) -> OpView {
+        OpView {
+            rank,
+            op,
+            bytes: 0,
+            duration_ns: 0,
+            ops: 0,
+            cum_bytes: 0,
+            cum_duration_ns: 0,
+            latency: [0.0; 4],
+        }
+    }
+
+    /// The window's transfer rate: bytes over the time they took, 0 when nothing moved.
+    pub fn bytes_per_sec(&self) -> u64 {
+        if self.duration_ns == 0 {
+            return 0;
+        }
+        (self.bytes as u128 * 1_000_000_000 / self.duration_ns as u128) as u64
     }
 }
 
@@ -185,9 +228,9 @@ mod tests {
     fn records_merge_across_shards() {
         let a = ClientStats::new(Instant::now(), 10);
         let b = ClientStats::new(Instant::now(), 10);
-        a.record(0, ClientOp::BatchPut, 1000, 2000);
-        b.record(0, ClientOp::BatchPut, 3000, 4000);
-        b.record(1, ClientOp::BatchGet, 10, 100);
+        a.record(0, ClientOp::BatchPut, 1000, 1_500_000, 2000);
+        b.record(0, ClientOp::BatchPut, 3000, 500_000, 4000);
+        b.record(1, ClientOp::BatchGet, 10, 100_000, 100);
         let mut acc = HashMap::new();
         a.merge_into(&mut acc);
         b.merge_into(&mut acc);
@@ -199,12 +242,14 @@ mod tests {
                 put.rank,
                 put.op,
                 put.bytes,
-                put.duration_ms,
+                put.duration_ns,
                 put.ops,
                 put.cum_bytes
             ),
-            (0, ClientOp::BatchPut, 4000, 6, 2, 4000)
+            (0, ClientOp::BatchPut, 4000, 2_000_000, 2, 4000)
         );
+        // 4000 bytes in 2 ms of transfer.
+        assert_eq!(put.bytes_per_sec(), 2_000_000);
         assert!(
             (put.latency[3] - 0.003).abs() < 1e-4,
             "avg {}",
@@ -216,7 +261,7 @@ mod tests {
     #[test]
     fn old_windows_drop_out() {
         let s = ClientStats::new(Instant::now() - std::time::Duration::from_secs(100), 10);
-        s.record(0, ClientOp::BatchGet, 5, 5);
+        s.record(0, ClientOp::BatchGet, 5, 5, 5);
         {
             let mut per = s.per.lock().unwrap();
             let w = per.get_mut(&(0, ClientOp::BatchGet)).unwrap();
@@ -230,5 +275,40 @@ mod tests {
             (0, 5),
             "the window is empty, the total is not"
         );
+    }
+
+    #[test]
+    fn sub_microsecond_transfers_keep_their_time() {
+        let s = ClientStats::new(Instant::now(), 10);
+        for _ in 0..4 {
+            s.record(0, ClientOp::BatchGet, 32 << 20, 700_000, 900);
+        }
+        s.record(0, ClientOp::BatchPut, 4096, 300, 1);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let v = finish(acc);
+        assert_eq!(
+            (v[1].duration_ns, v[1].cum_duration_ns),
+            (2_800_000, 2_800_000)
+        );
+        assert_eq!(
+            v[1].bytes_per_sec(),
+            (128u64 << 20) * 1_000_000_000 / 2_800_000
+        );
+        // 4 KiB copied in 300 ns: far under a microsecond, still a rate.
+        assert_eq!(v[0].bytes_per_sec(), 4096 * 1_000_000_000 / 300);
+        assert_eq!(OpView::empty(3, ClientOp::BatchPut).bytes_per_sec(), 0);
+    }
+
+    #[test]
+    fn a_forgotten_rank_has_no_view() {
+        let s = ClientStats::new(Instant::now(), 10);
+        s.record(0, ClientOp::BatchGet, 5, 5, 5);
+        s.record(1, ClientOp::BatchGet, 5, 5, 5);
+        s.forget_rank(1);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let ranks: Vec<u32> = finish(acc).iter().map(|v| v.rank).collect();
+        assert_eq!(ranks, [0]);
     }
 }

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::bus::SUBSCRIBERS;
-use super::client;
+use super::client::{self, ClientOp};
 use super::store::{MAX_RANKS, Op, TierCounters};
 use super::trace;
 use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
@@ -128,7 +128,7 @@ pub fn medium_usage(cluster: &Cluster, m: Medium) -> (u64, u64) {
 type TierField = fn(&TierCounters) -> i64;
 type Labels = &'static [(&'static str, &'static str)];
 type OpField = fn(&super::store::OpCounters) -> u64;
-type ViewField = fn(&client::OpView) -> u64;
+type ViewField = fn(&client::OpView) -> Sample;
 
 /// The tier families of the eviction / flush / rewarm / hit group, in output order:
 /// (metric, summary field, HELP, type, value).
@@ -433,25 +433,46 @@ pub fn render_metrics(cluster: &Cluster, buf: &mut Vec<u8>) {
     render_server(cluster, &mut o);
 }
 
-/// The client metric families (the data plane's own traffic), shown while any rank has a
-/// view: every rank that ever had traffic, `memcache_metric_stale` 1 when its window is empty.
+/// A client series value: an integer, or a duration kept in nanoseconds and shown in
+/// (fractional) milliseconds.
+enum Sample {
+    Int(u64),
+    MsOfNs(u64),
+}
+
+/// The client metric families (the data plane's own traffic): one view per rank with a
+/// mounted segment and per operation, 0 where nothing was recorded (the contract keeps
+/// metrics without a value as 0 placeholders). A rank with no mounted segment has no series:
+/// they go with its last segment. `memcache_metric_stale` is 1 for a rank with no traffic in
+/// the window (`ock.mmc.metrics.window_secs`): its window figures are not fresh data.
 fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
+    let mounted = ranks(cluster);
+    if mounted.is_empty() {
+        return;
+    }
     let mut acc = HashMap::new();
     for s in cluster.shards.iter() {
         s.client.merge_into(&mut acc);
     }
-    let views = client::finish(acc);
-    if views.is_empty() {
-        return;
-    }
-    let mut ranks: Vec<u32> = views.iter().map(|v| v.rank).collect();
-    ranks.dedup();
+    let mut recorded: HashMap<(u32, ClientOp), client::OpView> = client::finish(acc)
+        .into_iter()
+        .map(|v| ((v.rank, v.op), v))
+        .collect();
+    let views: Vec<client::OpView> = mounted
+        .iter()
+        .flat_map(|&r| ClientOp::ALL.map(|op| (r, op)))
+        .map(|(r, op)| {
+            recorded
+                .remove(&(r, op))
+                .unwrap_or_else(|| client::OpView::empty(r, op))
+        })
+        .collect();
     o.family(
         "memcache_metric_stale",
         "Client metric stale status (1 = stale, 0 = fresh)",
         "gauge",
     );
-    for &r in &ranks {
+    for &r in &mounted {
         let fresh = views.iter().any(|v| v.rank == r && v.ops > 0);
         o.int(
             "memcache_metric_stale",
@@ -465,28 +486,28 @@ fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
             "Client bandwidth window bytes transferred",
             "gauge",
             true,
-            |v| v.bytes,
+            |v| Sample::Int(v.bytes),
         ),
         (
             "memcache_bandwidth_duration_ms",
             "Client bandwidth window duration in milliseconds",
             "gauge",
             false,
-            |v| v.duration_ms,
+            |v| Sample::MsOfNs(v.duration_ns),
         ),
         (
             "memcache_bandwidth_bytes_cum_total",
             "Client bandwidth cumulative bytes transferred",
             "counter",
             true,
-            |v| v.cum_bytes,
+            |v| Sample::Int(v.cum_bytes),
         ),
         (
             "memcache_bandwidth_duration_ms_cum_total",
             "Client bandwidth cumulative duration in milliseconds",
             "counter",
             false,
-            |v| v.cum_duration_ms,
+            |v| Sample::MsOfNs(v.cum_duration_ns),
         ),
     ];
     for &(name, help, kind, bytes_only, f) in families {
@@ -495,11 +516,11 @@ fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
             if bytes_only && !v.op.moves_bytes() {
                 continue;
             }
-            o.int(
-                name,
-                &[("rank", &v.rank.to_string()), ("operation", v.op.name())],
-                f(v),
-            );
+            let labels = [("rank", &*v.rank.to_string()), ("operation", v.op.name())];
+            match f(v) {
+                Sample::Int(n) => o.int(name, &labels, n),
+                Sample::MsOfNs(ns) => o.float(name, &labels, ns as f64 / 1e6),
+            }
         }
     }
     o.family(
@@ -523,15 +544,10 @@ fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
         "gauge",
     );
     for v in views.iter().filter(|v| v.op.moves_bytes()) {
-        let bps = v
-            .bytes
-            .saturating_mul(1000)
-            .checked_div(v.duration_ms)
-            .unwrap_or(0);
         o.int(
             "memcache_bandwidth_bytes_per_sec",
             &[("rank", &v.rank.to_string()), ("operation", v.op.name())],
-            bps,
+            v.bytes_per_sec(),
         );
     }
 }
@@ -559,20 +575,16 @@ struct DiskIo {
 type RankIoField = fn(&RankIo) -> u64;
 type DiskIoField = fn(&DiskIo) -> u64;
 
-/// The UBS IO families, from the SSD tier: per rank with SSD segments, and per disk.
+/// The UBS IO families, from the SSD tier: per rank with mounted segments, and per disk. A
+/// rank without SSD keeps its series as placeholders (the contract keeps metrics without a
+/// value as 0): no disk capacity, use or count, its memory (DRAM) figures, and one per-disk
+/// series with an empty `disk_path` and value 0.
 fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
     let segs = cluster.segments.snapshot();
-    let ssd_ranks: BTreeSet<u32> = segs
-        .iter()
-        .filter(|s| s.medium == Medium::Ssd)
-        .map(|s| s.rank)
-        .collect();
-    if ssd_ranks.is_empty() {
-        return;
-    }
-    let window = cluster.config.metrics.window_secs;
+    let mounted = ranks(cluster);
+    let window = cluster.config.metrics.window_secs.max(1);
     let of_rank = |r: u32, m: Medium| segs.iter().filter(move |s| s.rank == r && s.medium == m);
-    let ranks: Vec<RankIo> = ssd_ranks
+    let ranks: Vec<RankIo> = mounted
         .iter()
         .map(|&r| RankIo {
             rank: r.to_string(),
@@ -624,7 +636,7 @@ fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
             o.int(name, &[("rank", &r.rank)], f(r));
         }
     }
-    let disks: Vec<DiskIo> = segs
+    let mut disks: Vec<DiskIo> = segs
         .iter()
         .filter_map(|s| {
             let f = s.backend.file()?;
@@ -637,6 +649,16 @@ fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
             })
         })
         .collect();
+    for r in ranks.iter().filter(|r| r.disks == 0) {
+        disks.push(DiskIo {
+            rank: r.rank.clone(),
+            path: String::new(),
+            status: 0,
+            read_bps: 0,
+            write_bps: 0,
+        });
+    }
+    disks.sort_by_key(|d| (d.rank.parse::<u32>().unwrap_or(u32::MAX), d.path.is_empty()));
     let per_disk: &[(&str, &str, DiskIoField)] = &[
         (
             "memcache_ubs_io_disk_status",

@@ -5,6 +5,8 @@
 //! batch level (real error wins over not-found) and each item counts at its single-operation
 //! counter. One [`StoreStats`] per shard, written only by that shard, summed when read.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
 use super::{Counter, Gauge};
 
 /// Ranks with per-rank series (`ock.mmc.metrics.per_rank`). Ranks at or above this are
@@ -142,7 +144,8 @@ pub struct TierCounters {
     pub rewarm: Counter,
     pub rewarm_failed: Counter,
     pub rewarm_bytes: Counter,
-    /// Bytes of DRAM copies made by rewarm that still exist.
+    /// Object bytes (counted as `rewarm_bytes` counts them) of the DRAM copies made by rewarm
+    /// that still exist, so never more than `rewarm_bytes`.
     pub rewarm_bytes_current: Gauge,
     pub flush_blobs: Counter,
     pub flush_bytes: Counter,
@@ -167,6 +170,10 @@ pub struct StoreStats {
     /// Bytes of `/metadata` and objects are in other gauges; this is the blobs' bytes in
     /// flight to SSD.
     pub flush_in_flight_bytes: Gauge,
+    /// While set, [`StoreStats::record`] counts nothing: the owner shard sets it around a
+    /// read it applies for a HEAD request, which is not a business operation. Written only by
+    /// the owning shard.
+    muted: AtomicBool,
 }
 
 impl Default for StoreStats {
@@ -182,6 +189,7 @@ impl Default for StoreStats {
             demoted_blobs: Counter::default(),
             evicted_objects_deleted: Counter::default(),
             flush_in_flight_bytes: Gauge::default(),
+            muted: AtomicBool::new(false),
         }
     }
 }
@@ -189,10 +197,18 @@ impl Default for StoreStats {
 impl StoreStats {
     /// Records one operation's outcome (and, when known, the rank it concerned).
     pub fn record(&self, op: Op, outcome: Outcome, rank: Option<u32>) {
+        if self.muted.load(Relaxed) {
+            return;
+        }
         self.ops[op as usize].record(outcome);
         if let Some(r) = rank.filter(|&r| (r as usize) < MAX_RANKS) {
             self.ops_by_rank[r as usize][op as usize].record(outcome);
         }
+    }
+
+    /// Stops (`true`) or resumes counting operations. Only the owning shard calls it.
+    pub fn set_muted(&self, muted: bool) {
+        self.muted.store(muted, Relaxed);
     }
 
     /// Applies `f` to the totals and to the rank's tier counters.
@@ -235,6 +251,14 @@ mod tests {
         );
         assert_eq!(s.ops_by_rank[1][Op::Get as usize].successes.get(), 1);
         assert_eq!(s.ops[Op::Alloc as usize].failures.get(), 1);
+        s.set_muted(true);
+        s.record(Op::Get, Outcome::Success, Some(1));
+        s.set_muted(false);
+        assert_eq!(
+            s.ops[Op::Get as usize].requests.get(),
+            2,
+            "a muted record counts nothing"
+        );
         assert_eq!(Op::ALL.iter().filter(|o| o.has_not_found()).count(), 10);
         for (i, op) in Op::ALL.iter().enumerate() {
             assert_eq!(*op as usize, i);

@@ -77,6 +77,9 @@ pub enum Command {
     },
     /// Several commands for the same owner, answered in order.
     Many(Vec<Command>),
+    /// A read applied without counting it as a business operation (a HEAD request is not a
+    /// get, query or exist). Only `Query` and `Exist`, which answer at once, are run this way.
+    Uncounted(Box<Command>),
 }
 
 impl Command {
@@ -98,6 +101,7 @@ impl Command {
             | Command::PrefetchNamed { .. }
             | Command::Evacuate { .. }
             | Command::Many(_) => None,
+            Command::Uncounted(inner) => inner.key(),
         }
     }
 }

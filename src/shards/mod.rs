@@ -612,6 +612,18 @@ impl Shard {
                 }
             }
             Command::Many(cmds) => self.apply_many(cmds),
+            Command::Uncounted(inner) => {
+                debug_assert!(
+                    matches!(*inner, Command::Query { .. } | Command::Exist { .. }),
+                    "only reads that answer at once run uncounted"
+                );
+                // The store records on this thread, synchronously, while the flag is set.
+                let stats = self.store_stats();
+                stats.set_muted(true);
+                let applied = self.try_apply(*inner);
+                stats.set_muted(false);
+                applied
+            }
         };
         self.after_store();
         applied

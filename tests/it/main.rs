@@ -5,6 +5,7 @@ mod harness;
 
 mod foundation;
 mod lifecycle;
+mod metrics_contract;
 mod observability;
 mod security;
 mod store;

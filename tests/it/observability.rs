@@ -343,10 +343,14 @@ fn per_rank_series_and_segment_lifecycle(driver: Driver) {
         "memcache_segment_capacity_bytes{segment=\"rank-1-dram\"}",
         (1u64 << 30) as f64,
     );
-    // Client metrics for the rank that served the traffic.
+    // Client metrics for the rank that served the traffic (every mounted rank has series).
     let served = (0..2)
-        .find(|r| m.contains_key(&format!("memcache_metric_stale{{rank=\"{r}\"}}")))
-        .expect("a rank view");
+        .find(|r| {
+            m[&format!(
+                "memcache_bandwidth_bytes_cum_total{{rank=\"{r}\",operation=\"batch_put\"}}"
+            )] > 0.0
+        })
+        .expect("a rank with traffic");
     expect(
         &m,
         &format!("memcache_metric_stale{{rank=\"{served}\"}}"),

@@ -491,7 +491,8 @@ fn segments_and_capacity_equal_what_is_allocated(driver: Driver) {
     assert_eq!(q["total_bytes"], 64 << 20);
     assert_eq!(q["remaining_bytes"], (64u64 << 20) - expected_hbm);
     let ratio = q["remaining_ratio"].as_f64().unwrap();
-    assert!((ratio - ((64u64 << 20) - expected_hbm) as f64 / (64u64 << 20) as f64).abs() < 1e-12);
+    // Ratios carry the contract's ten digits after the point.
+    assert!((ratio - ((64u64 << 20) - expected_hbm) as f64 / (64u64 << 20) as f64).abs() <= 5e-11);
     c.get("/query_segment?segment=rank-9-hbm")
         .assert_error(200, "Segment not found");
     c.get("/query_segment")

@@ -47,7 +47,8 @@ pub async fn query_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    match ctx.shard.execute(Command::Query { key: key.clone() }).await {
+    let cmd = req.read_command(Command::Query { key: key.clone() });
+    match ctx.shard.execute(cmd).await {
         Reply::Query(q) => {
             ctx.scratch.clear();
             write_query(&mut JsonWriter::new(ctx.scratch), &key, Some(&q));
@@ -69,13 +70,17 @@ pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response 
     }
     let cmds = keys
         .iter()
-        .map(|k| Command::Query { key: k.clone() })
+        .map(|k| req.read_command(Command::Query { key: k.clone() }))
         .collect();
     let replies = ctx.shard.execute_many(cmds).await;
+    // A HEAD request is no business operation: it counts nowhere.
+    let counted = !req.is_head();
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
-        ctx.shard
-            .store_stats()
-            .record(Op::BatchQuery, Outcome::Failure, None);
+        if counted {
+            ctx.shard
+                .store_stats()
+                .record(Op::BatchQuery, Outcome::Failure, None);
+        }
         return ctx.overloaded();
     }
     let outcome = Outcome::of_batch(replies.iter().map(|r| match r {
@@ -83,9 +88,11 @@ pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response 
         Reply::NotFound => Outcome::NotFound,
         _ => Outcome::Failure,
     }));
-    ctx.shard
-        .store_stats()
-        .record(Op::BatchQuery, outcome, None);
+    if counted {
+        ctx.shard
+            .store_stats()
+            .record(Op::BatchQuery, outcome, None);
+    }
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
     w.begin_object();
@@ -157,9 +164,12 @@ pub fn get_all_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         },
         Err(r) => return r,
     };
-    ctx.shard
-        .store_stats()
-        .record(Op::GetAllKeys, Outcome::Success, None);
+    // A HEAD request is no business operation (and lists nothing: its answer has no body).
+    if !req.is_head() {
+        ctx.shard
+            .store_stats()
+            .record(Op::GetAllKeys, Outcome::Success, None);
+    }
     Response::new(
         Status::OK,
         ContentType::Text,

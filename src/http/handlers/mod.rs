@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::limits::MAX_KEY_BYTES;
 use crate::metrics::trace::Tp;
 use crate::shards::store::keys as object_keys;
-use crate::shards::{Reply, Shard};
+use crate::shards::{Command, Reply, Shard};
 
 /// The most keys one batch request may name (each costs work on its owner).
 pub const MAX_BATCH_KEYS: usize = 4096;
@@ -61,6 +61,27 @@ pub struct Request<'a> {
     pub head: &'a Head<'a>,
     pub route: Route,
     pub body: &'a [u8],
+    /// When the body started to arrive, if it took several reads (a put's transfer time
+    /// includes receiving it); `None` when it came with its head.
+    pub body_since: Option<std::time::Instant>,
+}
+
+impl Request<'_> {
+    /// A HEAD request: answered with the headers of its GET, but it is not a business
+    /// operation (a HEAD is not a get, a query or an exist), so it counts nowhere and takes
+    /// no lease.
+    pub fn is_head(&self) -> bool {
+        self.head.method == Method::Head
+    }
+
+    /// `cmd` as this request applies it: uncounted for a HEAD request.
+    pub fn read_command(&self, cmd: Command) -> Command {
+        if self.is_head() {
+            Command::Uncounted(Box::new(cmd))
+        } else {
+            cmd
+        }
+    }
 }
 
 /// Everything a handler may use besides the request.
@@ -114,11 +135,13 @@ impl Ctx<'_> {
     }
 }
 
-/// The tracepoint a request runs under (coordinator side; owners trace their own steps).
+/// The tracepoint a request runs under (coordinator side; owners trace their own steps). A
+/// HEAD request is no business operation and runs under none.
 fn tracepoint(route: Route, method: Method) -> Option<Tp> {
     Some(match (route, method) {
+        (_, Method::Head) => return None,
         (Route::Objects, Method::Put) => Tp::Put,
-        (Route::Objects, Method::Get | Method::Head) => Tp::Get,
+        (Route::Objects, Method::Get) => Tp::Get,
         (Route::Objects | Route::Key, Method::Delete) => Tp::Remove,
         (Route::ObjectsExist, _) => Tp::Exist,
         (Route::ObjectsBatchPut, _) => Tp::BatchPut,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::{Ctx, Request, check_object_key, list_param, object_key, optional, parse_uint};
 use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
-use crate::http::response::{Body, ContentType, Part, Response, Status};
+use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
 use crate::metrics::client::ClientOp;
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
@@ -96,10 +96,53 @@ fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
     Response::json_scratch(Status::OK)
 }
 
-/// Records a data-plane operation in the client bandwidth metrics.
-fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, start: Instant) {
-    let micros = start.elapsed().as_micros() as u64;
-    ctx.shard.remote().client.record(rank, op, bytes, micros);
+/// Nanoseconds since `t`.
+fn nanos_since(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+/// Records a data-plane operation in the client bandwidth metrics: its bytes took
+/// `transfer_ns`, the whole operation ran from `start` until now.
+fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, start: Instant) {
+    let latency_us = start.elapsed().as_micros() as u64;
+    ctx.shard
+        .remote()
+        .client
+        .record(rank, op, bytes, transfer_ns, latency_us);
+}
+
+/// When a put's body began to arrive: `req.body_since` when it took several reads, else
+/// `otherwise` (it came with its head, or is still to be read).
+fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
+    req.body_since.map_or(otherwise, |t| t.min(otherwise))
+}
+
+/// An object's bytes as a get answers them: their sending is recorded in the client
+/// bandwidth metrics once the connection has sent them.
+fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
+    resp.transfer = Some(Transfer {
+        rank,
+        op: ClientOp::BatchGet,
+        bytes,
+        started,
+    });
+    resp
+}
+
+/// HEAD of an object: the headers of its GET (the length it would send), from a query that
+/// counts nothing, leases nothing and never rewarms.
+async fn head_object(req: &Request<'_>, ctx: &mut Ctx<'_>, key: Box<[u8]>) -> Response {
+    match ctx
+        .shard
+        .execute(req.read_command(Command::Query { key }))
+        .await
+    {
+        Reply::Query(q) if q.valid => {
+            Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(q.size))
+        }
+        Reply::Query(_) => ctx.business_error("Key not found"),
+        other => ctx.reply_error(other, "Key not found"),
+    }
 }
 
 pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -109,20 +152,16 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(r) => return r,
     };
     match req.head.method {
-        Method::Get | Method::Head => match ctx.shard.execute(Command::Get { key }).await {
+        Method::Head => head_object(req, ctx, key).await,
+        Method::Get => match ctx.shard.execute(Command::Get { key }).await {
             Reply::Read(pinned) => {
-                client(
-                    ctx,
-                    pinned.view.seg.rank,
-                    ClientOp::BatchGet,
-                    pinned.view.len,
-                    start,
-                );
-                Response::new(
+                let (rank, len) = (pinned.view.seg.rank, pinned.view.len);
+                let resp = Response::new(
                     Status::OK,
                     ContentType::OctetStream,
                     Body::Parts(vec![Part::Blob(pinned)]),
-                )
+                );
+                sending(resp, rank, len, start)
             }
             Reply::Value(bytes) => {
                 Response::new(Status::OK, ContentType::OctetStream, Body::Bytes(bytes))
@@ -200,6 +239,7 @@ pub async fn put(
         }
     };
     let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
+    let fill_start = Instant::now();
     match fill(Some(&grant.blobs)).await {
         // Dropping the grant aborts the allocation on the owner.
         Filled::Broken => return None,
@@ -212,9 +252,19 @@ pub async fn put(
         }
         Filled::Ok => {}
     }
+    // The body's bytes took from their arrival (or from the start of the fill, which reads
+    // a streamed body from the socket) until they were all in their blobs.
+    let transfer_ns = nanos_since(body_start(req, fill_start));
     Some(match commit(ctx, key.clone(), grant, true).await {
         Reply::Done => {
-            client(ctx, rank, ClientOp::BatchPut, size, start);
+            client(
+                ctx,
+                rank,
+                ClientOp::BatchPut,
+                size,
+                transfer_ns,
+                body_start(req, start),
+            );
             put_success(ctx, &key, size)
         }
         Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
@@ -239,10 +289,22 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    match ctx.shard.execute(Command::Exist { key }).await {
+    match ctx
+        .shard
+        .execute(req.read_command(Command::Exist { key }))
+        .await
+    {
         Reply::Exists(found) => {
-            if let Some(rank) = found {
-                client(ctx, rank, ClientOp::BatchExist, 0, start);
+            // No bytes move: the operation's time is its duration.
+            if let Some(rank) = found.filter(|_| !req.is_head()) {
+                client(
+                    ctx,
+                    rank,
+                    ClientOp::BatchExist,
+                    0,
+                    nanos_since(start),
+                    start,
+                );
             }
             let found = found.is_some();
             ctx.scratch.clear();
@@ -380,6 +442,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     );
 
     // Write every granted object from its slice of the body.
+    let write_start = Instant::now();
     let mut results: Vec<Result<Option<u64>, String>> = Vec::with_capacity(keys.len());
     let mut grants: Vec<(usize, WriteGrant, bool)> = Vec::new();
     let mut offset = 0usize;
@@ -399,6 +462,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             other => results.push(Err(reply_message(&other, "Key not found"))),
         }
     }
+    let transfer_ns = nanos_since(body_start(req, write_start));
     if !grants.is_empty() {
         let commits = grants
             .iter()
@@ -434,7 +498,14 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             }
         }
         if let Some(rank) = rank {
-            client(ctx, rank, ClientOp::BatchPut, stored, start);
+            client(
+                ctx,
+                rank,
+                ClientOp::BatchPut,
+                stored,
+                transfer_ns,
+                body_start(req, start),
+            );
         }
     }
     batch_results(ctx, &keys, &results)
@@ -446,6 +517,9 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
+    if req.is_head() {
+        return head_batch_get(req, ctx, &keys).await;
+    }
     let cmds = keys
         .iter()
         .map(|k| Command::Get { key: k.clone() })
@@ -481,10 +555,32 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             _ => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
         }
     }
-    if let Some(rank) = rank {
-        client(ctx, rank, ClientOp::BatchGet, bytes, start);
+    let resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
+    match rank {
+        Some(rank) => sending(resp, rank, bytes, start),
+        None => resp,
     }
-    Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts))
+}
+
+/// HEAD of a batch_get: the length its GET would send (an 8-byte length per key, and the
+/// bytes of each readable one), from queries that count nothing and lease nothing.
+async fn head_batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>, keys: &[Box<[u8]>]) -> Response {
+    let cmds = keys
+        .iter()
+        .map(|k| req.read_command(Command::Query { key: k.clone() }))
+        .collect();
+    let replies = ctx.shard.execute_many(cmds).await;
+    if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
+        return ctx.overloaded();
+    }
+    let len: u64 = replies
+        .iter()
+        .map(|r| match r {
+            Reply::Query(q) if q.valid => 8 + q.size,
+            _ => 8,
+        })
+        .sum();
+    Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(len))
 }
 
 pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -495,22 +591,34 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     let cmds = keys
         .iter()
-        .map(|k| Command::Exist { key: k.clone() })
+        .map(|k| req.read_command(Command::Exist { key: k.clone() }))
         .collect();
     let replies = ctx.shard.execute_many(cmds).await;
-    ctx.shard.store_stats().record(
-        Op::BatchExistKey,
-        Outcome::of_batch(replies.iter().map(outcome_of)),
-        None,
-    );
+    let counted = !req.is_head();
+    if counted {
+        ctx.shard.store_stats().record(
+            Op::BatchExistKey,
+            Outcome::of_batch(replies.iter().map(outcome_of)),
+            None,
+        );
+    }
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
     if let Some(rank) = replies.iter().find_map(|r| match r {
         Reply::Exists(r) => *r,
         _ => None,
-    }) {
-        client(ctx, rank, ClientOp::BatchExist, 0, start);
+    }) && counted
+    {
+        // No bytes move: the operation's time is its duration.
+        client(
+            ctx,
+            rank,
+            ClientOp::BatchExist,
+            0,
+            nanos_since(start),
+            start,
+        );
     }
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);

@@ -53,7 +53,7 @@ pub fn query_segment(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     w.field_u64("total_bytes", seg.capacity);
     w.field_u64("used_bytes", used);
     w.field_u64("remaining_bytes", remaining);
-    w.field_f64("remaining_ratio", ratio(remaining, seg.capacity));
+    w.field_ratio("remaining_ratio", ratio(remaining, seg.capacity));
     w.end_object();
     Response::json_scratch(Status::OK)
 }
@@ -107,7 +107,7 @@ pub fn capacity_usage(ctx: &mut Ctx<'_>) -> Response {
         w.field_u64("total_bytes", total);
         w.field_u64("used_bytes", used);
         w.field_u64("free_bytes", total.saturating_sub(used));
-        w.field_f64("usage_ratio", ratio(used, total));
+        w.field_ratio("usage_ratio", ratio(used, total));
         w.end_object();
     }
     w.end_object();
@@ -135,7 +135,7 @@ pub fn segment_remaining(ctx: &mut Ctx<'_>) -> Response {
         w.field_u64("total_bytes", s.capacity);
         w.field_u64("used_bytes", used);
         w.field_u64("remaining_bytes", remaining);
-        w.field_f64("remaining_ratio", ratio(remaining, s.capacity));
+        w.field_ratio("remaining_ratio", ratio(remaining, s.capacity));
         w.end_object();
     }
     w.end_array();
@@ -262,6 +262,18 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     ctx.shard.cluster.segments.remove(&seg.name);
     log::info!("unmounted segment {}", seg.name);
+    // The rank's last segment is gone: its client bandwidth figures go with it.
+    let cluster = &ctx.shard.cluster;
+    if !cluster
+        .segments
+        .snapshot()
+        .iter()
+        .any(|s| s.rank == seg.rank)
+    {
+        for s in cluster.shards.iter() {
+            s.client.forget_rank(seg.rank);
+        }
+    }
     stats.record(Op::Unmount, Outcome::Success, Some(seg.rank));
     segment_reply(ctx, &seg.name)
 }

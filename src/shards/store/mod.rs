@@ -107,8 +107,9 @@ struct BlobRec {
     since_ms: u64,
     /// A flush of this blob to SSD is in flight.
     flushing: bool,
-    /// Made by a rewarm (counted in `rewarm_bytes_current` while it lives).
-    rewarmed: bool,
+    /// Made by a rewarm: the object bytes it counts in `rewarm_bytes_current` while it lives
+    /// (the object's size, as `rewarm_bytes_total` counts it, not the page-rounded `len`).
+    rewarmed_bytes: u64,
 }
 
 /// What one object looks like to `/query_key`.
@@ -468,7 +469,7 @@ impl Store {
             tag,
             since_ms: now,
             flushing: false,
-            rewarmed: false,
+            rewarmed_bytes: 0,
         }) as u32;
         self.objects[obj as usize].blobs.push(id);
         id
@@ -478,10 +479,10 @@ impl Store {
     fn free_blob(&mut self, id: u32) {
         let b = self.blobs.remove(id as usize);
         debug_assert!(b.lru == NIL && b.pins == 0);
-        if b.rewarmed {
-            let len = b.len as i64;
+        if b.rewarmed_bytes > 0 {
+            let bytes = b.rewarmed_bytes as i64;
             self.stats
-                .tier(b.rank, |t| t.rewarm_bytes_current.add(-len));
+                .tier(b.rank, |t| t.rewarm_bytes_current.add(-bytes));
         }
         if let Some(Some(ss)) = self.segs.get_mut(b.seg as usize) {
             ss.free(b.offset, b.len);
@@ -943,15 +944,15 @@ impl Store {
         let Some(d) = self.blob_by_handle(*dst) else {
             return;
         };
-        let (rank, len, state) = (d.rank, d.len, d.state);
+        let (rank, state) = (d.rank, d.state);
         self.blobs[dst.id as usize].pins -= 1;
         if ok && live && state == BlobState::Allocated {
-            self.blobs[dst.id as usize].rewarmed = true;
             let size = self.objects[obj.id as usize].size;
+            self.blobs[dst.id as usize].rewarmed_bytes = size;
             self.stats.tier(rank, |t| {
                 t.rewarm.inc();
                 t.rewarm_bytes.add(size);
-                t.rewarm_bytes_current.add(len as i64);
+                t.rewarm_bytes_current.add(size as i64);
             });
             self.make_readable(dst.id, now);
         } else {
@@ -1476,8 +1477,15 @@ impl Store {
                         .filter(|&m| self.has_readable_on(obj, m))
                         .collect();
                     removals += media.len() as u64;
-                    if let Some(&b) = self.objects[obj as usize].blobs.first() {
-                        let rank = self.blobs[b as usize].rank;
+                    // One eviction per tier the object leaves, as `num_evicted` counts them,
+                    // on the rank of that tier's first readable copy.
+                    for &m in &media {
+                        let rank = self.objects[obj as usize]
+                            .blobs
+                            .iter()
+                            .map(|&b| &self.blobs[b as usize])
+                            .find(|b| b.medium == m && b.state == BlobState::Readable)
+                            .map_or(0, |b| b.rank);
                         self.stats.tier(rank, |t| t.evict.inc());
                     }
                     self.remove_object(obj, now);
