@@ -9,6 +9,10 @@
 //! sends. Only what is particular to one operation is kept as data, in
 //! `openapi_operations.json`: its summary, parameters, request body and success answer
 //! (`operations.<path>.<method>`), plus the shared schemas.
+//!
+//! Adding a route or a method: its `ROUTES` row is enough for the document to list it (with a
+//! stub summary); `every_operation_has_a_fragment` then names the fragment to add. A fragment
+//! whose request body is only `application/json` gets 415 documented automatically.
 
 use serde_json::{Map, Value, json};
 

@@ -112,7 +112,10 @@ def run_schemathesis(srv, tmp_path, data="", metrics=""):
     assert "No issues found" in out, out[-5000:]
 
 
-def test_schemathesis_without_token(tmp_path):
+def test_schemathesis_without_token(tmp_path, monkeypatch):
+    # The server runs in the test's directory: a segment mount that names a relative SSD
+    # directory creates it there, not in the checkout.
+    monkeypatch.chdir(tmp_path)
     srv = start()
     try:
         doc = document(srv)
@@ -124,7 +127,8 @@ def test_schemathesis_without_token(tmp_path):
         assert srv.stop() == 0, "".join(srv.log)
 
 
-def test_schemathesis_with_tokens(tmp_path):
+def test_schemathesis_with_tokens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     srv = start(DATA_TOKEN, METRICS_TOKEN, driver="uring")
     try:
         run_schemathesis(srv, tmp_path, DATA_TOKEN, METRICS_TOKEN)
