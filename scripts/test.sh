@@ -33,6 +33,8 @@ if [ ! -x target/pyenv/bin/python ]; then
   python3 -m venv target/pyenv
 fi
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack pytest
+# schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python
 if [ "${MMC_SKIP_FUZZ:-}" = 1 ] && [ "${CI:-}" != true ]; then
   echo "== fuzzing skipped (MMC_SKIP_FUZZ=1; CI always runs it)"

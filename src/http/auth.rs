@@ -23,6 +23,32 @@ enum Need {
     Metrics,
 }
 
+/// Which token a route needs: `/healthz` and `/ready` none, the scrape routes the metrics
+/// token, everything else (unknown paths too) the data token.
+fn need(route: Option<Route>) -> Need {
+    match route {
+        Some(Route::Healthz | Route::Ready) => Need::Nothing,
+        Some(r) if r.is_metrics() => Need::Metrics,
+        _ => Need::Data,
+    }
+}
+
+/// The bearer scheme the server enforces on `route` with `config`'s tokens, named as in the
+/// OpenAPI document (`dataToken`, `metricsToken`), or `None` when the route is open: a route
+/// is open when it needs no token or when the token it needs is not configured.
+pub fn scheme_for(config: &Config, route: Route) -> Option<&'static str> {
+    match need(Some(route)) {
+        Need::Nothing => None,
+        Need::Data => (!config.http.auth_token.is_empty()).then_some(DATA_SCHEME),
+        Need::Metrics => (!config.http.metrics_token.is_empty()).then_some(METRICS_SCHEME),
+    }
+}
+
+/// The OpenAPI security scheme of `ock.mmc.http.auth_token`.
+pub const DATA_SCHEME: &str = "dataToken";
+/// The OpenAPI security scheme of `ock.mmc.http.metrics_token`.
+pub const METRICS_SCHEME: &str = "metricsToken";
+
 impl Auth {
     pub fn new(config: &Config) -> Auth {
         let some = |t: &str| (!t.is_empty()).then(|| t.as_bytes().into());
@@ -32,17 +58,9 @@ impl Auth {
         }
     }
 
-    fn need(path: &[u8]) -> Need {
-        match router::lookup(path) {
-            Some(Route::Healthz | Route::Ready) => Need::Nothing,
-            Some(r) if r.is_metrics() => Need::Metrics,
-            _ => Need::Data,
-        }
-    }
-
     /// Whether the request may proceed.
     pub fn allows(&self, head: &Head<'_>) -> bool {
-        let expected = match Auth::need(head.path) {
+        let expected = match need(router::lookup(head.path)) {
             Need::Nothing => return true,
             Need::Data => &self.data,
             Need::Metrics => &self.metrics,
@@ -139,6 +157,28 @@ mod tests {
             allows(&data_only, "GET /metrics HTTP/1.1\r\n\r\n"),
             "no metrics token: scrapes are open"
         );
+    }
+
+    /// `scheme_for` (what the OpenAPI document says) and `allows` (what the server does)
+    /// agree on every route under every combination of tokens.
+    #[test]
+    fn documented_security_matches_enforcement() {
+        for (data, metrics) in [("", ""), ("d", ""), ("", "m"), ("d", "m")] {
+            let a = auth(data, metrics);
+            let mut c = Config::defaults();
+            c.set("ock.mmc.http.auth_token", data).unwrap();
+            c.set("ock.mmc.http.metrics_token", metrics).unwrap();
+            for spec in router::ROUTES {
+                let req = format!("GET {} HTTP/1.1\r\n\r\n", spec.path);
+                let secured = scheme_for(&c, spec.route).is_some();
+                assert_eq!(
+                    secured,
+                    !allows(&a, &req),
+                    "{} with tokens {data:?}/{metrics:?}",
+                    spec.path
+                );
+            }
+        }
     }
 
     #[test]

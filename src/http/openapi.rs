@@ -1,22 +1,337 @@
-//! The OpenAPI 3 document served at `/openapi.json`.
+//! The OpenAPI 3 document served at `/openapi.json`, generated once at start-up
+//! ([`crate::shards::Cluster::new`]) for the running configuration.
 //!
-//! Kept by hand next to the router; a test compares its paths and methods with
-//! [`super::router::ROUTES`], so a route cannot be added or removed without the document.
+//! Paths and methods come from the router's table ([`ROUTES`]): a new row is documented
+//! without touching this file. Security comes from the auth rules and the configured tokens
+//! ([`auth::scheme_for`]): no requirement, and no 401, on a route the server leaves open. The
+//! statuses every request can meet (protocol errors, overload, 401 where secured, 415 where
+//! the body must be JSON) are added here, with the error envelope and the headers the server
+//! sends. Only what is particular to one operation is kept as data, in
+//! `openapi_operations.json`: its summary, parameters, request body and success answer
+//! (`operations.<path>.<method>`), plus the shared schemas.
+//!
+//! Adding a route or a method: its `ROUTES` row is enough for the document to list it (with a
+//! stub summary); `every_operation_has_a_fragment` then names the fragment to add. A fragment
+//! whose request body is only `application/json` gets 415 documented automatically.
 
-pub const DOCUMENT: &str = include_str!("openapi.json");
+use serde_json::{Map, Value, json};
+
+use super::auth;
+use super::parse::Method;
+use super::router::ROUTES;
+use crate::config::Config;
+
+/// Per-operation fragments and the shared schemas.
+const OPERATIONS: &str = include_str!("openapi_operations.json");
+
+/// The media type of every JSON answer, the error envelope included.
+pub const JSON: &str = "application/json; charset=utf-8";
+
+const ENVELOPE: &str = "#/components/schemas/ErrorEnvelope";
+
+/// The protocol errors any request can meet before a handler runs, each a response in
+/// `components/responses`: (status, component name, description).
+const PROTOCOL_ERRORS: &[(u16, &str, &str)] = &[
+    (
+        400,
+        "BadRequest",
+        "Malformed request line, headers, chunked body or query percent-encoding",
+    ),
+    (
+        413,
+        "ContentTooLarge",
+        "The body is over the route's limit (answered before it is read; the connection closes)",
+    ),
+    (414, "UriTooLong", "The request target is too long"),
+    (
+        417,
+        "ExpectationFailed",
+        "An `Expect` other than 100-continue",
+    ),
+    (
+        431,
+        "HeadersTooLarge",
+        "Too many or too large header fields",
+    ),
+    (
+        501,
+        "NotImplemented",
+        "A transfer coding other than chunked",
+    ),
+    (505, "HttpVersionNotSupported", "Not HTTP/1.0 or HTTP/1.1"),
+];
+
+/// The document for `config`, as served.
+pub fn document(config: &Config) -> Vec<u8> {
+    serde_json::to_vec(&build(config)).expect("a JSON value serializes")
+}
+
+fn build(config: &Config) -> Value {
+    let parts: Value = serde_json::from_str(OPERATIONS).expect("openapi_operations.json is JSON");
+    let fragments = parts["operations"].as_object().cloned().unwrap_or_default();
+
+    let mut paths = Map::new();
+    let mut schemes_used = Vec::new();
+    for spec in ROUTES {
+        let mut item = Map::new();
+        // HEAD is implied by GET and OPTIONS by every path, as HTTP defines them.
+        for method in spec.methods.iter().filter(|m| **m != Method::Head) {
+            let name = method.as_str().to_ascii_lowercase();
+            let fragment = fragments.get(spec.path).and_then(|f| f.get(&name)).cloned();
+            let scheme = auth::scheme_for(config, spec.route);
+            if let Some(s) = scheme
+                && !schemes_used.contains(&s)
+            {
+                schemes_used.push(s);
+            }
+            item.insert(name, operation(spec.path, fragment, scheme));
+        }
+        paths.insert(spec.path.to_string(), Value::Object(item));
+    }
+
+    let mut components = Map::new();
+    components.insert("schemas".into(), parts["components"]["schemas"].clone());
+    components.insert("responses".into(), responses());
+    if !schemes_used.is_empty() {
+        let mut schemes = Map::new();
+        for s in [auth::DATA_SCHEME, auth::METRICS_SCHEME] {
+            if schemes_used.contains(&s) {
+                let source = if s == auth::DATA_SCHEME {
+                    "ock.mmc.http.auth_token (env MMC_API_TOKEN)"
+                } else {
+                    "ock.mmc.http.metrics_token (env MMC_METRICS_TOKEN)"
+                };
+                schemes.insert(
+                    s.into(),
+                    json!({"type": "http", "scheme": "bearer", "description": source}),
+                );
+            }
+        }
+        components.insert("securitySchemes".into(), Value::Object(schemes));
+    }
+
+    let mut info = parts["info"].clone();
+    if let Some(d) = info.get_mut("description") {
+        let text = format!("{} {}", d.as_str().unwrap_or(""), security_summary(config));
+        *d = Value::String(text);
+    }
+    json!({
+        "openapi": parts["openapi"],
+        "info": info,
+        "paths": paths,
+        "components": components,
+    })
+}
+
+/// One sentence on what this configuration secures.
+fn security_summary(config: &Config) -> String {
+    let scrape: Vec<&str> = ROUTES
+        .iter()
+        .filter(|r| r.route.is_metrics())
+        .map(|r| r.path)
+        .collect();
+    let scrape = scrape.join(", ");
+    let data = !config.http.auth_token.is_empty();
+    let metrics = !config.http.metrics_token.is_empty();
+    let data_text = if data {
+        "every route but /healthz, /ready and the scrape routes needs `Authorization: Bearer <ock.mmc.http.auth_token>`"
+    } else {
+        "no data token is configured: the data routes are open"
+    };
+    let metrics_text = if metrics {
+        format!("{scrape} need the separate ock.mmc.http.metrics_token")
+    } else {
+        format!("no metrics token is configured: {scrape} are open")
+    };
+    let challenge = if data || metrics {
+        format!(
+            "; a missing or wrong token is answered 401 with `WWW-Authenticate: {}`",
+            auth::CHALLENGE
+        )
+    } else {
+        String::new()
+    };
+    format!("This server: {data_text}; {metrics_text}{challenge}.")
+}
+
+/// A response header the server always sends.
+fn request_id_header() -> Value {
+    json!({
+        "description": "The client's X-Request-ID when it sent a valid one, else a generated id",
+        "required": true,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128}
+    })
+}
+
+fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
+    let mut headers = Map::new();
+    headers.insert("X-Request-ID".into(), request_id_header());
+    for (name, h) in extra_headers {
+        headers.insert((*name).into(), h.clone());
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {JSON: {"schema": {"$ref": ENVELOPE}}}
+    })
+}
+
+/// `components/responses`: the error answers, with the headers each always carries.
+fn responses() -> Value {
+    let retry_after = json!({
+        "description": "Seconds to wait before retrying",
+        "required": true,
+        "schema": {"type": "integer", "minimum": 1}
+    });
+    let mut r = Map::new();
+    for (_, name, description) in PROTOCOL_ERRORS {
+        r.insert((*name).into(), error_response(description, &[]));
+    }
+    r.insert(
+        "Unauthorized".into(),
+        error_response(
+            "Missing or invalid bearer token",
+            &[(
+                "WWW-Authenticate",
+                json!({"required": true, "schema": {"type": "string", "enum": [auth::CHALLENGE]}}),
+            )],
+        ),
+    );
+    r.insert(
+        "UnsupportedMediaType".into(),
+        error_response("The body is not `Content-Type: application/json`", &[]),
+    );
+    r.insert(
+        "Overloaded".into(),
+        error_response(
+            "The shard or the key's owner has too much work waiting, or the connection limit or buffer budget is reached",
+            &[("Retry-After", retry_after.clone())],
+        ),
+    );
+    r.insert(
+        "NotReady".into(),
+        error_response(
+            "Not every shard accepts yet, or the server is shutting down",
+            &[("Retry-After", retry_after)],
+        ),
+    );
+    // Not used by an operation (no documented operation answers them) but sent for paths
+    // and methods outside the document.
+    r.insert("NotFound".into(), error_response("No such path", &[]));
+    r.insert(
+        "MethodNotAllowed".into(),
+        error_response(
+            "The path does not serve this method",
+            &[(
+                "Allow",
+                json!({"required": true, "schema": {"type": "string"}}),
+            )],
+        ),
+    );
+    Value::Object(r)
+}
+
+fn reference(name: &str) -> Value {
+    json!({"$ref": format!("#/components/responses/{name}")})
+}
+
+/// One operation: its fragment (or a bare stub for a route without one) with the security,
+/// the headers and the error statuses this server really answers.
+fn operation(path: &str, fragment: Option<Value>, scheme: Option<&str>) -> Value {
+    let mut op = match fragment {
+        Some(Value::Object(m)) => m,
+        _ => {
+            let mut m = Map::new();
+            m.insert("summary".into(), Value::String(path.to_string()));
+            m
+        }
+    };
+    let mut responses = match op.remove("responses") {
+        Some(Value::Object(r)) => r,
+        _ => Map::new(),
+    };
+    if responses.is_empty() {
+        responses.insert("200".into(), json!({"description": "Success"}));
+    }
+    // Every answer carries X-Request-ID.
+    for r in responses.values_mut() {
+        if let Some(r) = r.as_object_mut()
+            && !r.contains_key("$ref")
+        {
+            let headers = r
+                .entry("headers")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(h) = headers.as_object_mut() {
+                h.entry("X-Request-ID").or_insert_with(request_id_header);
+            }
+        }
+    }
+    for (status, name, _) in PROTOCOL_ERRORS {
+        responses.insert(status.to_string(), reference(name));
+    }
+    // Every dispatched request may be shed (and any connection refused) with 429.
+    responses.insert("429".into(), reference("Overloaded"));
+    if json_body_only(&op) {
+        responses.insert("415".into(), reference("UnsupportedMediaType"));
+    }
+    match scheme {
+        Some(s) => {
+            responses.insert("401".into(), reference("Unauthorized"));
+            op.insert("security".into(), json!([{ s: [] }]));
+        }
+        None => {
+            op.insert("security".into(), json!([]));
+        }
+    }
+    let mut sorted: Vec<(String, Value)> = responses.into_iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    op.insert(
+        "responses".into(),
+        Value::Object(sorted.into_iter().collect()),
+    );
+    Value::Object(op)
+}
+
+/// Whether the operation's body must be JSON: the handler then answers any other
+/// `Content-Type` with 415.
+fn json_body_only(op: &Map<String, Value>) -> bool {
+    op.get("requestBody")
+        .and_then(|b| b.get("content"))
+        .and_then(Value::as_object)
+        .is_some_and(|c| {
+            !c.is_empty()
+                && c.keys()
+                    .all(|k| super::parse::is_json_media_type(k.as_bytes()))
+        })
+}
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse::Method;
-    use super::super::router::ROUTES;
-    use super::DOCUMENT;
+    use super::*;
     use std::collections::BTreeSet;
+
+    fn has_fragment(path: &str, method: Method) -> bool {
+        let parts: Value = serde_json::from_str(OPERATIONS).unwrap();
+        let name = method.as_str().to_ascii_lowercase();
+        parts["operations"][path][name].is_object()
+    }
+
+    fn config(data: &str, metrics: &str) -> Config {
+        let mut c = Config::defaults();
+        c.set("ock.mmc.http.auth_token", data).unwrap();
+        c.set("ock.mmc.http.metrics_token", metrics).unwrap();
+        c
+    }
+
+    fn doc(data: &str, metrics: &str) -> Value {
+        serde_json::from_slice(&document(&config(data, metrics))).unwrap()
+    }
 
     /// The document describes exactly the router's paths and methods (HEAD and OPTIONS are
     /// implied, as HTTP defines them).
     #[test]
     fn document_matches_the_router() {
-        let doc: serde_json::Value = serde_json::from_str(DOCUMENT).expect("valid JSON");
+        let doc = doc("", "");
         assert_eq!(
             doc["openapi"].as_str().map(|v| v.starts_with("3.")),
             Some(true)
@@ -40,6 +355,141 @@ mod tests {
                     .map(|m| (r.path.to_string(), m.as_str().to_string()))
             })
             .collect();
-        assert_eq!(documented, served, "openapi.json and the router disagree");
+        assert_eq!(documented, served, "the document and the router disagree");
+    }
+
+    /// Every operation has its own fragment (summary, parameters, success schema), and no
+    /// fragment describes an operation the router does not serve.
+    #[test]
+    fn every_operation_has_a_fragment() {
+        let mut missing = Vec::new();
+        for spec in ROUTES {
+            for m in spec.methods {
+                if !has_fragment(spec.path, *m) {
+                    missing.push(format!("{} {}", m.as_str(), spec.path));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "add these to src/http/openapi_operations.json: {missing:?}"
+        );
+        let parts: Value = serde_json::from_str(OPERATIONS).unwrap();
+        for (path, item) in parts["operations"].as_object().unwrap() {
+            let route = super::super::router::lookup(path.as_bytes())
+                .unwrap_or_else(|| panic!("{path} is not a route"));
+            for m in item.as_object().unwrap().keys() {
+                assert!(
+                    route
+                        .spec()
+                        .methods
+                        .iter()
+                        .any(|x| x.as_str().eq_ignore_ascii_case(m)),
+                    "{m} {path} is not served"
+                );
+            }
+        }
+    }
+
+    fn security(doc: &Value, path: &str) -> Value {
+        doc["paths"][path]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()["security"]
+            .clone()
+    }
+
+    fn has_401(doc: &Value, path: &str) -> bool {
+        doc["paths"][path]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|op| op["responses"].get("401").is_some())
+    }
+
+    #[test]
+    fn security_follows_the_tokens() {
+        let open = doc("", "");
+        for spec in ROUTES {
+            assert_eq!(security(&open, spec.path), json!([]), "{}", spec.path);
+            assert!(!has_401(&open, spec.path), "{}", spec.path);
+        }
+        assert!(open["components"].get("securitySchemes").is_none());
+
+        let data_only = doc("d", "");
+        assert_eq!(security(&data_only, "/health"), json!([{"dataToken": []}]));
+        assert!(has_401(&data_only, "/health"));
+        assert_eq!(security(&data_only, "/healthz"), json!([]));
+        assert_eq!(security(&data_only, "/ready"), json!([]));
+        for p in [
+            "/metrics",
+            "/metrics/summary",
+            "/metrics/ptracer",
+            "/api/v1/analysis/alloc_free_latency",
+        ] {
+            assert_eq!(security(&data_only, p), json!([]), "{p}");
+            assert!(!has_401(&data_only, p), "{p}");
+        }
+        assert!(data_only["components"]["securitySchemes"]["metricsToken"].is_null());
+
+        let both = doc("d", "m");
+        assert_eq!(security(&both, "/metrics"), json!([{"metricsToken": []}]));
+        assert!(has_401(&both, "/metrics"));
+        assert_eq!(security(&both, "/get_all_keys"), json!([{"dataToken": []}]));
+
+        let secret = String::from_utf8(document(&config("d-secret-1", "m-secret-2"))).unwrap();
+        assert!(
+            !secret.contains("secret-"),
+            "no token value in the document"
+        );
+
+        let metrics_only = doc("", "m");
+        assert_eq!(security(&metrics_only, "/health"), json!([]));
+        assert_eq!(
+            security(&metrics_only, "/metrics/summary"),
+            json!([{"metricsToken": []}])
+        );
+    }
+
+    #[test]
+    fn error_statuses_and_media_types() {
+        let d = doc("d", "");
+        let ops = |p: &str| d["paths"][p].as_object().unwrap().clone();
+        for (_, item) in d["paths"].as_object().unwrap() {
+            for (_, op) in item.as_object().unwrap() {
+                for s in ["400", "413", "414", "429", "431"] {
+                    assert!(op["responses"].get(s).is_some(), "{s}");
+                }
+            }
+        }
+        assert!(
+            ops("/memory/evict")["post"]["responses"]
+                .get("415")
+                .is_some()
+        );
+        assert!(ops("/metadata")["put"]["responses"].get("415").is_none());
+        assert!(ops("/ready")["get"]["responses"].get("503").is_some());
+        let gak = &ops("/get_all_keys")["get"]["responses"]["200"]["content"];
+        assert!(gak.get("text/plain; charset=utf-8").is_some());
+        assert!(
+            gak.get(JSON).is_some(),
+            "business errors are the JSON envelope"
+        );
+        let r = &d["components"]["responses"];
+        assert!(r["Unauthorized"]["headers"]["WWW-Authenticate"]["required"] == true);
+        assert!(r["Overloaded"]["headers"]["Retry-After"]["required"] == true);
+        assert!(r["UriTooLong"]["content"].get(JSON).is_some());
+    }
+
+    /// A route without a fragment is still documented, with the generated statuses.
+    #[test]
+    fn a_route_without_a_fragment_is_documented() {
+        let op = operation("/new", None, Some("dataToken"));
+        assert_eq!(op["summary"], "/new");
+        assert!(op["responses"]["200"].is_object());
+        assert!(op["responses"]["401"].is_object());
+        assert_eq!(op["security"], json!([{"dataToken": []}]));
     }
 }

@@ -1,7 +1,7 @@
 //! The closed set of routes: path → [`Route`], and the methods each route answers.
 //!
 //! [`ROUTES`] is the single table of what the server serves. The `Allow` header of a 405, the
-//! OPTIONS answer and the test that keeps `openapi.json` true all read it.
+//! OPTIONS answer and the generated OpenAPI document ([`super::openapi`]) all read it.
 
 use super::parse::Method;
 

@@ -151,6 +151,8 @@ pub struct Cluster {
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
     pub started: Instant,
+    /// The OpenAPI document for this configuration, built once here and served as is.
+    pub openapi: bytes::Bytes,
 }
 
 impl Cluster {
@@ -168,7 +170,9 @@ impl Cluster {
         } else {
             None
         };
+        let openapi = crate::http::openapi::document(&config).into();
         Ok(Arc::new(Cluster {
+            openapi,
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, started, window))
                 .collect(),

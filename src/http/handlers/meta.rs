@@ -26,11 +26,11 @@ pub fn ready(ctx: &mut Ctx<'_>) -> Response {
     }
 }
 
-pub fn openapi() -> Response {
+pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
     let mut r = Response::new(
         Status::OK,
         ContentType::Json,
-        Body::Static(crate::http::openapi::DOCUMENT.as_bytes()),
+        Body::Bytes(ctx.shard.cluster.openapi.clone()),
     );
     r.no_store = false;
     r

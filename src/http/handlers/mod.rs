@@ -205,7 +205,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::Leader => meta::leader(ctx),
         Route::Healthz => Response::text("ok"),
         Route::Ready => meta::ready(ctx),
-        Route::OpenApi => meta::openapi(),
+        Route::OpenApi => meta::openapi(ctx),
         Route::QueryKey => keys::query_key(req, ctx).await,
         Route::BatchQueryKeys => keys::batch_query_keys(req, ctx).await,
         Route::Key => keys::delete_key(req, ctx).await,

@@ -1,0 +1,187 @@
+"""The served OpenAPI document is true for the running server: schemathesis finds nothing
+against it (with no token and with tokens), and every route it marks secured answers 401
+without credentials while every route it marks open does not."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Server
+
+DATA_TOKEN = "data-secret-1"
+METRICS_TOKEN = "scrape-secret-2"
+CHECKS = ",".join([
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_schema_conformance",
+    "response_headers_conformance",
+])
+# Bounds the run: a few cases per operation and phase, ~40 operations, two runs in well
+# under three minutes on a busy 2-core machine.
+MAX_EXAMPLES = 20
+RUN_TIMEOUT_S = 150
+SCHEMATHESIS = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+
+
+def token_args(data, metrics):
+    args = []
+    if data:
+        args += ["--set", "ock.mmc.http.auth_token=" + data]
+    if metrics:
+        args += ["--set", "ock.mmc.http.metrics_token=" + metrics]
+    return args
+
+
+def start(data="", metrics="", driver="epoll"):
+    # A server of its own: schemathesis calls every operation, destructive ones included.
+    # A small DRAM segment so that puts and gets really store and read.
+    return Server(token_args(data, metrics) + [
+        "--set", "ock.mmc.local_service.dram.size=64MB",
+    ], driver=driver)
+
+
+def document(srv, headers=None):
+    status, ctype, body = srv.request("GET", "/openapi.json", headers=headers)
+    assert status == 200, (status, body)
+    assert ctype == "application/json; charset=utf-8"
+    return json.loads(body)
+
+
+def operations(doc):
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            yield path, method.upper(), op
+
+
+# Warnings that mean the run did not test what it should: a token it did not send or that
+# was refused, a schema it could not fully read.
+FAIL_ON_WARNINGS = [
+    "missing_auth",
+    "unused_openapi_auth",
+    "validation_mismatch",
+    "missing_deserializer",
+    "unresolvable_reference",
+    "method_not_allowed",
+    "base_url_mismatch",
+]
+
+
+def run_schemathesis(srv, tmp_path, data="", metrics=""):
+    # The document is read as a client would (behind the data token when one is set) and
+    # handed over as a file, so that schemathesis sends each operation the token its
+    # security requirement names, and nothing to an open one.
+    headers = {"Authorization": "Bearer " + data} if data else {}
+    schema = tmp_path / "openapi.json"
+    schema.write_text(json.dumps(document(srv, headers)))
+    config = tmp_path / "schemathesis.toml"
+    lines = ["[warnings]", "fail-on = %s" % json.dumps(FAIL_ON_WARNINGS)]
+    if data:
+        lines += ["[auth.openapi.dataToken]", 'bearer = "%s"' % data]
+    if metrics:
+        lines += ["[auth.openapi.metricsToken]", 'bearer = "%s"' % metrics]
+    config.write_text("\n".join(lines) + "\n")
+    cmd = [
+        SCHEMATHESIS, "--config-file", str(config), "run", str(schema),
+        "--url", "http://%s:%d" % (srv.host, srv.port),
+        "--checks", CHECKS,
+        # Positive and negative inputs; the checks above judge the answers (business
+        # errors are HTTP 200, as the contract says).
+        "--mode", "all",
+        "--phases", "examples,coverage,fuzzing",
+        "--max-examples", str(MAX_EXAMPLES),
+        "--seed", "11",
+        "--workers", "2",
+        "--request-timeout", "10",
+        "--generation-database", "none",
+        "--no-color",
+        "--continue-on-failure",
+        "--output-truncate", "false",
+    ]
+    p = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, "schemathesis found failures:\n" + out[-20000:]
+    # Every operation was really tested (not an empty selection).
+    n = sum(1 for _ in operations(json.loads(schema.read_text())))
+    assert "Tested: %d" % n in out, out[-5000:]
+    assert "No issues found" in out, out[-5000:]
+
+
+def test_schemathesis_without_token(tmp_path, monkeypatch):
+    # The server runs in the test's directory: a segment mount that names a relative SSD
+    # directory creates it there, not in the checkout.
+    monkeypatch.chdir(tmp_path)
+    srv = start()
+    try:
+        doc = document(srv)
+        for path, method, op in operations(doc):
+            assert op["security"] == [], (method, path)
+            assert "401" not in op["responses"], (method, path)
+        run_schemathesis(srv, tmp_path)
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_schemathesis_with_tokens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    srv = start(DATA_TOKEN, METRICS_TOKEN, driver="uring")
+    try:
+        run_schemathesis(srv, tmp_path, DATA_TOKEN, METRICS_TOKEN)
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
+
+
+def minimal_request(op):
+    """A request that reaches the route (the answer itself does not matter here)."""
+    body = None
+    headers = {}
+    rb = op.get("requestBody", {}).get("content", {})
+    if rb:
+        ctype = next(iter(rb))
+        headers["Content-Type"] = "application/json" if "json" in ctype else ctype.replace("*/*", "application/octet-stream")
+        body = b"{}" if "json" in ctype else b""
+    return body, headers
+
+
+@pytest.mark.parametrize("data,metrics", [("", ""), (DATA_TOKEN, ""), ("", METRICS_TOKEN), (DATA_TOKEN, METRICS_TOKEN)])
+def test_documented_security_is_enforced(data, metrics):
+    """Secured in the document ⇔ 401 without credentials; a secured route accepts its token."""
+    srv = start(data, metrics)
+    try:
+        auth = {"Authorization": "Bearer " + data} if data else {}
+        doc = document(srv, auth)
+        schemes = doc.get("components", {}).get("securitySchemes", {})
+        tokens = {"dataToken": data, "metricsToken": metrics}
+        assert set(schemes) == {k for k, v in tokens.items() if v}
+        secured_seen = open_seen = 0
+        for path, method, op in operations(doc):
+            body, headers = minimal_request(op)
+            status, _, answer = srv.request(method, path, body=body, headers=headers)
+            if op["security"]:
+                secured_seen += 1
+                [req] = op["security"]
+                [scheme] = req
+                assert status == 401, (method, path, status, answer)
+                assert "401" in op["responses"], (method, path)
+                headers["Authorization"] = "Bearer " + tokens[scheme]
+                status, _, answer = srv.request(method, path, body=body, headers=headers)
+                assert status != 401, (method, path, answer)
+            else:
+                open_seen += 1
+                assert status != 401, (method, path, answer)
+                assert "401" not in op["responses"], (method, path)
+        total = secured_seen + open_seen
+        assert total >= 40
+        if data:
+            assert secured_seen >= total - 6
+        if not data and not metrics:
+            assert secured_seen == 0
+        if metrics and not data:
+            assert secured_seen == 4
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
