@@ -43,6 +43,11 @@ pub struct HttpConfig {
     pub max_body_bytes: u64,
     pub idle_timeout_ms: u64,
     pub header_timeout_ms: u64,
+    /// A streamed body's next bytes are due within this long of the last read.
+    pub body_timeout_ms: u64,
+    /// After `body_timeout_ms` of grace a streamed body must average at least this rate
+    /// (0: no minimum).
+    pub body_min_rate_bytes_per_sec: u64,
     pub shutdown_timeout_ms: u64,
     pub max_connections_per_shard: u64,
     pub auth_token: String,
@@ -208,6 +213,18 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.http.header_timeout_ms = parse_u64_in(v, 100, 3_600_000)?
     ),
     key!(
+        "ock.mmc.http.body_timeout_ms",
+        "10000",
+        "A streamed object body (PUT of 256 KiB or more, read straight into its blob) is answered 408 and closed when no bytes arrive for this many milliseconds (nginx's client_body_timeout). Must stay below ock.mmc.store.alloc_timeout_ms by at least 500 ms.",
+        |c, v| c.http.body_timeout_ms = parse_u64_in(v, 100, 3_600_000)?
+    ),
+    key!(
+        "ock.mmc.http.body_min_rate_bytes_per_sec",
+        "65536",
+        "After the first ock.mmc.http.body_timeout_ms a streamed object body must keep an average of at least this many bytes per second, or it is answered 408 and closed (0: no minimum rate).",
+        |c, v| c.http.body_min_rate_bytes_per_sec = parse_u64_in(v, 0, 1 << 40)?
+    ),
+    key!(
         "ock.mmc.http.shutdown_timeout_ms",
         "10000",
         "On SIGTERM/SIGINT, requests in flight get this long to finish before connections are closed.",
@@ -331,7 +348,7 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.store.alloc_timeout_ms",
         "30000",
-        "An allocation whose writer never commits is reclaimed after this long.",
+        "An allocation whose writer neither commits nor writes for this long is reclaimed: the writer's grant is revoked, and its blobs are freed once the writer lets go of them.",
         |c, v| c.store.alloc_timeout_ms = parse_u64_in(v, 100, 86_400_000)?
     ),
     key!(
@@ -546,6 +563,8 @@ impl Config {
                 max_body_bytes: 0,
                 idle_timeout_ms: 0,
                 header_timeout_ms: 0,
+                body_timeout_ms: 0,
+                body_min_rate_bytes_per_sec: 0,
                 shutdown_timeout_ms: 0,
                 max_connections_per_shard: 0,
                 auth_token: String::new(),
@@ -666,6 +685,16 @@ impl Config {
                 "ock.mmc.ssd.enable is true but ock.mmc.ssd.path is empty: set the SSD directory"
                     .to_string(),
             ));
+        }
+        // A streamed body's writer that stops is cut by its own body timeout (seen by the sweep
+        // within a tick) before the store's tick, which reclaims allocations whose writer made
+        // no progress for alloc_timeout_ms (seen within a tick too), would revoke it.
+        let margin = 2 * crate::limits::TICK_MS;
+        if self.http.body_timeout_ms + margin > self.store.alloc_timeout_ms {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.http.body_timeout_ms ({}) must be at least {margin} ms below ock.mmc.store.alloc_timeout_ms ({}): an allocation would be reclaimed under a body still being received",
+                self.http.body_timeout_ms, self.store.alloc_timeout_ms
+            )));
         }
         if self.metadata.max_value_bytes > self.http.max_body_bytes {
             return Err(ConfigError::Conflict(format!(
@@ -823,5 +852,20 @@ mod tests {
                 .to_string()
                 .contains("must be below")
         );
+    }
+
+    #[test]
+    fn body_timeout_must_end_a_writer_before_its_allocation_is_reclaimed() {
+        let mut c = Config::defaults();
+        c.validate().unwrap();
+        c.set("ock.mmc.store.alloc_timeout_ms", "3000").unwrap();
+        c.set("ock.mmc.http.body_timeout_ms", "2800").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("ock.mmc.http.body_timeout_ms (2800) must be at least 500 ms below ock.mmc.store.alloc_timeout_ms (3000)"),
+            "{e}"
+        );
+        c.set("ock.mmc.http.body_timeout_ms", "2500").unwrap();
+        c.validate().unwrap();
     }
 }

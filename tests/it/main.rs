@@ -8,3 +8,4 @@ mod lifecycle;
 mod observability;
 mod security;
 mod store;
+mod uploads;
