@@ -689,12 +689,12 @@ struct BodyClock<'a> {
 impl<'a> BodyClock<'a> {
     /// A body of which `received` bytes already arrived with the head.
     fn start(front: &Front, conn: &'a ConnGuard, received: usize) -> BodyClock<'a> {
-        let http = &front.config().http;
+        let config = front.config();
         let mut clock = BodyClock {
             conn,
             start_ms: conn.now_ms(),
-            timeout_ms: http.body_timeout_ms,
-            min_rate: http.body_min_rate_bytes_per_sec,
+            timeout_ms: config.body_timeout_ms(),
+            min_rate: config.http.body_min_rate_bytes_per_sec,
             received: 0,
         };
         clock.advance(received);

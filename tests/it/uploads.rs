@@ -12,6 +12,7 @@ use crate::store::{data, eventually, get_bytes, put_ok};
 
 both_drivers!(
     a_slow_upload_never_writes_into_another_object,
+    a_slow_upload_under_a_short_alloc_timeout_is_cut_first,
     a_trickling_body_is_cut_and_its_allocation_returned,
     a_put_racing_a_delete_gives_its_bytes_back,
 );
@@ -104,7 +105,8 @@ fn memory_server(driver: Driver) -> ServerBuilder {
 /// A 1 MiB put trickling for 6 s (past `alloc_timeout_ms`), then eight 1 MiB puts of other
 /// patterns while it still trickles: every one of them reads back byte for byte. (Reclaiming
 /// the slow put's allocation under it used to hand its memory to one of the eight, which the
-/// slow client then overwrote.) The slow put ends with a 408 once it stops sending.
+/// slow client then overwrote.) Here the slow put is alive throughout (it keeps the minimum
+/// rate) and so is never reclaimed; it ends with a 408 once it stops sending.
 fn a_slow_upload_never_writes_into_another_object(driver: Driver) {
     let srv = memory_server(driver)
         .set("ock.mmc.store.alloc_timeout_ms", "3000")
@@ -112,6 +114,28 @@ fn a_slow_upload_never_writes_into_another_object(driver: Driver) {
         .set("ock.mmc.http.body_timeout_ms", "2000")
         .set("ock.mmc.http.body_min_rate_bytes_per_sec", "1024")
         .start();
+    let sent = slow_upload_then_eight_puts(&srv, 1024, Duration::from_millis(200));
+    assert!(
+        sent > 20 * 1024,
+        "the slow client kept sending ({sent} bytes)"
+    );
+}
+
+/// The same with only the allocation and header timeouts shortened (the body timeout follows
+/// the allocation timeout) and a client trickling 2 B/s: it is cut before its allocation could
+/// be reclaimed, and the eight puts read back intact.
+fn a_slow_upload_under_a_short_alloc_timeout_is_cut_first(driver: Driver) {
+    let srv = memory_server(driver)
+        .set("ock.mmc.store.alloc_timeout_ms", "3000")
+        .set("ock.mmc.http.header_timeout_ms", "1000")
+        .start();
+    slow_upload_then_eight_puts(&srv, 1, Duration::from_millis(500));
+}
+
+/// Starts a 1 MiB put of 0xEE sending `chunk` bytes every `every` for 6 s, makes eight 1 MiB
+/// puts after 3.6 s, and checks them byte for byte, the slow put's 408 and the used bytes.
+/// Returns how many body bytes the slow client got to send.
+fn slow_upload_then_eight_puts(srv: &Server, chunk: usize, every: Duration) -> usize {
     let mut slow = srv.client();
     slow.send(head("slow", MIB).as_bytes());
     let trickler = {
@@ -120,16 +144,16 @@ fn a_slow_upload_never_writes_into_another_object(driver: Driver) {
             let end = Instant::now() + Duration::from_secs(6);
             let mut sent = 0;
             while Instant::now() < end {
-                if stream.write_all(&[0xEE; 1024]).is_err() {
+                if stream.write_all(&vec![0xEE; chunk]).is_err() {
                     break;
                 }
-                sent += 1024;
-                std::thread::sleep(Duration::from_millis(200));
+                sent += chunk;
+                std::thread::sleep(every);
             }
             sent
         })
     };
-    // Past the allocation timeout (and a tick) while the slow put is still being written.
+    // Past the allocation timeout (and a tick) while the slow client still sends.
     std::thread::sleep(Duration::from_millis(3600));
     let mut c = srv.client();
     let bodies: Vec<Vec<u8>> = (0..8).map(|i| data(MIB, 100 + i)).collect();
@@ -137,16 +161,12 @@ fn a_slow_upload_never_writes_into_another_object(driver: Driver) {
         put_ok(&mut c, &format!("victim-{i}"), b, "");
     }
     let sent = trickler.join().unwrap();
-    assert!(
-        sent > 20 * 1024,
-        "the slow client kept sending ({sent} bytes)"
-    );
     for (i, b) in bodies.iter().enumerate() {
         let got = get_bytes(&mut c, &format!("victim-{i}"));
         let wrong = got.iter().zip(b).filter(|(a, b)| a != b).count();
         assert!(got == *b, "victim-{i}: {wrong} bytes differ");
     }
-    // The slow client went quiet: its put is cut and answered 408.
+    // The slow put was (or, once the client went quiet, is) cut and answered 408.
     let r = slow.read_response(false);
     r.assert_error(408, "Request timeout: the body arrived too slowly");
     assert_eq!(r.header("connection"), Some("close"));
@@ -154,7 +174,8 @@ fn a_slow_upload_never_writes_into_another_object(driver: Driver) {
     c.get("/api/v1/objects?key=slow")
         .assert_error(200, "Key not found");
     settles_at(&mut c, "only the eight victims hold memory", 8 * MIB as u64);
-    check_log(&srv);
+    check_log(srv);
+    sent
 }
 
 /// A body trickling at 1 B/s keeps clear of the idle timeout but not of the minimum rate; a
