@@ -43,7 +43,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
 /// is enough to measure the store's metadata.
 pub fn put(store: &mut Store, key: &[u8], size: u64, payload: Option<&[u8]>) {
     let step = store.alloc(key.into(), size, Some(Medium::Dram), 1, 0);
-    let AllocStep::Granted { obj, blobs } = step else {
+    let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc of {size} bytes refused: {step:?}");
     };
     if let Some(data) = payload {

@@ -43,6 +43,12 @@ pub struct HttpConfig {
     pub max_body_bytes: u64,
     pub idle_timeout_ms: u64,
     pub header_timeout_ms: u64,
+    /// A streamed body's next bytes are due within this long of the last read; `None`
+    /// (`auto`) follows the allocation timeout ([`Config::body_timeout_ms`]).
+    pub body_timeout_ms: Option<u64>,
+    /// After `body_timeout_ms` of grace a streamed body must average at least this rate
+    /// (0: no minimum).
+    pub body_min_rate_bytes_per_sec: u64,
     pub shutdown_timeout_ms: u64,
     pub max_connections_per_shard: u64,
     pub auth_token: String,
@@ -165,6 +171,11 @@ fn size_in(v: &str, min: u64, max: u64) -> Result<u64, String> {
     Ok(n)
 }
 
+/// How far `ock.mmc.http.body_timeout_ms` stays below `ock.mmc.store.alloc_timeout_ms`: the
+/// sweep that cuts a stalled body and the store tick that sees a writer's progress each run
+/// once a tick, so a stalled writer is cut at most a tick late and seen at most a tick late.
+const BODY_TIMEOUT_MARGIN_MS: u64 = 2 * crate::limits::TICK_MS;
+
 /// Every key, in the order `config/mmc-meta.conf` documents them.
 pub static KEYS: &[KeySpec] = &[
     key!(
@@ -206,6 +217,23 @@ pub static KEYS: &[KeySpec] = &[
         "10000",
         "A request head (or body) must arrive completely within this many milliseconds of its first byte.",
         |c, v| c.http.header_timeout_ms = parse_u64_in(v, 100, 3_600_000)?
+    ),
+    key!(
+        "ock.mmc.http.body_timeout_ms",
+        "auto",
+        "A streamed object body (PUT of 256 KiB or more, read straight into its blob) is answered 408 and closed when no bytes arrive for this many milliseconds (nginx's client_body_timeout). Must stay at least 500 ms below ock.mmc.store.alloc_timeout_ms; auto: 10000, or alloc_timeout_ms - 500 when that is less.",
+        |c, v| {
+            c.http.body_timeout_ms = match v.trim() {
+                "auto" => None,
+                v => Some(parse_u64_in(v, 100, 3_600_000).map_err(|e| format!("auto or {e}"))?),
+            }
+        }
+    ),
+    key!(
+        "ock.mmc.http.body_min_rate_bytes_per_sec",
+        "65536",
+        "After the first ock.mmc.http.body_timeout_ms a streamed object body must keep an average of at least this many bytes per second, or it is answered 408 and closed (0: no minimum rate).",
+        |c, v| c.http.body_min_rate_bytes_per_sec = parse_u64_in(v, 0, 1 << 40)?
     ),
     key!(
         "ock.mmc.http.shutdown_timeout_ms",
@@ -331,7 +359,7 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.store.alloc_timeout_ms",
         "30000",
-        "An allocation whose writer never commits is reclaimed after this long.",
+        "An allocation whose writer neither commits nor writes for this long is reclaimed: the writer's grant is revoked, and its blobs are freed once the writer lets go of them.",
         |c, v| c.store.alloc_timeout_ms = parse_u64_in(v, 100, 86_400_000)?
     ),
     key!(
@@ -546,6 +574,8 @@ impl Config {
                 max_body_bytes: 0,
                 idle_timeout_ms: 0,
                 header_timeout_ms: 0,
+                body_timeout_ms: None,
+                body_min_rate_bytes_per_sec: 0,
                 shutdown_timeout_ms: 0,
                 max_connections_per_shard: 0,
                 auth_token: String::new(),
@@ -629,6 +659,17 @@ impl Config {
     }
 
     /// Checks rules that involve more than one key. Run after all sources are applied.
+    /// The streamed-body idle timeout in force: the configured one, or with `auto` 10 s, or
+    /// less when the allocation timeout asks for it.
+    pub fn body_timeout_ms(&self) -> u64 {
+        self.http.body_timeout_ms.unwrap_or_else(|| {
+            self.store
+                .alloc_timeout_ms
+                .saturating_sub(BODY_TIMEOUT_MARGIN_MS)
+                .clamp(100, 10_000)
+        })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.evict.low_percent >= self.evict.high_percent {
             return Err(ConfigError::Conflict(format!(
@@ -666,6 +707,16 @@ impl Config {
                 "ock.mmc.ssd.enable is true but ock.mmc.ssd.path is empty: set the SSD directory"
                     .to_string(),
             ));
+        }
+        // A streamed body's writer that stops is cut by its own body timeout (seen by the sweep
+        // within a tick) before the store's tick, which reclaims allocations whose writer made
+        // no progress for alloc_timeout_ms (seen within a tick too), would revoke it.
+        if self.body_timeout_ms() + BODY_TIMEOUT_MARGIN_MS > self.store.alloc_timeout_ms {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.http.body_timeout_ms ({}) must be at least {BODY_TIMEOUT_MARGIN_MS} ms below ock.mmc.store.alloc_timeout_ms ({}): an allocation would be reclaimed under a body still being received",
+                self.body_timeout_ms(),
+                self.store.alloc_timeout_ms
+            )));
         }
         if self.metadata.max_value_bytes > self.http.max_body_bytes {
             return Err(ConfigError::Conflict(format!(
@@ -835,6 +886,34 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("must be below")
+        );
+    }
+
+    #[test]
+    fn body_timeout_must_end_a_writer_before_its_allocation_is_reclaimed() {
+        let mut c = Config::defaults();
+        c.validate().unwrap();
+        assert_eq!(c.body_timeout_ms(), 10_000);
+        // `auto` follows a short allocation timeout.
+        c.set("ock.mmc.store.alloc_timeout_ms", "3000").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.body_timeout_ms(), 2500);
+        c.set("ock.mmc.store.alloc_timeout_ms", "500").unwrap();
+        assert!(c.validate().is_err(), "no body timeout fits under 500 ms");
+        c.set("ock.mmc.store.alloc_timeout_ms", "3000").unwrap();
+        c.set("ock.mmc.http.body_timeout_ms", "2800").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("ock.mmc.http.body_timeout_ms (2800) must be at least 500 ms below ock.mmc.store.alloc_timeout_ms (3000)"),
+            "{e}"
+        );
+        c.set("ock.mmc.http.body_timeout_ms", "2500").unwrap();
+        c.validate().unwrap();
+        let e = c.set("ock.mmc.http.body_timeout_ms", "soon").unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("expected auto or an integer from 100 to 3600000"),
+            "{e}"
         );
     }
 }

@@ -18,7 +18,7 @@ use super::handlers::{self, Ctx, Request};
 use super::parse::{Framing, Head, Method, Parsed, ProtocolError, parse_head};
 use super::response::{self, Body, KeyListing, Part, Response, Status, Tail};
 use super::router::{self, Route};
-use super::{ConnState, Front, auth};
+use super::{ConnGuard, ConnState, Front, auth};
 use crate::limits::{
     LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES, STAGING_BYTES,
     STAGING_POOL_BUFFERS, WRITE_BUF_FLUSH_BYTES,
@@ -187,7 +187,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
                         return;
                     }
                     let streamed = stream_put(
-                        &front,
+                        &conn,
                         &mut stream,
                         &rbuf[start..],
                         head_len,
@@ -645,7 +645,7 @@ async fn dispatch(
 /// that already arrived. The answer is encoded into `wbuf`. Returns whether the connection
 /// closes after it, or `None` when it broke (an allocation is then aborted).
 async fn stream_put<S: Io>(
-    front: &Front,
+    conn: &ConnGuard,
     stream: &mut S,
     req: &[u8],
     head_len: usize,
@@ -656,8 +656,11 @@ async fn stream_put<S: Io>(
     let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
         unreachable!("a framed head parses again");
     };
+    let front: &Front = &conn.front;
     let received = &req[head_len..];
     debug_assert!(received.len() < body_len);
+    // Allocating is the server's time; the body's deadlines start with its first read.
+    conn.set(ConnState::Busy);
     let shard = front.shard();
     shard.stats().http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
@@ -677,19 +680,16 @@ async fn stream_put<S: Io>(
             r
         }
         Some(_working) => {
-            let fill = async |blobs: Option<&[crate::shards::store::BlobView]>| match blobs {
+            let fill = async |grant: Option<&crate::shards::WriteGrant>| match grant {
                 None if head.expect_continue => {
                     refused_unread = true;
                     handlers::Filled::Ok
                 }
                 None => {
-                    if discard_body(stream, body_len - received.len()).await {
-                        handlers::Filled::Ok
-                    } else {
-                        handlers::Filled::Broken
-                    }
+                    let mut clock = BodyClock::start(front, conn, received.len());
+                    discard_body(stream, body_len - received.len(), &mut clock).await
                 }
-                Some(blobs) => {
+                Some(grant) => {
                     if head.expect_continue
                         && stream
                             .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
@@ -699,10 +699,14 @@ async fn stream_put<S: Io>(
                     {
                         return handlers::Filled::Broken;
                     }
-                    fill_blobs(stream, blobs, received, body_len).await
+                    let mut clock = BodyClock::start(front, conn, received.len());
+                    fill_blobs(stream, grant, received, body_len, &mut clock).await
                 }
             };
-            handlers::put_streamed(&request, &mut ctx, body_len as u64, fill).await?
+            let resp = handlers::put_streamed(&request, &mut ctx, body_len as u64, fill).await?;
+            // The body is in: its deadlines no longer apply to the answer.
+            conn.set(ConnState::Busy);
+            resp
         }
     };
     if refused_unread || !head.keep_alive || front.is_draining() {
@@ -714,34 +718,98 @@ async fn stream_put<S: Io>(
     Some(close)
 }
 
-/// Moves a body into every blob: `received` (already read), then the rest from the socket.
-/// One host-memory blob is read into directly; otherwise the bytes pass through a staging
-/// buffer of at most [`STAGING_BYTES`].
+/// The deadlines of a streamed body, kept in the connection's registry entry for the sweep
+/// (which ends the reads of a body past its deadline). The next bytes are due within
+/// `ock.mmc.http.body_timeout_ms` of the last read (nginx's `client_body_timeout`), and the
+/// body as a whole must keep up with `ock.mmc.http.body_min_rate_bytes_per_sec` after a first
+/// `body_timeout_ms` of grace: a client trickling a byte a second is cut as surely as a silent one.
+struct BodyClock<'a> {
+    conn: &'a ConnGuard,
+    start_ms: u64,
+    timeout_ms: u64,
+    min_rate: u64,
+    received: u64,
+}
+
+impl<'a> BodyClock<'a> {
+    /// A body of which `received` bytes already arrived with the head.
+    fn start(front: &Front, conn: &'a ConnGuard, received: usize) -> BodyClock<'a> {
+        let config = front.config();
+        let mut clock = BodyClock {
+            conn,
+            start_ms: conn.now_ms(),
+            timeout_ms: config.body_timeout_ms(),
+            min_rate: config.http.body_min_rate_bytes_per_sec,
+            received: 0,
+        };
+        clock.advance(received);
+        clock
+    }
+
+    /// `n` more bytes arrived: move the deadline.
+    fn advance(&mut self, n: usize) {
+        self.received += n as u64;
+        let idle = self.conn.now_ms().saturating_add(self.timeout_ms);
+        let paced = match self.min_rate {
+            0 => u64::MAX,
+            rate => self
+                .start_ms
+                .saturating_add(self.timeout_ms)
+                .saturating_add(self.received.saturating_mul(1000) / rate),
+        };
+        self.conn.body_deadline(idle.min(paced));
+    }
+
+    /// A read ended without bytes: the sweep's doing (408) or the client's (nobody to answer).
+    fn ended(&self) -> handlers::Filled {
+        if self.conn.body_timed_out() {
+            handlers::Filled::TimedOut
+        } else {
+            handlers::Filled::Broken
+        }
+    }
+}
+
+/// Moves a body into every blob of `grant`: `received` (already read), then the rest from the
+/// socket. One host-memory blob is read into directly; otherwise the bytes pass through a
+/// staging buffer of at most [`STAGING_BYTES`]. The grant is checked between reads: once the
+/// owner revoked it (the key was removed, the allocation reclaimed) nothing more is written
+/// into the blobs and the rest of the body is read and dropped.
 async fn fill_blobs<S: Io>(
     stream: &mut S,
-    blobs: &[crate::shards::store::BlobView],
+    grant: &crate::shards::WriteGrant,
     received: &[u8],
     body_len: usize,
+    clock: &mut BodyClock<'_>,
 ) -> handlers::Filled {
     use crate::shards::store::ssd::IoBuffer;
     use handlers::Filled;
+    let blobs = &grant.blobs[..];
     let write_all = |offset: usize, data: &[u8]| -> std::io::Result<()> {
         for b in blobs {
-            // SAFETY: the blobs are ALLOCATED for this writer alone (the grant) until commit.
+            // SAFETY: the blobs are the grant's until it ends (commit or abort), even when it
+            // is revoked; it is checked before every write.
             unsafe { b.seg.backend.write(b.offset + offset as u64, data)? };
         }
         Ok(())
     };
+    if grant.is_revoked() {
+        return discard_body(stream, body_len - received.len(), clock).await;
+    }
     if let Err(e) = write_all(0, received) {
         return Filled::SegmentError(e);
     }
+    grant.wrote(received.len() as u64);
     let mut filled = received.len();
     if let [b] = blobs
         && b.seg.backend.host_region().is_some()
     {
         while filled < body_len {
-            // SAFETY: the blob is ALLOCATED for this writer alone until commit, and the
-            // grant (held by our caller) keeps it so while the read is in flight.
+            if grant.is_revoked() {
+                return discard_body(stream, body_len - filled, clock).await;
+            }
+            // SAFETY: the blob is this grant's until it ends, and the grant (held by our
+            // caller) outlives the read; a revoked grant is not read into again.
             let view = unsafe {
                 IoBuffer::segment_view(
                     b.seg.clone(),
@@ -755,8 +823,12 @@ async fn fill_blobs<S: Io>(
                 Err(e) => return Filled::SegmentError(e),
             };
             match stream.read(view).await.0 {
-                Ok(0) | Err(_) => return Filled::Broken,
-                Ok(n) => filled += n,
+                Ok(0) | Err(_) => return clock.ended(),
+                Ok(n) => {
+                    filled += n;
+                    grant.wrote(n as u64);
+                    clock.advance(n);
+                }
             }
         }
         return Filled::Ok;
@@ -769,15 +841,19 @@ async fn fill_blobs<S: Io>(
         let (res, slice) = stream.read(staging.slice_mut(0..want)).await;
         staging = slice.into_inner();
         match res {
-            Ok(0) | Err(_) => return Filled::Broken,
+            Ok(0) | Err(_) => return clock.ended(),
             Ok(n) => {
-                // After a failed copy the rest of the body is still read, and dropped.
+                // After a failed copy (or once the grant is revoked) the rest of the body is
+                // still read, and dropped.
                 if failed.is_none()
+                    && !grant.is_revoked()
                     && let Err(e) = write_all(filled, &staging[..n])
                 {
                     failed = Some(e);
                 }
                 filled += n;
+                grant.wrote(n as u64);
+                clock.advance(n);
             }
         }
     }
@@ -785,8 +861,12 @@ async fn fill_blobs<S: Io>(
     failed.map_or(Filled::Ok, Filled::SegmentError)
 }
 
-/// Reads and drops `len` body bytes. False when the connection broke first.
-async fn discard_body<S: Io>(stream: &mut S, mut len: usize) -> bool {
+/// Reads and drops `len` body bytes, under the body's deadlines.
+async fn discard_body<S: Io>(
+    stream: &mut S,
+    mut len: usize,
+    clock: &mut BodyClock<'_>,
+) -> handlers::Filled {
     let mut buf = staging::take();
     while len > 0 {
         let want = buf.capacity().min(len);
@@ -794,12 +874,15 @@ async fn discard_body<S: Io>(stream: &mut S, mut len: usize) -> bool {
         let (res, slice) = stream.read(buf.slice_mut(0..want)).await;
         buf = slice.into_inner();
         match res {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => len -= n,
+            Ok(0) | Err(_) => return clock.ended(),
+            Ok(n) => {
+                len -= n;
+                clock.advance(n);
+            }
         }
     }
     staging::give(buf);
-    true
+    handlers::Filled::Ok
 }
 
 /// Staging buffers ([`STAGING_BYTES`] each) reused by this thread's (this shard's)

@@ -47,6 +47,10 @@ pub enum ConnState {
     Reading,
     /// Handling a request or writing its answer.
     Busy,
+    /// Receiving a streamed body into its blobs: its read side is shut down once the body's
+    /// deadline passes (`ock.mmc.http.body_timeout_ms`, `body_min_rate_bytes_per_sec`), which
+    /// ends the read in flight without cancelling it, and the request is answered 408.
+    Body,
 }
 
 struct ConnEntry {
@@ -54,6 +58,10 @@ struct ConnEntry {
     state: ConnState,
     /// `Clock::now_ms` when the connection entered `state`.
     since_ms: u64,
+    /// In `Body`: when the body's next bytes are due (`Clock::now_ms`).
+    deadline_ms: u64,
+    /// In `Body`: the sweep shut the read side down because the deadline passed.
+    body_timed_out: bool,
 }
 
 /// The per-shard HTTP state.
@@ -86,6 +94,21 @@ impl ConnGuard {
             e.state = state;
             e.since_ms = self.front.shard.clock.now_ms();
         }
+    }
+
+    /// Enters (or stays in) `Body` with the body's next deadline.
+    pub fn body_deadline(&self, deadline_ms: u64) {
+        self.set(ConnState::Body);
+        self.front.conns.borrow_mut()[self.key].deadline_ms = deadline_ms;
+    }
+
+    /// Whether the sweep ended the body's reads because it arrived too slowly.
+    pub fn body_timed_out(&self) -> bool {
+        self.front.conns.borrow()[self.key].body_timed_out
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.front.shard.clock.now_ms()
     }
 }
 
@@ -151,6 +174,8 @@ impl Front {
             fd,
             state: ConnState::Idle,
             since_ms: self.shard.clock.now_ms(),
+            deadline_ms: u64::MAX,
+            body_timed_out: false,
         });
         self.shard.stats().connections_open.add(1);
         ConnGuard {
@@ -206,13 +231,22 @@ impl Front {
         let http = &self.config().http;
         let draining = self.draining.get();
         let mut closed = 0;
-        for (_, e) in self.conns.borrow().iter() {
+        for (_, e) in self.conns.borrow_mut().iter_mut() {
             let age = now.saturating_sub(e.since_ms);
             let expired = match e.state {
                 ConnState::Idle => draining || age >= http.idle_timeout_ms,
                 ConnState::Reading => age >= http.header_timeout_ms,
                 ConnState::Busy => false,
+                ConnState::Body => now >= e.deadline_ms && !e.body_timed_out,
             };
+            if expired && !force && e.state == ConnState::Body {
+                // Only the read side: the connection still answers 408 before it closes.
+                // SAFETY: as below.
+                unsafe { libc::shutdown(e.fd, libc::SHUT_RD) };
+                e.body_timed_out = true;
+                closed += 1;
+                continue;
+            }
             if expired || force {
                 // Shutting the socket down completes the connection's pending read with
                 // end-of-file on either driver; the connection task then closes it.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{BlobView, ObjHandle, QueryInfo};
+use super::store::{BlobView, ObjHandle, QueryInfo, WriterLink};
 use super::{Cluster, Notice, ShardId};
 
 #[derive(Debug)]
@@ -129,9 +129,13 @@ impl std::fmt::Debug for PinnedBlob {
 
 /// Blobs allocated for a put. Dropping it without [`WriteGrant::disarm`] aborts the put on
 /// the owner (the object and its blobs are freed), so a writer that vanishes leaks nothing.
+/// The blobs are the writer's until the grant ends, even when the owner revokes it (the key
+/// was removed, or the allocation reclaimed): then the writer must stop writing
+/// ([`WriteGrant::is_revoked`]), and the owner frees the blobs only once the grant ends.
 pub struct WriteGrant {
     pub obj: ObjHandle,
     pub blobs: SmallVec<[BlobView; 2]>,
+    link: Arc<WriterLink>,
     pub(super) owner: ShardId,
     pub(super) cluster: Arc<Cluster>,
     armed: bool,
@@ -141,12 +145,14 @@ impl WriteGrant {
     pub(super) fn new(
         obj: ObjHandle,
         blobs: SmallVec<[BlobView; 2]>,
+        link: Arc<WriterLink>,
         owner: ShardId,
         cluster: Arc<Cluster>,
     ) -> WriteGrant {
         WriteGrant {
             obj,
             blobs,
+            link,
             owner,
             cluster,
             armed: true,
@@ -156,6 +162,17 @@ impl WriteGrant {
     /// The commit was handed to the owner; it now decides the object's fate.
     pub fn disarm(&mut self) {
         self.armed = false;
+    }
+
+    /// The owner removed the object or reclaimed the allocation: write nothing more into
+    /// the blobs (they stay allocated until this grant ends).
+    pub fn is_revoked(&self) -> bool {
+        self.link.is_revoked()
+    }
+
+    /// Reports `n` more body bytes written: a writer making progress is not reclaimed.
+    pub fn wrote(&self, n: u64) {
+        self.link.wrote(n);
     }
 }
 

@@ -676,9 +676,13 @@ impl Shard {
 
     fn alloc_reply(self: &Rc<Self>, step: AllocStep) -> Reply {
         match step {
-            AllocStep::Granted { obj, blobs } => {
-                Reply::Granted(WriteGrant::new(obj, blobs, self.id, self.cluster.clone()))
-            }
+            AllocStep::Granted { obj, blobs, link } => Reply::Granted(WriteGrant::new(
+                obj,
+                blobs,
+                link,
+                self.id,
+                self.cluster.clone(),
+            )),
             AllocStep::Refused(m) => Reply::Refused(m),
             AllocStep::WaitForFlush => Reply::refused("No space, even after eviction"),
         }

@@ -9,3 +9,4 @@ mod metrics_contract;
 mod observability;
 mod security;
 mod store;
+mod uploads;

@@ -174,13 +174,13 @@ pub async fn put_streamed(
     req: &Request<'_>,
     ctx: &mut Ctx<'_>,
     size: u64,
-    fill: impl AsyncFnOnce(Option<&[crate::shards::store::BlobView]>) -> Filled,
+    fill: impl AsyncFnOnce(Option<&crate::shards::WriteGrant>) -> Filled,
 ) -> Option<Response> {
     let span = ctx.shard.remote().tracer.begin(Tp::Put);
     let start = std::time::Instant::now();
     let resp = match object_key(req, ctx, "key") {
         Ok(key) => objects::put(req, ctx, key, size, start, fill).await,
-        Err(r) => objects::consumed(fill, r).await,
+        Err(r) => objects::consumed(ctx, fill, r).await,
     };
     span.end(resp.as_ref().is_some_and(|r| !r.failed));
     resp

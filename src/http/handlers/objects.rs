@@ -170,9 +170,9 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         },
         Method::Put => {
             let body = req.body;
-            let fill = async |blobs: Option<&[BlobView]>| match blobs {
+            let fill = async |grant: Option<&WriteGrant>| match grant {
                 None => Filled::Ok,
-                Some(blobs) => match write_blobs(blobs, body) {
+                Some(g) => match write_blobs(&g.blobs, body) {
                     Ok(()) => Filled::Ok,
                     Err(e) => Filled::SegmentError(e),
                 },
@@ -205,10 +205,24 @@ pub enum Filled {
     SegmentError(std::io::Error),
     /// The connection broke before the whole body arrived: there is nobody to answer.
     Broken,
+    /// The body arrived too slowly (`ock.mmc.http.body_timeout_ms`, `body_min_rate_bytes_per_sec`)
+    /// and its reads were ended: answer 408 and close.
+    TimedOut,
+}
+
+/// The answer to a body that arrived too slowly; the connection closes after it.
+pub(super) fn body_timeout(ctx: &mut Ctx<'_>) -> Response {
+    let mut r = ctx.protocol_error(
+        Status::REQUEST_TIMEOUT,
+        "Request timeout: the body arrived too slowly",
+    );
+    r.close = true;
+    r
 }
 
 /// `PUT /api/v1/objects`: alloc on the owner → `fill` writes the `size` body bytes into the
-/// granted blobs → update_state. `fill` is called exactly once: with the blobs, or with `None`
+/// granted blobs → update_state. `fill` is called exactly once: with the grant (whose blobs it
+/// writes until the body ends or the grant is revoked), or with `None`
 /// when the put fails before anything is allocated (the body must still be consumed). The
 /// body may already be in memory or still arriving on the socket (large bodies are streamed
 /// straight into the blobs). `None`: the connection broke; an allocation is aborted.
@@ -218,11 +232,11 @@ pub async fn put(
     key: Box<[u8]>,
     size: u64,
     start: Instant,
-    fill: impl AsyncFnOnce(Option<&[BlobView]>) -> Filled,
+    fill: impl AsyncFnOnce(Option<&WriteGrant>) -> Filled,
 ) -> Option<Response> {
     let opts = match put_options(req, ctx) {
         Ok(o) => o,
-        Err(r) => return consumed(fill, r).await,
+        Err(r) => return consumed(ctx, fill, r).await,
     };
     let cmd = Command::Alloc {
         key: key.clone(),
@@ -235,14 +249,18 @@ pub async fn put(
         Reply::Granted(g) => g,
         other => {
             let r = ctx.reply_error(other, "Key not found");
-            return consumed(fill, r).await;
+            return consumed(ctx, fill, r).await;
         }
     };
     let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
     let fill_start = Instant::now();
-    match fill(Some(&grant.blobs)).await {
+    match fill(Some(&grant)).await {
         // Dropping the grant aborts the allocation on the owner.
         Filled::Broken => return None,
+        Filled::TimedOut => {
+            drop(grant);
+            return Some(body_timeout(ctx));
+        }
         Filled::SegmentError(e) => {
             log::error!("writing {size} bytes for a put failed: {e}");
             commit(ctx, key, grant, false).await;
@@ -274,11 +292,14 @@ pub async fn put(
 
 /// The answer to a put that failed before allocating, once its body is consumed.
 pub(super) async fn consumed(
-    fill: impl AsyncFnOnce(Option<&[BlobView]>) -> Filled,
+    ctx: &mut Ctx<'_>,
+    fill: impl AsyncFnOnce(Option<&WriteGrant>) -> Filled,
     resp: Response,
 ) -> Option<Response> {
     match fill(None).await {
         Filled::Broken => None,
+        // The refusal in `ctx.scratch` is replaced by the 408.
+        Filled::TimedOut => Some(body_timeout(ctx)),
         _ => Some(resp),
     }
 }

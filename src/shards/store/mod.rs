@@ -12,6 +12,12 @@
 //! write goes ALLOCATED → REMOVING. A read takes a lease (`ock.mmc.lease_ms`) and, while the
 //! bytes are being sent, a pin; leased or pinned blobs are never evicted, and a removed one
 //! is freed only when its lease and pins end.
+//!
+//! A put's blobs carry their writer's pin from alloc until the writer's grant ends (its commit
+//! or its abort): removing the object, or reclaiming an allocation whose writer made no
+//! progress for `alloc_timeout_ms`, only detaches the blobs and revokes the grant
+//! ([`WriterLink`]); the bytes are freed when the writer lets go, so a connection still
+//! receiving a body can never write into memory that another object was given.
 
 pub mod alloc;
 pub mod keys;
@@ -22,8 +28,9 @@ pub mod segment;
 pub mod ssd;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use hashbrown::HashTable;
@@ -110,6 +117,45 @@ struct BlobRec {
     /// Made by a rewarm: the object bytes it counts in `rewarm_bytes_current` while it lives
     /// (the object's size, as `rewarm_bytes_total` counts it, not the page-rounded `len`).
     rewarmed_bytes: u64,
+    /// A put's writer holds one of `pins` on this blob until its grant ends (commit or
+    /// abort); the blob cannot be freed before.
+    writing: bool,
+}
+
+/// What the owner and a put's writer share while the body is being written: the writer
+/// reports progress, the owner revokes the grant when the object is removed or the allocation
+/// reclaimed. The writer checks `revoked` between reads and stops writing into its blobs
+/// once it is set; the blobs stay allocated until its grant ends.
+#[derive(Debug, Default)]
+pub struct WriterLink {
+    revoked: AtomicBool,
+    written_bytes: AtomicU64,
+}
+
+impl WriterLink {
+    /// The object was removed or its allocation reclaimed: stop writing into its blobs.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    /// The writer moved `n` more bytes into its blobs (read by the reclaiming tick).
+    pub fn wrote(&self, n: u64) {
+        // One writer: a load and a store, no read-modify-write across cores.
+        let w = self.written_bytes.load(Ordering::Relaxed);
+        self.written_bytes.store(w + n, Ordering::Relaxed);
+    }
+
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+}
+
+/// An object whose writer has not committed yet.
+struct Uncommitted {
+    link: Arc<WriterLink>,
+    /// `written_bytes` when the tick last looked, and when it last changed (`now_ms`).
+    seen_bytes: u64,
+    progress_ms: u64,
 }
 
 /// What one object looks like to `/query_key`.
@@ -159,6 +205,7 @@ pub enum AllocStep {
     Granted {
         obj: ObjHandle,
         blobs: SmallVec<[BlobView; 2]>,
+        link: Arc<WriterLink>,
     },
     Refused(Cow<'static, str>),
     /// No room now, but flushes in flight will free some: wait for one and try again.
@@ -188,7 +235,8 @@ pub struct StoreConfig {
     pub lease_ms: u64,
     pub high_percent: u64,
     pub low_percent: u64,
-    /// ALLOCATED blobs never committed are reclaimed after this long (a writer that died).
+    /// An allocation whose writer neither committed nor made progress for this long is
+    /// reclaimed: the grant is revoked, the blobs freed once the writer lets go.
     pub alloc_timeout_ms: u64,
 }
 
@@ -229,7 +277,11 @@ pub struct Store {
     blobs: Slab<BlobRec>,
     /// Objects allocated but not yet committed by their writer, so the tick that reclaims
     /// abandoned allocations looks at these only, never at every object.
-    uncommitted: HashSet<u32, foldhash::fast::RandomState>,
+    uncommitted: HashMap<u32, Uncommitted, foldhash::fast::RandomState>,
+    /// Blobs of objects removed (or reclaimed) while their writer was still at work, by the
+    /// object's generation: the writer's commit or abort releases its pins on them, and they
+    /// are freed then. Bounded by the grants outstanding.
+    orphaned: HashMap<u64, SmallVec<[u32; 2]>, foldhash::fast::RandomState>,
     lru: Lru,
     next_tag: u64,
     zombies: Vec<u32>,
@@ -268,7 +320,8 @@ impl Store {
             hasher: Default::default(),
             chunks: HashTable::new(),
             blobs: Slab::new(),
-            uncommitted: HashSet::default(),
+            uncommitted: HashMap::default(),
+            orphaned: HashMap::default(),
             lru: Lru::new(Medium::ALL.len()),
             next_tag: 1,
             zombies: Vec::new(),
@@ -470,6 +523,7 @@ impl Store {
             since_ms: now,
             flushing: false,
             rewarmed_bytes: 0,
+            writing: false,
         }) as u32;
         self.objects[obj as usize].blobs.push(id);
         id
@@ -478,7 +532,7 @@ impl Store {
     /// Frees a blob's range and slot. The blob must be detached or about to be.
     fn free_blob(&mut self, id: u32) {
         let b = self.blobs.remove(id as usize);
-        debug_assert!(b.lru == NIL && b.pins == 0);
+        debug_assert!(b.lru == NIL && b.pins == 0 && !b.writing);
         if b.rewarmed_bytes > 0 {
             let bytes = b.rewarmed_bytes as i64;
             self.stats
@@ -533,15 +587,27 @@ impl Store {
         }
     }
 
-    /// Removes an object and all its blobs.
+    /// Removes an object and all its blobs. A writer still at work is revoked; the blobs it
+    /// holds stay allocated (orphaned) until its grant ends.
     fn remove_object(&mut self, obj: u32, now: u64) {
-        // Detaching the blobs keeps `stored_keys` and the removal events right.
         let blobs: SmallVec<[u32; 2]> = self.objects[obj as usize].blobs.clone();
+        if let Some(w) = self.uncommitted.remove(&obj) {
+            w.link.revoke();
+            let held: SmallVec<[u32; 2]> = blobs
+                .iter()
+                .copied()
+                .filter(|&b| self.blobs[b as usize].writing)
+                .collect();
+            if !held.is_empty() {
+                let generation = self.objects[obj as usize].generation;
+                self.orphaned.insert(generation, held);
+            }
+        }
+        // Detaching the blobs keeps `stored_keys` and the removal events right.
         for b in blobs {
             self.detach_blob(b, now);
         }
         let o = self.objects.remove(obj as usize);
-        self.uncommitted.remove(&obj);
         let h = self.hash_key(&o.key);
         if let Ok(e) = self.index.find_entry(h, |&id| id == obj) {
             e.remove();
@@ -680,7 +746,15 @@ impl Store {
             rewarming: false,
             chunk,
         }) as u32;
-        self.uncommitted.insert(obj);
+        let link = Arc::new(WriterLink::default());
+        self.uncommitted.insert(
+            obj,
+            Uncommitted {
+                link: link.clone(),
+                seen_bytes: 0,
+                progress_ms: now,
+            },
+        );
         let h = self.hash_key(&self.objects[obj as usize].key);
         let objects = &self.objects;
         let hasher = &self.hasher;
@@ -699,7 +773,9 @@ impl Store {
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
-            self.blobs[id as usize].pins = 1; // the writer's pin
+            let b = &mut self.blobs[id as usize];
+            b.pins = 1; // the writer's pin, released when its grant ends
+            b.writing = true;
             views.push(self.view(id, size));
         }
         let rank = views.first().map(|v: &BlobView| v.seg.rank);
@@ -710,6 +786,7 @@ impl Store {
                 generation,
             },
             blobs: views,
+            link,
         }
     }
 
@@ -737,7 +814,9 @@ impl Store {
     }
 
     /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
-    /// dropped (a failed write). NotFound when the object was removed meanwhile.
+    /// dropped (a failed write). Also the end of the writer's grant (an abort is `!ok`): its
+    /// pins are released, and blobs orphaned by a removal meanwhile are freed. NotFound when
+    /// the object was removed meanwhile.
     pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::UpdateState);
@@ -754,16 +833,18 @@ impl Store {
             .get(obj.id as usize)
             .is_some_and(|o| o.generation == obj.generation);
         if !live {
+            if let Some(held) = self.orphaned.remove(&obj.generation) {
+                for b in held {
+                    self.release_writer(b, now);
+                }
+            }
             self.stats.record(Op::UpdateState, Outcome::NotFound, None);
             return Reply::NotFound;
         }
         let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
         let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
         for &b in &blobs {
-            let rec = &mut self.blobs[b as usize];
-            if rec.state == BlobState::Allocated {
-                rec.pins = rec.pins.saturating_sub(1);
-            }
+            self.release_writer(b, now);
         }
         if ok {
             self.uncommitted.remove(&obj.id);
@@ -964,6 +1045,20 @@ impl Store {
             } else if self.blobs[dst.id as usize].pins == 0 {
                 self.reap_zombies(now);
             }
+        }
+    }
+
+    /// Ends a writer's hold on one of its blobs; a detached blob nobody else holds is freed.
+    fn release_writer(&mut self, id: u32, now: u64) {
+        let b = &mut self.blobs[id as usize];
+        if !b.writing {
+            return;
+        }
+        b.writing = false;
+        b.pins -= 1;
+        if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+            self.zombies.retain(|&z| z != id);
+            self.free_blob(id);
         }
     }
 
@@ -1389,35 +1484,30 @@ impl Store {
     }
 
     /// Frees zombies whose leases and pins have ended; reclaims allocations whose writer
-    /// never committed. Run on the shard's tick.
+    /// neither committed nor made progress for `alloc_timeout_ms`. Run on the shard's tick.
     pub fn tick(&mut self) {
         let now = self.now_ms();
         self.reap_zombies(now);
         self.continue_drains(now);
         // Only objects whose writer has not committed yet: a tick never walks all objects.
-        let stale: Vec<u32> = self
-            .uncommitted
-            .iter()
-            .copied()
-            .filter(|&i| {
-                let o = &self.objects[i as usize];
-                o.blobs.iter().all(|&b| {
-                    let b = &self.blobs[b as usize];
-                    b.state == BlobState::Allocated
-                        && now.saturating_sub(b.since_ms) > self.cfg.alloc_timeout_ms
-                }) && !o.blobs.is_empty()
-                    && !o.rewarming
-            })
-            .collect();
-        for obj in stale {
-            log::warn!(
-                "reclaiming {:?}: allocated {} ms ago and never committed",
-                String::from_utf8_lossy(&self.objects[obj as usize].key),
-                self.cfg.alloc_timeout_ms
-            );
-            for &b in self.objects[obj as usize].blobs.clone().iter() {
-                self.blobs[b as usize].pins = 0;
+        let timeout = self.cfg.alloc_timeout_ms;
+        let mut stale: Vec<u32> = Vec::new();
+        for (&obj, w) in self.uncommitted.iter_mut() {
+            let written = w.link.written_bytes.load(Ordering::Relaxed);
+            if written != w.seen_bytes {
+                w.seen_bytes = written;
+                w.progress_ms = now;
+            } else if now.saturating_sub(w.progress_ms) > timeout {
+                stale.push(obj);
             }
+        }
+        for obj in stale {
+            // Reclaiming revokes the writer's grant and detaches the blobs; they are freed
+            // when the writer's commit or abort releases them, never under a live writer.
+            log::warn!(
+                "reclaiming {:?}: its writer neither committed nor wrote for {timeout} ms; grant revoked",
+                String::from_utf8_lossy(&self.objects[obj as usize].key),
+            );
             self.remove_object(obj, now);
         }
     }
@@ -1643,12 +1733,47 @@ impl Store {
             .count();
         assert_eq!(self.chunks.len(), chunked, "chunk index out of step");
         let _ = readable;
-        for &o in &self.uncommitted {
+        for &o in self.uncommitted.keys() {
             assert!(
                 self.objects.contains(o as usize),
                 "uncommitted object {o} is gone"
             );
         }
+        // A writer's pin is on exactly the blobs of its grant: those of an object still being
+        // written, or orphaned ones (detached) waiting for the writer to let go.
+        let mut orphans = 0;
+        for held in self.orphaned.values() {
+            for &b in held {
+                let b = &self.blobs[b as usize];
+                assert!(
+                    b.writing && b.obj == NIL,
+                    "orphaned blob not held or attached"
+                );
+                orphans += 1;
+            }
+        }
+        let mut writing = 0;
+        for (i, b) in self.blobs.iter() {
+            if b.writing {
+                assert!(b.pins >= 1, "blob {i} written without the writer's pin");
+                assert!(
+                    b.obj == NIL || self.uncommitted.contains_key(&b.obj),
+                    "blob {i} held by a writer of a committed object"
+                );
+                writing += 1;
+            }
+        }
+        let attached_writing = self
+            .uncommitted
+            .keys()
+            .flat_map(|&o| self.objects[o as usize].blobs.iter())
+            .filter(|&&b| self.blobs[b as usize].writing)
+            .count();
+        assert_eq!(
+            writing,
+            orphans + attached_writing,
+            "writer pins out of step"
+        );
         // Capacity accounting: a segment's used bytes are exactly its blobs' (live or zombie).
         let mut used = vec![0u64; self.segs.len()];
         for (_, b) in self.blobs.iter() {
@@ -1795,6 +1920,70 @@ mod tests {
         assert!(dram_used(&s) * 100 <= cap * 80 + 4096 * 100);
         assert_eq!(s.stats.evict_running.get(), 0);
         assert!(s.find(format!("k{}", i - 1).as_bytes()).is_some());
+        s.check();
+    }
+
+    fn grant(s: &mut Store, key: &str, size: u64) -> (ObjHandle, Arc<WriterLink>) {
+        match s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0) {
+            AllocStep::Granted { obj, link, .. } => (obj, link),
+            step => panic!("alloc refused: {step:?}"),
+        }
+    }
+
+    #[test]
+    fn a_removed_put_keeps_its_blob_until_the_writer_lets_go_then_frees_it() {
+        let mut s = dram_store(16 << 20);
+        for remove_all in [false, true] {
+            let (obj, link) = grant(&mut s, "w", 1 << 20);
+            assert_eq!(dram_used(&s), 1 << 20);
+            if remove_all {
+                assert_eq!(s.remove_all(), 1);
+            } else {
+                assert!(s.remove(b"w"));
+            }
+            s.check();
+            assert!(link.is_revoked(), "the writer is told to stop");
+            // The writer may still be writing: its blob is neither freed nor reusable.
+            assert_eq!(dram_used(&s), 1 << 20);
+            s.tick();
+            assert_eq!(dram_used(&s), 1 << 20);
+            let (other, _) = grant(&mut s, "other", 1 << 20);
+            assert_eq!(dram_used(&s), 2 << 20, "the new object got other memory");
+            assert!(matches!(s.commit(other, true), Reply::Done));
+            assert!(s.remove(b"other"));
+            // The writer's commit (or abort) ends its grant: now the blob goes.
+            assert!(matches!(s.commit(obj, true), Reply::NotFound));
+            s.check();
+            assert_eq!(dram_used(&s), 0, "remove_all={remove_all}");
+            assert!(s.orphaned.is_empty());
+        }
+    }
+
+    #[test]
+    fn reclaim_revokes_an_idle_writer_and_spares_one_making_progress() {
+        let mut s = dram_store(16 << 20);
+        s.cfg.alloc_timeout_ms = 20;
+        let (busy, busy_link) = grant(&mut s, "busy", 8192);
+        let (idle, idle_link) = grant(&mut s, "idle", 8192);
+        for _ in 0..6 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            busy_link.wrote(100);
+            s.tick();
+        }
+        s.check();
+        assert!(!busy_link.is_revoked());
+        assert!(idle_link.is_revoked(), "no progress for the timeout");
+        assert!(s.find(b"idle").is_none());
+        assert_eq!(
+            dram_used(&s),
+            2 * 8192,
+            "the idle writer's blob waits for it"
+        );
+        // Its abort releases the blob; the busy writer commits as usual.
+        assert!(matches!(s.commit(idle, false), Reply::NotFound));
+        assert_eq!(dram_used(&s), 8192);
+        assert!(matches!(s.commit(busy, true), Reply::Done));
+        assert!(s.exists(b"busy").is_some());
         s.check();
     }
 
