@@ -7,4 +7,5 @@ mod foundation;
 mod lifecycle;
 mod observability;
 mod security;
+mod ssd;
 mod store;
