@@ -45,7 +45,7 @@ use event::LocalEvent;
 use metadata::MetadataStore;
 use store::segment::SegmentTable;
 use store::ssd::SsdIo;
-use store::{AllocStep, BlobHandle, GetStep, IoJob, ObjHandle, Store, StoreConfig};
+use store::{AllocStep, BlobHandle, GetStep, IoJob, IoOutcome, ObjHandle, Store, StoreConfig};
 
 pub type ShardId = usize;
 
@@ -262,6 +262,21 @@ impl Clock {
 
     pub fn unix_secs(&self) -> u64 {
         self.unix_secs.get()
+    }
+}
+
+/// The answer to a read whose SSD copy came back damaged (and was dropped).
+const DAMAGED_ON_SSD: &str =
+    "The object's copy on SSD is damaged (checksum mismatch or short read) and was dropped";
+
+/// How a read from SSD ended: a short read or bytes not matching `sum` mean the copy is
+/// damaged; another error may pass.
+fn read_outcome(res: &std::io::Result<()>, buf: &store::ssd::IoBuffer, sum: u64) -> IoOutcome {
+    match res {
+        Ok(()) if store::ssd::checksum(buf.as_slice()) == sum => IoOutcome::Done,
+        Ok(()) => IoOutcome::Damaged,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => IoOutcome::Damaged,
+        Err(_) => IoOutcome::Failed,
     }
 }
 
@@ -722,21 +737,24 @@ impl Shard {
             let marks = self.wait_marks();
             let step = match next.take() {
                 Some(Waiting::Job(j)) => {
-                    let (ok, micros) = self.timed_job_io(&j).await;
+                    let (outcome, _, micros) = self.timed_job_io(&j).await;
                     let rank = match &j {
                         IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
                         IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
                     };
-                    self.store.borrow_mut().finish_rewarm(&j, ok, micros);
+                    self.store.borrow_mut().finish_rewarm(&j, outcome, micros);
                     self.after_store();
                     self.rewarm_done.notify_all();
-                    if !ok {
+                    if outcome != IoOutcome::Done {
                         self.store_stats().record(
                             crate::metrics::store::Op::Get,
                             crate::metrics::store::Outcome::Failure,
                             Some(rank),
                         );
-                        return Reply::refused("I/O error while rewarming the object from SSD");
+                        return Reply::refused(match outcome {
+                            IoOutcome::Damaged => DAMAGED_ON_SSD,
+                            _ => "I/O error while rewarming the object from SSD",
+                        });
                     }
                     self.store.borrow_mut().get_after_rewarm(&key)
                 }
@@ -761,7 +779,19 @@ impl Shard {
                 GetStep::ReadDirect(job) => return self.read_direct(job).await,
             }
         }
-        Reply::refused("The object kept moving between tiers; retry")
+        // Waited long enough (rewarms and flushes kept not making room): serve from memory
+        // or straight from the SSD copy rather than sending the reader away.
+        let step = self.store.borrow_mut().get_direct(&key);
+        self.after_store();
+        match step {
+            GetStep::Ready(view) => self.pinned(view),
+            GetStep::NotFound => Reply::NotFound,
+            GetStep::Failed(m) => Reply::Refused(m),
+            GetStep::ReadDirect(job) => self.read_direct(job).await,
+            GetStep::Rewarm(_) | GetStep::Wait | GetStep::WaitForFlush => {
+                unreachable!("a direct read never waits")
+            }
+        }
     }
 
     /// The (rewarm, flush) event generations, taken before an attempt that may wait.
@@ -771,19 +801,19 @@ impl Shard {
 
     /// Serves a read from the SSD copy (DRAM had no room to rewarm it).
     async fn read_direct(self: &Rc<Self>, job: IoJob) -> Reply {
-        let IoJob::ReadSsd { src_view, .. } = &job else {
+        let IoJob::ReadSsd { src_view, sum, .. } = &job else {
             unreachable!()
         };
         let len = src_view.len as usize;
         let buf = store::ssd::IoBuffer::owned(Vec::with_capacity(len), false);
         let (res, buf) = self.ssd.read(&src_view.seg, src_view.offset, buf).await;
-        self.store
-            .borrow_mut()
-            .finish_direct_read(&job, res.is_ok());
+        let outcome = read_outcome(&res, &buf, *sum);
+        self.store.borrow_mut().finish_direct_read(&job, outcome);
         self.after_store();
-        match res {
-            Ok(()) => Reply::Value(bytes::Bytes::from(buf.into_vec())),
-            Err(_) => Reply::refused("I/O error while reading the object from SSD"),
+        match outcome {
+            IoOutcome::Done => Reply::Value(bytes::Bytes::from(buf.into_vec())),
+            IoOutcome::Damaged => Reply::refused(DAMAGED_ON_SSD),
+            IoOutcome::Failed => Reply::refused("I/O error while reading the object from SSD"),
         }
     }
 
@@ -824,34 +854,36 @@ impl Shard {
     fn spawn_job(self: &Rc<Self>, job: IoJob) {
         let me = self.clone();
         monoio::spawn(async move {
-            let (ok, micros) = me.timed_job_io(&job).await;
+            let (outcome, sum, micros) = me.timed_job_io(&job).await;
             match &job {
                 IoJob::Flush { .. } => {
-                    me.store.borrow_mut().finish_flush(&job, ok, micros);
+                    let ok = outcome == IoOutcome::Done;
+                    me.store.borrow_mut().finish_flush(&job, ok, sum, micros);
                     me.flush_done.notify_all();
                 }
                 IoJob::Rewarm { .. } => {
-                    me.store.borrow_mut().finish_rewarm(&job, ok, micros);
+                    me.store.borrow_mut().finish_rewarm(&job, outcome, micros);
                     me.rewarm_done.notify_all();
                 }
-                IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, ok),
+                IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, outcome),
             }
             me.after_store();
         });
     }
 
-    /// Runs a job's I/O under its tracepoint; returns success and the time it took.
-    async fn timed_job_io(&self, job: &IoJob) -> (bool, u64) {
+    /// Runs a job's I/O under its tracepoint; returns how it ended, the checksum of the bytes
+    /// a flush wrote, and the time it took.
+    async fn timed_job_io(&self, job: &IoJob) -> (IoOutcome, u64, u64) {
         let tp = match job {
             IoJob::Flush { .. } => Tp::Flush,
             IoJob::Rewarm { .. } | IoJob::ReadSsd { .. } => Tp::Rewarm,
         };
         let span = self.remote().tracer.begin(tp);
         let start = Instant::now();
-        let ok = self.run_job_io(job).await;
+        let (outcome, sum) = self.run_job_io(job).await;
         let micros = start.elapsed().as_micros() as u64;
-        span.end(ok);
-        (ok, micros)
+        span.end(outcome == IoOutcome::Done);
+        (outcome, sum, micros)
     }
 
     /// Publishes the one `Cleared` event of a remove_all (after every shard cleared).
@@ -862,9 +894,10 @@ impl Shard {
         self.after_store();
     }
 
-    /// The I/O of a job: memory → SSD file for a flush, SSD file → DRAM for a rewarm.
-    async fn run_job_io(&self, job: &IoJob) -> bool {
-        use store::ssd::IoBuffer;
+    /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
+    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs).
+    async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
+        use store::ssd::{IoBuffer, checksum};
         match job {
             IoJob::Flush {
                 src_view, dst_view, ..
@@ -883,21 +916,25 @@ impl Shard {
                         .map(|()| IoBuffer::owned(v, true))
                 };
                 match buf {
-                    Ok(buf) => self
-                        .ssd
-                        .write(&dst_view.seg, dst_view.offset, buf)
-                        .await
-                        .0
-                        .is_ok(),
+                    Ok(buf) => {
+                        let sum = checksum(buf.as_slice());
+                        match self.ssd.write(&dst_view.seg, dst_view.offset, buf).await.0 {
+                            Ok(()) => (IoOutcome::Done, sum),
+                            Err(_) => (IoOutcome::Failed, 0),
+                        }
+                    }
                     Err(e) => {
                         log::error!("flush: reading {} failed: {e}", src_view.seg.name);
-                        false
+                        (IoOutcome::Failed, 0)
                     }
                 }
             }
-            IoJob::ReadSsd { .. } => false,
+            IoJob::ReadSsd { .. } => (IoOutcome::Failed, 0),
             IoJob::Rewarm {
-                src_view, dst_view, ..
+                src_view,
+                dst_view,
+                sum,
+                ..
             } => {
                 let len = src_view.len as usize;
                 // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until
@@ -906,25 +943,45 @@ impl Shard {
                     IoBuffer::segment_view(dst_view.seg.clone(), dst_view.offset, len, false)
                 };
                 match buf {
-                    Ok(buf) => self
-                        .ssd
-                        .read(&src_view.seg, src_view.offset, buf)
-                        .await
-                        .0
-                        .is_ok(),
+                    Ok(buf) => {
+                        let (res, buf) = self.ssd.read(&src_view.seg, src_view.offset, buf).await;
+                        (read_outcome(&res, &buf, *sum), 0)
+                    }
                     Err(e) => {
                         log::error!("rewarm: {} is not host memory: {e}", dst_view.seg.name);
-                        false
+                        (IoOutcome::Failed, 0)
                     }
                 }
             }
         }
     }
 
-    /// Housekeeping: expired leases, stale allocations.
+    /// Probes the faulted SSD files whose probe is due (one shard per file per interval):
+    /// a successful probe write lets the file take flushes again.
+    fn probe_faulted_ssd(&self) {
+        let now = self.cluster.started.elapsed().as_millis() as u64;
+        for seg in self.cluster.segments.snapshot().iter() {
+            let Some(file) = seg.backend.file() else {
+                continue;
+            };
+            if !file.probe_due(now) {
+                continue;
+            }
+            let seg = seg.clone();
+            monoio::spawn(async move {
+                let res = store::ssd::probe(&seg).await;
+                if let Some(f) = seg.backend.file() {
+                    f.finish_probe(&res);
+                }
+            });
+        }
+    }
+
+    /// Housekeeping: expired leases, stale allocations, probes of faulted SSD files.
     pub fn tick(self: &Rc<Self>) {
         self.store.borrow_mut().tick();
         self.after_store();
+        self.probe_faulted_ssd();
         // Debug builds under test re-check the store's invariants every tick (a violation
         // panics, which stops the server and fails the test that caused it).
         if cfg!(debug_assertions) && debug_checks() {

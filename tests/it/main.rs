@@ -8,5 +8,6 @@ mod lifecycle;
 mod metrics_contract;
 mod observability;
 mod security;
+mod ssd;
 mod store;
 mod uploads;

@@ -250,3 +250,51 @@ def test_disabled_by_default_and_bad_endpoints_refused(server_factory):
     r = subprocess.run([SERVER, "--set", "ock.mmc.kv_events.endpoint=udp://x"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "ock.mmc.kv_events.endpoint" in r.stderr, r
+
+
+def test_a_damaged_ssd_copy_is_dropped_with_a_block_removed(server_factory, tmp_path):
+    """The SSD file is truncated behind the server's back and grows again with zeros: a read
+    of an object held only there fails its checksum, answers an error (never the zeros), and
+    the copy is removed with a BlockRemoved on DISK."""
+    pub = free_port()
+    s = server_factory(kv_args(pub, extra=[
+        "--set", "ock.mmc.local_service.hbm.size=0",
+        "--set", "ock.mmc.local_service.dram.size=2MB",
+        "--set", "ock.mmc.ssd.enable=true",
+        "--set", "ock.mmc.ssd.path=%s" % tmp_path,
+        "--set", "ock.mmc.ssd.size=256MB",
+        "--set", "ock.mmc.segment.run_bytes=1MB",
+        "--set", "ock.mmc.lease_ms=100",
+    ]))
+    sub = Subscriber(pub)
+    join_stream(s, sub)
+    early = [0xC00 + i for i in range(16)]
+    for h in early:
+        s.put(key(h), bytes([h & 0xFF]) * (200 << 10), "&medium=dram")
+
+    def only_on_disk(h):
+        q = s.json("GET", "/query_key?key=" + key(h))
+        return q.get("success", True) and [b["medium"] for b in q["blobs"]] == ["SSD"]
+
+    wait_until("the first object reaches SSD only", lambda: only_on_disk(early[0]))
+    with open(tmp_path / "mmc-rank-0.ssd", "r+b") as f:
+        f.truncate(0)
+    for i in range(16):
+        s.put(key(0xD00 + i), b"n" * (200 << 10), "&medium=dram")
+    damaged = []
+    for h in early:
+        status, ctype, body = s.request("GET", "/api/v1/objects?key=" + key(h))
+        assert status == 200
+        if ctype == "application/octet-stream":
+            assert body == bytes([h & 0xFF]) * (200 << 10), "wrong bytes served for %x" % h
+        else:
+            v = json.loads(body)
+            assert v["error_message"] == ("The object's copy on SSD is damaged (checksum "
+                                          "mismatch or short read) and was dropped"), v
+            damaged.append(h)
+    assert damaged, "the truncation is noticed"
+    want = [("removed", [h], "DISK") for h in damaged]
+    got = []
+    while not all(w in got for w in want):
+        got = sub.take(len(got) + 1)  # bounded: each receive times out after 10 s
+    sub.close()

@@ -120,6 +120,9 @@ struct BlobRec {
     /// A put's writer holds one of `pins` on this blob until its grant ends (commit or
     /// abort); the blob cannot be freed before.
     writing: bool,
+    /// SSD blobs: the checksum of the object's bytes, taken when they were flushed and
+    /// checked on every read back ([`ssd::checksum`]).
+    sum: u64,
 }
 
 /// What the owner and a put's writer share while the body is being written: the writer
@@ -186,7 +189,8 @@ pub enum IoJob {
         src_view: BlobView,
         dst_view: BlobView,
     },
-    /// Copy an SSD blob into a DRAM blob (ALLOCATED) for a reader or a prefetch.
+    /// Copy an SSD blob into a DRAM blob (ALLOCATED) for a reader or a prefetch; `sum` is
+    /// the SSD copy's checksum, which the bytes read must match.
     Rewarm {
         prefetch: bool,
         obj: ObjHandle,
@@ -194,9 +198,37 @@ pub enum IoJob {
         dst: BlobHandle,
         src_view: BlobView,
         dst_view: BlobView,
+        sum: u64,
     },
-    /// Read an SSD blob straight into a buffer for one reader (DRAM had no room to rewarm).
-    ReadSsd { src: BlobHandle, src_view: BlobView },
+    /// Read an SSD blob straight into a buffer for one reader (DRAM had no room to rewarm,
+    /// or the reader waited too long); the bytes must match `sum`.
+    ReadSsd {
+        src: BlobHandle,
+        src_view: BlobView,
+        sum: u64,
+    },
+}
+
+/// How the I/O of a read from SSD ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOutcome {
+    /// The bytes were read and match their checksum.
+    Done,
+    /// The read failed (an I/O error): the copy is kept, it may read fine later.
+    Failed,
+    /// The bytes came back short or failed their checksum: the copy is damaged and dropped.
+    Damaged,
+}
+
+/// How a read looks for an object's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadMode {
+    /// Memory, else rewarm from SSD (or read SSD directly when memory has no room).
+    First,
+    /// As `First`, after this reader's own rewarm (a memory hit counts as an SSD hit).
+    AfterRewarm,
+    /// Memory, else the SSD copy directly, whatever DRAM looks like.
+    Direct,
 }
 
 /// The answer to an allocation.
@@ -524,6 +556,7 @@ impl Store {
             flushing: false,
             rewarmed_bytes: 0,
             writing: false,
+            sum: 0,
         }) as u32;
         self.objects[obj as usize].blobs.push(id);
         id
@@ -867,16 +900,23 @@ impl Store {
     /// A leased, pinned read of the fastest readable copy. An object held only on SSD is
     /// rewarmed into DRAM first.
     pub fn get(&mut self, key: &[u8]) -> GetStep {
-        self.get_inner(key, false)
+        self.get_inner(key, ReadMode::First)
     }
 
     /// The read that follows this reader's own rewarm: served from the rewarmed copy, so it
     /// counts as an SSD hit (`get_hits_ssd`), not a memory hit.
     pub fn get_after_rewarm(&mut self, key: &[u8]) -> GetStep {
-        self.get_inner(key, true)
+        self.get_inner(key, ReadMode::AfterRewarm)
     }
 
-    fn get_inner(&mut self, key: &[u8], rewarmed: bool) -> GetStep {
+    /// The last resort of a reader that kept waiting (for rewarms or flushes): a memory
+    /// copy, else the SSD copy read directly, never another wait.
+    pub fn get_direct(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, ReadMode::Direct)
+    }
+
+    fn get_inner(&mut self, key: &[u8], mode: ReadMode) -> GetStep {
+        let rewarmed = mode == ReadMode::AfterRewarm;
         let now = self.now_ms();
         let Some(obj) = self.find(key) else {
             self.stats.record(Op::Get, Outcome::NotFound, None);
@@ -916,35 +956,69 @@ impl Store {
             return GetStep::Ready(self.view(blob, size));
         }
         // Only on SSD.
+        if mode == ReadMode::Direct {
+            return self.direct_read(obj, blob, now);
+        }
         if self.objects[obj as usize].rewarming {
             return GetStep::Wait;
         }
+        // A faulted SSD tier takes no flushes, so waiting for one to make room in DRAM is
+        // pointless: read the SSD copy directly instead.
+        let faulted = self.ssd_faulted(blob);
         match self.start_rewarm(obj, blob, now, false) {
             Some(job) => GetStep::Rewarm(job),
-            None if self.flushes_in_flight > 0 => GetStep::WaitForFlush,
+            None if self.flushes_in_flight > 0 && !faulted => GetStep::WaitForFlush,
             None => {
                 // No DRAM to rewarm into: serve this read from the SSD copy itself.
                 self.stats.tier(rank, |t| t.rewarm_failed.inc());
-                let size = self.objects[obj as usize].size;
-                let b = &mut self.blobs[blob as usize];
-                b.pins += 1;
-                b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
-                let tag = b.tag;
-                GetStep::ReadDirect(IoJob::ReadSsd {
-                    src: BlobHandle { id: blob, tag },
-                    src_view: self.view(blob, size),
-                })
+                self.direct_read(obj, blob, now)
             }
         }
     }
 
-    /// Finishes a direct SSD read: the read counts as a get (success or failure).
-    pub fn finish_direct_read(&mut self, job: &IoJob, ok: bool) {
-        let IoJob::ReadSsd { src, src_view } = job else {
+    /// A read of an SSD blob straight into the reader's buffer (pinned and leased for it).
+    fn direct_read(&mut self, obj: u32, blob: u32, now: u64) -> GetStep {
+        let size = self.objects[obj as usize].size;
+        let b = &mut self.blobs[blob as usize];
+        b.pins += 1;
+        b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
+        let (tag, sum) = (b.tag, b.sum);
+        GetStep::ReadDirect(IoJob::ReadSsd {
+            src: BlobHandle { id: blob, tag },
+            src_view: self.view(blob, size),
+            sum,
+        })
+    }
+
+    /// Whether a blob is on an SSD file that its writes faulted.
+    fn ssd_faulted(&self, blob: u32) -> bool {
+        let b = &self.blobs[blob as usize];
+        self.seg(b.seg)
+            .seg
+            .backend
+            .file()
+            .is_some_and(|f| f.faulted())
+    }
+
+    /// Whether some SSD segment takes flushes (mounted, not faulted).
+    fn ssd_takes_flushes(&self) -> bool {
+        self.segs
+            .iter()
+            .flatten()
+            .any(|s| s.seg.medium == Medium::Ssd && s.seg.is_allocatable())
+    }
+
+    /// Finishes a direct SSD read: the read counts as a get (success or failure); a damaged
+    /// copy is dropped.
+    pub fn finish_direct_read(&mut self, job: &IoJob, outcome: IoOutcome) {
+        let IoJob::ReadSsd { src, src_view, .. } = job else {
             return;
         };
         self.unpin(*src);
-        let outcome = if ok {
+        if outcome == IoOutcome::Damaged {
+            self.drop_damaged(*src);
+        }
+        let outcome = if outcome == IoOutcome::Done {
             Outcome::Success
         } else {
             Outcome::Failure
@@ -952,13 +1026,45 @@ impl Store {
         self.stats.record(Op::Get, outcome, Some(src_view.seg.rank));
     }
 
+    /// Drops an SSD copy whose bytes came back damaged (short, or not matching their
+    /// checksum), and its object when that was the last readable copy. Removal events are
+    /// published as for any removal (a KV `BlockRemoved` for the SSD tier).
+    fn drop_damaged(&mut self, src: BlobHandle) {
+        let now = self.now_ms();
+        let Some(b) = self.blob_by_handle(src) else {
+            return;
+        };
+        let (obj, seg) = (b.obj, b.seg);
+        if obj == NIL {
+            return;
+        }
+        if let Some(f) = self.seg(seg).seg.backend.file() {
+            f.record_damaged("checksum mismatch or short read");
+        }
+        let others = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .any(|&o| o != src.id && self.blobs[o as usize].state == BlobState::Readable);
+        if others {
+            self.detach_blob(src.id, now);
+        } else {
+            self.remove_object(obj, now);
+        }
+    }
+
     /// Allocates a DRAM blob for an SSD blob and returns the job that copies it.
     fn start_rewarm(&mut self, obj: u32, ssd_blob: u32, now: u64, prefetch: bool) -> Option<IoJob> {
         let size = self.objects[obj as usize].size;
         let rank = self.blobs[ssd_blob as usize].rank;
-        self.evict_for(Medium::Dram, size, now);
+        // With the SSD tier faulted, evicting from DRAM deletes: a rewarm then takes only
+        // the room DRAM has (the SSD copy can be read directly), never another object's.
+        let faulted = self.ssd_faulted(ssd_blob);
+        if !faulted {
+            self.evict_for(Medium::Dram, size, now);
+        }
         let placed = match self.alloc_blob(Medium::Dram, size, &[], Some(rank)) {
             Some(p) => p,
+            None if faulted => return None,
             None => {
                 self.evict_forced(Medium::Dram, size, now);
                 self.alloc_blob(Medium::Dram, size, &[], Some(rank))?
@@ -990,12 +1096,13 @@ impl Store {
             },
             src_view: self.view(ssd_blob, size),
             dst_view: self.view(dst, size),
+            sum: self.blobs[ssd_blob as usize].sum,
         })
     }
 
     /// Finishes a rewarm (its I/O took `micros`): the DRAM copy becomes readable, or is
-    /// dropped on failure.
-    pub fn finish_rewarm(&mut self, job: &IoJob, ok: bool, micros: u64) {
+    /// dropped on failure; a damaged SSD copy is dropped too.
+    pub fn finish_rewarm(&mut self, job: &IoJob, outcome: IoOutcome, micros: u64) {
         let IoJob::Rewarm {
             obj,
             src,
@@ -1007,6 +1114,7 @@ impl Store {
         else {
             return;
         };
+        let ok = outcome == IoOutcome::Done;
         let now = self.now_ms();
         self.events.push(Event::Rewarmed {
             bytes: src_view.len,
@@ -1044,6 +1152,9 @@ impl Store {
                 self.detach_blob(dst.id, now);
             } else if self.blobs[dst.id as usize].pins == 0 {
                 self.reap_zombies(now);
+            }
+            if outcome == IoOutcome::Damaged {
+                self.drop_damaged(*src);
             }
         }
     }
@@ -1395,6 +1506,10 @@ impl Store {
         rank: u32,
         now: u64,
     ) -> Option<(SegmentId, u64, u64)> {
+        if medium == Medium::Ssd && !self.ssd_takes_flushes() {
+            // Faulted (or being unmounted): nothing goes there, and nothing there need go.
+            return None;
+        }
         self.evict_for(medium, size, now);
         if let Some(p) = self.alloc_blob(medium, size, &[], Some(rank)) {
             return Some(p);
@@ -1438,9 +1553,10 @@ impl Store {
         res.is_ok()
     }
 
-    /// Finishes a flush: on success the SSD copy replaces the memory copy; on failure the SSD
-    /// allocation is released and the memory copy stays (nothing acknowledged is lost).
-    pub fn finish_flush(&mut self, job: &IoJob, ok: bool, micros: u64) {
+    /// Finishes a flush: on success the SSD copy (with `sum`, the checksum of the bytes
+    /// written) replaces the memory copy; on failure the SSD allocation is released and the
+    /// memory copy stays (nothing acknowledged is lost).
+    pub fn finish_flush(&mut self, job: &IoJob, ok: bool, sum: u64, micros: u64) {
         let IoJob::Flush { src, dst, .. } = job else {
             return;
         };
@@ -1468,6 +1584,7 @@ impl Store {
                 t.flush_blobs.inc();
                 t.flush_bytes.add(size);
             });
+            self.blobs[dst.id as usize].sum = sum;
             self.make_readable(dst.id, now);
             if src_live && self.blobs[src.id as usize].obj != NIL {
                 self.detach_blob(src.id, now);

@@ -281,9 +281,10 @@ impl Segment {
         self.status.store(s as u8, Relaxed);
     }
 
-    /// Accepts new blobs (mounted and not being drained or unmounted).
+    /// Accepts new blobs (mounted and not being drained or unmounted; for SSD, its file not
+    /// faulted by a failed write).
     pub fn is_allocatable(&self) -> bool {
-        self.status() == SegmentStatus::Ok
+        self.status() == SegmentStatus::Ok && !self.backend.file().is_some_and(|f| f.faulted())
     }
 
     fn add_used(&self, shard: usize, delta: i64) {

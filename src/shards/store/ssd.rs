@@ -7,8 +7,16 @@
 //! recreated empty at start.
 //!
 //! Errors are counted per file, logged once per (operation, cause), and marked in the disk's
-//! status; `MMC_FAULT_SSD_WRITE` / `MMC_FAULT_SSD_READ` (`enospc`, `eio`, optionally `@N`:
-//! from the N-th operation on) inject them for tests.
+//! status. A failed write marks the file *faulted*: it takes no flushes (the memory tiers then
+//! evict by deleting) until a probe write, tried once per [`PROBE_INTERVAL_MS`] from the
+//! housekeeping tick, succeeds again. Every flushed blob's checksum (xxh3-64 of its bytes) is
+//! kept with the blob and checked on every read back: a mismatch or a short read means the
+//! copy is damaged (the file was truncated or overwritten behind the server's back), and the
+//! copy is dropped instead of served.
+//!
+//! `MMC_FAULT_SSD_WRITE` / `MMC_FAULT_SSD_READ` (`enospc`, `eio`, `erofs`, optionally `@N`:
+//! from the N-th operation on, or `@N..M`: the N-th to the M-th) inject failures for tests;
+//! probe writes count as writes.
 
 use std::collections::HashSet;
 use std::io;
@@ -101,7 +109,8 @@ impl IoBuffer {
         }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    /// The initialized bytes (what was read, or what is to be written).
+    pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `init` bytes from `ptr` are initialized and alive (see the owner).
         unsafe { std::slice::from_raw_parts(self.ptr, self.init) }
     }
@@ -137,29 +146,59 @@ unsafe impl monoio::buf::IoBufMut for IoBuffer {
 pub enum IoOp {
     Read,
     Write,
+    /// A probe write of a faulted file (see [`probe`]).
+    Probe,
+}
+
+/// How often a faulted file is probed (from the housekeeping tick, by one shard).
+pub const PROBE_INTERVAL_MS: u64 = 1000;
+
+/// The checksum kept for every blob flushed to SSD and checked when it is read back.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// One injected failure: an errno for the operations numbered `from..=to` (1-based).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FaultRule {
+    errno: i32,
+    from: u64,
+    to: u64,
 }
 
 /// Injected failures, from the environment (tests).
 #[derive(Default)]
 struct Faults {
-    write: Option<(i32, u64)>,
-    read: Option<(i32, u64)>,
+    write: Option<FaultRule>,
+    read: Option<FaultRule>,
     writes_seen: AtomicU64,
     reads_seen: AtomicU64,
 }
 
-fn parse_fault(var: &str) -> Option<(i32, u64)> {
-    let v = std::env::var(var).ok()?;
-    let (cause, after) = match v.split_once('@') {
-        Some((c, n)) => (c.to_string(), n.parse().unwrap_or(1)),
-        None => (v, 1),
+fn parse_fault(var: &str) -> Option<FaultRule> {
+    parse_fault_rule(&std::env::var(var).ok()?)
+}
+
+/// `cause[@N]` (from the N-th operation on) or `cause@N..M` (the N-th to the M-th).
+fn parse_fault_rule(v: &str) -> Option<FaultRule> {
+    let (cause, from, to) = match v.split_once('@') {
+        Some((c, range)) => match range.split_once("..") {
+            Some((a, b)) => (c, a.parse().unwrap_or(1), b.parse().unwrap_or(u64::MAX)),
+            None => (c, range.parse().unwrap_or(1), u64::MAX),
+        },
+        None => (v, 1, u64::MAX),
     };
     let errno = match cause.to_ascii_lowercase().as_str() {
         "enospc" => libc::ENOSPC,
         "eio" => libc::EIO,
+        "erofs" => libc::EROFS,
         _ => return None,
     };
-    Some((errno, after.max(1)))
+    Some(FaultRule {
+        errno,
+        from: from.max(1),
+        to,
+    })
 }
 
 fn faults() -> &'static Faults {
@@ -174,12 +213,14 @@ fn faults() -> &'static Faults {
 fn injected(op: IoOp) -> Option<io::Error> {
     let f = faults();
     let (rule, seen) = match op {
-        IoOp::Write => (f.write, &f.writes_seen),
+        IoOp::Write | IoOp::Probe => (f.write, &f.writes_seen),
         IoOp::Read => (f.read, &f.reads_seen),
     };
-    let (errno, after) = rule?;
+    let rule = rule?;
     let n = seen.fetch_add(1, Relaxed) + 1;
-    (n >= after).then(|| io::Error::from_raw_os_error(errno))
+    (rule.from..=rule.to)
+        .contains(&n)
+        .then(|| io::Error::from_raw_os_error(rule.errno))
 }
 
 /// One SSD segment's file.
@@ -192,18 +233,32 @@ pub struct SsdFile {
     pub bytes_written: AtomicU64,
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Reads whose bytes failed their checksum or came back short (copies dropped).
+    pub damaged_reads: AtomicU64,
     /// Bytes read and written per second, for the disk bandwidth gauges.
     pub read_window: RateWindow,
     pub write_window: RateWindow,
-    /// 0 normal; else the errno of the last failed operation (cleared by the next success).
-    status: AtomicU8,
+    /// The segment's size: probes write just past it, where no blob lives.
+    capacity: u64,
+    /// 0 when the file takes flushes; else the errno of the write that faulted it (cleared
+    /// only by a successful probe write).
+    write_fault: AtomicU8,
+    /// 0 normal; else the errno of the last failed read (cleared by the next good read).
+    read_status: AtomicU8,
+    /// When the next probe of a faulted file is due (ms since start; 0: not scheduled yet,
+    /// the first tick after a fault schedules it one interval later). One shard takes it.
+    next_probe_ms: AtomicU64,
     logged: Mutex<HashSet<(IoOp, i32)>>,
 }
+
+/// The `errno` key under which damaged reads are logged once.
+const DAMAGED: i32 = -2;
 
 impl SsdFile {
     /// Creates (or empties) the rank's file in `dir`, sized (sparsely) to `capacity`.
     pub fn create(dir: &str, rank: u32, capacity: u64) -> io::Result<SsdFile> {
         std::fs::create_dir_all(dir)?;
+        warn_if_short_of_space(dir, capacity);
         let path = Path::new(dir).join(format!("mmc-rank-{rank}.ssd"));
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -220,15 +275,93 @@ impl SsdFile {
             bytes_written: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
+            damaged_reads: AtomicU64::new(0),
             read_window: RateWindow::new(std::time::Instant::now()),
             write_window: RateWindow::new(std::time::Instant::now()),
-            status: AtomicU8::new(0),
+            capacity,
+            write_fault: AtomicU8::new(0),
+            read_status: AtomicU8::new(0),
+            next_probe_ms: AtomicU64::new(0),
             logged: Mutex::new(HashSet::new()),
         })
     }
 
+    /// The disk's status (`memcache_ubs_io_disk_status`): 0 normal, else an errno: the one
+    /// that faulted the file's writes, else the last failed read's.
     pub fn status(&self) -> u8 {
-        self.status.load(Relaxed)
+        match self.write_fault.load(Relaxed) {
+            0 => self.read_status.load(Relaxed),
+            e => e,
+        }
+    }
+
+    /// A write failed and no probe write has succeeded since: the file takes no flushes.
+    pub fn faulted(&self) -> bool {
+        self.write_fault.load(Relaxed) != 0
+    }
+
+    /// Whether this caller should probe the faulted file now (`now_ms`: ms since start).
+    /// True for one caller per [`PROBE_INTERVAL_MS`], the first one interval after the fault.
+    pub fn probe_due(&self, now_ms: u64) -> bool {
+        if !self.faulted() {
+            return false;
+        }
+        let next = self.next_probe_ms.load(Relaxed);
+        let swapped = (next == 0 || now_ms >= next)
+            && self
+                .next_probe_ms
+                .compare_exchange(next, now_ms + PROBE_INTERVAL_MS, Relaxed, Relaxed)
+                .is_ok();
+        swapped && next != 0
+    }
+
+    /// Records a probe's result: success clears the fault (flushes resume).
+    pub fn finish_probe(&self, res: &io::Result<()>) {
+        match res {
+            Ok(()) => {
+                let was = self.write_fault.swap(0, Relaxed);
+                self.next_probe_ms.store(0, Relaxed);
+                if was != 0 {
+                    log::warn!(
+                        "SSD file {} takes writes again (a probe write succeeded): flushes resume",
+                        self.path.display()
+                    );
+                }
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(-1);
+                self.write_fault.store(errno.clamp(1, 255) as u8, Relaxed);
+                // Logged under the writes' cause: a probe failing as the writes did is no news.
+                self.log_once(IoOp::Write, errno, || {
+                    format!(
+                        "SSD probe write of {} failed: {e}; the file stays faulted (further write errors with this cause are not logged)",
+                        self.path.display()
+                    )
+                });
+            }
+        }
+    }
+
+    /// A read came back damaged (checksum mismatch or short read): counted, logged once.
+    pub fn record_damaged(&self, what: &str) {
+        self.damaged_reads.fetch_add(1, Relaxed);
+        self.log_once(IoOp::Read, DAMAGED, || {
+            format!(
+                "SSD file {} returned damaged data ({what}): the copy is dropped and the read answers an error (further damaged reads are counted, not logged)",
+                self.path.display()
+            )
+        });
+    }
+
+    fn log_once(&self, op: IoOp, cause: i32, line: impl FnOnce() -> String) {
+        let first = self
+            .logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((op, cause));
+        if first {
+            log::error!("{}", line());
+        }
     }
 
     fn raw_fd(&self) -> RawFd {
@@ -245,31 +378,77 @@ impl SsdFile {
                 };
                 c.fetch_add(bytes as u64, Relaxed);
                 w.add(bytes as u64);
-                self.status.store(0, Relaxed);
+                if op == IoOp::Read {
+                    self.read_status.store(0, Relaxed);
+                }
             }
             Err(e) => {
-                let c = if op == IoOp::Read {
-                    &self.read_errors
-                } else {
-                    &self.write_errors
-                };
-                c.fetch_add(1, Relaxed);
                 let errno = e.raw_os_error().unwrap_or(-1);
-                self.status.store(errno.clamp(1, 255) as u8, Relaxed);
-                let first = self
-                    .logged
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((op, errno));
-                if first {
-                    log::error!(
-                        "SSD {} of {} failed: {e} (further {op:?} errors with this cause are counted, not logged)",
-                        if op == IoOp::Read { "read" } else { "write" },
-                        self.path.display()
-                    );
+                let code = errno.clamp(1, 255) as u8;
+                if op == IoOp::Read {
+                    self.read_errors.fetch_add(1, Relaxed);
+                    self.read_status.store(code, Relaxed);
+                    self.log_once(op, errno, || {
+                        format!(
+                            "SSD read of {} failed: {e} (further Read errors with this cause are counted, not logged)",
+                            self.path.display()
+                        )
+                    });
+                } else {
+                    self.write_errors.fetch_add(1, Relaxed);
+                    self.write_fault.store(code, Relaxed);
+                    self.log_once(op, errno, || {
+                        format!(
+                            "SSD write of {} failed: {e}; the file is marked faulted and takes no flushes (memory evicts by deleting) until a probe write succeeds (further Write errors with this cause are counted, not logged)",
+                            self.path.display()
+                        )
+                    });
                 }
             }
         }
+    }
+}
+
+/// Warns when the directory's file system has less room than the segment may fill.
+fn warn_if_short_of_space(dir: &str, capacity: u64) {
+    let Ok(c) = std::ffi::CString::new(dir) else {
+        return;
+    };
+    // SAFETY: statvfs writes into the zeroed struct; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return;
+    }
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    if free < capacity {
+        log::warn!(
+            "SSD directory {dir} has {free} bytes free, less than ock.mmc.ssd.size ({capacity} bytes): once it is full, flushes fail, the SSD file is marked faulted and memory evicts by deleting"
+        );
+    }
+}
+
+/// Probes a faulted SSD file: writes a page just past the segment's end (where no blob
+/// lives, and where a full file system has no page to give) and punches it out again. Runs
+/// on the I/O threads (a shard thread never blocks on a file).
+pub async fn probe(seg: &Arc<Segment>) -> io::Result<()> {
+    let file = seg.backend.file().expect("an SSD segment");
+    if let Some(e) = injected(IoOp::Probe) {
+        return Err(e);
+    }
+    let (tx, rx) = flume::bounded(1);
+    let job = Job {
+        fd: file.raw_fd(),
+        op: IoOp::Probe,
+        offset: file.capacity,
+        buf: IoBuffer::owned(vec![0u8; 4096], true),
+        done: tx,
+    };
+    if pool().send(job).is_err() {
+        return Err(io::Error::other("SSD I/O pool stopped"));
+    }
+    match rx.recv_async().await {
+        Ok((r, _)) => r,
+        Err(_) => Err(io::Error::other("SSD I/O pool dropped a request")),
     }
 }
 
@@ -356,7 +535,7 @@ impl SsdIo {
                     },
                 };
                 match op {
-                    IoOp::Write => f.write_all_at(buf, offset).await,
+                    IoOp::Write | IoOp::Probe => f.write_all_at(buf, offset).await,
                     IoOp::Read => f.read_exact_at(buf, offset).await,
                 }
             }
@@ -406,6 +585,22 @@ fn pool() -> &'static flume::Sender<Job> {
                     while let Ok(mut job) = rx.recv() {
                         let res = match job.op {
                             IoOp::Write => pwrite_all(job.fd, job.buf.as_slice(), job.offset),
+                            IoOp::Probe => {
+                                let len = job.buf.len();
+                                pwrite_all(job.fd, job.buf.as_slice(), job.offset).map(|()| {
+                                    // Give the page back (best effort: not every file system
+                                    // punches holes).
+                                    // SAFETY: a plain syscall on an open descriptor.
+                                    unsafe {
+                                        libc::fallocate(
+                                            job.fd,
+                                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                                            job.offset as libc::off_t,
+                                            len as libc::off_t,
+                                        )
+                                    };
+                                })
+                            }
                             IoOp::Read => {
                                 let cap = job.buf.cap;
                                 // SAFETY: the buffer owns `cap` writable bytes at `ptr`.
@@ -480,4 +675,59 @@ fn pread_exact(fd: RawFd, mut dst: &mut [u8], mut offset: u64) -> io::Result<()>
         offset += n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_rules_parse() {
+        let r = |errno, from, to| Some(FaultRule { errno, from, to });
+        assert_eq!(parse_fault_rule("eio"), r(libc::EIO, 1, u64::MAX));
+        assert_eq!(parse_fault_rule("ENOSPC@3"), r(libc::ENOSPC, 3, u64::MAX));
+        assert_eq!(parse_fault_rule("erofs@2..5"), r(libc::EROFS, 2, 5));
+        assert_eq!(parse_fault_rule("eio@0"), r(libc::EIO, 1, u64::MAX));
+        assert_eq!(parse_fault_rule("bogus"), None);
+    }
+
+    #[test]
+    fn a_failed_write_faults_the_file_until_a_probe_succeeds() {
+        let dir = std::env::temp_dir().join(format!("mmc-ssd-unit-{}", std::process::id()));
+        let f = SsdFile::create(dir.to_str().unwrap(), 0, 1 << 20).unwrap();
+        assert!(!f.faulted());
+        assert!(!f.probe_due(0), "nothing to probe");
+        f.record(
+            IoOp::Write,
+            &Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            4096,
+        );
+        assert!(f.faulted());
+        assert_eq!(f.status(), libc::ENOSPC as u8);
+        // Reads that succeed do not clear a write fault; writes neither (only a probe does).
+        f.record(IoOp::Read, &Ok(()), 4096);
+        f.record(IoOp::Write, &Ok(()), 4096);
+        assert_eq!(f.status(), libc::ENOSPC as u8);
+        // The first tick schedules the probe one interval later; one caller takes it.
+        assert!(!f.probe_due(100));
+        assert!(!f.probe_due(100 + PROBE_INTERVAL_MS - 1));
+        assert!(f.probe_due(100 + PROBE_INTERVAL_MS));
+        assert!(!f.probe_due(100 + PROBE_INTERVAL_MS));
+        f.finish_probe(&Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(f.status(), libc::EIO as u8);
+        f.finish_probe(&Ok(()));
+        assert!(!f.faulted());
+        assert_eq!(f.status(), 0);
+        // A read error shows in the status until the next good read.
+        f.record(
+            IoOp::Read,
+            &Err(io::Error::from_raw_os_error(libc::EIO)),
+            4096,
+        );
+        assert_eq!(f.status(), libc::EIO as u8);
+        assert!(!f.faulted());
+        f.record(IoOp::Read, &Ok(()), 4096);
+        assert_eq!(f.status(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
