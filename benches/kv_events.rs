@@ -25,6 +25,7 @@ fn free_port() -> u16 {
 fn config(port: u16, batch_max_events: u64) -> KvEventsConfig {
     KvEventsConfig {
         enable: true,
+        encoding: mmc::kv_events::KvEncoding::Array,
         endpoint: format!("tcp://127.0.0.1:{port}"),
         replay_endpoint: String::new(),
         topic: "kv".into(),

@@ -1,7 +1,8 @@
 //! `mmc-perf kv-sub`: a KV-event subscriber, as a KV-aware router runs one: a ZMQ SUB socket
 //! on the publisher's endpoint, every topic. It counts batches, events (from each msgpack
-//! `EventBatch` header) and bytes, and checks that sequence numbers are contiguous. It stops by
-//! itself after `--secs`.
+//! `EventBatch` header, in either wire form: the positional `[ts, events, dp_rank]` or the
+//! by-name `{"ts", "events", "data_parallel_rank"}`) and bytes, and checks that sequence
+//! numbers are contiguous. It stops by itself after `--secs`.
 
 use std::time::{Duration, Instant};
 
@@ -36,11 +37,25 @@ pub struct Received {
     pub malformed: u64,
 }
 
-/// The number of events in an encoded `EventBatch` `[ts, [events...], dp_rank]`.
+/// The number of events in an encoded `EventBatch`: positional `[ts, [events...], dp_rank]`
+/// or by name `{"ts": .., "events": [events...], "data_parallel_rank": ..}` (`ts` first, as the
+/// server and vLLM write it).
 pub fn batch_events(payload: &[u8]) -> Option<u64> {
     let mut rd = payload;
-    if rmp::decode::read_array_len(&mut rd).ok()? < 2 {
-        return None;
+    match rmp::decode::read_marker(&mut rd).ok()? {
+        rmp::Marker::FixArray(n) if n >= 2 => {}
+        rmp::Marker::FixMap(n) if n >= 2 => {
+            let mut key = [0u8; 8];
+            if rmp::decode::read_str(&mut rd, &mut key).ok()? != "ts" {
+                return None;
+            }
+            rmp::decode::read_f64(&mut rd).ok()?;
+            if rmp::decode::read_str(&mut rd, &mut key).ok()? != "events" {
+                return None;
+            }
+            return Some(rmp::decode::read_array_len(&mut rd).ok()? as u64);
+        }
+        _ => return None,
     }
     rmp::decode::read_f64(&mut rd).ok()?;
     Some(rmp::decode::read_array_len(&mut rd).ok()? as u64)
@@ -134,18 +149,32 @@ pub fn main(args: &Args) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn batch(n: u32) -> Vec<u8> {
+    use mmc::kv_events::{KvEncoding, KvEvent, encode};
+
+    fn batch_in(encoding: KvEncoding, n: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        rmp::encode::write_array_len(&mut out, 3).unwrap();
-        rmp::encode::write_f64(&mut out, 1.5).unwrap();
-        rmp::encode::write_array_len(&mut out, n).unwrap();
-        for _ in 0..n {
-            rmp::encode::write_map_len(&mut out, 1).unwrap();
-            rmp::encode::write_str(&mut out, "type").unwrap();
-            rmp::encode::write_str(&mut out, "AllBlocksCleared").unwrap();
-        }
-        rmp::encode::write_sint(&mut out, 0).unwrap();
+        let events = vec![KvEvent::Cleared; n];
+        encode::batch(&mut out, encoding, 1.5, &events, 0, 256);
         out
+    }
+
+    fn batch(n: usize) -> Vec<u8> {
+        batch_in(KvEncoding::Array, n)
+    }
+
+    #[test]
+    fn counts_events_in_both_wire_forms() {
+        for enc in [KvEncoding::Array, KvEncoding::Map] {
+            for n in [0, 3, 20] {
+                assert_eq!(batch_events(&batch_in(enc, n)), Some(n as u64), "{enc:?}");
+            }
+        }
+        assert_eq!(batch_events(b"\x01"), None);
+        assert_eq!(
+            batch_events(b"\x82\xa1x\x00\xa1y\x00"),
+            None,
+            "a map without ts"
+        );
     }
 
     #[test]

@@ -28,11 +28,11 @@ echo "== build"
 cargo build --all-targets --locked
 echo "== unit and integration tests"
 cargo test --all-targets --locked
-echo "== KV-event subscriber tests (pyzmq + msgpack, as routers decode)"
+echo "== KV-event subscriber tests (pyzmq; msgspec and msgpack decoders shaped like vLLM's and llm-d's)"
 if [ ! -x target/pyenv/bin/python ]; then
   python3 -m venv target/pyenv
 fi
-target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack pytest
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest
 # schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python

@@ -441,6 +441,15 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.kv_events.enable = parse_bool(v)?
     ),
     key!(
+        "ock.mmc.kv_events.encoding",
+        "array",
+        "Wire form of each msgpack EventBatch: array (positional, tag-first event arrays: vLLM up to 0.11, llm-d, Dynamo) or map (by field name, events tagged by \"type\": current vLLM).",
+        |c, v| {
+            c.kv_events.encoding = crate::kv_events::KvEncoding::parse(v)
+                .ok_or_else(|| crate::kv_events::KvEncoding::ALLOWED.to_string())?
+        }
+    ),
+    key!(
         "ock.mmc.kv_events.endpoint",
         "tcp://127.0.0.1:5557",
         "ZMQ PUB endpoint the events are published on (tcp://HOST:PORT, ipc://PATH).",
@@ -616,6 +625,7 @@ impl Config {
             },
             kv_events: crate::kv_events::KvEventsConfig {
                 enable: false,
+                encoding: crate::kv_events::KvEncoding::Array,
                 endpoint: String::new(),
                 replay_endpoint: String::new(),
                 topic: String::new(),
@@ -829,6 +839,10 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8000");
         assert_eq!(c.http.max_body_bytes, 64 << 20);
         assert_eq!((c.evict.high_percent, c.evict.low_percent), (90, 80));
+        assert_eq!(c.kv_events.encoding, crate::kv_events::KvEncoding::Array);
+        let mut c = Config::defaults();
+        c.set("ock.mmc.kv_events.encoding", " map ").unwrap();
+        assert_eq!(c.kv_events.encoding, crate::kv_events::KvEncoding::Map);
     }
 
     #[test]
@@ -879,6 +893,11 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "config file x.conf line 2: invalid value \"150\" for ock.mmc.evict_threshold_high: expected an integer from 1 to 100"
+        );
+        let e = c.set("ock.mmc.kv_events.encoding", "json").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid value \"json\" for ock.mmc.kv_events.encoding: expected one of array, map"
         );
         c.set("ock.mmc.evict_threshold_low", "95").unwrap();
         assert!(

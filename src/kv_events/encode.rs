@@ -1,10 +1,21 @@
-//! vLLM's KV-event wire encoding: a msgpack `EventBatch` `[ts, events, data_parallel_rank]`,
-//! each event a map tagged by `"type"` (the form current vLLM sends and routers decode by
-//! field name).
+//! vLLM's KV-event wire encoding: one msgpack `EventBatch` per message, in either of vLLM's
+//! two wire generations ([`KvEncoding`]). Real consumers decode with typed msgspec / Go
+//! decoders, so each accepts exactly one form and rejects a mix of the two.
+//!
+//! - [`KvEncoding::Array`] (positional, msgspec `array_like`; vLLM up to 0.11, llm-d, Dynamo):
+//!   the batch is `[ts, events, data_parallel_rank]`, each event an array whose first element
+//!   is its tag, the rest its fields in vLLM's order:
+//!   `["BlockStored", [hash], parent_block_hash (nil), token_ids ([]), block_size, lora_id (nil), medium]`,
+//!   `["BlockRemoved", [hash], medium]`, `["AllBlocksCleared"]`.
+//! - [`KvEncoding::Map`] (by name; current vLLM): the batch is
+//!   `{"ts", "events", "data_parallel_rank"}`, each event a map whose first entry is
+//!   `"type": tag`, then its fields by vLLM's current names (`BlockStored` adds `lora_name`).
+//!
+//! Everything is written into the caller's reused buffer: no allocation per batch or event.
 
 use rmp::encode;
 
-use super::KvEvent;
+use super::{KvEncoding, KvEvent};
 use crate::shards::store::segment::Medium;
 
 /// The medium strings routers accept.
@@ -16,10 +27,11 @@ pub fn medium_name(m: Medium) -> &'static str {
     }
 }
 
-/// Encodes one batch. `block_size` is reported in `BlockStored` (token ids are not known to
-/// this server: the list is empty).
+/// Encodes one batch into `out` (cleared first). `block_size` is reported in `BlockStored`
+/// (token ids are not known to this server: the list is empty).
 pub fn batch(
     out: &mut Vec<u8>,
+    encoding: KvEncoding,
     ts: f64,
     events: &[KvEvent],
     data_parallel_rank: i64,
@@ -27,11 +39,26 @@ pub fn batch(
 ) {
     out.clear();
     // Writing into a Vec cannot fail.
-    let _ = encode::write_array_len(out, 3);
-    let _ = encode::write_f64(out, ts);
-    let _ = encode::write_array_len(out, events.len() as u32);
-    for e in events {
-        event(out, e, block_size);
+    match encoding {
+        KvEncoding::Array => {
+            let _ = encode::write_array_len(out, 3);
+            let _ = encode::write_f64(out, ts);
+            let _ = encode::write_array_len(out, events.len() as u32);
+            for e in events {
+                positional_event(out, e, block_size);
+            }
+        }
+        KvEncoding::Map => {
+            let _ = encode::write_map_len(out, 3);
+            str(out, "ts");
+            let _ = encode::write_f64(out, ts);
+            str(out, "events");
+            let _ = encode::write_array_len(out, events.len() as u32);
+            for e in events {
+                named_event(out, e, block_size);
+            }
+            str(out, "data_parallel_rank");
+        }
     }
     let _ = encode::write_sint(out, data_parallel_rank);
 }
@@ -40,15 +67,46 @@ fn str(out: &mut Vec<u8>, s: &str) {
     let _ = encode::write_str(out, s);
 }
 
-fn event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
+fn one_hash(out: &mut Vec<u8>, hash: u64) {
+    let _ = encode::write_array_len(out, 1);
+    let _ = encode::write_uint(out, hash);
+}
+
+/// An event as a tag-first array, fields in vLLM's declaration order.
+fn positional_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
+    match *e {
+        KvEvent::Stored { hash, medium } => {
+            let _ = encode::write_array_len(out, 7);
+            str(out, "BlockStored");
+            one_hash(out, hash); // block_hashes
+            let _ = encode::write_nil(out); // parent_block_hash
+            let _ = encode::write_array_len(out, 0); // token_ids
+            let _ = encode::write_uint(out, block_size);
+            let _ = encode::write_nil(out); // lora_id
+            str(out, medium_name(medium));
+        }
+        KvEvent::Removed { hash, medium } => {
+            let _ = encode::write_array_len(out, 3);
+            str(out, "BlockRemoved");
+            one_hash(out, hash);
+            str(out, medium_name(medium));
+        }
+        KvEvent::Cleared => {
+            let _ = encode::write_array_len(out, 1);
+            str(out, "AllBlocksCleared");
+        }
+    }
+}
+
+/// An event as a map: `"type"` first, then vLLM's current field names in its order.
+fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     match *e {
         KvEvent::Stored { hash, medium } => {
             let _ = encode::write_map_len(out, 8);
             str(out, "type");
             str(out, "BlockStored");
             str(out, "block_hashes");
-            let _ = encode::write_array_len(out, 1);
-            let _ = encode::write_uint(out, hash);
+            one_hash(out, hash);
             str(out, "parent_block_hash");
             let _ = encode::write_nil(out);
             str(out, "token_ids");
@@ -67,8 +125,7 @@ fn event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             str(out, "type");
             str(out, "BlockRemoved");
             str(out, "block_hashes");
-            let _ = encode::write_array_len(out, 1);
-            let _ = encode::write_uint(out, hash);
+            one_hash(out, hash);
             str(out, "medium");
             str(out, medium_name(medium));
         }
@@ -80,14 +137,86 @@ fn event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     }
 }
 
+/// A generic msgpack value, for tests that read a payload back as a consumer would.
+#[cfg(test)]
+#[derive(Debug, PartialEq)]
+pub(crate) enum V {
+    Nil,
+    U(u64),
+    I(i64),
+    F(f64),
+    S(String),
+    A(Vec<V>),
+    M(Vec<(V, V)>),
+}
+
+/// Decodes one complete msgpack value (nil, ints, f64, strings, arrays, maps) and checks that
+/// nothing trails it.
+#[cfg(test)]
+pub(crate) fn decode_value(mut bytes: &[u8]) -> V {
+    use rmp::Marker;
+    fn one(rd: &mut &[u8]) -> V {
+        let m = rmp::decode::read_marker(rd).expect("a marker");
+        let take = |rd: &mut &[u8], n: usize| -> Vec<u8> {
+            let (h, t) = rd.split_at(n);
+            *rd = t;
+            h.to_vec()
+        };
+        let be = |b: Vec<u8>| b.iter().fold(0u64, |a, &x| (a << 8) | x as u64);
+        let str_of = |rd: &mut &[u8], n: usize| V::S(String::from_utf8(take(rd, n)).unwrap());
+        let arr = |rd: &mut &[u8], n: usize| V::A((0..n).map(|_| one(rd)).collect());
+        let map = |rd: &mut &[u8], n: usize| V::M((0..n).map(|_| (one(rd), one(rd))).collect());
+        match m {
+            Marker::Null => V::Nil,
+            Marker::FixPos(n) => V::U(n as u64),
+            Marker::FixNeg(n) => V::I(n as i64),
+            Marker::U8 => V::U(be(take(rd, 1))),
+            Marker::U16 => V::U(be(take(rd, 2))),
+            Marker::U32 => V::U(be(take(rd, 4))),
+            Marker::U64 => V::U(be(take(rd, 8))),
+            Marker::I8 => V::I(be(take(rd, 1)) as i8 as i64),
+            Marker::I16 => V::I(be(take(rd, 2)) as i16 as i64),
+            Marker::I32 => V::I(be(take(rd, 4)) as i32 as i64),
+            Marker::I64 => V::I(be(take(rd, 8)) as i64),
+            Marker::F64 => V::F(f64::from_bits(be(take(rd, 8)))),
+            Marker::FixStr(n) => str_of(rd, n as usize),
+            Marker::Str8 => {
+                let n = be(take(rd, 1)) as usize;
+                str_of(rd, n)
+            }
+            Marker::Str16 => {
+                let n = be(take(rd, 2)) as usize;
+                str_of(rd, n)
+            }
+            Marker::FixArray(n) => arr(rd, n as usize),
+            Marker::Array16 => {
+                let n = be(take(rd, 2)) as usize;
+                arr(rd, n)
+            }
+            Marker::Array32 => {
+                let n = be(take(rd, 4)) as usize;
+                arr(rd, n)
+            }
+            Marker::FixMap(n) => map(rd, n as usize),
+            other => panic!("unexpected marker {other:?}"),
+        }
+    }
+    let v = one(&mut bytes);
+    assert!(bytes.is_empty(), "{} bytes after the value", bytes.len());
+    v
+}
+
 #[cfg(test)]
 mod tests {
+    use super::V::*;
     use super::*;
 
-    #[test]
-    fn batches_decode_as_vllm_shapes() {
-        let mut out = Vec::new();
-        let events = [
+    fn s(x: &str) -> V {
+        S(x.to_string())
+    }
+
+    fn events() -> [KvEvent; 3] {
+        [
             KvEvent::Stored {
                 hash: u64::MAX,
                 medium: Medium::Dram,
@@ -97,27 +226,93 @@ mod tests {
                 medium: Medium::Ssd,
             },
             KvEvent::Cleared,
-        ];
-        batch(&mut out, 1.5, &events, 3, 256);
-        // Decode with serde_json-free manual checks: array of 3, float, array of 3 maps, int.
-        let mut rd = &out[..];
-        assert_eq!(rmp::decode::read_array_len(&mut rd).unwrap(), 3);
-        assert_eq!(rmp::decode::read_f64(&mut rd).unwrap(), 1.5);
-        assert_eq!(rmp::decode::read_array_len(&mut rd).unwrap(), 3);
-        assert_eq!(rmp::decode::read_map_len(&mut rd).unwrap(), 8);
-        let mut buf = [0u8; 32];
-        assert_eq!(rmp::decode::read_str(&mut rd, &mut buf).unwrap(), "type");
+        ]
+    }
+
+    #[test]
+    fn positional_batches_are_arrays_of_tag_first_arrays() {
+        let mut out = Vec::new();
+        batch(&mut out, KvEncoding::Array, 1.5, &events(), 3, 256);
         assert_eq!(
-            rmp::decode::read_str(&mut rd, &mut buf).unwrap(),
-            "BlockStored"
+            decode_value(&out),
+            A(vec![
+                F(1.5),
+                A(vec![
+                    A(vec![
+                        s("BlockStored"),
+                        A(vec![U(u64::MAX)]),
+                        Nil,
+                        A(vec![]),
+                        U(256),
+                        Nil,
+                        s("CPU"),
+                    ]),
+                    A(vec![s("BlockRemoved"), A(vec![U(7)]), s("DISK")]),
+                    A(vec![s("AllBlocksCleared")]),
+                ]),
+                U(3),
+            ])
         );
+    }
+
+    #[test]
+    fn named_batches_are_maps_of_type_tagged_maps() {
+        let mut out = Vec::new();
+        batch(&mut out, KvEncoding::Map, 1.5, &events(), 3, 256);
+        let m = |kv: Vec<(&str, V)>| M(kv.into_iter().map(|(k, v)| (s(k), v)).collect());
         assert_eq!(
-            rmp::decode::read_str(&mut rd, &mut buf).unwrap(),
-            "block_hashes"
+            decode_value(&out),
+            m(vec![
+                ("ts", F(1.5)),
+                (
+                    "events",
+                    A(vec![
+                        m(vec![
+                            ("type", s("BlockStored")),
+                            ("block_hashes", A(vec![U(u64::MAX)])),
+                            ("parent_block_hash", Nil),
+                            ("token_ids", A(vec![])),
+                            ("block_size", U(256)),
+                            ("lora_id", Nil),
+                            ("medium", s("CPU")),
+                            ("lora_name", Nil),
+                        ]),
+                        m(vec![
+                            ("type", s("BlockRemoved")),
+                            ("block_hashes", A(vec![U(7)])),
+                            ("medium", s("DISK")),
+                        ]),
+                        m(vec![("type", s("AllBlocksCleared"))]),
+                    ])
+                ),
+                ("data_parallel_rank", U(3)),
+            ])
         );
-        assert_eq!(rmp::decode::read_array_len(&mut rd).unwrap(), 1);
-        assert_eq!(rmp::decode::read_int::<u64, _>(&mut rd).unwrap(), u64::MAX);
-        // The batch ends with the data-parallel rank.
-        assert_eq!(out.last(), Some(&3));
+    }
+
+    #[test]
+    fn a_buffer_is_reused_and_large_batches_use_wide_lengths() {
+        let mut out = Vec::new();
+        let many: Vec<KvEvent> = (0..70_000u64)
+            .map(|h| KvEvent::Removed {
+                hash: h,
+                medium: Medium::Hbm,
+            })
+            .collect();
+        for enc in [KvEncoding::Array, KvEncoding::Map] {
+            batch(&mut out, enc, 2.0, &many, 0, 16);
+            let cap = out.capacity();
+            let events = match decode_value(&out) {
+                A(mut v) => v.swap_remove(1),
+                M(mut v) => v.swap_remove(1).1,
+                other => panic!("{other:?}"),
+            };
+            let A(events) = events else { panic!() };
+            assert_eq!(events.len(), 70_000);
+            // A second, smaller batch into the same buffer replaces the first without growing it.
+            batch(&mut out, enc, 2.0, &[KvEvent::Cleared], 0, 16);
+            assert_eq!(out.capacity(), cap);
+            assert!(matches!(decode_value(&out), A(_) | M(_)));
+        }
     }
 }

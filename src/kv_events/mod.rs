@@ -7,6 +7,9 @@
 //! A publisher thread batches events by count and time, numbers the batches 0, 1, 2, … as it
 //! sends them on a ZMQ PUB socket (`[topic, seq u64 BE, msgpack EventBatch]`), and keeps the
 //! last batches for late subscribers on an optional ROUTER replay socket.
+//!
+//! The batch is encoded in one of vLLM's two wire generations ([`KvEncoding`], see
+//! [`encode`]): real consumers decode with typed decoders, so each accepts exactly one of them.
 
 pub mod encode;
 pub mod stats;
@@ -50,10 +53,43 @@ impl KvEvent {
     }
 }
 
+/// `ock.mmc.kv_events.encoding`: which of vLLM's two wire generations batches are sent in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvEncoding {
+    /// Positional (msgspec `array_like`): the batch and every event are arrays, each event
+    /// tag first. vLLM up to 0.11, llm-d's indexer and Dynamo decode this form.
+    #[default]
+    Array,
+    /// By name: the batch and every event are maps, each event tagged by `"type"`. Current
+    /// vLLM decodes this form.
+    Map,
+}
+
+impl KvEncoding {
+    /// The values `ock.mmc.kv_events.encoding` accepts, as its error names them.
+    pub const ALLOWED: &'static str = "one of array, map";
+
+    pub fn parse(v: &str) -> Option<KvEncoding> {
+        match v.trim() {
+            "array" => Some(KvEncoding::Array),
+            "map" => Some(KvEncoding::Map),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvEncoding::Array => "array",
+            KvEncoding::Map => "map",
+        }
+    }
+}
+
 /// `ock.mmc.kv_events.*`.
 #[derive(Clone, Debug)]
 pub struct KvEventsConfig {
     pub enable: bool,
+    pub encoding: KvEncoding,
     pub endpoint: String,
     pub replay_endpoint: String,
     pub topic: String,
@@ -402,6 +438,7 @@ impl Publisher {
             .as_secs_f64();
         encode::batch(
             &mut self.payload,
+            self.cfg.encoding,
             ts,
             &self.batch,
             self.cfg.data_parallel_rank,
@@ -433,8 +470,8 @@ impl Publisher {
     }
 
     /// Answers replay requests: `[identity, ("",) start_seq u64 BE]` → every buffered batch
-    /// with `seq >= start` as `[identity, "", topic, seq, payload]`, then
-    /// `[identity, "", 0xFFFFFFFFFFFFFFFF, ""]`.
+    /// with `seq >= start` as `[identity, "", seq, payload]` (no topic frame: vLLM's replay
+    /// client unpacks exactly `seq, payload`), then `[identity, "", 0xFFFFFFFFFFFFFFFF, ""]`.
     fn serve_replays(&mut self) {
         let Some(r) = &self.sockets.replay else {
             return;
@@ -449,13 +486,7 @@ impl Publisher {
             };
             let start = u64::from_be_bytes(start);
             for (seq, payload) in self.replay_buffer.iter().filter(|(s, _)| *s >= start) {
-                let out: [&[u8]; 5] = [
-                    identity,
-                    b"",
-                    self.cfg.topic.as_bytes(),
-                    &seq.to_be_bytes(),
-                    payload,
-                ];
+                let out: [&[u8]; 4] = [identity, b"", &seq.to_be_bytes(), payload];
                 let _ = r.send_multipart(out, 0);
             }
             let end: [&[u8]; 4] = [identity, b"", &END_OF_REPLAY, b""];
@@ -471,6 +502,7 @@ mod tests {
     fn cfg(soft: u64, hard: u64) -> KvEventsConfig {
         KvEventsConfig {
             enable: true,
+            encoding: KvEncoding::Array,
             endpoint: "inproc://t".into(),
             replay_endpoint: String::new(),
             topic: String::new(),

@@ -1,18 +1,26 @@
-"""KV cache events decoded the way KV-aware routers decode them (pyzmq + msgpack): three
-frames, a three-element EventBatch, event maps looked up by their field names."""
+"""KV cache events decoded the way KV-aware routers decode them: pyzmq, three frames
+`[topic, seq, payload]`, and every payload decoded by typed decoders shaped like the consumers'
+(vllm_kv_events.py): vLLM's msgspec structs for the configured wire form
+(`ock.mmc.kv_events.encoding`), plus llm-d's positional reading for the `array` form. A batch any
+of them rejects fails the test."""
 
 import json
+import subprocess
 import time
 
-import msgpack
+import msgspec
+import pytest
 import zmq
 
-from conftest import free_port, wait_until
+from conftest import SERVER, free_port, wait_until
+from vllm_kv_events import decode_typed, llmd_read, simplify_typed
 
 MASK = (1 << 64) - 1
+END_OF_REPLAY = b"\xff" * 8
 
 
-def kv_args(pub_port, replay_port=None, extra=()):
+def kv_args(pub_port, replay_port=None, extra=(), encoding=None):
+    """Server arguments; `encoding` None leaves ock.mmc.kv_events.encoding at its default."""
     args = [
         "--set", "ock.mmc.kv_events.enable=true",
         "--set", "ock.mmc.kv_events.endpoint=tcp://127.0.0.1:%d" % pub_port,
@@ -20,6 +28,8 @@ def kv_args(pub_port, replay_port=None, extra=()):
         "--set", "ock.mmc.kv_events.batch_max_delay_ms=2",
         "--set", "ock.mmc.kv_events.data_parallel_rank=3",
     ]
+    if encoding:
+        args += ["--set", "ock.mmc.kv_events.encoding=" + encoding]
     if replay_port:
         args += ["--set", "ock.mmc.kv_events.replay_endpoint=tcp://127.0.0.1:%d" % replay_port]
     return args + list(extra)
@@ -29,33 +39,34 @@ def key(h):
     return "llama@1@0@%x@bf16" % h
 
 
-def decode(frames):
-    """What a router does with one message."""
+def decode_payload(payload, encoding):
+    """Every decoder a consumer of `encoding` would use; they must agree. Returns the events as
+    (kind, hashes, medium) tuples."""
+    batch = decode_typed(payload, encoding)
+    assert abs(batch.ts - time.time()) < 60, batch.ts
+    assert batch.data_parallel_rank == 3, batch
+    events = [simplify_typed(e) for e in batch.events]
+    other = "map" if encoding == "array" else "array"
+    # No hybrid: the other generation's typed decoder rejects the batch.
+    with pytest.raises(msgspec.ValidationError):
+        decode_typed(payload, other)
+    if encoding == "array":
+        ts, llmd_events, dp_rank = llmd_read(payload)
+        assert (ts, llmd_events, dp_rank) == (batch.ts, events, 3)
+    return events
+
+
+def decode(frames, encoding):
+    """What a router does with one published message."""
     assert len(frames) == 3, frames
     topic, seq, payload = frames
     assert len(seq) == 8
-    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    assert isinstance(batch, list) and len(batch) == 3, batch
-    ts, events, dp_rank = batch
-    assert isinstance(ts, float) and abs(ts - time.time()) < 60
-    assert dp_rank == 3
-    return topic.decode(), int.from_bytes(seq, "big"), events
-
-
-def simplify(ev):
-    t = ev["type"]
-    if t == "BlockStored":
-        assert ev["parent_block_hash"] is None and ev["lora_id"] is None and ev["lora_name"] is None
-        assert ev["token_ids"] == [] and ev["block_size"] == 256
-        return ("stored", ev["block_hashes"], ev["medium"])
-    if t == "BlockRemoved":
-        return ("removed", ev["block_hashes"], ev["medium"])
-    assert t == "AllBlocksCleared", ev
-    return ("cleared",)
+    return topic.decode(), int.from_bytes(seq, "big"), decode_payload(payload, encoding)
 
 
 class Subscriber:
-    def __init__(self, port):
+    def __init__(self, port, encoding):
+        self.encoding = encoding
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@test")
@@ -66,10 +77,10 @@ class Subscriber:
 
     def take(self, n):
         while len(self.events) < n:
-            topic, seq, events = decode(self.sock.recv_multipart())
+            topic, seq, events = decode(self.sock.recv_multipart(), self.encoding)
             assert topic == "kv@test"
             self.seqs.append(seq)
-            self.events.extend(simplify(e) for e in events)
+            self.events.extend(events)
         return self.events
 
     def close(self):
@@ -81,8 +92,10 @@ def join_stream(server, sub):
     """PUB/SUB subscriptions take a moment to reach the publisher: put probe objects until one
     is seen, then drop what was received so far."""
     i = 0
+    deadline = time.time() + 30
     while True:
         i += 1
+        assert time.time() < deadline, "the subscription never reached the publisher"
         server.put("probe@1@0@%x@bf16" % (0xF00000 + i), b"p", "&medium=dram")
         try:
             sub.sock.setsockopt(zmq.RCVTIMEO, 200)
@@ -100,13 +113,15 @@ def join_stream(server, sub):
     sub.seqs, sub.events = sub.seqs[-1:], []
 
 
-def test_subscriber_sees_every_event_in_order(server_factory):
+# None: the default encoding, which is the positional one.
+@pytest.mark.parametrize("encoding", [None, "map"], ids=["default-array", "map"])
+def test_subscriber_sees_every_event_in_order(server_factory, encoding):
     pub = free_port()
-    s = server_factory(kv_args(pub, extra=[
+    s = server_factory(kv_args(pub, encoding=encoding, extra=[
         "--set", "ock.mmc.local_service.hbm.size=1MB",
         "--set", "ock.mmc.segment.run_bytes=256KB",
     ]))
-    sub = Subscriber(pub)
+    sub = Subscriber(pub, encoding or "array")
     join_stream(s, sub)
     expected = []
     # Stored on DRAM, then on HBM; a long digest keeps its low 64 bits.
@@ -148,42 +163,52 @@ def test_subscriber_sees_every_event_in_order(server_factory):
     sub.close()
 
 
-def test_late_subscriber_recovers_through_replay(server_factory):
+def replay_frames(sock, start):
+    """A vLLM-style replay client on a DEALER (with the REQ envelope's empty delimiter): after
+    the delimiter every answer unpacks as exactly `seq, payload`, until the end marker."""
+    sock.send_multipart([b"", start.to_bytes(8, "big")])
+    pairs = []
+    while True:
+        frames = sock.recv_multipart()
+        assert frames[0] == b"", frames
+        seq, payload = frames[1:]  # exactly two frames: no topic frame
+        assert len(seq) == 8, frames
+        if seq == END_OF_REPLAY:
+            assert payload == b"", frames
+            return pairs
+        pairs.append((int.from_bytes(seq, "big"), payload))
+
+
+@pytest.mark.parametrize("encoding", ["array", "map"])
+def test_late_subscriber_recovers_through_replay(server_factory, encoding):
     pub, replay = free_port(), free_port()
-    s = server_factory(kv_args(pub, replay))
+    s = server_factory(kv_args(pub, replay, encoding=encoding))
     for h in range(20):
         s.put(key(0xC00 + h), b"r", "&medium=dram")
     wait_until("events published", lambda: s.json("GET", "/kv_events/status")["published_events"] == 20)
     ctx = zmq.Context()
-    # A DEALER with the REQ-style empty delimiter, as replay clients send it.
-    req = ctx.socket(zmq.DEALER)
-    req.setsockopt(zmq.RCVTIMEO, 10000)
-    req.connect("tcp://127.0.0.1:%d" % replay)
-    req.send_multipart([b"", (0).to_bytes(8, "big")])
-    hashes, seqs = [], []
-    while True:
-        frames = req.recv_multipart()
-        assert frames[0] == b"", frames
-        frames = frames[1:]
-        if frames[0] == b"\xff" * 8:
-            assert frames == [b"\xff" * 8, b""], frames
-            break
-        topic, seq, events = decode(frames)
-        assert topic == "kv@test"
-        seqs.append(seq)
-        hashes += [simplify(e)[1][0] for e in events]
-    req.close(0)
-    assert seqs == list(range(len(seqs))), seqs
-    assert hashes == [0xC00 + h for h in range(20)]
-    # Asking from a later sequence returns only the rest, through a DEALER too.
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.RCVTIMEO, 10000)
     dealer.connect("tcp://127.0.0.1:%d" % replay)
-    dealer.send_multipart([b"", (seqs[-1]).to_bytes(8, "big")])
-    frames = dealer.recv_multipart()
-    assert frames[0] == b"" and int.from_bytes(frames[2], "big") == seqs[-1], frames
-    assert dealer.recv_multipart() == [b"", b"\xff" * 8, b""]
+    pairs = replay_frames(dealer, 0)
+    seqs = [seq for seq, _ in pairs]
+    events = [e for _, payload in pairs for e in decode_payload(payload, encoding)]
+    assert seqs == list(range(len(seqs))), seqs
+    assert events == [("stored", [0xC00 + h], "CPU") for h in range(20)]
+    # Asking from a later sequence returns only the rest.
+    assert replay_frames(dealer, seqs[-1]) == pairs[-1:]
+    # Past the end: only the end marker.
+    assert replay_frames(dealer, seqs[-1] + 1) == []
     dealer.close(0)
+    # vLLM's own client uses a REQ socket, which strips the delimiter: its first answer is the
+    # pair `seq, payload` it unpacks.
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.RCVTIMEO, 10000)
+    req.connect("tcp://127.0.0.1:%d" % replay)
+    req.send(seqs[-1].to_bytes(8, "big"))
+    seq_bytes, payload = req.recv_multipart()
+    assert (int.from_bytes(seq_bytes, "big"), payload) == pairs[-1]
+    req.close(0)
     ctx.term()
 
 
@@ -240,8 +265,6 @@ def test_disabled_by_default_and_bad_endpoints_refused(server_factory):
     assert st["queue_capacity"] == 65536
     assert list(st["published_by_medium"]) == ["dram", "hbm", "ssd", "unknown"]
     assert list(st["published_by_type"]) == ["cleared", "removed", "stored"]
-    import subprocess
-    from conftest import SERVER
     r = subprocess.run([SERVER, "--listen", "127.0.0.1:0", "--set", "ock.mmc.kv_events.enable=true",
                         "--set", "ock.mmc.kv_events.endpoint=tcp://1.2.3.4.5:1"],
                        capture_output=True, text=True, timeout=30)
@@ -266,7 +289,7 @@ def test_a_damaged_ssd_copy_is_dropped_with_a_block_removed(server_factory, tmp_
         "--set", "ock.mmc.segment.run_bytes=1MB",
         "--set", "ock.mmc.lease_ms=100",
     ]))
-    sub = Subscriber(pub)
+    sub = Subscriber(pub, "array")
     join_stream(s, sub)
     early = [0xC00 + i for i in range(16)]
     for h in early:
@@ -298,3 +321,13 @@ def test_a_damaged_ssd_copy_is_dropped_with_a_block_removed(server_factory, tmp_
     while not all(w in got for w in want):
         got = sub.take(len(got) + 1)  # bounded: each receive times out after 10 s
     sub.close()
+
+
+def test_an_unknown_encoding_stops_the_start_with_one_line():
+    r = subprocess.run([SERVER, "--listen", "127.0.0.1:0", "--set", "ock.mmc.kv_events.enable=true",
+                        "--set", "ock.mmc.kv_events.encoding=json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "ock.mmc.kv_events.encoding" in lines[0] and "array, map" in lines[0], r.stderr
