@@ -4,6 +4,7 @@
 mod harness;
 
 mod foundation;
+mod framing;
 mod lifecycle;
 mod observability;
 mod security;
