@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod batches;
 mod foundation;
 mod framing;
 mod lifecycle;
