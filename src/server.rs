@@ -28,18 +28,49 @@ pub struct Server {
 /// from many clients at once (the kernel clamps it to `net.core.somaxconn`).
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// Creates one listening socket per shard on the same address with `SO_REUSEPORT`, so the
-/// kernel spreads new connections across shards. Port 0 is resolved by the first socket.
+/// How long a start waits for a port still held by a listening socket before giving up. A
+/// process killed with SIGKILL keeps its listeners in LISTEN for a moment after it is gone
+/// (io_uring tears a ring down asynchronously, and a pending accept holds its socket; measured
+/// at up to ~200 ms under load), so a supervisor's immediate restart would otherwise fail with
+/// "Address already in use". A port held by a live process is still refused, this much later.
+const BUSY_PORT_WAIT_MS: u64 = 1000;
+
+/// Pause between two binds of the probe while the port is busy.
+const BUSY_PORT_POLL_MS: u64 = 10;
+
+/// Creates one listening socket per shard on the same address with `SO_REUSEADDR` (connections
+/// of a previous process left in TIME_WAIT or FIN_WAIT do not block the bind) and `SO_REUSEPORT`
+/// (the kernel spreads new connections across shards). Port 0 is resolved by the first socket.
 fn bind_listeners(addr: SocketAddr, count: usize) -> Result<Vec<std::net::TcpListener>, String> {
     use socket2::{Domain, Protocol, Socket, Type};
     let bind_err = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
     // SO_REUSEPORT would let us silently share the port with another process of the same
-    // user already listening there; a plain bind first detects that.
+    // user already listening there (or with the dying listeners of a killed one, whose
+    // queued connections would then be reset); a bind without it first detects that, and
+    // waits a bounded time for a listener that is going away.
     if addr.port() != 0 {
-        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-            .map_err(bind_err)?;
-        probe.set_reuse_address(true).map_err(bind_err)?;
-        probe.bind(&addr.into()).map_err(bind_err)?;
+        let deadline = Instant::now() + Duration::from_millis(BUSY_PORT_WAIT_MS);
+        let mut waited = false;
+        loop {
+            let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+                .map_err(bind_err)?;
+            probe.set_reuse_address(true).map_err(bind_err)?;
+            match probe.bind(&addr.into()) {
+                Ok(()) => break,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline =>
+                {
+                    if !waited {
+                        log::info!(
+                            "{addr} is still held by a listener; waiting up to {BUSY_PORT_WAIT_MS} ms for it to go away"
+                        );
+                        waited = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(BUSY_PORT_POLL_MS));
+                }
+                Err(e) => return Err(bind_err(e)),
+            }
+        }
     }
     let mut out = Vec::with_capacity(count);
     let mut addr = addr;

@@ -115,46 +115,46 @@ mod tests {
     #[test]
     fn routes_and_tokens() {
         let a = auth("data-token", "scrape-token");
-        assert!(allows(&a, "GET /healthz HTTP/1.1\r\n\r\n"));
-        assert!(allows(&a, "GET /ready HTTP/1.1\r\n\r\n"));
-        assert!(!allows(&a, "GET /health HTTP/1.1\r\n\r\n"));
+        assert!(allows(&a, "GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n"));
+        assert!(allows(&a, "GET /ready HTTP/1.1\r\nHost: h\r\n\r\n"));
+        assert!(!allows(&a, "GET /health HTTP/1.1\r\nHost: h\r\n\r\n"));
         assert!(allows(
             &a,
-            "GET /health HTTP/1.1\r\nAuthorization: Bearer data-token\r\n\r\n"
-        ));
-        assert!(allows(
-            &a,
-            "GET /health HTTP/1.1\r\nAuthorization: bearer   data-token \r\n\r\n"
-        ));
-        assert!(!allows(
-            &a,
-            "GET /health HTTP/1.1\r\nAuthorization: Bearer data-tokeN\r\n\r\n"
-        ));
-        assert!(!allows(
-            &a,
-            "GET /health HTTP/1.1\r\nAuthorization: Basic data-token\r\n\r\n"
-        ));
-        assert!(!allows(
-            &a,
-            "GET /metrics HTTP/1.1\r\nAuthorization: Bearer data-token\r\n\r\n"
+            "GET /health HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer data-token\r\n\r\n"
         ));
         assert!(allows(
             &a,
-            "GET /metrics/summary HTTP/1.1\r\nAuthorization: Bearer scrape-token\r\n\r\n"
+            "GET /health HTTP/1.1\r\nHost: h\r\nAuthorization: bearer   data-token \r\n\r\n"
         ));
         assert!(!allows(
             &a,
-            "GET /health HTTP/1.1\r\nAuthorization: Bearer scrape-token\r\n\r\n"
+            "GET /health HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer data-tokeN\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /health HTTP/1.1\r\nHost: h\r\nAuthorization: Basic data-token\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /metrics HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer data-token\r\n\r\n"
+        ));
+        assert!(allows(
+            &a,
+            "GET /metrics/summary HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer scrape-token\r\n\r\n"
+        ));
+        assert!(!allows(
+            &a,
+            "GET /health HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer scrape-token\r\n\r\n"
         ));
         assert!(
-            !allows(&a, "GET /unknown HTTP/1.1\r\n\r\n"),
+            !allows(&a, "GET /unknown HTTP/1.1\r\nHost: h\r\n\r\n"),
             "unknown paths need the data token"
         );
         let open = auth("", "");
-        assert!(allows(&open, "GET /metrics HTTP/1.1\r\n\r\n"));
+        assert!(allows(&open, "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"));
         let data_only = auth("d", "");
         assert!(
-            allows(&data_only, "GET /metrics HTTP/1.1\r\n\r\n"),
+            allows(&data_only, "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"),
             "no metrics token: scrapes are open"
         );
     }
@@ -169,7 +169,7 @@ mod tests {
             c.set("ock.mmc.http.auth_token", data).unwrap();
             c.set("ock.mmc.http.metrics_token", metrics).unwrap();
             for spec in router::ROUTES {
-                let req = format!("GET {} HTTP/1.1\r\n\r\n", spec.path);
+                let req = format!("GET {} HTTP/1.1\r\nHost: h\r\n\r\n", spec.path);
                 let secured = scheme_for(&c, spec.route).is_some();
                 assert_eq!(
                     secured,

@@ -1,5 +1,6 @@
-//! Request bodies of `/memory/evict` and `/memory/prefetch`: JSON → typed requests, with the
-//! contract's error texts. Pure functions (no I/O), so they are unit-tested and fuzzed alone.
+//! Request bodies of `/memory/evict` and `/memory/prefetch`, and the `{"keys":[…]}` body of the
+//! POST form of the batch routes: JSON → typed requests, with the contract's error texts. Pure
+//! functions (no I/O), so they are unit-tested and fuzzed alone.
 
 use serde_json::Value;
 use smallvec::SmallVec;
@@ -9,6 +10,15 @@ use crate::shards::store::segment::Medium;
 
 /// Most chunk hashes one request may name.
 pub const MAX_CHUNK_HASHES: usize = 65_536;
+
+/// Most keys one batch request may name (each costs work on its owner).
+pub const MAX_BATCH_KEYS: usize = 4096;
+
+/// Largest `{"keys":[…]}` body: room for [`MAX_BATCH_KEYS`] keys of the longest length
+/// ([`crate::limits::MAX_KEY_BYTES`]) with their quotes and commas, plus slack for
+/// whitespace and escapes. 16 MiB and a little; a larger body is answered 413 unread.
+pub const MAX_BATCH_KEYS_BODY_BYTES: u64 =
+    (MAX_BATCH_KEYS * (crate::limits::MAX_KEY_BYTES + 8) + (1 << 20)) as u64;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum BodyError {
@@ -113,6 +123,35 @@ pub fn parse_evict(content_type: Option<&[u8]>, body: &[u8]) -> Result<EvictRequ
     })
 }
 
+/// The keys of a batch request's JSON body `{"keys":["a","b"]}`, in order. As in the query
+/// form, empty keys are skipped and at most [`MAX_BATCH_KEYS`] keys are accepted; other fields
+/// are ignored. The keys themselves are validated by the caller, like the query form's.
+pub fn parse_batch_keys(
+    content_type: Option<&[u8]>,
+    body: &[u8],
+) -> Result<Vec<Box<[u8]>>, BodyError> {
+    let body = object(content_type, body)?;
+    let Some(v) = body.get("keys").filter(|v| !v.is_null()) else {
+        return Err(BodyError::msg("Missing 'keys' in request body"));
+    };
+    let bad = || BodyError::msg("Invalid 'keys': expected an array of strings");
+    let items = v.as_array().ok_or_else(bad)?;
+    let mut out = Vec::with_capacity(items.len().min(MAX_BATCH_KEYS));
+    for item in items {
+        let key = item.as_str().ok_or_else(bad)?;
+        if key.is_empty() {
+            continue;
+        }
+        if out.len() == MAX_BATCH_KEYS {
+            return Err(BodyError::msg(format!(
+                "Too many keys (max {MAX_BATCH_KEYS} per request)"
+            )));
+        }
+        out.push(key.as_bytes().into());
+    }
+    Ok(out)
+}
+
 pub fn parse_prefetch(
     content_type: Option<&[u8]>,
     body: &[u8],
@@ -170,6 +209,51 @@ mod tests {
         );
         assert!(parse_evict(JSON, br#"{"chunk_hashes":"a"}"#).is_err());
         assert!(parse_evict(JSON, br#"{"chunk_hashes":["a"],"locations":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn batch_key_bodies() {
+        let keys = parse_batch_keys(JSON, br#"{"keys":["a","","b,c","\u00e9"],"x":1}"#).unwrap();
+        let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        assert_eq!(keys, [&b"a"[..], b"b,c", "\u{e9}".as_bytes()]);
+        assert_eq!(parse_batch_keys(JSON, br#"{"keys":[]}"#).unwrap().len(), 0);
+        assert_eq!(
+            parse_batch_keys(Some(b"text/plain"), br#"{"keys":[]}"#),
+            Err(BodyError::MediaType)
+        );
+        for (body, message) in [
+            (&b"{"[..], "Invalid JSON body"),
+            (b"[\"a\"]", "Invalid JSON body"),
+            (b"{}", "Missing 'keys' in request body"),
+            (br#"{"keys":null}"#, "Missing 'keys' in request body"),
+            (
+                br#"{"keys":"a,b"}"#,
+                "Invalid 'keys': expected an array of strings",
+            ),
+            (
+                br#"{"keys":["a",1]}"#,
+                "Invalid 'keys': expected an array of strings",
+            ),
+        ] {
+            assert_eq!(
+                parse_batch_keys(JSON, body),
+                Err(BodyError::msg(message)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let at_limit = serde_json::json!({ "keys": (0..MAX_BATCH_KEYS).map(|i| i.to_string()).collect::<Vec<_>>() });
+        let body = serde_json::to_vec(&at_limit).unwrap();
+        assert_eq!(parse_batch_keys(JSON, &body).unwrap().len(), MAX_BATCH_KEYS);
+        let over = serde_json::json!({ "keys": (0..=MAX_BATCH_KEYS).map(|i| i.to_string()).collect::<Vec<_>>() });
+        let body = serde_json::to_vec(&over).unwrap();
+        assert_eq!(
+            parse_batch_keys(JSON, &body),
+            Err(BodyError::msg("Too many keys (max 4096 per request)"))
+        );
+        // The longest batch fits in the body limit.
+        let longest = serde_json::json!({ "keys": (0..MAX_BATCH_KEYS).map(|i| format!("{i:0>4096}")).collect::<Vec<_>>() });
+        assert!(serde_json::to_vec(&longest).unwrap().len() as u64 <= MAX_BATCH_KEYS_BODY_BYTES);
     }
 
     #[test]

@@ -144,7 +144,9 @@ impl ChunkedDecoder {
 }
 
 /// `1*HEXDIG [ BWS ";" ext ]`: the size, extensions ignored. At most 15 hex digits so the
-/// value fits comfortably in a u64.
+/// value fits comfortably in a u64. Extensions may hold no control character but HTAB: a bare
+/// CR (or other control byte) there is read as a line end by some parsers, which is how a
+/// proxy and a server come to disagree on where a body ends.
 fn parse_chunk_size(line: &[u8]) -> Option<u64> {
     let digits_end = line
         .iter()
@@ -155,6 +157,9 @@ fn parse_chunk_size(line: &[u8]) -> Option<u64> {
     }
     let tail = super::parse::trim(&line[digits_end..]);
     if !tail.is_empty() && tail[0] != b';' {
+        return None;
+    }
+    if tail.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
         return None;
     }
     let mut n = 0u64;
@@ -216,6 +221,17 @@ mod tests {
             b"-1\r\n",
             b"1234567890abcdef0\r\n",
             b"5 junk\r\n",
+            // RFC 9112 §7.1 smuggling shapes: a size prefixed like a C literal, a bare CR or
+            // LF in an extension, a missing CRLF after the data, an LF-only size line.
+            b"0x5\r\nhello\r\n0\r\n\r\n",
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+            b"5;a\nb\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello0\r\n\r\n",
+            b"5\r\nhello\r\n0\n\r\n",
+            b"\r\n5\r\nhello\r\n0\r\n\r\n",
+            b" 5\r\nhello\r\n0\r\n\r\n",
+            b"+5\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nX: a\n\r\n",
         ] {
             assert_eq!(
                 decode_all(bad, 1024).unwrap_err().status,

@@ -2,6 +2,23 @@
 //!
 //! Parsing is sans-I/O: [`parse_head`] looks at the bytes received so far and says "complete",
 //! "need more" or "this is an error with that status". The connection loop owns the socket.
+//!
+//! Framing follows RFC 9112 strictly where a lenient reading would let a proxy in front of us
+//! and this server disagree on where a request ends or whom it is for (request smuggling):
+//! every refusal below closes the connection after its answer.
+//! - `Content-Length` and `Transfer-Encoding` together: 400 (§6.1, §6.3).
+//! - `Content-Length` that is not one decimal number, or repeated with different values: 400
+//!   (§6.3; a repeat of the same value is accepted, as §6.3 allows).
+//! - `Transfer-Encoding` whose last coding is not `chunked`, or that applies `chunked` twice:
+//!   400 (§6.1, §7); a coding before the final `chunked` (`gzip, chunked`): 501; any
+//!   `Transfer-Encoding` in HTTP/1.0: 400 (§6.1).
+//! - HTTP/1.1 without `Host`, more than one `Host`, or a `Host` that is not `host[:port]`: 400
+//!   (§3.2). HTTP/1.0 without `Host` is accepted.
+//! - Obsolete line folding, whitespace between a field name and its colon, whitespace before
+//!   the first field, bare CR, a malformed request line: 400 (§5.1, §5.2, §2.2, httparse's
+//!   strict request mode).
+//! - Chunked bodies (`super::chunked`): a chunk size that is not 1-15 hex digits, a chunk
+//!   line or data not ended by CRLF, control characters in chunk extensions: 400.
 
 use super::response::Status;
 use crate::limits::{MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES};
@@ -146,8 +163,8 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     };
 
     let mut content_length: Option<u64> = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
+    let mut transfer_encoding = TransferCodings::default();
+    let mut hosts = 0u32;
     let mut conn_close = false;
     let mut conn_keep_alive = false;
     let mut expect_continue = false;
@@ -175,13 +192,20 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
                 content_length = Some(n);
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
-                transfer_encoding = true;
-                if value.eq_ignore_ascii_case(b"chunked") && !chunked {
-                    chunked = true;
-                } else {
+                transfer_encoding.add(value);
+            }
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                hosts += 1;
+                if hosts > 1 {
                     return Parsed::Error(ProtocolError::new(
-                        Status::NOT_IMPLEMENTED,
-                        "Unsupported Transfer-Encoding (only chunked is accepted)",
+                        Status::BAD_REQUEST,
+                        "More than one Host header",
+                    ));
+                }
+                if !valid_host(value) {
+                    return Parsed::Error(ProtocolError::new(
+                        Status::BAD_REQUEST,
+                        "Invalid Host header",
                     ));
                 }
             }
@@ -211,7 +235,13 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             _ => {}
         }
     }
-    let framing = match (transfer_encoding, content_length) {
+    if hosts == 0 && minor_version >= 1 {
+        return Parsed::Error(ProtocolError::new(
+            Status::BAD_REQUEST,
+            "Missing Host header (required in HTTP/1.1)",
+        ));
+    }
+    let framing = match (transfer_encoding.present, content_length) {
         // Both headers at once is how request smuggling starts: refuse.
         (true, Some(_)) => {
             return Parsed::Error(ProtocolError::new(
@@ -225,7 +255,10 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
                 "Transfer-Encoding is not defined for HTTP/1.0",
             ));
         }
-        (true, None) => Framing::Chunked,
+        (true, None) => match transfer_encoding.verdict() {
+            Ok(()) => Framing::Chunked,
+            Err(e) => return Parsed::Error(e),
+        },
         (false, Some(0)) | (false, None) => Framing::None,
         (false, Some(n)) => Framing::Length(n),
     };
@@ -247,6 +280,70 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         content_type,
         authorization,
     })
+}
+
+/// The codings of every `Transfer-Encoding` field of a request, in order (the fields form one
+/// comma-separated list, RFC 9110 §5.3).
+#[derive(Default)]
+struct TransferCodings {
+    present: bool,
+    /// `chunked` codings seen.
+    chunked: u32,
+    /// Codings other than `chunked` seen.
+    others: u32,
+    /// Whether the last coding seen is `chunked`.
+    last_is_chunked: bool,
+}
+
+impl TransferCodings {
+    fn add(&mut self, value: &[u8]) {
+        self.present = true;
+        // Empty list elements are ignored, as RFC 9110 §5.6.1 asks of recipients.
+        for coding in value.split(|&b| b == b',').map(trim) {
+            if coding.is_empty() {
+                continue;
+            }
+            let chunked = coding.eq_ignore_ascii_case(b"chunked");
+            if chunked {
+                self.chunked += 1;
+            } else {
+                self.others += 1;
+            }
+            self.last_is_chunked = chunked;
+        }
+    }
+
+    /// Whether the body can be framed: the codings end with one `chunked` and there is none
+    /// other (RFC 9112 §6.1: the final coding must be chunked, else 400; chunked only once).
+    fn verdict(&self) -> Result<(), ProtocolError> {
+        if !self.last_is_chunked {
+            return Err(ProtocolError::new(
+                Status::BAD_REQUEST,
+                "Transfer-Encoding must end with chunked",
+            ));
+        }
+        if self.chunked > 1 {
+            return Err(ProtocolError::new(
+                Status::BAD_REQUEST,
+                "Transfer-Encoding applies chunked more than once",
+            ));
+        }
+        if self.others > 0 {
+            return Err(ProtocolError::new(
+                Status::NOT_IMPLEMENTED,
+                "Unsupported Transfer-Encoding (only chunked is accepted)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A `Host` value is `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2): reg-name,
+/// IPv4 or a bracketed IP literal characters only (no whitespace, `/`, `@`, `?`, `#`). An
+/// empty value is allowed (a target without an authority).
+fn valid_host(v: &[u8]) -> bool {
+    v.iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(&b))
 }
 
 /// What an incomplete head means: wait for more, or refuse it now because it is already over
@@ -352,67 +449,294 @@ mod tests {
 
     #[test]
     fn framing_and_connection_rules() {
-        let h = complete(b"PUT / HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\n");
+        let h = complete(
+            b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+        );
         assert_eq!(h.framing, Framing::Length(5));
         assert!(!h.keep_alive);
-        let h = complete(b"PUT / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n");
+        let h = complete(b"PUT / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n");
         assert_eq!(h.framing, Framing::Chunked);
         let h = complete(b"GET / HTTP/1.0\r\n\r\n");
         assert!(!h.keep_alive);
         let h = complete(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
         assert!(h.keep_alive);
-        let h = complete(b"GET / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n");
+        let h = complete(
+            b"GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+        );
         assert_eq!(h.framing, Framing::Length(3));
     }
 
+    /// One case per smuggling-relevant rule of RFC 9112 (§3.2 Host, §5 field syntax, §6 body
+    /// framing): the head, the status and the message it is refused with.
     #[test]
     fn smuggling_shapes_are_refused() {
-        assert_eq!(
-            error(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
-                .status,
-            Status::BAD_REQUEST
+        let bad = Status::BAD_REQUEST;
+        let cases: &[(&[u8], Status, &str)] = &[
+            // §6.1/§6.3: Content-Length with Transfer-Encoding, in either order.
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                bad,
+                "Both Transfer-Encoding and Content-Length present",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                bad,
+                "Both Transfer-Encoding and Content-Length present",
+            ),
+            // §6.3: duplicate Content-Length with differing values, or a list of them.
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                bad,
+                "Conflicting Content-Length headers",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3, 4\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            // §6.3: invalid Content-Length values.
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +3\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0x10\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1 0\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                bad,
+                "Invalid Content-Length",
+            ),
+            // §6.1: the final coding must be chunked; chunked only once; others unsupported.
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
+                bad,
+                "Transfer-Encoding must end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+                bad,
+                "Transfer-Encoding must end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n",
+                bad,
+                "Transfer-Encoding must end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked;q=1\r\n\r\n",
+                bad,
+                "Transfer-Encoding must end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \r\n\r\n",
+                bad,
+                "Transfer-Encoding must end with chunked",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                bad,
+                "Transfer-Encoding applies chunked more than once",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+                bad,
+                "Transfer-Encoding applies chunked more than once",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                Status::NOT_IMPLEMENTED,
+                "Unsupported Transfer-Encoding (only chunked is accepted)",
+            ),
+            (
+                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                bad,
+                "Transfer-Encoding is not defined for HTTP/1.0",
+            ),
+            // §3.2: Host.
+            (
+                b"GET / HTTP/1.1\r\n\r\n",
+                bad,
+                "Missing Host header (required in HTTP/1.1)",
+            ),
+            (
+                b"GET http://a/ HTTP/1.1\r\n\r\n",
+                bad,
+                "Missing Host header (required in HTTP/1.1)",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                bad,
+                "More than one Host header",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+                bad,
+                "More than one Host header",
+            ),
+            (
+                b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+                bad,
+                "More than one Host header",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+                bad,
+                "Invalid Host header",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: evil.example/x\r\n\r\n",
+                bad,
+                "Invalid Host header",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+                bad,
+                "Invalid Host header",
+            ),
+            // §5.1: whitespace between a field name and its colon.
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length : 3\r\n\r\nabc",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding\t: chunked\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            // §5.2: obsolete line folding (a field value continued on the next line).
+            (
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip,\r\n chunked\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n\tX-B: 2\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            // §2.2: whitespace before the first field, bare CR, a split request line.
+            (
+                b"GET / HTTP/1.1\r\n Host: h\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: h\rX-A: 1\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"GET  / HTTP/1.1\r\nHost: h\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"GET / HTTP/1.1 \r\nHost: h\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+            (
+                b"GET / HTTP/1.1\r\n: empty-name\r\nHost: h\r\n\r\n",
+                bad,
+                "Malformed request line or headers",
+            ),
+        ];
+        for (head, status, message) in cases {
+            let e = error(head);
+            assert_eq!(
+                (e.status, e.message),
+                (*status, *message),
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
+    }
+
+    #[test]
+    fn host_rules() {
+        // HTTP/1.0 without Host stays accepted; HTTP/1.1 with one Host (any valid form).
+        assert_eq!(complete(b"GET / HTTP/1.0\r\n\r\n").minor_version, 0);
+        for host in [
+            &b"a"[..],
+            b"127.0.0.1:8000",
+            b"[::1]:8000",
+            b"my-host.example.com",
+            b"",
+            b"xn--bcher-kva.example",
+        ] {
+            let mut req = b"GET / HTTP/1.1\r\nHost: ".to_vec();
+            req.extend_from_slice(host);
+            req.extend_from_slice(b"\r\n\r\n");
+            let h = complete(&req);
+            assert_eq!(h.minor_version, 1, "{host:?}");
+        }
+        // The absolute form still needs its Host (RFC 9112 §3.2).
+        let h = complete(b"GET http://a/health HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path, b"/health");
+    }
+
+    #[test]
+    fn transfer_encoding_lists() {
+        // Codings spread over fields and empty list elements: what counts is the final one.
+        let h = complete(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: ,chunked,\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked);
+        let h = complete(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: CHUNKED\r\n\r\n");
+        assert_eq!(h.framing, Framing::Chunked);
+        // A repeated identical Content-Length is one length (RFC 9112 §6.3).
+        let h = complete(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\nContent-Length: 7\r\n\r\n",
         );
-        assert_eq!(
-            error(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n").status,
-            Status::BAD_REQUEST
-        );
-        assert_eq!(
-            error(b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n").status,
-            Status::BAD_REQUEST
-        );
-        assert_eq!(
-            error(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").status,
-            Status::NOT_IMPLEMENTED
-        );
-        assert_eq!(
-            error(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n")
-                .status,
-            Status::NOT_IMPLEMENTED
-        );
+        assert_eq!(h.framing, Framing::Length(7));
     }
 
     #[test]
     fn limits() {
-        let long_uri = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_URI_BYTES));
+        let long_uri = format!(
+            "GET /{} HTTP/1.1\r\nHost: h\r\n\r\n",
+            "a".repeat(MAX_URI_BYTES)
+        );
         assert_eq!(error(long_uri.as_bytes()).status, Status::URI_TOO_LONG);
         // An unfinished request line longer than the limit is refused before it ends.
         let endless = format!("GET /{}", "a".repeat(MAX_URI_BYTES + 64));
         assert_eq!(error(endless.as_bytes()).status, Status::URI_TOO_LONG);
         let big_headers = format!(
-            "GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: h\r\nX-Big: {}\r\n\r\n",
             "b".repeat(MAX_HEAD_BYTES)
         );
         assert_eq!(
             error(big_headers.as_bytes()).status,
             Status::HEADERS_TOO_LARGE
         );
-        let unfinished = format!("GET / HTTP/1.1\r\nX-Big: {}", "b".repeat(MAX_HEAD_BYTES));
+        let unfinished = format!(
+            "GET / HTTP/1.1\r\nHost: h\r\nX-Big: {}",
+            "b".repeat(MAX_HEAD_BYTES)
+        );
         assert_eq!(
             error(unfinished.as_bytes()).status,
             Status::HEADERS_TOO_LARGE
         );
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
-        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        let many = format!("GET / HTTP/1.1\r\nHost: h\r\n{many}\r\n");
         assert_eq!(error(many.as_bytes()).status, Status::HEADERS_TOO_LARGE);
         assert!(matches!(
             parse_head(b"GET / HTTP/1.1\r\nHost: a"),
@@ -424,9 +748,9 @@ mod tests {
     fn malformed_heads() {
         for bad in [
             &b"GARBAGE\r\n\r\n"[..],
-            b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\nBad Header\r\n\r\n",
             b"GET / HTTP/3.0\r\n\r\n",
-            b"GET foo HTTP/1.1\r\n\r\n",
+            b"GET foo HTTP/1.1\r\nHost: h\r\n\r\n",
             b"\x00\x01\x02\r\n\r\n",
         ] {
             assert_eq!(error(bad).status, Status::BAD_REQUEST, "{bad:?}");
@@ -436,20 +760,20 @@ mod tests {
             Status::HTTP_VERSION_NOT_SUPPORTED
         );
         assert_eq!(
-            error(b"PUT / HTTP/1.1\r\nExpect: magic\r\n\r\n").status,
+            error(b"PUT / HTTP/1.1\r\nHost: h\r\nExpect: magic\r\n\r\n").status,
             Status::EXPECTATION_FAILED
         );
     }
 
     #[test]
     fn target_forms() {
-        let h = complete(b"GET http://example.com/health?x=1 HTTP/1.1\r\n\r\n");
+        let h = complete(b"GET http://example.com/health?x=1 HTTP/1.1\r\nHost: h\r\n\r\n");
         assert_eq!((h.path, h.query), (&b"/health"[..], &b"x=1"[..]));
-        let h = complete(b"GET http://example.com HTTP/1.1\r\n\r\n");
+        let h = complete(b"GET http://example.com HTTP/1.1\r\nHost: h\r\n\r\n");
         assert_eq!(h.path, b"/");
-        let h = complete(b"OPTIONS * HTTP/1.1\r\n\r\n");
+        let h = complete(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n");
         assert_eq!(h.path, b"*");
-        let h = complete(b"GET /a#frag HTTP/1.1\r\n\r\n");
+        let h = complete(b"GET /a#frag HTTP/1.1\r\nHost: h\r\n\r\n");
         assert_eq!(h.path, b"/a");
     }
 

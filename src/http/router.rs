@@ -69,6 +69,17 @@ const fn get(path: &'static str, route: Route) -> RouteSpec {
     }
 }
 
+/// A batch read: GET with `keys=` in the query, or POST with the keys in a JSON body (more
+/// keys than a URI holds).
+const fn get_or_post(path: &'static str, route: Route) -> RouteSpec {
+    RouteSpec {
+        path,
+        route,
+        methods: &[Get, Post],
+        allow: "GET, HEAD, POST, OPTIONS",
+    }
+}
+
 const fn post(path: &'static str, route: Route) -> RouteSpec {
     RouteSpec {
         path,
@@ -94,7 +105,7 @@ pub static ROUTES: &[RouteSpec] = &[
     get("/ready", Route::Ready),
     get("/openapi.json", Route::OpenApi),
     get("/query_key", Route::QueryKey),
-    get("/batch_query_keys", Route::BatchQueryKeys),
+    get_or_post("/batch_query_keys", Route::BatchQueryKeys),
     RouteSpec {
         path: "/key",
         route: Route::Key,
@@ -129,8 +140,8 @@ pub static ROUTES: &[RouteSpec] = &[
     },
     get("/api/v1/objects/exist", Route::ObjectsExist),
     post("/api/v1/objects/batch_put", Route::ObjectsBatchPut),
-    get("/api/v1/objects/batch_get", Route::ObjectsBatchGet),
-    get("/api/v1/objects/batch_exist", Route::ObjectsBatchExist),
+    get_or_post("/api/v1/objects/batch_get", Route::ObjectsBatchGet),
+    get_or_post("/api/v1/objects/batch_exist", Route::ObjectsBatchExist),
     post("/api/v1/objects/batch_remove", Route::ObjectsBatchRemove),
     post("/api/v1/segments/mount", Route::SegmentsMount),
     post("/api/v1/segments/unmount", Route::SegmentsUnmount),

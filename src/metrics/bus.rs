@@ -110,7 +110,9 @@ impl Default for TierStats {
     }
 }
 
-/// Subscribers the bus knows by name (for the panic counters).
+/// Subscribers the bus knows by name (for the panic counters). A subscriber's series are
+/// exported only while it is installed ([`BusStats::installed`]): the test subscriber's name
+/// never appears in a production `/metrics`.
 pub const SUBSCRIBERS: &[&str] = &[
     "TierMetricsSubscriber",
     "LoggingSubscriber",
@@ -128,6 +130,15 @@ pub struct BusStats {
     /// the queue is empty.
     pub oldest_ms: Gauge,
     pub subscriber_panics: [Counter; 3],
+    /// Which of [`SUBSCRIBERS`] this shard's bus delivers to (set once, when the bus is built).
+    pub installed: [std::sync::atomic::AtomicBool; 3],
+}
+
+impl BusStats {
+    /// Whether the subscriber `id` (index into [`SUBSCRIBERS`]) is installed on this bus.
+    pub fn is_installed(&self, id: usize) -> bool {
+        self.installed[id].load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 pub trait Subscriber {
@@ -237,10 +248,13 @@ impl Subscriber for LoggingSubscriber {
     }
 }
 
-/// A subscriber that panics on evictions (test hook `MMC_TEST_PANICKING_SUBSCRIBER=1`), to
-/// prove that a failing subscriber is contained and counted.
+/// A subscriber that panics on evictions, to prove that a failing subscriber is contained and
+/// counted. Only in unit tests and debug builds (test hook `MMC_TEST_PANICKING_SUBSCRIBER=1`,
+/// honoured by a debug build only): a release build does not contain it.
+#[cfg(any(test, debug_assertions))]
 pub struct PanickingTestSubscriber;
 
+#[cfg(any(test, debug_assertions))]
 impl Subscriber for PanickingTestSubscriber {
     fn id(&self) -> usize {
         2
@@ -280,6 +294,9 @@ impl EventBus {
         stats: Arc<BusStats>,
         subscribers: Vec<Box<dyn Subscriber>>,
     ) -> EventBus {
+        for s in &subscribers {
+            stats.installed[s.id()].store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         EventBus {
             queue: RefCell::new(VecDeque::with_capacity(capacity.min(4096))),
             capacity,
@@ -397,6 +414,7 @@ mod tests {
         bus.drain();
         std::panic::set_hook(hook);
         assert_eq!(stats.subscriber_panics[2].get(), 1);
+        assert!(stats.is_installed(0) && !stats.is_installed(1) && stats.is_installed(2));
         assert_eq!(tier.l1_evicted_chunks.get(), 1);
         assert_eq!(tier.l1_read_chunks.get(), 1);
         assert_eq!(

@@ -934,6 +934,11 @@ fn render_tiers_and_bus(cluster: &Cluster, o: &mut Out<'_>) {
         "counter",
     );
     for (i, name) in SUBSCRIBERS.iter().enumerate() {
+        // Only subscribers that are installed have series (the test subscriber is not, in
+        // production).
+        if !cluster.shards.iter().any(|s| s.bus_stats.is_installed(i)) {
+            continue;
+        }
         o.int(
             "lmcache_mp_event_bus_subscriber_exceptions_total",
             &[("subscriber_name", name)],

@@ -33,9 +33,10 @@ use hashbrown::HashMap;
 use crate::config::Config;
 use crate::ha::HaView;
 use crate::metrics::ShardStats;
+#[cfg(debug_assertions)]
+use crate::metrics::bus::PanickingTestSubscriber;
 use crate::metrics::bus::{
-    BusStats, EventBus, LoggingSubscriber, PanickingTestSubscriber, Subscriber,
-    TierMetricsSubscriber, TierStats,
+    BusStats, EventBus, LoggingSubscriber, Subscriber, TierMetricsSubscriber, TierStats,
 };
 use crate::metrics::client::ClientStats;
 use crate::metrics::store::StoreStats;
@@ -378,6 +379,8 @@ impl Shard {
             }),
             Box::new(LoggingSubscriber { shard: id }),
         ];
+        // A test hook of debug builds only (a release build has no such subscriber).
+        #[cfg(debug_assertions)]
         if std::env::var_os("MMC_TEST_PANICKING_SUBSCRIBER").is_some() {
             subscribers.push(Box::new(PanickingTestSubscriber));
         }

@@ -155,15 +155,17 @@ fn pipelined_requests_are_answered_in_order(driver: Driver) {
     for i in 0..200 {
         let req = match i % 4 {
             0 => format!(
-                "PUT /metadata?key=p{i} HTTP/1.1\r\nX-Request-ID: r{i}\r\nContent-Length: {}\r\n\r\nv{i}",
+                "PUT /metadata?key=p{i} HTTP/1.1\r\nHost: t\r\nX-Request-ID: r{i}\r\nContent-Length: {}\r\n\r\nv{i}",
                 format!("v{i}").len()
             ),
             1 => format!(
-                "GET /metadata?key=p{} HTTP/1.1\r\nX-Request-ID: r{i}\r\n\r\n",
+                "GET /metadata?key=p{} HTTP/1.1\r\nHost: t\r\nX-Request-ID: r{i}\r\n\r\n",
                 i - 1
             ),
-            2 => format!("GET /role HTTP/1.1\r\nX-Request-ID: r{i}\r\n\r\n"),
-            _ => format!("GET /metadata?key=nope{i} HTTP/1.1\r\nX-Request-ID: r{i}\r\n\r\n"),
+            2 => format!("GET /role HTTP/1.1\r\nHost: t\r\nX-Request-ID: r{i}\r\n\r\n"),
+            _ => format!(
+                "GET /metadata?key=nope{i} HTTP/1.1\r\nHost: t\r\nX-Request-ID: r{i}\r\n\r\n"
+            ),
         };
         batch.extend_from_slice(req.as_bytes());
     }
@@ -189,15 +191,16 @@ fn chunked_bodies_are_decoded(driver: Driver) {
         .set("ock.mmc.metadata.max_value_bytes", "64KB")
         .start();
     let mut c = srv.client();
-    let head = "PUT /metadata?key=ch HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let head = "PUT /metadata?key=ch HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
     let body = "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
-    c.send(format!("{head}{body}GET /metadata?key=ch HTTP/1.1\r\n\r\n").as_bytes());
+    c.send(format!("{head}{body}GET /metadata?key=ch HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
     assert_eq!(c.read_response(false).text(), "metadata updated");
     assert_eq!(c.read_response(false).text(), "hello world");
 
     // A large body in many small chunks, written in pieces that split chunk headers.
     let value: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
-    let mut wire = b"PUT /metadata?key=big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let mut wire =
+        b"PUT /metadata?key=big HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     for piece in value.chunks(777) {
         wire.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
         wire.extend_from_slice(piece);
@@ -213,7 +216,8 @@ fn chunked_bodies_are_decoded(driver: Driver) {
     // Over the route's limit: 413, connection closed, nothing stored.
     let mut c2 = srv.client();
     let mut wire =
-        b"PUT /metadata?key=huge HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        b"PUT /metadata?key=huge HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec();
     wire.extend_from_slice(format!("{:x}\r\n", 65 * 1024).as_bytes());
     c2.send(&wire);
     c2.read_response(false)
@@ -224,7 +228,9 @@ fn chunked_bodies_are_decoded(driver: Driver) {
 
     // Malformed chunk framing: 400 and close.
     let mut c3 = srv.client();
-    c3.send(b"PUT /metadata?key=bad HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+    c3.send(
+        b"PUT /metadata?key=bad HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    );
     c3.read_response(false)
         .assert_error(400, "Malformed chunked body");
     assert!(c3.closed_within(Duration::from_secs(5)));
@@ -233,7 +239,7 @@ fn chunked_bodies_are_decoded(driver: Driver) {
 fn expect_continue_gets_a_go_ahead(driver: Driver) {
     let srv = Server::start(driver);
     let mut c = srv.client();
-    c.send(b"PUT /metadata?key=e HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+    c.send(b"PUT /metadata?key=e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
     let r = c.read_response(false);
     assert_eq!(r.status, 100);
     assert_eq!(r.raw, b"HTTP/1.1 100 Continue\r\n\r\n");
@@ -262,7 +268,7 @@ fn limits_answer_with_their_status(driver: Driver) {
     let mut c = srv.client();
     c.send(
         format!(
-            "GET /metadata?key={} HTTP/1.1\r\n\r\n",
+            "GET /metadata?key={} HTTP/1.1\r\nHost: t\r\n\r\n",
             "a".repeat(8 * 1024)
         )
         .as_bytes(),
@@ -279,7 +285,7 @@ fn limits_answer_with_their_status(driver: Driver) {
     let mut c = srv.client();
     c.send(
         format!(
-            "GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
             "b".repeat(16 * 1024)
         )
         .as_bytes(),
@@ -289,7 +295,7 @@ fn limits_answer_with_their_status(driver: Driver) {
     // Too many header fields → 431.
     let mut c = srv.client();
     let many: String = (0..100).map(|i| format!("X-H{i}: v\r\n")).collect();
-    c.send(format!("GET /health HTTP/1.1\r\n{many}\r\n").as_bytes());
+    c.send(format!("GET /health HTTP/1.1\r\nHost: t\r\n{many}\r\n").as_bytes());
     c.read_response(false)
         .assert_error(431, "Request header section too large");
     // Just under the limits is fine.
@@ -306,7 +312,7 @@ fn body_over_the_limit_is_refused_before_it_is_sent(driver: Driver) {
         .start();
     let mut c = srv.client();
     // Only the head is sent: the 413 must come without the body.
-    c.send(b"PUT /metadata?key=x HTTP/1.1\r\nContent-Length: 1073741824\r\n\r\n");
+    c.send(b"PUT /metadata?key=x HTTP/1.1\r\nHost: t\r\nContent-Length: 1073741824\r\n\r\n");
     let r = c.read_response(false);
     r.assert_error(413, "Request body too large: the limit is 1048576 bytes (set by ock.mmc.metadata.max_value_bytes)");
     assert_eq!(r.reason, "Content Too Large");
@@ -314,7 +320,7 @@ fn body_over_the_limit_is_refused_before_it_is_sent(driver: Driver) {
     assert!(c.closed_within(Duration::from_secs(5)));
     // A client that keeps sending still gets its answer (the server reads and discards).
     let mut c = srv.client();
-    c.send(b"PUT /nope HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n");
+    c.send(b"PUT /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n\r\n");
     c.send(&vec![b'z'; 256 * 1024]);
     c.read_response(false).assert_error(
         413,
@@ -327,15 +333,15 @@ fn malformed_input_gets_400_and_the_server_keeps_serving(driver: Driver) {
     let srv = ServerBuilder::new(driver).shards(3).start();
     let garbage: &[&[u8]] = &[
         b"GARBAGE\r\n\r\n",
-        b"GET / HTTP/1.1\r\nNo-Colon\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: t\r\nNo-Colon\r\n\r\n",
         b"GET /health HTTP/9.9\r\n\r\n",
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
-        b"GET /health HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-        b"GET /health HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-        b"POST /health HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: -5\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"POST /health HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
         b"GET /health HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-        b"GET relative HTTP/1.1\r\n\r\n",
-        b"G\x00T / HTTP/1.1\r\n\r\n",
+        b"GET relative HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"G\x00T / HTTP/1.1\r\nHost: t\r\n\r\n",
     ];
     for g in garbage {
         let mut c = srv.client();
@@ -353,7 +359,7 @@ fn malformed_input_gets_400_and_the_server_keeps_serving(driver: Driver) {
         assert!(c.closed_within(Duration::from_secs(5)), "{g:?}");
     }
     let mut c = srv.client();
-    c.send(b"POST /health HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n");
+    c.send(b"POST /health HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
     c.read_response(false).assert_error(
         501,
         "Unsupported Transfer-Encoding (only chunked is accepted)",
@@ -382,7 +388,7 @@ fn malformed_input_gets_400_and_the_server_keeps_serving(driver: Driver) {
     assert_eq!(c.get("/health").status, 200);
     // A client that sends half a request and disappears does not disturb others.
     let mut half = srv.client();
-    half.send(b"PUT /metadata?key=h HTTP/1.1\r\nContent-Length: 100\r\n\r\nabc");
+    half.send(b"PUT /metadata?key=h HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nabc");
     drop(half);
     assert_eq!(c.get("/role").text(), "leader");
 }
@@ -402,7 +408,7 @@ fn unknown_paths_and_methods(driver: Driver) {
     assert_eq!(c.get("/healthz").text(), "ok");
     // A 404 for a request whose body has not arrived is answered at once, then closed.
     let mut c = srv.client();
-    c.send(b"PUT /nope HTTP/1.1\r\nContent-Length: 100000\r\n\r\npartial");
+    c.send(b"PUT /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\npartial");
     c.read_response(false).assert_error(404, "Not found");
     assert!(c.closed_within(Duration::from_secs(5)));
 }
@@ -537,7 +543,7 @@ fn connection_limit_answers_429(driver: Driver) {
     let mut ok = false;
     for _ in 0..100 {
         let mut d = Client::connect(srv.addr);
-        d.send(b"GET /healthz HTTP/1.1\r\n\r\n");
+        d.send(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
         if d.read_response(false).status == 200 {
             ok = true;
             break;

@@ -189,6 +189,14 @@ impl Server {
             .expect("server did not exit after SIGTERM")
     }
 
+    /// SIGKILL, and returns as soon as the process is reaped (no polling delay: a restart
+    /// test races what the dead process leaves behind).
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut().unwrap();
         let deadline = Instant::now() + limit;

@@ -8,7 +8,8 @@ use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder};
 
 both_drivers!(
     graceful_shutdown_finishes_requests_in_flight,
-    shutdown_is_bounded_by_its_timeout
+    shutdown_is_bounded_by_its_timeout,
+    restart_after_kill_under_load_is_ready_at_once
 );
 
 fn graceful_shutdown_finishes_requests_in_flight(driver: Driver) {
@@ -17,7 +18,8 @@ fn graceful_shutdown_finishes_requests_in_flight(driver: Driver) {
     assert_eq!(idle.get("/healthz").status, 200);
     // A request in flight: head and half of the body sent.
     let mut inflight = srv.client();
-    inflight.send(b"PUT /metadata?key=during HTTP/1.1\r\nContent-Length: 10\r\n\r\n01234");
+    inflight
+        .send(b"PUT /metadata?key=during HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n01234");
     // Make sure the server has seen the partial request before the signal.
     std::thread::sleep(Duration::from_millis(100));
     let t0 = Instant::now();
@@ -56,7 +58,7 @@ fn shutdown_is_bounded_by_its_timeout(driver: Driver) {
         .start();
     // A request that never completes.
     let mut stuck = srv.client();
-    stuck.send(b"PUT /metadata?key=x HTTP/1.1\r\nContent-Length: 1000\r\n\r\nabc");
+    stuck.send(b"PUT /metadata?key=x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\nabc");
     std::thread::sleep(Duration::from_millis(100));
     let t0 = Instant::now();
     srv.signal(libc::SIGINT);
@@ -70,6 +72,82 @@ fn shutdown_is_bounded_by_its_timeout(driver: Driver) {
         t0.elapsed()
     );
     assert!(stuck.closed_within(Duration::from_secs(2)));
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Issue 10: a restart right after a SIGKILL under load failed with "Address already in use"
+/// (the killed process's listeners outlive it for a moment). A supervisor's immediate restart
+/// on the same port must be ready within 2 s. Three rounds, since the race is not won every
+/// time.
+fn restart_after_kill_under_load_is_ready_at_once(driver: Driver) {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut srv = ServerBuilder::new(driver).listen(&listen).start();
+    for round in 0..3 {
+        assert_eq!(srv.client().get("/ready").status, 200);
+        // A few clients with requests in flight: large puts partly sent, then dropped, new
+        // connections arriving all the time. Bounded in iterations and by the stop flag.
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = srv.addr;
+        let load: Vec<_> = (0..4)
+            .map(|t| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    for i in 0..1000 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                            std::thread::sleep(Duration::from_millis(2));
+                            continue;
+                        };
+                        let head = format!(
+                            "PUT /api/v1/objects?key=r{round}-{t}-{i} HTTP/1.1\r\nHost: t\r\nContent-Length: 400000\r\n\r\n"
+                        );
+                        let _ = s.write_all(head.as_bytes());
+                        let _ = s.write_all(&[7u8; 100_000]);
+                        // The connection is dropped mid-body a moment later.
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1000));
+        srv.kill9();
+        let killed = Instant::now();
+        // The supervisor restarts at once, while the clients still hammer the port.
+        srv = ServerBuilder::new(driver).listen(&listen).start();
+        let ready = loop {
+            if let Some(mut c) = Client::try_connect(srv.addr) {
+                c.stream
+                    .set_read_timeout(Some(Duration::from_secs(1)))
+                    .unwrap();
+                if c.get("/ready").status == 200 {
+                    break killed.elapsed();
+                }
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(2),
+                "round {round}: not ready 2 s after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        stop.store(true, Ordering::Relaxed);
+        for h in load {
+            h.join().unwrap();
+        }
+        assert!(
+            ready < Duration::from_secs(2),
+            "round {round}: ready only after {ready:?}"
+        );
+    }
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {

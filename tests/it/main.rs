@@ -3,7 +3,9 @@
 
 mod harness;
 
+mod batches;
 mod foundation;
+mod framing;
 mod lifecycle;
 mod metrics_contract;
 mod observability;

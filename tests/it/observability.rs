@@ -15,7 +15,26 @@ both_drivers!(
     counters_follow_the_seed_rules,
     tier_counters_and_event_bus_follow_the_tiers,
     per_rank_series_and_segment_lifecycle,
+    production_metrics_have_no_test_subscriber,
 );
+
+/// Issue 10: the test-only `PanickingTestSubscriber` appeared in every production `/metrics`.
+/// A server started without the test hook exports the real subscribers' series only.
+fn production_metrics_have_no_test_subscriber(driver: Driver) {
+    let srv = Server::start(driver);
+    let mut c = srv.client();
+    let text = c.get("/metrics").text();
+    for name in ["TierMetricsSubscriber", "LoggingSubscriber"] {
+        let series = format!(
+            "lmcache_mp_event_bus_subscriber_exceptions_total{{subscriber_name=\"{name}\"}} 0"
+        );
+        assert!(text.contains(&series), "{series} missing:\n{text}");
+    }
+    assert!(
+        !text.contains("PanickingTestSubscriber"),
+        "a test subscriber in production metrics:\n{text}"
+    );
+}
 
 /// Parses an exposition into `series → value` (series with their labels, as written).
 pub fn scrape(c: &mut Client) -> HashMap<String, f64> {
@@ -234,8 +253,10 @@ fn tier_counters_and_event_bus_follow_the_tiers(driver: Driver) {
         .set("ock.mmc.ssd.size", "64MB")
         .set("ock.mmc.segment.run_bytes", "1MB")
         .set("ock.mmc.lease_ms", "50")
+        // A debug build only: a release build has no test subscriber.
         .env("MMC_TEST_PANICKING_SUBSCRIBER", "1")
         .start();
+    let panicking = cfg!(debug_assertions);
     let mut c = srv.client();
     for i in 0..16u64 {
         put_ok(&mut c, &format!("t{i}"), &data(200 << 10, i), "");
@@ -285,20 +306,28 @@ fn tier_counters_and_event_bus_follow_the_tiers(driver: Driver) {
     );
     assert!(m["lmcache_mp_l1_write_chunks_total"] >= 16.0);
     // The failing subscriber was contained and counted; delivery went on.
-    let panics = m["lmcache_mp_event_bus_subscriber_exceptions_total{subscriber_name=\"PanickingTestSubscriber\"}"];
-    assert_eq!(
-        panics,
-        m["lmcache_mp_l1_evicted_chunks_total"] + m["lmcache_mp_l2_evicted_chunks_total"]
-    );
+    let panics = "lmcache_mp_event_bus_subscriber_exceptions_total{subscriber_name=\"PanickingTestSubscriber\"}";
+    if panicking {
+        assert_eq!(
+            m[panics],
+            m["lmcache_mp_l1_evicted_chunks_total"] + m["lmcache_mp_l2_evicted_chunks_total"]
+        );
+    } else {
+        assert!(
+            !m.contains_key(panics),
+            "a release build has no test subscriber"
+        );
+    }
     expect(
         &m,
         "lmcache_mp_event_bus_subscriber_exceptions_total{subscriber_name=\"TierMetricsSubscriber\"}",
         0.0,
     );
     expect(&m, "lmcache_mp_event_bus_dropped_events_total", 0.0);
-    assert!(
+    assert_eq!(
         srv.log()
             .contains("subscriber PanickingTestSubscriber panicked"),
+        panicking,
         "{}",
         srv.log()
     );

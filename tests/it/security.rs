@@ -111,7 +111,7 @@ fn tokens_guard_every_route_but_the_probes(driver: Driver) {
     );
     // An unauthenticated upload is refused without reading its body.
     let mut u = srv.client();
-    u.send(b"PUT /metadata?key=x HTTP/1.1\r\nContent-Length: 100000000\r\n\r\n");
+    u.send(b"PUT /metadata?key=x HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000\r\n\r\n");
     u.read_response(false)
         .assert_error(401, "Unauthorized: missing or invalid bearer token");
     // Tokens never appear in the log or in --print-config.
@@ -219,7 +219,9 @@ fn overload_sheds_with_429(driver: Driver) {
         .start();
     let mut conns: Vec<Client> = (0..32).map(|_| srv.client()).collect();
     let burst: Vec<u8> = (0..40)
-        .flat_map(|i| format!("GET /metadata?key=flood-{i} HTTP/1.1\r\n\r\n").into_bytes())
+        .flat_map(|i| {
+            format!("GET /metadata?key=flood-{i} HTTP/1.1\r\nHost: t\r\n\r\n").into_bytes()
+        })
         .collect();
     for c in conns.iter_mut() {
         c.send(&burst);
@@ -301,7 +303,7 @@ fn hostile_connections_do_not_starve_health_or_grow_memory() {
         seed
     };
     let mut worst = Duration::ZERO;
-    let request = b"GET /health HTTP/1.1\r\nX-Slow: ";
+    let request = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: ";
     for round in 0..10 {
         for t in trickling.iter_mut() {
             let _ = t.write_all(&request[round % request.len()..round % request.len() + 1]);
@@ -519,7 +521,9 @@ fn mtls_requires_a_valid_client_certificate(driver: Driver) {
     plain
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    plain.write_all(b"GET /health HTTP/1.1\r\n\r\n").unwrap();
+    plain
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
     let mut buf = [0u8; 64];
     let n = plain.read(&mut buf).unwrap_or(0);
     assert!(
@@ -609,7 +613,7 @@ fn buffered_request_bytes_are_bounded_per_shard(driver: Driver) {
     let body = crate::store::data(len, 3);
     let head = |i: usize| {
         format!(
-            "POST /api/v1/objects/batch_put?keys=buf-{i}&sizes={len} HTTP/1.1\r\nContent-Length: {len}\r\n\r\n"
+            "POST /api/v1/objects/batch_put?keys=buf-{i}&sizes={len} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n\r\n"
         )
     };
     let buffered = |c: &mut Client| {

@@ -144,7 +144,9 @@ fn large_puts_stream_into_their_blobs(driver: Driver) {
     let mut c = srv.client();
     let big = data(3 << 20, 7);
     let head = |key: &str, extra: &str, len: usize| {
-        format!("PUT /api/v1/objects?key={key}{extra} HTTP/1.1\r\nContent-Length: {len}\r\n\r\n")
+        format!(
+            "PUT /api/v1/objects?key={key}{extra} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n\r\n"
+        )
     };
     // Head, a piece of the body, a pause, the rest: on both media, and with replicas.
     for (key, extra) in [("s-hbm", "&medium=hbm"), ("s-dram", "&medium=dram")] {
@@ -157,10 +159,10 @@ fn large_puts_stream_into_their_blobs(driver: Driver) {
         assert_eq!(get_bytes(&mut c, key), big, "{key}");
     }
     // Pipelined: a small request before, a streamed put, and a GET after, in one write.
-    let mut burst = b"GET /healthz HTTP/1.1\r\n\r\n".to_vec();
+    let mut burst = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n".to_vec();
     burst.extend_from_slice(head("s-pipe", "", big.len()).as_bytes());
     burst.extend_from_slice(&big);
-    burst.extend_from_slice(b"GET /api/v1/objects/exist?key=s-pipe HTTP/1.1\r\n\r\n");
+    burst.extend_from_slice(b"GET /api/v1/objects/exist?key=s-pipe HTTP/1.1\r\nHost: t\r\n\r\n");
     c.send(&burst);
     assert_eq!(c.read_response(false).text(), "ok");
     assert_eq!(c.read_response(false).json()["success"], true);
@@ -176,7 +178,7 @@ fn large_puts_stream_into_their_blobs(driver: Driver) {
     let mut e = srv.client();
     e.send(
         format!(
-            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
             big.len()
         )
         .as_bytes(),
@@ -189,7 +191,7 @@ fn large_puts_stream_into_their_blobs(driver: Driver) {
     // ...and a refusal is answered at once, without the body, and the connection closed.
     e.send(
         format!(
-            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            "PUT /api/v1/objects?key=s-cont HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
             big.len()
         )
         .as_bytes(),

@@ -20,7 +20,7 @@ both_drivers!(
 const MIB: usize = 1 << 20;
 
 fn head(key: &str, len: usize) -> String {
-    format!("PUT /api/v1/objects?key={key} HTTP/1.1\r\nContent-Length: {len}\r\n\r\n")
+    format!("PUT /api/v1/objects?key={key} HTTP/1.1\r\nHost: t\r\nContent-Length: {len}\r\n\r\n")
 }
 
 /// The used bytes of every segment, summed, from `/query_segment`.

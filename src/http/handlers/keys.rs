@@ -1,7 +1,7 @@
 //! The contract's key endpoints: `/query_key`, `/batch_query_keys`, `DELETE /key`,
 //! `DELETE /all_keys`, `/get_all_keys`.
 
-use super::{Ctx, Request, list_param, object_key, optional, parse_uint};
+use super::{Ctx, Request, batch_key_list, object_key, optional, parse_uint};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, KeyListing, Response, Status};
 use crate::metrics::store::{Op, Outcome};
@@ -59,7 +59,7 @@ pub async fn query_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let keys = match list_param(req, ctx, "keys") {
+    let keys = match batch_key_list(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
     };

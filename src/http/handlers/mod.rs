@@ -25,8 +25,7 @@ use crate::metrics::trace::Tp;
 use crate::shards::store::keys as object_keys;
 use crate::shards::{Command, Reply, Shard};
 
-/// The most keys one batch request may name (each costs work on its owner).
-pub const MAX_BATCH_KEYS: usize = 4096;
+pub use crate::http::bodies::MAX_BATCH_KEYS;
 
 /// The largest body a route accepts; a larger one is answered 413 before it is read.
 pub fn body_limit(route: Route, method: Method, config: &Config) -> u64 {
@@ -34,6 +33,11 @@ pub fn body_limit(route: Route, method: Method, config: &Config) -> u64 {
         (Route::Metadata, Method::Put) => config.metadata.max_value_bytes,
         // JSON bodies of /memory/* name chunk hashes; 4 MiB is tens of thousands of them.
         (Route::MemoryEvict | Route::MemoryPrefetch, _) => config.http.max_body_bytes.min(4 << 20),
+        // The POST form of a batch names its keys in a JSON body.
+        (route, Method::Post) if takes_keys_body(route) => config
+            .http
+            .max_body_bytes
+            .min(crate::http::bodies::MAX_BATCH_KEYS_BODY_BYTES),
         _ => config.http.max_body_bytes,
     }
 }
@@ -44,13 +48,16 @@ pub fn body_limit_message(route: Option<Route>, method: Method, config: &Config)
         Some(r) => body_limit(r, method, config),
         None => config.http.max_body_bytes,
     };
+    // A route whose own fixed limit is below the configured one says so.
+    if limit < config.http.max_body_bytes
+        && !matches!(route, Some(Route::Metadata) if method == Method::Put)
+    {
+        return format!(
+            "Request body too large: this route takes at most {limit} bytes (a fixed limit)"
+        );
+    }
     let key = match route {
         Some(Route::Metadata) if method == Method::Put => "ock.mmc.metadata.max_value_bytes",
-        Some(Route::MemoryEvict | Route::MemoryPrefetch) if limit < config.http.max_body_bytes => {
-            return format!(
-                "Request body too large: this route takes at most {limit} bytes (a fixed limit of 4 MiB)"
-            );
-        }
         _ => "ock.mmc.http.max_body_bytes",
     };
     format!("Request body too large: the limit is {limit} bytes (set by {key})")
@@ -317,6 +324,40 @@ fn list_param(
         out.push(item.into_owned().into_boxed_slice());
     }
     Ok(out)
+}
+
+/// Whether a route's POST form may carry its keys as a JSON body `{"keys":[…]}`: every batch
+/// route but `batch_put` (whose body is the objects' bytes). The URI's 8 KiB cannot hold the
+/// 4096 keys a batch may name.
+fn takes_keys_body(route: Route) -> bool {
+    matches!(
+        route,
+        Route::BatchQueryKeys
+            | Route::ObjectsBatchGet
+            | Route::ObjectsBatchExist
+            | Route::ObjectsBatchRemove
+    )
+}
+
+/// The keys of a batch request: `keys=a,b` in the query, or (POST, [`takes_keys_body`]) a
+/// JSON body `{"keys":["a","b"]}`. Not validated as object keys here. A POST with both is
+/// refused rather than guessing which one the client meant.
+fn batch_key_list(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>, Response> {
+    if req.head.method != Method::Post || !takes_keys_body(req.route) || req.body.is_empty() {
+        return list_param(req, ctx, "keys");
+    }
+    if raw_param(req.head.query, "keys").is_some() {
+        return Err(
+            ctx.business_error("Give 'keys' either in the query or in a JSON body, not both")
+        );
+    }
+    crate::http::bodies::parse_batch_keys(req.head.content_type, req.body).map_err(|e| match e {
+        crate::http::bodies::BodyError::MediaType => ctx.protocol_error(
+            Status::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported media type: expected Content-Type: application/json",
+        ),
+        crate::http::bodies::BodyError::Invalid(m) => ctx.business_error(&m),
+    })
 }
 
 /// The raw (still percent-encoded) value of the first parameter `name`.

@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Ctx, Request, check_object_key, list_param, object_key, optional, parse_uint};
+use super::{
+    Ctx, Request, batch_key_list, check_object_key, list_param, object_key, optional, parse_uint,
+};
 use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
@@ -340,9 +342,10 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
 }
 
-/// The validated keys of a batch request.
+/// The validated keys of a batch request (query or, for the POST form, JSON body; `batch_put`
+/// takes them from the query only).
 fn batch_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>, Response> {
-    let keys = list_param(req, ctx, "keys")?;
+    let keys = batch_key_list(req, ctx)?;
     for k in &keys {
         check_object_key(k, ctx)?;
     }
