@@ -28,11 +28,13 @@ echo "== build"
 cargo build --all-targets --locked
 echo "== unit and integration tests"
 cargo test --all-targets --locked
-echo "== KV-event subscriber tests (pyzmq; msgspec and msgpack decoders shaped like vLLM's and llm-d's)"
+echo "== Python tests: KV-event subscribers (pyzmq; msgspec and msgpack decoders shaped like vLLM's and llm-d's), OpenAPI, the Python client and mmcctl"
 if [ ! -x target/pyenv/bin/python ]; then
   python3 -m venv target/pyenv
 fi
-target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest numpy
+# The Python client and mmcctl (clients/python), tested against the server (test_client.py, test_mmcctl.py).
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check ./clients/python
 # schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python

@@ -23,8 +23,8 @@ def free_port():
 
 
 class Server:
-    def __init__(self, args, env=None, driver="epoll"):
-        cmd = [SERVER, "--listen", "127.0.0.1:0", "--io-driver", driver, "--shards", "2"] + args
+    def __init__(self, args, env=None, driver="epoll", listen="127.0.0.1:0"):
+        cmd = [SERVER, "--listen", listen, "--io-driver", driver, "--shards", "2"] + args
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,

@@ -1,0 +1,452 @@
+"""A small HTTP/1.1 client for mmc-server's data plane: pooled keep-alive sockets, bodies sent
+with ``socket.sendmsg`` from memoryviews and received with ``recv_into`` straight into the
+caller's memory, ``Expect: 100-continue`` for large bodies, and ``307``/``308`` redirects
+followed (the body is sent once per hop, only after the target's go-ahead).
+
+Everything here raises :class:`TransportError` (with an upstream-style code) or returns a
+:class:`Response`; the store turns both into return codes.
+"""
+
+import random
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+from . import errors
+
+# iovecs per sendmsg call (IOV_MAX is 1024 on Linux).
+_IOV_MAX = 1000
+_RECV_CHUNK = 256 * 1024
+_MAX_REDIRECTS = 5
+
+
+class TransportError(Exception):
+    """The request could not be carried out; ``code`` is the upstream-style return code,
+    ``retryable`` whether it is safe and useful to try again (nothing reached the server, or
+    the server said so)."""
+
+    def __init__(self, code, message, retryable=False):
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+class _StaleConnection(Exception):
+    """A pooled connection turned out closed before any byte of the answer arrived."""
+
+
+class Response:
+    __slots__ = ("status", "headers", "body", "url")
+
+    def __init__(self, status, headers, body, url):
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.url = url
+
+    def header(self, name, default=None):
+        return self.headers.get(name.lower(), default)
+
+
+def parse_base_url(url):
+    """``http://host:port`` (also ``tcp://``, or a bare ``host:port``) -> (host, port)."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "tcp"):
+        raise ValueError("unsupported scheme %r (only http://)" % parts.scheme)
+    if not parts.hostname:
+        raise ValueError("no host in %r" % url)
+    return parts.hostname, parts.port or 80
+
+
+def parse_endpoints(urls):
+    """A comma-separated list of base URLs (HA: several meta services) -> [(host, port)]."""
+    eps = [parse_base_url(u) for u in urls.split(",") if u.strip()]
+    if not eps:
+        raise ValueError("no URL given")
+    return eps
+
+
+class Connection:
+    """One keep-alive socket with its read buffer. Used by one thread at a time."""
+
+    def __init__(self, host, port, timeout):
+        self.host, self.port = host, port
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rbuf = bytearray()
+        self.uses = 0
+        self.closed = False
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    def settimeout(self, t):
+        self.sock.settimeout(t)
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send(self, parts):
+        """Sends every buffer of ``parts`` (bytes or memoryviews) without joining them."""
+        views = [memoryview(p).cast("B") if not isinstance(p, bytes) else memoryview(p)
+                 for p in parts if len(p)]
+        i = 0
+        while i < len(views):
+            batch = views[i:i + _IOV_MAX]
+            n = self.sock.sendmsg(batch)
+            # Skip what went out; keep the rest of a partly sent buffer.
+            while n > 0 and i < len(views):
+                if n >= len(views[i]):
+                    n -= len(views[i])
+                    i += 1
+                else:
+                    views[i] = views[i][n:]
+                    n = 0
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def _fill(self):
+        data = self.sock.recv(_RECV_CHUNK)
+        if not data:
+            raise EOFError("connection closed by the server")
+        self.rbuf += data
+
+    def read_head(self):
+        """Reads one response head: (status, headers dict with lower-case names)."""
+        start = 0
+        while True:
+            end = self.rbuf.find(b"\r\n\r\n", start)
+            if end >= 0:
+                break
+            start = max(0, len(self.rbuf) - 3)
+            if len(self.rbuf) > 64 * 1024:
+                raise ValueError("response head too large")
+            self._fill()
+        head = bytes(self.rbuf[:end]).decode("latin-1")
+        del self.rbuf[:end + 4]
+        lines = head.split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1."):
+            raise ValueError("bad status line %r" % lines[0])
+        status = int(status_line[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return status, headers
+
+    def read_exact_into(self, view):
+        """Fills ``view`` (a writable byte memoryview) from the buffer, then the socket."""
+        n = len(view)
+        have = min(n, len(self.rbuf))
+        if have:
+            view[:have] = self.rbuf[:have]
+            del self.rbuf[:have]
+        pos = have
+        while pos < n:
+            got = self.sock.recv_into(view[pos:], n - pos)
+            if got == 0:
+                raise EOFError("connection closed in the middle of a body")
+            pos += got
+
+    def read_exact(self, n):
+        out = bytearray(n)
+        self.read_exact_into(memoryview(out))
+        return out
+
+    def skip(self, n):
+        scratch = memoryview(bytearray(min(n, _RECV_CHUNK))) if n else None
+        while n > 0:
+            k = min(n, len(scratch))
+            self.read_exact_into(scratch[:k])
+            n -= k
+
+    def read_line(self):
+        while True:
+            i = self.rbuf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.rbuf[:i])
+                del self.rbuf[:i + 2]
+                return line
+            if len(self.rbuf) > 64 * 1024:
+                raise ValueError("line too long")
+            self._fill()
+
+    def read_chunked(self):
+        out = bytearray()
+        while True:
+            size = int(self.read_line().split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                while self.read_line():
+                    pass
+                return out
+            out += self.read_exact(size)
+            if self.read_line():
+                raise ValueError("chunk not followed by CRLF")
+
+    def read_to_close(self):
+        out = bytearray(self.rbuf)
+        self.rbuf.clear()
+        while True:
+            data = self.sock.recv(_RECV_CHUNK)
+            if not data:
+                return out
+            out += data
+
+
+class BodyReader:
+    """Reads a response body. The default keeps the whole body as bytes; a data-path caller
+    passes its own (``get_into``, ``batch_get_into``) to receive bytes where they belong."""
+
+    def read(self, conn, status, headers, length):
+        if length is None:
+            return bytes(conn.read_chunked() if _chunked(headers) else conn.read_to_close())
+        return bytes(conn.read_exact(length))
+
+
+def _chunked(headers):
+    return "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+_DEFAULT_READER = BodyReader()
+
+
+class Pool:
+    """Idle keep-alive connections per (host, port), shared by every thread of a store."""
+
+    def __init__(self, timeout, max_idle_per_host=64):
+        self.timeout = timeout
+        self.max_idle = max_idle_per_host
+        self._idle = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, host, port):
+        """(connection, reused)"""
+        with self._lock:
+            idle = self._idle.get((host, port))
+            if idle:
+                return idle.pop(), True
+        return Connection(host, port, self.timeout), False
+
+    def give(self, conn):
+        if conn.closed:
+            return
+        with self._lock:
+            if not self._closed:
+                idle = self._idle.setdefault((conn.host, conn.port), [])
+                if len(idle) < self.max_idle:
+                    idle.append(conn)
+                    return
+        conn.close()
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            conns = [c for lst in self._idle.values() for c in lst]
+            self._idle.clear()
+        for c in conns:
+            c.close()
+
+    def idle_count(self):
+        with self._lock:
+            return sum(len(v) for v in self._idle.values())
+
+
+class Client:
+    """Requests against a meta service (one URL, or several for HA), with retries within
+    ``retry_ms`` for failures that reached no server (refused connections) or that the server
+    marked as retryable (429, 503), and ``timeout`` seconds per socket operation.
+
+    Cluster hooks: a ``307``/``308`` answer is followed to its ``Location`` (another local
+    service), with the body sent only after that server's ``100 Continue`` when the body is at
+    least ``expect_continue_bytes``. A failed endpoint rotates to the next of the list, which is
+    where a leader change of an HA pair is absorbed; ``on_redirect`` may be set to learn where
+    keys live.
+    """
+
+    def __init__(self, urls, timeout=60.0, retry_ms=0, token=None,
+                 expect_continue_bytes=256 * 1024, expect_timeout=1.0):
+        self.endpoints = parse_endpoints(urls)
+        self.current = 0
+        self.timeout = timeout
+        self.retry_ms = retry_ms
+        self.token = token
+        self.expect_continue_bytes = expect_continue_bytes
+        self.expect_timeout = expect_timeout
+        self.pool = Pool(timeout)
+        self.on_redirect = None
+        self._ep_lock = threading.Lock()
+
+    def close(self):
+        self.pool.close()
+
+    @property
+    def base_url(self):
+        host, port = self.endpoints[self.current]
+        return "http://%s:%d" % (host, port)
+
+    def _rotate(self, failed_index):
+        with self._ep_lock:
+            if self.current == failed_index and len(self.endpoints) > 1:
+                self.current = (failed_index + 1) % len(self.endpoints)
+
+    def request(self, method, target, body=(), headers=None, reader=_DEFAULT_READER):
+        """``body`` is a sequence of buffers sent back to back (no copy)."""
+        deadline = time.monotonic() + self.retry_ms / 1000.0
+        attempt = 0
+        while True:
+            index = self.current
+            host, port = self.endpoints[index]
+            try:
+                resp = self._follow(method, host, port, target, body, headers, reader)
+                if resp.status in (429, 503) and time.monotonic() < deadline:
+                    raise TransportError(errors.from_status(resp.status),
+                                         "server answered %d" % resp.status, retryable=True)
+                return resp
+            except TransportError as e:
+                if not e.retryable:
+                    raise
+                self._rotate(index)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise
+                attempt += 1
+                pause = min(0.005 * (2 ** min(attempt, 8)), 0.5) * (0.5 + random.random() / 2)
+                time.sleep(min(pause, max(0.0, deadline - now)))
+
+    def _follow(self, method, host, port, target, body, headers, reader):
+        for _ in range(_MAX_REDIRECTS + 1):
+            resp = self._exchange(method, host, port, target, body, headers, reader)
+            if resp.status not in (307, 308) or not resp.header("location"):
+                return resp
+            loc = resp.header("location")
+            if loc.startswith("/"):
+                target = loc
+            else:
+                parts = urlsplit(loc)
+                if parts.scheme not in ("http", "") or not parts.hostname:
+                    return resp
+                host, port = parts.hostname, parts.port or 80
+                target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+            if self.on_redirect is not None:
+                self.on_redirect(method, target, host, port)
+        raise TransportError(errors.MMC_ERROR, "too many redirects")
+
+    def _exchange(self, method, host, port, target, body, headers, reader):
+        """One request on one (pooled or new) connection; a stale pooled connection is
+        replaced once, transparently."""
+        for _ in range(3):
+            try:
+                conn, reused = self.pool.take(host, port)
+            except socket.timeout as e:
+                raise TransportError(errors.MMC_TIMEOUT, "connect to %s:%d timed out" % (host, port),
+                                     retryable=True) from e
+            except OSError as e:
+                raise TransportError(errors.MMC_NOT_CONNET_META,
+                                     "cannot connect to %s:%d: %s" % (host, port, e.strerror or e),
+                                     retryable=True) from e
+            try:
+                resp, keep = self._on(conn, reused, method, host, port, target, body, headers, reader)
+            except _StaleConnection:
+                conn.close()
+                continue
+            except socket.timeout as e:
+                conn.close()
+                raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
+            except (OSError, EOFError, ValueError) as e:
+                conn.close()
+                raise TransportError(errors.MMC_ERROR, "connection to %s:%d failed: %s"
+                                     % (host, port, e)) from e
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self.pool.give(conn)
+            else:
+                conn.close()
+            return resp
+        raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
+
+    def _on(self, conn, reused, method, host, port, target, body, headers, reader):
+        body_len = sum(len(b) for b in body)
+        lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]
+        if body_len or method in ("PUT", "POST"):
+            lines.append("Content-Length: %d" % body_len)
+        expect = body_len >= self.expect_continue_bytes and body_len > 0
+        if expect:
+            lines.append("Expect: 100-continue")
+        if self.token:
+            lines.append("Authorization: Bearer " + self.token)
+        for k, v in (headers or {}).items():
+            lines.append("%s: %s" % (k, v))
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        conn.uses += 1
+        sent_any_answer = [False]
+
+        def read_final_head():
+            while True:
+                try:
+                    status, hdrs = conn.read_head()
+                except EOFError:
+                    if reused and not sent_any_answer[0] and not conn.rbuf:
+                        raise _StaleConnection()
+                    raise
+                sent_any_answer[0] = True
+                if 100 <= status < 200:
+                    continue
+                return status, hdrs
+
+        body_sent = True
+        try:
+            if expect:
+                conn.send([head])
+                # Wait for the go-ahead (or an early final answer: a redirect, a refusal).
+                conn.settimeout(self.expect_timeout)
+                try:
+                    status, hdrs = conn.read_head()
+                    sent_any_answer[0] = True
+                except socket.timeout:
+                    status, hdrs = 100, None
+                except EOFError:
+                    if reused and not conn.rbuf:
+                        raise _StaleConnection()
+                    raise
+                finally:
+                    conn.settimeout(self.timeout)
+                if status == 100:
+                    conn.send(body)
+                    status, hdrs = read_final_head()
+                elif 100 < status < 200:
+                    conn.send(body)
+                    status, hdrs = read_final_head()
+                else:
+                    body_sent = False
+            else:
+                conn.send([head] + list(body))
+                status, hdrs = read_final_head()
+        except BrokenPipeError:
+            if reused and not sent_any_answer[0]:
+                raise _StaleConnection()
+            raise
+        except ConnectionResetError:
+            if reused and not sent_any_answer[0]:
+                raise _StaleConnection()
+            raise
+        length = hdrs.get("content-length")
+        length = int(length) if length is not None else None
+        if method == "HEAD" or status in (204, 304):
+            data, length = b"", 0
+        else:
+            data = reader.read(conn, status, hdrs, length)
+        keep = (length is not None or _chunked(hdrs)) and body_sent \
+            and hdrs.get("connection", "").lower() != "close" and not conn.closed
+        return Response(status, hdrs, data, "http://%s:%d%s" % (host, port, target)), keep

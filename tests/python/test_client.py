@@ -1,0 +1,451 @@
+"""mmc_client.DistributedObjectStore against a real mmc-server: every method, its upstream return
+codes, ctypes and NumPy buffers, threads sharing one store, retries, timeouts, HA URL lists and
+307 redirects (followed with Expect: 100-continue, against a stub)."""
+
+import ctypes
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import Server, free_port
+from mmc_client import DistributedObjectStore, KeyInfo, LocalConfig, ReplicateConfig, errors
+
+OK = 0
+NOT_FOUND = -3102
+INVALID = -3000
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server([])
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def make_store(url, **cfg):
+    c = LocalConfig()
+    c.meta_service_url = url
+    for k, v in cfg.items():
+        setattr(c, k, v)
+    s = DistributedObjectStore()
+    assert s.setup(c) == 0
+    return s
+
+
+@pytest.fixture
+def store(server):
+    s = make_store("http://%s" % server.addr)
+    assert s.init(0) == 0
+    yield s
+    s.close()
+
+
+def test_setup_and_init_errors(server):
+    s = DistributedObjectStore()
+    bad = LocalConfig()
+    bad.meta_service_url = "ftp://x"
+    assert s.setup(bad) == INVALID
+    # Before init every method answers "client not initialised", never raises.
+    assert s.put("k", b"v") == errors.MMC_CLIENT_NOT_INIT
+    assert s.get("k") == b""
+    assert s.is_exist("k") == errors.MMC_CLIENT_NOT_INIT
+    assert s.remove_batch(["a", "b"]) == [errors.MMC_CLIENT_NOT_INIT] * 2
+    assert s.get_batch(["a"]) == [b""]
+    assert s.get_key_info("k").size() == 0
+    dead = make_store("http://127.0.0.1:%d" % free_port())
+    t = time.monotonic()
+    assert dead.init(0) == errors.MMC_NOT_CONNET_META
+    assert time.monotonic() - t < 2
+    # tcp:// and a bare host:port are taken as http; init_bm is accepted either way.
+    for url in ("tcp://%s" % server.addr, server.addr):
+        s2 = make_store(url)
+        assert s2.init(0, init_bm=True) == 0
+        s2.close()
+
+
+def test_put_get_exist_remove(store):
+    assert store.put("pg/a", b"hello") == OK
+    assert store.get("pg/a") == b"hello"
+    assert store.is_exist("pg/a") == 1
+    assert store.is_exist("pg/missing") == 0
+    assert store.get("pg/missing") == b""
+    # A duplicate put is skipped and reported as success, as upstream; the first value stays.
+    assert store.put("pg/a", b"other") == OK
+    assert store.get("pg/a") == b"hello"
+    # bytearray, memoryview and an empty object.
+    assert store.put("pg/b", bytearray(b"\x00\x01\xff")) == OK
+    assert store.put("pg/c", memoryview(b"abcdef")[2:4]) == OK
+    assert store.put("pg/empty", b"") == OK
+    assert store.get("pg/b") == b"\x00\x01\xff"
+    assert store.get("pg/c") == b"cd"
+    assert store.get("pg/empty") == b""
+    assert store.is_exist("pg/empty") == 1
+    # Keys with characters that need percent-encoding.
+    odd = "pg/odd key,&?=%/ü"
+    assert store.put(odd, b"odd") == OK
+    assert store.get(odd) == b"odd"
+    assert store.remove("pg/a") == OK
+    assert store.remove("pg/a") == NOT_FOUND
+    assert store.get("pg/a") == b""
+    assert store.is_exist("pg/a") == 0
+    # Invalid arguments.
+    assert store.put("", b"x") == INVALID
+    assert store.put("x" * 5000, b"x") == INVALID
+    assert store.put("pg/r", b"x", ReplicateConfig(replicaNum=9)) == INVALID
+    assert store.put("pg/r", 12345) == INVALID
+    assert store.is_exist("") == INVALID
+    assert store.remove("") == INVALID
+
+
+def test_duplicate_put_as_error_when_asked(server):
+    s = make_store("http://%s" % server.addr, duplicate_put_is_error=True)
+    assert s.init(0) == 0
+    assert s.put("dup/a", b"1") == OK
+    assert s.put("dup/a", b"2") == errors.MMC_DUPLICATED_OBJECT
+    assert s.put_batch(["dup/a", "dup/b"], [b"3", b"4"]) == errors.MMC_DUPLICATED_OBJECT
+    assert s.get_batch(["dup/a", "dup/b"]) == [b"1", b"4"]
+    s.close()
+
+
+def test_replicate_config_and_medium(store):
+    assert store.put("rc/dram", b"abc", ReplicateConfig(medium="dram")) == OK
+    info = store.get_key_info("rc/dram")
+    assert info.type_list() == [1] and info.size() == 3
+    assert store.put("rc/hbm", b"abcd", ReplicateConfig(replicaNum=1, medium="hbm")) == OK
+    assert store.get_key_info("rc/hbm").type_list() == [0]
+    assert store.put("rc/bad", b"x", ReplicateConfig(medium="ssd")) == INVALID
+
+
+def test_put_from_get_into_ctypes(store):
+    for size in (1, 4096, 300 * 1024):  # 300 KiB goes through Expect: 100-continue
+        src = ctypes.create_string_buffer(bytes((i * 7 + size) % 256 for i in range(size)), size)
+        key = "ct/%d" % size
+        assert store.put_from(key, ctypes.addressof(src), size) == OK
+        dst = (ctypes.c_ubyte * size)()
+        assert store.get_into(key, ctypes.addressof(dst), size) == OK
+        assert bytes(dst) == src.raw
+        assert store.get(key) == src.raw
+    # A larger buffer than the object: its first bytes are filled.
+    big = ctypes.create_string_buffer(8192)
+    assert store.get_into("ct/4096", ctypes.addressof(big), 8192) == OK
+    assert big.raw[:4096] == store.get("ct/4096")
+    # Too small a buffer: -3000, and not one byte written.
+    small = ctypes.create_string_buffer(b"\xaa" * 100, 100)
+    assert store.get_into("ct/4096", ctypes.addressof(small), 100) == INVALID
+    assert small.raw == b"\xaa" * 100
+    # The connection dropped for it does not disturb the next calls.
+    assert store.get_into("ct/1", ctypes.addressof(small), 100) == OK
+    assert store.get_into("ct/missing", ctypes.addressof(small), 100) == NOT_FOUND
+    # Bad pointers and directions.
+    assert store.put_from("ct/x", 0, 10) == INVALID
+    assert store.put_from("ct/x", ctypes.addressof(small), -1) == INVALID
+    assert store.get_into("ct/1", ctypes.addressof(small), 100, direct=1) == INVALID
+    assert store.put_from("ct/x", ctypes.addressof(small), 10, direct=0) == INVALID
+    # Objects with the buffer protocol are accepted in place of an address.
+    arr = bytearray(b"from-buffer")
+    assert store.put_from("ct/buf", arr, len(arr)) == OK
+    out = bytearray(len(arr))
+    assert store.get_into("ct/buf", out, len(out)) == OK and out == arr
+
+
+def test_numpy_buffers_and_batches(store):
+    rng = np.random.default_rng(1)
+    sizes = [1, 1000, 65536, 300 * 1024, 0]
+    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    keys = ["np/%d" % i for i in range(len(sizes))]
+    codes = store.batch_put_from(keys, [a.ctypes.data if a.size else a for a in srcs], sizes)
+    assert codes == [OK] * len(sizes)
+    dsts = [np.zeros(n, dtype=np.uint8) for n in sizes]
+    codes = store.batch_get_into(keys + ["np/missing"],
+                                 [d.ctypes.data if d.size else bytearray(1) for d in dsts]
+                                 + [bytearray(8)],
+                                 sizes + [8])
+    assert codes == [OK] * len(sizes) + [NOT_FOUND]
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(s, d)
+    # One buffer too small: that key alone fails, the others arrive.
+    d0, d1 = np.zeros(1000, dtype=np.uint8), np.zeros(10, dtype=np.uint8)
+    assert store.batch_get_into(["np/1", "np/2", "np/0"], [d0.ctypes.data, d1.ctypes.data,
+                                d1.ctypes.data], [1000, 10, 10]) == [OK, INVALID, OK]
+    assert np.array_equal(d0, srcs[1]) and d1[0] == srcs[0][0]
+    # Mismatched list lengths.
+    assert store.batch_put_from(["a", "b"], [d0.ctypes.data], [1]) == [INVALID, INVALID]
+    assert store.batch_get_into(["a"], [d0.ctypes.data], [1, 2]) == [INVALID]
+    # A float32 tensor round trip through put_from/get_into.
+    t = rng.standard_normal((64, 128)).astype(np.float32)
+    assert store.put_from("np/tensor", t.ctypes.data, t.nbytes) == OK
+    back = np.empty_like(t)
+    assert store.get_into("np/tensor", back.ctypes.data, back.nbytes) == OK
+    assert np.array_equal(t, back)
+
+
+def test_put_batch_get_batch_large(store):
+    # Enough keys that batch_put is split by the 8 KiB request-target limit, and batch_get
+    # needs the POST form.
+    keys = ["lb/%04d/%s" % (i, "k" * 40) for i in range(700)]
+    values = [("v%d" % i).encode() * (i % 5) for i in range(700)]
+    assert store.put_batch(keys, values) == OK
+    assert store.get_batch(keys) == values
+    assert store.batch_is_exist(keys[:3] + ["lb/none"]) == [1, 1, 1, 0]
+    # The same key twice in one call: the first value is stored, the second is a duplicate.
+    assert store.put_batch(["lb/twice", "lb/twice"], [b"first", b"second"]) == OK
+    assert store.get("lb/twice") == b"first"
+    assert store.get_batch(["lb/none", "lb/twice"]) == [b"", b"first"]
+    assert store.put_batch(["lb/x"], [b"1", b"2"]) == INVALID
+    assert store.put_batch([""], [b"1"]) == INVALID
+    assert store.remove_batch(keys) == [OK] * len(keys)
+    assert store.remove_batch(keys[:2]) == [NOT_FOUND] * 2
+    assert store.batch_is_exist(keys[:2]) == [0, 0]
+
+
+def test_key_info(store):
+    assert store.put("ki/a", b"12345", ReplicateConfig(medium="dram")) == OK
+    info = store.get_key_info("ki/a")
+    assert isinstance(info, KeyInfo)
+    assert info.size() == 5 and info.loc_list() == [0] and info.type_list() == [1]
+    assert "size=5" in str(info)
+    missing = store.get_key_info("ki/missing")
+    assert missing.size() == 0 and missing.loc_list() == [] and missing.type_list() == []
+    infos = store.batch_get_key_info(["ki/a", "ki/missing"])
+    assert [i.size() for i in infos] == [5, 0]
+    assert infos[0].type_list() == [1]
+
+
+def test_remove_all(server):
+    s = make_store("http://%s" % server.addr)
+    assert s.init(0) == 0
+    assert s.put_batch(["ra/1", "ra/2"], [b"1", b"2"]) == OK
+    assert s.remove_all() == OK
+    assert s.batch_is_exist(["ra/1", "ra/2"]) == [0, 0]
+    s.close()
+    assert s.put("ra/3", b"x") == errors.MMC_CLIENT_NOT_INIT
+
+
+def test_threads_share_one_store(store):
+    errors_seen = []
+    n_threads, per_thread = 8, 40
+
+    def work(t):
+        buf = np.full(20000 + t, t, dtype=np.uint8)
+        out = np.zeros_like(buf)
+        for i in range(per_thread):
+            key = "th/%d/%d" % (t, i)
+            if store.put_from(key, buf.ctypes.data, buf.nbytes) != OK:
+                errors_seen.append(("put", key))
+            out[:] = 0
+            if store.get_into(key, out.ctypes.data, out.nbytes) != OK or not np.array_equal(
+                    buf, out):
+                errors_seen.append(("get", key))
+            if store.remove(key) != OK:
+                errors_seen.append(("remove", key))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert errors_seen == []
+    # Connections are kept alive and pooled: at most one per thread, reused afterwards.
+    pool = store._client.pool
+    assert 1 <= pool.idle_count() <= n_threads
+    before = pool.idle_count()
+    for i in range(20):
+        assert store.is_exist("th/none") == 0
+    assert pool.idle_count() == before
+
+
+def test_stale_pooled_connection_and_retry_budget(tmp_path):
+    port = free_port()
+    url = "http://127.0.0.1:%d" % port
+    s = make_store(url, client_retry_milliseconds=10000)
+    srv = {}
+
+    def start_later():
+        time.sleep(0.5)
+        srv["s"] = Server([], listen="127.0.0.1:%d" % port)
+
+    starter = threading.Thread(target=start_later)
+    starter.start()
+    # The server is not there yet: init waits for it within client_retry_milliseconds.
+    assert s.init(0) == 0
+    starter.join(30)
+    first = srv["s"]
+    assert s.put("st/a", b"1") == OK
+    # Restart the server: the pooled connection is dead, the next call reconnects.
+    first.stop()
+    second = Server([], listen="127.0.0.1:%d" % port)
+    try:
+        assert s.put("st/b", b"2") == OK
+        assert s.get("st/b") == b"2"
+        assert s.get("st/a") == b""  # a new, empty cache
+    finally:
+        s.close()
+        second.stop()
+    # Without a retry budget a dead server fails at once.
+    quick = make_store(url)
+    t = time.monotonic()
+    assert quick.init(0) == errors.MMC_NOT_CONNET_META
+    assert time.monotonic() - t < 2
+
+
+def test_ha_url_list_skips_a_dead_endpoint(server):
+    dead = "http://127.0.0.1:%d" % free_port()
+    s = make_store(dead + ",http://%s" % server.addr, client_retry_milliseconds=5000)
+    assert s.init(0) == 0
+    assert s.put("ha/a", b"1") == OK
+    assert s.get("ha/a") == b"1"
+    assert s._client.base_url == "http://%s" % server.addr
+    s.close()
+
+
+class Stub:
+    """A tiny HTTP server for client behaviour the real server does not show: it answers every
+    request with ``answer(head)`` (bytes) and records each request head and any body bytes that
+    arrive within ``linger`` seconds after its answer."""
+
+    def __init__(self, answer, linger=0.3):
+        self.answer = answer
+        self.linger = linger
+        self.requests = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.stop_flag = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        self.sock.settimeout(0.2)
+        while not self.stop_flag:
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        c.settimeout(5)
+        buf = b""
+        try:
+            while b"\r\n\r\n" not in buf:
+                d = c.recv(65536)
+                if not d:
+                    return
+                buf += d
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            rec = {"head": head.decode("latin-1"), "body": rest}
+            self.requests.append(rec)
+            out = self.answer(rec["head"])
+            if out is None:
+                time.sleep(10)
+                return
+            c.sendall(out)
+            c.settimeout(self.linger)
+            try:
+                while True:
+                    d = c.recv(65536)
+                    if not d:
+                        break
+                    rec["body"] += d
+            except socket.timeout:
+                pass
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.stop_flag = True
+        self.sock.close()
+
+
+def redirect_to(server):
+    def answer(head):
+        target = head.split("\r\n")[0].split(" ")[1]
+        return ("HTTP/1.1 307 Temporary Redirect\r\nLocation: http://%s%s\r\n"
+                "Content-Length: 0\r\nConnection: close\r\n\r\n" % (server.addr, target)).encode()
+    return answer
+
+
+def test_307_followed_with_expect_continue(server):
+    stub = Stub(redirect_to(server))
+    try:
+        s = make_store("http://127.0.0.1:%d" % stub.port)
+        # init's /health is redirected too.
+        assert s.init(0) == 0
+        size = 512 * 1024
+        src = np.arange(size, dtype=np.uint32).astype(np.uint8)
+        assert s.put_from("redir/big", src.ctypes.data, size) == OK
+        put = [r for r in stub.requests if r["head"].startswith("PUT ")]
+        assert len(put) == 1
+        # The large body announced Expect: 100-continue and was never sent to the stub.
+        assert "Expect: 100-continue" in put[0]["head"]
+        assert put[0]["body"] == b""
+        # It went once, to the server the 307 named.
+        dst = np.zeros(size, dtype=np.uint8)
+        assert s.get_into("redir/big", dst.ctypes.data, size) == OK
+        assert np.array_equal(src, dst)
+        assert s.get("redir/big") == src.tobytes()
+        # Small bodies are sent without waiting (they are resent to the redirect target).
+        assert s.put("redir/small", b"tiny") == OK
+        assert s.get("redir/small") == b"tiny"
+        assert s.batch_is_exist(["redir/big", "redir/none"]) == [1, 0]
+        assert s.remove_batch(["redir/big", "redir/small"]) == [OK, OK]
+        s.close()
+    finally:
+        stub.close()
+
+
+def test_redirect_loop_and_protocol_errors_are_codes():
+    loop = Stub(lambda head: None)
+    loop.answer = lambda head: (
+        "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:%d/x\r\n"
+        "Content-Length: 0\r\n\r\n" % loop.port).encode()
+    garbage = Stub(lambda head: b"NOT HTTP AT ALL\r\n\r\n")
+    try:
+        s = make_store("http://127.0.0.1:%d" % loop.port)
+        assert s.init(0) == errors.MMC_ERROR
+        s._config.meta_service_url = "http://127.0.0.1:%d" % garbage.port
+        assert s.init(0) == errors.MMC_ERROR
+        assert s.put("g/a", b"1") == errors.MMC_ERROR
+        assert s.get("g/a") == b""
+        assert s.batch_is_exist(["a", "b"]) == [errors.MMC_ERROR] * 2
+        s.close()
+    finally:
+        loop.close()
+        garbage.close()
+
+
+def test_timeout_is_honoured():
+    silent = Stub(lambda head: None)
+    try:
+        s = make_store("http://127.0.0.1:%d" % silent.port, client_timeout_seconds=1)
+        t = time.monotonic()
+        assert s.init(0) == errors.MMC_TIMEOUT
+        assert time.monotonic() - t < 5
+        t = time.monotonic()
+        assert s.put("to/a", b"x") == errors.MMC_TIMEOUT
+        assert s.get("to/a") == b""
+        assert time.monotonic() - t < 6
+        s.close()
+    finally:
+        silent.close()
+
+
+def test_token(server_factory):
+    srv = server_factory(["--set", "ock.mmc.http.auth_token=sekrit-data-token"])
+    url = "http://%s" % srv.addr
+    no_token = make_store(url, api_token=None)
+    assert no_token.init(0) == errors.MMC_ERROR
+    s = make_store(url, api_token="sekrit-data-token")
+    assert s.init(0) == 0
+    assert s.put("tok/a", b"1") == OK
+    assert s.get("tok/a") == b"1"
+    s.close()
