@@ -18,6 +18,9 @@ from . import errors
 # iovecs per sendmsg call (IOV_MAX is 1024 on Linux).
 _IOV_MAX = 1000
 _RECV_CHUNK = 256 * 1024
+# Heads and chunk lines are read in small pieces, so that a body mostly stays in the socket
+# until it is received straight into its destination (recv_into).
+_HEAD_CHUNK = 4096
 _MAX_REDIRECTS = 5
 
 
@@ -114,7 +117,7 @@ class Connection:
     # -- receiving -----------------------------------------------------------------------
 
     def _fill(self):
-        data = self.sock.recv(_RECV_CHUNK)
+        data = self.sock.recv(_HEAD_CHUNK)
         if not data:
             raise EOFError("connection closed by the server")
         self.rbuf += data
