@@ -138,6 +138,8 @@ pub struct Stats {
     pub sent_body_bytes: u64,
     /// Response body bytes of the counted responses.
     pub received_body_bytes: u64,
+    /// Responses and headline latencies per time bucket (`--report`).
+    pub timeline: Option<crate::report::Timeline>,
 }
 
 impl Stats {
@@ -153,6 +155,7 @@ impl Stats {
             business_failures: 0,
             sent_body_bytes: 0,
             received_body_bytes: 0,
+            timeline: None,
         }
     }
 
@@ -173,6 +176,11 @@ impl Stats {
         self.business_failures += o.business_failures;
         self.sent_body_bytes += o.sent_body_bytes;
         self.received_body_bytes += o.received_body_bytes;
+        match (&mut self.timeline, &o.timeline) {
+            (Some(a), Some(b)) => a.merge(b),
+            (None, Some(b)) => self.timeline = Some(b.clone()),
+            _ => {}
+        }
     }
 }
 
@@ -230,9 +238,14 @@ pub fn run_thread(
     }
     let driver = plan.driver;
     block_on(driver, move || async move {
+        let mut stats = Stats::new();
+        stats.timeline = Some(crate::report::Timeline::new(
+            plan.warm,
+            plan.end.saturating_duration_since(plan.warm),
+        ));
         let ctx = Rc::new(Ctx {
             plan,
-            stats: RefCell::new(Stats::new()),
+            stats: RefCell::new(stats),
             slots: RefCell::new(Vec::with_capacity(conns)),
             live: Cell::new(conns),
         });
@@ -498,6 +511,9 @@ async fn drive(
                             let mut s = ctx.stats.borrow_mut();
                             s.hist.saturating_record(us.max(1));
                             s.hist_sent.saturating_record(sent_us.max(1));
+                            if let Some(tl) = &mut s.timeline {
+                                tl.record(t_read, us);
+                            }
                             s.requests += 1;
                             s.status[(status as usize).min(999)] += 1;
                             s.business_failures += u64::from(response::business_failure(body));

@@ -17,11 +17,13 @@
 
 mod drain;
 mod fill;
+mod kvcache;
 mod kvsub;
 mod load;
 mod memcpy;
 mod mix;
 mod procstat;
+mod report;
 mod response;
 mod units;
 mod zipf;
@@ -140,6 +142,11 @@ struct Args {
     #[arg(long, default_value_t = 0, value_name = "N")]
     seed: u64,
 
+    /// Write the JSON figures (report.json) and SVG charts (latency.svg: latency by
+    /// percentile; timeline.svg: throughput and p99 over time) into this directory.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
+
     /// The first number that `{seq}` in a path becomes (then +1 per request, over all threads).
     #[arg(long, default_value_t = 0, value_name = "N")]
     seq_start: u64,
@@ -156,6 +163,23 @@ enum Tool {
     Drain(drain::Args),
     /// Subscribe to the KV events of a server and count what arrives.
     KvSub(kvsub::Args),
+    /// A KV-cache workload: prompts as prefix chains of LMCache chunk keys, looked up
+    /// (batch_exist), their longest hit prefix read (batch_get), the rest stored (batch_put).
+    #[command(after_help = kvcache::HELP)]
+    Kvcache(kvcache::Args),
+    /// Draw the reports of two or more runs (their --report directories) on one chart each.
+    Compare(CompareArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// Report directories of the runs (each with its report.json).
+    #[arg(required = true, num_args = 2.., value_name = "DIR")]
+    dirs: Vec<std::path::PathBuf>,
+
+    /// Where to write compare.json, latency.svg and timeline.svg.
+    #[arg(long, value_name = "DIR")]
+    out: std::path::PathBuf,
 }
 
 /// Largest accepted values, so a typo cannot exhaust memory or descriptors.
@@ -298,6 +322,8 @@ fn main() -> ExitCode {
             Tool::Fill(a) => fill::main(a),
             Tool::Drain(a) => drain::main(a),
             Tool::KvSub(a) => kvsub::main(a),
+            Tool::Kvcache(a) => kvcache::run(a).map(|_| ()),
+            Tool::Compare(a) => report::compare(&a.dirs, &a.out),
         };
         return match out {
             Ok(()) => ExitCode::SUCCESS,
@@ -468,6 +494,19 @@ fn run(args: &Args, cfg: Config) -> Result<Value, String> {
         preload,
     };
     let figures = report.json();
+    if let Some(dir) = &args.report {
+        let curves: Vec<(String, &Histogram<u64>)> = if report.corrected() {
+            vec![
+                ("corrected".into(), &total.hist),
+                ("uncorrected".into(), &total.hist_sent),
+            ]
+        } else {
+            vec![("latency".into(), &total.hist)]
+        };
+        let empty = report::Timeline::new(warm, cfg.duration);
+        let timeline = total.timeline.as_ref().unwrap_or(&empty);
+        report::write(dir, &figures, &curves, timeline)?;
+    }
     if args.json {
         println!("{figures}");
     } else {
