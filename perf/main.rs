@@ -13,7 +13,10 @@
 //! Subcommands serve the scenarios of `perf/scenarios.sh`: `memcpy` (this machine's copy
 //! bandwidth), `fill` (store many small objects through batch_put), `drain` (read one long
 //! response, e.g. `/get_all_keys`, at a limited rate while sampling the server's RSS) and
-//! `kv-sub` (a KV-event subscriber that counts what it receives).
+//! `kv-sub` (a KV-event subscriber that counts what it receives). `kvcache` is a KV-cache
+//! workload of LMCache prefix chains (`kvcache.rs`); `--report DIR` writes the figures and SVG
+//! charts and `compare` draws several reports together (`report.rs`). With `--rate` the
+//! latencies are corrected for coordinated omission (from each request's intended start).
 
 mod drain;
 mod fill;
