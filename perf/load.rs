@@ -29,9 +29,6 @@ use crate::response::{self, Framed};
 
 /// Latency histogram bounds: 1 µs to 60 s, 3 significant digits.
 pub const HIST_MAX_US: u64 = 60_000_000;
-/// How late a paced request may leave (the timer's granularity and some scheduling) and still
-/// count as on schedule: past it, the pacing restarts from the late answer.
-const PACE_SLACK: Duration = Duration::from_millis(2);
 
 pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
@@ -65,10 +62,19 @@ pub struct Plan {
     pub end: Instant,
     pub io_timeout: Duration,
     pub driver: DriverChoice,
-    /// `--rate`: each connection sends its next request at most this often (pipeline 1).
+    /// `--rate`: each connection has one request due every interval (pipeline 1), on a fixed
+    /// schedule from `start`; responses are counted by their intended start, and latency is
+    /// measured from it (corrected for coordinated omission).
     pub interval: Option<Duration>,
+    /// Where the paced schedule begins (the run's start, before the warm-up).
+    pub start: Instant,
+    /// Hard end: `end` for a closed loop; for a paced run `end` plus the I/O timeout, so the
+    /// requests due before `end` that a stalled server delayed are still sent and answered.
+    pub stop: Instant,
     /// Connections in the whole run (to spread paced connections over one interval).
     pub connections: usize,
+    /// `--seed`: connection i draws its keys and mix entries from stream `seed`, `i`.
+    pub seed: u64,
 }
 
 /// Failures, each counted once per event (the connection is then reopened).
@@ -112,7 +118,11 @@ enum ErrorKind {
 
 /// The measured results of one thread (or, merged, of the run).
 pub struct Stats {
+    /// The headline latencies: from each request's intended start with `--rate` (corrected
+    /// for coordinated omission), else from its send (a closed loop has no schedule).
     pub hist: Histogram<u64>,
+    /// Latencies from the actual send (what a load generator without correction reports).
+    pub hist_sent: Histogram<u64>,
     pub requests: u64,
     /// Responses by exact status code (index = code, 0..1000).
     pub status: Vec<u64>,
@@ -128,12 +138,15 @@ pub struct Stats {
     pub sent_body_bytes: u64,
     /// Response body bytes of the counted responses.
     pub received_body_bytes: u64,
+    /// Responses and headline latencies per time bucket (`--report`).
+    pub timeline: Option<crate::report::Timeline>,
 }
 
 impl Stats {
     pub fn new() -> Stats {
         Stats {
             hist: new_histogram(),
+            hist_sent: new_histogram(),
             requests: 0,
             status: vec![0; 1000],
             errors: Errors::default(),
@@ -142,12 +155,16 @@ impl Stats {
             business_failures: 0,
             sent_body_bytes: 0,
             received_body_bytes: 0,
+            timeline: None,
         }
     }
 
     pub fn merge(&mut self, o: &Stats) {
         self.hist
             .add(&o.hist)
+            .expect("histograms with equal bounds");
+        self.hist_sent
+            .add(&o.hist_sent)
             .expect("histograms with equal bounds");
         self.requests += o.requests;
         for (a, b) in self.status.iter_mut().zip(&o.status) {
@@ -159,6 +176,11 @@ impl Stats {
         self.business_failures += o.business_failures;
         self.sent_body_bytes += o.sent_body_bytes;
         self.received_body_bytes += o.received_body_bytes;
+        match (&mut self.timeline, &o.timeline) {
+            (Some(a), Some(b)) => a.merge(b),
+            (None, Some(b)) => self.timeline = Some(b.clone()),
+            _ => {}
+        }
     }
 }
 
@@ -216,9 +238,14 @@ pub fn run_thread(
     }
     let driver = plan.driver;
     block_on(driver, move || async move {
+        let mut stats = Stats::new();
+        stats.timeline = Some(crate::report::Timeline::new(
+            plan.warm,
+            plan.end.saturating_duration_since(plan.warm),
+        ));
         let ctx = Rc::new(Ctx {
             plan,
-            stats: RefCell::new(Stats::new()),
+            stats: RefCell::new(stats),
             slots: RefCell::new(Vec::with_capacity(conns)),
             live: Cell::new(conns),
         });
@@ -251,8 +278,8 @@ async fn watchdog(ctx: Rc<Ctx>) {
     let plan = ctx.plan.clone();
     loop {
         let now = Instant::now();
-        let next = if now < plan.end {
-            (now + Duration::from_millis(50)).min(plan.end)
+        let next = if now < plan.stop {
+            (now + Duration::from_millis(50)).min(plan.stop)
         } else {
             now + Duration::from_millis(20)
         };
@@ -261,7 +288,7 @@ async fn watchdog(ctx: Rc<Ctx>) {
             return;
         }
         let now = Instant::now();
-        let ending = now >= plan.end;
+        let ending = now >= plan.stop;
         for slot in ctx.slots.borrow().iter() {
             let fd = slot.fd.get();
             if fd < 0 {
@@ -293,22 +320,23 @@ enum Outcome {
 
 async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
     let plan = ctx.plan.clone();
-    let mut rng = XorShift::new(seed);
+    // Seed 0 gives connection i the stream of seed i, as before --seed existed.
+    let mut rng = XorShift::new(plan.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed);
     let mut rbuf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
     let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(plan.pipeline);
     let mut backoff = Duration::from_millis(10);
-    // Paced connections start spread over one interval, not all at once.
+    // Paced connections' schedules are spread over one interval, not all at once.
     let mut next_due = plan.interval.map(|iv| {
         let share = (seed as usize % plan.connections.max(1)) as u32;
-        Instant::now() + iv / plan.connections.max(1) as u32 * share
+        plan.start + iv / plan.connections.max(1) as u32 * share
     });
     loop {
         let now = Instant::now();
-        if now >= plan.end {
+        if plan.finished(now, next_due) {
             break;
         }
-        let deadline = (now + plan.io_timeout).min(plan.end);
+        let deadline = (now + plan.io_timeout).min(plan.stop);
         let connect = monoio::time::timeout_at(
             monoio::time::Instant::from_std(deadline),
             TcpStream::connect_addr(plan.addr),
@@ -319,7 +347,7 @@ async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
             Ok(Err(_)) => {
                 ctx.error(ErrorKind::Connect);
                 // Do not spin on a refused port: back off, up to half a second.
-                let wake = (Instant::now() + backoff).min(plan.end);
+                let wake = (Instant::now() + backoff).min(plan.stop);
                 monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
                 continue;
@@ -371,6 +399,8 @@ async fn connection(ctx: Rc<Ctx>, slot: Rc<Slot>, seed: u64) {
 
 /// A request sent and not yet answered.
 struct InFlight {
+    /// When it was due (`--rate`), else when it was sent.
+    intended: Instant,
     sent: Instant,
     /// It was a HEAD (its response has no body).
     head: bool,
@@ -415,34 +445,30 @@ async fn drive(
     let mut t_read = Instant::now();
     loop {
         let mut now = Instant::now();
-        if now >= plan.end {
+        if plan.finished(now, *next_due) {
             return Outcome::Done;
         }
-        // Paced: wait for this connection's next slot. The timer wakes up to a millisecond
-        // late; that lateness is made up by the following slots (which may then be due at
-        // once), so intervals under a millisecond still give the asked rate. After an answer
-        // later than PACE_SLACK, the schedule restarts from now instead: no catch-up bursts.
+        // Paced: wait for this connection's next slot. The schedule is fixed: no slot is
+        // skipped, and a connection that fell behind (a late answer) sends its overdue
+        // requests at once, one after the other, each measured from when it was due; so a
+        // stall of the server shows in the histogram as the wait its users would have had.
+        // The timer wakes up to a millisecond late; that lateness is made up by the following
+        // slots, so intervals under a millisecond still give the asked rate.
+        let mut intended = now;
         if let (Some(iv), Some(due)) = (plan.interval, *next_due) {
             if due > now {
-                let wake = due.min(plan.end);
-                monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
+                monoio::time::sleep_until(monoio::time::Instant::from_std(due)).await;
                 now = Instant::now();
-                if now >= plan.end {
-                    return Outcome::Done;
-                }
             }
-            let late = now.saturating_duration_since(due);
-            *next_due = Some(if late <= PACE_SLACK {
-                due + iv
-            } else {
-                now + iv
-            });
+            intended = due;
+            *next_due = Some(due + iv);
         }
         // Refill the pipeline. A large body's shared rest goes out right after its head.
         while inflight.len() < plan.pipeline {
             let i = mix.choose(rng);
             let w = mix.write_request(i, rng, wbuf);
             inflight.push_back(InFlight {
+                intended,
                 sent: now,
                 head: w.is_head,
                 body_bytes: mix.entries[i].body_bytes,
@@ -472,10 +498,22 @@ async fn drive(
                         if interim {
                             continue;
                         }
-                        if ctx.in_window(t_read) {
-                            let us = t_read.duration_since(f.sent).as_micros() as u64;
+                        // Paced requests count by when they were due, so that every slot of
+                        // the window is in, however late its answer came.
+                        let counted = if plan.interval.is_some() {
+                            ctx.in_window(f.intended)
+                        } else {
+                            ctx.in_window(t_read)
+                        };
+                        if counted {
+                            let us = t_read.duration_since(f.intended).as_micros() as u64;
+                            let sent_us = t_read.duration_since(f.sent).as_micros() as u64;
                             let mut s = ctx.stats.borrow_mut();
                             s.hist.saturating_record(us.max(1));
+                            s.hist_sent.saturating_record(sent_us.max(1));
+                            if let Some(tl) = &mut s.timeline {
+                                tl.record(t_read, us);
+                            }
                             s.requests += 1;
                             s.status[(status as usize).min(999)] += 1;
                             s.business_failures += u64::from(response::business_failure(body));
@@ -526,8 +564,19 @@ async fn drive(
     }
 }
 
+impl Plan {
+    /// The run is over for a connection: a closed loop at `end`; a paced connection once its
+    /// last slot before `end` is answered (between requests), or at the hard `stop`.
+    fn finished(&self, now: Instant, next_due: Option<Instant>) -> bool {
+        match next_due {
+            Some(due) if self.interval.is_some() => due >= self.end || now >= self.stop,
+            _ => now >= self.end,
+        }
+    }
+}
+
 fn ended_or(plan: &Plan, kind: ErrorKind) -> Outcome {
-    if Instant::now() >= plan.end {
+    if Instant::now() >= plan.stop {
         Outcome::Done
     } else {
         Outcome::Failed(kind)
@@ -809,17 +858,22 @@ mod tests {
             0,
         )
         .unwrap();
-        let warm = Instant::now() + Duration::from_millis(50);
+        let start = Instant::now();
+        let warm = start + Duration::from_millis(50);
+        let end = warm + Duration::from_secs_f64(secs);
         Arc::new(Plan {
             addr,
             mix: Arc::new(mix),
             pipeline,
             warm,
-            end: warm + Duration::from_secs_f64(secs),
+            end,
+            start,
+            stop: end,
             io_timeout: Duration::from_secs(2),
             driver,
             interval: None,
             connections: 4,
+            seed: 0,
         })
     }
 
@@ -889,17 +943,22 @@ mod tests {
             0,
         )
         .unwrap();
-        let warm = Instant::now() + Duration::from_millis(50);
+        let start = Instant::now();
+        let warm = start + Duration::from_millis(50);
+        let end = warm + Duration::from_secs_f64(secs);
         Plan {
             addr,
             mix: Arc::new(mix),
             pipeline: 1,
             warm,
-            end: warm + Duration::from_secs_f64(secs),
+            end,
+            start,
+            stop: end,
             io_timeout: Duration::from_secs(2),
             driver: DriverChoice::Auto,
             interval: None,
             connections: 2,
+            seed: 0,
         }
     }
 
@@ -935,6 +994,7 @@ mod tests {
         let addr = checking_server();
         let mut p = plan_with(addr, &["GET /ok"], 0, secs);
         p.interval = Some(interval);
+        p.stop = p.end + Duration::from_secs(1);
         let (stats, _) = run_thread(Arc::new(p), 0, 2, None).unwrap();
         assert_eq!(stats.errors, Errors::default());
         stats.requests

@@ -13,17 +13,23 @@
 //! Subcommands serve the scenarios of `perf/scenarios.sh`: `memcpy` (this machine's copy
 //! bandwidth), `fill` (store many small objects through batch_put), `drain` (read one long
 //! response, e.g. `/get_all_keys`, at a limited rate while sampling the server's RSS) and
-//! `kv-sub` (a KV-event subscriber that counts what it receives).
+//! `kv-sub` (a KV-event subscriber that counts what it receives). `kvcache` is a KV-cache
+//! workload of LMCache prefix chains (`kvcache.rs`); `--report DIR` writes the figures and SVG
+//! charts and `compare` draws several reports together (`report.rs`). With `--rate` the
+//! latencies are corrected for coordinated omission (from each request's intended start).
 
 mod drain;
 mod fill;
+mod kvcache;
 mod kvsub;
 mod load;
 mod memcpy;
 mod mix;
 mod procstat;
+mod report;
 mod response;
 mod units;
+mod zipf;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +39,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 use load::{DriverChoice, Plan, Stats};
@@ -97,7 +104,7 @@ struct Args {
     #[arg(long, default_value_t = 0, value_name = "N")]
     body_bytes: usize,
 
-    /// Distinct keys: `{key}` in a path becomes key-<i>, i uniform in 0..N.
+    /// Distinct keys: `{key}` in a path becomes key-<i>, i in 0..N drawn by --key-dist.
     #[arg(long, value_name = "N")]
     keys: Option<u64>,
 
@@ -118,13 +125,30 @@ struct Args {
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     timeout: f64,
 
-    /// Total requests per second, spread evenly over the connections: each connection sends
-    /// its next request at its next slot, or at once when the answer came more than 2 ms late
-    /// (then the schedule restarts: no catch-up bursts). Needs --pipeline 1. The timer's
-    /// millisecond resolution is made up by the following slots. Default: each
-    /// connection sends as soon as it has its answer (closed loop).
+    /// Total requests per second, spread evenly over the connections: each connection has a
+    /// fixed schedule of intended starts, one per interval; no slot is skipped, a connection
+    /// behind its schedule (a late answer) sends its overdue requests at once, and latency is
+    /// measured from the intended start (corrected for coordinated omission, as wrk2 does;
+    /// the uncorrected latencies, from the actual send, are reported beside). The requests
+    /// due in the measured window are counted, answered up to --timeout after it. Needs
+    /// --pipeline 1. Default: each connection sends as soon as it has its answer (closed loop).
     #[arg(long, value_name = "REQ/S")]
     rate: Option<f64>,
+
+    /// Popularity of the `{key}` indices: uniform, or zipf:S (Zipf with exponent S, e.g.
+    /// zipf:0.99: key-0 the most popular, P(key-i) ∝ (i+1)^-S).
+    #[arg(long, default_value = "uniform", value_name = "uniform|zipf:S")]
+    key_dist: String,
+
+    /// Seed of the key and mix choices (each connection draws from its own stream derived
+    /// from it): the same seed gives the same sequence of requests per connection.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    seed: u64,
+
+    /// Write the JSON figures (report.json) and SVG charts (latency.svg: latency by
+    /// percentile; timeline.svg: throughput and p99 over time) into this directory.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
 
     /// The first number that `{seq}` in a path becomes (then +1 per request, over all threads).
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -142,6 +166,23 @@ enum Tool {
     Drain(drain::Args),
     /// Subscribe to the KV events of a server and count what arrives.
     KvSub(kvsub::Args),
+    /// A KV-cache workload: prompts as prefix chains of LMCache chunk keys, looked up
+    /// (batch_exist), their longest hit prefix read (batch_get), the rest stored (batch_put).
+    #[command(after_help = kvcache::HELP)]
+    Kvcache(kvcache::Args),
+    /// Draw the reports of two or more runs (their --report directories) on one chart each.
+    Compare(CompareArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// Report directories of the runs (each with its report.json).
+    #[arg(required = true, num_args = 2.., value_name = "DIR")]
+    dirs: Vec<std::path::PathBuf>,
+
+    /// Where to write compare.json, latency.svg and timeline.svg.
+    #[arg(long, value_name = "DIR")]
+    out: std::path::PathBuf,
 }
 
 /// Largest accepted values, so a typo cannot exhaust memory or descriptors.
@@ -214,7 +255,8 @@ fn validate(args: &Args) -> Result<Config, String> {
         args.body_bytes,
         args.keys,
         args.seq_start,
-    )?;
+    )?
+    .with_key_dist(&zipf::KeyDist::parse(&args.key_dist)?);
     if args.preload && mix.keys == 0 {
         return Err("--preload needs a --request path with {key} (and --keys N)".into());
     }
@@ -283,6 +325,8 @@ fn main() -> ExitCode {
             Tool::Fill(a) => fill::main(a),
             Tool::Drain(a) => drain::main(a),
             Tool::KvSub(a) => kvsub::main(a),
+            Tool::Kvcache(a) => kvcache::run(a).map(|_| ()),
+            Tool::Compare(a) => report::compare(&a.dirs, &a.out),
         };
         return match out {
             Ok(()) => ExitCode::SUCCESS,
@@ -305,7 +349,7 @@ fn main() -> ExitCode {
         }
     };
     match run(&args, cfg) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mmc-perf: {e}");
             ExitCode::FAILURE
@@ -313,7 +357,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args, cfg: Config) -> Result<(), String> {
+/// Runs the load, prints the summary (or JSON) and returns the JSON figures.
+fn run(args: &Args, cfg: Config) -> Result<Value, String> {
     let preload = if args.preload {
         let value_bytes = if args.body_bytes == 0 {
             16
@@ -359,7 +404,14 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
         io_timeout: cfg.io_timeout,
         driver: cfg.driver,
         interval: cfg.interval,
+        start,
+        stop: if cfg.interval.is_some() {
+            end + cfg.io_timeout
+        } else {
+            end
+        },
         connections: args.connections,
+        seed: args.seed,
     });
 
     let (tx, rx) = mpsc::channel();
@@ -444,12 +496,26 @@ fn run(args: &Args, cfg: Config) -> Result<(), String> {
         drivers: drivers.join("+"),
         preload,
     };
+    let figures = report.json();
+    if let Some(dir) = &args.report {
+        let curves: Vec<(String, &Histogram<u64>)> = if report.corrected() {
+            vec![
+                ("corrected".into(), &total.hist),
+                ("uncorrected".into(), &total.hist_sent),
+            ]
+        } else {
+            vec![("latency".into(), &total.hist)]
+        };
+        let empty = report::Timeline::new(warm, cfg.duration);
+        let timeline = total.timeline.as_ref().unwrap_or(&empty);
+        report::write(dir, &figures, &curves, timeline)?;
+    }
     if args.json {
-        println!("{}", report.json());
+        println!("{figures}");
     } else {
         print!("{}", report.text());
     }
-    Ok(())
+    Ok(figures)
 }
 
 struct Report<'a> {
@@ -465,6 +531,38 @@ struct Report<'a> {
 
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
+}
+
+/// p50, p90, p99, p99.9, max and mean of `h` (µs), or None without responses.
+fn latency_of(h: &Histogram<u64>, requests: u64) -> Option<[(&'static str, f64); 6]> {
+    (requests > 0).then(|| {
+        [
+            ("p50", h.value_at_quantile(0.50) as f64),
+            ("p90", h.value_at_quantile(0.90) as f64),
+            ("p99", h.value_at_quantile(0.99) as f64),
+            ("p999", h.value_at_quantile(0.999) as f64),
+            ("max", h.max() as f64),
+            ("mean", round2(h.mean())),
+        ]
+    })
+}
+
+fn latency_json(l: Option<[(&'static str, f64); 6]>) -> Value {
+    match l {
+        Some(l) => Value::Object(
+            l.iter()
+                .map(|(k, v)| {
+                    let v = if *k == "mean" {
+                        json!(v)
+                    } else {
+                        json!(*v as u64)
+                    };
+                    (k.to_string(), v)
+                })
+                .collect(),
+        ),
+        None => Value::Null,
+    }
 }
 
 impl Report<'_> {
@@ -493,18 +591,25 @@ impl Report<'_> {
         ]
     }
 
+    /// Latencies are measured from the intended start (corrected) with `--rate`.
+    fn corrected(&self) -> bool {
+        self.cfg.interval.is_some()
+    }
+
+    fn latency_basis(&self) -> &'static str {
+        if self.corrected() {
+            "intended start (corrected for coordinated omission)"
+        } else {
+            "send (closed loop: no schedule, nothing to correct)"
+        }
+    }
+
     fn latency(&self) -> Option<[(&'static str, f64); 6]> {
-        let h = &self.stats.hist;
-        (self.stats.requests > 0).then(|| {
-            [
-                ("p50", h.value_at_quantile(0.50) as f64),
-                ("p90", h.value_at_quantile(0.90) as f64),
-                ("p99", h.value_at_quantile(0.99) as f64),
-                ("p999", h.value_at_quantile(0.999) as f64),
-                ("max", h.max() as f64),
-                ("mean", round2(h.mean())),
-            ]
-        })
+        latency_of(&self.stats.hist, self.stats.requests)
+    }
+
+    fn latency_uncorrected(&self) -> Option<[(&'static str, f64); 6]> {
+        latency_of(&self.stats.hist_sent, self.stats.requests)
     }
 
     fn json(&self) -> Value {
@@ -519,23 +624,6 @@ impl Report<'_> {
             .into_iter()
             .map(|(c, n)| (c, json!(n)))
             .collect();
-        let latency = match self.latency() {
-            Some(l) => {
-                let m: serde_json::Map<String, Value> = l
-                    .iter()
-                    .map(|(k, v)| {
-                        let v = if *k == "mean" {
-                            json!(v)
-                        } else {
-                            json!(*v as u64)
-                        };
-                        (k.to_string(), v)
-                    })
-                    .collect();
-                Value::Object(m)
-            }
-            None => Value::Null,
-        };
         let mix: Vec<Value> = self
             .cfg
             .mix
@@ -578,11 +666,15 @@ impl Report<'_> {
             },
             "status": status,
             "status_class": classes,
-            "latency_us": latency,
+            "latency_us": latency_json(self.latency()),
+            "latency_basis": self.latency_basis(),
+            "latency_uncorrected_us": latency_json(self.latency_uncorrected()),
             "server_cpu_pid": self.args.cpu_pid,
             "server_cpu_us_per_req": self.server_us.map(round2),
             "client_cpu_us_per_req": self.client_us.map(round2),
             "keys": self.args.keys,
+            "key_dist": self.args.key_dist,
+            "seed": self.args.seed,
             "body_bytes": self.args.body_bytes,
             "preload": self.preload.map(|p| json!({
                 "requests": p.requests, "ok": p.ok, "failed": p.failed,
@@ -645,12 +737,25 @@ impl Report<'_> {
             self.stats.sent_body_bytes as f64 / self.secs / 1e6,
             self.stats.received_body_bytes as f64 / self.secs / 1e6
         );
-        match self.latency() {
-            Some(l) => {
-                let parts: Vec<String> = l.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                let _ = writeln!(s, "latency  (µs) {}", parts.join("  "));
+        match (self.latency(), self.latency_uncorrected()) {
+            (Some(l), Some(u)) => {
+                let parts = |l: &[(&str, f64)]| {
+                    l.iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join("  ")
+                };
+                let _ = writeln!(
+                    s,
+                    "latency  (µs, from {}) {}",
+                    self.latency_basis(),
+                    parts(&l)
+                );
+                if self.corrected() {
+                    let _ = writeln!(s, "  uncorrected (µs, from the actual send) {}", parts(&u));
+                }
             }
-            None => {
+            _ => {
                 let _ = writeln!(s, "latency  (no responses)");
             }
         }
@@ -715,6 +820,8 @@ mod tests {
             &["--rate", "0"],
             &["--rate", "100", "--pipeline", "2"],
             &["--rate", "inf"],
+            &["--key-dist", "zipf:0"],
+            &["--key-dist", "pareto"],
         ] {
             assert!(validate(&args(bad)).is_err(), "{bad:?} should be refused");
         }
@@ -722,6 +829,85 @@ mod tests {
         assert_eq!(c.threads, 2);
         let c = validate(&args(&["--connections", "4", "--rate", "40"])).unwrap();
         assert_eq!(c.interval, Some(Duration::from_millis(100)));
+    }
+
+    /// A tiny HTTP server that answers `ok` at once, except that it stalls once: every answer
+    /// due between 2 s and 3 s after its first request waits until 3 s.
+    fn stalling_server() -> SocketAddr {
+        use std::io::{Read, Write};
+        use std::sync::OnceLock;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let first = first.clone();
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let t0 = *first.get_or_init(Instant::now);
+                            let (from, to) =
+                                (t0 + Duration::from_secs(2), t0 + Duration::from_secs(3));
+                            let now = Instant::now();
+                            if now >= from && now < to {
+                                std::thread::sleep(to - now);
+                            }
+                            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                            if s.write_all(ok).is_err() {
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk) {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Coordinated omission: a 1 s stall at 1000 req/s delays ~1000 intended requests by up
+    /// to a second; the corrected p99 shows it and every intended request is sent.
+    #[test]
+    fn a_stall_shows_in_the_corrected_latencies() {
+        let addr = stalling_server().to_string();
+        let a = args(&[
+            "--target",
+            &addr,
+            "--rate",
+            "1000",
+            "--duration",
+            "5",
+            "--warmup",
+            "0",
+            "--connections",
+            "16",
+            "--timeout",
+            "3",
+            "--json",
+        ]);
+        let cfg = validate(&a).unwrap();
+        let started = Instant::now();
+        let out = run(&a, cfg).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(12));
+        assert_eq!(
+            out["requests"], 5000,
+            "every intended request is sent: {out}"
+        );
+        assert_eq!(out["errors"], 0, "{out}");
+        let p99 = out["latency_us"]["p99"].as_u64().unwrap();
+        let raw_p99 = out["latency_uncorrected_us"]["p99"].as_u64().unwrap();
+        assert!(p99 >= 500_000, "corrected p99 {p99} µs: {out}");
+        assert!(p99 < 1_500_000, "corrected p99 {p99} µs: {out}");
+        // Only the one request per connection in flight during the stall waited from its send.
+        assert!(raw_p99 < 100_000, "uncorrected p99 {raw_p99} µs: {out}");
+        assert!(out["latency_basis"].as_str().unwrap().contains("corrected"));
     }
 
     #[test]

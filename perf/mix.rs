@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
 
+use crate::zipf::{KeyDist, Sampler};
+
 /// One `--request` entry as given on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Spec {
@@ -172,6 +174,8 @@ pub struct Mix {
     seq: AtomicU64,
     /// The body beyond [`INLINE_BODY_BYTES`], shared by every request with a body.
     body_rest: Option<Bytes>,
+    /// Picks the index of `{key}` (`--key-dist`; uniform by default).
+    sampler: Sampler,
 }
 
 /// Renders a request for `method target` with a `body_bytes` body (for PUT and POST), split
@@ -264,12 +268,19 @@ impl Mix {
             total_weight: total,
             keys,
             seq: AtomicU64::new(seq_start),
+            sampler: KeyDist::Uniform.sampler(keys),
             body_rest: if any_body {
                 body_rest(body_bytes)
             } else {
                 None
             },
         })
+    }
+
+    /// `{key}` indices follow `dist` (key-0 the most popular under Zipf).
+    pub fn with_key_dist(mut self, dist: &KeyDist) -> Mix {
+        self.sampler = dist.sampler(self.keys);
+        self
     }
 
     fn next_seq(&self) -> u64 {
@@ -295,7 +306,11 @@ impl Mix {
         if e.holes.is_empty() {
             out.extend_from_slice(&e.pieces[0]);
         } else {
-            let key = if e.keyed() { rng.next() % self.keys } else { 0 };
+            let key = if e.keyed() {
+                self.sampler.sample(rng)
+            } else {
+                0
+            };
             let seq = if e.has_seq() { self.next_seq() } else { 0 };
             write_pieces(&e.pieces, &e.holes, key, seq, out);
         }

@@ -9,6 +9,7 @@ mod framing;
 mod lifecycle;
 mod metrics_contract;
 mod observability;
+mod perf;
 mod security;
 mod ssd;
 mod store;
