@@ -114,60 +114,54 @@ fn evict_running(cluster: &Cluster) -> u64 {
 /// Segment and medium capacity and use.
 pub(super) fn render_capacity(cluster: &Cluster, o: &mut Out<'_>) {
     let segs = cluster.segments.snapshot();
-    o.family(
-        "memcache_segment_capacity_bytes",
-        "Segment total capacity in bytes",
-        "gauge",
-    );
-    for s in segs.iter() {
-        o.int(
+    let per_segment: [(&str, &str, SegmentField); 2] = [
+        (
             "memcache_segment_capacity_bytes",
-            &[("segment", &s.name)],
-            s.capacity,
-        );
-    }
-    o.family(
-        "memcache_segment_allocated_bytes",
-        "Segment allocated bytes",
-        "gauge",
-    );
-    for s in segs.iter() {
-        o.int(
+            "Segment total capacity in bytes",
+            |s| s.capacity,
+        ),
+        (
             "memcache_segment_allocated_bytes",
-            &[("segment", &s.name)],
-            s.used_bytes(),
-        );
+            "Segment allocated bytes",
+            |s| s.used_bytes(),
+        ),
+    ];
+    for (name, help, f) in per_segment {
+        o.family(name, help, "gauge");
+        for s in segs.iter() {
+            o.int(name, &[("segment", &s.name)], f(s));
+        }
     }
+    // SSD is shown only when it has capacity or use.
     let usage: Vec<(Medium, (u64, u64))> = Medium::ALL
         .iter()
         .map(|&m| (m, medium_usage(cluster, m)))
+        .filter(|&(m, (c, u))| m != Medium::Ssd || c > 0 || u > 0)
         .collect();
-    let shown = |m: Medium, (c, u): (u64, u64)| m != Medium::Ssd || c > 0 || u > 0;
-    o.family(
-        "memcache_total_capacity_bytes",
-        "Total capacity by medium in bytes",
-        "gauge",
-    );
-    for &(m, cu) in &usage {
-        if shown(m, cu) {
-            o.int(
-                "memcache_total_capacity_bytes",
-                &[("medium", m.lower())],
-                cu.0,
-            );
-        }
-    }
-    o.family(
-        "memcache_allocated_bytes",
-        "Allocated bytes by medium",
-        "gauge",
-    );
-    for &(m, cu) in &usage {
-        if shown(m, cu) {
-            o.int("memcache_allocated_bytes", &[("medium", m.lower())], cu.1);
+    let per_medium: [(&str, &str, MediumField); 2] = [
+        (
+            "memcache_total_capacity_bytes",
+            "Total capacity by medium in bytes",
+            |cu| cu.0,
+        ),
+        (
+            "memcache_allocated_bytes",
+            "Allocated bytes by medium",
+            |cu| cu.1,
+        ),
+    ];
+    for (name, help, f) in per_medium {
+        o.family(name, help, "gauge");
+        for &(m, cu) in &usage {
+            o.int(name, &[("medium", m.lower())], f(cu));
         }
     }
 }
+
+type SegmentField = fn(&crate::shards::store::segment::Segment) -> u64;
+
+/// A (capacity, used) pair to one of its figures.
+type MediumField = fn((u64, u64)) -> u64;
 
 /// The business-call counters: requests, successes, failures (and not-found results) per
 /// operation, in total and per rank.

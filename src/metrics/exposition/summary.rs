@@ -17,24 +17,7 @@ pub fn render_summary(cluster: &Cluster, buf: &mut Vec<u8>) {
         "keys",
         sum_i(cluster, |s| s.store_stats.stored_keys.get()).to_string(),
     );
-    let tier = |name: &str| {
-        TIER_FAMILIES
-            .iter()
-            .find(|t| t.1 == name)
-            .map(|t| t.4)
-            .expect("known tier field")
-    };
-    for (field, name) in [
-        ("evict", "evict"),
-        ("rewarm", "rewarm"),
-        ("rewarm_fail", "rewarm_fail"),
-        ("rewarm_bytes_total", "rewarm_bytes"),
-        ("rewarm_bytes_current", "rewarm_bytes_current"),
-        ("flush_blobs", "flush_blobs"),
-        ("flush_bytes", "flush_bytes"),
-        ("get_hit_dram", "get_hit_dram"),
-        ("get_hit_ssd", "get_hit_ssd"),
-    ] {
+    for (field, name) in TIER_FIELDS {
         put(field, tier_total(cluster, tier(name)).to_string());
     }
     for (field, m) in [
@@ -45,40 +28,9 @@ pub fn render_summary(cluster: &Cluster, buf: &mut Vec<u8>) {
         let (c, u) = medium_usage(cluster, m);
         put(field, format!("{u}/{c}"));
     }
-    for op in Op::ALL {
-        let i = op as usize;
-        let n = op.name();
-        put(
-            &format!("{n}_req"),
-            sum(cluster, |s| s.store_stats.ops[i].requests.get()).to_string(),
-        );
-        put(
-            &format!("{n}_success"),
-            sum(cluster, |s| s.store_stats.ops[i].successes.get()).to_string(),
-        );
-        put(
-            &format!("{n}_fail"),
-            sum(cluster, |s| s.store_stats.ops[i].failures.get()).to_string(),
-        );
-        if op.has_not_found() {
-            put(
-                &format!("{n}_not_found"),
-                sum(cluster, |s| s.store_stats.ops[i].not_found.get()).to_string(),
-            );
-        }
-    }
+    op_fields(cluster, &mut put);
     let per_rank = per_rank_ranks(cluster);
-    for base in [
-        "evict",
-        "get_hit_dram",
-        "get_hit_ssd",
-        "rewarm",
-        "rewarm_fail",
-        "rewarm_bytes",
-        "rewarm_bytes_current",
-        "flush_blobs",
-        "flush_bytes",
-    ] {
+    for base in PER_RANK_FIELDS {
         for &r in &per_rank {
             put(
                 &format!("{base}_by_rank_{r}"),
@@ -91,6 +43,58 @@ pub fn render_summary(cluster: &Cluster, buf: &mut Vec<u8>) {
             buf.push(b' ');
         }
         let _ = write!(buf, "{k}={v}");
+    }
+}
+
+/// The tier fields after `keys`: (summary field, tier family's summary name).
+const TIER_FIELDS: [(&str, &str); 9] = [
+    ("evict", "evict"),
+    ("rewarm", "rewarm"),
+    ("rewarm_fail", "rewarm_fail"),
+    ("rewarm_bytes_total", "rewarm_bytes"),
+    ("rewarm_bytes_current", "rewarm_bytes_current"),
+    ("flush_blobs", "flush_blobs"),
+    ("flush_bytes", "flush_bytes"),
+    ("get_hit_dram", "get_hit_dram"),
+    ("get_hit_ssd", "get_hit_ssd"),
+];
+
+/// The per-rank fields' bases, in output order.
+const PER_RANK_FIELDS: [&str; 9] = [
+    "evict",
+    "get_hit_dram",
+    "get_hit_ssd",
+    "rewarm",
+    "rewarm_fail",
+    "rewarm_bytes",
+    "rewarm_bytes_current",
+    "flush_blobs",
+    "flush_bytes",
+];
+
+/// The tier counter behind a summary name.
+fn tier(name: &str) -> fn(&crate::metrics::store::TierCounters) -> i64 {
+    TIER_FAMILIES
+        .iter()
+        .find(|t| t.1 == name)
+        .map(|t| t.4)
+        .expect("known tier field")
+}
+
+/// `<op>_req`, `_success`, `_fail` (and `_not_found`) of every business operation.
+fn op_fields(cluster: &Cluster, put: &mut impl FnMut(&str, String)) {
+    for op in Op::ALL {
+        let i = op as usize;
+        let n = op.name();
+        let ops = |f: fn(&crate::metrics::store::OpCounters) -> u64| {
+            sum(cluster, |s| f(&s.store_stats.ops[i])).to_string()
+        };
+        put(&format!("{n}_req"), ops(|c| c.requests.get()));
+        put(&format!("{n}_success"), ops(|c| c.successes.get()));
+        put(&format!("{n}_fail"), ops(|c| c.failures.get()));
+        if op.has_not_found() {
+            put(&format!("{n}_not_found"), ops(|c| c.not_found.get()));
+        }
     }
 }
 
