@@ -144,3 +144,31 @@ impl KvEventStats {
         self.dropped_stored() + self.dropped_high_priority()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_slots_sum_when_read() {
+        let s = KvEventStats::new(2);
+        s.count(0, |c| &c.produced);
+        s.count(1, |c| &c.produced);
+        s.count(1, |c| &c.dropped_stored);
+        s.count(0, |c| &c.dropped_high_priority);
+        // Not a shard (a bench's producer, the stopping publisher): the shared slot.
+        s.count(usize::MAX, |c| &c.produced);
+        s.count(7, |c| &c.wakeups);
+        assert_eq!(s.produced(), 3);
+        assert_eq!(
+            (
+                s.dropped_stored(),
+                s.dropped_high_priority(),
+                s.dropped_events()
+            ),
+            (1, 1, 2)
+        );
+        assert_eq!(s.wakeups(), 1);
+        assert_eq!(s.skipped_unparsed_keys(), 0);
+    }
+}

@@ -390,4 +390,45 @@ mod tests {
         let ranks: Vec<u32> = finish(acc).iter().map(|v| v.rank).collect();
         assert_eq!(ranks, [0]);
     }
+
+    #[test]
+    fn a_scrape_on_another_thread_sees_what_the_owner_records() {
+        let s = std::sync::Arc::new(ClientStats::new(Instant::now(), 3600));
+        let owner = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000u64 {
+                    s.record((i % 3) as u32, ClientOp::BatchGet, 10, 100, 1 + i % 1000);
+                }
+            })
+        };
+        // Scrapes while the owner records: figures only grow.
+        let mut last = 0;
+        while !owner.is_finished() {
+            let mut acc = HashMap::new();
+            s.merge_into(&mut acc);
+            let ops: u64 = finish(acc).iter().map(|v| v.ops).sum();
+            assert!(ops >= last, "{ops} < {last}");
+            last = ops;
+        }
+        owner.join().unwrap();
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let v = finish(acc);
+        assert_eq!(v.iter().map(|v| v.ops).sum::<u64>(), 20_000);
+        assert_eq!(v.iter().map(|v| v.cum_bytes).sum::<u64>(), 200_000);
+        // Forgetting from another thread hides the rank at once; the owner clears it.
+        s.forget_rank(1);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        assert_eq!(
+            finish(acc).iter().map(|v| v.rank).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        s.record(1, ClientOp::BatchGet, 5, 5, 5);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let again = finish(acc);
+        assert_eq!((again[1].rank, again[1].ops, again[1].cum_bytes), (1, 1, 5));
+    }
 }
