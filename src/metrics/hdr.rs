@@ -78,6 +78,11 @@ impl AtomicHdr {
         self.end.store(0, Relaxed);
     }
 
+    /// Nothing recorded (since the last reset).
+    pub fn is_empty(&self) -> bool {
+        self.end.load(Relaxed) == 0
+    }
+
     /// Adds the recorded counts into `h` (made by [`AtomicHdr::empty_histogram`]).
     pub fn add_to(&self, h: &mut Histogram<u64>) {
         let end = self.end.load(Relaxed).min(self.counts.len());

@@ -202,13 +202,14 @@ pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<Po
             begin += p.begin.load(Relaxed);
             good += p.good.load(Relaxed);
             bad += p.bad.load(Relaxed);
-            let h = merged.get_or_insert_with(|| p.latency_ns.empty_histogram());
-            p.latency_ns.add_to(h);
+            if !p.latency_ns.is_empty() {
+                let h = merged.get_or_insert_with(|| p.latency_ns.empty_histogram());
+                p.latency_ns.add_to(h);
+            }
         }
         if begin == 0 {
             continue;
         }
-        let merged = merged.filter(|h| !h.is_empty());
         let us = |ns: u64| ns as f64 / 1000.0;
         let (p50, p99, p999, avg, max) = match &merged {
             Some(h) => (
