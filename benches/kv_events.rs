@@ -98,17 +98,20 @@ fn run(n: u64, batch_max_events: u64) -> Outcome {
         while stats.queue_size.load(Relaxed) > 32768 {
             std::thread::yield_now();
         }
-        queue.produce(&Event::Stored {
-            chunk: Some(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            medium: Medium::Dram,
-            size: 64 << 10,
-        });
+        queue.produce(
+            0,
+            &Event::Stored {
+                chunk: Some(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                medium: Medium::Dram,
+                size: 64 << 10,
+            },
+        );
     }
-    while stats.published_events.load(Relaxed) + stats.dropped_events.load(Relaxed) < n {
+    while stats.published_events.get() + stats.dropped_events() < n {
         std::thread::sleep(Duration::from_micros(200));
     }
     let elapsed = start.elapsed();
-    let batches = stats.published_batches.load(Relaxed);
+    let batches = stats.published_batches.get();
     let deadline = Instant::now() + Duration::from_secs(5);
     while received_batches.load(Relaxed) < batches && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
@@ -121,7 +124,7 @@ fn run(n: u64, batch_max_events: u64) -> Outcome {
         batches,
         received_batches: received_batches.load(Relaxed),
         received_bytes: received_bytes.load(Relaxed),
-        dropped: stats.dropped_events.load(Relaxed),
+        dropped: stats.dropped_events(),
     }
 }
 
@@ -138,11 +141,14 @@ fn produce_cost(n: u64) -> f64 {
         }
         let start = Instant::now();
         for i in 0..n {
-            queue.produce(&Event::Removed {
-                chunk: Some(i + round * n),
-                medium: Medium::Hbm,
-                size: 4096,
-            });
+            queue.produce(
+                0,
+                &Event::Removed {
+                    chunk: Some(i + round * n),
+                    medium: Medium::Hbm,
+                    size: 4096,
+                },
+            );
         }
         best = best.min(start.elapsed().as_nanos() as f64 / n as f64);
     }

@@ -568,6 +568,8 @@ async fn dispatch(
     scratch: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
 ) -> (Option<Tail>, bool, Sending) {
+    // The head is parsed (a body over several reads began to arrive after it).
+    let started = body_since.map_or_else(Instant::now, |t| t.min(Instant::now()));
     let shard = front.shard();
     let stats = shard.stats();
     stats.http_requests.inc();
@@ -636,6 +638,12 @@ async fn dispatch(
     let transfer = resp.transfer.take();
     let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);
+    let op = handlers::request_op(routed, head.method);
+    front
+        .shard()
+        .stats()
+        .request_durations
+        .observe(op, started.elapsed());
     (tail, close, transfer.map(|t| (t, from)))
 }
 
@@ -661,6 +669,7 @@ async fn stream_put<S: Io>(
     debug_assert!(received.len() < body_len);
     // Allocating is the server's time; the body's deadlines start with its first read.
     conn.set(ConnState::Busy);
+    let started = Instant::now();
     let shard = front.shard();
     shard.stats().http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
@@ -715,6 +724,8 @@ async fn stream_put<S: Io>(
     let close = resp.close;
     let tail = front.encode(resp, Some(&head), scratch, wbuf);
     debug_assert!(tail.is_none(), "a put's answer is JSON");
+    let durations = &front.shard().stats().request_durations;
+    durations.observe(crate::metrics::requests::ReqOp::Put, started.elapsed());
     Some(close)
 }
 

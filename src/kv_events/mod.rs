@@ -151,20 +151,20 @@ impl KvQueue {
         })
     }
 
-    fn signal(&self) {
-        self.stats.wakeups.fetch_add(1, Relaxed);
+    fn signal(&self, shard: usize) {
+        self.stats.count(shard, |c| &c.wakeups);
         let one = 1u64.to_ne_bytes();
         // SAFETY: writing 8 bytes to an eventfd we own; failure (counter overflow) is harmless.
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
     }
 
     /// Turns a store event into a KV event and queues it. Never blocks; counts what it drops
-    /// or skips.
-    pub fn produce(&self, ev: &Event) {
+    /// or skips in `shard`'s own counters.
+    pub fn produce(&self, shard: usize, ev: &Event) {
         let kv = match *ev {
             Event::Stored { chunk, medium, .. } | Event::Removed { chunk, medium, .. } => {
                 let Some(hash) = chunk else {
-                    self.stats.skipped_unparsed_keys.fetch_add(1, Relaxed);
+                    self.stats.count(shard, |c| &c.skipped_unparsed_keys);
                     return;
                 };
                 if matches!(ev, Event::Stored { .. }) {
@@ -176,7 +176,7 @@ impl KvQueue {
             Event::Cleared => KvEvent::Cleared,
             _ => return,
         };
-        self.stats.produced_events.fetch_add(1, Relaxed);
+        self.stats.count(shard, |c| &c.produced);
         let limit = if kv.kind() == EventType::Stored {
             self.soft
         } else {
@@ -185,19 +185,17 @@ impl KvQueue {
         let before = self.size.fetch_add(1, Relaxed);
         if before >= limit {
             self.size.fetch_sub(1, Relaxed);
-            self.stats.dropped_events.fetch_add(1, Relaxed);
-            let kind = if kv.kind() == EventType::Stored {
-                &self.stats.dropped_stored
+            if kv.kind() == EventType::Stored {
+                self.stats.count(shard, |c| &c.dropped_stored);
             } else {
-                &self.stats.dropped_high_priority
-            };
-            kind.fetch_add(1, Relaxed);
+                self.stats.count(shard, |c| &c.dropped_high_priority);
+            }
             return;
         }
         self.queue.push(kv);
         self.stats.queue_size.store((before + 1) as u64, Relaxed);
         if before == 0 || before + 1 == self.batch_max {
-            self.signal();
+            self.signal(shard);
         }
     }
 
@@ -264,7 +262,8 @@ impl KvPublisher {
     /// Publishes what is queued, then stops the thread.
     pub fn stop(mut self) {
         self.queue.stop.store(true, Relaxed);
-        self.queue.signal();
+        // Not a shard: counted in the shared slot.
+        self.queue.signal(usize::MAX);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -452,12 +451,12 @@ impl Publisher {
             log::warn!("KV events: publishing batch {seq} failed: {e}");
         }
         let s = &self.stats;
-        s.published_batches.fetch_add(1, Relaxed);
-        s.published_events
-            .fetch_add(self.batch.len() as u64, Relaxed);
+        // This thread is the only writer of the published counters.
+        s.published_batches.inc();
+        s.published_events.add(self.batch.len() as u64);
         for e in &self.batch {
-            s.published_by_type[e.kind() as usize].fetch_add(1, Relaxed);
-            s.published_by_medium[medium_index(e.medium())].fetch_add(1, Relaxed);
+            s.published_by_type[e.kind() as usize].inc();
+            s.published_by_medium[medium_index(e.medium())].inc();
         }
         s.last_sequence.store(seq, Relaxed);
         self.batch.clear();
@@ -538,14 +537,14 @@ mod tests {
             size: 1,
         };
         for _ in 0..10 {
-            q.produce(&ev);
+            q.produce(0, &ev);
         }
         // Batches of 4: the first event and the fourth signal, the others do not.
         assert_eq!(signals(&q), 2);
         while q.pop().is_some() {}
-        q.produce(&ev);
+        q.produce(0, &ev);
         assert_eq!(signals(&q), 1, "an empty queue signals again");
-        assert_eq!(stats.wakeups.load(Relaxed), 3);
+        assert_eq!(stats.wakeups(), 3);
     }
 
     #[test]
@@ -564,27 +563,26 @@ mod tests {
         // 2000 events over about 200 ms: 10 per millisecond, so a 5 ms batch delay sees about
         // 50 events; with a wake-up per event this would be ~2000.
         for i in 0..2000u64 {
-            p.queue.produce(&Event::Removed {
-                chunk: Some(i),
-                medium: Medium::Dram,
-                size: 1,
-            });
+            p.queue.produce(
+                0,
+                &Event::Removed {
+                    chunk: Some(i),
+                    medium: Medium::Dram,
+                    size: 1,
+                },
+            );
             if i % 10 == 9 {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while stats.published_events.load(Relaxed) < 2000 && Instant::now() < deadline {
+        while stats.published_events.get() < 2000 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
         p.stop();
-        assert_eq!(
-            stats.published_events.load(Relaxed),
-            2000,
-            "every event is sent"
-        );
-        let batches = stats.published_batches.load(Relaxed);
-        let wakeups = stats.wakeups.load(Relaxed);
+        assert_eq!(stats.published_events.get(), 2000, "every event is sent");
+        let batches = stats.published_batches.get();
+        let wakeups = stats.wakeups();
         assert!(
             wakeups <= 2 * batches + 10,
             "{wakeups} wake-ups for {batches} batches"
@@ -626,37 +624,43 @@ mod tests {
             medium: Medium::Dram,
             size: 1,
         };
-        q.produce(&stored);
-        q.produce(&stored);
-        q.produce(&stored); // over the soft limit: dropped
-        q.produce(&removed); // high priority: fits under the hard limit
-        q.produce(&removed); // over the hard limit: dropped
-        q.produce(&Event::Stored {
-            chunk: None,
-            medium: Medium::Dram,
-            size: 1,
-        }); // unparsed
-        q.produce(&Event::Read {
-            medium: Medium::Dram,
-            bytes: 1,
-        }); // not a KV event
+        q.produce(0, &stored);
+        q.produce(0, &stored);
+        q.produce(0, &stored); // over the soft limit: dropped
+        q.produce(0, &removed); // high priority: fits under the hard limit
+        q.produce(0, &removed); // over the hard limit: dropped
+        q.produce(
+            0,
+            &Event::Stored {
+                chunk: None,
+                medium: Medium::Dram,
+                size: 1,
+            },
+        ); // unparsed
+        q.produce(
+            0,
+            &Event::Read {
+                medium: Medium::Dram,
+                bytes: 1,
+            },
+        ); // not a KV event
         let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
-        assert_eq!(g(&stats.produced_events), 5);
+        assert_eq!(stats.produced(), 5);
         assert_eq!(
             (
-                g(&stats.dropped_events),
-                g(&stats.dropped_stored),
-                g(&stats.dropped_high_priority)
+                stats.dropped_events(),
+                stats.dropped_stored(),
+                stats.dropped_high_priority()
             ),
             (2, 1, 1)
         );
-        assert_eq!(g(&stats.skipped_unparsed_keys), 1);
+        assert_eq!(stats.skipped_unparsed_keys(), 1);
         assert_eq!(g(&stats.queue_size), 3);
         let mut popped = 0;
         while q.pop().is_some() {
             popped += 1;
         }
         assert_eq!(popped, 3);
-        assert_eq!(g(&stats.produced_events), popped + g(&stats.dropped_events));
+        assert_eq!(stats.produced(), popped + stats.dropped_events());
     }
 }

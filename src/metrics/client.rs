@@ -12,10 +12,17 @@
 //! counts.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
+
+use super::counter::Counter;
+use super::hdr::AtomicHdr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClientOp {
@@ -43,52 +50,122 @@ impl ClientOp {
 
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
+/// Distinct (rank, operation) pairs one shard keeps figures for; past it a pair's operations
+/// go unrecorded (ranks are devices: a few dozen in practice).
+pub const MAX_PAIRS: usize = 1024;
+
+/// One window's sums. `stamp` is the window's index plus one (0: never written).
+#[derive(Default)]
+struct WindowSums {
+    stamp: AtomicU64,
+    bytes: Counter,
+    transfer_ns: Counter,
+    ops: Counter,
+}
+
+/// The figures of one (rank, operation) on one shard. Written only by the owning shard
+/// (relaxed loads and stores); read by a scrape on any thread. Windows alternate between two
+/// slots by the parity of their index, so the current and the previous window are always
+/// both there and rolling over clears only the slot the new window takes.
 struct OpWindow {
-    /// Per-window-index sums: (index, bytes, transfer_ns, ops) for the current and previous
-    /// window.
-    cur: (u64, u64, u64, u64),
-    prev: (u64, u64, u64, u64),
-    cum_bytes: u64,
-    cum_duration_ns: u64,
-    lat_cur: Histogram<u64>,
-    lat_prev: Histogram<u64>,
+    rank: u32,
+    op: ClientOp,
+    sums: [WindowSums; 2],
+    latency_us: [AtomicHdr; 2],
+    cum_bytes: Counter,
+    cum_duration_ns: Counter,
+    /// Bumped by [`ClientStats::forget_rank`] (any thread); the owning shard clears the
+    /// figures when it sees `forgotten != cleared`, and a scrape shows nothing meanwhile.
+    forgotten: AtomicU64,
+    cleared: AtomicU64,
 }
 
 impl OpWindow {
-    fn new() -> OpWindow {
-        let h = || Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid bounds");
+    fn new(rank: u32, op: ClientOp) -> OpWindow {
         OpWindow {
-            cur: (0, 0, 0, 0),
-            prev: (0, 0, 0, 0),
-            cum_bytes: 0,
-            cum_duration_ns: 0,
-            lat_cur: h(),
-            lat_prev: h(),
+            rank,
+            op,
+            sums: Default::default(),
+            latency_us: [
+                AtomicHdr::new(MAX_LATENCY_US),
+                AtomicHdr::new(MAX_LATENCY_US),
+            ],
+            cum_bytes: Counter::default(),
+            cum_duration_ns: Counter::default(),
+            forgotten: AtomicU64::new(0),
+            cleared: AtomicU64::new(0),
         }
     }
 
-    /// Moves to window `idx`, shifting or dropping older windows.
-    fn roll(&mut self, idx: u64) {
-        if self.cur.0 == idx {
+    /// Owner only: clears everything if the rank was forgotten since the last clear.
+    fn clear_if_forgotten(&self) {
+        let f = self.forgotten.load(Acquire);
+        if f == self.cleared.load(Relaxed) {
             return;
         }
-        if self.cur.0 + 1 == idx {
-            self.prev = self.cur;
-            std::mem::swap(&mut self.lat_prev, &mut self.lat_cur);
-        } else {
-            self.prev = (idx.saturating_sub(1), 0, 0, 0);
-            self.lat_prev.reset();
+        for (s, h) in self.sums.iter().zip(&self.latency_us) {
+            s.stamp.store(0, Relaxed);
+            h.reset();
         }
-        self.lat_cur.reset();
-        self.cur = (idx, 0, 0, 0);
+        self.cum_bytes.set(0);
+        self.cum_duration_ns.set(0);
+        self.cleared.store(f, Release);
+    }
+
+    /// Owner only: the slot of window `idx`, cleared if it held an older window.
+    fn slot(&self, idx: u64) -> usize {
+        let p = (idx % 2) as usize;
+        let s = &self.sums[p];
+        if s.stamp.load(Relaxed) != idx + 1 {
+            s.stamp.store(0, Release);
+            s.bytes.set(0);
+            s.transfer_ns.set(0);
+            s.ops.set(0);
+            self.latency_us[p].reset();
+            s.stamp.store(idx + 1, Release);
+        }
+        p
+    }
+
+    fn record(&self, idx: u64, bytes: u64, transfer_ns: u64, latency_us: u64) {
+        self.clear_if_forgotten();
+        let p = self.slot(idx);
+        let s = &self.sums[p];
+        s.bytes.add(bytes);
+        s.transfer_ns.add(transfer_ns);
+        s.ops.inc();
+        self.cum_bytes.add(bytes);
+        self.cum_duration_ns.add(transfer_ns);
+        self.latency_us[p].record(latency_us);
+    }
+
+    /// Any thread: whether the figures stand (not forgotten since recorded).
+    fn live(&self) -> bool {
+        self.forgotten.load(Acquire) == self.cleared.load(Acquire)
+    }
+
+    /// Any thread: adds window `idx` and the one before it into `v` and `h`.
+    fn add_windows(&self, idx: u64, v: &mut OpView, h: &mut Histogram<u64>) {
+        for (s, lat) in self.sums.iter().zip(&self.latency_us) {
+            let stamp = s.stamp.load(Acquire);
+            if stamp == 0 || !(stamp == idx + 1 || stamp == idx) {
+                continue;
+            }
+            v.bytes += s.bytes.get();
+            v.duration_ns += s.transfer_ns.get();
+            v.ops += s.ops.get();
+            lat.add_to(h);
+        }
     }
 }
 
-/// One shard's client metrics.
+/// One shard's client metrics: a fixed table of (rank, operation) slots, each filled once by
+/// the owning shard and never moved, so recording takes no lock. (A `OnceLock` is
+/// initialised only by the owner, so no thread ever waits on one; readers use `get`.)
 pub struct ClientStats {
     origin: Instant,
     window_secs: u64,
-    per: Mutex<HashMap<(u32, ClientOp), OpWindow>>,
+    pairs: Box<[OnceLock<OpWindow>]>,
 }
 
 /// The merged view of one (rank, operation) over the last full window and the current one.
@@ -112,7 +189,7 @@ impl ClientStats {
         ClientStats {
             origin,
             window_secs: window_secs.max(1),
-            per: Mutex::new(HashMap::new()),
+            pairs: (0..MAX_PAIRS).map(|_| OnceLock::new()).collect(),
         }
     }
 
@@ -120,57 +197,55 @@ impl ClientStats {
         self.origin.elapsed().as_secs() / self.window_secs
     }
 
+    /// The slot of (rank, op), taken on first use (owner only). Open addressing from a hash
+    /// of the pair; slots are never freed, so a probe stops at the first empty one.
+    fn pair(&self, rank: u32, op: ClientOp) -> Option<&OpWindow> {
+        let start = (rank as usize).wrapping_mul(3).wrapping_add(op as usize) % MAX_PAIRS;
+        for i in 0..MAX_PAIRS {
+            let slot = &self.pairs[(start + i) % MAX_PAIRS];
+            let w = slot.get_or_init(|| OpWindow::new(rank, op));
+            if w.rank == rank && w.op == op {
+                return Some(w);
+            }
+        }
+        None
+    }
+
     /// Records one data-plane operation of `bytes` whose bytes took `transfer_ns` to move and
-    /// which took `latency_us` in all.
+    /// which took `latency_us` in all. Only the owning shard calls this.
     pub fn record(&self, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, latency_us: u64) {
         let idx = self.window_index();
-        let Ok(mut per) = self.per.lock() else { return };
-        let w = per.entry((rank, op)).or_insert_with(OpWindow::new);
-        w.roll(idx);
-        w.cur.1 += bytes;
-        w.cur.2 += transfer_ns;
-        w.cur.3 += 1;
-        w.cum_bytes += bytes;
-        w.cum_duration_ns += transfer_ns;
-        let _ = w.lat_cur.record(latency_us.clamp(1, MAX_LATENCY_US));
+        if let Some(w) = self.pair(rank, op) {
+            w.record(idx, bytes, transfer_ns, latency_us);
+        }
     }
 
     /// Drops everything recorded for `rank` (its last segment was unmounted: its series go
-    /// with it, and a rank mounted again later starts from zero).
+    /// with it, and a rank mounted again later starts from zero). Any thread may call this.
     pub fn forget_rank(&self, rank: u32) {
-        if let Ok(mut per) = self.per.lock() {
-            per.retain(|&(r, _), _| r != rank);
+        for w in self.pairs.iter().filter_map(OnceLock::get) {
+            if w.rank == rank {
+                w.forgotten.fetch_add(1, Release);
+            }
         }
     }
 
     /// Adds this shard's figures into `acc` (keyed by rank and operation).
     pub fn merge_into(&self, acc: &mut HashMap<(u32, ClientOp), (OpView, Histogram<u64>)>) {
         let idx = self.window_index();
-        let Ok(mut per) = self.per.lock() else { return };
-        for (&(rank, op), w) in per.iter_mut() {
-            w.roll(idx);
-            let (v, h) = acc.entry((rank, op)).or_insert_with(|| {
+        for w in self.pairs.iter().filter_map(OnceLock::get) {
+            if !w.live() {
+                continue;
+            }
+            let (v, h) = acc.entry((w.rank, w.op)).or_insert_with(|| {
                 (
-                    OpView {
-                        rank,
-                        op,
-                        bytes: 0,
-                        duration_ns: 0,
-                        ops: 0,
-                        cum_bytes: 0,
-                        cum_duration_ns: 0,
-                        latency: [0.0; 4],
-                    },
-                    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid bounds"),
+                    OpView::empty(w.rank, w.op),
+                    w.latency_us[0].empty_histogram(),
                 )
             });
-            v.bytes += w.cur.1 + w.prev.1;
-            v.duration_ns += w.cur.2 + w.prev.2;
-            v.ops += w.cur.3 + w.prev.3;
-            v.cum_bytes += w.cum_bytes;
-            v.cum_duration_ns += w.cum_duration_ns;
-            let _ = h.add(&w.lat_cur);
-            let _ = h.add(&w.lat_prev);
+            w.add_windows(idx, v, h);
+            v.cum_bytes += w.cum_bytes.get();
+            v.cum_duration_ns += w.cum_duration_ns.get();
         }
     }
 }
@@ -262,11 +337,15 @@ mod tests {
     fn old_windows_drop_out() {
         let s = ClientStats::new(Instant::now() - std::time::Duration::from_secs(100), 10);
         s.record(0, ClientOp::BatchGet, 5, 5, 5);
-        {
-            let mut per = s.per.lock().unwrap();
-            let w = per.get_mut(&(0, ClientOp::BatchGet)).unwrap();
-            w.cur.0 -= 5; // pretend it was recorded five windows ago
-        }
+        // Pretend it was recorded five windows ago.
+        let w = s.pair(0, ClientOp::BatchGet).unwrap();
+        let stamp = &w
+            .sums
+            .iter()
+            .find(|x| x.stamp.load(Relaxed) != 0)
+            .unwrap()
+            .stamp;
+        stamp.store(stamp.load(Relaxed) - 5, Relaxed);
         let mut acc = HashMap::new();
         s.merge_into(&mut acc);
         let v = finish(acc);
@@ -310,5 +389,46 @@ mod tests {
         s.merge_into(&mut acc);
         let ranks: Vec<u32> = finish(acc).iter().map(|v| v.rank).collect();
         assert_eq!(ranks, [0]);
+    }
+
+    #[test]
+    fn a_scrape_on_another_thread_sees_what_the_owner_records() {
+        let s = std::sync::Arc::new(ClientStats::new(Instant::now(), 3600));
+        let owner = {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000u64 {
+                    s.record((i % 3) as u32, ClientOp::BatchGet, 10, 100, 1 + i % 1000);
+                }
+            })
+        };
+        // Scrapes while the owner records: figures only grow.
+        let mut last = 0;
+        while !owner.is_finished() {
+            let mut acc = HashMap::new();
+            s.merge_into(&mut acc);
+            let ops: u64 = finish(acc).iter().map(|v| v.ops).sum();
+            assert!(ops >= last, "{ops} < {last}");
+            last = ops;
+        }
+        owner.join().unwrap();
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let v = finish(acc);
+        assert_eq!(v.iter().map(|v| v.ops).sum::<u64>(), 20_000);
+        assert_eq!(v.iter().map(|v| v.cum_bytes).sum::<u64>(), 200_000);
+        // Forgetting from another thread hides the rank at once; the owner clears it.
+        s.forget_rank(1);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        assert_eq!(
+            finish(acc).iter().map(|v| v.rank).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        s.record(1, ClientOp::BatchGet, 5, 5, 5);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let again = finish(acc);
+        assert_eq!((again[1].rank, again[1].ops, again[1].cum_bytes), (1, 1, 5));
     }
 }

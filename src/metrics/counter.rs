@@ -26,6 +26,19 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+
+    /// Adds `n` from a thread that may not be the only writer (a read-modify-write): for
+    /// slots shared by callers that are no shard, never on a shard's own counters.
+    #[inline]
+    pub fn add_shared(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+
+    /// Sets the value (the owner clearing it).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
 }
 
 /// A gauge owned by one shard (it may go down). Summed across shards when read.

@@ -7,7 +7,10 @@ pub mod bus;
 pub mod client;
 pub mod counter;
 pub mod exposition;
+pub mod hdr;
 pub mod hist;
+pub mod process;
+pub mod requests;
 pub mod store;
 pub mod trace;
 pub mod window;
@@ -37,6 +40,8 @@ pub struct ShardStats {
     pub buffered_bytes: Gauge,
     pub metadata_keys: Gauge,
     pub metadata_bytes: Gauge,
+    /// Request latencies per operation (`memcache_http_request_duration_seconds`).
+    pub request_durations: requests::RequestDurations,
 }
 
 impl ShardStats {

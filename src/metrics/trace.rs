@@ -2,11 +2,12 @@
 //! latency of every end in a per-shard HDR histogram (nanoseconds, 3 significant digits).
 //! `/metrics/ptracer` merges the shards' histograms when it is read.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
+
+use super::hdr::AtomicHdr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tp {
@@ -98,9 +99,8 @@ struct Point {
     begin: AtomicU64,
     good: AtomicU64,
     bad: AtomicU64,
-    /// Recorded only by the owning shard; the lock is uncontended except while a scrape
-    /// copies it.
-    latency_ns: Mutex<Histogram<u64>>,
+    /// Recorded only by the owning shard, read by a scrape on any thread (no lock).
+    latency_ns: AtomicHdr,
 }
 
 /// One shard's tracepoints.
@@ -117,9 +117,7 @@ impl Default for Tracer {
                     begin: AtomicU64::new(0),
                     good: AtomicU64::new(0),
                     bad: AtomicU64::new(0),
-                    latency_ns: Mutex::new(
-                        Histogram::new_with_bounds(1, MAX_NS, 3).expect("valid histogram bounds"),
-                    ),
+                    latency_ns: AtomicHdr::new(MAX_NS),
                 })
                 .collect(),
         }
@@ -145,10 +143,7 @@ impl Tracer {
     fn end(&self, tp: Tp, start: Instant, ok: bool) {
         let p = &self.points[tp as usize];
         bump(if ok { &p.good } else { &p.bad });
-        let ns = (start.elapsed().as_nanos() as u64).clamp(1, MAX_NS);
-        if let Ok(mut h) = p.latency_ns.lock() {
-            let _ = h.record(ns);
-        }
+        p.latency_ns.record(start.elapsed().as_nanos() as u64);
     }
 }
 
@@ -207,15 +202,9 @@ pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<Po
             begin += p.begin.load(Relaxed);
             good += p.good.load(Relaxed);
             bad += p.bad.load(Relaxed);
-            if let Ok(h) = p.latency_ns.lock() {
-                if !h.is_empty() {
-                    match &mut merged {
-                        Some(m) => {
-                            let _ = m.add(&*h);
-                        }
-                        None => merged = Some(h.clone()),
-                    }
-                }
+            if !p.latency_ns.is_empty() {
+                let h = merged.get_or_insert_with(|| p.latency_ns.empty_histogram());
+                p.latency_ns.add_to(h);
             }
         }
         if begin == 0 {

@@ -184,7 +184,7 @@ impl Cluster {
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
             tls,
-            kv_stats: Arc::new(crate::kv_events::KvEventStats::default()),
+            kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
             started,
         }))
@@ -846,7 +846,7 @@ impl Shard {
             let kv = self.cluster.kv_queue.get();
             for ev in events.drain(..) {
                 if let Some(kv) = kv {
-                    kv.produce(&ev);
+                    kv.produce(self.id, &ev);
                 }
                 self.bus.publish(now, ev);
             }

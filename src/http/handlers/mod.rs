@@ -21,6 +21,7 @@ use super::response::{Response, Status};
 use super::router::Route;
 use crate::config::Config;
 use crate::limits::MAX_KEY_BYTES;
+use crate::metrics::requests::ReqOp;
 use crate::metrics::trace::Tp;
 use crate::shards::store::keys as object_keys;
 use crate::shards::{Command, Reply, Shard};
@@ -165,6 +166,51 @@ fn tracepoint(route: Route, method: Method) -> Option<Tp> {
         (Route::MemoryPrefetch, _) => Tp::MemoryPrefetch,
         _ => return None,
     })
+}
+
+/// The `operation` label of `memcache_http_request_duration_seconds` for a request to
+/// `route` (`None`: no route matched) with `method`. README's Metrics section lists them.
+pub fn request_op(route: Option<Route>, method: Method) -> ReqOp {
+    let Some(route) = route else {
+        return ReqOp::Other;
+    };
+    match (route, method) {
+        (Route::Objects, Method::Put) => ReqOp::Put,
+        (Route::Objects, Method::Get | Method::Head) => ReqOp::Get,
+        (Route::Objects | Route::Key, Method::Delete) => ReqOp::Remove,
+        (Route::ObjectsExist, _) => ReqOp::Exist,
+        (Route::QueryKey, _) => ReqOp::Query,
+        (Route::AllKeys, _) => ReqOp::RemoveAll,
+        (Route::ObjectsBatchPut, _) => ReqOp::BatchPut,
+        (Route::ObjectsBatchGet, _) => ReqOp::BatchGet,
+        (Route::ObjectsBatchExist, _) => ReqOp::BatchExist,
+        (Route::BatchQueryKeys, _) => ReqOp::BatchQuery,
+        (Route::ObjectsBatchRemove, _) => ReqOp::BatchRemove,
+        (Route::Metadata, _) => ReqOp::Metadata,
+        (Route::GetAllKeys, _) => ReqOp::GetAllKeys,
+        (
+            Route::GetAllSegments
+            | Route::QuerySegment
+            | Route::SegmentStatus
+            | Route::CapacityUsage
+            | Route::SegmentRemaining
+            | Route::SegmentsMount
+            | Route::SegmentsUnmount,
+            _,
+        ) => ReqOp::Segments,
+        (Route::MemoryEvict | Route::MemoryPrefetch, _) => ReqOp::Memory,
+        (Route::Metrics | Route::MetricsSummary | Route::MetricsPtracer, _) => ReqOp::Scrape,
+        (
+            Route::Health
+            | Route::Ready
+            | Route::Healthz
+            | Route::Role
+            | Route::HaStatus
+            | Route::Leader,
+            _,
+        ) => ReqOp::Health,
+        _ => ReqOp::Other,
+    }
 }
 
 pub use objects::Filled;

@@ -31,28 +31,28 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
     w.begin_object();
-    w.field_u64("dropped_events", g(&s.dropped_events));
-    w.field_u64("dropped_high_priority_events", g(&s.dropped_high_priority));
-    w.field_u64("dropped_stored_events", g(&s.dropped_stored));
+    w.field_u64("dropped_events", s.dropped_events());
+    w.field_u64("dropped_high_priority_events", s.dropped_high_priority());
+    w.field_u64("dropped_stored_events", s.dropped_stored());
     w.field_bool("enabled", s.enabled.load(Relaxed));
     w.field_u64("last_sequence", g(&s.last_sequence));
-    w.field_u64("published_batches", g(&s.published_batches));
+    w.field_u64("published_batches", s.published_batches.get());
     w.begin_object_field("published_by_medium");
     // Alphabetical, as the seed shows: dram, hbm, ssd, unknown.
     for (name, i) in [("dram", 1), ("hbm", 0), ("ssd", 2), ("unknown", 3)] {
-        w.field_u64(name, g(&s.published_by_medium[i]));
+        w.field_u64(name, s.published_by_medium[i].get());
     }
     w.end_object();
     w.begin_object_field("published_by_type");
     for t in [EventType::Cleared, EventType::Removed, EventType::Stored] {
-        w.field_u64(t.name(), g(&s.published_by_type[t as usize]));
+        w.field_u64(t.name(), s.published_by_type[t as usize].get());
     }
     w.end_object();
-    w.field_u64("published_events", g(&s.published_events));
+    w.field_u64("published_events", s.published_events.get());
     w.field_bool("publisher_active", s.publisher_active.load(Relaxed));
     w.field_u64("queue_capacity", cluster.config.kv_events.queue_capacity);
     w.field_u64("queue_size", g(&s.queue_size));
-    w.field_u64("skipped_unparsed_keys", g(&s.skipped_unparsed_keys));
+    w.field_u64("skipped_unparsed_keys", s.skipped_unparsed_keys());
     w.end_object();
     Response::json_scratch(Status::OK)
 }

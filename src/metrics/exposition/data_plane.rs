@@ -1,0 +1,299 @@
+//! The data plane's own families: client bandwidth per rank and operation
+//! (`memcache_bandwidth_*`, `memcache_metric_stale`) and the SSD tier's UBS IO figures.
+
+use std::collections::HashMap;
+
+use super::ranks;
+use super::writer::Out;
+use crate::metrics::client::{self, ClientOp};
+use crate::shards::Cluster;
+use crate::shards::store::segment::Medium;
+
+type ViewField = fn(&client::OpView) -> Sample;
+
+/// A client series value: an integer, or a duration kept in nanoseconds and shown in
+/// (fractional) milliseconds.
+enum Sample {
+    Int(u64),
+    MsOfNs(u64),
+}
+
+/// The client metric families (the data plane's own traffic): one view per rank with a
+/// mounted segment and per operation, 0 where nothing was recorded (the contract keeps
+/// metrics without a value as 0 placeholders). A rank with no mounted segment has no series:
+/// they go with its last segment. `memcache_metric_stale` is 1 for a rank with no traffic in
+/// the window (`ock.mmc.metrics.window_secs`): its window figures are not fresh data.
+pub(super) fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
+    let mounted = ranks(cluster);
+    if mounted.is_empty() {
+        return;
+    }
+    let views = client_views(cluster, &mounted);
+    o.family(
+        "memcache_metric_stale",
+        "Client metric stale status (1 = stale, 0 = fresh)",
+        "gauge",
+    );
+    for &r in &mounted {
+        let fresh = views.iter().any(|v| v.rank == r && v.ops > 0);
+        o.int(
+            "memcache_metric_stale",
+            &[("rank", &r.to_string())],
+            (!fresh) as u64,
+        );
+    }
+    render_bandwidth(o, &views);
+    render_latency_and_rate(o, &views);
+}
+
+/// The merged views of every mounted rank's operations, empty ones included, by rank.
+fn client_views(cluster: &Cluster, mounted: &[u32]) -> Vec<client::OpView> {
+    let mut acc = HashMap::new();
+    for s in cluster.shards.iter() {
+        s.client.merge_into(&mut acc);
+    }
+    let mut recorded: HashMap<(u32, ClientOp), client::OpView> = client::finish(acc)
+        .into_iter()
+        .map(|v| ((v.rank, v.op), v))
+        .collect();
+    mounted
+        .iter()
+        .flat_map(|&r| ClientOp::ALL.map(|op| (r, op)))
+        .map(|(r, op)| {
+            recorded
+                .remove(&(r, op))
+                .unwrap_or_else(|| client::OpView::empty(r, op))
+        })
+        .collect()
+}
+
+/// The window and cumulative byte and duration families: (metric, HELP, type, only for
+/// operations that move bytes, value).
+const BANDWIDTH: &[(&str, &str, &str, bool, ViewField)] = &[
+    (
+        "memcache_bandwidth_bytes",
+        "Client bandwidth window bytes transferred",
+        "gauge",
+        true,
+        |v| Sample::Int(v.bytes),
+    ),
+    (
+        "memcache_bandwidth_duration_ms",
+        "Client bandwidth window duration in milliseconds",
+        "gauge",
+        false,
+        |v| Sample::MsOfNs(v.duration_ns),
+    ),
+    (
+        "memcache_bandwidth_bytes_cum_total",
+        "Client bandwidth cumulative bytes transferred",
+        "counter",
+        true,
+        |v| Sample::Int(v.cum_bytes),
+    ),
+    (
+        "memcache_bandwidth_duration_ms_cum_total",
+        "Client bandwidth cumulative duration in milliseconds",
+        "counter",
+        false,
+        |v| Sample::MsOfNs(v.cum_duration_ns),
+    ),
+];
+
+fn render_bandwidth(o: &mut Out<'_>, views: &[client::OpView]) {
+    for &(name, help, kind, bytes_only, f) in BANDWIDTH {
+        o.family(name, help, kind);
+        for v in views {
+            if bytes_only && !v.op.moves_bytes() {
+                continue;
+            }
+            let labels = [("rank", &*v.rank.to_string()), ("operation", v.op.name())];
+            match f(v) {
+                Sample::Int(n) => o.int(name, &labels, n),
+                Sample::MsOfNs(ns) => o.float(name, &labels, ns as f64 / 1e6),
+            }
+        }
+    }
+}
+
+/// Latency quantiles and the window's transfer rate.
+fn render_latency_and_rate(o: &mut Out<'_>, views: &[client::OpView]) {
+    o.family(
+        "memcache_bandwidth_latency_seconds",
+        "Client bandwidth operation latency in seconds",
+        "gauge",
+    );
+    for v in views {
+        let rank = v.rank.to_string();
+        for (q, val) in ["P50", "P90", "P99", "Avg"].iter().zip(v.latency) {
+            o.float(
+                "memcache_bandwidth_latency_seconds",
+                &[("rank", &rank), ("operation", v.op.name()), ("quantile", q)],
+                val,
+            );
+        }
+    }
+    o.family(
+        "memcache_bandwidth_bytes_per_sec",
+        "Client bandwidth instantaneous bytes per second",
+        "gauge",
+    );
+    for v in views.iter().filter(|v| v.op.moves_bytes()) {
+        o.int(
+            "memcache_bandwidth_bytes_per_sec",
+            &[("rank", &v.rank.to_string()), ("operation", v.op.name())],
+            v.bytes_per_sec(),
+        );
+    }
+}
+
+/// One rank's UBS IO figures.
+struct RankIo {
+    rank: String,
+    disk_capacity: u64,
+    disk_used: u64,
+    mem_capacity: u64,
+    mem_used: u64,
+    disks: u64,
+    faulty: u64,
+}
+
+/// One SSD directory's figures.
+struct DiskIo {
+    rank: String,
+    path: String,
+    status: u64,
+    read_bps: u64,
+    write_bps: u64,
+}
+
+type RankIoField = fn(&RankIo) -> u64;
+type DiskIoField = fn(&DiskIo) -> u64;
+
+/// The UBS IO families, from the SSD tier: per rank with mounted segments, and per disk. A
+/// rank without SSD keeps its series as placeholders (the contract keeps metrics without a
+/// value as 0): no disk capacity, use or count, its memory (DRAM) figures, and one per-disk
+/// series with an empty `disk_path` and value 0.
+pub(super) fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
+    let ranks = rank_io(cluster);
+    for &(name, help, f) in PER_RANK {
+        o.family(name, help, "gauge");
+        for r in &ranks {
+            o.int(name, &[("rank", &r.rank)], f(r));
+        }
+    }
+    let disks = disk_io(cluster, &ranks);
+    for &(name, help, f) in PER_DISK {
+        o.family(name, help, "gauge");
+        for d in &disks {
+            o.int(name, &[("rank", &d.rank), ("disk_path", &d.path)], f(d));
+        }
+    }
+}
+
+/// The figures of every rank with mounted segments, ascending.
+fn rank_io(cluster: &Cluster) -> Vec<RankIo> {
+    let segs = cluster.segments.snapshot();
+    let of_rank = |r: u32, m: Medium| segs.iter().filter(move |s| s.rank == r && s.medium == m);
+    ranks(cluster)
+        .iter()
+        .map(|&r| RankIo {
+            rank: r.to_string(),
+            disk_capacity: of_rank(r, Medium::Ssd).map(|s| s.capacity).sum(),
+            disk_used: of_rank(r, Medium::Ssd).map(|s| s.used_bytes()).sum(),
+            mem_capacity: of_rank(r, Medium::Dram).map(|s| s.capacity).sum(),
+            mem_used: of_rank(r, Medium::Dram).map(|s| s.used_bytes()).sum(),
+            disks: of_rank(r, Medium::Ssd).count() as u64,
+            faulty: of_rank(r, Medium::Ssd)
+                .filter(|s| s.backend.file().is_some_and(|f| f.status() != 0))
+                .count() as u64,
+        })
+        .collect()
+}
+
+/// Every SSD directory's figures, and a placeholder for each rank without one, by rank.
+fn disk_io(cluster: &Cluster, ranks: &[RankIo]) -> Vec<DiskIo> {
+    let window = cluster.config.metrics.window_secs.max(1);
+    let mut disks: Vec<DiskIo> = cluster
+        .segments
+        .snapshot()
+        .iter()
+        .filter_map(|s| {
+            let f = s.backend.file()?;
+            Some(DiskIo {
+                rank: s.rank.to_string(),
+                path: f.dir.clone(),
+                status: f.status() as u64,
+                read_bps: f.read_window.sum(window) / window,
+                write_bps: f.write_window.sum(window) / window,
+            })
+        })
+        .collect();
+    for r in ranks.iter().filter(|r| r.disks == 0) {
+        disks.push(DiskIo {
+            rank: r.rank.clone(),
+            path: String::new(),
+            status: 0,
+            read_bps: 0,
+            write_bps: 0,
+        });
+    }
+    disks.sort_by_key(|d| (d.rank.parse::<u32>().unwrap_or(u32::MAX), d.path.is_empty()));
+    disks
+}
+
+const PER_RANK: &[(&str, &str, RankIoField)] = &[
+    (
+        "memcache_ubs_io_disk_capacity_bytes",
+        "Client UBS IO SSD total capacity in bytes",
+        |r| r.disk_capacity,
+    ),
+    (
+        "memcache_ubs_io_disk_used_bytes",
+        "Client UBS IO SSD used bytes",
+        |r| r.disk_used,
+    ),
+    (
+        "memcache_ubs_io_mem_capacity_bytes",
+        "Client UBS IO memory total capacity in bytes",
+        |r| r.mem_capacity,
+    ),
+    (
+        "memcache_ubs_io_mem_used_bytes",
+        "Client UBS IO memory used bytes",
+        |r| r.mem_used,
+    ),
+    (
+        "memcache_ubs_io_disk_num",
+        "Client UBS IO total disk count",
+        |r| r.disks,
+    ),
+    (
+        "memcache_ubs_io_fault_disk_num",
+        "Client UBS IO fault disk count",
+        |r| r.faulty,
+    ),
+];
+
+const PER_DISK: &[(&str, &str, DiskIoField)] = &[
+    (
+        "memcache_ubs_io_disk_status",
+        "Client UBS IO per-disk status (0=normal, non-zero=fault)",
+        |d| d.status,
+    ),
+    (
+        "memcache_ubs_io_disk_read_bandwidth_bytes_per_sec",
+        "Client UBS IO per-disk read bandwidth",
+        |d| d.read_bps,
+    ),
+    (
+        "memcache_ubs_io_disk_write_bandwidth_bytes_per_sec",
+        "Client UBS IO per-disk write bandwidth",
+        |d| d.write_bps,
+    ),
+    (
+        "memcache_ubs_io_disk_total_bandwidth_bytes_per_sec",
+        "Client UBS IO per-disk total bandwidth",
+        |d| d.read_bps + d.write_bps,
+    ),
+];
