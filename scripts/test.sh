@@ -14,6 +14,9 @@ command -v curl >/dev/null || need_pkgs+=(curl)
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 # The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3 python3-venv)
+# The status page (/ui) is rendered in headless Chromium; the unit file is checked by systemd-analyze.
+command -v chromium >/dev/null || need_pkgs+=(chromium)
+command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
 if ((${#need_pkgs[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

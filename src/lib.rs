@@ -21,5 +21,6 @@ pub mod http;
 pub mod kv_events;
 pub mod limits;
 pub mod metrics;
+pub mod numa;
 pub mod server;
 pub mod shards;

@@ -141,6 +141,12 @@ impl Server {
                 format!("cannot resolve listen address {}: {e}", plan.config.listen)
             })?;
         check_exposure(&plan.config, addr)?;
+        if plan.config.shard.numa != crate::numa::NumaMode::Off {
+            let topology = crate::numa::read_topology(std::path::Path::new("/sys"))
+                .map_err(|e| format!("cannot read the NUMA topology: {e}"))?;
+            let placement = crate::numa::plan(plan.config.shard.numa, &topology, &plan.shard_cpus);
+            log::info!("{}", placement.reason);
+        }
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;

@@ -69,6 +69,8 @@ pub struct ShardConfig {
     pub max_outstanding: u64,
     pub idle_spin_us: u64,
     pub ring_entries: u64,
+    /// `ock.mmc.numa.enable`: place shards by NUMA node ([`crate::numa`]).
+    pub numa: crate::numa::NumaMode,
 }
 
 /// Observability.
@@ -369,6 +371,12 @@ pub static KEYS: &[KeySpec] = &[
         |c, v| c.store.run_bytes = size_in(v, PAGE_BYTES, 1 << 32)?
     ),
     key!(
+        "ock.mmc.numa.enable",
+        "false",
+        "Group shards by the NUMA node of their CPU (true, false, or auto: only with two or more nodes); the start-up log shows the grouping. On a one-node machine a no-op (logged).",
+        |c, v| c.shard.numa = crate::numa::NumaMode::parse(v)?
+    ),
+    key!(
         "ock.mmc.segment.prefault",
         "false",
         "Commit the pages of DRAM and (emulated) HBM segments when they are mounted, on a background thread, instead of at their first write: RSS grows to the segments' size at start, and no request pays for first-touch page faults.",
@@ -601,6 +609,7 @@ impl Config {
                 max_outstanding: 0,
                 idle_spin_us: 0,
                 ring_entries: 0,
+                numa: crate::numa::NumaMode::Off,
             },
             evict: EvictConfig {
                 high_percent: 0,

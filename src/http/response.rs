@@ -59,6 +59,7 @@ pub enum ContentType {
     Text,
     Prometheus,
     OctetStream,
+    Html,
 }
 
 impl ContentType {
@@ -68,6 +69,7 @@ impl ContentType {
             ContentType::Text => b"Content-Type: text/plain; charset=utf-8\r\n",
             ContentType::Prometheus => b"Content-Type: text/plain; version=0.0.4\r\n",
             ContentType::OctetStream => b"Content-Type: application/octet-stream\r\n",
+            ContentType::Html => b"Content-Type: text/html; charset=utf-8\r\n",
         }
     }
 }

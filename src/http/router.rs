@@ -43,6 +43,7 @@ pub enum Route {
     MetricsPtracer,
     AllocFreeLatency,
     KvEventsStatus,
+    Ui,
 }
 
 pub struct RouteSpec {
@@ -153,6 +154,7 @@ pub static ROUTES: &[RouteSpec] = &[
         Route::AllocFreeLatency,
     ),
     get("/kv_events/status", Route::KvEventsStatus),
+    get("/ui", Route::Ui),
 ];
 
 impl Route {
@@ -222,6 +224,7 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/metrics/ptracer" => Route::MetricsPtracer,
         b"/api/v1/analysis/alloc_free_latency" => Route::AllocFreeLatency,
         b"/kv_events/status" => Route::KvEventsStatus,
+        b"/ui" => Route::Ui,
         _ => return None,
     })
 }

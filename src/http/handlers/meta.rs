@@ -26,6 +26,21 @@ pub fn ready(ctx: &mut Ctx<'_>) -> Response {
     }
 }
 
+/// The status page (`src/http/ui.html`): one self-contained document that reads the server's
+/// own JSON and text routes from the browser. It holds no data itself; it is guarded by the
+/// data token like the routes it reads (`/metrics/*` it reads with the metrics token).
+const UI_HTML: &str = include_str!("../ui.html");
+
+pub fn ui() -> Response {
+    let mut r = Response::new(
+        Status::OK,
+        ContentType::Html,
+        Body::Static(UI_HTML.as_bytes()),
+    );
+    r.no_store = false;
+    r
+}
+
 pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
     let mut r = Response::new(
         Status::OK,

@@ -287,6 +287,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::MetricsPtracer => scrape::ptracer(ctx, false),
         Route::AllocFreeLatency => scrape::ptracer(ctx, true),
         Route::KvEventsStatus => scrape::kv_events_status(ctx),
+        Route::Ui => meta::ui(),
     }
 }
 
