@@ -101,14 +101,7 @@ fn media(c: &mut Client, key: &str) -> Vec<String> {
     if q.json()["success"] == false {
         return Vec::new();
     }
-    let mut m: Vec<String> = q.json()["blobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["medium"].as_str().unwrap().to_string())
-        .collect();
-    m.sort();
-    m
+    crate::store::media(&q.json())
 }
 
 /// What one GET of an acknowledged object answered.

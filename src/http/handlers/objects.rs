@@ -113,6 +113,18 @@ fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, 
         .record(rank, op, bytes, transfer_ns, latency_us);
 }
 
+/// An exist moves no bytes: its bandwidth record's transfer time is the operation's time.
+fn exist_bandwidth(ctx: &Ctx<'_>, rank: u32, start: Instant) {
+    client(
+        ctx,
+        rank,
+        ClientOp::BatchExist,
+        0,
+        nanos_since(start),
+        start,
+    );
+}
+
 /// When a put's body began to arrive: `req.body_since` when it took several reads, else
 /// `otherwise` (it came with its head, or is still to be read).
 fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
@@ -318,16 +330,8 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         .await
     {
         Reply::Exists(found) => {
-            // No bytes move: the operation's time is its duration.
             if let Some(rank) = found.filter(|_| !req.is_head()) {
-                client(
-                    ctx,
-                    rank,
-                    ClientOp::BatchExist,
-                    0,
-                    nanos_since(start),
-                    start,
-                );
+                exist_bandwidth(ctx, rank, start);
             }
             let found = found.is_some();
             ctx.scratch.clear();
@@ -634,15 +638,7 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         _ => None,
     }) && counted
     {
-        // No bytes move: the operation's time is its duration.
-        client(
-            ctx,
-            rank,
-            ClientOp::BatchExist,
-            0,
-            nanos_since(start),
-            start,
-        );
+        exist_bandwidth(ctx, rank, start);
     }
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
