@@ -643,6 +643,11 @@ impl Shard {
                     Applied::Later(Box::pin(async move { me.evacuate_waiting(seg).await }))
                 }
             }
+            Command::Forget { seg } => {
+                self.store.borrow_mut().forget_segment(seg);
+                self.ssd.forget(seg);
+                Applied::Now(Reply::Done)
+            }
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => {
                 debug_assert!(

@@ -23,6 +23,7 @@ both_drivers!(
     batch_routes,
     large_puts_stream_into_their_blobs,
     prefault_commits_memory_segments_at_mount,
+    unmount_gives_back_the_mapping_the_memory_and_the_file,
 );
 
 /// Deterministic pseudo-random bytes.
@@ -1148,4 +1149,95 @@ fn remove_all_of_many_keys_holds_no_shard() {
         Some(1.0),
         "stored keys after the remove_all and one put"
     );
+}
+
+/// A process's mapped address space in KiB (`VmSize`): a segment's mapping counts whole,
+/// touched or not (adjacent anonymous mappings merge, so they are not told apart in maps).
+fn vm_size_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Files `pid` holds open under `dir`.
+fn open_files_under(pid: u32, dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Unmount gives back what the mount took: the memory, the mapping itself (every shard drops
+/// its share of the segment), an SSD segment's open file; mounting again works.
+fn unmount_gives_back_the_mapping_the_memory_and_the_file(driver: Driver) {
+    const GIB: u64 = 1 << 30;
+    let dir = temp_dir("unmount");
+    let srv = ServerBuilder::new(driver)
+        .shards(2)
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.local_service.dram.size", "16MB")
+        .start();
+    let pid = srv.pid();
+    let mut c = srv.client();
+    let vm_before = vm_size_kib(pid);
+    let rss_before = rss_kib(pid);
+    for round in 0..2 {
+        let r = c.request(
+            "POST",
+            "/api/v1/segments/mount?rank=1&medium=dram&size=1GB",
+            None,
+        );
+        assert_eq!(
+            r.text(),
+            r#"{"success":true,"segment":"rank-1-dram"}"#,
+            "round {round}"
+        );
+        assert!(vm_size_kib(pid) >= vm_before + GIB / 1024, "mapped");
+        // 400 MiB, all on the new segment (the one with room).
+        let body = data(4 << 20, round);
+        for i in 0..100 {
+            put_ok(&mut c, &format!("big{i}"), &body, "");
+        }
+        assert_eq!(query(&mut c, "big99")["blobs"][0]["rank"], 1);
+        let rss_full = rss_kib(pid);
+        assert!(
+            rss_full >= rss_before + 380 * 1024,
+            "filled: {rss_full} KiB, before {rss_before} KiB"
+        );
+        let r = c.request("POST", "/api/v1/segments/unmount?segment=rank-1-dram", None);
+        assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-dram"}"#);
+        let vm = vm_size_kib(pid);
+        assert!(
+            vm < vm_before + GIB / 2048,
+            "the mapping stayed: {vm} KiB mapped, {vm_before} KiB before the mount"
+        );
+        let rss_after = rss_kib(pid);
+        assert!(
+            rss_after <= rss_before + 96 * 1024,
+            "after unmount: {rss_after} KiB, before the mount {rss_before} KiB"
+        );
+        c.request("DELETE", "/all_keys", None);
+    }
+    // An SSD segment's file is closed once unmounted.
+    let r = c.request(
+        "POST",
+        &format!(
+            "/api/v1/segments/mount?rank=1&medium=ssd&size=8MB&path={}",
+            pct(dir.to_str().unwrap().as_bytes())
+        ),
+        None,
+    );
+    assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-ssd"}"#);
+    assert_eq!(open_files_under(pid, &dir).len(), 1);
+    let r = c.request("POST", "/api/v1/segments/unmount?segment=rank-1-ssd", None);
+    assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-ssd"}"#);
+    assert_eq!(
+        open_files_under(pid, &dir),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

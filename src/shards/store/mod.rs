@@ -1781,25 +1781,7 @@ impl Store {
                 continue;
             }
             match locations {
-                None => {
-                    let media: SmallVec<[Medium; 3]> = Medium::ALL
-                        .into_iter()
-                        .filter(|&m| self.has_readable_on(obj, m))
-                        .collect();
-                    removals += media.len() as u64;
-                    // One eviction per tier the object leaves, as `num_evicted` counts them,
-                    // on the rank of that tier's first readable copy.
-                    for &m in &media {
-                        let rank = self.objects[obj as usize]
-                            .blobs
-                            .iter()
-                            .map(|&b| &self.blobs[b as usize])
-                            .find(|b| b.medium == m && b.state == BlobState::Readable)
-                            .map_or(0, |b| b.rank);
-                        self.stats.tier(rank, |t| t.evict.inc());
-                    }
-                    self.remove_object(obj, now);
-                }
+                None => removals += self.evict_everywhere(obj, now),
                 Some(media) => {
                     for &m in media {
                         let blob = self.objects[obj as usize].blobs.iter().copied().find(|&b| {
@@ -1816,6 +1798,44 @@ impl Store {
                     }
                 }
             }
+        }
+        removals
+    }
+
+    /// Evicts an object from every tier where no copy is leased or pinned (a tier with a
+    /// leased or pinned copy keeps the object there); the object goes when no readable copy
+    /// is left. One eviction counted per tier left, on the rank of that tier's first copy.
+    /// An object still being written is left alone (its writer holds its blobs).
+    fn evict_everywhere(&mut self, obj: u32, now: u64) -> u64 {
+        if self.uncommitted.contains_key(&obj) {
+            return 0;
+        }
+        let mut removals = 0;
+        for m in Medium::ALL {
+            let copies: SmallVec<[u32; 2]> = self.objects[obj as usize]
+                .blobs
+                .iter()
+                .copied()
+                .filter(|&b| {
+                    let r = &self.blobs[b as usize];
+                    r.medium == m && r.state == BlobState::Readable
+                })
+                .collect();
+            let held = copies
+                .iter()
+                .any(|&b| !self.is_evictable(&self.blobs[b as usize], now));
+            if copies.is_empty() || held {
+                continue;
+            }
+            let rank = self.blobs[copies[0] as usize].rank;
+            self.stats.tier(rank, |t| t.evict.inc());
+            removals += 1;
+            for b in copies {
+                self.detach_blob(b, now);
+            }
+        }
+        if removals > 0 && !self.object_readable(obj) {
+            self.remove_object(obj, now);
         }
         removals
     }
@@ -1851,8 +1871,9 @@ impl Store {
 
     /// Moves this shard's blobs off a segment being unmounted: to another segment of the same
     /// medium, else to the memory tier below, else they are dropped (with their object when
-    /// it has no other copy). Returns false while some blob there is still pinned (a transfer
-    /// in flight); call again later. When it returns true, the shard holds nothing there.
+    /// it has no other copy). A leased, pinned, flushing or still-written blob is left where it
+    /// is until its lease and pins end: returns false while some blob is still there; call
+    /// again later. When it returns true, the shard holds nothing there.
     pub fn evacuate(&mut self, seg: SegmentId) -> bool {
         let now = self.now_ms();
         let ids: Vec<u32> = self
@@ -1867,7 +1888,14 @@ impl Store {
             let Some(b) = self.blobs.get(id as usize).filter(|b| b.seg == seg) else {
                 continue;
             };
-            if b.obj == NIL || b.pins > 0 || b.flushing || b.state != BlobState::Readable {
+            // A leased or pinned blob is never moved: a reader may be reading it where it
+            // is. Wait for its lease and pins to end (the caller calls again).
+            if b.obj == NIL
+                || b.pins > 0
+                || b.lease_until_ms > now
+                || b.flushing
+                || b.state != BlobState::Readable
+            {
                 busy = true;
                 continue;
             }
@@ -1916,7 +1944,6 @@ impl Store {
                 self.remove_object(obj, now);
                 continue;
             }
-            self.blobs[id as usize].lease_until_ms = 0;
             self.detach_blob(id, now);
         }
         self.reap_zombies(now);
@@ -1929,8 +1956,13 @@ impl Store {
         true
     }
 
-    /// Forgets an unmounted segment (after every shard evacuated it).
+    /// Forgets a segment removed from the table (after every shard evacuated it): drops this
+    /// shard's share and its reference, so the mapping or file goes with the last one.
     pub fn forget_segment(&mut self, seg: SegmentId) {
+        debug_assert!(
+            !self.blobs.iter().any(|(_, b)| b.seg == seg),
+            "forgetting a segment that holds blobs"
+        );
         if let Some(slot) = self.segs.get_mut(seg as usize) {
             *slot = None;
         }
@@ -2257,6 +2289,50 @@ mod tests {
         s.check();
         assert_eq!(dram_used(&s), 0);
         assert!(!s.purging());
+    }
+
+    #[test]
+    fn a_leased_copy_is_neither_evicted_by_name_nor_moved_by_unmount() {
+        let mut s = dram_store(16 << 20);
+        let seg1 = mount::build_segment(&s.table, 1, Medium::Dram, 32 << 20, None, 1, 1 << 20)
+            .expect("a second DRAM segment");
+        s.table.insert(seg1.clone()).expect("mounted");
+        put(&mut s, "k");
+        put(&mut s, "named");
+        let GetStep::Ready(v) = s.get(b"k") else {
+            panic!("k readable")
+        };
+        assert_eq!(v.seg.id, seg1.id, "on the segment with the most room");
+        s.unpin(v.handle);
+        let GetStep::Ready(n) = s.get(b"named") else {
+            panic!("named readable")
+        };
+        s.unpin(n.handle);
+        // Leased: evict_named everywhere leaves it.
+        assert_eq!(s.evict_named(b"named", None), 0);
+        assert!(s.exists(b"named").is_some());
+        s.check();
+        // Unmount waits for the lease, which it leaves as it was.
+        seg1.set_status(segment::SegmentStatus::Unmounting);
+        let lease = s.blobs[v.handle.id as usize].lease_until_ms;
+        assert!(!s.evacuate(seg1.id), "a leased blob stays where it is");
+        assert!(s.blob_by_handle(v.handle).is_some());
+        assert_eq!(s.blobs[v.handle.id as usize].lease_until_ms, lease);
+        s.check();
+        s.lease_expire_all();
+        assert!(s.evacuate(seg1.id));
+        assert_eq!(s.exists(b"k"), Some(0), "moved to rank 0");
+        assert_eq!(s.evict_named(b"named", None), 1);
+        assert!(s.exists(b"named").is_none());
+        s.table.remove(&seg1.name);
+        s.forget_segment(seg1.id);
+        drop((v, n));
+        s.check();
+        assert_eq!(
+            Arc::strong_count(&seg1),
+            1,
+            "the store let go of the segment"
+        );
     }
 
     #[test]
