@@ -2067,11 +2067,26 @@ impl Store {
                 None => assert_eq!(used[id], 0, "blobs on a forgotten segment {id}"),
             }
         }
+        let mut zombies = self.zombies.clone();
+        zombies.sort_unstable();
+        zombies.dedup();
+        assert_eq!(zombies.len(), self.zombies.len(), "a zombie listed twice");
+        for &z in &zombies {
+            let b = self.blobs.get(z as usize).expect("a zombie was freed");
+            assert_eq!(b.obj, NIL, "zombie {z} is attached");
+        }
+        let flushing = self.blobs.iter().filter(|(_, b)| b.flushing).count();
+        assert_eq!(flushing, self.flushes_in_flight, "flushes out of step");
         for (i, b) in self.blobs.iter() {
             if b.obj == NIL {
                 assert!(
-                    self.zombies.contains(&(i as u32)),
+                    zombies.binary_search(&(i as u32)).is_ok(),
                     "detached blob {i} is not a zombie"
+                );
+            } else {
+                assert!(
+                    self.objects[b.obj as usize].blobs.contains(&(i as u32)),
+                    "blob {i} not listed by its object"
                 );
             }
             assert_eq!(
