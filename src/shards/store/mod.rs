@@ -25,6 +25,8 @@ pub mod lru;
 pub mod memory;
 pub mod mount;
 pub mod segment;
+#[cfg(test)]
+mod sim;
 pub mod ssd;
 
 use std::borrow::Cow;
@@ -347,11 +349,15 @@ pub struct Store {
     draining: [bool; Medium::ALL.len()],
     stats: Arc<StoreStats>,
     tracer: Arc<Tracer>,
-    clock: Instant,
+    clock: StoreClock,
 }
 
-fn now_ms(clock: Instant) -> u64 {
-    clock.elapsed().as_millis() as u64
+/// The store's time in ms: the shard's clock, or one a simulation sets (the seam that lets
+/// a seeded test jump time and replay a run exactly).
+#[derive(Clone, Copy, Debug)]
+enum StoreClock {
+    Real(Instant),
+    Manual(u64),
 }
 
 impl Store {
@@ -387,14 +393,30 @@ impl Store {
             draining: [false; Medium::ALL.len()],
             stats,
             tracer,
-            clock,
+            clock: StoreClock::Real(clock),
         };
         s.refresh_segments();
         s
     }
 
     pub fn now_ms(&self) -> u64 {
-        now_ms(self.clock)
+        match self.clock {
+            StoreClock::Real(start) => start.elapsed().as_millis() as u64,
+            StoreClock::Manual(ms) => ms,
+        }
+    }
+
+    /// Stops the store's clock at `ms`; from now on only [`Store::advance_clock`] moves it
+    /// (deterministic simulation and tests).
+    pub fn set_manual_clock(&mut self, ms: u64) {
+        self.clock = StoreClock::Manual(ms);
+    }
+
+    /// Moves a manual clock forward by `ms` (no effect on the real one).
+    pub fn advance_clock(&mut self, ms: u64) {
+        if let StoreClock::Manual(t) = &mut self.clock {
+            *t += ms;
+        }
     }
 
     pub fn stats(&self) -> &StoreStats {
