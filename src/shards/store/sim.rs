@@ -189,8 +189,12 @@ impl Sim {
     fn put(&mut self) {
         let key = self.key();
         let size = 1 + self.rng.below(128 << 10);
-        let medium = [None, Some(Medium::Hbm), Some(Medium::Dram), Some(Medium::Dram)]
-            [self.rng.below(4) as usize];
+        let medium = [
+            None,
+            Some(Medium::Hbm),
+            Some(Medium::Dram),
+            Some(Medium::Dram),
+        ][self.rng.below(4) as usize];
         let replicas = if self.rng.chance(15) { 2 } else { 1 };
         if let AllocStep::Granted { obj, link, .. } =
             self.store.alloc(key, size, medium, replicas, 0)
