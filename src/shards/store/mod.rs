@@ -4,7 +4,7 @@
 //! Objects live in a slab indexed by a hash table of their keys; blobs live in a second slab
 //! so that pins, leases and asynchronous operations can refer to a blob by a stable handle
 //! even after its object is gone. Everything here runs on the owner shard's thread; bytes
-//! are touched only through segment [`Backend`]s. The store never awaits: work that needs I/O
+//! are touched only through segment [`Backend`](segment::Backend)s. The store never awaits: work that needs I/O
 //! (a flush to SSD, a rewarm from SSD) is handed to the shard as a job and finished by
 //! `finish_flush` / `finish_rewarm`.
 //!
