@@ -14,6 +14,13 @@ impl Store {
 
     /// Checks internal consistency (tests).
     pub fn check(&self) {
+        self.check_objects();
+        self.check_writers();
+        self.check_blobs();
+    }
+
+    /// Objects against the key and chunk indexes, the purge, and `readable_objects`.
+    fn check_objects(&self) {
         let (mut readable, mut doomed, mut chunked) = (0, 0, 0);
         for (i, o) in self.objects.iter() {
             let i = i as u32;
@@ -54,6 +61,10 @@ impl Store {
                 "uncommitted object {o} is gone"
             );
         }
+    }
+
+    /// Writer pins against the grants outstanding.
+    fn check_writers(&self) {
         // A writer's pin is on exactly the blobs of its grant: those of an object still being
         // written, or orphaned ones (detached) waiting for the writer to let go.
         let mut orphans = 0;
@@ -89,6 +100,10 @@ impl Store {
             orphans + attached_writing,
             "writer pins out of step"
         );
+    }
+
+    /// Capacity, zombies, flushes in flight, blob and object links, LRU membership.
+    fn check_blobs(&self) {
         // Capacity accounting: a segment's used bytes are exactly its blobs' (live or zombie).
         let mut used = vec![0u64; self.segs.len()];
         for (_, b) in self.blobs.iter() {

@@ -33,47 +33,12 @@ impl Store {
                 busy = true;
                 continue;
             }
-            let (obj, medium, rank) = (b.obj, b.medium, b.rank);
+            let obj = b.obj;
             if self.doomed(obj) {
                 self.remove_object(obj, now);
                 continue;
             }
-            let size = self.objects[obj as usize].size;
-            let others: SmallVec<[(u32, Medium); 2]> = self.objects[obj as usize]
-                .blobs
-                .iter()
-                .filter(|&&o| o != id && self.blobs[o as usize].state == BlobState::Readable)
-                .map(|&o| (self.blobs[o as usize].rank, self.blobs[o as usize].medium))
-                .collect();
-            let mut moved = false;
-            if medium.is_memory() {
-                // Same medium on a rank without a copy yet; else (when this is the only copy)
-                // the memory tier below.
-                let mut targets: SmallVec<[Medium; 2]> = SmallVec::new();
-                targets.push(medium);
-                if others.is_empty() {
-                    targets.extend(medium.lower_tier().filter(|m| m.is_memory()));
-                }
-                for target in targets {
-                    let avoid: SmallVec<[u32; 2]> = others
-                        .iter()
-                        .filter(|(_, m)| *m == target)
-                        .map(|(r, _)| *r)
-                        .collect();
-                    if let Some((nseg, off, alen)) =
-                        self.alloc_blob(target, size, &avoid, Some(rank))
-                    {
-                        if self.copy_memory(id, nseg, off, size) {
-                            let dst =
-                                self.insert_blob(obj, nseg, off, alen, BlobState::Allocated, now);
-                            self.make_readable(dst, now);
-                            moved = true;
-                            break;
-                        }
-                        self.segs[nseg as usize].as_mut().unwrap().free(off, alen);
-                    }
-                }
-            }
+            let moved = self.copy_elsewhere(id, now);
             if !moved && self.objects[obj as usize].blobs.len() <= 1 {
                 self.remove_object(obj, now);
                 continue;
@@ -88,6 +53,48 @@ impl Store {
             ss.release_all();
         }
         true
+    }
+
+    /// Copies a memory blob to another segment of its medium on a rank without a copy yet,
+    /// else (when it is the object's only copy) to the memory tier below. True when copied
+    /// (the new copy readable); the blob itself stays attached.
+    fn copy_elsewhere(&mut self, id: u32, now: u64) -> bool {
+        let (obj, medium, rank) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank)
+        };
+        if !medium.is_memory() {
+            return false;
+        }
+        let size = self.objects[obj as usize].size;
+        let others: SmallVec<[(u32, Medium); 2]> = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .filter(|&&o| o != id && self.blobs[o as usize].state == BlobState::Readable)
+            .map(|&o| (self.blobs[o as usize].rank, self.blobs[o as usize].medium))
+            .collect();
+        let mut targets: SmallVec<[Medium; 2]> = SmallVec::new();
+        targets.push(medium);
+        if others.is_empty() {
+            targets.extend(medium.lower_tier().filter(|m| m.is_memory()));
+        }
+        for target in targets {
+            let avoid: SmallVec<[u32; 2]> = others
+                .iter()
+                .filter(|(_, m)| *m == target)
+                .map(|(r, _)| *r)
+                .collect();
+            let Some((nseg, off, alen)) = self.alloc_blob(target, size, &avoid, Some(rank)) else {
+                continue;
+            };
+            if self.copy_memory(id, nseg, off, size) {
+                let dst = self.insert_blob(obj, nseg, off, alen, BlobState::Allocated, now);
+                self.make_readable(dst, now);
+                return true;
+            }
+            self.segs[nseg as usize].as_mut().unwrap().free(off, alen);
+        }
+        false
     }
 
     /// Forgets a segment removed from the table (after every shard evacuated it): drops this

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Blobs placed for a put: segment, offset, allocated length.
+type Placed = SmallVec<[(SegmentId, u64, u64); 2]>;
+
 impl Store {
     /// (capacity, used) of a medium over all mounted segments.
     pub fn medium_totals(&self, medium: Medium) -> (u64, u64) {
@@ -86,21 +89,57 @@ impl Store {
         if self.purge.is_some() {
             self.continue_purge();
         }
-        if self.find(&key).is_some() {
-            self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return AllocStep::Refused(Cow::Borrowed("Duplicated object: key already exists"));
-        }
-        let medium = match medium.or_else(|| self.default_medium()) {
-            Some(m) => m,
-            None => {
+        let medium = match self.alloc_target(&key, size, medium, replicas) {
+            Ok(m) => m,
+            Err(why) => {
                 self.stats.record(Op::Alloc, Outcome::Failure, None);
-                return AllocStep::Refused(Cow::Borrowed("No memory segment is mounted"));
+                return AllocStep::Refused(why);
             }
+        };
+        self.evict_for(medium, size * replicas as u64, now);
+        let placed = match self.place_replicas(medium, size, replicas, now) {
+            Ok(p) => p,
+            Err(step) => return step,
+        };
+        let (obj, generation, link) = self.insert_object(key, size, prot, now);
+        let mut views = SmallVec::new();
+        for (seg, offset, len) in placed {
+            let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
+            let b = &mut self.blobs[id as usize];
+            b.pins = 1; // the writer's pin, released when its grant ends
+            b.writing = true;
+            views.push(self.view(id, size));
+        }
+        let rank = views.first().map(|v: &BlobView| v.seg.rank);
+        self.stats.record(Op::Alloc, Outcome::Success, rank);
+        AllocStep::Granted {
+            obj: ObjHandle {
+                id: obj,
+                generation,
+            },
+            blobs: views,
+            link,
+        }
+    }
+
+    /// The medium a put goes to, or why it is refused (a duplicated key, no such medium
+    /// mounted, too few ranks for the replicas, larger than the medium).
+    fn alloc_target(
+        &self,
+        key: &[u8],
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+    ) -> Result<Medium, Cow<'static, str>> {
+        if self.find(key).is_some() {
+            return Err(Cow::Borrowed("Duplicated object: key already exists"));
+        }
+        let Some(medium) = medium.or_else(|| self.default_medium()) else {
+            return Err(Cow::Borrowed("No memory segment is mounted"));
         };
         let ranks = self.ranks_of(medium);
         if ranks < replicas {
-            self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return AllocStep::Refused(Cow::Owned(if ranks == 0 {
+            return Err(Cow::Owned(if ranks == 0 {
                 let key = match medium {
                     Medium::Hbm => "set ock.mmc.local_service.hbm.size",
                     Medium::Dram => "set ock.mmc.local_service.dram.size",
@@ -113,40 +152,57 @@ impl Store {
         }
         let (capacity, _) = self.medium_totals(medium);
         if size > capacity {
-            self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return AllocStep::Refused(Cow::Owned(format!(
+            return Err(Cow::Owned(format!(
                 "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
             )));
         }
-        self.evict_for(medium, size * replicas as u64, now);
+        Ok(medium)
+    }
 
-        let mut placed: SmallVec<[(SegmentId, u64, u64); 2]> = SmallVec::new();
+    /// Places `replicas` blobs of `size` bytes on distinct ranks of `medium`, evicting when
+    /// there is no room; on failure nothing stays allocated and the step says why.
+    fn place_replicas(
+        &mut self,
+        medium: Medium,
+        size: u64,
+        replicas: usize,
+        now: u64,
+    ) -> Result<Placed, AllocStep> {
+        let mut placed: Placed = SmallVec::new();
         let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
         while placed.len() < replicas {
-            match self.alloc_blob(medium, size, &ranks_used, None) {
-                Some(p) => {
-                    ranks_used.push(self.seg(p.0).seg.rank);
-                    placed.push(p);
-                }
-                None => {
-                    // No room even above the watermark: make room now, or wait for flushes.
-                    if self.evict_forced(medium, size, now) {
-                        continue;
-                    }
-                    for (seg, off, len) in placed {
-                        self.segs[seg as usize].as_mut().unwrap().free(off, len);
-                    }
-                    if self.flushes_in_flight > 0 {
-                        return AllocStep::WaitForFlush;
-                    }
-                    self.stats.record(Op::Alloc, Outcome::Failure, None);
-                    return AllocStep::Refused(Cow::Owned(format!(
-                        "No space on {medium} for {size} bytes, even after eviction"
-                    )));
-                }
+            if let Some(p) = self.alloc_blob(medium, size, &ranks_used, None) {
+                ranks_used.push(self.seg(p.0).seg.rank);
+                placed.push(p);
+                continue;
             }
+            // No room even above the watermark: make room now, or wait for flushes.
+            if self.evict_forced(medium, size, now) {
+                continue;
+            }
+            for (seg, off, len) in placed {
+                self.segs[seg as usize].as_mut().unwrap().free(off, len);
+            }
+            if self.flushes_in_flight > 0 {
+                return Err(AllocStep::WaitForFlush);
+            }
+            self.stats.record(Op::Alloc, Outcome::Failure, None);
+            return Err(AllocStep::Refused(Cow::Owned(format!(
+                "No space on {medium} for {size} bytes, even after eviction"
+            ))));
         }
+        Ok(placed)
+    }
 
+    /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's
+    /// link; returns its id and generation.
+    fn insert_object(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        prot: u16,
+        now: u64,
+    ) -> (u32, u64, Arc<WriterLink>) {
         let generation = self.new_tag();
         let chunk = keys::chunk_hash(&key);
         let obj = self.objects.insert(Object {
@@ -183,24 +239,7 @@ impl Store {
                 hasher.hash_one(c)
             });
         }
-        let mut views = SmallVec::new();
-        for (seg, offset, len) in placed {
-            let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
-            let b = &mut self.blobs[id as usize];
-            b.pins = 1; // the writer's pin, released when its grant ends
-            b.writing = true;
-            views.push(self.view(id, size));
-        }
-        let rank = views.first().map(|v: &BlobView| v.seg.rank);
-        self.stats.record(Op::Alloc, Outcome::Success, rank);
-        AllocStep::Granted {
-            obj: ObjHandle {
-                id: obj,
-                generation,
-            },
-            blobs: views,
-            link,
-        }
+        (obj, generation, link)
     }
 
     /// The medium a put goes to when the client names none: the fastest one mounted.
