@@ -75,6 +75,11 @@ pub enum Command {
     Evacuate {
         seg: SegmentId,
     },
+    /// Per shard: drop everything held for a segment removed from the table (its mapping and
+    /// SSD file close when the last holder lets go).
+    Forget {
+        seg: SegmentId,
+    },
     /// Several commands for the same owner, answered in order.
     Many(Vec<Command>),
     /// A read applied without counting it as a business operation (a HEAD request is not a
@@ -100,6 +105,7 @@ impl Command {
             | Command::EvictNamed { .. }
             | Command::PrefetchNamed { .. }
             | Command::Evacuate { .. }
+            | Command::Forget { .. }
             | Command::Many(_) => None,
             Command::Uncounted(inner) => inner.key(),
         }

@@ -345,6 +345,8 @@ pub struct Shard {
     pub bus: EventBus,
     /// Reused buffer for the store's events.
     event_buf: RefCell<Vec<crate::metrics::bus::Event>>,
+    /// A task freeing the objects of a `remove_all` in slices is running.
+    purge_running: Cell<bool>,
     /// Requests in progress and their pace (overload shedding, `Retry-After`).
     pub load: load::Load,
     /// Requests sent to other shards whose reply has not been consumed, by request id. A
@@ -399,6 +401,7 @@ impl Shard {
             rewarm_done: LocalEvent::default(),
             bus,
             event_buf: RefCell::new(Vec::new()),
+            purge_running: Cell::new(false),
             load: load::Load::new(cluster.config.http.max_inflight_per_shard as usize),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
@@ -585,7 +588,14 @@ impl Shard {
             } else {
                 Reply::NotFound
             }),
-            Command::RemoveAll => Applied::Now(Reply::Count(self.store.borrow_mut().remove_all())),
+            Command::RemoveAll => {
+                let n = self.store.borrow_mut().remove_all();
+                if self.store.borrow().purging() && !self.purge_running.replace(true) {
+                    let me = self.clone();
+                    monoio::spawn(async move { me.purge_in_slices().await });
+                }
+                Applied::Now(Reply::Count(n))
+            }
             Command::ListKeys {
                 cursor,
                 max_bytes,
@@ -632,6 +642,11 @@ impl Shard {
                     let me = self.clone();
                     Applied::Later(Box::pin(async move { me.evacuate_waiting(seg).await }))
                 }
+            }
+            Command::Forget { seg } => {
+                self.store.borrow_mut().forget_segment(seg);
+                self.ssd.forget(seg);
+                Applied::Now(Reply::Done)
             }
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => {
@@ -818,6 +833,16 @@ impl Shard {
             IoOutcome::Damaged => Reply::refused(DAMAGED_ON_SSD),
             IoOutcome::Failed => Reply::refused("I/O error while reading the object from SSD"),
         }
+    }
+
+    /// Frees the objects of a `remove_all` one slice at a time, letting the requests queued
+    /// meanwhile run between slices.
+    async fn purge_in_slices(self: Rc<Self>) {
+        while self.store.borrow_mut().continue_purge() {
+            monoio::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.after_store();
+        self.purge_running.set(false);
     }
 
     async fn evacuate_waiting(self: Rc<Self>, seg: store::segment::SegmentId) -> Reply {

@@ -274,8 +274,10 @@ fn rewarm_bytes_current_counts_object_bytes(driver: Driver) {
         (&*s["rewarm_bytes_total"], &*s["rewarm_bytes_current"]),
         ("1000", "1000")
     );
-    // Deleted everywhere: one eviction per tier it leaves (DRAM and SSD), as num_evicted
-    // counts them; the rewarmed copy's bytes leave the gauge once its lease ends.
+    // Deleted everywhere once the read's lease (50 ms) ended (a leased copy is never
+    // evicted): one eviction per tier it leaves (DRAM and SSD), as num_evicted counts them;
+    // the rewarmed copy's bytes leave the gauge.
+    std::thread::sleep(std::time::Duration::from_millis(150));
     let r = c.request_with(
         "POST",
         "/memory/evict",

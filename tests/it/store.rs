@@ -23,6 +23,7 @@ both_drivers!(
     batch_routes,
     large_puts_stream_into_their_blobs,
     prefault_commits_memory_segments_at_mount,
+    unmount_gives_back_the_mapping_the_memory_and_the_file,
 );
 
 /// Deterministic pseudo-random bytes.
@@ -1031,4 +1032,212 @@ fn batch_routes(driver: Driver) {
     assert_eq!(r.text(), r#"{"success":true,"exists":[false,false,true]}"#);
     c.get("/api/v1/objects/batch_get")
         .assert_error(200, "Missing 'keys' parameter");
+}
+
+/// `DELETE /all_keys` of many keys answers at once and holds no shard: the keys leave the
+/// index in O(1), their objects are freed in slices behind it (issue 12: it was quadratic,
+/// 85 s at 1 M keys with its shard answering nothing).
+#[test]
+fn remove_all_of_many_keys_holds_no_shard() {
+    const KEYS: usize = 200_000;
+    const PER_REQUEST: usize = 600;
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .shards(2)
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.local_service.dram.size", "2GB")
+        // The debug server's per-tick store check walks every object: off for a load this big.
+        .env("MMC_DEBUG_CHECK", "0")
+        .start();
+    let mut c = srv.client();
+    // Empty objects: each takes a page of the segment's address space, no memory.
+    let started = Instant::now();
+    for first in (0..KEYS).step_by(PER_REQUEST) {
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "loading took too long"
+        );
+        let keys: Vec<String> = (first..KEYS.min(first + PER_REQUEST))
+            .map(|i| format!("k{i}"))
+            .collect();
+        let sizes = vec!["0"; keys.len()].join(",");
+        let r = c.request(
+            "POST",
+            &format!(
+                "/api/v1/objects/batch_put?keys={}&sizes={sizes}",
+                keys.join(",")
+            ),
+            Some(b""),
+        );
+        let results = r.json()["results"].as_array().unwrap().clone();
+        assert_eq!(results.len(), keys.len());
+        assert!(results.iter().all(|x| x["success"] == true), "{results:?}");
+    }
+    let used = |c: &mut Client| {
+        c.get("/api/v1/capacity/usage").json()["cpu"]["used_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(used(&mut c), (KEYS as u64) * 4096);
+
+    // /health on other connections (one per shard, most likely) the whole time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pingers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            let mut h = srv.client();
+            std::thread::spawn(move || {
+                let mut worst = Duration::ZERO;
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    assert_eq!(h.get("/health").status, 200);
+                    worst = worst.max(t.elapsed());
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                (worst, n)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let r = c.request("DELETE", "/all_keys", None);
+    let took = t.elapsed();
+    assert_eq!(r.text(), r#"{"success":true,"message":"all keys deleted"}"#);
+    assert!(
+        took < Duration::from_secs(2),
+        "DELETE /all_keys took {took:?}"
+    );
+    // The keys are gone when it answers.
+    let t = Instant::now();
+    let r = c.get("/get_all_keys?prefix=nothing-has-this");
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(c.get("/get_all_keys").body.len(), 0);
+    c.get("/query_key?key=k7")
+        .assert_error(200, "Key not found");
+    // The bytes follow in slices; meanwhile the shards keep answering.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while used(&mut c) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "bytes still used: {}",
+            used(&mut c)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in pingers {
+        let (worst, n) = p.join().unwrap();
+        assert!(n > 10, "{n} health checks");
+        assert!(
+            worst < Duration::from_millis(500),
+            "a /health waited {worst:?}"
+        );
+    }
+    // The store works as before.
+    put_ok(&mut c, "after", b"abc", "");
+    assert_eq!(c.get("/get_all_keys").text(), "after\n");
+    let m = c.get("/metrics").text();
+    let stored = m
+        .lines()
+        .find_map(|l| l.strip_prefix("memcache_stored_keys "))
+        .map(|v| v.trim().parse::<f64>().unwrap());
+    assert_eq!(
+        stored,
+        Some(1.0),
+        "stored keys after the remove_all and one put"
+    );
+}
+
+/// A process's mapped address space in KiB (`VmSize`): a segment's mapping counts whole,
+/// touched or not (adjacent anonymous mappings merge, so they are not told apart in maps).
+fn vm_size_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Files `pid` holds open under `dir`.
+fn open_files_under(pid: u32, dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// Unmount gives back what the mount took: the memory, the mapping itself (every shard drops
+/// its share of the segment), an SSD segment's open file; mounting again works.
+fn unmount_gives_back_the_mapping_the_memory_and_the_file(driver: Driver) {
+    const GIB: u64 = 1 << 30;
+    let dir = temp_dir("unmount");
+    let srv = ServerBuilder::new(driver)
+        .shards(2)
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.local_service.dram.size", "16MB")
+        .start();
+    let pid = srv.pid();
+    let mut c = srv.client();
+    let vm_before = vm_size_kib(pid);
+    let rss_before = rss_kib(pid);
+    for round in 0..2 {
+        let r = c.request(
+            "POST",
+            "/api/v1/segments/mount?rank=1&medium=dram&size=1GB",
+            None,
+        );
+        assert_eq!(
+            r.text(),
+            r#"{"success":true,"segment":"rank-1-dram"}"#,
+            "round {round}"
+        );
+        assert!(vm_size_kib(pid) >= vm_before + GIB / 1024, "mapped");
+        // 400 MiB, all on the new segment (the one with room).
+        let body = data(4 << 20, round);
+        for i in 0..100 {
+            put_ok(&mut c, &format!("big{i}"), &body, "");
+        }
+        assert_eq!(query(&mut c, "big99")["blobs"][0]["rank"], 1);
+        let rss_full = rss_kib(pid);
+        assert!(
+            rss_full >= rss_before + 380 * 1024,
+            "filled: {rss_full} KiB, before {rss_before} KiB"
+        );
+        let r = c.request("POST", "/api/v1/segments/unmount?segment=rank-1-dram", None);
+        assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-dram"}"#);
+        let vm = vm_size_kib(pid);
+        assert!(
+            vm < vm_before + GIB / 2048,
+            "the mapping stayed: {vm} KiB mapped, {vm_before} KiB before the mount"
+        );
+        let rss_after = rss_kib(pid);
+        assert!(
+            rss_after <= rss_before + 96 * 1024,
+            "after unmount: {rss_after} KiB, before the mount {rss_before} KiB"
+        );
+        c.request("DELETE", "/all_keys", None);
+    }
+    // An SSD segment's file is closed once unmounted.
+    let r = c.request(
+        "POST",
+        &format!(
+            "/api/v1/segments/mount?rank=1&medium=ssd&size=8MB&path={}",
+            pct(dir.to_str().unwrap().as_bytes())
+        ),
+        None,
+    );
+    assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-ssd"}"#);
+    assert_eq!(open_files_under(pid, &dir).len(), 1);
+    let r = c.request("POST", "/api/v1/segments/unmount?segment=rank-1-ssd", None);
+    assert_eq!(r.text(), r#"{"success":true,"segment":"rank-1-ssd"}"#);
+    assert_eq!(
+        open_files_under(pid, &dir),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -261,6 +261,9 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         return ctx.reply_error(bad, "Segment not found");
     }
     ctx.shard.cluster.segments.remove(&seg.name);
+    // Out of the table, no shard adopts it again: each drops its share, so the mapping (or
+    // the SSD file) goes with the last reference, this handler's `seg`.
+    let _ = ctx.shard.broadcast(|| Command::Forget { seg: id }).await;
     log::info!("unmounted segment {}", seg.name);
     // The rank's last segment is gone: its client bandwidth figures go with it.
     let cluster = &ctx.shard.cluster;

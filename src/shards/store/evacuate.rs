@@ -1,0 +1,111 @@
+//! Unmount: moving this shard's blobs off a segment, then forgetting it.
+
+use super::*;
+
+impl Store {
+    /// Moves this shard's blobs off a segment being unmounted: to another segment of the same
+    /// medium, else to the memory tier below, else they are dropped (with their object when
+    /// it has no other copy). A leased, pinned, flushing or still-written blob is left where it
+    /// is until its lease and pins end: returns false while some blob is still there; call
+    /// again later. When it returns true, the shard holds nothing there.
+    pub fn evacuate(&mut self, seg: SegmentId) -> bool {
+        let now = self.now_ms();
+        let ids: Vec<u32> = self
+            .blobs
+            .iter()
+            .filter(|(_, b)| b.seg == seg)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let mut busy = false;
+        for id in ids {
+            // An earlier removal in this loop may have freed the blob.
+            let Some(b) = self.blobs.get(id as usize).filter(|b| b.seg == seg) else {
+                continue;
+            };
+            // A leased or pinned blob is never moved: a reader may be reading it where it
+            // is. Wait for its lease and pins to end (the caller calls again).
+            if b.obj == NIL
+                || b.pins > 0
+                || b.lease_until_ms > now
+                || b.flushing
+                || b.state != BlobState::Readable
+            {
+                busy = true;
+                continue;
+            }
+            let obj = b.obj;
+            if self.doomed(obj) {
+                self.remove_object(obj, now);
+                continue;
+            }
+            let moved = self.copy_elsewhere(id, now);
+            if !moved && self.objects[obj as usize].blobs.len() <= 1 {
+                self.remove_object(obj, now);
+                continue;
+            }
+            self.detach_blob(id, now);
+        }
+        self.reap_zombies(now);
+        if busy || self.blobs.iter().any(|(_, b)| b.seg == seg) {
+            return false;
+        }
+        if let Some(ss) = self.segs.get_mut(seg as usize).and_then(|s| s.as_mut()) {
+            ss.release_all();
+        }
+        true
+    }
+
+    /// Copies a memory blob to another segment of its medium on a rank without a copy yet,
+    /// else (when it is the object's only copy) to the memory tier below. True when copied
+    /// (the new copy readable); the blob itself stays attached.
+    fn copy_elsewhere(&mut self, id: u32, now: u64) -> bool {
+        let (obj, medium, rank) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank)
+        };
+        if !medium.is_memory() {
+            return false;
+        }
+        let size = self.objects[obj as usize].size;
+        let others: SmallVec<[(u32, Medium); 2]> = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .filter(|&&o| o != id && self.blobs[o as usize].state == BlobState::Readable)
+            .map(|&o| (self.blobs[o as usize].rank, self.blobs[o as usize].medium))
+            .collect();
+        let mut targets: SmallVec<[Medium; 2]> = SmallVec::new();
+        targets.push(medium);
+        if others.is_empty() {
+            targets.extend(medium.lower_tier().filter(|m| m.is_memory()));
+        }
+        for target in targets {
+            let avoid: SmallVec<[u32; 2]> = others
+                .iter()
+                .filter(|(_, m)| *m == target)
+                .map(|(r, _)| *r)
+                .collect();
+            let Some((nseg, off, alen)) = self.alloc_blob(target, size, &avoid, Some(rank)) else {
+                continue;
+            };
+            if self.copy_memory(id, nseg, off, size) {
+                let dst = self.insert_blob(obj, nseg, off, alen, BlobState::Allocated, now);
+                self.make_readable(dst, now);
+                return true;
+            }
+            self.segs[nseg as usize].as_mut().unwrap().free(off, alen);
+        }
+        false
+    }
+
+    /// Forgets a segment removed from the table (after every shard evacuated it): drops this
+    /// shard's share and its reference, so the mapping or file goes with the last one.
+    pub fn forget_segment(&mut self, seg: SegmentId) {
+        debug_assert!(
+            !self.blobs.iter().any(|(_, b)| b.seg == seg),
+            "forgetting a segment that holds blobs"
+        );
+        if let Some(slot) = self.segs.get_mut(seg as usize) {
+            *slot = None;
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Eviction: watermark drains in slices, forced eviction for an allocation, moving a
+//! blob down a tier, and `/memory/evict`.
+
+use super::*;
+
+impl Store {
+    pub(super) fn is_evictable(&self, b: &BlobRec, now: u64) -> bool {
+        b.state == BlobState::Readable
+            && b.pins == 0
+            && b.lease_until_ms <= now
+            && !b.flushing
+            && !self.objects[b.obj as usize].rewarming
+    }
+
+    /// Watermark eviction before an allocation of `need` bytes on `medium`. Going above the
+    /// high threshold starts a drain: until this shard's share of the excess over the low
+    /// threshold is gone, each allocation on the medium (and each housekeeping tick) evicts
+    /// one slice of least recently used blobs, so the drain is spread over the requests
+    /// instead of stalling one of them.
+    pub(super) fn evict_for(&mut self, medium: Medium, need: u64, now: u64) {
+        let (cap, used) = self.medium_totals(medium);
+        let m = medium as usize;
+        if cap == 0 {
+            // Unmounted while draining: nothing left to drain.
+            self.set_draining(medium, false);
+            return;
+        }
+        if (used + need) * 100 > cap * self.cfg.high_percent {
+            self.draining[m] = true;
+        }
+        if !self.draining[m] {
+            return;
+        }
+        let low = cap * self.cfg.low_percent / 100;
+        let excess = (used + need).saturating_sub(low);
+        let mine = self.my_used(medium);
+        let target = if used == 0 {
+            excess
+        } else {
+            (excess as u128 * mine as u128 / used as u128) as u64
+        };
+        if target == 0 {
+            self.set_draining(medium, false);
+            return;
+        }
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::Evict);
+        let (freed, evicted) = self.evict_lru(medium, now, |freed, n| {
+            freed >= target
+                || (freed >= 2 * need && (n >= EVICT_SLICE_BLOBS || freed >= EVICT_SLICE_BYTES))
+        });
+        // Done, or stuck behind leased and pinned blobs (the next allocation above the high
+        // threshold starts again).
+        self.set_draining(medium, freed < target && evicted > 0);
+        span.end(freed >= target || evicted > 0);
+    }
+
+    pub(super) fn set_draining(&mut self, medium: Medium, on: bool) {
+        self.draining[medium as usize] = on;
+        self.stats
+            .evict_running
+            .set(self.draining.iter().any(|&d| d) as i64);
+    }
+
+    /// Continues the drains under way by one slice each (from the housekeeping tick, so that a
+    /// drain ends even when allocations stop).
+    pub(super) fn continue_drains(&mut self, now: u64) {
+        for medium in Medium::ALL {
+            if self.draining[medium as usize] {
+                self.evict_for(medium, 0, now);
+            }
+        }
+    }
+
+    /// Eviction when an allocation found no room: evicts least recently used blobs of the
+    /// medium one by one until `need` bytes could fit. True when something was evicted.
+    pub(super) fn evict_forced(&mut self, medium: Medium, need: u64, now: u64) -> bool {
+        self.evict_lru(medium, now, |freed, _| freed >= need.max(1))
+            .1
+            > 0
+    }
+
+    /// Evicts the medium's least recently used evictable blobs until `done(freed bytes,
+    /// blobs evicted)`, looking at no more than [`EVICT_SCAN_LIMIT`] blobs it must skip.
+    /// Returns the bytes freed and the blobs evicted.
+    pub(super) fn evict_lru(
+        &mut self,
+        medium: Medium,
+        now: u64,
+        done: impl Fn(u64, usize) -> bool,
+    ) -> (u64, usize) {
+        let mut freed = 0;
+        let mut evicted = 0;
+        let mut skipped = 0;
+        while !done(freed, evicted) && skipped < EVICT_SCAN_LIMIT {
+            // Skipped blobs stay at the head of the list (evicting others does not move
+            // them), so each pass starts after them.
+            let victims: SmallVec<[u32; EVICT_CANDIDATES]> = self
+                .lru
+                .iter_lru(medium as usize)
+                .skip(skipped)
+                .take(EVICT_CANDIDATES)
+                .collect();
+            if victims.is_empty() {
+                break;
+            }
+            for v in victims {
+                if done(freed, evicted) {
+                    break;
+                }
+                let evictable = self.blobs.get(v as usize).is_some_and(|b| {
+                    b.lru != NIL && b.medium == medium && self.is_evictable(b, now)
+                });
+                if !evictable {
+                    skipped += 1;
+                    continue;
+                }
+                freed += self.evict_blob(v, now);
+                evicted += 1;
+            }
+        }
+        (freed, evicted)
+    }
+
+    /// Moves one blob down a tier (or drops it where nothing lower has room). Returns the
+    /// bytes this frees on its medium now or when its flush lands.
+    pub(super) fn evict_blob(&mut self, id: u32, now: u64) -> u64 {
+        let (obj, medium, rank, len, since) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank, b.len, b.since_ms)
+        };
+        if self.doomed(obj) {
+            // Removed already by a `remove_all`: freeing it is all that is left to do.
+            self.remove_object(obj, now);
+            return len;
+        }
+        let size = self.objects[obj as usize].size;
+        let lifetime = now.saturating_sub(self.objects[obj as usize].created_ms);
+        self.stats.tier(rank, |t| t.evict.inc());
+        self.events.push(Event::Evicted {
+            medium,
+            bytes: size,
+            lifetime_ms: lifetime,
+            idle_ms: now.saturating_sub(since.max(self.blobs[id as usize].lease_until_ms.min(now))),
+        });
+        // Down the tiers: the first one below with room takes the blob (a copy that already
+        // exists lower down, as after a rewarm, makes the move free).
+        let mut tier = medium.lower_tier();
+        while let Some(t) = tier {
+            if self.has_readable_on(obj, t) {
+                self.detach_blob(id, now);
+                return len;
+            }
+            if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
+                if t.is_memory() {
+                    if self.copy_memory(id, seg, off, size) {
+                        let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+                        self.make_readable(dst, now);
+                        self.stats.demoted_blobs.inc();
+                        self.detach_blob(id, now);
+                        return len;
+                    }
+                    self.segs[seg as usize].as_mut().unwrap().free(off, alen);
+                } else {
+                    let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+                    self.blobs[dst as usize].pins = 1;
+                    self.blobs[id as usize].flushing = true;
+                    self.flushes_in_flight += 1;
+                    self.stats.flush_in_flight_bytes.add(size as i64);
+                    self.events.push(Event::FlushStarted { bytes: size });
+                    self.jobs.push(IoJob::Flush {
+                        src: BlobHandle {
+                            id,
+                            tag: self.blobs[id as usize].tag,
+                        },
+                        dst: BlobHandle {
+                            id: dst,
+                            tag: self.blobs[dst as usize].tag,
+                        },
+                        src_view: self.view(id, size),
+                        dst_view: self.view(dst, size),
+                    });
+                    return len;
+                }
+            }
+            tier = t.lower_tier();
+        }
+        // Nothing lower has room: the copy is dropped, and the object with it if it was the
+        // last one.
+        if self.objects[obj as usize].blobs.len() <= 1 {
+            self.stats.evicted_objects_deleted.inc();
+            self.remove_object(obj, now);
+        } else {
+            self.detach_blob(id, now);
+        }
+        len
+    }
+
+    /// Room on the tier below for a demoted blob: watermark eviction there first (SSD
+    /// eviction deletes), then the allocation, then forced eviction there.
+    pub(super) fn alloc_demoted(
+        &mut self,
+        medium: Medium,
+        size: u64,
+        rank: u32,
+        now: u64,
+    ) -> Option<(SegmentId, u64, u64)> {
+        if medium == Medium::Ssd && !self.ssd_takes_flushes() {
+            // Faulted (or being unmounted): nothing goes there, and nothing there need go.
+            return None;
+        }
+        self.evict_for(medium, size, now);
+        if let Some(p) = self.alloc_blob(medium, size, &[], Some(rank)) {
+            return Some(p);
+        }
+        if medium == Medium::Ssd && self.evict_forced(medium, size, now) {
+            return self.alloc_blob(medium, size, &[], Some(rank));
+        }
+        None
+    }
+
+    /// Copies a memory blob's bytes into another memory segment (HBM → DRAM).
+    pub(super) fn copy_memory(
+        &self,
+        src: u32,
+        dst_seg: SegmentId,
+        dst_off: u64,
+        size: u64,
+    ) -> bool {
+        let b = &self.blobs[src as usize];
+        let from = &self.seg(b.seg).seg.backend;
+        let to = &self.seg(dst_seg).seg.backend;
+        // Straight into the destination when it is host memory, else through a buffer.
+        let res = match to.host_region() {
+            Some(region) if region.check(dst_off, size as usize).is_ok() => {
+                // SAFETY: the destination range was just allocated for this copy; the source
+                // blob is readable and nobody writes it.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(region.ptr(dst_off), size as usize) };
+                // SAFETY: see above.
+                unsafe { from.read(b.offset, dst) }
+            }
+            _ => {
+                let mut buf = vec![0u8; size as usize];
+                // SAFETY: see above.
+                unsafe {
+                    from.read(b.offset, &mut buf)
+                        .and_then(|()| to.write(dst_off, &buf))
+                }
+            }
+        };
+        if let Err(e) = &res {
+            log::error!(
+                "moving a blob from {} down a tier failed: {e}",
+                self.seg(b.seg).seg.name
+            );
+        }
+        res.is_ok()
+    }
+
+    /// Evicts the named objects: everywhere (`locations` None) or one tier down from each
+    /// named medium. Returns the tier removals (an object leaving one medium counts one).
+    /// Leased or pinned copies are left alone.
+    pub fn evict_named(&mut self, name: &[u8], locations: Option<&[Medium]>) -> u64 {
+        let now = self.now_ms();
+        let mut removals = 0;
+        for obj in self.objects_named(name) {
+            if !self.objects.contains(obj as usize) {
+                continue;
+            }
+            match locations {
+                None => removals += self.evict_everywhere(obj, now),
+                Some(media) => {
+                    for &m in media {
+                        let blob = self.objects[obj as usize].blobs.iter().copied().find(|&b| {
+                            let rec = &self.blobs[b as usize];
+                            rec.medium == m && self.is_evictable(rec, now)
+                        });
+                        if let Some(b) = blob {
+                            self.evict_blob(b, now);
+                            removals += 1;
+                            if !self.objects.contains(obj as usize) {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        removals
+    }
+
+    /// Evicts an object from every tier where no copy is leased or pinned (a tier with a
+    /// leased or pinned copy keeps the object there); the object goes when no readable copy
+    /// is left. One eviction counted per tier left, on the rank of that tier's first copy.
+    /// An object still being written is left alone (its writer holds its blobs).
+    pub(super) fn evict_everywhere(&mut self, obj: u32, now: u64) -> u64 {
+        if self.uncommitted.contains_key(&obj) {
+            return 0;
+        }
+        let mut removals = 0;
+        for m in Medium::ALL {
+            let copies: SmallVec<[u32; 2]> = self.objects[obj as usize]
+                .blobs
+                .iter()
+                .copied()
+                .filter(|&b| {
+                    let r = &self.blobs[b as usize];
+                    r.medium == m && r.state == BlobState::Readable
+                })
+                .collect();
+            let held = copies
+                .iter()
+                .any(|&b| !self.is_evictable(&self.blobs[b as usize], now));
+            if copies.is_empty() || held {
+                continue;
+            }
+            let rank = self.blobs[copies[0] as usize].rank;
+            self.stats.tier(rank, |t| t.evict.inc());
+            removals += 1;
+            for b in copies {
+                self.detach_blob(b, now);
+            }
+        }
+        if removals > 0 && !self.object_readable(obj) {
+            self.remove_object(obj, now);
+        }
+        removals
+    }
+}

@@ -1,0 +1,142 @@
+//! A read: a leased, pinned copy in memory, a rewarm from SSD, or a direct SSD read.
+
+use super::*;
+
+impl Store {
+    /// A leased, pinned read of the fastest readable copy. An object held only on SSD is
+    /// rewarmed into DRAM first.
+    pub fn get(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, ReadMode::First)
+    }
+
+    /// The read that follows this reader's own rewarm: served from the rewarmed copy, so it
+    /// counts as an SSD hit (`get_hits_ssd`), not a memory hit.
+    pub fn get_after_rewarm(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, ReadMode::AfterRewarm)
+    }
+
+    /// The last resort of a reader that kept waiting (for rewarms or flushes): a memory
+    /// copy, else the SSD copy read directly, never another wait.
+    pub fn get_direct(&mut self, key: &[u8]) -> GetStep {
+        self.get_inner(key, ReadMode::Direct)
+    }
+
+    pub(super) fn get_inner(&mut self, key: &[u8], mode: ReadMode) -> GetStep {
+        let rewarmed = mode == ReadMode::AfterRewarm;
+        let now = self.now_ms();
+        let Some(obj) = self.find(key) else {
+            self.stats.record(Op::Get, Outcome::NotFound, None);
+            return GetStep::NotFound;
+        };
+        let best = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .copied()
+            .filter(|&b| self.blobs[b as usize].state == BlobState::Readable)
+            .min_by_key(|&b| self.blobs[b as usize].medium);
+        let Some(blob) = best else {
+            self.stats.record(Op::Get, Outcome::NotFound, None);
+            return GetStep::NotFound;
+        };
+        let (medium, rank, lru) = {
+            let b = &self.blobs[blob as usize];
+            (b.medium, b.rank, b.lru)
+        };
+        if medium.is_memory() {
+            let lease = now + self.cfg.lease_ms;
+            let b = &mut self.blobs[blob as usize];
+            b.lease_until_ms = b.lease_until_ms.max(lease);
+            b.pins += 1;
+            self.lru.touch(medium as usize, lru);
+            self.stats.record(Op::Get, Outcome::Success, Some(rank));
+            if rewarmed {
+                self.stats.tier(rank, |t| t.get_hits_ssd.inc());
+            } else {
+                self.stats.tier(rank, |t| t.get_hits_dram.inc());
+            }
+            self.events.push(Event::Read {
+                medium,
+                bytes: self.objects[obj as usize].size,
+            });
+            let size = self.objects[obj as usize].size;
+            return GetStep::Ready(self.view(blob, size));
+        }
+        // Only on SSD.
+        if mode == ReadMode::Direct {
+            return self.direct_read(obj, blob, now);
+        }
+        if self.objects[obj as usize].rewarming {
+            return GetStep::Wait;
+        }
+        // A faulted SSD tier takes no flushes, so waiting for one to make room in DRAM is
+        // pointless: read the SSD copy directly instead.
+        let faulted = self.ssd_faulted(blob);
+        match self.start_rewarm(obj, blob, now, false) {
+            Some(job) => GetStep::Rewarm(job),
+            None if self.flushes_in_flight > 0 && !faulted => GetStep::WaitForFlush,
+            None => {
+                // No DRAM to rewarm into: serve this read from the SSD copy itself.
+                self.stats.tier(rank, |t| t.rewarm_failed.inc());
+                self.direct_read(obj, blob, now)
+            }
+        }
+    }
+
+    /// A read of an SSD blob straight into the reader's buffer (pinned and leased for it).
+    pub(super) fn direct_read(&mut self, obj: u32, blob: u32, now: u64) -> GetStep {
+        let size = self.objects[obj as usize].size;
+        let b = &mut self.blobs[blob as usize];
+        b.pins += 1;
+        b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
+        let (tag, sum) = (b.tag, b.sum);
+        GetStep::ReadDirect(IoJob::ReadSsd {
+            src: BlobHandle { id: blob, tag },
+            src_view: self.view(blob, size),
+            sum,
+        })
+    }
+
+    /// Finishes a direct SSD read: the read counts as a get (success or failure); a damaged
+    /// copy is dropped.
+    pub fn finish_direct_read(&mut self, job: &IoJob, outcome: IoOutcome) {
+        let IoJob::ReadSsd { src, src_view, .. } = job else {
+            return;
+        };
+        self.unpin(*src);
+        if outcome == IoOutcome::Damaged {
+            self.drop_damaged(*src);
+        }
+        let outcome = if outcome == IoOutcome::Done {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        };
+        self.stats.record(Op::Get, outcome, Some(src_view.seg.rank));
+    }
+
+    /// Drops an SSD copy whose bytes came back damaged (short, or not matching their
+    /// checksum), and its object when that was the last readable copy. Removal events are
+    /// published as for any removal (a KV `BlockRemoved` for the SSD tier).
+    pub(super) fn drop_damaged(&mut self, src: BlobHandle) {
+        let now = self.now_ms();
+        let Some(b) = self.blob_by_handle(src) else {
+            return;
+        };
+        let (obj, seg) = (b.obj, b.seg);
+        if obj == NIL {
+            return;
+        }
+        if let Some(f) = self.seg(seg).seg.backend.file() {
+            f.record_damaged("checksum mismatch or short read");
+        }
+        let others = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .any(|&o| o != src.id && self.blobs[o as usize].state == BlobState::Readable);
+        if others {
+            self.detach_blob(src.id, now);
+        } else {
+            self.remove_object(obj, now);
+        }
+    }
+}

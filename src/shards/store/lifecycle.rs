@@ -1,0 +1,282 @@
+//! The blob lifecycle (see the state machine in `mod.rs`): creating, attaching,
+//! making readable, detaching, freeing; zombies, writer pins, and the housekeeping tick.
+
+use super::*;
+
+impl Store {
+    pub(super) fn new_tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    pub(super) fn seg(&self, id: SegmentId) -> &ShardSegment {
+        self.segs[id as usize]
+            .as_ref()
+            .expect("blob on an unknown segment")
+    }
+
+    pub(super) fn view(&self, blob: u32, len: u64) -> BlobView {
+        let b = &self.blobs[blob as usize];
+        BlobView {
+            seg: self.seg(b.seg).seg.clone(),
+            offset: b.offset,
+            len,
+            handle: BlobHandle {
+                id: blob,
+                tag: b.tag,
+            },
+        }
+    }
+
+    pub(super) fn blob_by_handle(&self, h: BlobHandle) -> Option<&BlobRec> {
+        self.blobs.get(h.id as usize).filter(|b| b.tag == h.tag)
+    }
+
+    pub(super) fn object_readable(&self, obj: u32) -> bool {
+        self.objects[obj as usize]
+            .blobs
+            .iter()
+            .any(|&b| self.blobs[b as usize].state == BlobState::Readable)
+    }
+
+    pub(super) fn has_readable_on(&self, obj: u32, medium: Medium) -> bool {
+        self.objects[obj as usize].blobs.iter().any(|&b| {
+            self.blobs[b as usize].state == BlobState::Readable
+                && self.blobs[b as usize].medium == medium
+        })
+    }
+
+    pub(super) fn insert_blob(
+        &mut self,
+        obj: u32,
+        seg: SegmentId,
+        offset: u64,
+        len: u64,
+        state: BlobState,
+        now: u64,
+    ) -> u32 {
+        let tag = self.new_tag();
+        let s = &self.seg(seg).seg;
+        let (medium, rank) = (s.medium, s.rank);
+        let id = self.blobs.insert(BlobRec {
+            obj,
+            seg,
+            medium,
+            rank,
+            offset,
+            len,
+            state,
+            lease_until_ms: 0,
+            pins: 0,
+            lru: NIL,
+            tag,
+            since_ms: now,
+            flushing: false,
+            rewarmed_bytes: 0,
+            writing: false,
+            sum: 0,
+        }) as u32;
+        self.objects[obj as usize].blobs.push(id);
+        id
+    }
+
+    /// Frees a blob's range and slot. The blob must be detached or about to be.
+    pub(super) fn free_blob(&mut self, id: u32) {
+        let b = self.blobs.remove(id as usize);
+        debug_assert!(b.lru == NIL && b.pins == 0 && !b.writing);
+        if b.rewarmed_bytes > 0 {
+            let bytes = b.rewarmed_bytes as i64;
+            self.stats
+                .tier(b.rank, |t| t.rewarm_bytes_current.add(-bytes));
+        }
+        if let Some(Some(ss)) = self.segs.get_mut(b.seg as usize) {
+            ss.free(b.offset, b.len);
+        }
+    }
+
+    /// Takes a blob out of its object (and the LRU): freed now if nobody holds it, else kept
+    /// as a zombie until its lease and pins end.
+    pub(super) fn detach_blob(&mut self, id: u32, now: u64) {
+        let (obj, lru, medium) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.lru, b.medium)
+        };
+        // What the object looked like before this blob left it.
+        let (was_on_medium, was_readable) = if obj != NIL {
+            (self.has_readable_on(obj, medium), self.object_readable(obj))
+        } else {
+            (false, false)
+        };
+        {
+            let b = &mut self.blobs[id as usize];
+            b.obj = NIL;
+            b.lru = NIL;
+            b.state = BlobState::Removing;
+        }
+        if lru != NIL {
+            self.lru.remove(medium as usize, lru);
+        }
+        if obj != NIL {
+            self.objects[obj as usize].blobs.retain(|&mut x| x != id);
+        }
+        // A doomed object left the statistics with its `remove_all`, which publishes one
+        // `Cleared` for all of them.
+        if obj != NIL && !self.doomed(obj) {
+            if was_on_medium && !self.has_readable_on(obj, medium) {
+                let o = &self.objects[obj as usize];
+                self.events.push(Event::Removed {
+                    chunk: o.chunk,
+                    medium,
+                    size: o.size,
+                });
+            }
+            if was_readable && !self.object_readable(obj) {
+                self.stats.stored_keys.add(-1);
+                self.readable_objects -= 1;
+            }
+        }
+        let b = &self.blobs[id as usize];
+        if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+            self.free_blob(id);
+        } else {
+            self.zombies.push(id);
+        }
+    }
+
+    /// Removes an object and all its blobs. A writer still at work is revoked; the blobs it
+    /// holds stay allocated (orphaned) until its grant ends.
+    pub(super) fn remove_object(&mut self, obj: u32, now: u64) {
+        let blobs: SmallVec<[u32; 2]> = self.objects[obj as usize].blobs.clone();
+        if let Some(w) = self.uncommitted.remove(&obj) {
+            w.link.revoke();
+            let held: SmallVec<[u32; 2]> = blobs
+                .iter()
+                .copied()
+                .filter(|&b| self.blobs[b as usize].writing)
+                .collect();
+            if !held.is_empty() {
+                let generation = self.objects[obj as usize].generation;
+                self.orphaned.insert(generation, held);
+            }
+        }
+        // Detaching the blobs keeps `stored_keys` and the removal events right.
+        for b in blobs {
+            self.detach_blob(b, now);
+        }
+        if self.doomed(obj) {
+            // Out of the index already (the `remove_all` dropped it whole).
+            self.objects.remove(obj as usize);
+            if let Some(p) = &mut self.purge {
+                p.left -= 1;
+            }
+            return;
+        }
+        let o = self.objects.remove(obj as usize);
+        let h = self.hash_key(&o.key);
+        if let Ok(e) = self.index.find_entry(h, |&id| id == obj) {
+            e.remove();
+        }
+        if let Some(c) = o.chunk {
+            let h = self.hash_chunk(c);
+            if let Ok(e) = self.chunks.find_entry(h, |&id| id == obj) {
+                e.remove();
+            }
+        }
+    }
+
+    /// Makes a blob readable and eligible for eviction.
+    pub(super) fn make_readable(&mut self, id: u32, now: u64) {
+        let obj = self.blobs[id as usize].obj;
+        debug_assert!(!self.doomed(obj), "a doomed object made readable");
+        let medium = self.blobs[id as usize].medium;
+        let was_readable = self.object_readable(obj);
+        let was_on_medium = self.has_readable_on(obj, medium);
+        let lru = self.lru.push_front(medium as usize, id);
+        let b = &mut self.blobs[id as usize];
+        b.state = BlobState::Readable;
+        b.lru = lru;
+        b.since_ms = now;
+        if !was_readable {
+            self.stats.stored_keys.add(1);
+            self.readable_objects += 1;
+        }
+        if !was_on_medium {
+            let o = &self.objects[obj as usize];
+            self.events.push(Event::Stored {
+                chunk: o.chunk,
+                medium,
+                size: o.size,
+            });
+        }
+    }
+
+    /// Ends a writer's hold on one of its blobs; a detached blob nobody else holds is freed.
+    pub(super) fn release_writer(&mut self, id: u32, now: u64) {
+        let b = &mut self.blobs[id as usize];
+        if !b.writing {
+            return;
+        }
+        b.writing = false;
+        b.pins -= 1;
+        if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+            self.zombies.retain(|&z| z != id);
+            self.free_blob(id);
+        }
+    }
+
+    /// Releases a pin taken by `get` (or by a job).
+    pub fn unpin(&mut self, h: BlobHandle) {
+        let now = self.now_ms();
+        if let Some(b) = self.blobs.get_mut(h.id as usize).filter(|b| b.tag == h.tag) {
+            b.pins = b.pins.saturating_sub(1);
+            if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+                self.zombies.retain(|&z| z != h.id);
+                self.free_blob(h.id);
+            }
+        }
+    }
+
+    /// Frees zombies whose leases and pins have ended; reclaims allocations whose writer
+    /// neither committed nor made progress for `alloc_timeout_ms`. Run on the shard's tick.
+    pub fn tick(&mut self) {
+        let now = self.now_ms();
+        self.continue_purge();
+        self.reap_zombies(now);
+        self.continue_drains(now);
+        // Only objects whose writer has not committed yet: a tick never walks all objects.
+        let timeout = self.cfg.alloc_timeout_ms;
+        let mut stale: Vec<u32> = Vec::new();
+        for (&obj, w) in self.uncommitted.iter_mut() {
+            let written = w.link.written_bytes.load(Ordering::Relaxed);
+            if written != w.seen_bytes {
+                w.seen_bytes = written;
+                w.progress_ms = now;
+            } else if now.saturating_sub(w.progress_ms) > timeout {
+                stale.push(obj);
+            }
+        }
+        for obj in stale {
+            // Reclaiming revokes the writer's grant and detaches the blobs; they are freed
+            // when the writer's commit or abort releases them, never under a live writer.
+            log::warn!(
+                "reclaiming {:?}: its writer neither committed nor wrote for {timeout} ms; grant revoked",
+                String::from_utf8_lossy(&self.objects[obj as usize].key),
+            );
+            self.remove_object(obj, now);
+        }
+    }
+
+    pub(super) fn reap_zombies(&mut self, now: u64) {
+        let mut i = 0;
+        while i < self.zombies.len() {
+            let id = self.zombies[i];
+            let b = &self.blobs[id as usize];
+            if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
+                self.zombies.swap_remove(i);
+                self.free_blob(id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! A put (alloc → write → commit) and the room it takes on a medium.
+
+use super::*;
+
+/// Blobs placed for a put: segment, offset, allocated length.
+type Placed = SmallVec<[(SegmentId, u64, u64); 2]>;
+
+impl Store {
+    /// (capacity, used) of a medium over all mounted segments.
+    pub fn medium_totals(&self, medium: Medium) -> (u64, u64) {
+        self.table
+            .snapshot()
+            .iter()
+            .filter(|s| s.medium == medium)
+            .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
+    }
+
+    pub(super) fn my_used(&self, medium: Medium) -> u64 {
+        self.segs
+            .iter()
+            .flatten()
+            .filter(|s| s.seg.medium == medium)
+            .map(|s| s.used())
+            .sum()
+    }
+
+    /// Allocates one blob of `len` bytes on `medium`, avoiding the ranks in `avoid`,
+    /// preferring `prefer_rank` and then the segment with the most room.
+    pub(super) fn alloc_blob(
+        &mut self,
+        medium: Medium,
+        len: u64,
+        avoid: &[u32],
+        prefer_rank: Option<u32>,
+    ) -> Option<(SegmentId, u64, u64)> {
+        self.refresh_segments();
+        let mut candidates: Vec<(bool, u64, SegmentId)> = self
+            .segs
+            .iter()
+            .flatten()
+            .filter(|s| {
+                s.seg.medium == medium && s.seg.is_allocatable() && !avoid.contains(&s.seg.rank)
+            })
+            .map(|s| {
+                (
+                    Some(s.seg.rank) != prefer_rank,
+                    u64::MAX - s.free_bytes_hint(),
+                    s.seg.id,
+                )
+            })
+            .collect();
+        candidates.sort_unstable();
+        for (_, _, id) in candidates {
+            let ss = self.segs[id as usize].as_mut().expect("candidate exists");
+            if let Some((offset, rounded)) = ss.alloc(len) {
+                return Some((id, offset, rounded));
+            }
+        }
+        None
+    }
+
+    /// Allocates `replicas` blobs for a new object (state ALLOCATED) after evicting if the
+    /// medium is above its high watermark.
+    pub fn alloc(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+        prot: u16,
+    ) -> AllocStep {
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::Alloc);
+        let step = self.alloc_inner(key, size, medium, replicas, prot);
+        span.end(!matches!(step, AllocStep::Refused(_)));
+        step
+    }
+
+    pub(super) fn alloc_inner(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+        prot: u16,
+    ) -> AllocStep {
+        let now = self.now_ms();
+        self.refresh_segments();
+        if self.purge.is_some() {
+            self.continue_purge();
+        }
+        let medium = match self.alloc_target(&key, size, medium, replicas) {
+            Ok(m) => m,
+            Err(why) => {
+                self.stats.record(Op::Alloc, Outcome::Failure, None);
+                return AllocStep::Refused(why);
+            }
+        };
+        self.evict_for(medium, size * replicas as u64, now);
+        let placed = match self.place_replicas(medium, size, replicas, now) {
+            Ok(p) => p,
+            Err(step) => return step,
+        };
+        let (obj, generation, link) = self.insert_object(key, size, prot, now);
+        let mut views = SmallVec::new();
+        for (seg, offset, len) in placed {
+            let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
+            let b = &mut self.blobs[id as usize];
+            b.pins = 1; // the writer's pin, released when its grant ends
+            b.writing = true;
+            views.push(self.view(id, size));
+        }
+        let rank = views.first().map(|v: &BlobView| v.seg.rank);
+        self.stats.record(Op::Alloc, Outcome::Success, rank);
+        AllocStep::Granted {
+            obj: ObjHandle {
+                id: obj,
+                generation,
+            },
+            blobs: views,
+            link,
+        }
+    }
+
+    /// The medium a put goes to, or why it is refused (a duplicated key, no such medium
+    /// mounted, too few ranks for the replicas, larger than the medium).
+    fn alloc_target(
+        &self,
+        key: &[u8],
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+    ) -> Result<Medium, Cow<'static, str>> {
+        if self.find(key).is_some() {
+            return Err(Cow::Borrowed("Duplicated object: key already exists"));
+        }
+        let Some(medium) = medium.or_else(|| self.default_medium()) else {
+            return Err(Cow::Borrowed("No memory segment is mounted"));
+        };
+        let ranks = self.ranks_of(medium);
+        if ranks < replicas {
+            return Err(Cow::Owned(if ranks == 0 {
+                let key = match medium {
+                    Medium::Hbm => "set ock.mmc.local_service.hbm.size",
+                    Medium::Dram => "set ock.mmc.local_service.dram.size",
+                    Medium::Ssd => "set ock.mmc.ssd.enable and ock.mmc.ssd.path",
+                };
+                format!("No {medium} segment is mounted: mount one, or {key}")
+            } else {
+                format!("Not enough ranks for {replicas} replicas on {medium} ({ranks} available)")
+            }));
+        }
+        let (capacity, _) = self.medium_totals(medium);
+        if size > capacity {
+            return Err(Cow::Owned(format!(
+                "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
+            )));
+        }
+        Ok(medium)
+    }
+
+    /// Places `replicas` blobs of `size` bytes on distinct ranks of `medium`, evicting when
+    /// there is no room; on failure nothing stays allocated and the step says why.
+    fn place_replicas(
+        &mut self,
+        medium: Medium,
+        size: u64,
+        replicas: usize,
+        now: u64,
+    ) -> Result<Placed, AllocStep> {
+        let mut placed: Placed = SmallVec::new();
+        let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
+        while placed.len() < replicas {
+            if let Some(p) = self.alloc_blob(medium, size, &ranks_used, None) {
+                ranks_used.push(self.seg(p.0).seg.rank);
+                placed.push(p);
+                continue;
+            }
+            // No room even above the watermark: make room now, or wait for flushes.
+            if self.evict_forced(medium, size, now) {
+                continue;
+            }
+            for (seg, off, len) in placed {
+                self.segs[seg as usize].as_mut().unwrap().free(off, len);
+            }
+            if self.flushes_in_flight > 0 {
+                return Err(AllocStep::WaitForFlush);
+            }
+            self.stats.record(Op::Alloc, Outcome::Failure, None);
+            return Err(AllocStep::Refused(Cow::Owned(format!(
+                "No space on {medium} for {size} bytes, even after eviction"
+            ))));
+        }
+        Ok(placed)
+    }
+
+    /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's
+    /// link; returns its id and generation.
+    fn insert_object(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        prot: u16,
+        now: u64,
+    ) -> (u32, u64, Arc<WriterLink>) {
+        let generation = self.new_tag();
+        let chunk = keys::chunk_hash(&key);
+        let obj = self.objects.insert(Object {
+            key,
+            size,
+            prot,
+            blobs: SmallVec::new(),
+            generation,
+            created_ms: now,
+            rewarming: false,
+            chunk,
+        }) as u32;
+        let link = Arc::new(WriterLink::default());
+        self.uncommitted.insert(
+            obj,
+            Uncommitted {
+                link: link.clone(),
+                seen_bytes: 0,
+                progress_ms: now,
+            },
+        );
+        let h = self.hash_key(&self.objects[obj as usize].key);
+        let objects = &self.objects;
+        let hasher = &self.hasher;
+        self.index.insert_unique(h, obj, |&id| {
+            use std::hash::BuildHasher;
+            hasher.hash_one(&*objects[id as usize].key)
+        });
+        if let Some(c) = chunk {
+            let h = self.hash_chunk(c);
+            self.chunks.insert_unique(h, obj, |&id| {
+                use std::hash::BuildHasher;
+                let c = objects[id as usize].chunk.expect("indexed by its chunk");
+                hasher.hash_one(c)
+            });
+        }
+        (obj, generation, link)
+    }
+
+    /// The medium a put goes to when the client names none: the fastest one mounted.
+    pub(super) fn default_medium(&self) -> Option<Medium> {
+        [Medium::Hbm, Medium::Dram].into_iter().find(|&m| {
+            self.table
+                .snapshot()
+                .iter()
+                .any(|s| s.medium == m && s.is_allocatable())
+        })
+    }
+
+    pub(super) fn ranks_of(&self, medium: Medium) -> usize {
+        let mut ranks: Vec<u32> = self
+            .table
+            .snapshot()
+            .iter()
+            .filter(|s| s.medium == medium && s.is_allocatable())
+            .map(|s| s.rank)
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.len()
+    }
+
+    /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
+    /// dropped (a failed write). Also the end of the writer's grant (an abort is `!ok`): its
+    /// pins are released, and blobs orphaned by a removal meanwhile are freed. NotFound when
+    /// the object was removed meanwhile.
+    pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
+        let tracer = self.tracer.clone();
+        let span = tracer.begin(Tp::UpdateState);
+        let reply = self.commit_inner(obj, ok);
+        span.end(matches!(reply, crate::shards::Reply::Done));
+        reply
+    }
+
+    pub(super) fn commit_inner(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
+        use crate::shards::Reply;
+        let now = self.now_ms();
+        let live = self
+            .objects
+            .get(obj.id as usize)
+            .is_some_and(|o| o.generation == obj.generation);
+        if !live {
+            if let Some(held) = self.orphaned.remove(&obj.generation) {
+                for b in held {
+                    self.release_writer(b, now);
+                }
+            }
+            self.stats.record(Op::UpdateState, Outcome::NotFound, None);
+            return Reply::NotFound;
+        }
+        let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
+        let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
+        for &b in &blobs {
+            self.release_writer(b, now);
+        }
+        if ok {
+            self.uncommitted.remove(&obj.id);
+            for &b in &blobs {
+                if self.blobs[b as usize].state == BlobState::Allocated {
+                    self.make_readable(b, now);
+                }
+            }
+            self.stats.record(Op::UpdateState, Outcome::Success, rank);
+            Reply::Done
+        } else {
+            self.remove_object(obj.id, now);
+            self.stats.record(Op::UpdateState, Outcome::Success, rank);
+            Reply::Done
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Unit tests of the store.
+
+use super::*;
+use crate::shards::Reply;
+use segment::SegmentTable;
+
+fn dram_store(capacity: u64) -> Store {
+    let table = Arc::new(SegmentTable::default());
+    let seg = mount::build_segment(&table, 0, Medium::Dram, capacity, None, 1, 1 << 20)
+        .expect("a DRAM segment");
+    table.insert(seg).expect("the only segment");
+    let cfg = StoreConfig {
+        lease_ms: 2000,
+        high_percent: 90,
+        low_percent: 80,
+        alloc_timeout_ms: 30_000,
+    };
+    let stats = Arc::new(StoreStats::default());
+    Store::new(0, cfg, table, stats, Arc::default(), Instant::now())
+}
+
+fn put(store: &mut Store, key: &str) {
+    let step = store.alloc(key.as_bytes().into(), 100, Some(Medium::Dram), 1, 0);
+    let AllocStep::Granted { obj, .. } = step else {
+        panic!("alloc refused: {step:?}");
+    };
+    assert!(matches!(store.commit(obj, true), Reply::Done));
+}
+
+fn named(store: &Store, name: &str) -> Vec<Vec<u8>> {
+    let mut keys: Vec<Vec<u8>> = store
+        .objects_named(name.as_bytes())
+        .iter()
+        .map(|&o| store.objects[o as usize].key.to_vec())
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn dram_used(s: &Store) -> u64 {
+    s.medium_totals(Medium::Dram).1
+}
+
+/// Puts `k<i>` from `*i` on until the next put (of 100 bytes) goes over the high threshold.
+fn fill_to_high(s: &mut Store, cap: u64, i: &mut usize) {
+    while (dram_used(s) + 100) * 100 <= cap * 90 {
+        put(s, &format!("k{i}"));
+        *i += 1;
+    }
+}
+
+#[test]
+fn watermark_eviction_drains_in_slices() {
+    let cap: u64 = 4 << 20;
+    let mut s = dram_store(cap);
+    let mut i = 0;
+    fill_to_high(&mut s, cap, &mut i);
+    assert_eq!(
+        s.objects.len(),
+        i,
+        "nothing evicted under the high threshold"
+    );
+    assert_eq!(s.stats.evict_running.get(), 0);
+    // The put that crosses it starts a drain and evicts one slice, the oldest first.
+    put(&mut s, &format!("k{i}"));
+    i += 1;
+    assert_eq!(s.objects.len(), i - EVICT_SLICE_BLOBS);
+    assert!(s.find(b"k0").is_none());
+    assert!(
+        s.find(format!("k{}", EVICT_SLICE_BLOBS).as_bytes())
+            .is_some()
+    );
+    assert!(s.draining[Medium::Dram as usize]);
+    assert_eq!(s.stats.evict_running.get(), 1);
+    assert!(dram_used(&s) * 100 > cap * 80);
+    s.check();
+    // Housekeeping ticks finish the drain without any further allocation.
+    let mut ticks = 0;
+    while s.draining[Medium::Dram as usize] {
+        assert!(ticks < 10, "the drain did not end");
+        s.tick();
+        ticks += 1;
+    }
+    assert!(ticks >= 2, "one slice per tick, {ticks} ticks");
+    assert!(dram_used(&s) * 100 <= cap * 80);
+    assert!(
+        dram_used(&s) * 100 > cap * 79,
+        "evicted past the low threshold"
+    );
+    assert_eq!(s.stats.evict_running.get(), 0);
+    s.check();
+
+    // Allocations during a drain carry it on too, each by one slice.
+    fill_to_high(&mut s, cap, &mut i);
+    let mut puts = 0;
+    loop {
+        put(&mut s, &format!("k{i}"));
+        i += 1;
+        puts += 1;
+        if !s.draining[Medium::Dram as usize] {
+            break;
+        }
+        assert!(puts < 10, "the drain did not end");
+    }
+    assert!(puts >= 2, "{puts} puts");
+    assert!(dram_used(&s) * 100 <= cap * 80 + 4096 * 100);
+    assert_eq!(s.stats.evict_running.get(), 0);
+    assert!(s.find(format!("k{}", i - 1).as_bytes()).is_some());
+    s.check();
+}
+
+fn grant(s: &mut Store, key: &str, size: u64) -> (ObjHandle, Arc<WriterLink>) {
+    match s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0) {
+        AllocStep::Granted { obj, link, .. } => (obj, link),
+        step => panic!("alloc refused: {step:?}"),
+    }
+}
+
+#[test]
+fn a_removed_put_keeps_its_blob_until_the_writer_lets_go_then_frees_it() {
+    let mut s = dram_store(16 << 20);
+    for remove_all in [false, true] {
+        let (obj, link) = grant(&mut s, "w", 1 << 20);
+        assert_eq!(dram_used(&s), 1 << 20);
+        if remove_all {
+            assert_eq!(s.remove_all(), 1);
+        } else {
+            assert!(s.remove(b"w"));
+        }
+        s.check();
+        assert!(link.is_revoked(), "the writer is told to stop");
+        // The writer may still be writing: its blob is neither freed nor reusable.
+        assert_eq!(dram_used(&s), 1 << 20);
+        s.tick();
+        assert_eq!(dram_used(&s), 1 << 20);
+        let (other, _) = grant(&mut s, "other", 1 << 20);
+        assert_eq!(dram_used(&s), 2 << 20, "the new object got other memory");
+        assert!(matches!(s.commit(other, true), Reply::Done));
+        assert!(s.remove(b"other"));
+        // The writer's commit (or abort) ends its grant: now the blob goes.
+        assert!(matches!(s.commit(obj, true), Reply::NotFound));
+        s.check();
+        assert_eq!(dram_used(&s), 0, "remove_all={remove_all}");
+        assert!(s.orphaned.is_empty());
+    }
+}
+
+#[test]
+fn remove_all_drops_the_keys_at_once_and_frees_in_slices() {
+    let n = 3 * PURGE_SLICE_OBJECTS + 7;
+    let mut s = dram_store(64 << 20);
+    for i in 0..n {
+        put(&mut s, &format!("k{i}"));
+    }
+    let GetStep::Ready(leased) = s.get(b"k5") else {
+        panic!("k5 readable");
+    };
+    let (writer, link) = grant(&mut s, "w", 100);
+    assert_eq!(s.stats.stored_keys.get(), n as i64);
+    assert_eq!(s.remove_all(), n as u64 + 1);
+    s.check();
+    assert!(link.is_revoked());
+    // Gone from every lookup at once; one slice freed.
+    assert_eq!(s.object_count(), 0);
+    assert_eq!(s.stats.stored_keys.get(), 0);
+    assert!(s.find(b"k1").is_none() && s.exists(b"k2").is_none());
+    let mut out = Vec::new();
+    assert_eq!(
+        s.list_keys(0, 1 << 20, b"", &mut u64::MAX.clone(), &mut out),
+        None
+    );
+    assert!(out.is_empty());
+    assert!(s.purging());
+    assert!(s.objects.len() < n && s.objects.len() > n - 2 * PURGE_SLICE_OBJECTS);
+    // New puts meanwhile are live, and carry the purge on.
+    put(&mut s, "k1");
+    s.check();
+    let mut slices = 0;
+    while s.continue_purge() {
+        s.check();
+        slices += 1;
+        assert!(slices < 10);
+    }
+    s.check();
+    assert_eq!(s.object_count(), 1);
+    assert_eq!(s.stats.stored_keys.get(), 1);
+    assert!(s.find(b"k1").is_some());
+    // The leased read and the writer still hold their blobs; then let go.
+    assert_eq!(dram_used(&s), 3 * 4096);
+    s.unpin(leased.handle);
+    assert!(matches!(s.commit(writer, true), Reply::NotFound));
+    s.check();
+    assert!(s.remove(b"k1"));
+    s.lease_expire_all();
+    s.tick();
+    s.check();
+    assert_eq!(dram_used(&s), 0);
+    assert!(!s.purging());
+}
+
+#[test]
+fn a_leased_copy_is_neither_evicted_by_name_nor_moved_by_unmount() {
+    let mut s = dram_store(16 << 20);
+    let seg1 = mount::build_segment(&s.table, 1, Medium::Dram, 32 << 20, None, 1, 1 << 20)
+        .expect("a second DRAM segment");
+    s.table.insert(seg1.clone()).expect("mounted");
+    put(&mut s, "k");
+    put(&mut s, "named");
+    let GetStep::Ready(v) = s.get(b"k") else {
+        panic!("k readable")
+    };
+    assert_eq!(v.seg.id, seg1.id, "on the segment with the most room");
+    s.unpin(v.handle);
+    let GetStep::Ready(n) = s.get(b"named") else {
+        panic!("named readable")
+    };
+    s.unpin(n.handle);
+    // Leased: evict_named everywhere leaves it.
+    assert_eq!(s.evict_named(b"named", None), 0);
+    assert!(s.exists(b"named").is_some());
+    s.check();
+    // Unmount waits for the lease, which it leaves as it was.
+    seg1.set_status(segment::SegmentStatus::Unmounting);
+    let lease = s.blobs[v.handle.id as usize].lease_until_ms;
+    assert!(!s.evacuate(seg1.id), "a leased blob stays where it is");
+    assert!(s.blob_by_handle(v.handle).is_some());
+    assert_eq!(s.blobs[v.handle.id as usize].lease_until_ms, lease);
+    s.check();
+    s.lease_expire_all();
+    assert!(s.evacuate(seg1.id));
+    assert_eq!(s.exists(b"k"), Some(0), "moved to rank 0");
+    assert_eq!(s.evict_named(b"named", None), 1);
+    assert!(s.exists(b"named").is_none());
+    s.table.remove(&seg1.name);
+    s.forget_segment(seg1.id);
+    drop((v, n));
+    s.check();
+    assert_eq!(
+        Arc::strong_count(&seg1),
+        1,
+        "the store let go of the segment"
+    );
+}
+
+#[test]
+fn reclaim_revokes_an_idle_writer_and_spares_one_making_progress() {
+    let mut s = dram_store(16 << 20);
+    s.cfg.alloc_timeout_ms = 20;
+    let (busy, busy_link) = grant(&mut s, "busy", 8192);
+    let (idle, idle_link) = grant(&mut s, "idle", 8192);
+    for _ in 0..6 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        busy_link.wrote(100);
+        s.tick();
+    }
+    s.check();
+    assert!(!busy_link.is_revoked());
+    assert!(idle_link.is_revoked(), "no progress for the timeout");
+    assert!(s.find(b"idle").is_none());
+    assert_eq!(
+        dram_used(&s),
+        2 * 8192,
+        "the idle writer's blob waits for it"
+    );
+    // Its abort releases the blob; the busy writer commits as usual.
+    assert!(matches!(s.commit(idle, false), Reply::NotFound));
+    assert_eq!(dram_used(&s), 8192);
+    assert!(matches!(s.commit(busy, true), Reply::Done));
+    assert!(s.exists(b"busy").is_some());
+    s.check();
+}
+
+#[test]
+fn chunk_index_finds_every_object_of_a_chunk() {
+    let mut s = dram_store(16 << 20);
+    for k in ["m@2@0@a1@bf16", "m@2@1@a1@bf16", "m@2@0@b2@bf16", "a1"] {
+        put(&mut s, k);
+    }
+    s.check();
+    let a1: Vec<Vec<u8>> = ["a1", "m@2@0@a1@bf16", "m@2@1@a1@bf16"]
+        .iter()
+        .map(|k| k.as_bytes().to_vec())
+        .collect();
+    assert_eq!(named(&s, "0xa1"), a1[1..]);
+    assert_eq!(
+        named(&s, "a1"),
+        a1,
+        "the chunk's objects and the key itself"
+    );
+    assert_eq!(named(&s, "b2"), [b"m@2@0@b2@bf16".to_vec()]);
+    assert!(s.remove(b"m@2@0@a1@bf16"));
+    s.check();
+    assert_eq!(named(&s, "0xa1"), [b"m@2@1@a1@bf16".to_vec()]);
+    assert!(s.remove(b"m@2@1@a1@bf16"));
+    assert!(named(&s, "0xa1").is_empty());
+    s.check();
+}

@@ -1,0 +1,225 @@
+//! Tiering between memory and SSD: flushes (started by eviction) and rewarms (by reads
+//! and `/memory/prefetch`), finished when the shard's I/O ends.
+
+use super::*;
+
+impl Store {
+    /// Whether a blob is on an SSD file that its writes faulted.
+    pub(super) fn ssd_faulted(&self, blob: u32) -> bool {
+        let b = &self.blobs[blob as usize];
+        self.seg(b.seg)
+            .seg
+            .backend
+            .file()
+            .is_some_and(|f| f.faulted())
+    }
+
+    /// Whether some SSD segment takes flushes (mounted, not faulted).
+    pub(super) fn ssd_takes_flushes(&self) -> bool {
+        self.segs
+            .iter()
+            .flatten()
+            .any(|s| s.seg.medium == Medium::Ssd && s.seg.is_allocatable())
+    }
+
+    /// Allocates a DRAM blob for an SSD blob and returns the job that copies it.
+    pub(super) fn start_rewarm(
+        &mut self,
+        obj: u32,
+        ssd_blob: u32,
+        now: u64,
+        prefetch: bool,
+    ) -> Option<IoJob> {
+        let size = self.objects[obj as usize].size;
+        let rank = self.blobs[ssd_blob as usize].rank;
+        // With the SSD tier faulted, evicting from DRAM deletes: a rewarm then takes only
+        // the room DRAM has (the SSD copy can be read directly), never another object's.
+        let faulted = self.ssd_faulted(ssd_blob);
+        if !faulted {
+            self.evict_for(Medium::Dram, size, now);
+        }
+        let placed = match self.alloc_blob(Medium::Dram, size, &[], Some(rank)) {
+            Some(p) => p,
+            None if faulted => return None,
+            None => {
+                self.evict_forced(Medium::Dram, size, now);
+                self.alloc_blob(Medium::Dram, size, &[], Some(rank))?
+            }
+        };
+        let (seg, offset, len) = placed;
+        let dst = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
+        self.blobs[dst as usize].pins = 1;
+        self.blobs[ssd_blob as usize].pins += 1;
+        self.objects[obj as usize].rewarming = true;
+        let generation = self.objects[obj as usize].generation;
+        self.events.push(Event::RewarmStarted {
+            bytes: size,
+            prefetch,
+        });
+        Some(IoJob::Rewarm {
+            prefetch,
+            obj: ObjHandle {
+                id: obj,
+                generation,
+            },
+            src: BlobHandle {
+                id: ssd_blob,
+                tag: self.blobs[ssd_blob as usize].tag,
+            },
+            dst: BlobHandle {
+                id: dst,
+                tag: self.blobs[dst as usize].tag,
+            },
+            src_view: self.view(ssd_blob, size),
+            dst_view: self.view(dst, size),
+            sum: self.blobs[ssd_blob as usize].sum,
+        })
+    }
+
+    /// Finishes a rewarm (its I/O took `micros`): the DRAM copy becomes readable, or is
+    /// dropped on failure; a damaged SSD copy is dropped too.
+    pub fn finish_rewarm(&mut self, job: &IoJob, outcome: IoOutcome, micros: u64) {
+        let IoJob::Rewarm {
+            obj,
+            src,
+            dst,
+            prefetch,
+            src_view,
+            ..
+        } = job
+        else {
+            return;
+        };
+        let ok = outcome == IoOutcome::Done;
+        let now = self.now_ms();
+        self.events.push(Event::Rewarmed {
+            bytes: src_view.len,
+            ok,
+            micros,
+            prefetch: *prefetch,
+        });
+        self.unpin(*src);
+        let live = self
+            .objects
+            .get(obj.id as usize)
+            .is_some_and(|o| o.generation == obj.generation)
+            && !self.doomed(obj.id);
+        if live {
+            self.objects[obj.id as usize].rewarming = false;
+        }
+        let Some(d) = self.blob_by_handle(*dst) else {
+            return;
+        };
+        let (rank, state) = (d.rank, d.state);
+        self.blobs[dst.id as usize].pins -= 1;
+        if ok && live && state == BlobState::Allocated {
+            let size = self.objects[obj.id as usize].size;
+            self.blobs[dst.id as usize].rewarmed_bytes = size;
+            self.stats.tier(rank, |t| {
+                t.rewarm.inc();
+                t.rewarm_bytes.add(size);
+                t.rewarm_bytes_current.add(size as i64);
+            });
+            self.make_readable(dst.id, now);
+        } else {
+            if !ok {
+                self.stats.tier(rank, |t| t.rewarm_failed.inc());
+            }
+            if self.blobs[dst.id as usize].obj != NIL {
+                self.detach_blob(dst.id, now);
+            } else if self.blobs[dst.id as usize].pins == 0 {
+                self.reap_zombies(now);
+            }
+            if outcome == IoOutcome::Damaged {
+                self.drop_damaged(*src);
+            }
+        }
+    }
+
+    /// Finishes a flush: on success the SSD copy (with `sum`, the checksum of the bytes
+    /// written) replaces the memory copy; on failure the SSD allocation is released and the
+    /// memory copy stays (nothing acknowledged is lost).
+    pub fn finish_flush(&mut self, job: &IoJob, ok: bool, sum: u64, micros: u64) {
+        let IoJob::Flush { src, dst, .. } = job else {
+            return;
+        };
+        let now = self.now_ms();
+        self.flushes_in_flight -= 1;
+        let src_live = self.blob_by_handle(*src).is_some();
+        let size = job_size(job);
+        self.events.push(Event::Flushed {
+            bytes: size,
+            ok,
+            micros,
+        });
+        self.stats.flush_in_flight_bytes.add(-(size as i64));
+        if src_live {
+            self.blobs[src.id as usize].flushing = false;
+        }
+        let Some(d) = self.blob_by_handle(*dst) else {
+            return;
+        };
+        let rank = d.rank;
+        self.blobs[dst.id as usize].pins -= 1;
+        let dst_obj = self.blobs[dst.id as usize].obj;
+        let dst_attached = dst_obj != NIL;
+        if ok
+            && dst_attached
+            && !self.doomed(dst_obj)
+            && self.blobs[dst.id as usize].state == BlobState::Allocated
+        {
+            self.stats.tier(rank, |t| {
+                t.flush_blobs.inc();
+                t.flush_bytes.add(size);
+            });
+            self.blobs[dst.id as usize].sum = sum;
+            self.make_readable(dst.id, now);
+            if src_live && self.blobs[src.id as usize].obj != NIL {
+                self.detach_blob(src.id, now);
+            }
+        } else {
+            if !ok {
+                self.stats.flush_failed.inc();
+            }
+            if dst_attached {
+                self.detach_blob(dst.id, now);
+            }
+        }
+        self.reap_zombies(now);
+    }
+
+    /// Starts rewarms (SSD → DRAM) for the named objects held only on SSD. Returns the jobs,
+    /// which the shard runs in the background.
+    pub fn prefetch_named(&mut self, name: &[u8]) -> Vec<IoJob> {
+        let now = self.now_ms();
+        let mut jobs = Vec::new();
+        for obj in self.objects_named(name) {
+            let o = &self.objects[obj as usize];
+            if o.rewarming
+                || Medium::ALL
+                    .iter()
+                    .any(|&m| m.is_memory() && self.has_readable_on(obj, m))
+            {
+                continue;
+            }
+            let ssd = o.blobs.iter().copied().find(|&b| {
+                let r = &self.blobs[b as usize];
+                r.state == BlobState::Readable && r.medium == Medium::Ssd
+            });
+            if let Some(b) = ssd {
+                if let Some(job) = self.start_rewarm(obj, b, now, true) {
+                    jobs.push(job);
+                }
+            }
+        }
+        jobs
+    }
+}
+
+pub(super) fn job_size(job: &IoJob) -> u64 {
+    match job {
+        IoJob::Flush { src_view, .. }
+        | IoJob::Rewarm { src_view, .. }
+        | IoJob::ReadSsd { src_view, .. } => src_view.len,
+    }
+}
