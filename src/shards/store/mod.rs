@@ -41,7 +41,7 @@ use crate::metrics::bus::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};
-use segment::{Medium, Segment, SegmentId, SegmentTable, ShardSegment};
+use segment::{Medium, Segment, SegmentId, SegmentTable, SegmentView, ShardSegment};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -295,7 +295,8 @@ pub struct Store {
     shard: usize,
     cfg: StoreConfig,
     table: Arc<SegmentTable>,
-    table_version: u64,
+    /// This shard's cached copy of the segment table (refreshed on a mount/unmount epoch).
+    view: SegmentView,
     segs: Vec<Option<ShardSegment>>,
     objects: Slab<Object>,
     index: HashTable<u32>,
@@ -345,7 +346,7 @@ impl Store {
             shard,
             cfg,
             table,
-            table_version: u64::MAX,
+            view: SegmentView::default(),
             segs: Vec::new(),
             objects: Slab::new(),
             index: HashTable::new(),
@@ -397,13 +398,12 @@ impl Store {
     }
 
     /// Adopts mounted segments this shard has not seen yet.
+    /// One atomic load while nothing was mounted or unmounted.
     fn refresh_segments(&mut self) {
-        let v = self.table.version();
-        if v == self.table_version {
+        if !self.view.refresh(&self.table) {
             return;
         }
-        self.table_version = v;
-        for seg in self.table.snapshot().iter() {
+        for seg in self.view.shared().iter() {
             let i = seg.id as usize;
             if self.segs.len() <= i {
                 self.segs.resize_with(i + 1, || None);
@@ -477,8 +477,8 @@ impl Store {
 
     /// (capacity, used) of a medium over all mounted segments.
     pub fn medium_totals(&self, medium: Medium) -> (u64, u64) {
-        self.table
-            .snapshot()
+        self.view
+            .segments()
             .iter()
             .filter(|s| s.medium == medium)
             .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
@@ -826,8 +826,8 @@ impl Store {
     /// The medium a put goes to when the client names none: the fastest one mounted.
     fn default_medium(&self) -> Option<Medium> {
         [Medium::Hbm, Medium::Dram].into_iter().find(|&m| {
-            self.table
-                .snapshot()
+            self.view
+                .segments()
                 .iter()
                 .any(|s| s.medium == m && s.is_allocatable())
         })
@@ -835,8 +835,8 @@ impl Store {
 
     fn ranks_of(&self, medium: Medium) -> usize {
         let mut ranks: Vec<u32> = self
-            .table
-            .snapshot()
+            .view
+            .segments()
             .iter()
             .filter(|s| s.medium == medium && s.is_allocatable())
             .map(|s| s.rank)
@@ -1604,6 +1604,8 @@ impl Store {
     /// neither committed nor made progress for `alloc_timeout_ms`. Run on the shard's tick.
     pub fn tick(&mut self) {
         let now = self.now_ms();
+        // Pick up mounts and unmounts even on a shard that stores nothing meanwhile.
+        self.refresh_segments();
         self.reap_zombies(now);
         self.continue_drains(now);
         // Only objects whose writer has not committed yet: a tick never walks all objects.
