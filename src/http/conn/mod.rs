@@ -20,7 +20,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::handlers::Ctx;
 use super::parse::{Parsed, parse_head};
-use super::{ConnState, Front};
+use super::{ConnGuard, ConnState, Front};
 use crate::limits::{
     LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
     WRITE_BUF_FLUSH_BYTES,
@@ -34,204 +34,244 @@ pub trait Io: AsyncReadRent + AsyncWriteRent {}
 
 impl<T: AsyncReadRent + AsyncWriteRent> Io for T {}
 
+/// A connection's buffers and framing state, carried between reads.
+struct Bufs {
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    scratch: Vec<u8>,
+    pending: Pending,
+    /// When the body of the request being framed started to arrive over several reads (its
+    /// receiving counts in a put's transfer time).
+    body_since: Option<Instant>,
+    continue_sent: bool,
+}
+
 /// Serves one connection. `fd` is the socket under `stream` (the housekeeping tick shuts it
 /// down to end idle or stalled connections).
 pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
     let conn = front.register(fd);
-    let mut rbuf: Vec<u8> = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
-    let mut wbuf: Vec<u8> = Vec::with_capacity(4096);
-    let mut scratch: Vec<u8> = Vec::new();
-    let mut pending = Pending::None;
-    // When the body of the request being framed started to arrive over several reads (its
-    // receiving counts in a put's transfer time).
-    let mut body_since: Option<Instant> = None;
-    let mut continue_sent = false;
+    let mut b = Bufs {
+        rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
+        wbuf: Vec::with_capacity(4096),
+        scratch: Vec::new(),
+        pending: Pending::None,
+        body_since: None,
+        continue_sent: false,
+    };
     let mut charge = BufferCharge {
         front: &front,
         bytes: 0,
     };
-
     loop {
-        // Answer every complete request in the buffer.
-        let mut start = 0;
-        let mut close = false;
-        loop {
-            // The common case, a whole request already in the buffer, is parsed once here;
-            // everything else (partial heads, chunked or large bodies, early answers) goes
-            // through `frame`, which keeps the framing state.
-            let complete = match pending {
-                Pending::None => complete_request(&front, &rbuf[start..]),
-                _ => None,
-            };
-            let (closes, advance) = if let Some((head, total, verdict)) = complete {
-                conn.set(ConnState::Busy);
-                let req = &rbuf[start..start + total];
-                let answered = answer(
-                    &front,
-                    &mut stream,
-                    &head,
-                    verdict,
-                    req,
-                    None,
-                    None,
-                    &mut scratch,
-                    &mut wbuf,
-                );
-                let Some(closes) = answered.await else {
-                    return;
-                };
-                (closes, total)
-            } else {
-                let (head_len, body_end, next, early) =
-                    match frame(&front, &mut rbuf, start, &mut pending) {
-                        Framed::NeedMore => {
-                            if !matches!(pending, Pending::None) && body_since.is_none() {
-                                body_since = Some(Instant::now());
-                            }
-                            break;
-                        }
-                        Framed::Stream { head_len, body_len } => {
-                            body_since = None;
-                            // The answers before this one go out first (they are complete).
-                            if !wbuf.is_empty() && !flush(&mut stream, &mut wbuf).await {
-                                return;
-                            }
-                            let streamed = stream_put(
-                                &conn,
-                                &mut stream,
-                                &rbuf[start..],
-                                head_len,
-                                body_len,
-                                &mut scratch,
-                                &mut wbuf,
-                            )
-                            .await;
-                            // The rest of the buffer was this request's body.
-                            rbuf.truncate(start);
-                            continue_sent = false;
-                            match streamed {
-                                None => return,
-                                Some(true) => {
-                                    close = true;
-                                    break;
-                                }
-                                Some(false) => continue,
-                            }
-                        }
-                        Framed::Malformed(e) => {
-                            body_since = None;
-                            conn.set(ConnState::Busy);
-                            answer_malformed(&front, e, &mut scratch, &mut wbuf);
-                            close = true;
-                            break;
-                        }
-                        Framed::Request {
-                            head_len,
-                            body_end,
-                            next,
-                            early,
-                        } => (head_len, body_end, next, early),
-                    };
-                conn.set(ConnState::Busy);
-                let req = &rbuf[start..start + body_end];
-                let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
-                    unreachable!("a framed head parses again");
-                };
-                let verdict = verdict(&front, &head);
-                let answered = answer(
-                    &front,
-                    &mut stream,
-                    &head,
-                    verdict,
-                    req,
-                    early,
-                    body_since.take(),
-                    &mut scratch,
-                    &mut wbuf,
-                );
-                let Some(closes) = answered.await else {
-                    return;
-                };
-                (closes, next)
-            };
-            close |= closes;
-            continue_sent = false;
-            start += advance;
-            if close {
-                break;
-            }
-            if wbuf.len() >= WRITE_BUF_FLUSH_BYTES && !flush(&mut stream, &mut wbuf).await {
-                return;
-            }
-        }
+        let Some((start, close)) = answer_buffered(&front, &conn, &mut stream, &mut b).await else {
+            return;
+        };
         if start > 0 {
-            rbuf.drain(..start);
+            b.rbuf.drain(..start);
         }
-        if !wbuf.is_empty() && !flush(&mut stream, &mut wbuf).await {
+        if !b.wbuf.is_empty() && !flush(&mut stream, &mut b.wbuf).await {
             return;
         }
         if close {
-            linger(&mut stream, fd, rbuf).await;
+            linger(&mut stream, fd, b.rbuf).await;
             return;
         }
-        if front.is_draining() && rbuf.is_empty() {
+        if front.is_draining() && b.rbuf.is_empty() {
             return;
         }
         // The client waits for our go-ahead before sending a body it announced.
-        if !continue_sent && wants_continue(&rbuf, &pending) {
-            wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !flush(&mut stream, &mut wbuf).await {
+        if !b.continue_sent && wants_continue(&b.rbuf, &b.pending) {
+            b.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !flush(&mut stream, &mut b.wbuf).await {
                 return;
             }
-            continue_sent = true;
+            b.continue_sent = true;
         }
-        if rbuf.is_empty() {
+        if b.rbuf.is_empty() {
             conn.set(ConnState::Idle);
-            if rbuf.capacity() > READ_BUF_KEEP_BYTES {
-                rbuf = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
-                charge.settle(rbuf.capacity());
+            if b.rbuf.capacity() > READ_BUF_KEEP_BYTES {
+                b.rbuf = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+                charge.settle(b.rbuf.capacity());
             }
         } else {
             conn.set(ConnState::Reading);
         }
-        // Read more, at least a few KiB of room; a known body gets room for all of it.
-        let want = match &pending {
-            Pending::Length { total, .. } => total.saturating_sub(rbuf.len()),
-            _ => 0,
-        };
-        let needed = want.max(4096);
-        if rbuf.capacity() - rbuf.len() < needed {
-            // The capacity `reserve` will pick (it doubles, or takes exactly what is needed).
-            let grown = (rbuf.capacity() * 2).max(rbuf.len() + needed);
-            if !charge.fits(grown) {
-                // The shard's connections already hold their budget of buffered requests:
-                // shed this one rather than grow memory without bound.
-                let resp = {
-                    let mut ctx = Ctx {
-                        shard: front.shard(),
-                        scratch: &mut scratch,
-                    };
-                    let mut r = ctx.overloaded();
-                    r.close = true;
-                    r
-                };
-                front.encode(resp, None, &scratch, &mut wbuf);
-                if flush(&mut stream, &mut wbuf).await {
-                    linger(&mut stream, fd, rbuf).await;
-                }
-                return;
-            }
-            rbuf.reserve(needed);
-            charge.settle(rbuf.capacity());
+        if !make_room(&front, &mut charge, &mut stream, fd, &mut b).await {
+            return;
         }
-        let len = rbuf.len();
-        let (res, slice) = stream.read(rbuf.slice_mut(len..)).await;
-        rbuf = slice.into_inner();
+        let len = b.rbuf.len();
+        let (res, slice) = stream
+            .read(std::mem::take(&mut b.rbuf).slice_mut(len..))
+            .await;
+        b.rbuf = slice.into_inner();
         match res {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
     }
+}
+
+/// Answers every complete request in the read buffer, in order. Returns where the
+/// unprocessed bytes start and whether the connection closes, or `None` when it broke.
+async fn answer_buffered<S: Io>(
+    front: &Front,
+    conn: &ConnGuard,
+    stream: &mut S,
+    b: &mut Bufs,
+) -> Option<(usize, bool)> {
+    let mut start = 0;
+    loop {
+        // The common case, a whole request already in the buffer, is parsed once here;
+        // everything else (partial heads, chunked or large bodies, early answers) goes
+        // through `frame`, which keeps the framing state.
+        let complete = match b.pending {
+            Pending::None => complete_request(front, &b.rbuf[start..]),
+            _ => None,
+        };
+        let (closes, advance) = if let Some((head, total, verdict)) = complete {
+            conn.set(ConnState::Busy);
+            let req = &b.rbuf[start..start + total];
+            let closes = answer(
+                front,
+                stream,
+                &head,
+                verdict,
+                req,
+                None,
+                None,
+                &mut b.scratch,
+                &mut b.wbuf,
+            )
+            .await?;
+            (closes, total)
+        } else {
+            let (head_len, body_end, next, early) =
+                match frame(front, &mut b.rbuf, start, &mut b.pending) {
+                    Framed::NeedMore => {
+                        if !matches!(b.pending, Pending::None) && b.body_since.is_none() {
+                            b.body_since = Some(Instant::now());
+                        }
+                        return Some((start, false));
+                    }
+                    Framed::Stream { head_len, body_len } => {
+                        b.body_since = None;
+                        match answer_streamed(conn, stream, b, start, head_len, body_len).await? {
+                            true => return Some((start, true)),
+                            false => continue,
+                        }
+                    }
+                    Framed::Malformed(e) => {
+                        b.body_since = None;
+                        conn.set(ConnState::Busy);
+                        answer_malformed(front, e, &mut b.scratch, &mut b.wbuf);
+                        return Some((start, true));
+                    }
+                    Framed::Request {
+                        head_len,
+                        body_end,
+                        next,
+                        early,
+                    } => (head_len, body_end, next, early),
+                };
+            conn.set(ConnState::Busy);
+            let req = &b.rbuf[start..start + body_end];
+            let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
+                unreachable!("a framed head parses again");
+            };
+            let verdict = verdict(front, &head);
+            let since = b.body_since.take();
+            let closes = answer(
+                front,
+                stream,
+                &head,
+                verdict,
+                req,
+                early,
+                since,
+                &mut b.scratch,
+                &mut b.wbuf,
+            )
+            .await?;
+            (closes, next)
+        };
+        b.continue_sent = false;
+        start += advance;
+        if closes {
+            return Some((start, true));
+        }
+        if b.wbuf.len() >= WRITE_BUF_FLUSH_BYTES && !flush(stream, &mut b.wbuf).await {
+            return None;
+        }
+    }
+}
+
+/// A put whose body is still arriving, at `rbuf[start..]`: the answers before it go out
+/// first, then its body streams into its blobs. The rest of the buffer was its body. Returns
+/// whether the connection closes, `None` when it broke.
+async fn answer_streamed<S: Io>(
+    conn: &ConnGuard,
+    stream: &mut S,
+    b: &mut Bufs,
+    start: usize,
+    head_len: usize,
+    body_len: usize,
+) -> Option<bool> {
+    if !b.wbuf.is_empty() && !flush(stream, &mut b.wbuf).await {
+        return None;
+    }
+    let req = &b.rbuf[start..];
+    let streamed = stream_put(
+        conn,
+        stream,
+        req,
+        head_len,
+        body_len,
+        &mut b.scratch,
+        &mut b.wbuf,
+    )
+    .await;
+    b.rbuf.truncate(start);
+    b.continue_sent = false;
+    streamed
+}
+
+/// Makes room to read more: at least a few KiB, all of a known body. False when the shard's
+/// buffer budget is spent: the connection was then answered 429 and closed.
+async fn make_room<S: Io>(
+    front: &Front,
+    charge: &mut BufferCharge<'_>,
+    stream: &mut S,
+    fd: RawFd,
+    b: &mut Bufs,
+) -> bool {
+    let want = match &b.pending {
+        Pending::Length { total, .. } => total.saturating_sub(b.rbuf.len()),
+        _ => 0,
+    };
+    let needed = want.max(4096);
+    if b.rbuf.capacity() - b.rbuf.len() >= needed {
+        return true;
+    }
+    // The capacity `reserve` will pick (it doubles, or takes exactly what is needed).
+    let grown = (b.rbuf.capacity() * 2).max(b.rbuf.len() + needed);
+    if !charge.fits(grown) {
+        // The shard's connections already hold their budget of buffered requests: shed this
+        // one rather than grow memory without bound.
+        let mut ctx = Ctx {
+            shard: front.shard(),
+            scratch: &mut b.scratch,
+        };
+        let mut resp = ctx.overloaded();
+        resp.close = true;
+        front.encode(resp, None, &b.scratch, &mut b.wbuf);
+        if flush(stream, &mut b.wbuf).await {
+            linger(stream, fd, std::mem::take(&mut b.rbuf)).await;
+        }
+        return false;
+    }
+    b.rbuf.reserve(needed);
+    charge.settle(b.rbuf.capacity());
+    true
 }
 
 /// The part of a connection's read buffer charged to its shard's budget
