@@ -92,11 +92,50 @@ pub(super) async fn dispatch(
     let stats = shard.stats();
     stats.http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
+    let mut resp = match (early, verdict) {
+        (None, Verdict::Dispatch(route)) => {
+            let req = Request {
+                head,
+                route,
+                body: &req_bytes[head.len..],
+                body_since,
+            };
+            match shard.load.enter() {
+                // Too much work already waits on this shard: shed at once.
+                None => ctx.overloaded(),
+                Some(_working) => handlers::handle(&req, &mut ctx).await,
+            }
+        }
+        (early, verdict) => refusal(front, head, early, verdict, &mut ctx),
+    };
+    if early.is_some() || !head.keep_alive || front.is_draining() {
+        resp.close = true;
+    }
+    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
+    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
+        resp.close = true;
+    }
+    let close = resp.close;
+    let transfer = resp.transfer.take();
+    let from = Instant::now();
+    let tail = front.encode(resp, Some(head), scratch, wbuf);
+    (tail, close, transfer.map(|t| (t, from)))
+}
+
+/// The answer to a request that is not handed to its handler: unauthorized, too large, no
+/// such route or method, `OPTIONS`.
+fn refusal(
+    front: &Front,
+    head: &Head<'_>,
+    early: Option<Early>,
+    verdict: Verdict,
+    ctx: &mut Ctx<'_>,
+) -> Response {
     let routed = match &verdict {
         Verdict::Dispatch(route) => Some(*route),
         _ => None,
     };
-    let mut resp = match (early, verdict) {
+    match (early, verdict) {
         (_, Verdict::Unauthorized) => {
             let mut r = ctx.protocol_error(
                 Status::UNAUTHORIZED,
@@ -131,30 +170,6 @@ pub(super) async fn dispatch(
         (Some(Early::BodyNotRead), Verdict::Dispatch(_)) => {
             unreachable!("dispatchable requests wait for their body")
         }
-        (None, Verdict::Dispatch(route)) => {
-            let req = Request {
-                head,
-                route,
-                body: &req_bytes[head.len..],
-                body_since,
-            };
-            match shard.load.enter() {
-                // Too much work already waits on this shard: shed at once.
-                None => ctx.overloaded(),
-                Some(_working) => handlers::handle(&req, &mut ctx).await,
-            }
-        }
-    };
-    if early.is_some() || !head.keep_alive || front.is_draining() {
-        resp.close = true;
+        (None, Verdict::Dispatch(_)) => unreachable!("dispatched by the caller"),
     }
-    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
-    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
-        resp.close = true;
-    }
-    let close = resp.close;
-    let transfer = resp.transfer.take();
-    let from = Instant::now();
-    let tail = front.encode(resp, Some(head), scratch, wbuf);
-    (tail, close, transfer.map(|t| (t, from)))
 }

@@ -137,130 +137,116 @@ pub(super) fn frame(
                     return Framed::NeedMore;
                 }
                 *pending = Pending::None;
-                return Framed::Request {
-                    head_len,
-                    body_end: total,
-                    next: total,
-                    early: None,
-                };
+                return request(head_len, total, None);
             }
-            Pending::Chunked {
-                dec,
-                head_len,
-                write,
-                read,
-            } => {
-                let region = &mut rbuf[start..];
-                let mut w = *write;
-                let mut r = *read;
-                let progress = dec.decode_in_place(region, &mut w, &mut r);
-                // Drop the consumed chunk framing so the buffer holds head, decoded body,
-                // then undecoded input.
-                rbuf.drain(start + w..start + r);
-                *write = w;
-                *read = w;
-                match progress {
-                    Err(e) if e.status == Status::PAYLOAD_TOO_LARGE => {
-                        let head_len = *head_len;
-                        *pending = Pending::None;
-                        return Framed::Request {
-                            head_len,
-                            body_end: head_len,
-                            next: head_len,
-                            early: Some(Early::TooLarge),
-                        };
-                    }
-                    Err(e) => {
-                        *pending = Pending::None;
-                        return Framed::Malformed(e);
-                    }
-                    Ok(Progress::NeedMore) => return Framed::NeedMore,
-                    Ok(Progress::Done) => {
-                        let head_len = *head_len;
-                        *pending = Pending::None;
-                        return Framed::Request {
-                            head_len,
-                            body_end: w,
-                            next: w,
-                            early: None,
-                        };
-                    }
-                }
-            }
+            Pending::Chunked { .. } => return frame_chunked(rbuf, start, pending),
             Pending::None => {
                 if avail == 0 {
                     return Framed::NeedMore;
                 }
-                let head = match parse_head(&rbuf[start..]) {
-                    Parsed::Complete(h) => h,
-                    Parsed::Partial => return Framed::NeedMore,
-                    Parsed::Error(e) => return Framed::Malformed(e),
-                };
-                let head_len = head.len;
-                let verdict = verdict(front, &head);
-                let limit = body_limit_for(front, &head, &verdict);
-                let route = match verdict {
-                    Verdict::Dispatch(route) => Some(route),
-                    _ => None,
-                };
-                let dispatchable = route.is_some();
-                match head.framing {
-                    Framing::None => {
-                        return Framed::Request {
-                            head_len,
-                            body_end: head_len,
-                            next: head_len,
-                            early: None,
-                        };
-                    }
-                    Framing::Length(n) if n > limit => {
-                        return Framed::Request {
-                            head_len,
-                            body_end: head_len,
-                            next: head_len,
-                            early: Some(Early::TooLarge),
-                        };
-                    }
-                    Framing::Length(n) => {
-                        let total = head_len + n as usize;
-                        if avail >= total {
-                            return Framed::Request {
-                                head_len,
-                                body_end: total,
-                                next: total,
-                                early: None,
-                            };
-                        }
-                        if !dispatchable {
-                            return Framed::Request {
-                                head_len,
-                                body_end: head_len,
-                                next: head_len,
-                                early: Some(Early::BodyNotRead),
-                            };
-                        }
-                        if route.is_some_and(|r| handlers::streams_body(r, head.method, n)) {
-                            return Framed::Stream {
-                                head_len,
-                                body_len: n as usize,
-                            };
-                        }
-                        *pending = Pending::Length { head_len, total };
-                        return Framed::NeedMore;
-                    }
-                    Framing::Chunked => {
-                        *pending = Pending::Chunked {
-                            dec: ChunkedDecoder::new(limit),
-                            head_len,
-                            write: head_len,
-                            read: head_len,
-                        };
-                        // Loop once more to decode whatever already arrived.
-                    }
+                match frame_head(front, &rbuf[start..], pending) {
+                    Some(framed) => return framed,
+                    // Chunked: loop once more to decode whatever already arrived.
+                    None => continue,
                 }
             }
         }
     }
+}
+
+/// A request whose body ends at `end` (also where the next request starts).
+fn request(head_len: usize, end: usize, early: Option<Early>) -> Framed {
+    Framed::Request {
+        head_len,
+        body_end: end,
+        next: end,
+        early,
+    }
+}
+
+/// Decodes the chunks that arrived of the body in `pending` (a `Pending::Chunked`).
+fn frame_chunked(rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending) -> Framed {
+    let Pending::Chunked {
+        dec,
+        head_len,
+        write,
+        read,
+    } = pending
+    else {
+        unreachable!("called for a chunked body");
+    };
+    let head_len = *head_len;
+    let region = &mut rbuf[start..];
+    let mut w = *write;
+    let mut r = *read;
+    let progress = dec.decode_in_place(region, &mut w, &mut r);
+    // Drop the consumed chunk framing so the buffer holds head, decoded body, then undecoded
+    // input.
+    rbuf.drain(start + w..start + r);
+    *write = w;
+    *read = w;
+    match progress {
+        Ok(Progress::NeedMore) => Framed::NeedMore,
+        Err(e) if e.status == Status::PAYLOAD_TOO_LARGE => {
+            *pending = Pending::None;
+            request(head_len, head_len, Some(Early::TooLarge))
+        }
+        Err(e) => {
+            *pending = Pending::None;
+            Framed::Malformed(e)
+        }
+        Ok(Progress::Done) => {
+            *pending = Pending::None;
+            request(head_len, w, None)
+        }
+    }
+}
+
+/// Frames a new request's head at the start of `buf`. `None`: a chunked body starts, now
+/// in `pending`.
+fn frame_head(front: &Front, buf: &[u8], pending: &mut Pending) -> Option<Framed> {
+    let head = match parse_head(buf) {
+        Parsed::Complete(h) => h,
+        Parsed::Partial => return Some(Framed::NeedMore),
+        Parsed::Error(e) => return Some(Framed::Malformed(e)),
+    };
+    let head_len = head.len;
+    let verdict = verdict(front, &head);
+    let limit = body_limit_for(front, &head, &verdict);
+    let route = match verdict {
+        Verdict::Dispatch(route) => Some(route),
+        _ => None,
+    };
+    let n = match head.framing {
+        Framing::None => return Some(request(head_len, head_len, None)),
+        Framing::Length(n) if n > limit => {
+            return Some(request(head_len, head_len, Some(Early::TooLarge)));
+        }
+        Framing::Length(n) => n,
+        Framing::Chunked => {
+            *pending = Pending::Chunked {
+                dec: ChunkedDecoder::new(limit),
+                head_len,
+                write: head_len,
+                read: head_len,
+            };
+            return None;
+        }
+    };
+    let total = head_len + n as usize;
+    Some(if buf.len() >= total {
+        request(head_len, total, None)
+    } else if route.is_none() {
+        request(head_len, head_len, Some(Early::BodyNotRead))
+    } else if route.is_some_and(|r| handlers::streams_body(r, head.method, n)) {
+        Framed::Stream {
+            head_len,
+            body_len: n as usize,
+        }
+    } else {
+        *pending = Pending::Length { head_len, total };
+        Framed::NeedMore
+    })
 }
 
 /// Whether the request at the start of the buffer announced `Expect: 100-continue` and is
