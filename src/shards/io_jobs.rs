@@ -96,61 +96,62 @@ impl Shard {
     /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
     /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs).
     pub(super) async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
-        use store::ssd::{IoBuffer, checksum};
         match job {
             IoJob::Flush {
                 src_view, dst_view, ..
-            } => {
-                let len = src_view.len as usize;
-                let buf = if src_view.seg.backend.host_region().is_some() {
-                    // SAFETY: the source blob is pinned by the flush (`flushing`) until
-                    // `finish_flush`.
-                    unsafe {
-                        IoBuffer::segment_view(src_view.seg.clone(), src_view.offset, len, true)
-                    }
-                } else {
-                    let mut v = vec![0u8; len];
-                    // SAFETY: as above.
-                    unsafe { src_view.seg.backend.read(src_view.offset, &mut v) }
-                        .map(|()| IoBuffer::owned(v, true))
-                };
-                match buf {
-                    Ok(buf) => {
-                        let sum = checksum(buf.as_slice());
-                        match self.ssd.write(&dst_view.seg, dst_view.offset, buf).await.0 {
-                            Ok(()) => (IoOutcome::Done, sum),
-                            Err(_) => (IoOutcome::Failed, 0),
-                        }
-                    }
-                    Err(e) => {
-                        log::error!("flush: reading {} failed: {e}", src_view.seg.name);
-                        (IoOutcome::Failed, 0)
-                    }
-                }
-            }
+            } => self.flush_io(src_view, dst_view).await,
             IoJob::ReadSsd { .. } => (IoOutcome::Failed, 0),
             IoJob::Rewarm {
                 src_view,
                 dst_view,
                 sum,
                 ..
-            } => {
-                let len = src_view.len as usize;
-                // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until
-                // `finish_rewarm`; nobody else reads or writes it.
-                let buf = unsafe {
-                    IoBuffer::segment_view(dst_view.seg.clone(), dst_view.offset, len, false)
-                };
-                match buf {
-                    Ok(buf) => {
-                        let (res, buf) = self.ssd.read(&src_view.seg, src_view.offset, buf).await;
-                        (read_outcome(&res, &buf, *sum), 0)
-                    }
-                    Err(e) => {
-                        log::error!("rewarm: {} is not host memory: {e}", dst_view.seg.name);
-                        (IoOutcome::Failed, 0)
-                    }
+            } => (self.rewarm_io(src_view, dst_view, *sum).await, 0),
+        }
+    }
+
+    /// Writes a memory blob to its SSD blob; returns the checksum of the bytes written.
+    async fn flush_io(&self, src: &store::BlobView, dst: &store::BlobView) -> (IoOutcome, u64) {
+        use store::ssd::{IoBuffer, checksum};
+        let len = src.len as usize;
+        let buf = if src.seg.backend.host_region().is_some() {
+            // SAFETY: the source blob is pinned by the flush (`flushing`) until `finish_flush`.
+            unsafe { IoBuffer::segment_view(src.seg.clone(), src.offset, len, true) }
+        } else {
+            let mut v = vec![0u8; len];
+            // SAFETY: as above.
+            unsafe { src.seg.backend.read(src.offset, &mut v) }.map(|()| IoBuffer::owned(v, true))
+        };
+        match buf {
+            Ok(buf) => {
+                let sum = checksum(buf.as_slice());
+                match self.ssd.write(&dst.seg, dst.offset, buf).await.0 {
+                    Ok(()) => (IoOutcome::Done, sum),
+                    Err(_) => (IoOutcome::Failed, 0),
                 }
+            }
+            Err(e) => {
+                log::error!("flush: reading {} failed: {e}", src.seg.name);
+                (IoOutcome::Failed, 0)
+            }
+        }
+    }
+
+    /// Reads an SSD blob back into its DRAM blob, checking the bytes against `sum`.
+    async fn rewarm_io(&self, src: &store::BlobView, dst: &store::BlobView, sum: u64) -> IoOutcome {
+        let len = src.len as usize;
+        // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until `finish_rewarm`;
+        // nobody else reads or writes it.
+        let buf =
+            unsafe { store::ssd::IoBuffer::segment_view(dst.seg.clone(), dst.offset, len, false) };
+        match buf {
+            Ok(buf) => {
+                let (res, buf) = self.ssd.read(&src.seg, src.offset, buf).await;
+                read_outcome(&res, &buf, sum)
+            }
+            Err(e) => {
+                log::error!("rewarm: {} is not host memory: {e}", dst.seg.name);
+                IoOutcome::Failed
             }
         }
     }
