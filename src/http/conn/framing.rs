@@ -16,6 +16,8 @@ pub(super) enum Pending {
     Length {
         head_len: usize,
         total: usize,
+        /// The head asked for `100 Continue` (kept from its one parse).
+        expect_continue: bool,
     },
     /// Decoding chunks in place: decoded body bytes end at `write`, undecoded input starts at
     /// `read` (both offsets from the request start; `head_len <= write <= read`).
@@ -24,6 +26,7 @@ pub(super) enum Pending {
         head_len: usize,
         write: usize,
         read: usize,
+        expect_continue: bool,
     },
 }
 
@@ -131,7 +134,9 @@ pub(super) fn frame(
     loop {
         let avail = rbuf.len() - start;
         match pending {
-            Pending::Length { head_len, total } => {
+            Pending::Length {
+                head_len, total, ..
+            } => {
                 let (head_len, total) = (*head_len, *total);
                 if avail < total {
                     return Framed::NeedMore;
@@ -171,6 +176,7 @@ fn frame_chunked(rbuf: &mut Vec<u8>, start: usize, pending: &mut Pending) -> Fra
         head_len,
         write,
         read,
+        ..
     } = pending
     else {
         unreachable!("called for a chunked body");
@@ -229,6 +235,7 @@ fn frame_head(front: &Front, buf: &[u8], pending: &mut Pending) -> Option<Framed
                 head_len,
                 write: head_len,
                 read: head_len,
+                expect_continue: head.expect_continue,
             };
             return None;
         }
@@ -244,16 +251,25 @@ fn frame_head(front: &Front, buf: &[u8], pending: &mut Pending) -> Option<Framed
             body_len: n as usize,
         }
     } else {
-        *pending = Pending::Length { head_len, total };
+        *pending = Pending::Length {
+            head_len,
+            total,
+            expect_continue: head.expect_continue,
+        };
         Framed::NeedMore
     })
 }
 
 /// Whether the request at the start of the buffer announced `Expect: 100-continue` and is
 /// waiting for its body.
-pub(super) fn wants_continue(rbuf: &[u8], pending: &Pending) -> bool {
-    if matches!(pending, Pending::None) {
-        return false;
+pub(super) fn wants_continue(pending: &Pending) -> bool {
+    match pending {
+        Pending::None => false,
+        Pending::Length {
+            expect_continue, ..
+        }
+        | Pending::Chunked {
+            expect_continue, ..
+        } => *expect_continue,
     }
-    matches!(parse_head(rbuf), Parsed::Complete(h) if h.expect_continue)
 }

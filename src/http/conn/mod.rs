@@ -80,7 +80,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
             return;
         }
         // The client waits for our go-ahead before sending a body it announced.
-        if !b.continue_sent && wants_continue(&b.rbuf, &b.pending) {
+        if !b.continue_sent && wants_continue(&b.pending) {
             b.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if !flush(&mut stream, &mut b.wbuf).await {
                 return;
