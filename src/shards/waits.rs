@@ -64,28 +64,10 @@ impl Shard {
         for _ in 0..ATTEMPTS {
             let marks = self.wait_marks();
             let step = match next.take() {
-                Some(Waiting::Job(j)) => {
-                    let (outcome, _, micros) = self.timed_job_io(&j).await;
-                    let rank = match &j {
-                        IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
-                        IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
-                    };
-                    self.store.borrow_mut().finish_rewarm(&j, outcome, micros);
-                    self.after_store();
-                    self.rewarm_done.notify_all();
-                    if outcome != IoOutcome::Done {
-                        self.store_stats().record(
-                            crate::metrics::store::Op::Get,
-                            crate::metrics::store::Outcome::Failure,
-                            Some(rank),
-                        );
-                        return Reply::refused(match outcome {
-                            IoOutcome::Damaged => DAMAGED_ON_SSD,
-                            _ => "I/O error while rewarming the object from SSD",
-                        });
-                    }
-                    self.store.borrow_mut().get_after_rewarm(&key)
-                }
+                Some(Waiting::Job(j)) => match self.run_rewarm(&j).await {
+                    Ok(()) => self.store.borrow_mut().get_after_rewarm(&key),
+                    Err(refused) => return refused,
+                },
                 Some(Waiting::Rewarm(g)) => {
                     self.rewarm_done.wait_since(g).await;
                     self.store.borrow_mut().get(&key)
@@ -120,6 +102,31 @@ impl Shard {
                 unreachable!("a direct read never waits")
             }
         }
+    }
+
+    /// Runs a read's rewarm and hands its outcome to the store; `Err` is the read's answer
+    /// when the rewarm failed.
+    async fn run_rewarm(self: &Rc<Self>, j: &IoJob) -> Result<(), Reply> {
+        let (outcome, _, micros) = self.timed_job_io(j).await;
+        let rank = match j {
+            IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
+            IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
+        };
+        self.store.borrow_mut().finish_rewarm(j, outcome, micros);
+        self.after_store();
+        self.rewarm_done.notify_all();
+        if outcome == IoOutcome::Done {
+            return Ok(());
+        }
+        self.store_stats().record(
+            crate::metrics::store::Op::Get,
+            crate::metrics::store::Outcome::Failure,
+            Some(rank),
+        );
+        Err(Reply::refused(match outcome {
+            IoOutcome::Damaged => DAMAGED_ON_SSD,
+            _ => "I/O error while rewarming the object from SSD",
+        }))
     }
 
     /// The (rewarm, flush) event generations, taken before an attempt that may wait.
