@@ -7,7 +7,7 @@ use super::{Ctx, Request, optional, parse_uint, required};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, Response, Status};
 use crate::metrics::store::{Op, Outcome};
-use crate::shards::store::mount::build_segment;
+use crate::shards::store::mount::build_segment_off_shard;
 use crate::shards::store::segment::{MAX_SEGMENT_BYTES, Medium, Segment, SegmentStatus};
 use crate::shards::{Command, Reply};
 
@@ -208,15 +208,16 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         stats.record(Op::Mount, Outcome::Failure, Some(rank));
         return ctx.business_error(&format!("Segment {name} is already mounted"));
     }
-    let built = build_segment(
+    let built = build_segment_off_shard(
         &cluster.segments,
         rank,
         medium,
         size,
-        dir.as_deref(),
+        dir,
         cluster.shard_count(),
         cluster.config.store.run_bytes,
     )
+    .await
     .and_then(|seg| {
         if cluster.config.store.prefault {
             crate::shards::store::mount::prefault_in_background(&seg);

@@ -107,5 +107,8 @@ impl Store {
         if let Some(slot) = self.segs.get_mut(seg as usize) {
             *slot = None;
         }
+        // The cached copy of the table holds the segment too: take the table as it is now
+        // (the segment is out of it before a shard is told to forget it).
+        self.refresh_segments();
     }
 }

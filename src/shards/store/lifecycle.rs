@@ -240,6 +240,8 @@ impl Store {
     /// neither committed nor made progress for `alloc_timeout_ms`. Run on the shard's tick.
     pub fn tick(&mut self) {
         let now = self.now_ms();
+        // Pick up mounts and unmounts even on a shard that stores nothing meanwhile.
+        self.refresh_segments();
         self.continue_purge();
         self.reap_zombies(now);
         self.continue_drains(now);

@@ -155,6 +155,32 @@ impl Drop for MappedRegion {
     }
 }
 
+impl MappedRegion {
+    /// Bytes of `[offset, offset + len)` resident in memory now (`mincore`), page-granular:
+    /// what the mapping actually costs, for tests and diagnostics.
+    pub fn resident_bytes(&self, offset: u64, len: u64) -> io::Result<u64> {
+        let start = offset / PAGE * PAGE;
+        let end = offset.saturating_add(len).min(self.len).div_ceil(PAGE) * PAGE;
+        if start >= end {
+            return Ok(0);
+        }
+        let pages = ((end - start) / PAGE) as usize;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range lies inside this mapping; `vec` has one byte per page.
+        let rc = unsafe {
+            libc::mincore(
+                self.ptr(start).cast(),
+                (end - start) as usize,
+                vec.as_mut_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * PAGE)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,9 +218,24 @@ mod tests {
     }
 
     #[test]
-    fn a_large_region_costs_nothing_until_used() {
+    fn a_large_region_costs_no_memory_until_used() {
         let r = MappedRegion::new(64 << 30).unwrap();
-        unsafe { r.write(63 << 30, b"x").unwrap() };
         assert_eq!(r.len(), 64 << 30);
+        // Sample the start, the middle and the end: nothing resident before any write.
+        for at in [0, 32 << 30, (64 << 30) - (64 << 20)] {
+            assert_eq!(r.resident_bytes(at, 64 << 20).unwrap(), 0, "at {at}");
+        }
+        unsafe { r.write(63 << 30, b"x").unwrap() };
+        // The write committed its page and (almost) nothing else.
+        assert_eq!(r.resident_bytes(63 << 30, PAGE).unwrap(), PAGE);
+        let around = r.resident_bytes((63 << 30) - (32 << 20), 64 << 20).unwrap();
+        assert!(
+            around < 4 << 20,
+            "{around} bytes resident around one written byte"
+        );
+        assert_eq!(r.resident_bytes(0, 64 << 20).unwrap(), 0);
+        // Discarding gives the page back.
+        unsafe { r.discard(63 << 30, PAGE) };
+        assert_eq!(r.resident_bytes(63 << 30, PAGE).unwrap(), 0);
     }
 }

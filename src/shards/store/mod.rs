@@ -84,7 +84,7 @@ use crate::metrics::bus::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};
-use segment::{Medium, Segment, SegmentId, SegmentTable, ShardSegment};
+use segment::{Medium, Segment, SegmentId, SegmentTable, SegmentView, ShardSegment};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -355,7 +355,8 @@ pub struct Store {
     shard: usize,
     cfg: StoreConfig,
     table: Arc<SegmentTable>,
-    table_version: u64,
+    /// This shard's cached copy of the segment table (refreshed on a mount/unmount epoch).
+    view: SegmentView,
     segs: Vec<Option<ShardSegment>>,
     objects: Slab<Object>,
     /// Live objects by key (doomed ones, those of a `remove_all` still being freed, are not).
@@ -414,7 +415,7 @@ impl Store {
             shard,
             cfg,
             table,
-            table_version: u64::MAX,
+            view: SegmentView::default(),
             segs: Vec::new(),
             objects: Slab::new(),
             index: HashTable::new(),
@@ -485,13 +486,12 @@ impl Store {
     }
 
     /// Adopts mounted segments this shard has not seen yet.
+    /// One atomic load while nothing was mounted or unmounted.
     fn refresh_segments(&mut self) {
-        let v = self.table.version();
-        if v == self.table_version {
+        if !self.view.refresh(&self.table) {
             return;
         }
-        self.table_version = v;
-        for seg in self.table.snapshot().iter() {
+        for seg in self.view.shared().iter() {
             let i = seg.id as usize;
             if self.segs.len() <= i {
                 self.segs.resize_with(i + 1, || None);

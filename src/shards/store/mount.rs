@@ -9,7 +9,8 @@ use crate::accel::HostEmulated;
 use crate::config::Config;
 
 /// Creates a segment's backing memory or file. Errors are the message for the operator or
-/// client.
+/// client. Blocks on file syscalls for SSD: for the start-up thread; a shard thread uses
+/// [`build_segment_off_shard`].
 pub fn build_segment(
     table: &SegmentTable,
     rank: u32,
@@ -19,30 +20,100 @@ pub fn build_segment(
     shards: usize,
     run_bytes: u64,
 ) -> Result<Arc<Segment>, String> {
-    if !(PAGE_BYTES..=MAX_SEGMENT_BYTES).contains(&size) {
-        return Err(format!(
-            "Segment size must be from {PAGE_BYTES} bytes to 1TB"
-        ));
-    }
+    check_size(size)?;
     let name = super::segment::segment_name(rank, medium);
     let backend = match medium {
-        Medium::Dram => Backend::Host(
-            MappedRegion::new(size)
-                .map_err(|e| format!("cannot reserve {size} bytes of DRAM for {name}: {e}"))?,
-        ),
-        Medium::Hbm => {
-            Backend::Device(Box::new(HostEmulated::new(size).map_err(|e| {
-                format!("cannot reserve {size} bytes of HBM for {name}: {e}")
-            })?))
-        }
         Medium::Ssd => {
             let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
-            Backend::File(Box::new(SsdFile::create(dir, rank, size).map_err(|e| {
-                format!("cannot create the SSD file for {name} in {dir}: {e}")
-            })?))
+            let file = SsdFile::create(dir, rank, size).map_err(|e| ssd_error(&name, dir, e))?;
+            Backend::File(Box::new(file))
         }
+        m => memory_backend(m, size, &name)?,
     };
-    Ok(Arc::new(Segment::new(
+    Ok(new_segment(
+        table, rank, medium, size, backend, shards, run_bytes,
+    ))
+}
+
+/// [`build_segment`] for a shard thread: an SSD file's creation (`create_dir_all`, open with
+/// truncate, `set_len`) runs on a helper thread and is awaited, so the shard never blocks on
+/// a file. Memory segments are only reserved (an anonymous mapping), which is no file I/O.
+pub async fn build_segment_off_shard(
+    table: &SegmentTable,
+    rank: u32,
+    medium: Medium,
+    size: u64,
+    ssd_dir: Option<String>,
+    shards: usize,
+    run_bytes: u64,
+) -> Result<Arc<Segment>, String> {
+    check_size(size)?;
+    let name = super::segment::segment_name(rank, medium);
+    let backend = match medium {
+        Medium::Ssd => {
+            let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
+            let file = create_ssd_file_off_shard(dir.clone(), rank, size)
+                .await
+                .map_err(|e| ssd_error(&name, &dir, e))?;
+            Backend::File(Box::new(file))
+        }
+        m => memory_backend(m, size, &name)?,
+    };
+    Ok(new_segment(
+        table, rank, medium, size, backend, shards, run_bytes,
+    ))
+}
+
+/// Creates the SSD file on a short-lived helper thread (mounts are rare) and awaits it.
+async fn create_ssd_file_off_shard(dir: String, rank: u32, size: u64) -> std::io::Result<SsdFile> {
+    let (tx, rx) = flume::bounded(1);
+    std::thread::Builder::new()
+        .name("mmc-ssd-create".into())
+        .spawn(move || {
+            let _ = tx.send(SsdFile::create(&dir, rank, size));
+        })?;
+    rx.recv_async()
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("the SSD file creation thread died")))
+}
+
+fn check_size(size: u64) -> Result<(), String> {
+    if (PAGE_BYTES..=MAX_SEGMENT_BYTES).contains(&size) {
+        Ok(())
+    } else {
+        Err(format!(
+            "Segment size must be from {PAGE_BYTES} bytes to 1TB"
+        ))
+    }
+}
+
+fn ssd_error(name: &str, dir: &str, e: std::io::Error) -> String {
+    format!("cannot create the SSD file for {name} in {dir}: {e}")
+}
+
+/// Reserves a memory segment's address space (DRAM: an anonymous mapping; HBM: the device).
+fn memory_backend(medium: Medium, size: u64, name: &str) -> Result<Backend, String> {
+    match medium {
+        Medium::Dram => Ok(Backend::Host(MappedRegion::new(size).map_err(|e| {
+            format!("cannot reserve {size} bytes of DRAM for {name}: {e}")
+        })?)),
+        Medium::Hbm => Ok(Backend::Device(Box::new(HostEmulated::new(size).map_err(
+            |e| format!("cannot reserve {size} bytes of HBM for {name}: {e}"),
+        )?))),
+        Medium::Ssd => unreachable!("an SSD segment has a file backend"),
+    }
+}
+
+fn new_segment(
+    table: &SegmentTable,
+    rank: u32,
+    medium: Medium,
+    size: u64,
+    backend: Backend,
+    shards: usize,
+    run_bytes: u64,
+) -> Arc<Segment> {
+    Arc::new(Segment::new(
         table.next_id(),
         rank,
         medium,
@@ -50,7 +121,7 @@ pub fn build_segment(
         backend,
         shards,
         run_bytes,
-    )))
+    ))
 }
 
 /// Bytes one prefault step commits before it looks whether the segment is still mounted.
@@ -126,4 +197,59 @@ pub fn mount_configured(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ssd_segment_built_off_the_shard_has_its_file() {
+        let dir = std::env::temp_dir().join(format!("mmc-mount-unit-{}", std::process::id()));
+        let table = SegmentTable::default();
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .build()
+            .unwrap();
+        let dir_s = dir.to_str().unwrap().to_string();
+        let seg = rt
+            .block_on(build_segment_off_shard(
+                &table,
+                3,
+                Medium::Ssd,
+                1 << 20,
+                Some(dir_s),
+                1,
+                1 << 20,
+            ))
+            .unwrap();
+        assert_eq!(seg.name, "rank-3-ssd");
+        let meta = std::fs::metadata(dir.join("mmc-rank-3.ssd")).unwrap();
+        assert_eq!(meta.len(), 1 << 20, "sized sparsely to the segment");
+        // An unusable directory is a message, not a panic.
+        let bad = rt.block_on(build_segment_off_shard(
+            &table,
+            4,
+            Medium::Ssd,
+            1 << 20,
+            Some("/proc/mmc-cannot-create".into()),
+            1,
+            1 << 20,
+        ));
+        let Err(msg) = bad else {
+            panic!("an SSD file under /proc was created")
+        };
+        assert!(msg.contains("cannot create the SSD file"), "{msg}");
+        let tiny = rt.block_on(build_segment_off_shard(
+            &table,
+            0,
+            Medium::Dram,
+            1,
+            None,
+            1,
+            4096,
+        ));
+        assert!(tiny.is_err(), "a segment below a page is refused");
+        drop(seg);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

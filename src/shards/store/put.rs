@@ -8,8 +8,8 @@ type Placed = SmallVec<[(SegmentId, u64, u64); 2]>;
 impl Store {
     /// (capacity, used) of a medium over all mounted segments.
     pub fn medium_totals(&self, medium: Medium) -> (u64, u64) {
-        self.table
-            .snapshot()
+        self.view
+            .segments()
             .iter()
             .filter(|s| s.medium == medium)
             .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
@@ -245,8 +245,8 @@ impl Store {
     /// The medium a put goes to when the client names none: the fastest one mounted.
     pub(super) fn default_medium(&self) -> Option<Medium> {
         [Medium::Hbm, Medium::Dram].into_iter().find(|&m| {
-            self.table
-                .snapshot()
+            self.view
+                .segments()
                 .iter()
                 .any(|s| s.medium == m && s.is_allocatable())
         })
@@ -254,8 +254,8 @@ impl Store {
 
     pub(super) fn ranks_of(&self, medium: Medium) -> usize {
         let mut ranks: Vec<u32> = self
-            .table
-            .snapshot()
+            .view
+            .segments()
             .iter()
             .filter(|s| s.medium == medium && s.is_allocatable())
             .map(|s| s.rank)

@@ -8,7 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU8, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::alloc::RangeAlloc;
@@ -212,8 +215,11 @@ pub struct Segment {
     /// Global virtual address of offset 0: rank and medium select a disjoint 1 TiB window.
     pub base_gva: u64,
     pub backend: Backend,
-    /// Free space no shard holds, at page granularity.
+    /// Free space no shard holds, at page granularity. Locked only to take or return a run.
     pool: Mutex<RangeAlloc>,
+    /// The pool's free bytes, mirrored outside the lock (updated under it), so choosing a
+    /// segment for a put reads an atomic instead of taking the pool lock.
+    pool_free: AtomicU64,
     /// Bytes allocated to blobs, per shard (each written only by its shard).
     used_by_shard: Box<[AtomicU64]>,
     status: AtomicU8,
@@ -254,6 +260,7 @@ impl Segment {
             base_gva: gva_base(rank, medium),
             backend,
             pool: Mutex::new(RangeAlloc::new(0, capacity, PAGE_BYTES)),
+            pool_free: AtomicU64::new(capacity),
             used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             status: AtomicU8::new(SegmentStatus::Ok as u8),
             run_bytes,
@@ -297,27 +304,23 @@ impl Segment {
     }
 
     fn take_run(&self, len: u64) -> Option<u64> {
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .alloc(len)
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let start = pool.alloc(len)?;
+        self.pool_free.store(pool.free_bytes(), Relaxed);
+        Some(start)
     }
 
     fn give_run(&self, start: u64, len: u64) {
         // SAFETY: a whole free run is no blob's range any more.
         unsafe { self.backend.discard(start, len) };
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release(start, len);
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.release(start, len);
+        self.pool_free.store(pool.free_bytes(), Relaxed);
     }
 
-    /// Bytes in the pool (no shard holds them).
+    /// Bytes in the pool (no shard holds them); an atomic read, no lock.
     pub fn pool_free_bytes(&self) -> u64 {
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .free_bytes()
+        self.pool_free.load(Relaxed)
     }
 
     /// The largest contiguous range in the pool (for fragmentation measurements; takes the
@@ -343,11 +346,15 @@ pub fn gva_base(rank: u32, medium: Medium) -> u64 {
     ((rank as u64) << 42) | ((medium as u64) << 40)
 }
 
-/// All mounted segments, shared by every shard. Changes (mount, unmount) are rare; readers
-/// take a cheap snapshot and refresh it when the version moves.
+/// All mounted segments, shared by every shard. Changes (mount, unmount) are rare and bump
+/// the table's *epoch*; each shard keeps a [`SegmentView`], a cached snapshot it refreshes only
+/// when the epoch moved, so the per-put path reads one atomic and takes no lock. The lock here
+/// is taken by mount and unmount, by a shard refreshing its view after one, and by readers
+/// off the per-put path (listings, scrapes).
 pub struct SegmentTable {
     current: RwLock<Arc<Vec<Arc<Segment>>>>,
-    version: AtomicU64,
+    /// Bumped (Release) by every insert and remove, after the new list is in place.
+    epoch: AtomicU64,
     next_id: AtomicU64,
 }
 
@@ -355,23 +362,26 @@ impl Default for SegmentTable {
     fn default() -> Self {
         SegmentTable {
             current: RwLock::new(Arc::new(Vec::new())),
-            version: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
         }
     }
 }
 
 impl SegmentTable {
-    pub fn version(&self) -> u64 {
-        self.version.load(std::sync::atomic::Ordering::Acquire)
+    /// The mount/unmount epoch: changes whenever the list of segments does.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Acquire)
     }
 
     /// The mounted segments, in listing order: by medium (HBM, DRAM, SSD), then by rank.
+    /// Takes the table's read lock: shards use their [`SegmentView`] instead.
     pub fn snapshot(&self) -> Arc<Vec<Arc<Segment>>> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.read().clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Arc<Vec<Arc<Segment>>>> {
+        self.current.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn next_id(&self) -> SegmentId {
@@ -392,8 +402,7 @@ impl SegmentTable {
         next.push(seg);
         next.sort_by_key(|s| (s.medium, s.rank));
         *cur = Arc::new(next);
-        self.version
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.epoch.fetch_add(1, Release);
         Ok(())
     }
 
@@ -404,9 +413,51 @@ impl SegmentTable {
         let mut next: Vec<Arc<Segment>> = cur.iter().cloned().collect();
         let seg = next.remove(pos);
         *cur = Arc::new(next);
-        self.version
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.epoch.fetch_add(1, Release);
         Some(seg)
+    }
+}
+
+/// One shard's cached copy of the [`SegmentTable`]: the snapshot and the epoch it was taken
+/// at. [`SegmentView::refresh`] costs one atomic load while nothing was mounted or unmounted;
+/// the table's lock is taken only to pick up a change.
+pub struct SegmentView {
+    epoch: u64,
+    segs: Arc<Vec<Arc<Segment>>>,
+}
+
+impl Default for SegmentView {
+    fn default() -> Self {
+        SegmentView {
+            // No table is at this epoch: the first refresh always takes a snapshot.
+            epoch: u64::MAX,
+            segs: Arc::new(Vec::new()),
+        }
+    }
+}
+
+impl SegmentView {
+    /// Brings the view up to date with `table`; true when it changed.
+    pub fn refresh(&mut self, table: &SegmentTable) -> bool {
+        if table.epoch() == self.epoch {
+            return false;
+        }
+        // Read the epoch under the lock: writers bump it while holding the write lock, so
+        // the pair (list, epoch) is consistent.
+        let cur = table.read();
+        self.epoch = table.epoch();
+        self.segs = cur.clone();
+        true
+    }
+
+    /// The segments as of the last refresh, in the table's listing order.
+    pub fn segments(&self) -> &[Arc<Segment>] {
+        &self.segs
+    }
+
+    /// The snapshot itself (shared, for iterating while the view's owner changes).
+    pub fn shared(&self) -> Arc<Vec<Arc<Segment>>> {
+        self.segs.clone()
     }
 }
 
@@ -676,6 +727,38 @@ mod tests {
         a.free(keep.0, keep.1);
         a.release_all();
         assert_eq!(seg.pool_free_bytes(), 64 << 20);
+    }
+
+    #[test]
+    fn a_view_follows_the_table_only_when_its_epoch_moves() {
+        let table = SegmentTable::default();
+        let mut view = SegmentView::default();
+        assert!(view.refresh(&table), "the first refresh takes a snapshot");
+        assert!(!view.refresh(&table), "nothing changed: no new snapshot");
+        let seg = host_segment(1 << 20, 1, 1 << 20);
+        table.insert(seg.clone()).unwrap();
+        assert!(view.segments().is_empty(), "stale until refreshed");
+        assert!(view.refresh(&table));
+        assert_eq!(view.segments().len(), 1);
+        assert!(!view.refresh(&table));
+        table.remove(&seg.name).unwrap();
+        assert!(view.refresh(&table));
+        assert!(view.segments().is_empty());
+        // The table and the view no longer hold the segment.
+        assert_eq!(Arc::strong_count(&seg), 1);
+    }
+
+    #[test]
+    fn pool_free_bytes_follow_runs_taken_and_returned() {
+        let seg = host_segment(8 << 20, 1, 1 << 20);
+        let mut a = ShardSegment::new(seg.clone(), 0);
+        assert_eq!(a.free_bytes_hint(), 8 << 20);
+        let big = a.alloc(3 << 20).unwrap();
+        assert_eq!(seg.pool_free_bytes(), 5 << 20);
+        assert_eq!(a.free_bytes_hint(), 5 << 20);
+        a.free(big.0, big.1);
+        a.release_all();
+        assert_eq!(seg.pool_free_bytes(), 8 << 20);
     }
 
     #[test]

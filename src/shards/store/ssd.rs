@@ -443,7 +443,7 @@ pub async fn probe(seg: &Arc<Segment>) -> io::Result<()> {
         buf: IoBuffer::owned(vec![0u8; 4096], true),
         done: tx,
     };
-    if pool().send(job).is_err() {
+    if pool().send_async(job).await.is_err() {
         return Err(io::Error::other("SSD I/O pool stopped"));
     }
     match rx.recv_async().await {
@@ -548,7 +548,7 @@ impl SsdIo {
                     buf,
                     done: tx,
                 };
-                if let Err(flume::SendError(job)) = pool().send(job) {
+                if let Err(flume::SendError(job)) = pool().send_async(job).await {
                     return (Err(io::Error::other("SSD I/O pool stopped")), job.buf);
                 }
                 match rx.recv_async().await {
@@ -571,12 +571,17 @@ struct Job {
     done: flume::Sender<(io::Result<()>, IoBuffer)>,
 }
 
+/// Jobs the I/O pool's queue holds. A shard task that finds it full awaits room
+/// (`send_async`): the task waits, the shard thread keeps serving, and no job is lost; the
+/// waiting tasks are bounded by the shard's requests and flushes in flight.
+pub const IO_QUEUE_CAPACITY: usize = 256;
+
 /// Threads that run file I/O for shards on the epoll driver (which has no asynchronous file
 /// I/O). Two threads: SSD operations are large and few; more would only contend.
 fn pool() -> &'static flume::Sender<Job> {
     static POOL: OnceLock<flume::Sender<Job>> = OnceLock::new();
     POOL.get_or_init(|| {
-        let (tx, rx) = flume::unbounded::<Job>();
+        let (tx, rx) = flume::bounded::<Job>(IO_QUEUE_CAPACITY);
         for i in 0..2 {
             let rx = rx.clone();
             std::thread::Builder::new()

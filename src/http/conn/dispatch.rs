@@ -1,0 +1,187 @@
+//! Dispatch: one framed request becomes one answer ([`answer`]), through the router, the
+//! auth check and the handler, encoded into the write buffer.
+
+use std::time::Instant;
+
+use super::body_io::write_tail;
+use super::framing::{Early, Verdict};
+use super::{Io, flush};
+use crate::http::chunked::TOO_LARGE;
+use crate::http::handlers::{self, Ctx, Request};
+use crate::http::parse::{Head, ProtocolError};
+use crate::http::response::{self, Body, Response, Status, Tail};
+use crate::http::{Front, auth};
+
+/// Answers one framed request: dispatches it, writes its answer (the head into `wbuf`, then a
+/// tail straight to the socket) and records its transfer. `None`: the connection broke;
+/// else whether it closes after this answer.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn answer<S: Io>(
+    front: &Front,
+    stream: &mut S,
+    head: &Head<'_>,
+    verdict: Verdict,
+    req_bytes: &[u8],
+    early: Option<Early>,
+    body_since: Option<Instant>,
+    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+) -> Option<bool> {
+    let (tail, close, sending) = dispatch(
+        front, head, verdict, req_bytes, early, body_since, scratch, wbuf,
+    )
+    .await;
+    if let Some(tail) = tail {
+        // Head first, then the body from where it is.
+        if !flush(stream, wbuf).await
+            || !write_tail(front, stream, tail, head.minor_version == 0).await
+        {
+            return None;
+        }
+    }
+    record_transfer(front, sending);
+    Some(close)
+}
+
+/// Answers bytes that are no request (the connection closes after it).
+pub(super) fn answer_malformed(
+    front: &Front,
+    e: ProtocolError,
+    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+) {
+    let mut resp = Response::error(e.status, e.message, front.unix_secs(), scratch);
+    resp.close = true;
+    front.encode(resp, None, scratch, wbuf);
+}
+
+/// A data-plane body being sent, and when its sending (the copy out of its blobs) began.
+pub(super) type Sending = Option<(response::Transfer, Instant)>;
+
+/// Records a data-plane body in the client bandwidth metrics once it has been handed to the
+/// socket: its transfer took from the start of its encoding (the copy out of the blob, into
+/// the write buffer or straight to the socket) until now.
+pub(super) fn record_transfer(front: &Front, sending: Sending) {
+    if let Some((t, from)) = sending {
+        let transfer_ns = from.elapsed().as_nanos() as u64;
+        let latency_us = t.started.elapsed().as_micros() as u64;
+        front
+            .shard()
+            .remote()
+            .client
+            .record(t.rank, t.op, t.bytes, transfer_ns, latency_us);
+    }
+}
+
+/// Answers one request into `wbuf`; `verdict` is [`verdict`] of `head`; `body_since` is when
+/// its body started to arrive, if over several reads. Returns what to write after the head,
+/// whether the connection closes after this answer, and the data-plane body to record once
+/// sent.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn dispatch(
+    front: &Front,
+    head: &Head<'_>,
+    verdict: Verdict,
+    req_bytes: &[u8],
+    early: Option<Early>,
+    body_since: Option<Instant>,
+    scratch: &mut Vec<u8>,
+    wbuf: &mut Vec<u8>,
+) -> (Option<Tail>, bool, Sending) {
+    // The head is parsed (a body over several reads began to arrive after it).
+    let started = body_since.map_or_else(Instant::now, |t| t.min(Instant::now()));
+    let shard = front.shard();
+    let stats = shard.stats();
+    stats.http_requests.inc();
+    let routed = match &verdict {
+        Verdict::Dispatch(route) => Some(*route),
+        _ => None,
+    };
+    let mut ctx = Ctx { shard, scratch };
+    let mut resp = match (early, verdict) {
+        (None, Verdict::Dispatch(route)) => {
+            let req = Request {
+                head,
+                route,
+                body: &req_bytes[head.len..],
+                body_since,
+            };
+            match shard.load.enter() {
+                // Too much work already waits on this shard: shed at once.
+                None => ctx.overloaded(),
+                Some(_working) => handlers::handle(&req, &mut ctx).await,
+            }
+        }
+        (early, verdict) => refusal(front, head, early, verdict, &mut ctx),
+    };
+    if early.is_some() || !head.keep_alive || front.is_draining() {
+        resp.close = true;
+    }
+    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
+    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
+        resp.close = true;
+    }
+    let close = resp.close;
+    let transfer = resp.transfer.take();
+    let from = Instant::now();
+    let tail = front.encode(resp, Some(head), scratch, wbuf);
+    let op = handlers::request_op(routed, head.method);
+    front
+        .shard()
+        .stats()
+        .request_durations
+        .observe(op, started.elapsed());
+    (tail, close, transfer.map(|t| (t, from)))
+}
+
+/// The answer to a request that is not handed to its handler: unauthorized, too large, no
+/// such route or method, `OPTIONS`.
+fn refusal(
+    front: &Front,
+    head: &Head<'_>,
+    early: Option<Early>,
+    verdict: Verdict,
+    ctx: &mut Ctx<'_>,
+) -> Response {
+    let routed = match &verdict {
+        Verdict::Dispatch(route) => Some(*route),
+        _ => None,
+    };
+    match (early, verdict) {
+        (_, Verdict::Unauthorized) => {
+            let mut r = ctx.protocol_error(
+                Status::UNAUTHORIZED,
+                "Unauthorized: missing or invalid bearer token",
+            );
+            r.www_authenticate = Some(auth::CHALLENGE);
+            r
+        }
+        (Some(Early::TooLarge), _) => {
+            let message = handlers::body_limit_message(routed, head.method, front.config());
+            let mut r = ctx.protocol_error(TOO_LARGE.status, &message);
+            r.close = true;
+            r
+        }
+        (_, Verdict::NotFound) => ctx.protocol_error(Status::NOT_FOUND, "Not found"),
+        (_, Verdict::MethodNotAllowed(route)) => {
+            let mut r = ctx.protocol_error(Status::METHOD_NOT_ALLOWED, "Method not allowed");
+            r.allow = Some(route.spec().allow);
+            r
+        }
+        (_, Verdict::Options(route)) => {
+            let mut r = Response::new(
+                Status::NO_CONTENT,
+                response::ContentType::Text,
+                response::Body::Empty,
+            );
+            r.content_type = None;
+            r.allow =
+                Some(route.map_or("GET, HEAD, PUT, POST, DELETE, OPTIONS", |r| r.spec().allow));
+            r
+        }
+        (Some(Early::BodyNotRead), Verdict::Dispatch(_)) => {
+            unreachable!("dispatchable requests wait for their body")
+        }
+        (None, Verdict::Dispatch(_)) => unreachable!("dispatched by the caller"),
+    }
+}

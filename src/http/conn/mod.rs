@@ -1,0 +1,341 @@
+//! One connection: read, frame requests, dispatch, write answers in order. The connection
+//! loop is here; `framing.rs` finds requests in the read buffer, `dispatch.rs` answers one
+//! (`answer`), `body_io.rs` moves bodies between the socket and blobs.
+//!
+//! Requests are answered strictly in arrival order (pipelining), with all complete requests
+//! in a read processed before one write of their answers. Bodies are framed by
+//! `Content-Length` or decoded from chunked encoding in place, in the read buffer. A body over
+//! its limit is answered 413 as soon as the head shows it, without reading the body.
+
+mod body_io;
+mod dispatch;
+mod framing;
+
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+
+use super::handlers::Ctx;
+use super::parse::{Parsed, parse_head};
+use super::{ConnGuard, ConnState, Front};
+use crate::limits::{
+    LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
+    WRITE_BUF_FLUSH_BYTES,
+};
+use body_io::stream_put;
+use dispatch::{answer, answer_malformed};
+use framing::{Framed, Pending, complete_request, frame, verdict, wants_continue};
+
+/// A connection's byte stream: plain TCP or TLS over it.
+pub trait Io: AsyncReadRent + AsyncWriteRent {}
+
+impl<T: AsyncReadRent + AsyncWriteRent> Io for T {}
+
+/// A connection's buffers and framing state, carried between reads.
+struct Bufs {
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    scratch: Vec<u8>,
+    pending: Pending,
+    /// When the body of the request being framed started to arrive over several reads (its
+    /// receiving counts in a put's transfer time).
+    body_since: Option<Instant>,
+    continue_sent: bool,
+}
+
+/// Serves one connection. `fd` is the socket under `stream` (the housekeeping tick shuts it
+/// down to end idle or stalled connections).
+pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
+    let conn = front.register(fd);
+    let mut b = Bufs {
+        rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
+        wbuf: Vec::with_capacity(4096),
+        scratch: Vec::new(),
+        pending: Pending::None,
+        body_since: None,
+        continue_sent: false,
+    };
+    let mut charge = BufferCharge {
+        front: &front,
+        bytes: 0,
+    };
+    loop {
+        let Some((start, close)) = answer_buffered(&front, &conn, &mut stream, &mut b).await else {
+            return;
+        };
+        if start > 0 {
+            b.rbuf.drain(..start);
+        }
+        if !b.wbuf.is_empty() && !flush(&mut stream, &mut b.wbuf).await {
+            return;
+        }
+        if close {
+            linger(&mut stream, fd, b.rbuf).await;
+            return;
+        }
+        if front.is_draining() && b.rbuf.is_empty() {
+            return;
+        }
+        // The client waits for our go-ahead before sending a body it announced.
+        if !b.continue_sent && wants_continue(&b.pending) {
+            b.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !flush(&mut stream, &mut b.wbuf).await {
+                return;
+            }
+            b.continue_sent = true;
+        }
+        if b.rbuf.is_empty() {
+            conn.set(ConnState::Idle);
+            if b.rbuf.capacity() > READ_BUF_KEEP_BYTES {
+                b.rbuf = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+                charge.settle(b.rbuf.capacity());
+            }
+        } else {
+            conn.set(ConnState::Reading);
+        }
+        if !make_room(&front, &mut charge, &mut stream, fd, &mut b).await {
+            return;
+        }
+        let len = b.rbuf.len();
+        let (res, slice) = stream
+            .read(std::mem::take(&mut b.rbuf).slice_mut(len..))
+            .await;
+        b.rbuf = slice.into_inner();
+        match res {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Answers every complete request in the read buffer, in order. Returns where the
+/// unprocessed bytes start and whether the connection closes, or `None` when it broke.
+async fn answer_buffered<S: Io>(
+    front: &Front,
+    conn: &ConnGuard,
+    stream: &mut S,
+    b: &mut Bufs,
+) -> Option<(usize, bool)> {
+    let mut start = 0;
+    loop {
+        // The common case, a whole request already in the buffer, is parsed once here;
+        // everything else (partial heads, chunked or large bodies, early answers) goes
+        // through `frame`, which keeps the framing state.
+        let complete = match b.pending {
+            Pending::None => complete_request(front, &b.rbuf[start..]),
+            _ => None,
+        };
+        let (closes, advance) = if let Some((head, total, verdict)) = complete {
+            conn.set(ConnState::Busy);
+            let req = &b.rbuf[start..start + total];
+            let closes = answer(
+                front,
+                stream,
+                &head,
+                verdict,
+                req,
+                None,
+                None,
+                &mut b.scratch,
+                &mut b.wbuf,
+            )
+            .await?;
+            (closes, total)
+        } else {
+            let (head_len, body_end, next, early) =
+                match frame(front, &mut b.rbuf, start, &mut b.pending) {
+                    Framed::NeedMore => {
+                        if !matches!(b.pending, Pending::None) && b.body_since.is_none() {
+                            b.body_since = Some(Instant::now());
+                        }
+                        return Some((start, false));
+                    }
+                    Framed::Stream { head_len, body_len } => {
+                        b.body_since = None;
+                        match answer_streamed(conn, stream, b, start, head_len, body_len).await? {
+                            true => return Some((start, true)),
+                            false => continue,
+                        }
+                    }
+                    Framed::Malformed(e) => {
+                        b.body_since = None;
+                        conn.set(ConnState::Busy);
+                        answer_malformed(front, e, &mut b.scratch, &mut b.wbuf);
+                        return Some((start, true));
+                    }
+                    Framed::Request {
+                        head_len,
+                        body_end,
+                        next,
+                        early,
+                    } => (head_len, body_end, next, early),
+                };
+            conn.set(ConnState::Busy);
+            let req = &b.rbuf[start..start + body_end];
+            let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
+                unreachable!("a framed head parses again");
+            };
+            let verdict = verdict(front, &head);
+            let since = b.body_since.take();
+            let closes = answer(
+                front,
+                stream,
+                &head,
+                verdict,
+                req,
+                early,
+                since,
+                &mut b.scratch,
+                &mut b.wbuf,
+            )
+            .await?;
+            (closes, next)
+        };
+        b.continue_sent = false;
+        start += advance;
+        if closes {
+            return Some((start, true));
+        }
+        if b.wbuf.len() >= WRITE_BUF_FLUSH_BYTES && !flush(stream, &mut b.wbuf).await {
+            return None;
+        }
+    }
+}
+
+/// A put whose body is still arriving, at `rbuf[start..]`: the answers before it go out
+/// first, then its body streams into its blobs. The rest of the buffer was its body. Returns
+/// whether the connection closes, `None` when it broke.
+async fn answer_streamed<S: Io>(
+    conn: &ConnGuard,
+    stream: &mut S,
+    b: &mut Bufs,
+    start: usize,
+    head_len: usize,
+    body_len: usize,
+) -> Option<bool> {
+    if !b.wbuf.is_empty() && !flush(stream, &mut b.wbuf).await {
+        return None;
+    }
+    let req = &b.rbuf[start..];
+    let streamed = stream_put(
+        conn,
+        stream,
+        req,
+        head_len,
+        body_len,
+        &mut b.scratch,
+        &mut b.wbuf,
+    )
+    .await;
+    b.rbuf.truncate(start);
+    b.continue_sent = false;
+    streamed
+}
+
+/// Makes room to read more: at least a few KiB, all of a known body. False when the shard's
+/// buffer budget is spent: the connection was then answered 429 and closed.
+async fn make_room<S: Io>(
+    front: &Front,
+    charge: &mut BufferCharge<'_>,
+    stream: &mut S,
+    fd: RawFd,
+    b: &mut Bufs,
+) -> bool {
+    let want = match &b.pending {
+        Pending::Length { total, .. } => total.saturating_sub(b.rbuf.len()),
+        _ => 0,
+    };
+    let needed = want.max(4096);
+    if b.rbuf.capacity() - b.rbuf.len() >= needed {
+        return true;
+    }
+    // The capacity `reserve` will pick (it doubles, or takes exactly what is needed).
+    let grown = (b.rbuf.capacity() * 2).max(b.rbuf.len() + needed);
+    if !charge.fits(grown) {
+        // The shard's connections already hold their budget of buffered requests: shed this
+        // one rather than grow memory without bound.
+        let mut ctx = Ctx {
+            shard: front.shard(),
+            scratch: &mut b.scratch,
+        };
+        let mut resp = ctx.overloaded();
+        resp.close = true;
+        front.encode(resp, None, &b.scratch, &mut b.wbuf);
+        if flush(stream, &mut b.wbuf).await {
+            linger(stream, fd, std::mem::take(&mut b.rbuf)).await;
+        }
+        return false;
+    }
+    b.rbuf.reserve(needed);
+    charge.settle(b.rbuf.capacity());
+    true
+}
+
+/// The part of a connection's read buffer charged to its shard's budget
+/// (`ock.mmc.http.max_buffered_bytes_per_shard`): its capacity beyond the initial size.
+struct BufferCharge<'a> {
+    front: &'a Front,
+    bytes: usize,
+}
+
+impl BufferCharge<'_> {
+    /// Whether the buffer may grow to `capacity` within the shard's budget.
+    fn fits(&self, capacity: usize) -> bool {
+        let extra = capacity.saturating_sub(READ_BUF_INITIAL_BYTES);
+        let held = self.front.shard().stats().buffered_bytes.get() as u64;
+        let limit = self.front.config().http.max_buffered_bytes_per_shard;
+        held - self.bytes as u64 + extra as u64 <= limit
+    }
+
+    /// Charges the buffer's capacity now.
+    fn settle(&mut self, capacity: usize) {
+        let extra = capacity.saturating_sub(READ_BUF_INITIAL_BYTES);
+        let stats = self.front.shard().stats();
+        stats.buffered_bytes.add(extra as i64 - self.bytes as i64);
+        self.bytes = extra;
+    }
+}
+
+impl Drop for BufferCharge<'_> {
+    fn drop(&mut self) {
+        self.settle(0);
+    }
+}
+
+pub(super) async fn flush<S: Io>(stream: &mut S, wbuf: &mut Vec<u8>) -> bool {
+    let buf = std::mem::take(wbuf);
+    let (res, mut buf) = stream.write_all(buf).await;
+    buf.clear();
+    *wbuf = buf;
+    res.is_ok()
+}
+
+/// Closes gracefully after an error answer: stop sending, then read and discard what the
+/// client still sends (bounded in bytes and time), so the kernel does not reset the connection
+/// and destroy the answer before the client read it.
+pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, mut buf: Vec<u8>) {
+    // SAFETY: the fd is open for the lifetime of `stream`.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut discarded = 0;
+    buf.clear();
+    buf.reserve(16 * 1024);
+    while discarded < LINGER_DISCARD_BYTES {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        buf.clear();
+        let read = monoio::time::timeout(left, stream.read(buf)).await;
+        match read {
+            Ok((Ok(n), b)) if n > 0 => {
+                discarded += n;
+                buf = b;
+            }
+            _ => break,
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Cluster handles: the process-wide [`Cluster`] and the part of each shard other threads may
+//! touch ([`RemoteShard`]: inboxes, waker, statistics).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use atomic_waker::AtomicWaker;
+use crossbeam_queue::ArrayQueue;
+
+use super::ShardId;
+use super::mailbox::{Envelope, ReplyEnvelope};
+use super::notice::{self, Notice, NoticeRing};
+use super::store::segment::SegmentTable;
+use super::store::{self, StoreConfig};
+use crate::config::Config;
+use crate::ha::HaView;
+use crate::metrics::ShardStats;
+use crate::metrics::bus::{BusStats, TierStats};
+use crate::metrics::client::ClientStats;
+use crate::metrics::store::StoreStats;
+use crate::metrics::trace::Tracer;
+
+/// The part of a shard that other shards may touch: its inboxes, its waker and its
+/// statistics. Everything else about a shard is reachable only from its own thread.
+pub struct RemoteShard {
+    pub(super) requests: ArrayQueue<Envelope>,
+    /// Sized to the requester's outstanding limit, so a reply always finds room: a shard never
+    /// has more requests in flight than its reply queue holds.
+    pub(super) replies: ArrayQueue<ReplyEnvelope>,
+    /// Unpin and abort notices: bounded; a full ring leaves the notice with its sender
+    /// (`notice.rs`).
+    pub(super) notices: NoticeRing,
+    /// Holds the mailbox task's waker only while that task is parked.
+    pub(super) waker: AtomicWaker,
+    pub stats: ShardStats,
+    pub store_stats: Arc<StoreStats>,
+    pub tracer: Arc<Tracer>,
+    pub client: ClientStats,
+    pub bus_stats: Arc<BusStats>,
+    pub tier_stats: Arc<TierStats>,
+}
+
+impl RemoteShard {
+    pub(super) fn new(
+        inbox: usize,
+        outstanding: usize,
+        started: Instant,
+        window_secs: u64,
+    ) -> RemoteShard {
+        RemoteShard {
+            requests: ArrayQueue::new(inbox),
+            replies: ArrayQueue::new(outstanding),
+            notices: NoticeRing::new(notice::NOTICE_CAPACITY),
+            waker: AtomicWaker::new(),
+            stats: ShardStats::default(),
+            store_stats: Arc::new(StoreStats::default()),
+            tracer: Arc::new(Tracer::default()),
+            client: ClientStats::new(started, window_secs),
+            bus_stats: Arc::new(BusStats::default()),
+            tier_stats: Arc::new(TierStats::default()),
+        }
+    }
+
+    /// Wakes the shard's mailbox task if it sleeps; free when it is already awake.
+    pub fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Messages waiting in this shard's inboxes.
+    pub fn inbox_depth(&self) -> usize {
+        self.requests.len() + self.replies.len() + self.notices.len()
+    }
+}
+
+/// Process-wide state shared by all shards. Immutable after start except for the atomics and
+/// the segment table.
+pub struct Cluster {
+    pub config: Config,
+    pub shards: Box<[RemoteShard]>,
+    pub ha: HaView,
+    pub segments: Arc<SegmentTable>,
+    /// Shards whose listener accepts connections. `/ready` answers 200 once this equals the
+    /// shard count.
+    pub accepting: AtomicUsize,
+    /// Set once by the signal handler; shards then stop accepting and drain.
+    pub shutting_down: AtomicBool,
+    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The KV-event publisher's statistics.
+    pub kv_stats: Arc<crate::kv_events::KvEventStats>,
+    /// The KV-event queue, when publishing is enabled (set once at start).
+    pub kv_queue: std::sync::OnceLock<Arc<crate::kv_events::KvQueue>>,
+    /// Shards that have closed all their connections during shutdown. A shard keeps serving
+    /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
+    pub drained: AtomicUsize,
+    pub started: Instant,
+    /// The OpenAPI document for this configuration, built once here and served as is.
+    pub openapi: bytes::Bytes,
+}
+
+impl Cluster {
+    pub fn new(config: Config, shard_count: usize) -> Result<Arc<Cluster>, String> {
+        assert!(shard_count > 0);
+        let inbox = config.shard.inbox_capacity as usize;
+        let outstanding = config.shard.max_outstanding as usize;
+        let ha = HaView::standalone(&config.advertise_address);
+        let segments = Arc::new(SegmentTable::default());
+        store::mount::mount_configured(&config, &segments, shard_count)?;
+        let started = Instant::now();
+        let window = config.metrics.window_secs;
+        let tls = if config.tls.enable {
+            Some(crate::http::tls::server_config(&config.tls)?)
+        } else {
+            None
+        };
+        let openapi = crate::http::openapi::document(&config).into();
+        Ok(Arc::new(Cluster {
+            openapi,
+            shards: (0..shard_count)
+                .map(|_| RemoteShard::new(inbox, outstanding, started, window))
+                .collect(),
+            config,
+            ha,
+            segments,
+            accepting: AtomicUsize::new(0),
+            shutting_down: AtomicBool::new(false),
+            drained: AtomicUsize::new(0),
+            tls,
+            kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
+            kv_queue: std::sync::OnceLock::new(),
+            started,
+        }))
+    }
+
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.accepting.load(Ordering::Acquire) == self.shards.len()
+            && !self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Starts the graceful shutdown: every shard stops accepting and drains.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        for s in self.shards.iter() {
+            s.wake();
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Delivers a notice to a shard (from any thread, never blocking).
+    pub fn notify(&self, shard: ShardId, n: Notice) {
+        notice::deliver(
+            &|s| &self.shards[s].notices,
+            &|s| self.shards[s].wake(),
+            &|| self.is_shutting_down(),
+            shard,
+            n,
+        );
+    }
+
+    /// Retries the notices this (shard) thread could not deliver yet.
+    pub(super) fn retry_notices(&self) -> usize {
+        notice::retry_overflow(&|s| &self.shards[s].notices, &|s| self.shards[s].wake())
+    }
+
+    pub fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            lease_ms: self.config.store.lease_ms,
+            high_percent: self.config.evict.high_percent,
+            low_percent: self.config.evict.low_percent,
+            alloc_timeout_ms: self.config.store.alloc_timeout_ms,
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! I/O jobs: the store's flushes, rewarms and direct reads, run on the shard's ring or the
+//! SSD I/O threads, their completion handed back to the store; probes of faulted SSD files.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::Shard;
+use super::store::{self, IoJob, IoOutcome};
+use crate::metrics::trace::Tp;
+
+/// The answer to a read whose SSD copy came back damaged (and was dropped).
+pub(super) const DAMAGED_ON_SSD: &str =
+    "The object's copy on SSD is damaged (checksum mismatch or short read) and was dropped";
+
+/// How a read from SSD ended: a short read or bytes not matching `sum` mean the copy is
+/// damaged; another error may pass.
+pub(super) fn read_outcome(
+    res: &std::io::Result<()>,
+    buf: &store::ssd::IoBuffer,
+    sum: u64,
+) -> IoOutcome {
+    match res {
+        Ok(()) if store::ssd::checksum(buf.as_slice()) == sum => IoOutcome::Done,
+        Ok(()) => IoOutcome::Damaged,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => IoOutcome::Damaged,
+        Err(_) => IoOutcome::Failed,
+    }
+}
+
+impl Shard {
+    /// Starts the store's pending I/O jobs and hands its events to their consumers.
+    pub(super) fn after_store(self: &Rc<Self>) {
+        let jobs = self.store.borrow_mut().take_jobs();
+        for job in jobs {
+            self.spawn_job(job);
+        }
+        // Swap the store's event buffer with ours, so neither allocates per operation.
+        let mut events = std::mem::take(&mut *self.event_buf.borrow_mut());
+        self.store.borrow_mut().swap_events(&mut events);
+        if !events.is_empty() {
+            let now = self.cluster.started.elapsed().as_millis() as u64;
+            let kv = self.cluster.kv_queue.get();
+            for ev in events.drain(..) {
+                if let Some(kv) = kv {
+                    kv.produce(self.id, &ev);
+                }
+                self.bus.publish(now, ev);
+            }
+        }
+        *self.event_buf.borrow_mut() = events;
+    }
+
+    pub(super) fn spawn_job(self: &Rc<Self>, job: IoJob) {
+        let me = self.clone();
+        monoio::spawn(async move {
+            let (outcome, sum, micros) = me.timed_job_io(&job).await;
+            match &job {
+                IoJob::Flush { .. } => {
+                    let ok = outcome == IoOutcome::Done;
+                    me.store.borrow_mut().finish_flush(&job, ok, sum, micros);
+                    me.flush_done.notify_all();
+                }
+                IoJob::Rewarm { .. } => {
+                    me.store.borrow_mut().finish_rewarm(&job, outcome, micros);
+                    me.rewarm_done.notify_all();
+                }
+                IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, outcome),
+            }
+            me.after_store();
+        });
+    }
+
+    /// Runs a job's I/O under its tracepoint; returns how it ended, the checksum of the bytes
+    /// a flush wrote, and the time it took.
+    pub(super) async fn timed_job_io(&self, job: &IoJob) -> (IoOutcome, u64, u64) {
+        let tp = match job {
+            IoJob::Flush { .. } => Tp::Flush,
+            IoJob::Rewarm { .. } | IoJob::ReadSsd { .. } => Tp::Rewarm,
+        };
+        let span = self.remote().tracer.begin(tp);
+        let start = Instant::now();
+        let (outcome, sum) = self.run_job_io(job).await;
+        let micros = start.elapsed().as_micros() as u64;
+        span.end(outcome == IoOutcome::Done);
+        (outcome, sum, micros)
+    }
+
+    /// Publishes the one `Cleared` event of a remove_all (after every shard cleared).
+    pub fn publish_cleared(self: &Rc<Self>) {
+        self.store
+            .borrow_mut()
+            .push_event(crate::metrics::bus::Event::Cleared);
+        self.after_store();
+    }
+
+    /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
+    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs).
+    pub(super) async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
+        match job {
+            IoJob::Flush {
+                src_view, dst_view, ..
+            } => self.flush_io(src_view, dst_view).await,
+            IoJob::ReadSsd { .. } => (IoOutcome::Failed, 0),
+            IoJob::Rewarm {
+                src_view,
+                dst_view,
+                sum,
+                ..
+            } => (self.rewarm_io(src_view, dst_view, *sum).await, 0),
+        }
+    }
+
+    /// Writes a memory blob to its SSD blob; returns the checksum of the bytes written.
+    async fn flush_io(&self, src: &store::BlobView, dst: &store::BlobView) -> (IoOutcome, u64) {
+        use store::ssd::{IoBuffer, checksum};
+        let len = src.len as usize;
+        let buf = if src.seg.backend.host_region().is_some() {
+            // SAFETY: the source blob is pinned by the flush (`flushing`) until `finish_flush`.
+            unsafe { IoBuffer::segment_view(src.seg.clone(), src.offset, len, true) }
+        } else {
+            let mut v = vec![0u8; len];
+            // SAFETY: as above.
+            unsafe { src.seg.backend.read(src.offset, &mut v) }.map(|()| IoBuffer::owned(v, true))
+        };
+        match buf {
+            Ok(buf) => {
+                let sum = checksum(buf.as_slice());
+                match self.ssd.write(&dst.seg, dst.offset, buf).await.0 {
+                    Ok(()) => (IoOutcome::Done, sum),
+                    Err(_) => (IoOutcome::Failed, 0),
+                }
+            }
+            Err(e) => {
+                log::error!("flush: reading {} failed: {e}", src.seg.name);
+                (IoOutcome::Failed, 0)
+            }
+        }
+    }
+
+    /// Reads an SSD blob back into its DRAM blob, checking the bytes against `sum`.
+    async fn rewarm_io(&self, src: &store::BlobView, dst: &store::BlobView, sum: u64) -> IoOutcome {
+        let len = src.len as usize;
+        // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until `finish_rewarm`;
+        // nobody else reads or writes it.
+        let buf =
+            unsafe { store::ssd::IoBuffer::segment_view(dst.seg.clone(), dst.offset, len, false) };
+        match buf {
+            Ok(buf) => {
+                let (res, buf) = self.ssd.read(&src.seg, src.offset, buf).await;
+                read_outcome(&res, &buf, sum)
+            }
+            Err(e) => {
+                log::error!("rewarm: {} is not host memory: {e}", dst.seg.name);
+                IoOutcome::Failed
+            }
+        }
+    }
+
+    /// Probes the faulted SSD files whose probe is due (one shard per file per interval):
+    /// a successful probe write lets the file take flushes again.
+    pub(super) fn probe_faulted_ssd(&self) {
+        let now = self.cluster.started.elapsed().as_millis() as u64;
+        for seg in self.cluster.segments.snapshot().iter() {
+            let Some(file) = seg.backend.file() else {
+                continue;
+            };
+            if !file.probe_due(now) {
+                continue;
+            }
+            let seg = seg.clone();
+            monoio::spawn(async move {
+                let res = store::ssd::probe(&seg).await;
+                if let Some(f) = seg.backend.file() {
+                    f.finish_probe(&res);
+                }
+            });
+        }
+    }
+}
