@@ -14,4 +14,5 @@ mod perf;
 mod security;
 mod ssd;
 mod store;
+mod tidy;
 mod uploads;

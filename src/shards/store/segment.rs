@@ -216,7 +216,7 @@ pub struct Segment {
     pub base_gva: u64,
     pub backend: Backend,
     /// Free space no shard holds, at page granularity. Locked only to take or return a run.
-    pool: Mutex<RangeAlloc>,
+    pool: Mutex<RangeAlloc>, // LOCK-OK: only to take or return a run, not per put
     /// The pool's free bytes, mirrored outside the lock (updated under it), so choosing a
     /// segment for a put reads an atomic instead of taking the pool lock.
     pool_free: AtomicU64,
@@ -259,7 +259,7 @@ impl Segment {
             capacity,
             base_gva: gva_base(rank, medium),
             backend,
-            pool: Mutex::new(RangeAlloc::new(0, capacity, PAGE_BYTES)),
+            pool: Mutex::new(RangeAlloc::new(0, capacity, PAGE_BYTES)), // LOCK-OK: see `pool`
             pool_free: AtomicU64::new(capacity),
             used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             status: AtomicU8::new(SegmentStatus::Ok as u8),
@@ -352,7 +352,7 @@ pub fn gva_base(rank: u32, medium: Medium) -> u64 {
 /// is taken by mount and unmount, by a shard refreshing its view after one, and by readers
 /// off the per-put path (listings, scrapes).
 pub struct SegmentTable {
-    current: RwLock<Arc<Vec<Arc<Segment>>>>,
+    current: RwLock<Arc<Vec<Arc<Segment>>>>, // LOCK-OK: mount/unmount and view refreshes only
     /// Bumped (Release) by every insert and remove, after the new list is in place.
     epoch: AtomicU64,
     next_id: AtomicU64,
@@ -361,7 +361,7 @@ pub struct SegmentTable {
 impl Default for SegmentTable {
     fn default() -> Self {
         SegmentTable {
-            current: RwLock::new(Arc::new(Vec::new())),
+            current: RwLock::new(Arc::new(Vec::new())), // LOCK-OK: see `current`
             epoch: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
         }

@@ -248,7 +248,7 @@ pub struct SsdFile {
     /// When the next probe of a faulted file is due (ms since start; 0: not scheduled yet,
     /// the first tick after a fault schedules it one interval later). One shard takes it.
     next_probe_ms: AtomicU64,
-    logged: Mutex<HashSet<(IoOp, i32)>>,
+    logged: Mutex<HashSet<(IoOp, i32)>>, // LOCK-OK: only when an I/O error is logged
 }
 
 /// The `errno` key under which damaged reads are logged once.
@@ -282,7 +282,7 @@ impl SsdFile {
             write_fault: AtomicU8::new(0),
             read_status: AtomicU8::new(0),
             next_probe_ms: AtomicU64::new(0),
-            logged: Mutex::new(HashSet::new()),
+            logged: Mutex::new(HashSet::new()), // LOCK-OK: see `logged`
         })
     }
 
