@@ -33,7 +33,7 @@ fn values(s: &str) {
                 assert!(!cpus[..i].contains(c), "repeated cpu {c}");
             }
         }
-        Err(e) => one_line("parse_cpu_list", e),
+        Err(e) => one_line("parse_cpu_list", &e),
     }
     match parse_url(s) {
         Ok((_, hp)) => assert_eq!(HostPort::parse(&hp.to_string()), Ok(hp)),
