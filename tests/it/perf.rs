@@ -8,40 +8,11 @@ use crate::harness::{Driver, Server};
 
 const PERF_BIN: &str = env!("CARGO_BIN_EXE_mmc-perf");
 
-#[test]
-fn kvcache_reports_hits_and_bytes() {
-    let server = Server::start(Driver::Epoll);
-    let dir = report_dir("kvcache");
+/// Runs mmc-perf (bounded: it must end within 30 s), expecting success and one JSON object.
+fn run_perf(args: &[&str]) -> serde_json::Value {
     let started = Instant::now();
     let out = Command::new(PERF_BIN)
-        .args([
-            "kvcache",
-            "--target",
-            &server.addr.to_string(),
-            "--connections",
-            "2",
-            "--duration",
-            "3",
-            "--warmup",
-            "0.5",
-            "--pool",
-            "40",
-            "--chain",
-            "8",
-            "--shared",
-            "4",
-            "--groups",
-            "4",
-            "--chunk-bytes",
-            "16KiB",
-            "--timeout",
-            "3",
-            "--cpu-pid",
-            &server.pid().to_string(),
-            "--json",
-            "--report",
-            dir.to_str().unwrap(),
-        ])
+        .args(args)
         .output()
         .expect("run mmc-perf");
     assert!(started.elapsed() < Duration::from_secs(30));
@@ -50,7 +21,41 @@ fn kvcache_reports_hits_and_bytes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn kvcache_reports_hits_and_bytes() {
+    let server = Server::start(Driver::Epoll);
+    let dir = report_dir("kvcache");
+    let v = run_perf(&[
+        "kvcache",
+        "--target",
+        &server.addr.to_string(),
+        "--connections",
+        "2",
+        "--duration",
+        "3",
+        "--warmup",
+        "0.5",
+        "--pool",
+        "40",
+        "--chain",
+        "8",
+        "--shared",
+        "4",
+        "--groups",
+        "4",
+        "--chunk-bytes",
+        "16KiB",
+        "--timeout",
+        "3",
+        "--cpu-pid",
+        &server.pid().to_string(),
+        "--json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(v["errors"], 0, "{v}");
     assert!(v["prompts"].as_u64().unwrap() > 10, "{v}");
     // 40 prompts of 8 chunks over 3 s: most lookups after the first few hit.
@@ -96,43 +101,32 @@ fn assert_report(dir: &std::path::Path, printed: &serde_json::Value) {
 fn zipf_keys_with_a_report() {
     let server = Server::start(Driver::Epoll);
     let dir = report_dir("load");
-    let started = Instant::now();
-    let out = Command::new(PERF_BIN)
-        .args([
-            "--target",
-            &server.addr.to_string(),
-            "--connections",
-            "2",
-            "--duration",
-            "1",
-            "--warmup",
-            "0.2",
-            "--keys",
-            "100",
-            "--preload",
-            "--key-dist",
-            "zipf:0.99",
-            "--seed",
-            "5",
-            "--rate",
-            "400",
-            "--request",
-            "GET /metadata?key={key}",
-            "--timeout",
-            "3",
-            "--json",
-            "--report",
-            dir.to_str().unwrap(),
-        ])
-        .output()
-        .expect("run mmc-perf");
-    assert!(started.elapsed() < Duration::from_secs(30));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let v = run_perf(&[
+        "--target",
+        &server.addr.to_string(),
+        "--connections",
+        "2",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--keys",
+        "100",
+        "--preload",
+        "--key-dist",
+        "zipf:0.99",
+        "--seed",
+        "5",
+        "--rate",
+        "400",
+        "--request",
+        "GET /metadata?key={key}",
+        "--timeout",
+        "3",
+        "--json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(v["key_dist"], "zipf:0.99");
     assert_eq!(v["requests"], 400, "every intended request: {v}");
     assert_eq!(v["status"]["200"], 400, "{v}");
