@@ -236,11 +236,7 @@ impl Shard {
         let shard = self.clone();
         let spin = Duration::from_micros(shard.cluster.config.shard.idle_spin_us);
         std::future::poll_fn(move |cx| {
-            if shard.cluster.is_shutting_down() {
-                if let Some(w) = shard.shutdown_waker.borrow_mut().take() {
-                    w.wake();
-                }
-            }
+            shard.wake_shutdown_waiter();
             loop {
                 let handled = shard.drain(BUDGET);
                 if handled >= BUDGET {
@@ -255,8 +251,9 @@ impl Shard {
                     continue;
                 }
                 shard.remote().waker.register(cx.waker());
-                // A message pushed between the drain and the registration found no waker;
-                // look again before sleeping.
+                // A message pushed, or the shutdown begun, between the drain and the
+                // registration found no waker: look again before sleeping.
+                shard.wake_shutdown_waiter();
                 if shard.remote().inbox_depth() == 0 {
                     return Poll::Pending;
                 }

@@ -167,6 +167,8 @@ impl Shard {
 
     /// Housekeeping: expired leases, stale allocations, probes of faulted SSD files.
     pub fn tick(self: &Rc<Self>) {
+        // A safety net for the mailbox's wake-up: a shutdown is noticed within a tick.
+        self.wake_shutdown_waiter();
         self.cluster.retry_notices();
         self.store.borrow_mut().tick();
         self.after_store();
@@ -175,6 +177,15 @@ impl Shard {
         // panics, which stops the server and fails the test that caused it).
         if cfg!(debug_assertions) && debug_checks() {
             self.store.borrow().check();
+        }
+    }
+
+    /// Wakes the task waiting in [`Shard::shutdown_requested`] once the shutdown has begun.
+    pub(crate) fn wake_shutdown_waiter(&self) {
+        if self.cluster.is_shutting_down()
+            && let Some(w) = self.shutdown_waker.borrow_mut().take()
+        {
+            w.wake();
         }
     }
 

@@ -185,8 +185,16 @@ impl Server {
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         self.signal(libc::SIGTERM);
-        self.wait_exit(Duration::from_secs(15))
-            .expect("server did not exit after SIGTERM")
+        match self.wait_exit(Duration::from_secs(15)) {
+            Some(status) => status,
+            None => {
+                // Fail, but leave no server behind.
+                let mut child = self.child.take().unwrap();
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server did not exit after SIGTERM; log:\n{}", self.log());
+            }
+        }
     }
 
     /// SIGKILL, and returns as soon as the process is reaped (no polling delay: a restart
