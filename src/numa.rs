@@ -6,8 +6,11 @@
 //! on a one-node machine. On a machine with one node (or none visible) placement is a no-op,
 //! and the start-up log says so.
 //!
-//! Status: the plan ([`plan`]) is computed and logged at start; binding each shard's segment
-//! runs with [`bind_to_node`] and a node-aware prefault are left to the store (issue 16, part 6).
+//! With placement active, each DRAM segment is cut into one contiguous part per node
+//! ([`NumaLayout::split`], in proportion to the node's shards), each part `mbind`-ed to its
+//! node ([`bind_to_node`], policy `ock.mmc.numa.policy`); a shard takes its runs from its
+//! node's part (`store::segment`), the prefault thread commits each part pinned to that node's
+//! CPUs (`store::mount`), and `/metrics` shows each part's bytes and used bytes.
 
 use std::io;
 use std::path::Path;
@@ -184,13 +187,56 @@ pub fn plan(mode: NumaMode, topology: &Topology, shard_cpus: &[usize]) -> Placem
     }
 }
 
-/// Binds the pages of `[addr, addr + len)` to `node` (`mbind(MPOL_BIND)`): pages not yet
-/// committed will be committed there, whichever thread touches them first. `addr` must be
-/// page aligned. Called before the range is first written.
+/// `ock.mmc.numa.policy`: the memory policy a node's part of a segment gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemPolicy {
+    /// `MPOL_PREFERRED`: pages come from the node while it has free memory, from another node
+    /// after that. The default: a cache that runs one node short is slower, not killed.
+    Preferred,
+    /// `MPOL_BIND`: pages come from the node only; when it has none left the kernel's OOM
+    /// handling applies to this process.
+    Bind,
+}
+
+impl MemPolicy {
+    pub fn parse(s: &str) -> Result<MemPolicy, &'static str> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "preferred" | "prefer" => Ok(MemPolicy::Preferred),
+            "bind" => Ok(MemPolicy::Bind),
+            _ => Err("preferred or bind"),
+        }
+    }
+
+    /// The kernel's mode number (`MPOL_PREFERRED` = 1, `MPOL_BIND` = 2).
+    pub fn mode(self) -> libc::c_long {
+        match self {
+            MemPolicy::Preferred => 1,
+            MemPolicy::Bind => 2,
+        }
+    }
+
+    /// As `/proc/<pid>/numa_maps` writes it (`prefer:0`, `bind:0`).
+    pub fn numa_maps_word(self) -> &'static str {
+        match self {
+            MemPolicy::Preferred => "prefer",
+            MemPolicy::Bind => "bind",
+        }
+    }
+}
+
+/// Sets the memory policy of the pages of `[addr, addr + len)` to `node` (`mbind`): pages not
+/// yet committed will be committed there, whichever thread touches them first (pages already
+/// committed stay where they are). `addr` must be page aligned. Called before the range is
+/// first written.
 ///
 /// # Safety
 /// `[addr, addr + len)` must be a mapping the caller owns; its memory policy changes.
-pub unsafe fn bind_to_node(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+pub unsafe fn bind_to_node(
+    addr: *mut u8,
+    len: usize,
+    node: u32,
+    policy: MemPolicy,
+) -> io::Result<()> {
     if node > MAX_NODE_ID {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -199,7 +245,6 @@ pub unsafe fn bind_to_node(addr: *mut u8, len: usize, node: u32) -> io::Result<(
     }
     let mut mask = vec![0u64; (node as usize / 64) + 1];
     mask[node as usize / 64] |= 1 << (node % 64);
-    const MPOL_BIND: libc::c_long = 2;
     // SAFETY: the caller owns the mapping (this function's contract); the mask buffer
     // outlives the call and its bit length is passed with it.
     let rc = unsafe {
@@ -207,7 +252,7 @@ pub unsafe fn bind_to_node(addr: *mut u8, len: usize, node: u32) -> io::Result<(
             libc::SYS_mbind,
             addr,
             len,
-            MPOL_BIND,
+            policy.mode(),
             mask.as_ptr(),
             (mask.len() * 64) as libc::c_ulong,
             0 as libc::c_uint,
@@ -218,6 +263,176 @@ pub unsafe fn bind_to_node(addr: *mut u8, len: usize, node: u32) -> io::Result<(
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// The node each page of `[addr, addr + len)` is committed on (`move_pages(2)` with no target
+/// nodes only reports): one entry per page, a node id, or a negative errno for a page that is
+/// not committed (`-ENOENT`). For tests and diagnostics: it costs a syscall over every page.
+pub fn page_nodes(addr: *const u8, len: usize) -> io::Result<Vec<i32>> {
+    let page = 4096usize;
+    let start = addr as usize / page * page;
+    let pages: Vec<*const libc::c_void> = (start..addr as usize + len)
+        .step_by(page)
+        .map(|a| a as *const libc::c_void)
+        .collect();
+    let mut status = vec![i32::MIN; pages.len()];
+    // SAFETY: `pages` and `status` hold `pages.len()` entries each and outlive the call; a
+    // null `nodes` asks only where the pages are, moving nothing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0 as libc::pid_t,
+            pages.len() as libc::c_ulong,
+            pages.as_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0 as libc::c_int,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(status)
+}
+
+/// The memory policy of the page at address `addr` (`get_mempolicy(MPOL_F_ADDR)`): the
+/// kernel's mode number and the nodes of its mask. For tests and diagnostics.
+pub fn policy_at(addr: usize) -> io::Result<(i32, Vec<u32>)> {
+    const MPOL_F_ADDR: libc::c_ulong = 1 << 1;
+    let mut mode: libc::c_int = -1;
+    let mut mask = vec![0u64; (MAX_NODE_ID as usize + 1) / 64];
+    // SAFETY: `mode` and `mask` are writable and outlive the call; the mask's bit length is
+    // passed with it; `addr` is only looked up, not accessed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            (mask.len() * 64) as libc::c_ulong,
+            addr,
+            MPOL_F_ADDR,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let nodes = (0..=MAX_NODE_ID)
+        .filter(|&n| mask[n as usize / 64] & (1 << (n % 64)) != 0)
+        .collect();
+    Ok((mode, nodes))
+}
+
+/// Pins the calling thread to `cpus` (a node's CPUs, for a thread that commits memory there).
+pub fn pin_thread_to_cpus(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; every CPU set is below CPU_SETSIZE
+    // (checked above); the set outlives the call.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What segments need to place their memory: the shards' grouping by node, each node's CPUs
+/// and the memory policy. Present only when placement is active (two or more nodes).
+#[derive(Clone, Debug)]
+pub struct NumaLayout {
+    pub placement: Placement,
+    /// The CPUs of each node that has a shard (the prefault thread runs there).
+    pub node_cpus: Vec<(u32, Vec<usize>)>,
+    pub policy: MemPolicy,
+}
+
+impl NumaLayout {
+    /// The layout for an active placement (`None` when placement is off).
+    pub fn new(placement: Placement, topology: &Topology, policy: MemPolicy) -> Option<NumaLayout> {
+        if !placement.active() {
+            return None;
+        }
+        let node_cpus = placement
+            .groups
+            .iter()
+            .map(|(n, _)| {
+                let cpus = topology
+                    .nodes
+                    .iter()
+                    .find(|t| t.id == *n)
+                    .map(|t| t.cpus.clone())
+                    .unwrap_or_default();
+                (*n, cpus)
+            })
+            .collect();
+        Some(NumaLayout {
+            placement,
+            node_cpus,
+            policy,
+        })
+    }
+
+    /// Cuts a segment of `capacity` bytes into one contiguous part per node, in proportion to
+    /// the node's shards, each a multiple of `granule` (the segment's run size, so no run
+    /// straddles two nodes) except the last, which takes the rest. A node whose share rounds
+    /// to nothing gets no part (its shards take runs from the others).
+    pub fn split(&self, capacity: u64, granule: u64) -> Vec<NodePart> {
+        let shards: u64 = self.placement.shard_node.len() as u64;
+        let granule = granule.max(1);
+        let mut parts = Vec::new();
+        let mut start = 0;
+        let last = self.placement.groups.len().saturating_sub(1);
+        for (i, (node, members)) in self.placement.groups.iter().enumerate() {
+            let len = if i == last {
+                capacity - start
+            } else {
+                let share = (capacity as u128 * members.len() as u128 / shards as u128) as u64;
+                (share / granule * granule).min(capacity - start)
+            };
+            if len == 0 {
+                continue;
+            }
+            let cpus = self
+                .node_cpus
+                .iter()
+                .find(|(n, _)| n == node)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default();
+            parts.push(NodePart {
+                node: *node,
+                cpus,
+                start,
+                len,
+            });
+            start += len;
+        }
+        parts
+    }
+
+    /// For each shard, the index in `parts` of its node's part (the first part when its node
+    /// has none).
+    pub fn shard_parts(&self, parts: &[NodePart]) -> Vec<usize> {
+        self.placement
+            .shard_node
+            .iter()
+            .map(|n| parts.iter().position(|p| Some(p.node) == *n).unwrap_or(0))
+            .collect()
+    }
+}
+
+/// One node's contiguous part of a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePart {
+    pub node: u32,
+    /// The node's CPUs (where the prefault thread commits this part).
+    pub cpus: Vec<usize>,
+    pub start: u64,
+    pub len: u64,
 }
 
 #[cfg(test)]
@@ -364,6 +579,149 @@ mod tests {
         assert!(parse_cpulist("a").is_err());
     }
 
+    fn two_nodes() -> Topology {
+        Topology {
+            nodes: vec![
+                Node {
+                    id: 0,
+                    cpus: vec![0, 1],
+                },
+                Node {
+                    id: 1,
+                    cpus: vec![2, 3],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_segment_is_cut_by_node_in_proportion_to_its_shards() {
+        let t = two_nodes();
+        let mb = 1u64 << 20;
+        // Six shards, three per node: halves, on run (granule) boundaries.
+        let l = NumaLayout::new(
+            plan(NumaMode::On, &t, &[0, 1, 2, 3, 0, 2]),
+            &t,
+            MemPolicy::Bind,
+        )
+        .unwrap();
+        assert_eq!(l.node_cpus, vec![(0, vec![0, 1]), (1, vec![2, 3])]);
+        let parts = l.split(64 * mb, 4 * mb);
+        assert_eq!(
+            parts,
+            vec![
+                NodePart {
+                    node: 0,
+                    cpus: vec![0, 1],
+                    start: 0,
+                    len: 32 * mb
+                },
+                NodePart {
+                    node: 1,
+                    cpus: vec![2, 3],
+                    start: 32 * mb,
+                    len: 32 * mb
+                },
+            ]
+        );
+        assert_eq!(l.shard_parts(&parts), vec![0, 0, 1, 1, 0, 1]);
+        // Three shards on node 0, one on node 1: 3/4 rounded down to a run, the rest to node 1.
+        let l =
+            NumaLayout::new(plan(NumaMode::On, &t, &[0, 1, 0, 2]), &t, MemPolicy::Bind).unwrap();
+        let parts = l.split(100 * mb, 16 * mb);
+        let cut: Vec<(u32, u64, u64)> = parts.iter().map(|p| (p.node, p.start, p.len)).collect();
+        assert_eq!(cut, vec![(0, 0, 64 * mb), (1, 64 * mb, 36 * mb)]);
+        assert_eq!(parts.iter().map(|p| p.len).sum::<u64>(), 100 * mb);
+        // A share smaller than a run: node 0 gets no part, its shards borrow node 1's.
+        let parts = l.split(16 * mb, 32 * mb);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(
+            (parts[0].node, parts[0].start, parts[0].len),
+            (1, 0, 16 * mb)
+        );
+        assert_eq!(l.shard_parts(&parts), vec![0, 0, 0, 0]);
+        // Shards on one node of two: the whole segment on that node.
+        let l =
+            NumaLayout::new(plan(NumaMode::Auto, &t, &[2, 3]), &t, MemPolicy::Preferred).unwrap();
+        let parts = l.split(8 * mb, mb);
+        assert_eq!((parts.len(), parts[0].node, parts[0].len), (1, 1, 8 * mb));
+        // No layout when placement is off or a no-op.
+        assert!(NumaLayout::new(plan(NumaMode::Off, &t, &[0, 2]), &t, MemPolicy::Bind).is_none());
+        let one = Topology {
+            nodes: vec![t.nodes[0].clone()],
+        };
+        assert!(
+            NumaLayout::new(plan(NumaMode::On, &one, &[0, 1]), &one, MemPolicy::Bind).is_none()
+        );
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(MemPolicy::parse(" Bind"), Ok(MemPolicy::Bind));
+        assert_eq!(MemPolicy::parse("preferred"), Ok(MemPolicy::Preferred));
+        assert!(MemPolicy::parse("interleave").is_err());
+        assert_eq!(MemPolicy::Preferred.numa_maps_word(), "prefer");
+    }
+
+    /// The policy `bind_to_node` sets is the one the kernel reports for the range, and the
+    /// pages written there land on the node (node 0, which every Linux machine has).
+    #[test]
+    fn bound_pages_land_on_their_node() {
+        let len = 16 * 4096;
+        // SAFETY: a private anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let base: *mut u8 = p.cast();
+        for policy in [MemPolicy::Preferred, MemPolicy::Bind] {
+            // SAFETY: the mapping made above.
+            match unsafe { bind_to_node(base, len, 0, policy) } {
+                Ok(()) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+                    // SAFETY: as above, not used after this.
+                    unsafe { libc::munmap(p, len) };
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+            let (mode, nodes) = policy_at(base as usize + 5 * 4096).unwrap();
+            assert_eq!((mode as libc::c_long, nodes), (policy.mode(), vec![0]));
+        }
+        // Write the first half; the second half stays uncommitted.
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_bytes(base, 7, len / 2) };
+        let nodes = page_nodes(base, len).unwrap();
+        assert_eq!(nodes.len(), 16);
+        assert!(nodes[..8].iter().all(|&n| n == 0), "{nodes:?}");
+        assert!(nodes[8..].iter().all(|&n| n == -libc::ENOENT), "{nodes:?}");
+        // SAFETY: the mapping made above, not used after this.
+        unsafe { libc::munmap(p, len) };
+    }
+
+    #[test]
+    fn pins_a_thread_to_a_node_s_cpus() {
+        // A CPU this process may run on: the one it runs on now.
+        // SAFETY: no arguments.
+        let cpu = unsafe { libc::sched_getcpu() };
+        assert!(cpu >= 0);
+        let t = std::thread::spawn(move || {
+            pin_thread_to_cpus(&[cpu as usize]).unwrap();
+            // SAFETY: no arguments.
+            unsafe { libc::sched_getcpu() }
+        });
+        assert_eq!(t.join().unwrap(), cpu);
+        assert!(pin_thread_to_cpus(&[]).is_err());
+        assert!(pin_thread_to_cpus(&[1 << 20]).is_err());
+    }
+
     /// `mbind` on this machine's node 0 (every Linux machine has one) succeeds on a fresh
     /// anonymous mapping, and a node that does not exist is refused by the kernel.
     #[test]
@@ -382,9 +740,9 @@ mod tests {
         };
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: the mapping made above.
-        let r = unsafe { bind_to_node(p.cast(), len, 0) };
+        let r = unsafe { bind_to_node(p.cast(), len, 0, MemPolicy::Bind) };
         // SAFETY: as above.
-        let missing = unsafe { bind_to_node(p.cast(), len, 1000) };
+        let missing = unsafe { bind_to_node(p.cast(), len, 1000, MemPolicy::Preferred) };
         // SAFETY: the mapping made above, not used after this.
         unsafe { libc::munmap(p, len) };
         match r {

@@ -121,6 +121,22 @@ pub fn check_exposure(config: &crate::config::Config, addr: SocketAddr) -> Resul
     Ok(())
 }
 
+/// The NUMA placement of this start (`ock.mmc.numa.enable`), logged; `None` when off or a
+/// no-op. The topology is read from `/sys`, or from the tree `MMC_NUMA_SYSFS` names (tests
+/// point it at a synthetic two-node tree).
+fn numa_layout(plan: &Plan) -> Result<Option<Arc<crate::numa::NumaLayout>>, String> {
+    let shard = &plan.config.shard;
+    if shard.numa == crate::numa::NumaMode::Off {
+        return Ok(None);
+    }
+    let root = std::env::var_os("MMC_NUMA_SYSFS").unwrap_or_else(|| "/sys".into());
+    let topology = crate::numa::read_topology(std::path::Path::new(&root))
+        .map_err(|e| format!("cannot read the NUMA topology: {e}"))?;
+    let placement = crate::numa::plan(shard.numa, &topology, &plan.shard_cpus);
+    log::info!("{}", placement.reason);
+    Ok(crate::numa::NumaLayout::new(placement, &topology, shard.numa_policy).map(Arc::new))
+}
+
 /// A per-process random id that prefixes generated request ids.
 fn boot_id() -> u32 {
     let nanos = std::time::SystemTime::now()
@@ -141,16 +157,11 @@ impl Server {
                 format!("cannot resolve listen address {}: {e}", plan.config.listen)
             })?;
         check_exposure(&plan.config, addr)?;
-        if plan.config.shard.numa != crate::numa::NumaMode::Off {
-            let topology = crate::numa::read_topology(std::path::Path::new("/sys"))
-                .map_err(|e| format!("cannot read the NUMA topology: {e}"))?;
-            let placement = crate::numa::plan(plan.config.shard.numa, &topology, &plan.shard_cpus);
-            log::info!("{}", placement.reason);
-        }
+        let numa = numa_layout(&plan)?;
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;
-        let cluster = Cluster::new(plan.config, shard_count)?;
+        let cluster = Cluster::with_numa(plan.config, shard_count, numa)?;
         let kv_publisher = if cluster.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
                 cluster.config.kv_events.clone(),

@@ -272,8 +272,14 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.numa.enable",
         "false",
-        "Group shards by the NUMA node of their CPU (true, false, or auto: only with two or more nodes); the start-up log shows the grouping. On a one-node machine a no-op (logged).",
+        "Group shards by the NUMA node of their CPU (true, false, or auto: only with two or more nodes); the start-up log shows the grouping. Each DRAM segment is then cut into one part per node (in proportion to the node's shards), each part bound to its node with mbind; a shard takes its runs from its node's part, prefault commits each part from its node's CPUs, and /metrics shows bytes per node. On a one-node machine a no-op (logged).",
         |c, v| c.shard.numa = crate::numa::NumaMode::parse(v)?
+    ),
+    key!(
+        "ock.mmc.numa.policy",
+        "preferred",
+        "How a node's part of a DRAM segment is bound to its node under NUMA placement: preferred (MPOL_PREFERRED: the node's memory while it has some, another node's after that) or bind (MPOL_BIND: that node only; a node out of memory then brings the kernel's OOM handling onto this process).",
+        |c, v| c.shard.numa_policy = crate::numa::MemPolicy::parse(v)?
     ),
     key!(
         "ock.mmc.segment.prefault",

@@ -74,6 +74,8 @@ pub struct ShardConfig {
     pub ring_entries: u64,
     /// `ock.mmc.numa.enable`: place shards by NUMA node ([`crate::numa`]).
     pub numa: crate::numa::NumaMode,
+    /// `ock.mmc.numa.policy`: how a node's part of a DRAM segment is bound to the node.
+    pub numa_policy: crate::numa::MemPolicy,
 }
 
 /// Observability.
@@ -180,6 +182,7 @@ impl Config {
                 idle_spin_us: 0,
                 ring_entries: 0,
                 numa: crate::numa::NumaMode::Off,
+                numa_policy: crate::numa::MemPolicy::Preferred,
             },
             evict: EvictConfig {
                 high_percent: 0,

@@ -101,11 +101,20 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(config: Config, shard_count: usize) -> Result<Arc<Cluster>, String> {
+        Cluster::with_numa(config, shard_count, None)
+    }
+
+    /// [`Cluster::new`] whose DRAM segments are placed on NUMA nodes per `numa`.
+    pub fn with_numa(
+        config: Config,
+        shard_count: usize,
+        numa: Option<Arc<crate::numa::NumaLayout>>,
+    ) -> Result<Arc<Cluster>, String> {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
         let ha = HaView::standalone(&config.advertise_address);
-        let segments = Arc::new(SegmentTable::default());
+        let segments = Arc::new(SegmentTable::with_numa(numa));
         store::mount::mount_configured(&config, &segments, shard_count)?;
         let started = Instant::now();
         let window = config.metrics.window_secs;

@@ -9,11 +9,13 @@
 //!   the server's own (HTTP front end, request latency histograms, process), mostly tables.
 //! - `data_plane.rs`: the client bandwidth and UBS IO families.
 //! - `lmcache.rs`: the LMCache-compatible tier and event-bus families.
+//! - `numa.rs`: bytes per NUMA node of placed segments.
 //! - `summary.rs`: `/metrics/summary`.
 
 mod data_plane;
 mod families;
 mod lmcache;
+mod numa;
 mod summary;
 mod writer;
 
@@ -37,6 +39,7 @@ pub fn render_metrics(cluster: &Cluster, buf: &mut Vec<u8>) {
     data_plane::render_client(cluster, &mut o);
     data_plane::render_ubs_io(cluster, &mut o);
     lmcache::render_tiers_and_bus(cluster, &mut o);
+    numa::render_numa(cluster, &mut o);
     families::render_server(cluster, &mut o);
     families::render_request_durations(cluster, &mut o);
     families::render_process(&mut o);

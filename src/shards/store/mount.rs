@@ -7,6 +7,7 @@ use super::segment::{Backend, MAX_SEGMENT_BYTES, Medium, PAGE_BYTES, Segment, Se
 use super::ssd::SsdFile;
 use crate::accel::HostEmulated;
 use crate::config::Config;
+use crate::numa::{self, NumaLayout};
 
 /// Creates a segment's backing memory or file. Errors are the message for the operator or
 /// client. Blocks on file syscalls for SSD: for the start-up thread; a shard thread uses
@@ -113,7 +114,7 @@ fn new_segment(
     shards: usize,
     run_bytes: u64,
 ) -> Arc<Segment> {
-    Arc::new(Segment::new(
+    let seg = Segment::new(
         table.next_id(),
         rank,
         medium,
@@ -121,45 +122,97 @@ fn new_segment(
         backend,
         shards,
         run_bytes,
-    ))
+    );
+    Arc::new(match table.numa() {
+        Some(layout) if medium == Medium::Dram => place_on_nodes(seg, layout),
+        _ => seg,
+    })
+}
+
+/// Cuts a DRAM segment into node parts ([`Segment::place_on_nodes`]) and binds each part's
+/// memory to its node (`mbind`, `ock.mmc.numa.policy`) before anything is written there. A
+/// refused `mbind` (a kernel without NUMA, a seccomp profile) is logged and leaves that part to
+/// first touch: its shards still take their runs there.
+fn place_on_nodes(seg: Segment, layout: &NumaLayout) -> Segment {
+    let seg = seg.place_on_nodes(layout);
+    let Some(region) = seg.backend.host_region() else {
+        return seg;
+    };
+    for p in seg.node_parts() {
+        let (end, node, policy) = (p.start + p.len, p.node, layout.policy);
+        // SAFETY: the segment's own mapping; nothing is written in it yet.
+        match unsafe { numa::bind_to_node(region.ptr(p.start), p.len as usize, node, policy) } {
+            Ok(()) => log::info!(
+                "{}: bytes {}..{end} bound to NUMA node {node} ({policy:?})",
+                seg.name,
+                p.start
+            ),
+            Err(e) => log::warn!(
+                "{}: cannot bind bytes {}..{end} to NUMA node {node}: {e} (placed by first touch instead)",
+                seg.name,
+                p.start
+            ),
+        }
+    }
+    seg
 }
 
 /// Bytes one prefault step commits before it looks whether the segment is still mounted.
 const PREFAULT_STEP_BYTES: u64 = 64 << 20;
 
+/// What one prefault pass commits: start, end, the node and its CPUs (without placement the
+/// whole segment, no node).
+type PrefaultRange = (u64, u64, Option<(u32, Vec<usize>)>);
+
 /// Commits a memory segment's pages on a background thread (`ock.mmc.segment.prefault`), so
 /// that no request pays for their first-touch faults; the server serves meanwhile. The thread
-/// stops early when the segment is unmounted.
+/// stops early when the segment is unmounted. With NUMA placement it commits one node part
+/// after the other, pinned to that node's CPUs, so the pages (bound to the node) are also
+/// zeroed by a CPU of the node.
 pub fn prefault_in_background(seg: &Arc<Segment>) {
     if !seg.medium.is_memory() {
         return;
     }
     let weak = Arc::downgrade(seg);
     let name = seg.name.clone();
+    let ranges: Vec<PrefaultRange> = if seg.node_parts().is_empty() {
+        vec![(0, seg.capacity, None)]
+    } else {
+        seg.node_parts()
+            .iter()
+            .map(|p| (p.start, p.start + p.len, Some((p.node, p.cpus.clone()))))
+            .collect()
+    };
     let spawned = std::thread::Builder::new()
         .name("mmc-prefault".into())
         .spawn(move || {
             let started = std::time::Instant::now();
-            let mut offset = 0;
-            loop {
-                let Some(seg) = weak.upgrade() else {
-                    log::info!("prefault of {name} stopped: the segment was unmounted");
-                    return;
-                };
-                if offset >= seg.capacity {
-                    break;
+            let mut done = 0;
+            for (start, end, node) in ranges {
+                if let Some((node, cpus)) = &node {
+                    if let Err(e) = numa::pin_thread_to_cpus(cpus) {
+                        log::warn!("prefault of {name}: cannot run on NUMA node {node}'s CPUs: {e}");
+                    }
                 }
-                let len = PREFAULT_STEP_BYTES.min(seg.capacity - offset);
-                if let Err(e) = seg.backend.prefault(offset, len) {
-                    log::warn!(
-                        "prefault of {name} stopped at {offset} bytes: {e} (pages are committed at first write instead)"
-                    );
-                    return;
+                let mut offset = start;
+                while offset < end {
+                    let Some(seg) = weak.upgrade() else {
+                        log::info!("prefault of {name} stopped: the segment was unmounted");
+                        return;
+                    };
+                    let len = PREFAULT_STEP_BYTES.min(end - offset);
+                    if let Err(e) = seg.backend.prefault(offset, len) {
+                        log::warn!(
+                            "prefault of {name} stopped at {offset} bytes: {e} (pages are committed at first write instead)"
+                        );
+                        return;
+                    }
+                    offset += len;
+                    done += len;
                 }
-                offset += len;
             }
             log::info!(
-                "prefaulted {name}: {offset} bytes in {:.2} s",
+                "prefaulted {name}: {done} bytes in {:.2} s",
                 started.elapsed().as_secs_f64()
             );
         });
@@ -202,6 +255,92 @@ pub fn mount_configured(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numa::{MemPolicy, Node, NumaMode, Topology};
+
+    /// A table placing segments per a synthetic two-node topology (node 0: CPUs 0-1, node 1:
+    /// CPUs 2-3) with shards on `cpus`.
+    fn numa_table(cpus: &[usize]) -> SegmentTable {
+        let t = Topology {
+            nodes: vec![
+                Node {
+                    id: 0,
+                    cpus: vec![0, 1],
+                },
+                Node {
+                    id: 1,
+                    cpus: vec![2, 3],
+                },
+            ],
+        };
+        let p = numa::plan(NumaMode::On, &t, cpus);
+        SegmentTable::with_numa(NumaLayout::new(p, &t, MemPolicy::Preferred).map(Arc::new))
+    }
+
+    /// Shards all on node 0 (which every machine has): the DRAM segment is one part, bound to
+    /// node 0, and its pages, prefaulted from node 0's CPUs, are there.
+    #[test]
+    fn a_dram_segment_is_bound_to_its_shards_node_and_prefaulted_there() {
+        let table = numa_table(&[0, 1]);
+        let seg = build_segment(&table, 0, Medium::Dram, 8 << 20, None, 2, 1 << 20).unwrap();
+        let hbm = build_segment(&table, 0, Medium::Hbm, 1 << 20, None, 2, 1 << 20).unwrap();
+        assert!(hbm.node_parts().is_empty(), "only DRAM is placed");
+        assert_eq!(seg.node_parts().len(), 1);
+        assert_eq!(
+            (seg.node_parts()[0].node, seg.node_parts()[0].len),
+            (0, 8 << 20)
+        );
+        let region = seg.backend.host_region().unwrap();
+        match numa::policy_at(region.ptr(4 << 20) as usize) {
+            Ok((mode, nodes)) => {
+                assert_eq!(
+                    (mode as libc::c_long, nodes),
+                    (MemPolicy::Preferred.mode(), vec![0])
+                )
+            }
+            // A seccomp profile without get_mempolicy: nothing to check here.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => return,
+            Err(e) => panic!("{e}"),
+        }
+        prefault_in_background(&seg);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while region.resident_bytes(0, 8 << 20).unwrap() < 8 << 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "prefault did not finish"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let nodes = numa::page_nodes(region.ptr(0), 8 << 20).unwrap();
+        assert_eq!(nodes.len(), 2048);
+        assert!(nodes.iter().all(|&n| n == 0), "{:?}", &nodes[..8]);
+    }
+
+    /// Shards on two nodes: one part each; a node this machine lacks is refused by `mbind`
+    /// (logged), and the segment still serves both shards from their parts.
+    #[test]
+    fn a_dram_segment_is_cut_between_two_nodes() {
+        let table = numa_table(&[0, 2]);
+        let seg = build_segment(&table, 1, Medium::Dram, 8 << 20, None, 2, 1 << 20).unwrap();
+        let parts: Vec<(u32, u64, u64)> = seg
+            .node_parts()
+            .iter()
+            .map(|p| (p.node, p.start, p.len))
+            .collect();
+        assert_eq!(parts, vec![(0, 0, 4 << 20), (1, 4 << 20, 4 << 20)]);
+        let region = seg.backend.host_region().unwrap();
+        if let Ok((mode, nodes)) = numa::policy_at(region.ptr(0) as usize) {
+            assert_eq!(
+                (mode as libc::c_long, nodes),
+                (MemPolicy::Preferred.mode(), vec![0])
+            );
+        }
+        let mut s1 = super::super::segment::ShardSegment::new(seg.clone(), 1);
+        let (off, len) = s1.alloc(64 << 10).unwrap();
+        assert!(off >= 4 << 20);
+        assert_eq!(seg.used_in_part(1), len);
+        s1.free(off, len);
+        s1.release_all();
+    }
 
     #[test]
     fn an_ssd_segment_built_off_the_shard_has_its_file() {

@@ -18,6 +18,9 @@ use super::alloc::RangeAlloc;
 use super::memory::MappedRegion;
 use super::ssd::SsdFile;
 use crate::accel::DeviceMemory;
+use crate::numa::{NodePart, NumaLayout};
+
+mod nodes;
 
 /// Allocation granule: blobs start on page boundaries (what DMA engines and `madvise` need).
 pub const PAGE_BYTES: u64 = 4096;
@@ -215,13 +218,19 @@ pub struct Segment {
     /// Global virtual address of offset 0: rank and medium select a disjoint 1 TiB window.
     pub base_gva: u64,
     pub backend: Backend,
-    /// Free space no shard holds, at page granularity. Locked only to take or return a run.
-    pool: Mutex<RangeAlloc>, // LOCK-OK: only to take or return a run, not per put
+    /// Free space no shard holds, at page granularity: one allocator per node part (one in
+    /// all without NUMA placement). Locked only to take or return a run.
+    pool: Mutex<Vec<RangeAlloc>>, // LOCK-OK: only to take or return a run, not per put
     /// The pool's free bytes, mirrored outside the lock (updated under it), so choosing a
     /// segment for a put reads an atomic instead of taking the pool lock.
     pool_free: AtomicU64,
-    /// Bytes allocated to blobs, per shard (each written only by its shard).
+    /// Bytes allocated to blobs, per shard and node part (`[shard * parts + part]`, one part
+    /// without placement; each written only by its shard).
     used_by_shard: Box<[AtomicU64]>,
+    /// NUMA placement ([`Segment::place_on_nodes`]): the node parts, by offset (empty: none),
+    /// and each shard's own part.
+    parts: Box<[NodePart]>,
+    shard_part: Box<[usize]>,
     status: AtomicU8,
     /// Size of the runs shards take for small blobs.
     pub run_bytes: u64,
@@ -259,9 +268,11 @@ impl Segment {
             capacity,
             base_gva: gva_base(rank, medium),
             backend,
-            pool: Mutex::new(RangeAlloc::new(0, capacity, PAGE_BYTES)), // LOCK-OK: see `pool`
+            pool: Mutex::new(vec![RangeAlloc::new(0, capacity, PAGE_BYTES)]), // LOCK-OK: see `pool`
             pool_free: AtomicU64::new(capacity),
             used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            parts: Box::new([]),
+            shard_part: Box::new([]),
             status: AtomicU8::new(SegmentStatus::Ok as u8),
             run_bytes,
             spare_runs,
@@ -294,28 +305,17 @@ impl Segment {
         self.status() == SegmentStatus::Ok && !self.backend.file().is_some_and(|f| f.faulted())
     }
 
-    fn add_used(&self, shard: usize, delta: i64) {
-        let u = &self.used_by_shard[shard];
+    fn add_used(&self, shard: usize, offset: u64, delta: i64) {
+        let u = &self.used_by_shard[shard * self.part_count() + self.part_of(offset)];
         u.store(u.load(Relaxed).wrapping_add(delta as u64), Relaxed);
     }
 
     pub fn used_by(&self, shard: usize) -> u64 {
-        self.used_by_shard[shard].load(Relaxed)
-    }
-
-    fn take_run(&self, len: u64) -> Option<u64> {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        let start = pool.alloc(len)?;
-        self.pool_free.store(pool.free_bytes(), Relaxed);
-        Some(start)
-    }
-
-    fn give_run(&self, start: u64, len: u64) {
-        // SAFETY: a whole free run is no blob's range any more.
-        unsafe { self.backend.discard(start, len) };
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.release(start, len);
-        self.pool_free.store(pool.free_bytes(), Relaxed);
+        let n = self.part_count();
+        self.used_by_shard[shard * n..(shard + 1) * n]
+            .iter()
+            .map(|u| u.load(Relaxed))
+            .sum()
     }
 
     /// Bytes in the pool (no shard holds them); an atomic read, no lock.
@@ -329,7 +329,10 @@ impl Segment {
         self.pool
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .largest_free()
+            .iter()
+            .map(RangeAlloc::largest_free)
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn gva(&self, offset: u64) -> u64 {
@@ -356,6 +359,8 @@ pub struct SegmentTable {
     /// Bumped (Release) by every insert and remove, after the new list is in place.
     epoch: AtomicU64,
     next_id: AtomicU64,
+    /// Where DRAM segments mounted here put their memory (`None`: no NUMA placement).
+    numa: Option<Arc<NumaLayout>>,
 }
 
 impl Default for SegmentTable {
@@ -364,6 +369,7 @@ impl Default for SegmentTable {
             current: RwLock::new(Arc::new(Vec::new())), // LOCK-OK: see `current`
             epoch: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
+            numa: None,
         }
     }
 }
@@ -539,10 +545,10 @@ impl ShardSegment {
             Some(o) => o,
             None => {
                 let want = rounded.max(self.seg.run_bytes);
-                let (start, run_len) = match self.seg.take_run(want) {
+                let (start, run_len) = match self.seg.take_run(self.shard, want) {
                     Some(start) => (start, want),
                     // The pool cannot give a full run: take exactly what this blob needs.
-                    None if want > rounded => (self.seg.take_run(rounded)?, rounded),
+                    None if want > rounded => (self.seg.take_run(self.shard, rounded)?, rounded),
                     None => return None,
                 };
                 self.runs.insert(start, run_len);
@@ -551,7 +557,7 @@ impl ShardSegment {
             }
         };
         self.used += rounded;
-        self.seg.add_used(self.shard, rounded as i64);
+        self.seg.add_used(self.shard, offset, rounded as i64);
         Some((offset, rounded))
     }
 
@@ -560,7 +566,7 @@ impl ShardSegment {
     pub fn free(&mut self, offset: u64, len: u64) {
         let rounded = self.free.round_up(len.max(1));
         self.used -= rounded;
-        self.seg.add_used(self.shard, -(rounded as i64));
+        self.seg.add_used(self.shard, offset, -(rounded as i64));
         // The freed pages stay committed while this shard holds their run: handing them back
         // here would make the next blob placed there fault every page in again (measured:
         // a 64 KiB write costs 44 µs into discarded pages, 5 µs into mapped ones). Memory goes
