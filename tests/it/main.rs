@@ -9,6 +9,7 @@ mod framing;
 mod latency_histograms;
 mod lifecycle;
 mod metrics_contract;
+mod numa;
 mod observability;
 mod perf;
 mod security;
