@@ -6,11 +6,11 @@ use std::time::Instant;
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
 use super::{Io, flush};
+use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
 use crate::http::response::{self, Body, Response, Status, Tail};
-use crate::http::Front;
 
 /// Answers one framed request: dispatches it, writes its answer (the head into `wbuf`, then a
 /// tail straight to the socket) and records its transfer. `None`: the connection broke;
