@@ -341,3 +341,47 @@ impl HaView {
         self.writes.as_ref().map(|(_, rx)| rx.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn ha_keys_parse_and_validate() {
+        let mut c = Config::defaults();
+        assert!(!c.ha.enable);
+        assert_eq!(c.ha.lease_ttl_ms, 5000);
+        assert_eq!(c.ha.prefix, "/mmc/");
+        c.validate().unwrap();
+        c.set("ock.mmc.meta.ha.enable", "true").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("ock.mmc.meta.ha.etcd_endpoints is empty"), "{e}");
+        c.set(
+            "ock.mmc.meta.ha.etcd_endpoints",
+            "http://10.0.0.1:2379, 10.0.0.2:2379,",
+        )
+        .unwrap();
+        assert_eq!(c.ha.etcd_endpoints.len(), 2);
+        assert_eq!(c.ha.etcd_endpoints[1].to_string(), "10.0.0.2:2379");
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("ock.mmc.meta.ha.advertise_url is empty"), "{e}");
+        c.set("ock.mmc.meta.ha.advertise_url", "http://10.0.0.5:8000/")
+            .unwrap();
+        assert_eq!(c.ha.advertise_url, "http://10.0.0.5:8000");
+        c.validate().unwrap();
+        for (k, bad) in [
+            ("ock.mmc.meta.ha.etcd_endpoints", "https://etcd:2379"),
+            ("ock.mmc.meta.ha.etcd_endpoints", "etcd"),
+            ("ock.mmc.meta.ha.advertise_url", "10.0.0.5:8000"),
+            ("ock.mmc.meta.ha.lease_ttl_ms", "1000"),
+            ("ock.mmc.meta.ha.prefix", "mmc"),
+            ("ock.mmc.meta.ha.prefix", "/mmc"),
+        ] {
+            assert!(c.set(k, bad).is_err(), "{k} = {bad} must be refused");
+        }
+        c.set("ock.mmc.meta.ha.lease_ttl_ms", "2500").unwrap();
+        assert_eq!(c.ha.lease_ttl_secs(), 3);
+        assert_eq!(c.ha.election_key(), b"/mmc/leader");
+        assert_eq!(c.ha.metadata_key(b"k"), b"/mmc/metadata/k");
+    }
+}

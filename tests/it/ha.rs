@@ -253,9 +253,23 @@ fn election_and_standby_redirects(driver: Driver) {
     r.assert_error(503, "Service not ready");
     assert_eq!(l.get("/ready").status, 200);
     assert_eq!(s.get("/healthz").status, 200);
-    // Its own metrics.
+    // Its own metrics, with its role.
     let r = s.get("/metrics");
     assert_eq!(r.status, 200);
+    let m = r.text();
+    assert!(m.contains("memcache_ha_role{role=\"standby\"} 1\n"), "{m}");
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 0\n"), "{m}");
+    assert!(m.contains("memcache_ha_serving 0\n"), "{m}");
+    let m = l.get("/metrics").text();
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 1\n"), "{m}");
+    assert!(m.contains("memcache_ha_serving 1\n"), "{m}");
+    assert!(
+        m.contains(&format!(
+            "memcache_ha_view_version {}\n",
+            lh["view_version"]
+        )),
+        "{m}"
+    );
 
     // Everything else: 307 to the same path and query on the leader.
     let r = s.get("/metadata?key=a%20b&x=1");
