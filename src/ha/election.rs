@@ -306,14 +306,28 @@ impl Elector {
         let view = l.revision as u64;
         let me = Some(self.cfg.advertise_url.clone());
         self.publish(Role::Leader, HaState::Starting, me.clone(), view);
-        match self.load_metadata(&mut l) {
+        let loaded = self.load_metadata(&mut l).and_then(|n| {
+            self.cluster.ha.recover(view, l.step_down_at)?;
+            Ok(n)
+        });
+        match loaded {
             Ok(n) => {
                 log::info!("HA: loaded {n} /metadata entries from etcd");
+                if Instant::now() >= l.next_renewal
+                    && let Err(why) = self.renew(&mut l)
+                {
+                    self.step_down(&l, &why);
+                    return Phase::Follow;
+                }
+                if Instant::now() >= l.step_down_at {
+                    self.step_down(&l, "recovering took past the lease deadline");
+                    return Phase::Follow;
+                }
                 self.publish(Role::Leader, HaState::Serving, me, view);
                 Phase::Lead(l)
             }
             Err(e) => {
-                log::warn!("HA: cannot load /metadata from etcd ({e}); resigning");
+                log::warn!("HA: cannot recover the leader's state ({e}); resigning");
                 self.resign(&l, "the load failed");
                 Phase::Follow
             }

@@ -166,6 +166,12 @@ pub enum ShardMsg {
 /// or a queue of its own).
 pub type HaListener = Box<dyn Fn(&HaSnapshot, &HaSnapshot) + Send + Sync>;
 
+/// A step a newly elected leader runs before it serves (on the election thread, while its
+/// `ha_state` is `starting`): given the new `view_version` and the instant by which it must
+/// be done (the lease's step-down deadline), it recovers state (the cluster's catalog
+/// hand-over, say). An `Err` makes the node resign instead of serving.
+pub type RecoveryStep = Box<dyn Fn(u64, std::time::Instant) -> Result<(), String> + Send + Sync>;
+
 /// Queued `/metadata` writes waiting for the writer thread; past it a write is answered 429.
 const WRITE_QUEUE_CAPACITY: usize = 4096;
 
@@ -183,6 +189,7 @@ pub struct HaView {
     /// Counts published changes (a poller can compare it instead of subscribing).
     generation: AtomicU64,
     listeners: Mutex<Vec<HaListener>>,
+    recovery: Mutex<Vec<RecoveryStep>>,
     config: Option<HaConfig>,
     to_shards: Vec<flume::Sender<ShardMsg>>,
     shard_inboxes: Vec<flume::Receiver<ShardMsg>>,
@@ -206,6 +213,7 @@ impl HaView {
             fence: AtomicI64::new(0),
             generation: AtomicU64::new(0),
             listeners: Mutex::new(Vec::new()),
+            recovery: Mutex::new(Vec::new()),
             config: None,
             to_shards: Vec::new(),
             shard_inboxes: Vec::new(),
@@ -228,6 +236,7 @@ impl HaView {
             fence: AtomicI64::new(0),
             generation: AtomicU64::new(0),
             listeners: Mutex::new(Vec::new()),
+            recovery: Mutex::new(Vec::new()),
             config: Some(config),
             to_shards,
             shard_inboxes,
@@ -278,6 +287,31 @@ impl HaView {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(listener);
+    }
+
+    /// Registers a step a new leader runs before serving (see [`RecoveryStep`]).
+    pub fn add_recovery_step(&self, step: RecoveryStep) {
+        self.recovery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(step);
+    }
+
+    /// Runs the recovery steps in registration order (election thread only).
+    pub(crate) fn recover(
+        &self,
+        view_version: u64,
+        deadline: std::time::Instant,
+    ) -> Result<(), String> {
+        for step in self
+            .recovery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            step(view_version, deadline)?;
+        }
+        Ok(())
     }
 
     /// Publishes a new view (election thread only). `serving` goes down before the snapshot
@@ -344,7 +378,62 @@ impl HaView {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::config::Config;
+
+    fn snap(role: Role, state: HaState, leader: Option<&str>, view: u64) -> HaSnapshot {
+        HaSnapshot {
+            role,
+            state,
+            leader_address: leader.map(str::to_string),
+            view_version: view,
+        }
+    }
+
+    /// Listeners see each change once, with the view before and after; `serving` and the
+    /// fence follow the role; a repeated view is no change.
+    #[test]
+    fn publish_notifies_listeners_and_gates() {
+        let mut cfg = Config::defaults();
+        cfg.set("ock.mmc.meta.ha.enable", "true").unwrap();
+        let view = HaView::elected(cfg.ha.clone(), 2);
+        assert!(view.enabled() && view.gated() && !view.serving());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        view.subscribe(Box::new(move |old, new| {
+            s.lock()
+                .unwrap()
+                .push((old.role, new.role, new.view_version));
+        }));
+        view.publish(
+            snap(Role::Standby, HaState::Standby, Some("http://a:1"), 7),
+            0,
+        );
+        view.publish(
+            snap(Role::Standby, HaState::Standby, Some("http://a:1"), 7),
+            0,
+        );
+        assert!(view.gated());
+        view.publish(
+            snap(Role::Leader, HaState::Serving, Some("http://b:1"), 9),
+            9,
+        );
+        assert!(!view.gated() && view.serving());
+        assert_eq!(view.fence(), 9);
+        view.publish(snap(Role::Unknown, HaState::Unknown, None, 9), 0);
+        assert!(view.gated() && view.fence() == 0);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                (Role::Unknown, Role::Standby, 7),
+                (Role::Standby, Role::Leader, 9),
+                (Role::Leader, Role::Unknown, 9)
+            ]
+        );
+        assert_eq!(view.generation(), 3);
+        let standalone = HaView::standalone("");
+        assert!(!standalone.gated() && standalone.serving());
+    }
 
     #[test]
     fn ha_keys_parse_and_validate() {
