@@ -133,6 +133,10 @@ impl MetaOp {
 /// A `/metadata` write queued by its owner shard for the writer thread.
 pub struct WriteReq {
     pub shard: usize,
+    /// The leadership the write was accepted under: etcd takes it only while that leadership
+    /// lasts (a write queued before a step-down never lands in a later leadership, after that
+    /// leadership's load from etcd).
+    pub fence: i64,
     pub op: MetaOp,
     /// Bytes the owner reserved in its metadata budget for this write.
     pub reserved: u64,

@@ -66,15 +66,23 @@ pub(super) fn run(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) {
         let mut batch = vec![first];
         while batch.len() < BATCH_OPS && bytes < BATCH_BYTES {
             let Ok(next) = queue.try_recv() else { break };
-            // etcd refuses a transaction that names a key twice: the second waits.
-            if batch.iter().any(|r| r.op.key() == next.op.key()) {
+            // etcd refuses a transaction that names a key twice, and a batch is written under
+            // one fence: the write waits for the next batch.
+            if next.fence != batch[0].fence || batch.iter().any(|r| r.op.key() == next.op.key()) {
                 carry = Some(next);
                 break;
             }
             bytes += op_bytes(&next.op);
             batch.push(next);
         }
-        let outcomes = write(&mut etcd, &cfg, ha.fence(), &batch, deadline_for);
+        // The fence of the writes, and still this node's: a write of an earlier leadership is
+        // refused here, or by etcd's compare if the leadership changes meanwhile.
+        let fence = if batch[0].fence == ha.fence() {
+            batch[0].fence
+        } else {
+            0
+        };
+        let outcomes = write(&mut etcd, &cfg, fence, &batch, deadline_for);
         for (req, outcome) in batch.into_iter().zip(outcomes) {
             let shard = req.shard;
             ha.send_to_shard(

@@ -26,6 +26,7 @@ impl Shard {
         let (done, answer) = flume::bounded(1);
         let req = WriteReq {
             shard: self.id,
+            fence: self.cluster.ha.fence(),
             op,
             reserved,
             done,

@@ -300,6 +300,27 @@ fn election_and_standby_redirects(driver: Driver) {
     assert_eq!(r.status, 307);
     assert!(c.closed_within(Duration::from_secs(5)));
 
+    // Half of 20 object puts go to the standby: following its redirect, all succeed.
+    for i in 0..20 {
+        let target = format!("/api/v1/objects?key=obj-{i}");
+        let body = format!("object {i}");
+        let via = if i % 2 == 0 { &mut s } else { &mut l };
+        let mut r = via.request("PUT", &target, Some(body.as_bytes()));
+        if r.status == 307 {
+            let location = r.header("location").unwrap().to_string();
+            let rest = location.strip_prefix("http://").unwrap();
+            let (host, path) = rest.split_at(rest.find('/').unwrap());
+            let mut to = crate::harness::Client::connect(host.parse().unwrap());
+            r = to.request("PUT", path, Some(body.as_bytes()));
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    for i in 0..20 {
+        let r = l.get(&format!("/api/v1/objects?key=obj-{i}"));
+        assert_eq!(r.body, format!("object {i}").as_bytes());
+    }
+
     // Following the redirect reaches the leader: the write lands there (and in etcd).
     assert_eq!(
         l.request("PUT", "/metadata?key=k", Some(b"v")).text(),
