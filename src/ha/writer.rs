@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::etcd::{Etcd, b64};
+use super::etcd::{Etcd, EtcdError, b64};
 use super::{HaConfig, MetaOp, ShardMsg, WriteReq};
 use crate::shards::Cluster;
 
@@ -64,11 +64,14 @@ pub(super) fn run(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) {
         };
         let mut bytes = op_bytes(&first.op);
         let mut batch = vec![first];
-        while batch.len() < BATCH_OPS && bytes < BATCH_BYTES {
+        while batch.len() < BATCH_OPS {
             let Ok(next) = queue.try_recv() else { break };
-            // etcd refuses a transaction that names a key twice, and a batch is written under
-            // one fence: the write waits for the next batch.
-            if next.fence != batch[0].fence || batch.iter().any(|r| r.op.key() == next.op.key()) {
+            // etcd refuses a transaction that names a key twice or is too large, and a batch
+            // is written under one fence: such a write waits for the next batch.
+            if next.fence != batch[0].fence
+                || bytes + op_bytes(&next.op) > BATCH_BYTES
+                || batch.iter().any(|r| r.op.key() == next.op.key())
+            {
                 carry = Some(next);
                 break;
             }
@@ -162,9 +165,13 @@ fn write(
             log::warn!("HA: a /metadata write was fenced off: this node is not the leader");
             all("Not the leader: this meta does not hold the etcd leadership")
         }
-        Err(e) => {
+        Err(EtcdError::Unavailable(e)) => {
             log::warn!("HA: /metadata write to etcd failed: {e}");
             all("etcd unavailable: the /metadata write was not stored")
+        }
+        Err(EtcdError::Refused(e)) => {
+            log::warn!("HA: etcd refused a /metadata write: {e}");
+            all(&format!("etcd refused the /metadata write: {e}"))
         }
     }
 }

@@ -360,6 +360,28 @@ fn failover_keeps_metadata(driver: Driver) {
     );
     let r = l.request("DELETE", "/metadata?key=entry-3", None);
     r.assert_error(200, "Metadata key not found");
+    // Concurrent writes of one key from several connections (and shards): whatever value
+    // wins, the leader's copy and etcd's agree, so the new leader serves the same one.
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let addr = leader.addr;
+            std::thread::spawn(move || {
+                let mut c = crate::harness::Client::connect(addr);
+                for i in 0..25 {
+                    let r = c.request(
+                        "PUT",
+                        "/metadata?key=hot",
+                        Some(format!("{t}-{i}").as_bytes()),
+                    );
+                    assert_eq!(r.text(), "metadata updated");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let hot = l.get("/metadata?key=hot").body;
     drop(l);
 
     let old_addr = leader.addr;
@@ -388,6 +410,7 @@ fn failover_keeps_metadata(driver: Driver) {
             assert_eq!(r.body, format!("value-{i}\0\u{ff}").as_bytes(), "entry-{i}");
         }
     }
+    assert_eq!(s.get("/metadata?key=hot").body, hot);
     assert_eq!(
         s.request("PUT", "/metadata?key=after", Some(b"x")).text(),
         "metadata updated"
