@@ -152,7 +152,11 @@ fn meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
     ServerBuilder::new(driver)
         .listen(&format!("127.0.0.1:{port}"))
         .set("ock.mmc.meta.ha.enable", "true")
-        .set("ock.mmc.meta.ha.etcd_endpoints", &etcd.endpoint())
+        // A dead endpoint first: the client moves on to the next one.
+        .set(
+            "ock.mmc.meta.ha.etcd_endpoints",
+            &format!("http://127.0.0.1:{},{}", free_port(), etcd.endpoint()),
+        )
         .set(
             "ock.mmc.meta.ha.advertise_url",
             &format!("http://127.0.0.1:{port}"),
