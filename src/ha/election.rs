@@ -88,6 +88,8 @@ struct Leadership {
     /// Stop serving at this instant unless a renewal succeeds first.
     step_down_at: Instant,
     next_renewal: Instant,
+    /// No other leader served since this node's previous leadership (or it never led).
+    continuous: bool,
 }
 
 struct Elector {
@@ -102,12 +104,28 @@ struct Elector {
     last_seen: Instant,
     /// The largest view_version seen (kept while the leader is unknown).
     view_version: u64,
+    /// This process's incarnation, written to `<prefix>last_leader` at each election.
+    incarnation: String,
+    /// This process led before (its store holds objects of that leadership).
+    led_before: bool,
 }
 
 /// How long before the lease's earliest possible expiry a leader stops serving: a fifth of the
 /// TTL, at least 300 ms (requests already past the gate finish within it).
 fn margin(ttl: Duration) -> Duration {
     (ttl / 5).max(Duration::from_millis(300))
+}
+
+/// A value no other process writes: this process's id and start time, hashed with its
+/// address space layout.
+fn incarnation() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let local = 0u8;
+    let seed = format!("{}-{nanos}-{:p}", std::process::id(), &local);
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(seed.as_bytes()))
 }
 
 impl Elector {
@@ -129,6 +147,8 @@ impl Elector {
             poll,
             last_seen: Instant::now(),
             view_version: 0,
+            incarnation: incarnation(),
+            led_before: false,
         }
     }
 
@@ -249,20 +269,31 @@ impl Elector {
         };
         let ttl = Duration::from_secs(granted.max(1));
         let key = b64(&self.key);
+        let last = b64(&self.cfg.last_leader_key());
         let txn = json!({
             "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            "success": [{"request_put": {
-                "key": key,
-                "value": b64(self.cfg.advertise_url.as_bytes()),
-                "lease": lease.to_string(),
-            }}],
+            "success": [
+                {"request_range": {"key": last}},
+                {"request_put": {
+                    "key": key,
+                    "value": b64(self.cfg.advertise_url.as_bytes()),
+                    "lease": lease.to_string(),
+                }},
+                {"request_put": {"key": last, "value": b64(self.incarnation.as_bytes())}},
+            ],
             "failure": [{"request_range": {"key": key}}],
         });
         match self.etcd.txn(&txn, deadline) {
             Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => {
                 let revision = etcd::int(v.get("header").unwrap_or(&Value::Null), "revision");
                 log::info!("HA: elected leader, view_version {revision}");
+                self.cluster.ha.serve_until(sent + ttl - margin(ttl));
+                let previous = v
+                    .pointer("/responses/0/response_range/kvs/0")
+                    .map(|kv| etcd::bytes(kv, "value"))
+                    .unwrap_or_default();
                 Some(Leadership {
+                    continuous: previous == self.incarnation.as_bytes(),
                     lease,
                     revision,
                     ttl,
@@ -306,6 +337,17 @@ impl Elector {
         let view = l.revision as u64;
         let me = Some(self.cfg.advertise_url.clone());
         self.publish(Role::Leader, HaState::Starting, me.clone(), view);
+        if self.led_before && !l.continuous {
+            log::warn!(
+                "HA: another leader served since this node last led: dropping the objects it still holds (they may be stale)"
+            );
+            if let Err(e) = self.purge_objects(&l) {
+                log::warn!("HA: {e}; resigning");
+                self.resign(&l, "the purge failed");
+                return Phase::Follow;
+            }
+        }
+        self.led_before = true;
         let loaded = self.load_metadata(&mut l).and_then(|n| {
             self.cluster.ha.recover(view, l.step_down_at)?;
             Ok(n)
@@ -332,6 +374,30 @@ impl Elector {
                 Phase::Follow
             }
         }
+    }
+
+    /// Drops every object this node's shards hold (a purge in slices, as `DELETE /all_keys`).
+    fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
+        let ha = &self.cluster.ha;
+        let (ack_tx, ack_rx) = flume::unbounded();
+        let mut expected = 0;
+        for s in 0..ha.shard_count() {
+            if ha.send_to_shard(
+                s,
+                ShardMsg::Purge {
+                    ack: ack_tx.clone(),
+                },
+            ) {
+                expected += 1;
+            }
+        }
+        for _ in 0..expected {
+            let left = l.step_down_at.saturating_duration_since(Instant::now());
+            ack_rx
+                .recv_timeout(left)
+                .map_err(|_| "the shards did not drop their objects in time".to_string())?;
+        }
+        Ok(())
     }
 
     /// Replaces every shard's `/metadata` copy with etcd's, page by page, renewing the lease
@@ -417,6 +483,7 @@ impl Elector {
                 let ttl = Duration::from_secs(ttl).min(l.ttl);
                 l.step_down_at = sent + ttl - margin(l.ttl).min(ttl / 2);
                 l.next_renewal = sent + l.ttl / 3;
+                self.cluster.ha.serve_until(l.step_down_at);
             }
             Err(e) => {
                 log::warn!("HA: lease renewal failed: {e}");

@@ -98,6 +98,12 @@ impl HaConfig {
         format!("{}leader", self.prefix).into_bytes()
     }
 
+    /// Written by each new leader with its incarnation: a node elected again sees whether
+    /// another leader served since its own last leadership.
+    pub fn last_leader_key(&self) -> Vec<u8> {
+        format!("{}last_leader", self.prefix).into_bytes()
+    }
+
     /// Where the `/metadata` entry `key` lives in etcd.
     pub fn metadata_key(&self, key: &[u8]) -> Vec<u8> {
         let mut k = self.metadata_prefix();
@@ -158,6 +164,9 @@ pub enum ShardMsg {
     },
     /// This node became leader: drop the local `/metadata` copy (etcd's is the truth).
     Reset { ack: flume::Sender<()> },
+    /// This node leads again after another leader served: the objects it still holds are
+    /// from before and may be stale (removed or replaced since): drop them.
+    Purge { ack: flume::Sender<()> },
     /// `/metadata` entries loaded from etcd.
     Load {
         entries: Vec<(Box<[u8]>, Bytes)>,
@@ -186,6 +195,12 @@ pub struct HaView {
     enabled: bool,
     /// HA on, and this node is the leader and serving. The one thing the request path reads.
     serving: AtomicBool,
+    /// While leading: nanoseconds after `epoch` at which serving ends unless a renewal moves
+    /// it on (the step-down deadline). Checked on every request with HA on, so a leader whose
+    /// election thread was descheduled or the whole process paused (SIGSTOP, a VM freeze)
+    /// stops serving at its deadline all the same, before its lease can expire.
+    serving_until_ns: AtomicU64,
+    epoch: std::time::Instant,
     current: RwLock<Arc<HaSnapshot>>,
     /// While this node leads: the create revision of its election key, which every etcd write
     /// of the leader compares against (fencing); 0 otherwise.
@@ -208,6 +223,8 @@ impl HaView {
         HaView {
             enabled: false,
             serving: AtomicBool::new(true),
+            serving_until_ns: AtomicU64::new(u64::MAX),
+            epoch: std::time::Instant::now(),
             current: RwLock::new(Arc::new(HaSnapshot {
                 role: Role::Leader,
                 state: HaState::Serving,
@@ -231,6 +248,8 @@ impl HaView {
         HaView {
             enabled: true,
             serving: AtomicBool::new(false),
+            serving_until_ns: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             current: RwLock::new(Arc::new(HaSnapshot {
                 role: Role::Unknown,
                 state: HaState::Starting,
@@ -259,15 +278,29 @@ impl HaView {
     }
 
     /// Requests other than the HA and health routes must not be served here: HA is on and
-    /// this node is not the serving leader. With HA off this is one load of a plain bool.
+    /// this node is not the serving leader, or its serving deadline passed. With HA off this is
+    /// one load of a plain bool; with HA on, a relaxed atomic load and a monotonic clock read.
     #[inline]
     pub fn gated(&self) -> bool {
-        self.enabled && !self.serving.load(Ordering::Relaxed)
+        self.enabled && !self.serving_now()
     }
 
-    /// This node serves (always with HA off; with HA on, the serving leader).
+    fn serving_now(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+            && (self.epoch.elapsed().as_nanos() as u64)
+                < self.serving_until_ns.load(Ordering::Relaxed)
+    }
+
+    /// This node serves (always with HA off; with HA on, the serving leader within its
+    /// deadline).
     pub fn serving(&self) -> bool {
-        self.serving.load(Ordering::Acquire)
+        !self.enabled || self.serving_now()
+    }
+
+    /// Moves the serving deadline (election thread only, as a renewal succeeds).
+    pub(crate) fn serve_until(&self, deadline: std::time::Instant) {
+        let ns = deadline.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.serving_until_ns.store(ns, Ordering::Release);
     }
 
     pub fn config(&self) -> Option<&HaConfig> {
@@ -418,11 +451,16 @@ mod tests {
             0,
         );
         assert!(view.gated());
+        view.serve_until(std::time::Instant::now() + std::time::Duration::from_secs(60));
         view.publish(
             snap(Role::Leader, HaState::Serving, Some("http://b:1"), 9),
             9,
         );
         assert!(!view.gated() && view.serving());
+        // Past its deadline a leader does not serve, whatever the flag says.
+        view.serve_until(std::time::Instant::now());
+        assert!(view.gated() && !view.serving());
+        view.serve_until(std::time::Instant::now() + std::time::Duration::from_secs(60));
         assert_eq!(view.fence(), 9);
         view.publish(snap(Role::Unknown, HaState::Unknown, None, 9), 0);
         assert!(view.gated() && view.fence() == 0);

@@ -80,7 +80,7 @@ pub(super) fn run(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) {
         }
         // The fence of the writes, and still this node's: a write of an earlier leadership is
         // refused here, or by etcd's compare if the leadership changes meanwhile.
-        let fence = if batch[0].fence == ha.fence() {
+        let fence = if batch[0].fence == ha.fence() && ha.serving() {
             batch[0].fence
         } else {
             0

@@ -83,6 +83,10 @@ impl Shard {
                     self.update_metadata_gauges();
                     let _ = ack.send(());
                 }
+                ShardMsg::Purge { ack } => {
+                    let _ = self.try_apply(super::Command::RemoveAll);
+                    let _ = ack.send(());
+                }
                 ShardMsg::Load { entries, ack } => {
                     let mut refused = 0;
                     {

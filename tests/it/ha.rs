@@ -447,6 +447,11 @@ fn leader_steps_down_without_etcd(driver: Driver) {
         c.request("PUT", "/metadata?key=k", Some(b"v")).text(),
         "metadata updated"
     );
+    assert_eq!(
+        c.request("PUT", "/api/v1/objects?key=kept", Some(b"object"))
+            .json()["success"],
+        true
+    );
     let no_leader = "No leader: no meta service leader is known right now (HA election in progress or etcd unreachable); retry shortly";
 
     for how in ["frozen (SIGSTOP)", "killed"] {
@@ -492,11 +497,79 @@ fn leader_steps_down_without_etcd(driver: Driver) {
         );
         let mut c = m.client();
         assert_eq!(c.get("/metadata?key=k").text(), "v");
+        // Nobody else led meanwhile: its objects are still good and kept.
+        assert_eq!(c.get("/api/v1/objects?key=kept").body, b"object");
     }
     drop(m);
 }
 
+/// A leader paused past its lease (SIGSTOP of the meta: its election thread stopped too) does
+/// not serve when it resumes, even for a moment: the other meta leads by then. When it leads
+/// again after that other leader, the objects it kept from before are dropped (they may be
+/// stale), and the /metadata entries are etcd's.
+fn paused_leader_does_not_serve_when_it_resumes(driver: Driver) {
+    let Some(etcd) = Etcd::start("paused") else {
+        return;
+    };
+    let (a, mut b) = two_metas(driver, &etcd);
+    let mut c = a.client();
+    assert_eq!(
+        c.request("PUT", "/api/v1/objects?key=old", Some(b"from a"))
+            .json()["success"],
+        true
+    );
+    assert_eq!(
+        c.request("PUT", "/metadata?key=m", Some(b"1")).text(),
+        "metadata updated"
+    );
+    drop(c);
+    a.signal(libc::SIGSTOP);
+    wait_health(
+        b.addr,
+        Duration::from_millis(2 * TTL_MS + 2000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let mut cb = b.client();
+    assert_eq!(
+        cb.request("PUT", "/metadata?key=m", Some(b"2")).text(),
+        "metadata updated"
+    );
+    drop(cb);
+    // Resumed: the very first request is not served as leader.
+    a.signal(libc::SIGCONT);
+    let mut c = a.client();
+    let r = c.get("/api/v1/objects?key=old");
+    assert!(
+        r.status == 307 || r.status == 503,
+        "a paused leader served after resuming: {} {}",
+        r.status,
+        r.text()
+    );
+    wait_health(a.addr, Duration::from_secs(10), "a standby", |h| {
+        h["role"] == "standby" && h["leader_address"] == url(b.addr)
+    });
+    // The other leader dies: `a` leads again, without its stale object, with etcd's metadata.
+    b.kill9();
+    wait_health(
+        a.addr,
+        Duration::from_millis(2 * TTL_MS + 2000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let mut c = a.client();
+    c.get("/api/v1/objects?key=old")
+        .assert_error(200, "Key not found");
+    assert_eq!(c.get("/metadata?key=m").text(), "2");
+    drop(a);
+}
+
 both_drivers!(election_and_standby_redirects);
+
+#[test]
+fn paused_leader_does_not_serve_when_it_resumes_uring() {
+    paused_leader_does_not_serve_when_it_resumes(Driver::Uring);
+}
 
 #[test]
 fn failover_keeps_metadata_uring() {

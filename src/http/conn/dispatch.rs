@@ -210,7 +210,7 @@ fn not_leader(head: &Head<'_>, ctx: &mut Ctx<'_>) -> Response {
             r.location = Some(location.into_boxed_str());
             r
         }
-        (_, crate::ha::Role::Leader) => {
+        (_, crate::ha::Role::Leader) if ha.state == crate::ha::HaState::Starting => {
             let mut r = ctx.protocol_error(
                 Status::SERVICE_UNAVAILABLE,
                 "Leader starting: this meta was just elected and is loading its state; retry shortly",
