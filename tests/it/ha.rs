@@ -463,14 +463,25 @@ fn leader_steps_down_without_etcd(driver: Driver) {
         } else {
             etcd.signal(libc::SIGSTOP);
         }
-        // Not serving within the TTL (plus the polling step of this test).
-        let h = wait_health(
-            m.addr,
-            Duration::from_millis(TTL_MS + 300),
-            "stepped down",
-            |h| !is_serving_leader(h),
-        );
+        // Not serving within the TTL (plus the polling step of this test): a read is no
+        // longer answered as leader.
+        let limit = Duration::from_millis(TTL_MS + 300);
+        loop {
+            let r = m.client().get("/metadata?key=k");
+            if r.status != 200 {
+                break;
+            }
+            assert!(
+                cut.elapsed() < limit,
+                "etcd {how}: still serving after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         eprintln!("etcd {how}: stepped down after {:?}", cut.elapsed());
+        // And it says so (published by the election thread, at the same deadline).
+        let h = wait_health(m.addr, Duration::from_millis(1000), "stepped down", |h| {
+            !is_serving_leader(h)
+        });
         assert_eq!(h["role"], "unknown", "{h}");
         assert_eq!(h["ha_state"], "unknown", "{h}");
         assert_eq!(h["service_ready"], false, "{h}");
