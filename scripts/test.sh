@@ -17,11 +17,16 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3 python3-v
 # The status page (/ui) is rendered in headless Chromium; the unit file is checked by systemd-analyze.
 command -v chromium >/dev/null || need_pkgs+=(chromium)
 command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
+# The HA tests (tests/it/ha.rs) run a real etcd on loopback ports.
+command -v etcd >/dev/null || need_pkgs+=(etcd-server)
 if ((${#need_pkgs[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"
 fi
+
+# etcd is installed now: the HA tests must run, never skip.
+export MMC_REQUIRE_ETCD=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

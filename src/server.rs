@@ -22,6 +22,8 @@ pub struct Server {
     pub drivers: Vec<DriverKind>,
     threads: Vec<JoinHandle<()>>,
     kv_publisher: Option<crate::kv_events::KvPublisher>,
+    /// The election and `/metadata` writer threads (HA on).
+    ha: Option<crate::ha::election::HaThreads>,
 }
 
 /// Backlog of each shard's listening socket: deep enough for a burst of new connections
@@ -217,6 +219,7 @@ impl Server {
             drivers,
             threads,
             kv_publisher,
+            ha: None,
         };
         if let Some(e) = failure {
             server.cluster.begin_shutdown();
@@ -233,6 +236,17 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        let mut server = server;
+        if server.cluster.config.ha.enable {
+            match crate::ha::election::HaThreads::start(server.cluster.clone()) {
+                Ok(t) => server.ha = Some(t),
+                Err(e) => {
+                    server.cluster.begin_shutdown();
+                    server.join();
+                    return Err(e);
+                }
+            }
+        }
         Ok(server)
     }
 
@@ -242,6 +256,11 @@ impl Server {
         let mut clean = true;
         for t in self.threads {
             clean &= t.join().is_ok();
+        }
+        // A leader resigned (its lease revoked) as soon as the shutdown began, so a standby
+        // took over while this node drained.
+        if let Some(ha) = self.ha {
+            ha.stop();
         }
         // The shards are gone: publish what they queued, then stop.
         if let Some(p) = self.kv_publisher {
@@ -263,6 +282,9 @@ async fn shard_main(
     let front = Front::new(shard.clone(), boot_id);
     monoio::spawn(shard.mailbox());
     monoio::spawn(front.clone().tick());
+    if cluster.ha.enabled() {
+        monoio::spawn(shard.clone().ha_applier());
+    }
     let bus_shard = shard.clone();
     monoio::spawn(async move { bus_shard.bus.run().await });
     let listener = match TcpListener::from_std(listener) {

@@ -60,6 +60,25 @@ fn endpoint(v: &str) -> Result<String, String> {
     }
 }
 
+/// A comma list of etcd endpoints: `http://HOST:PORT` or `HOST:PORT`.
+fn etcd_endpoints(v: &str) -> Result<Vec<HostPort>, String> {
+    const ALLOWED: &str =
+        "a comma list of etcd endpoints http://HOST:PORT (https is not supported)";
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let hp = if item.contains("://") {
+            match parse_url(item) {
+                Ok((false, hp)) => hp,
+                _ => return Err(ALLOWED.to_string()),
+            }
+        } else {
+            values::HostPort::parse(item).map_err(|_| ALLOWED.to_string())?
+        };
+        out.push(hp);
+    }
+    Ok(out)
+}
+
 fn size(v: &str) -> Result<u64, String> {
     parse_size(v).map_err(str::to_string)
 }
@@ -99,6 +118,54 @@ pub static KEYS: &[KeySpec] = &[
                 values::HostPort::parse(v).map_err(str::to_string)?;
             }
             c.advertise_address = v.to_string();
+        }
+    ),
+    key!(
+        "ock.mmc.meta.ha.enable",
+        "false",
+        "High availability on etcd: metas campaign for leadership with an etcd lease; one leads, the others are standbys that redirect (307) to it. Needs etcd_endpoints and advertise_url.",
+        |c, v| c.ha.enable = parse_bool(v)?
+    ),
+    key!(
+        "ock.mmc.meta.ha.etcd_endpoints",
+        "",
+        "etcd client endpoints, comma-separated (http://HOST:PORT or HOST:PORT; plain HTTP, etcd's v3 JSON gateway), tried in turn.",
+        |c, v| c.ha.etcd_endpoints = etcd_endpoints(v)?
+    ),
+    key!(
+        "ock.mmc.meta.ha.advertise_url",
+        "",
+        "The URL clients and local services use to reach this meta (http://HOST:PORT): the leader_address while it leads, and where standbys redirect to.",
+        |c, v| {
+            let v = v.trim();
+            if !v.is_empty() {
+                parse_url(v).map_err(str::to_string)?;
+            }
+            c.ha.advertise_url = v.trim_end_matches('/').to_string();
+        }
+    ),
+    key!(
+        "ock.mmc.meta.ha.lease_ttl_ms",
+        "5000",
+        "The leader's etcd lease TTL (whole seconds, rounded up; at least 2000). A leader that cannot renew it steps down before it expires; a standby takes over within about this long after the leader dies.",
+        |c, v| c.ha.lease_ttl_ms = parse_u64_in(v, 2000, 600_000)?
+    ),
+    key!(
+        "ock.mmc.meta.ha.prefix",
+        "/mmc/",
+        "etcd key prefix: the election key is PREFIX + leader, /metadata entries live under PREFIX + metadata/.",
+        |c, v| {
+            let v = v.trim();
+            if !v.starts_with('/')
+                || !v.ends_with('/')
+                || v.len() > 256
+                || v.bytes().any(|b| b.is_ascii_control())
+            {
+                return Err(
+                    "a key prefix that starts and ends with / (at most 256 bytes)".to_string(),
+                );
+            }
+            c.ha.prefix = v.to_string();
         }
     ),
     key!(

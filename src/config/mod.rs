@@ -28,6 +28,8 @@ pub struct Config {
     /// This node's address as other nodes and clients should reach it; reported as
     /// `leader_address` while this node leads. Empty: `unknown`.
     pub advertise_address: String,
+    /// `ock.mmc.meta.ha.*`: the election on etcd.
+    pub ha: crate::ha::HaConfig,
     pub http: HttpConfig,
     pub metadata: MetadataConfig,
     pub shard: ShardConfig,
@@ -159,6 +161,13 @@ impl Config {
             },
             url_is_https: false,
             advertise_address: String::new(),
+            ha: crate::ha::HaConfig {
+                enable: false,
+                etcd_endpoints: Vec::new(),
+                advertise_url: String::new(),
+                lease_ttl_ms: 0,
+                prefix: String::new(),
+            },
             http: HttpConfig {
                 max_body_bytes: 0,
                 idle_timeout_ms: 0,
@@ -309,6 +318,18 @@ impl Config {
                 self.body_timeout_ms(),
                 self.store.alloc_timeout_ms
             )));
+        }
+        if self.ha.enable {
+            if self.ha.etcd_endpoints.is_empty() {
+                return Err(ConfigError::Conflict(
+                    "ock.mmc.meta.ha.enable is true but ock.mmc.meta.ha.etcd_endpoints is empty: set the etcd endpoints".to_string(),
+                ));
+            }
+            if self.ha.advertise_url.is_empty() {
+                return Err(ConfigError::Conflict(
+                    "ock.mmc.meta.ha.enable is true but ock.mmc.meta.ha.advertise_url is empty: set the URL clients reach this meta at".to_string(),
+                ));
+            }
         }
         if self.metadata.max_value_bytes > self.http.max_body_bytes {
             return Err(ConfigError::Conflict(format!(

@@ -153,6 +153,10 @@ impl Front {
         &self.auth
     }
 
+    pub fn ha(&self) -> &crate::ha::HaView {
+        &self.shard.cluster.ha
+    }
+
     pub fn config(&self) -> &Config {
         &self.shard.cluster.config
     }

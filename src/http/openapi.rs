@@ -84,14 +84,22 @@ fn build(config: &Config) -> Value {
             {
                 schemes_used.push(s);
             }
-            item.insert(name, operation(spec.path, fragment, scheme));
+            let mut op = operation(spec.path, fragment, scheme);
+            if config.ha.enable && !spec.route.served_by_standby() {
+                add_standby_answers(&mut op);
+            }
+            item.insert(name, op);
         }
         paths.insert(spec.path.to_string(), Value::Object(item));
     }
 
     let mut components = Map::new();
     components.insert("schemas".into(), parts["components"]["schemas"].clone());
-    components.insert("responses".into(), responses());
+    let mut shared = responses();
+    if config.ha.enable {
+        standby_responses(&mut shared);
+    }
+    components.insert("responses".into(), shared);
     if !schemes_used.is_empty() {
         let mut schemes = Map::new();
         for s in [auth::DATA_SCHEME, auth::METRICS_SCHEME] {
@@ -231,6 +239,45 @@ fn responses() -> Value {
     Value::Object(r)
 }
 
+/// With HA on, a node that is not the serving leader answers the leader's routes with a 307
+/// to the leader, or 503 when no leader is known.
+fn standby_responses(r: &mut Value) {
+    let Some(r) = r.as_object_mut() else { return };
+    r.insert(
+        "NotLeader".into(),
+        error_response(
+            "HA: this meta is a standby; `Location` is the same path and query on the leader",
+            &[(
+                "Location",
+                json!({"required": true, "schema": {"type": "string"}}),
+            )],
+        ),
+    );
+    r.insert(
+        "NoLeader".into(),
+        error_response(
+            "HA: no leader is known (election in progress, etcd unreachable) or the leader is still loading its state",
+            &[(
+                "Retry-After",
+                json!({"description": "Seconds to wait before retrying", "required": true, "schema": {"type": "integer", "minimum": 1}}),
+            )],
+        ),
+    );
+}
+
+fn add_standby_answers(op: &mut Value) {
+    if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+        responses.insert("307".into(), reference("NotLeader"));
+        // A route that answers 503 itself keeps its own description.
+        responses
+            .entry("503")
+            .or_insert_with(|| reference("NoLeader"));
+        let mut sorted: Vec<(String, Value)> = std::mem::take(responses).into_iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        *responses = sorted.into_iter().collect();
+    }
+}
+
 fn reference(name: &str) -> Value {
     json!({"$ref": format!("#/components/responses/{name}")})
 }
@@ -325,6 +372,41 @@ mod tests {
 
     fn doc(data: &str, metrics: &str) -> Value {
         serde_json::from_slice(&document(&config(data, metrics))).unwrap()
+    }
+
+    /// With HA on, the leader's routes may answer 307 (to the leader) and 503 (no leader);
+    /// the routes a standby serves itself do not redirect. HA off, nothing redirects.
+    #[test]
+    fn ha_adds_the_standby_answers() {
+        let mut c = Config::defaults();
+        c.set("ock.mmc.meta.ha.enable", "true").unwrap();
+        let d: Value = serde_json::from_slice(&document(&c)).unwrap();
+        let put = &d["paths"]["/metadata"]["put"]["responses"];
+        assert_eq!(put["307"]["$ref"], "#/components/responses/NotLeader");
+        assert_eq!(put["503"]["$ref"], "#/components/responses/NoLeader");
+        let nl = &d["components"]["responses"]["NotLeader"];
+        assert!(nl["headers"]["Location"]["required"] == true);
+        for p in [
+            "/health",
+            "/role",
+            "/ha_status",
+            "/leader",
+            "/ready",
+            "/healthz",
+            "/metrics",
+        ] {
+            assert!(
+                d["paths"][p]["get"]["responses"].get("307").is_none(),
+                "{p}"
+            );
+        }
+        let off = doc("", "");
+        assert!(
+            off["paths"]["/metadata"]["put"]["responses"]
+                .get("307")
+                .is_none()
+        );
+        assert!(off["components"]["responses"].get("NotLeader").is_none());
     }
 
     /// The document describes exactly the router's paths and methods (HEAD and OPTIONS are

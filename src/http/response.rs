@@ -12,6 +12,7 @@ impl Status {
     pub const CONTINUE: Status = Status(100);
     pub const OK: Status = Status(200);
     pub const NO_CONTENT: Status = Status(204);
+    pub const TEMPORARY_REDIRECT: Status = Status(307);
     pub const BAD_REQUEST: Status = Status(400);
     pub const UNAUTHORIZED: Status = Status(401);
     pub const NOT_FOUND: Status = Status(404);
@@ -34,6 +35,7 @@ impl Status {
             100 => b"HTTP/1.1 100 Continue\r\n",
             200 => b"HTTP/1.1 200 OK\r\n",
             204 => b"HTTP/1.1 204 No Content\r\n",
+            307 => b"HTTP/1.1 307 Temporary Redirect\r\n",
             400 => b"HTTP/1.1 400 Bad Request\r\n",
             401 => b"HTTP/1.1 401 Unauthorized\r\n",
             404 => b"HTTP/1.1 404 Not Found\r\n",
@@ -135,7 +137,10 @@ pub struct Response {
     pub allow: Option<&'static str>,
     /// `Retry-After` seconds (429, 503).
     pub retry_after_secs: Option<u32>,
-    pub www_authenticate: Option<&'static str>,
+    /// `WWW-Authenticate: ` [`crate::http::auth::CHALLENGE`] (401).
+    pub www_authenticate: bool,
+    /// `Location` (a standby's 307 to the leader).
+    pub location: Option<Box<str>>,
     /// `Cache-Control: no-store`: on every dynamic response.
     pub no_store: bool,
     /// Close the connection after this response.
@@ -166,7 +171,8 @@ impl Response {
             body,
             allow: None,
             retry_after_secs: None,
-            www_authenticate: None,
+            www_authenticate: false,
+            location: None,
             no_store: true,
             close: false,
             failed: false,
@@ -271,9 +277,14 @@ pub fn encode(
         out.extend_from_slice(itoa::Buffer::new().format(secs).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(realm) = resp.www_authenticate {
+    if let Some(location) = &resp.location {
+        out.extend_from_slice(b"Location: ");
+        out.extend_from_slice(location.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if resp.www_authenticate {
         out.extend_from_slice(b"WWW-Authenticate: ");
-        out.extend_from_slice(realm.as_bytes());
+        out.extend_from_slice(crate::http::auth::CHALLENGE.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     if resp.close {

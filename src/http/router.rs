@@ -169,6 +169,21 @@ impl Route {
         )
     }
 
+    /// Routes a standby answers itself (HA on): health, readiness, the HA facts and its own
+    /// metrics. Every other route is the leader's.
+    pub fn served_by_standby(self) -> bool {
+        matches!(
+            self,
+            Route::Health
+                | Route::Healthz
+                | Route::Ready
+                | Route::Role
+                | Route::HaStatus
+                | Route::Leader
+                | Route::Metrics
+        )
+    }
+
     pub fn spec(self) -> &'static RouteSpec {
         &ROUTES[self as usize]
     }

@@ -23,7 +23,7 @@ impl Shard {
         let applied = match cmd {
             Command::MetadataGet { key } => Applied::Now(self.metadata.borrow().get(&key)),
             Command::MetadataPut { key, value } => self.apply_metadata_put(key, value),
-            Command::MetadataDelete { key } => self.apply_metadata_delete(&key),
+            Command::MetadataDelete { key } => self.apply_metadata_delete(key),
             Command::Alloc {
                 key,
                 size,
@@ -61,13 +61,19 @@ impl Shard {
     }
 
     pub(super) fn apply_metadata_put(&self, key: Box<[u8]>, value: bytes::Bytes) -> Applied {
+        if self.cluster.ha.enabled() {
+            return self.replicate_metadata(crate::ha::MetaOp::Put(key, value));
+        }
         let r = self.metadata.borrow_mut().put(key, value);
         self.update_metadata_gauges();
         Applied::Now(r)
     }
 
-    pub(super) fn apply_metadata_delete(&self, key: &[u8]) -> Applied {
-        let r = self.metadata.borrow_mut().delete(key);
+    pub(super) fn apply_metadata_delete(&self, key: Box<[u8]>) -> Applied {
+        if self.cluster.ha.enabled() {
+            return self.replicate_metadata(crate::ha::MetaOp::Delete(key));
+        }
+        let r = self.metadata.borrow_mut().delete(&key);
         self.update_metadata_gauges();
         Applied::Now(r)
     }

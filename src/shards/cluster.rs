@@ -113,7 +113,11 @@ impl Cluster {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
-        let ha = HaView::standalone(&config.advertise_address);
+        let ha = if config.ha.enable {
+            HaView::elected(config.ha.clone(), shard_count)
+        } else {
+            HaView::standalone(&config.advertise_address)
+        };
         let segments = Arc::new(SegmentTable::with_numa(numa));
         store::mount::mount_configured(&config, &segments, shard_count)?;
         let started = Instant::now();
@@ -146,9 +150,12 @@ impl Cluster {
         self.shards.len()
     }
 
+    /// Every shard accepts, the server is not shutting down, and (HA on) this node is the
+    /// serving leader.
     pub fn is_ready(&self) -> bool {
         self.accepting.load(Ordering::Acquire) == self.shards.len()
             && !self.shutting_down.load(Ordering::Acquire)
+            && self.ha.serving()
     }
 
     /// Starts the graceful shutdown: every shard stops accepting and drains.

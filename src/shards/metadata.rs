@@ -14,6 +14,9 @@ pub struct MetadataStore {
     /// collide in one bucket.
     map: HashMap<Box<[u8]>, Bytes, foldhash::fast::RandomState>,
     bytes_used: u64,
+    /// Bytes held for writes on their way to etcd (HA on): counted against the budget so a
+    /// write etcd accepted always fits when it comes back to be applied.
+    bytes_reserved: u64,
     /// This shard's share of `ock.mmc.metadata.max_total_bytes`.
     bytes_max: u64,
 }
@@ -23,6 +26,7 @@ impl MetadataStore {
         MetadataStore {
             map: HashMap::default(),
             bytes_used: 0,
+            bytes_reserved: 0,
             bytes_max,
         }
     }
@@ -49,12 +53,36 @@ impl MetadataStore {
     pub fn put(&mut self, key: Box<[u8]>, value: Bytes) -> Reply {
         let new_cost = cost(&key, &value);
         let old_cost = self.map.get(&key).map_or(0, |old| cost(&key, old));
-        if self.bytes_used - old_cost + new_cost > self.bytes_max {
+        if self.bytes_used - old_cost + new_cost + self.bytes_reserved > self.bytes_max {
             return Reply::refused("Metadata store full");
         }
         self.bytes_used = self.bytes_used - old_cost + new_cost;
         self.map.insert(key, value);
         Reply::Done
+    }
+
+    /// The cost a put of `key` with a value of `value_len` bytes is charged.
+    pub fn put_cost(key: &[u8], value_len: usize) -> u64 {
+        key.len() as u64 + value_len as u64 + ENTRY_OVERHEAD_BYTES
+    }
+
+    /// Holds `bytes` of the budget for a write on its way to etcd; false when they do not fit.
+    pub fn reserve(&mut self, bytes: u64) -> bool {
+        if self.bytes_used + self.bytes_reserved + bytes > self.bytes_max {
+            return false;
+        }
+        self.bytes_reserved += bytes;
+        true
+    }
+
+    pub fn unreserve(&mut self, bytes: u64) {
+        self.bytes_reserved = self.bytes_reserved.saturating_sub(bytes);
+    }
+
+    /// Drops every entry (a new leader reloads them from etcd). Reservations stay.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.bytes_used = 0;
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Reply {
@@ -69,7 +97,7 @@ impl MetadataStore {
 }
 
 fn cost(key: &[u8], value: &Bytes) -> u64 {
-    key.len() as u64 + value.len() as u64 + ENTRY_OVERHEAD_BYTES
+    MetadataStore::put_cost(key, value.len())
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod load;
 mod mailbox;
 pub mod metadata;
 pub mod notice;
+mod replica;
 pub mod runtime;
 pub mod store;
 mod waits;

@@ -6,6 +6,7 @@ mod harness;
 mod batches;
 mod foundation;
 mod framing;
+mod ha;
 mod latency_histograms;
 mod lifecycle;
 mod metrics_contract;

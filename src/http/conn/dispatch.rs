@@ -6,11 +6,11 @@ use std::time::Instant;
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
 use super::{Io, flush};
+use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
 use crate::http::response::{self, Body, Response, Status, Tail};
-use crate::http::{Front, auth};
 
 /// Answers one framed request: dispatches it, writes its answer (the head into `wbuf`, then a
 /// tail straight to the socket) and records its transfer. `None`: the connection broke;
@@ -153,7 +153,7 @@ fn refusal(
                 Status::UNAUTHORIZED,
                 "Unauthorized: missing or invalid bearer token",
             );
-            r.www_authenticate = Some(auth::CHALLENGE);
+            r.www_authenticate = true;
             r
         }
         (Some(Early::TooLarge), _) => {
@@ -163,6 +163,7 @@ fn refusal(
             r
         }
         (_, Verdict::NotFound) => ctx.protocol_error(Status::NOT_FOUND, "Not found"),
+        (_, Verdict::NotLeader) => not_leader(head, ctx),
         (_, Verdict::MethodNotAllowed(route)) => {
             let mut r = ctx.protocol_error(Status::METHOD_NOT_ALLOWED, "Method not allowed");
             r.allow = Some(route.spec().allow);
@@ -183,5 +184,47 @@ fn refusal(
             unreachable!("dispatchable requests wait for their body")
         }
         (None, Verdict::Dispatch(_)) => unreachable!("dispatched by the caller"),
+    }
+}
+
+/// The answer of a node that is not the serving leader (HA on) to a route the leader serves:
+/// 307 to the same path and query on the leader, or 503 with `Retry-After` when no leader is
+/// known (or this node was just elected and is loading its state).
+fn not_leader(head: &Head<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let ha = ctx.shard.cluster.ha.snapshot();
+    match (&ha.leader_address, ha.role) {
+        (Some(leader), crate::ha::Role::Standby) => {
+            let mut location =
+                String::with_capacity(leader.len() + head.path.len() + head.query.len() + 1);
+            location.push_str(leader);
+            // The target is ASCII (the parser refuses anything else in it).
+            location.push_str(&String::from_utf8_lossy(head.path));
+            if !head.query.is_empty() {
+                location.push('?');
+                location.push_str(&String::from_utf8_lossy(head.query));
+            }
+            let mut r = ctx.protocol_error(
+                Status::TEMPORARY_REDIRECT,
+                "Not the leader: this meta is a standby; the request is redirected to the leader",
+            );
+            r.location = Some(location.into_boxed_str());
+            r
+        }
+        (_, crate::ha::Role::Leader) if ha.state == crate::ha::HaState::Starting => {
+            let mut r = ctx.protocol_error(
+                Status::SERVICE_UNAVAILABLE,
+                "Leader starting: this meta was just elected and is loading its state; retry shortly",
+            );
+            r.retry_after_secs = Some(1);
+            r
+        }
+        _ => {
+            let mut r = ctx.protocol_error(
+                Status::SERVICE_UNAVAILABLE,
+                "No leader: no meta service leader is known right now (HA election in progress or etcd unreachable); retry shortly",
+            );
+            r.retry_after_secs = Some(1);
+            r
+        }
     }
 }

@@ -68,6 +68,9 @@ pub(super) enum Verdict {
     MethodNotAllowed(Route),
     Options(Option<Route>),
     Unauthorized,
+    /// HA on and this node is not the serving leader: the route is answered by the leader
+    /// (a 307 to it) or, with no leader known, 503.
+    NotLeader,
 }
 
 /// The most body bytes a request may carry: its route's limit, or the general one when it
@@ -90,6 +93,8 @@ pub(super) fn verdict(front: &Front, head: &Head<'_>) -> Verdict {
         None => Verdict::NotFound,
         Some(route) if !route.allows(head.method) => Verdict::MethodNotAllowed(route),
         Some(route) if head.method == Method::Options => Verdict::Options(Some(route)),
+        // With HA off this is one load of a plain bool (`HaView::gated`).
+        Some(route) if front.ha().gated() && !route.served_by_standby() => Verdict::NotLeader,
         Some(route) => Verdict::Dispatch(route),
     }
 }

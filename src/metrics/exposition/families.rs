@@ -436,6 +436,38 @@ pub(super) fn render_server(cluster: &Cluster, o: &mut Out<'_>) {
         o.int(name, &[("code", class)], n);
     }
     singles(cluster, o, SERVER_SINGLES);
+    render_ha(cluster, o);
+}
+
+/// The HA view: which role this node has now (one series per role, 1 for the current one)
+/// and the view_version. Standalone nodes report `leader` and 0.
+fn render_ha(cluster: &Cluster, o: &mut Out<'_>) {
+    let ha = cluster.ha.snapshot();
+    let name = "memcache_ha_role";
+    o.family(
+        name,
+        "This meta's HA role: 1 for the current one (leader, standby or unknown)",
+        "gauge",
+    );
+    for role in [
+        crate::ha::Role::Leader,
+        crate::ha::Role::Standby,
+        crate::ha::Role::Unknown,
+    ] {
+        o.int(name, &[("role", role.as_str())], u64::from(ha.role == role));
+    }
+    o.single(
+        "memcache_ha_serving",
+        "1 when this meta is the leader and serving (HA off: always 1)",
+        "gauge",
+        u64::from(cluster.ha.serving()),
+    );
+    o.single(
+        "memcache_ha_view_version",
+        "The HA view version: the etcd revision of the current leadership (0 without HA)",
+        "gauge",
+        ha.view_version,
+    );
 }
 
 /// `memcache_http_request_duration_seconds`: every operation's histogram, summed over shards,

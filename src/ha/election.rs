@@ -1,0 +1,539 @@
+//! The election thread: campaigns for the election key with an etcd lease, keeps the lease
+//! alive while it leads, follows the leader while it does not, and publishes every change to
+//! the [`HaView`](super::HaView).
+//!
+//! - **Campaign**: grant a lease, then one transaction "create `<prefix>leader` = my advertise
+//!   URL, attached to the lease, if it does not exist". Exactly one campaigner succeeds; the
+//!   key's create revision (etcd's global revision, which only grows) is the `view_version`
+//!   and the fence of that leadership.
+//! - **Lead**: renew the lease every TTL/3. Each renewal is sent at `t0`; etcd's lease then
+//!   lives until at least `t0 + TTL` (it counts from when it processed the renewal, which is
+//!   later). The leader stops serving at `t0 + TTL - margin` when no later renewal succeeded,
+//!   so it has stepped down before the lease can expire and another node can win. A renewal
+//!   is a request with that deadline: a frozen etcd (SIGSTOP) is noticed as surely as a dead
+//!   one. After a renewal the key is read back; a key that is not this leadership's any more
+//!   also ends it.
+//! - **Follow**: read the election key every poll interval (TTL/4, at most 1 s); when it is
+//!   gone, campaign. A follower that cannot read it for a TTL reports `unknown` (its view of
+//!   the leader is stale).
+//! - **Become leader**: `starting` (not serving) while the `/metadata` entries are loaded from
+//!   etcd into the shards, then `serving`.
+//! - **Stop** (SIGTERM): a leader revokes its lease, so a standby takes over at its next poll.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::etcd::{self, Etcd, EtcdError, b64};
+use super::{HaConfig, HaSnapshot, HaState, Role, ShardMsg};
+use crate::shards::Cluster;
+
+/// Entries read per `/metadata` page when a new leader loads them.
+const LOAD_PAGE: u64 = 1000;
+
+/// The running HA threads (election and `/metadata` writer).
+pub struct HaThreads {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HaThreads {
+    /// Starts the election and the writer (HA on only).
+    pub fn start(cluster: Arc<Cluster>) -> Result<HaThreads, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let c = cluster.clone();
+        let s = stop.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("mmc-ha-election".into())
+                .spawn(move || Elector::new(c, s).run())
+                .map_err(|e| format!("cannot start the HA election thread: {e}"))?,
+        );
+        let s = stop.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("mmc-ha-writer".into())
+                .spawn(move || super::writer::run(cluster, s))
+                .map_err(|e| format!("cannot start the HA writer thread: {e}"))?,
+        );
+        Ok(HaThreads { stop, threads })
+    }
+
+    /// Stops both threads (after the shards: the writer answers what they queued). The
+    /// election has already resigned when the shutdown began.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Phase {
+    Follow,
+    Lead(Leadership),
+}
+
+struct Leadership {
+    lease: i64,
+    /// The election key's create revision: `view_version` and fence.
+    revision: i64,
+    /// The granted TTL.
+    ttl: Duration,
+    /// Stop serving at this instant unless a renewal succeeds first.
+    step_down_at: Instant,
+    next_renewal: Instant,
+    /// No other leader served since this node's previous leadership (or it never led).
+    continuous: bool,
+}
+
+struct Elector {
+    cluster: Arc<Cluster>,
+    cfg: HaConfig,
+    key: Vec<u8>,
+    etcd: Etcd,
+    stop: Arc<AtomicBool>,
+    ttl: Duration,
+    poll: Duration,
+    /// The last time etcd answered a follower's read.
+    last_seen: Instant,
+    /// The largest view_version seen (kept while the leader is unknown).
+    view_version: u64,
+    /// This process's incarnation, written to `<prefix>last_leader` at each election.
+    incarnation: String,
+    /// This process led before (its store holds objects of that leadership).
+    led_before: bool,
+}
+
+/// How long before the lease's earliest possible expiry a leader stops serving: a fifth of the
+/// TTL, at least 300 ms (requests already past the gate finish within it).
+fn margin(ttl: Duration) -> Duration {
+    (ttl / 5).max(Duration::from_millis(300))
+}
+
+/// A value no other process writes: this process's id and start time, hashed with its
+/// address space layout.
+fn incarnation() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let local = 0u8;
+    let seed = format!("{}-{nanos}-{:p}", std::process::id(), &local);
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(seed.as_bytes()))
+}
+
+impl Elector {
+    fn new(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) -> Elector {
+        let cfg = cluster
+            .ha
+            .config()
+            .expect("the election runs with HA on")
+            .clone();
+        let ttl = Duration::from_secs(cfg.lease_ttl_secs());
+        let poll = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        Elector {
+            key: cfg.election_key(),
+            etcd: Etcd::new(cfg.etcd_endpoints.clone()),
+            cluster,
+            cfg,
+            stop,
+            ttl,
+            poll,
+            last_seen: Instant::now(),
+            view_version: 0,
+            incarnation: incarnation(),
+            led_before: false,
+        }
+    }
+
+    /// The server is shutting down (a leader then resigns at once, so a standby takes over
+    /// while this node drains), or the threads are being stopped.
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire) || self.cluster.is_shutting_down()
+    }
+
+    /// Sleeps until `until` or the stop, in short steps.
+    fn sleep_until(&self, until: Instant) {
+        while !self.stopping() {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    fn publish(&mut self, role: Role, state: HaState, leader: Option<String>, view: u64) {
+        self.view_version = self.view_version.max(view);
+        let fence = match (role, state) {
+            (Role::Leader, _) => view as i64,
+            _ => 0,
+        };
+        self.cluster.ha.publish(
+            HaSnapshot {
+                role,
+                state,
+                leader_address: leader,
+                view_version: self.view_version,
+            },
+            fence,
+        );
+    }
+
+    fn run(mut self) {
+        log::info!(
+            "HA: campaigning on etcd {} for {} as {} (lease TTL {} s)",
+            self.cfg
+                .etcd_endpoints
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            String::from_utf8_lossy(&self.key),
+            self.cfg.advertise_url,
+            self.ttl.as_secs()
+        );
+        let mut phase = Phase::Follow;
+        while !self.stopping() {
+            phase = match phase {
+                Phase::Follow => self.follow(),
+                Phase::Lead(l) => self.lead(l),
+            };
+        }
+        if let Phase::Lead(l) = phase {
+            self.resign(&l, "shutting down");
+        }
+    }
+
+    /// One look at the election key; campaigns when it is free.
+    fn follow(&mut self) -> Phase {
+        let deadline = Instant::now() + (self.ttl / 2).max(self.poll);
+        match self.etcd.range(&self.key, None, 0, deadline) {
+            Ok(v) => {
+                self.last_seen = Instant::now();
+                match v.get("kvs").and_then(|k| k.get(0)) {
+                    None => {
+                        if let Some(l) = self.campaign() {
+                            return self.become_leader(l);
+                        }
+                    }
+                    Some(kv) => self.follow_leader(kv),
+                }
+            }
+            Err(e) => self.lost_sight(&e),
+        }
+        self.sleep_until(Instant::now() + self.poll);
+        Phase::Follow
+    }
+
+    fn lost_sight(&mut self, e: &EtcdError) {
+        if self.last_seen.elapsed() >= self.ttl {
+            let was = self.cluster.ha.snapshot();
+            if was.role != Role::Unknown || was.state != HaState::Unknown {
+                log::warn!("HA: {e}; the leader is unknown");
+            }
+            self.publish(Role::Unknown, HaState::Unknown, None, 0);
+        } else {
+            log::debug!("HA: {e}");
+        }
+    }
+
+    /// Follows the leader named by the election key's `kv`.
+    fn follow_leader(&mut self, kv: &Value) {
+        let url = String::from_utf8_lossy(&etcd::bytes(kv, "value")).into_owned();
+        let view = etcd::int(kv, "create_revision").max(0) as u64;
+        // Our own URL under a lease we do not hold: a previous life of this node (killed, or
+        // stepped down while cut off) whose lease has not expired yet. Not a leader to send
+        // clients to; it goes away with its lease.
+        let leader = (url != self.cfg.advertise_url).then_some(url);
+        self.publish(Role::Standby, HaState::Standby, leader, view);
+    }
+
+    /// Grants a lease and tries to create the election key with it. `None`: someone else
+    /// leads (now followed) or etcd did not answer.
+    fn campaign(&mut self) -> Option<Leadership> {
+        let sent = Instant::now();
+        let deadline = sent + self.ttl / 2;
+        let (lease, granted) = match self.etcd.grant(self.ttl.as_secs(), deadline) {
+            Ok(g) => g,
+            Err(e) => {
+                self.lost_sight(&e);
+                return None;
+            }
+        };
+        let ttl = Duration::from_secs(granted.max(1));
+        let key = b64(&self.key);
+        let last = b64(&self.cfg.last_leader_key());
+        let txn = json!({
+            "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [
+                {"request_range": {"key": last}},
+                {"request_put": {
+                    "key": key,
+                    "value": b64(self.cfg.advertise_url.as_bytes()),
+                    "lease": lease.to_string(),
+                }},
+                {"request_put": {"key": last, "value": b64(self.incarnation.as_bytes())}},
+            ],
+            "failure": [{"request_range": {"key": key}}],
+        });
+        match self.etcd.txn(&txn, deadline) {
+            Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => {
+                let revision = etcd::int(v.get("header").unwrap_or(&Value::Null), "revision");
+                log::info!("HA: elected leader, view_version {revision}");
+                self.cluster.ha.serve_until(sent + ttl - margin(ttl));
+                let previous = v
+                    .pointer("/responses/0/response_range/kvs/0")
+                    .map(|kv| etcd::bytes(kv, "value"))
+                    .unwrap_or_default();
+                Some(Leadership {
+                    continuous: previous == self.incarnation.as_bytes(),
+                    lease,
+                    revision,
+                    ttl,
+                    step_down_at: sent + ttl - margin(ttl),
+                    next_renewal: sent + ttl / 3,
+                })
+            }
+            Ok(v) => {
+                self.last_seen = Instant::now();
+                let kv = v
+                    .pointer("/responses/0/response_range/kvs/0")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                self.revoke_quietly(lease);
+                if kv.is_null() {
+                    // Taken and gone again between the two steps: the next poll campaigns.
+                    return None;
+                }
+                self.follow_leader(&kv);
+                None
+            }
+            Err(e) => {
+                // The key may or may not have been created: a lease we do not renew ends
+                // either way, and with it any key it holds.
+                self.revoke_quietly(lease);
+                self.lost_sight(&e);
+                None
+            }
+        }
+    }
+
+    fn revoke_quietly(&mut self, lease: i64) {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        if let Err(e) = self.etcd.revoke(lease, deadline) {
+            log::debug!("HA: revoking lease {lease:x}: {e}");
+        }
+    }
+
+    /// Won: `starting` while the `/metadata` entries are loaded, then `serving`.
+    fn become_leader(&mut self, mut l: Leadership) -> Phase {
+        let view = l.revision as u64;
+        let me = Some(self.cfg.advertise_url.clone());
+        self.publish(Role::Leader, HaState::Starting, me.clone(), view);
+        if self.led_before && !l.continuous {
+            log::warn!(
+                "HA: another leader served since this node last led: dropping the objects it still holds (they may be stale)"
+            );
+            if let Err(e) = self.purge_objects(&l) {
+                log::warn!("HA: {e}; resigning");
+                self.resign(&l, "the purge failed");
+                return Phase::Follow;
+            }
+        }
+        self.led_before = true;
+        let loaded = self.load_metadata(&mut l).and_then(|n| {
+            self.cluster.ha.recover(view, l.step_down_at)?;
+            Ok(n)
+        });
+        match loaded {
+            Ok(n) => {
+                log::info!("HA: loaded {n} /metadata entries from etcd");
+                if Instant::now() >= l.next_renewal
+                    && let Err(why) = self.renew(&mut l)
+                {
+                    self.step_down(&l, &why);
+                    return Phase::Follow;
+                }
+                if Instant::now() >= l.step_down_at {
+                    self.step_down(&l, "recovering took past the lease deadline");
+                    return Phase::Follow;
+                }
+                self.publish(Role::Leader, HaState::Serving, me, view);
+                Phase::Lead(l)
+            }
+            Err(e) => {
+                log::warn!("HA: cannot recover the leader's state ({e}); resigning");
+                self.resign(&l, "the load failed");
+                Phase::Follow
+            }
+        }
+    }
+
+    /// Drops every object this node's shards hold (a purge in slices, as `DELETE /all_keys`).
+    fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
+        let ha = &self.cluster.ha;
+        let (ack_tx, ack_rx) = flume::unbounded();
+        let mut expected = 0;
+        for s in 0..ha.shard_count() {
+            if ha.send_to_shard(
+                s,
+                ShardMsg::Purge {
+                    ack: ack_tx.clone(),
+                },
+            ) {
+                expected += 1;
+            }
+        }
+        for _ in 0..expected {
+            let left = l.step_down_at.saturating_duration_since(Instant::now());
+            ack_rx
+                .recv_timeout(left)
+                .map_err(|_| "the shards did not drop their objects in time".to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Replaces every shard's `/metadata` copy with etcd's, page by page, renewing the lease
+    /// between pages when due.
+    fn load_metadata(&mut self, l: &mut Leadership) -> Result<usize, String> {
+        let cluster = self.cluster.clone();
+        let ha = &cluster.ha;
+        let shards = ha.shard_count();
+        let (ack_tx, ack_rx) = flume::unbounded();
+        let mut expected = 0;
+        for s in 0..shards {
+            if ha.send_to_shard(
+                s,
+                ShardMsg::Reset {
+                    ack: ack_tx.clone(),
+                },
+            ) {
+                expected += 1;
+            }
+        }
+        let prefix = self.cfg.metadata_prefix();
+        let end = etcd::prefix_end(&prefix);
+        let mut from = prefix.clone();
+        let mut loaded = 0;
+        loop {
+            if Instant::now() >= l.next_renewal {
+                self.renew(l).map_err(|e| format!("lease renewal: {e}"))?;
+            }
+            let v = self
+                .etcd
+                .range(&from, Some(&end), LOAD_PAGE, l.step_down_at)
+                .map_err(|e| e.to_string())?;
+            let kvs = v.get("kvs").and_then(Value::as_array);
+            let mut per_shard: Vec<Vec<(Box<[u8]>, Bytes)>> = vec![Vec::new(); shards];
+            let mut last = None;
+            for kv in kvs.into_iter().flatten() {
+                let full = etcd::bytes(kv, "key");
+                let key: Box<[u8]> = full[prefix.len()..].into();
+                let owner = crate::shards::shard_for(&key, shards);
+                per_shard[owner].push((key, Bytes::from(etcd::bytes(kv, "value"))));
+                loaded += 1;
+                last = Some(full);
+            }
+            for (s, entries) in per_shard.into_iter().enumerate() {
+                if !entries.is_empty()
+                    && ha.send_to_shard(
+                        s,
+                        ShardMsg::Load {
+                            entries,
+                            ack: ack_tx.clone(),
+                        },
+                    )
+                {
+                    expected += 1;
+                }
+            }
+            let more = v.get("more").and_then(Value::as_bool) == Some(true);
+            match last {
+                Some(mut k) if more => {
+                    k.push(0);
+                    from = k;
+                }
+                _ => break,
+            }
+        }
+        drop(ack_tx);
+        for _ in 0..expected {
+            let left = l.step_down_at.saturating_duration_since(Instant::now());
+            ack_rx
+                .recv_timeout(left)
+                .map_err(|_| "the shards did not take the entries in time".to_string())?;
+        }
+        Ok(loaded)
+    }
+
+    /// Renews the lease once. `Err`: the leadership is over (lease gone or key not ours);
+    /// a renewal that merely failed is `Ok` and leaves `step_down_at` as it was.
+    fn renew(&mut self, l: &mut Leadership) -> Result<(), String> {
+        let sent = Instant::now();
+        match self.etcd.keep_alive(l.lease, l.step_down_at) {
+            Ok(0) => return Err("the lease expired".to_string()),
+            Ok(ttl) => {
+                let ttl = Duration::from_secs(ttl).min(l.ttl);
+                l.step_down_at = sent + ttl - margin(l.ttl).min(ttl / 2);
+                l.next_renewal = sent + l.ttl / 3;
+                self.cluster.ha.serve_until(l.step_down_at);
+            }
+            Err(e) => {
+                log::warn!("HA: lease renewal failed: {e}");
+                l.next_renewal = Instant::now() + Duration::from_millis(100);
+                return Ok(());
+            }
+        }
+        // The key must still be this leadership's (nobody deleted or replaced it).
+        match self.etcd.range(&self.key, None, 0, l.step_down_at) {
+            Ok(v) => match v.get("kvs").and_then(|k| k.get(0)) {
+                Some(kv) if etcd::int(kv, "create_revision") == l.revision => Ok(()),
+                _ => Err("the election key is not this leader's any more".to_string()),
+            },
+            Err(e) => {
+                log::warn!("HA: reading the election key failed: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// One step of leading: renew when due; step down when the deadline passes first.
+    fn lead(&mut self, mut l: Leadership) -> Phase {
+        self.sleep_until(l.next_renewal.min(l.step_down_at));
+        if self.stopping() {
+            return Phase::Lead(l);
+        }
+        if Instant::now() < l.step_down_at
+            && let Err(why) = self.renew(&mut l)
+        {
+            self.step_down(&l, &why);
+            return Phase::Follow;
+        }
+        if Instant::now() >= l.step_down_at {
+            self.step_down(&l, "could not renew the lease within its TTL");
+            return Phase::Follow;
+        }
+        Phase::Lead(l)
+    }
+
+    /// Stops serving at once (before the lease can expire), then lets the lease go.
+    fn step_down(&mut self, l: &Leadership, why: &str) {
+        log::warn!("HA: stepping down as leader: {why}");
+        self.publish(Role::Unknown, HaState::Unknown, None, l.revision as u64);
+        self.last_seen = Instant::now() - self.ttl;
+        self.revoke_quietly(l.lease);
+    }
+
+    fn resign(&mut self, l: &Leadership, why: &str) {
+        log::info!("HA: resigning as leader ({why})");
+        self.publish(Role::Unknown, HaState::Unknown, None, l.revision as u64);
+        self.revoke_quietly(l.lease);
+    }
+}

@@ -1,0 +1,112 @@
+//! With HA on, the `/metadata` entries of a shard are a copy of etcd's: a write goes to etcd
+//! first (the writer thread, `ha/writer.rs`) and is applied here when etcd has it, in etcd's
+//! order; a node that becomes leader replaces its copy with etcd's. This is the shard's side:
+//! queuing a write, and the applier task that takes the HA threads' messages.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use super::apply::Applied;
+use super::metadata::MetadataStore;
+use super::{Reply, Shard};
+use crate::ha::{MetaOp, ShardMsg, WriteReq};
+
+impl Shard {
+    /// Queues a `/metadata` write for etcd (HA on); the answer comes when it was stored (or
+    /// refused) and applied here.
+    pub(super) fn replicate_metadata(&self, op: MetaOp) -> Applied {
+        let reserved = match &op {
+            MetaOp::Put(k, v) => MetadataStore::put_cost(k, v.len()),
+            MetaOp::Delete(_) => 0,
+        };
+        if !self.metadata.borrow_mut().reserve(reserved) {
+            return Applied::Now(Reply::refused("Metadata store full"));
+        }
+        let (done, answer) = flume::bounded(1);
+        let req = WriteReq {
+            shard: self.id,
+            fence: self.cluster.ha.fence(),
+            op,
+            reserved,
+            done,
+        };
+        if self.cluster.ha.submit_write(req).is_err() {
+            self.metadata.borrow_mut().unreserve(reserved);
+            return Applied::Now(Reply::Overloaded);
+        }
+        Applied::Later(Box::pin(async move {
+            answer
+                .recv_async()
+                .await
+                .unwrap_or_else(|_| Reply::refused("The /metadata write was abandoned"))
+        }))
+    }
+
+    /// The applier: applies what the HA threads send this shard, in order. Runs for the
+    /// shard's life (HA on only).
+    pub async fn ha_applier(self: Rc<Self>) {
+        let Some(inbox) = self.cluster.ha.shard_inbox(self.id) else {
+            return;
+        };
+        while let Ok(msg) = inbox.recv_async().await {
+            match msg {
+                ShardMsg::Written {
+                    op,
+                    reserved,
+                    outcome,
+                    done,
+                } => {
+                    self.metadata.borrow_mut().unreserve(reserved);
+                    let reply = match outcome {
+                        Err(msg) => Reply::Refused(msg.into()),
+                        Ok(existed) => {
+                            let mut md = self.metadata.borrow_mut();
+                            match op {
+                                MetaOp::Put(k, v) => md.put(k, v),
+                                MetaOp::Delete(k) => {
+                                    md.delete(&k);
+                                    if existed {
+                                        Reply::Done
+                                    } else {
+                                        Reply::NotFound
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    self.update_metadata_gauges();
+                    let _ = done.send(reply);
+                }
+                ShardMsg::Reset { ack } => {
+                    self.metadata.borrow_mut().clear();
+                    self.update_metadata_gauges();
+                    let _ = ack.send(());
+                }
+                ShardMsg::Purge { ack } => {
+                    let _ = self.try_apply(super::Command::RemoveAll);
+                    let _ = ack.send(());
+                }
+                ShardMsg::Load { entries, ack } => {
+                    let mut refused = 0;
+                    {
+                        let mut md = self.metadata.borrow_mut();
+                        for (k, v) in entries {
+                            if !matches!(md.put(k, Bytes::clone(&v)), Reply::Done) {
+                                refused += 1;
+                            }
+                        }
+                    }
+                    if refused > 0 {
+                        log::warn!(
+                            "shard {}: {refused} /metadata entries from etcd do not fit ock.mmc.metadata.max_total_bytes",
+                            self.id
+                        );
+                    }
+                    self.update_metadata_gauges();
+                    let _ = ack.send(());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! High availability on a real etcd (Debian's `etcd-server`): election, standby redirects,
+//! failover after kill -9 with `/metadata` kept, and a leader that loses etcd (frozen with
+//! SIGSTOP, or killed) stepping down within the lease TTL.
+//!
+//! Each test starts its own etcd on free loopback ports with a temporary data directory. When
+//! `etcd` is not installed the tests say so and pass, unless `MMC_REQUIRE_ETCD` is set
+//! (scripts/test.sh sets it after installing etcd, so CI never skips them).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::both_drivers;
+use crate::harness::{Driver, Server, ServerBuilder};
+
+/// The lease TTL the tests run with (etcd's minimum is 2 s).
+const TTL_MS: u64 = 2000;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A single-member etcd on loopback; killed (and its directory removed) when dropped.
+struct Etcd {
+    child: Option<Child>,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+}
+
+impl Etcd {
+    /// `None` (with a message) when etcd is not installed and not required.
+    fn start(name: &str) -> Option<Etcd> {
+        let installed = Command::new("etcd")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !installed {
+            if std::env::var_os("MMC_REQUIRE_ETCD").is_some() {
+                panic!(
+                    "etcd is not installed and MMC_REQUIRE_ETCD is set (apt-get install etcd-server)"
+                );
+            }
+            eprintln!("SKIPPED {name}: etcd is not installed (apt-get install etcd-server)");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "mmc-ha-{name}-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let mut e = Etcd {
+            child: None,
+            dir,
+            client_port: free_port(),
+            peer_port: free_port(),
+        };
+        e.launch();
+        Some(e)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Starts (or restarts, on the same ports and data) the etcd process and waits until it
+    /// answers.
+    fn launch(&mut self) {
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", "mmc-test"])
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("mmc-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if etcd_answers(self.client_port) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd did not start within 15 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("etcd running").id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: a signal to our own child process.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A frozen etcd must be able to die.
+            self.signal(libc::SIGCONT);
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// etcd's gateway answers a range request.
+fn etcd_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let body = r#"{"key":"AA=="}"#;
+    let req = format!(
+        "POST /v3/kv/range HTTP/1.1\r\nHost: etcd\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out.starts_with(b"HTTP/1.1 200")
+}
+
+/// A meta with HA on, listening on `port` and advertising it.
+fn meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
+    ServerBuilder::new(driver)
+        .listen(&format!("127.0.0.1:{port}"))
+        .set("ock.mmc.meta.ha.enable", "true")
+        // A dead endpoint first: the client moves on to the next one.
+        .set(
+            "ock.mmc.meta.ha.etcd_endpoints",
+            &format!("http://127.0.0.1:{},{}", free_port(), etcd.endpoint()),
+        )
+        .set(
+            "ock.mmc.meta.ha.advertise_url",
+            &format!("http://127.0.0.1:{port}"),
+        )
+        .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
+        .start()
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+fn health(addr: SocketAddr) -> serde_json::Value {
+    let mut c = crate::harness::Client::connect(addr);
+    let r = c.get("/health");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// Polls `/health` of `addr` until `want` holds (bounded).
+fn wait_health(
+    addr: SocketAddr,
+    limit: Duration,
+    what: &str,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let h = health(addr);
+        if want(&h) {
+            return h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}: not {what} within {limit:?}; /health is {h}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn is_serving_leader(h: &serde_json::Value) -> bool {
+    h["role"] == "leader" && h["ha_state"] == "serving"
+}
+
+/// Starts two metas and returns (leader, standby) once the election has settled.
+fn two_metas(driver: Driver, etcd: &Etcd) -> (Server, Server) {
+    let a = meta(driver, etcd, free_port());
+    let b = meta(driver, etcd, free_port());
+    let settle = Duration::from_secs(10);
+    let settled = |h: &serde_json::Value| {
+        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
+    };
+    let ha = wait_health(a.addr, settle, "settled", settled);
+    wait_health(b.addr, settle, "settled", settled);
+    if ha["role"] == "leader" {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+fn election_and_standby_redirects(driver: Driver) {
+    let Some(etcd) = Etcd::start("election") else {
+        return;
+    };
+    let (leader, standby) = two_metas(driver, &etcd);
+    let lh = health(leader.addr);
+    let sh = health(standby.addr);
+    // Exactly one leader; the standby names it, with the same view_version.
+    assert!(is_serving_leader(&lh), "{lh}");
+    assert_eq!(sh["role"], "standby", "{sh}");
+    assert_eq!(sh["ha_state"], "standby", "{sh}");
+    assert_eq!(sh["service_ready"], false, "{sh}");
+    assert_eq!(lh["service_ready"], true, "{lh}");
+    assert_eq!(lh["leader_address"], url(leader.addr));
+    assert_eq!(sh["leader_address"], url(leader.addr));
+    assert!(lh["view_version"].as_u64().unwrap() > 0, "{lh}");
+    assert_eq!(sh["view_version"], lh["view_version"]);
+
+    let mut s = standby.client();
+    let mut l = leader.client();
+    assert_eq!(s.get("/role").text(), "standby");
+    assert_eq!(s.get("/ha_status").text(), "standby");
+    assert_eq!(l.get("/role").text(), "leader");
+    assert_eq!(l.get("/ha_status").text(), "serving");
+    // /leader in the contract's field order.
+    let r = s.get("/leader");
+    assert_eq!(
+        r.text(),
+        format!(
+            r#"{{"present":true,"leader_address":"{}","view_version":{}}}"#,
+            url(leader.addr),
+            lh["view_version"]
+        )
+    );
+    // Readiness: only the serving leader is ready.
+    let r = s.get("/ready");
+    r.assert_error(503, "Service not ready");
+    assert_eq!(l.get("/ready").status, 200);
+    assert_eq!(s.get("/healthz").status, 200);
+    // Its own metrics, with its role.
+    let r = s.get("/metrics");
+    assert_eq!(r.status, 200);
+    let m = r.text();
+    assert!(m.contains("memcache_ha_role{role=\"standby\"} 1\n"), "{m}");
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 0\n"), "{m}");
+    assert!(m.contains("memcache_ha_serving 0\n"), "{m}");
+    let m = l.get("/metrics").text();
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 1\n"), "{m}");
+    assert!(m.contains("memcache_ha_serving 1\n"), "{m}");
+    assert!(
+        m.contains(&format!(
+            "memcache_ha_view_version {}\n",
+            lh["view_version"]
+        )),
+        "{m}"
+    );
+
+    // Everything else: 307 to the same path and query on the leader.
+    let r = s.get("/metadata?key=a%20b&x=1");
+    r.assert_error(
+        307,
+        "Not the leader: this meta is a standby; the request is redirected to the leader",
+    );
+    assert_eq!(
+        r.header("location"),
+        Some(format!("{}/metadata?key=a%20b&x=1", url(leader.addr)).as_str())
+    );
+    let r = s.request("PUT", "/api/v1/objects?key=obj", Some(b"bytes"));
+    assert_eq!(r.status, 307, "{}", r.text());
+    assert_eq!(
+        r.header("location"),
+        Some(format!("{}/api/v1/objects?key=obj", url(leader.addr)).as_str())
+    );
+    // The connection stays usable after a redirect whose body was read.
+    assert_eq!(s.get("/role").text(), "standby");
+    // A large body is not read: redirected at once, and the connection closed.
+    let big = format!(
+        "PUT /api/v1/objects?key=big HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        8 << 20
+    );
+    let mut c = standby.client();
+    c.send(big.as_bytes());
+    let r = c.read_response(false);
+    assert_eq!(r.status, 307);
+    assert!(c.closed_within(Duration::from_secs(5)));
+
+    // Half of 20 object puts go to the standby: following its redirect, all succeed.
+    for i in 0..20 {
+        let target = format!("/api/v1/objects?key=obj-{i}");
+        let body = format!("object {i}");
+        let via = if i % 2 == 0 { &mut s } else { &mut l };
+        let mut r = via.request("PUT", &target, Some(body.as_bytes()));
+        if r.status == 307 {
+            let location = r.header("location").unwrap().to_string();
+            let rest = location.strip_prefix("http://").unwrap();
+            let (host, path) = rest.split_at(rest.find('/').unwrap());
+            let mut to = crate::harness::Client::connect(host.parse().unwrap());
+            r = to.request("PUT", path, Some(body.as_bytes()));
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    for i in 0..20 {
+        let r = l.get(&format!("/api/v1/objects?key=obj-{i}"));
+        assert_eq!(r.body, format!("object {i}").as_bytes());
+    }
+
+    // Following the redirect reaches the leader: the write lands there (and in etcd).
+    assert_eq!(
+        l.request("PUT", "/metadata?key=k", Some(b"v")).text(),
+        "metadata updated"
+    );
+    assert_eq!(l.get("/metadata?key=k").text(), "v");
+    drop(standby);
+    drop(leader);
+}
+
+fn wait_gone(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(addr).is_ok() {
+        assert!(Instant::now() < deadline, "{addr} still accepts");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn failover_keeps_metadata(driver: Driver) {
+    let Some(etcd) = Etcd::start("failover") else {
+        return;
+    };
+    let (mut leader, standby) = two_metas(driver, &etcd);
+    let before = health(leader.addr)["view_version"].as_u64().unwrap();
+    let mut l = leader.client();
+    for i in 0..10 {
+        let r = l.request(
+            "PUT",
+            &format!("/metadata?key=entry-{i}"),
+            Some(format!("value-{i}\0\u{ff}").as_bytes()),
+        );
+        assert_eq!(r.text(), "metadata updated");
+    }
+    assert_eq!(
+        l.request("DELETE", "/metadata?key=entry-3", None).text(),
+        "metadata deleted"
+    );
+    let r = l.request("DELETE", "/metadata?key=entry-3", None);
+    r.assert_error(200, "Metadata key not found");
+    // Concurrent writes of one key from several connections (and shards): whatever value
+    // wins, the leader's copy and etcd's agree, so the new leader serves the same one.
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let addr = leader.addr;
+            std::thread::spawn(move || {
+                let mut c = crate::harness::Client::connect(addr);
+                for i in 0..25 {
+                    let r = c.request(
+                        "PUT",
+                        "/metadata?key=hot",
+                        Some(format!("{t}-{i}").as_bytes()),
+                    );
+                    assert_eq!(r.text(), "metadata updated");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let hot = l.get("/metadata?key=hot").body;
+    drop(l);
+
+    let old_addr = leader.addr;
+    leader.kill9();
+    let killed = Instant::now();
+    wait_gone(old_addr);
+    let h = wait_health(
+        standby.addr,
+        Duration::from_millis(2 * TTL_MS + 2000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let took = killed.elapsed();
+    eprintln!("failover took {took:?}");
+    let after = h["view_version"].as_u64().unwrap();
+    assert!(after > before, "view_version {before} -> {after}");
+    assert_eq!(h["leader_address"], url(standby.addr));
+
+    // Every /metadata entry written before the failover is there, the deleted one is not.
+    let mut s = standby.client();
+    for i in 0..10 {
+        let r = s.get(&format!("/metadata?key=entry-{i}"));
+        if i == 3 {
+            r.assert_error(200, "Metadata key not found");
+        } else {
+            assert_eq!(r.body, format!("value-{i}\0\u{ff}").as_bytes(), "entry-{i}");
+        }
+    }
+    assert_eq!(s.get("/metadata?key=hot").body, hot);
+    assert_eq!(
+        s.request("PUT", "/metadata?key=after", Some(b"x")).text(),
+        "metadata updated"
+    );
+
+    // The old leader, restarted, comes back as a standby of the new one.
+    let back = meta(driver, &etcd, old_addr.port());
+    let bh = wait_health(back.addr, Duration::from_secs(10), "a standby", |h| {
+        h["role"] == "standby" && h["leader_address"] != "unknown"
+    });
+    assert_eq!(bh["leader_address"], url(standby.addr));
+    assert_eq!(bh["view_version"], after);
+    drop(back);
+    drop(standby);
+}
+
+fn leader_steps_down_without_etcd(driver: Driver) {
+    let Some(mut etcd) = Etcd::start("stepdown") else {
+        return;
+    };
+    let m = meta(driver, &etcd, free_port());
+    wait_health(
+        m.addr,
+        Duration::from_secs(10),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let mut c = m.client();
+    assert_eq!(
+        c.request("PUT", "/metadata?key=k", Some(b"v")).text(),
+        "metadata updated"
+    );
+    assert_eq!(
+        c.request("PUT", "/api/v1/objects?key=kept", Some(b"object"))
+            .json()["success"],
+        true
+    );
+    let no_leader = "No leader: no meta service leader is known right now (HA election in progress or etcd unreachable); retry shortly";
+
+    for how in ["frozen (SIGSTOP)", "killed"] {
+        // Let a few renewals happen first: the deadline that matters is the last renewal's.
+        std::thread::sleep(Duration::from_millis(TTL_MS));
+        let cut = Instant::now();
+        if how == "killed" {
+            etcd.kill();
+        } else {
+            etcd.signal(libc::SIGSTOP);
+        }
+        // Not serving within the TTL (plus the polling step of this test): a read is no
+        // longer answered as leader.
+        let limit = Duration::from_millis(TTL_MS + 300);
+        loop {
+            let r = m.client().get("/metadata?key=k");
+            if r.status != 200 {
+                break;
+            }
+            assert!(
+                cut.elapsed() < limit,
+                "etcd {how}: still serving after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("etcd {how}: stepped down after {:?}", cut.elapsed());
+        // And it says so (published by the election thread, at the same deadline).
+        let h = wait_health(m.addr, Duration::from_millis(1000), "stepped down", |h| {
+            !is_serving_leader(h)
+        });
+        assert_eq!(h["role"], "unknown", "{h}");
+        assert_eq!(h["ha_state"], "unknown", "{h}");
+        assert_eq!(h["service_ready"], false, "{h}");
+        // No writes, no reads: nothing is served as leader.
+        let mut c = m.client();
+        let r = c.request("PUT", "/metadata?key=k2", Some(b"v"));
+        r.assert_error(503, no_leader);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        c.get("/metadata?key=k").assert_error(503, no_leader);
+        assert_eq!(c.get("/ready").status, 503);
+
+        // etcd back: a leader again (the same one, nobody else runs) within 15 s, with its
+        // /metadata.
+        if how == "killed" {
+            etcd.launch();
+        } else {
+            etcd.signal(libc::SIGCONT);
+        }
+        wait_health(
+            m.addr,
+            Duration::from_secs(15),
+            "the serving leader again",
+            is_serving_leader,
+        );
+        let mut c = m.client();
+        assert_eq!(c.get("/metadata?key=k").text(), "v");
+        // Nobody else led meanwhile: its objects are still good and kept.
+        assert_eq!(c.get("/api/v1/objects?key=kept").body, b"object");
+    }
+    drop(m);
+}
+
+/// A leader paused past its lease (SIGSTOP of the meta: its election thread stopped too) does
+/// not serve when it resumes, even for a moment: the other meta leads by then. When it leads
+/// again after that other leader, the objects it kept from before are dropped (they may be
+/// stale), and the /metadata entries are etcd's.
+fn paused_leader_does_not_serve_when_it_resumes(driver: Driver) {
+    let Some(etcd) = Etcd::start("paused") else {
+        return;
+    };
+    let (a, mut b) = two_metas(driver, &etcd);
+    let mut c = a.client();
+    assert_eq!(
+        c.request("PUT", "/api/v1/objects?key=old", Some(b"from a"))
+            .json()["success"],
+        true
+    );
+    assert_eq!(
+        c.request("PUT", "/metadata?key=m", Some(b"1")).text(),
+        "metadata updated"
+    );
+    drop(c);
+    a.signal(libc::SIGSTOP);
+    wait_health(
+        b.addr,
+        Duration::from_millis(2 * TTL_MS + 2000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let mut cb = b.client();
+    assert_eq!(
+        cb.request("PUT", "/metadata?key=m", Some(b"2")).text(),
+        "metadata updated"
+    );
+    drop(cb);
+    // Resumed: the very first request is not served as leader.
+    a.signal(libc::SIGCONT);
+    let mut c = a.client();
+    let r = c.get("/api/v1/objects?key=old");
+    assert!(
+        r.status == 307 || r.status == 503,
+        "a paused leader served after resuming: {} {}",
+        r.status,
+        r.text()
+    );
+    wait_health(a.addr, Duration::from_secs(10), "a standby", |h| {
+        h["role"] == "standby" && h["leader_address"] == url(b.addr)
+    });
+    // The other leader dies: `a` leads again, without its stale object, with etcd's metadata.
+    b.kill9();
+    wait_health(
+        a.addr,
+        Duration::from_millis(2 * TTL_MS + 2000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let mut c = a.client();
+    c.get("/api/v1/objects?key=old")
+        .assert_error(200, "Key not found");
+    assert_eq!(c.get("/metadata?key=m").text(), "2");
+    drop(a);
+}
+
+both_drivers!(election_and_standby_redirects);
+
+#[test]
+fn paused_leader_does_not_serve_when_it_resumes_uring() {
+    paused_leader_does_not_serve_when_it_resumes(Driver::Uring);
+}
+
+#[test]
+fn failover_keeps_metadata_uring() {
+    failover_keeps_metadata(Driver::Uring);
+}
+
+#[test]
+fn leader_steps_down_without_etcd_epoll() {
+    leader_steps_down_without_etcd(Driver::Epoll);
+}
