@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use mmc::metrics::bus::Event;
+use mmc::common::event::Event;
 use mmc::metrics::store::StoreStats;
 use mmc::metrics::trace::Tracer;
 use mmc::shards::Reply;

@@ -37,6 +37,21 @@ use crate::shards::Shard;
 use parse::Head;
 use response::{Envelope, Response};
 
+/// What the front end builds once from the configuration, before the shards start: the mTLS
+/// server configuration (`tls.rs`; an unusable file stops the start) and the OpenAPI document
+/// (`openapi.rs`). The cluster carries both to every shard.
+pub fn front_assets(config: &Config) -> Result<crate::shards::FrontAssets, String> {
+    let tls = if config.tls.enable {
+        Some(tls::server_config(&config.tls)?)
+    } else {
+        None
+    };
+    Ok(crate::shards::FrontAssets {
+        tls,
+        openapi: openapi::document(config).into(),
+    })
+}
+
 /// What a connection is doing, for the housekeeping tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {

@@ -73,6 +73,17 @@ impl RemoteShard {
     }
 }
 
+/// What the HTTP front end builds from the configuration at start (`http::front_assets`),
+/// handed to the cluster so every shard can serve it. Shards only carry these; they know no
+/// HTTP.
+#[derive(Default)]
+pub struct FrontAssets {
+    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The OpenAPI document for this configuration, built once at start and served as is.
+    pub openapi: bytes::Bytes,
+}
+
 /// Process-wide state shared by all shards. Immutable after start except for the atomics and
 /// the segment table.
 pub struct Cluster {
@@ -85,7 +96,7 @@ pub struct Cluster {
     pub accepting: AtomicUsize,
     /// Set once by the signal handler; shards then stop accepting and drain.
     pub shutting_down: AtomicBool,
-    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    /// The mTLS server configuration, when TLS is on ([`FrontAssets::tls`]).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The KV-event publisher's statistics.
     pub kv_stats: Arc<crate::kv_events::KvEventStats>,
@@ -95,12 +106,16 @@ pub struct Cluster {
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
     pub started: Instant,
-    /// The OpenAPI document for this configuration, built once here and served as is.
+    /// The OpenAPI document for this configuration ([`FrontAssets::openapi`]).
     pub openapi: bytes::Bytes,
 }
 
 impl Cluster {
-    pub fn new(config: Config, shard_count: usize) -> Result<Arc<Cluster>, String> {
+    pub fn new(
+        config: Config,
+        shard_count: usize,
+        front: FrontAssets,
+    ) -> Result<Arc<Cluster>, String> {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
@@ -109,12 +124,7 @@ impl Cluster {
         store::mount::mount_configured(&config, &segments, shard_count)?;
         let started = Instant::now();
         let window = config.metrics.window_secs;
-        let tls = if config.tls.enable {
-            Some(crate::http::tls::server_config(&config.tls)?)
-        } else {
-            None
-        };
-        let openapi = crate::http::openapi::document(&config).into();
+        let FrontAssets { tls, openapi } = front;
         Ok(Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)

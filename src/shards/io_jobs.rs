@@ -89,7 +89,7 @@ impl Shard {
     pub fn publish_cleared(self: &Rc<Self>) {
         self.store
             .borrow_mut()
-            .push_event(crate::metrics::bus::Event::Cleared);
+            .push_event(crate::common::event::Event::Cleared);
         self.after_store();
     }
 

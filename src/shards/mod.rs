@@ -14,7 +14,6 @@ mod apply;
 mod clock;
 mod cluster;
 pub mod command;
-pub mod event;
 mod io_jobs;
 pub mod load;
 mod mailbox;
@@ -32,6 +31,7 @@ use std::task::{Poll, Waker};
 
 use hashbrown::HashMap;
 
+use crate::common::local_event::LocalEvent;
 use crate::metrics::ShardStats;
 #[cfg(debug_assertions)]
 use crate::metrics::bus::PanickingTestSubscriber;
@@ -39,9 +39,8 @@ use crate::metrics::bus::{EventBus, LoggingSubscriber, Subscriber, TierMetricsSu
 use crate::metrics::store::StoreStats;
 pub use apply::Applied;
 pub use clock::Clock;
-pub use cluster::{Cluster, RemoteShard};
+pub use cluster::{Cluster, FrontAssets, RemoteShard};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
-use event::LocalEvent;
 use mailbox::Slot;
 pub use mailbox::{Envelope, ReplyEnvelope, ReplyFuture, Submitted};
 use metadata::MetadataStore;
@@ -81,7 +80,7 @@ pub struct Shard {
     /// Lifecycle events for the observability subscribers.
     pub bus: EventBus,
     /// Reused buffer for the store's events.
-    event_buf: RefCell<Vec<crate::metrics::bus::Event>>,
+    event_buf: RefCell<Vec<crate::common::event::Event>>,
     /// A task freeing the objects of a `remove_all` in slices is running.
     purge_running: Cell<bool>,
     /// Requests in progress and their pace (overload shedding, `Retry-After`).

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use super::ranks;
 use super::writer::Out;
+use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 
 type ViewField = fn(&client::OpView) -> Sample;
 

@@ -59,7 +59,6 @@ mod index;
 pub mod keys;
 mod lifecycle;
 pub mod lru;
-pub mod memory;
 pub mod mount;
 mod put;
 pub mod segment;
@@ -80,7 +79,7 @@ use hashbrown::HashTable;
 use slab::Slab;
 use smallvec::SmallVec;
 
-use crate::metrics::bus::Event;
+use crate::common::event::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use super::memory::MappedRegion;
 use super::segment::{Backend, MAX_SEGMENT_BYTES, Medium, PAGE_BYTES, Segment, SegmentTable};
 use super::ssd::SsdFile;
 use crate::accel::HostEmulated;
+use crate::common::memory::MappedRegion;
 use crate::config::Config;
 
 /// Creates a segment's backing memory or file. Errors are the message for the operator or
