@@ -58,7 +58,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
         table.clone(),
         Arc::new(StoreStats::default()),
         Arc::new(Tracer::default()),
-        Instant::now(),
+        mmc::common::clock::Clock::start(),
     )
 }
 

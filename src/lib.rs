@@ -4,7 +4,7 @@
 //! a tiered KV cache for LLM inference. Components:
 //!
 //! - [`common`]: the bottom layer: shared vocabulary (media and their names, segment ids, the
-//!   store's events) and primitives (memory mappings) every layer may use.
+//!   store's events) and primitives (memory mappings, the clock) every layer may use.
 //! - [`config`]: the upstream `key = value` configuration, every key in one table.
 //! - [`cli`]: the `mmc-server` command line → a validated start-up plan.
 //! - [`server`]: binds the shared port and runs one shard thread per core.

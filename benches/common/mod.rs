@@ -1,8 +1,8 @@
 //! What the store benchmarks share: a standalone store as one shard owns it, LMCache-style
 //! keys, and a small deterministic random number generator (so runs are repeatable).
 
+use mmc::common::clock::Clock;
 use std::sync::Arc;
-use std::time::Instant;
 
 use mmc::common::event::Event;
 use mmc::metrics::store::StoreStats;
@@ -34,7 +34,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
         table,
         Arc::new(StoreStats::default()),
         Arc::new(Tracer::default()),
-        Instant::now(),
+        Clock::start(),
     )
 }
 

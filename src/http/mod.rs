@@ -71,9 +71,9 @@ pub enum ConnState {
 struct ConnEntry {
     fd: RawFd,
     state: ConnState,
-    /// `Clock::now_ms` when the connection entered `state`.
+    /// `TickClock::now_ms` when the connection entered `state`.
     since_ms: u64,
-    /// In `Body`: when the body's next bytes are due (`Clock::now_ms`).
+    /// In `Body`: when the body's next bytes are due (`TickClock::now_ms`).
     deadline_ms: u64,
     /// In `Body`: the sweep shut the read side down because the deadline passed.
     body_timed_out: bool,

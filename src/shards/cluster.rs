@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
 
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
@@ -13,6 +12,7 @@ use super::mailbox::{Envelope, ReplyEnvelope};
 use super::notice::{self, Notice, NoticeRing};
 use super::store::segment::SegmentTable;
 use super::store::{self, StoreConfig};
+use crate::common::clock::Clock;
 use crate::config::Config;
 use crate::ha::HaView;
 use crate::metrics::ShardStats;
@@ -45,7 +45,7 @@ impl RemoteShard {
     pub(super) fn new(
         inbox: usize,
         outstanding: usize,
-        started: Instant,
+        clock: Clock,
         window_secs: u64,
     ) -> RemoteShard {
         RemoteShard {
@@ -56,7 +56,7 @@ impl RemoteShard {
             stats: ShardStats::default(),
             store_stats: Arc::new(StoreStats::default()),
             tracer: Arc::new(Tracer::default()),
-            client: ClientStats::new(started, window_secs),
+            client: ClientStats::new(clock, window_secs),
             bus_stats: Arc::new(BusStats::default()),
             tier_stats: Arc::new(TierStats::default()),
         }
@@ -105,7 +105,8 @@ pub struct Cluster {
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
-    pub started: Instant,
+    /// The process clock: its origin is the moment the cluster was built.
+    pub clock: Clock,
     /// The OpenAPI document for this configuration ([`FrontAssets::openapi`]).
     pub openapi: bytes::Bytes,
 }
@@ -122,13 +123,13 @@ impl Cluster {
         let ha = HaView::standalone(&config.advertise_address);
         let segments = Arc::new(SegmentTable::default());
         store::mount::mount_configured(&config, &segments, shard_count)?;
-        let started = Instant::now();
+        let clock = Clock::start();
         let window = config.metrics.window_secs;
         let FrontAssets { tls, openapi } = front;
         Ok(Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
-                .map(|_| RemoteShard::new(inbox, outstanding, started, window))
+                .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
                 .collect(),
             config,
             ha,
@@ -139,7 +140,7 @@ impl Cluster {
             tls,
             kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
-            started,
+            clock,
         }))
     }
 

@@ -11,7 +11,6 @@
 //! each requester once per batch. This module does no socket I/O.
 
 mod apply;
-mod clock;
 mod cluster;
 pub mod command;
 mod io_jobs;
@@ -31,6 +30,7 @@ use std::task::{Poll, Waker};
 
 use hashbrown::HashMap;
 
+use crate::common::clock::TickClock;
 use crate::common::local_event::LocalEvent;
 use crate::metrics::ShardStats;
 #[cfg(debug_assertions)]
@@ -38,7 +38,6 @@ use crate::metrics::bus::PanickingTestSubscriber;
 use crate::metrics::bus::{EventBus, LoggingSubscriber, Subscriber, TierMetricsSubscriber};
 use crate::metrics::store::StoreStats;
 pub use apply::Applied;
-pub use clock::Clock;
 pub use cluster::{Cluster, FrontAssets, RemoteShard};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
 use mailbox::Slot;
@@ -69,7 +68,7 @@ pub use notice::Notice;
 pub struct Shard {
     pub id: ShardId,
     pub cluster: Arc<Cluster>,
-    pub clock: Clock,
+    pub clock: TickClock,
     metadata: RefCell<MetadataStore>,
     pub store: RefCell<Store>,
     ssd: SsdIo,
@@ -110,7 +109,7 @@ impl Shard {
             cluster.segments.clone(),
             remote.store_stats.clone(),
             remote.tracer.clone(),
-            cluster.started,
+            cluster.clock,
         );
         let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
             Box::new(TierMetricsSubscriber {
@@ -130,7 +129,7 @@ impl Shard {
         );
         Rc::new(Shard {
             id,
-            clock: Clock::new(cluster.started),
+            clock: TickClock::new(cluster.clock),
             metadata: RefCell::new(MetadataStore::new(metadata_budget)),
             store: RefCell::new(store),
             ssd: SsdIo::new(uring),

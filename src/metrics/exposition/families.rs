@@ -417,7 +417,7 @@ const SERVER_SINGLES: &[Single] = &[
         "memcache_uptime_seconds",
         "Seconds since the server started",
         "gauge",
-        |c| c.started.elapsed().as_secs(),
+        |c| c.clock.now_secs(),
     ),
 ];
 

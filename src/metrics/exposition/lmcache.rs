@@ -220,7 +220,7 @@ fn render_bus(cluster: &Cluster, o: &mut Out<'_>) {
         "gauge",
         sum_i(cluster, |s| s.bus_stats.queue_depth.get()),
     );
-    let now_ms = cluster.started.elapsed().as_millis() as i64;
+    let now_ms = cluster.clock.now_ms() as i64;
     let oldest = cluster
         .shards
         .iter()

@@ -73,12 +73,12 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
 use hashbrown::HashTable;
 use slab::Slab;
 use smallvec::SmallVec;
 
+use crate::common::clock::Clock;
 use crate::common::event::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
@@ -393,11 +393,11 @@ pub struct Store {
     clock: StoreClock,
 }
 
-/// The store's time in ms: the shard's clock, or one a simulation sets (the seam that lets
-/// a seeded test jump time and replay a run exactly).
+/// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
+/// lets a seeded test jump time and replay a run exactly).
 #[derive(Clone, Copy, Debug)]
 enum StoreClock {
-    Real(Instant),
+    Real(Clock),
     Manual(u64),
 }
 
@@ -408,7 +408,7 @@ impl Store {
         table: Arc<SegmentTable>,
         stats: Arc<StoreStats>,
         tracer: Arc<Tracer>,
-        clock: Instant,
+        clock: Clock,
     ) -> Store {
         let mut s = Store {
             shard,
@@ -442,7 +442,7 @@ impl Store {
 
     pub fn now_ms(&self) -> u64 {
         match self.clock {
-            StoreClock::Real(start) => start.elapsed().as_millis() as u64,
+            StoreClock::Real(clock) => clock.now_ms(),
             StoreClock::Manual(ms) => ms,
         }
     }

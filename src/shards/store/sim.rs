@@ -114,7 +114,7 @@ impl Sim {
             alloc_timeout_ms: 5000,
         };
         let stats = Arc::new(StoreStats::default());
-        let mut store = Store::new(0, cfg, table.clone(), stats, Arc::default(), Instant::now());
+        let mut store = Store::new(0, cfg, table.clone(), stats, Arc::default(), Clock::start());
         store.set_manual_clock(1_000);
         Sim {
             rng: Rng(seed),

@@ -16,7 +16,7 @@ fn dram_store(capacity: u64) -> Store {
         alloc_timeout_ms: 30_000,
     };
     let stats = Arc::new(StoreStats::default());
-    Store::new(0, cfg, table, stats, Arc::default(), Instant::now())
+    Store::new(0, cfg, table, stats, Arc::default(), Clock::start())
 }
 
 fn put(store: &mut Store, key: &str) {
