@@ -132,7 +132,7 @@ impl Shard {
             clock: TickClock::new(cluster.clock),
             metadata: RefCell::new(MetadataStore::new(metadata_budget)),
             store: RefCell::new(store),
-            ssd: SsdIo::new(uring),
+            ssd: SsdIo::new(uring, id, cluster.clock),
             flush_done: LocalEvent::default(),
             rewarm_done: LocalEvent::default(),
             bus,

@@ -127,7 +127,7 @@ impl Store {
             return;
         }
         if let Some(f) = self.seg(seg).seg.backend.file() {
-            f.record_damaged("checksum mismatch or short read");
+            f.record_damaged(self.shard, "checksum mismatch or short read");
         }
         let others = self.objects[obj as usize]
             .blobs
