@@ -48,7 +48,8 @@
 //! `index.rs` keys and lookups, listing, remove and remove_all; `lifecycle.rs` the blob states
 //! above, zombies, writer pins, the tick; `put.rs` alloc and commit; `get.rs` reads;
 //! `evict.rs` watermark and forced eviction, `/memory/evict`; `tiering.rs` SSD flush, rewarm,
-//! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded simulation.
+//! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded
+//! simulation; `testing.rs` the store builder of the tests and the simulation.
 
 pub mod alloc;
 mod check;
@@ -65,6 +66,8 @@ pub mod segment;
 #[cfg(test)]
 mod sim;
 pub mod ssd;
+#[cfg(test)]
+mod testing;
 #[cfg(test)]
 mod tests;
 mod tiering;
