@@ -5,6 +5,8 @@
 //! - No `Mutex` or `RwLock` in `src/shards` or `src/metrics` (the per-key path and the
 //!   per-shard statistics are lock-free) unless the line, or the comment line just above it,
 //!   says `LOCK-OK: <reason>`.
+//! - A medium's names are written once, in `src/common/medium.rs`'s table: no other code
+//!   spells one as a string literal.
 //! - Layers import only the layers below them ([`FORBIDDEN`]). The imports that break a rule
 //!   today are listed in [`KNOWN_LAYER_BREAKS`], each with what it is waiting for; the list can
 //!   only shrink: an entry that no longer occurs fails the test too, so it is removed when the
@@ -224,6 +226,45 @@ fn layers_import_only_the_layers_below_them() {
     assert!(
         gone.is_empty(),
         "these layer breaks are fixed: remove them from KNOWN_LAYER_BREAKS: {gone:?}"
+    );
+}
+
+#[test]
+fn medium_names_are_written_only_in_their_table() {
+    const TABLE: &str = "src/common/medium.rs";
+    let names = [
+        "hbm",
+        "dram",
+        "ssd",
+        "npu",
+        "gpu",
+        "cpu",
+        "disk",
+        "LocalGPUBackend",
+        "LocalCPUBackend",
+        "LocalDiskBackend",
+    ];
+    let mut found = Vec::new();
+    for p in src_files() {
+        let r = rel(&p);
+        if r == TABLE {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&p).unwrap());
+        for (i, line) in code.lines().enumerate() {
+            for name in names {
+                for spelled in [name.to_string(), name.to_ascii_uppercase()] {
+                    if line.contains(&format!("\"{spelled}\"")) {
+                        found.push(format!("{r}:{}: {}", i + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "media named outside {TABLE} (read the name from `Medium`'s table):\n{}",
+        found.join("\n")
     );
 }
 
