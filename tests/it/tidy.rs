@@ -5,6 +5,9 @@
 //! - No `Mutex` or `RwLock` in `src/shards` or `src/metrics` (the per-key path and the
 //!   per-shard statistics are lock-free) unless the line, or the comment line just above it,
 //!   says `LOCK-OK: <reason>`.
+//! - No atomic read-modify-write (`fetch_add`, `fetch_sub`, …) in `src/shards` or
+//!   `src/metrics` outside [`SHARED_RMW`]: statistics are written by one shard each (a
+//!   relaxed load and store) and summed when read.
 //! - A medium's names are written once, in `src/common/medium.rs`'s table: no other code
 //!   spells one as a string literal.
 //! - Layers import only the layers below them ([`FORBIDDEN`]). The imports that break a rule
@@ -50,6 +53,36 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
 /// the shared vocabulary moved to `src/common`; keep it so a break found later can be listed
 /// with its reason while it is fixed.
 const KNOWN_LAYER_BREAKS: &[(&str, &str)] = &[];
+
+/// The atomic read-modify-writes `src/shards` and `src/metrics` may do: (file, the atomic's
+/// name on the line, why several threads write it). Statistics are not among them.
+const SHARED_RMW: &[(&str, &str, &str)] = &[
+    (
+        "src/shards/store/segment.rs",
+        "next_id",
+        "segment ids: a mount runs on whichever shard took the request",
+    ),
+    (
+        "src/shards/store/segment.rs",
+        "epoch",
+        "the segment table's epoch: bumped by every mount and unmount, from any shard",
+    ),
+    (
+        "src/shards/store/ssd/mod.rs",
+        "seen",
+        "fault injection (tests): the operations of all shards count towards one rule",
+    ),
+    (
+        "src/metrics/client.rs",
+        "forgotten",
+        "any thread may ask a shard to forget a rank; the owning shard clears its figures",
+    ),
+    (
+        "src/metrics/counter.rs",
+        "self.0",
+        "Counter::add_shared, for writers that are no shard (never a shard's own counters)",
+    ),
+];
 
 /// Bottom layers: they import no other module of the crate, so every layer may use them.
 const BOTTOM: &[&str] = &["common"];
@@ -226,6 +259,41 @@ fn layers_import_only_the_layers_below_them() {
     assert!(
         gone.is_empty(),
         "these layer breaks are fixed: remove them from KNOWN_LAYER_BREAKS: {gone:?}"
+    );
+}
+
+#[test]
+fn statistics_take_no_read_modify_write() {
+    const RMW: &[&str] = &[
+        ".fetch_add(",
+        ".fetch_sub(",
+        ".fetch_or(",
+        ".fetch_and(",
+        ".fetch_max(",
+        ".fetch_min(",
+        ".fetch_update(",
+    ];
+    let mut found = Vec::new();
+    for p in src_files() {
+        let r = rel(&p);
+        if !(r.starts_with("src/shards/") || r.starts_with("src/metrics/")) {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&p).unwrap());
+        for (i, line) in code.lines().enumerate() {
+            let allowed = SHARED_RMW
+                .iter()
+                .any(|(f, name, _)| *f == r && line.contains(&format!("{name}.fetch_")));
+            if RMW.iter().any(|op| line.contains(op)) && !allowed {
+                found.push(format!("{r}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "atomic read-modify-writes in src/shards or src/metrics (give each shard its own \
+         slot and sum when read, or list a shared atomic in SHARED_RMW with its reason):\n{}",
+        found.join("\n")
     );
 }
 
