@@ -182,6 +182,25 @@ fn crate_modules(code: &str) -> BTreeSet<String> {
     out
 }
 
+/// `file:line: code` of every code line (comments and test modules left out, see [`code_of`])
+/// of the files `file` accepts that `hit(file, line)` picks.
+fn code_lines_where(file: impl Fn(&str) -> bool, hit: impl Fn(&str, &str) -> bool) -> Vec<String> {
+    let mut found = Vec::new();
+    for p in src_files() {
+        let r = rel(&p);
+        if !file(&r) {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(&p).unwrap());
+        for (i, line) in code.lines().enumerate() {
+            if hit(&r, line) {
+                found.push(format!("{r}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn no_source_file_passes_the_line_limit() {
     let long: Vec<String> = src_files()
@@ -273,22 +292,13 @@ fn statistics_take_no_read_modify_write() {
         ".fetch_min(",
         ".fetch_update(",
     ];
-    let mut found = Vec::new();
-    for p in src_files() {
-        let r = rel(&p);
-        if !(r.starts_with("src/shards/") || r.starts_with("src/metrics/")) {
-            continue;
-        }
-        let code = code_of(&std::fs::read_to_string(&p).unwrap());
-        for (i, line) in code.lines().enumerate() {
-            let allowed = SHARED_RMW
-                .iter()
-                .any(|(f, name, _)| *f == r && line.contains(&format!("{name}.fetch_")));
-            if RMW.iter().any(|op| line.contains(op)) && !allowed {
-                found.push(format!("{r}:{}: {}", i + 1, line.trim()));
-            }
-        }
-    }
+    let in_scope = |r: &str| r.starts_with("src/shards/") || r.starts_with("src/metrics/");
+    let found = code_lines_where(in_scope, |r, line| {
+        let allowed = SHARED_RMW
+            .iter()
+            .any(|(f, name, _)| *f == r && line.contains(&format!("{name}.fetch_")));
+        RMW.iter().any(|op| line.contains(op)) && !allowed
+    });
     assert!(
         found.is_empty(),
         "atomic read-modify-writes in src/shards or src/metrics (give each shard its own \
@@ -312,23 +322,16 @@ fn medium_names_are_written_only_in_their_table() {
         "LocalCPUBackend",
         "LocalDiskBackend",
     ];
-    let mut found = Vec::new();
-    for p in src_files() {
-        let r = rel(&p);
-        if r == TABLE {
-            continue;
-        }
-        let code = code_of(&std::fs::read_to_string(&p).unwrap());
-        for (i, line) in code.lines().enumerate() {
-            for name in names {
-                for spelled in [name.to_string(), name.to_ascii_uppercase()] {
-                    if line.contains(&format!("\"{spelled}\"")) {
-                        found.push(format!("{r}:{}: {}", i + 1, line.trim()));
-                    }
-                }
-            }
-        }
-    }
+    let found = code_lines_where(
+        |r| r != TABLE,
+        |_, line| {
+            names.iter().any(|name| {
+                [name.to_string(), name.to_ascii_uppercase()]
+                    .iter()
+                    .any(|spelled| line.contains(&format!("\"{spelled}\"")))
+            })
+        },
+    );
     assert!(
         found.is_empty(),
         "media named outside {TABLE} (read the name from `Medium`'s table):\n{}",

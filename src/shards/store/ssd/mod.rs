@@ -506,14 +506,8 @@ impl SsdIo {
         offset: u64,
         buf: IoBuffer,
     ) -> (io::Result<()>, IoBuffer) {
-        let file = seg.backend.file().expect("an SSD segment");
         let len = buf.len();
-        let (res, buf) = match injected(IoOp::Write) {
-            Some(e) => (Err(e), buf),
-            None => self.run(seg, IoOp::Write, offset, buf).await,
-        };
-        file.record(self.shard, self.clock.now_secs(), IoOp::Write, &res, len);
-        (res, buf)
+        self.counted(seg, IoOp::Write, offset, buf, len).await
     }
 
     /// Fills `buf` (its full capacity) from `offset`.
@@ -523,13 +517,26 @@ impl SsdIo {
         offset: u64,
         buf: IoBuffer,
     ) -> (io::Result<()>, IoBuffer) {
-        let file = seg.backend.file().expect("an SSD segment");
         let len = buf.cap;
-        let (res, buf) = match injected(IoOp::Read) {
+        self.counted(seg, IoOp::Read, offset, buf, len).await
+    }
+
+    /// Runs `op` of `len` bytes (or fails it, when a fault is injected) and counts it in this
+    /// shard's figures for the file.
+    async fn counted(
+        &self,
+        seg: &Arc<Segment>,
+        op: IoOp,
+        offset: u64,
+        buf: IoBuffer,
+        len: usize,
+    ) -> (io::Result<()>, IoBuffer) {
+        let file = seg.backend.file().expect("an SSD segment");
+        let (res, buf) = match injected(op) {
             Some(e) => (Err(e), buf),
-            None => self.run(seg, IoOp::Read, offset, buf).await,
+            None => self.run(seg, op, offset, buf).await,
         };
-        file.record(self.shard, self.clock.now_secs(), IoOp::Read, &res, len);
+        file.record(self.shard, self.clock.now_secs(), op, &res, len);
         (res, buf)
     }
 

@@ -72,11 +72,36 @@ pub(super) fn pool() -> &'static flume::Sender<Job> {
     })
 }
 
-fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
-    while !data.is_empty() {
-        // SAFETY: data is a valid slice; fd stays open while its segment lives.
-        let n =
-            unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), offset as libc::off_t) };
+fn pwrite_all(fd: RawFd, data: &[u8], offset: u64) -> io::Result<()> {
+    let len = data.len();
+    let at_zero = (io::ErrorKind::WriteZero, "pwrite wrote nothing");
+    positioned(len, offset, at_zero, |done, at| {
+        // SAFETY: `data[done..]` is a valid slice; fd stays open while its segment lives.
+        unsafe { libc::pwrite(fd, data[done..].as_ptr().cast(), len - done, at) }
+    })
+}
+
+fn pread_exact(fd: RawFd, dst: &mut [u8], offset: u64) -> io::Result<()> {
+    let (len, ptr) = (dst.len(), dst.as_mut_ptr());
+    let at_zero = (io::ErrorKind::UnexpectedEof, "short read from SSD file");
+    positioned(len, offset, at_zero, |done, at| {
+        // SAFETY: `ptr + done .. ptr + len` lies in `dst`, a valid writable slice.
+        unsafe { libc::pread(fd, ptr.add(done).cast(), len - done, at) }
+    })
+}
+
+/// Repeats a positioned read or write of `len` bytes at `offset` until all are done:
+/// `io(done, at)` transfers from byte `done` on, at file offset `at`, and returns what the
+/// syscall returned (retried when interrupted). A transfer of 0 bytes is the error `at_zero`.
+fn positioned(
+    len: usize,
+    offset: u64,
+    at_zero: (io::ErrorKind, &'static str),
+    mut io: impl FnMut(usize, libc::off_t) -> isize,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = io(done, (offset + done as u64) as libc::off_t);
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -85,44 +110,39 @@ fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
             return Err(e);
         }
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "pwrite wrote nothing",
-            ));
+            return Err(io::Error::new(at_zero.0, at_zero.1));
         }
-        data = &data[n as usize..];
-        offset += n as u64;
+        done += n as usize;
     }
     Ok(())
 }
 
-fn pread_exact(fd: RawFd, mut dst: &mut [u8], mut offset: u64) -> io::Result<()> {
-    while !dst.is_empty() {
-        // SAFETY: dst is a valid writable slice.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "short read from SSD file",
-            ));
-        }
-        let n = n as usize;
-        dst = &mut dst[n..];
-        offset += n as u64;
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn positioned_io_round_trips_and_a_read_past_the_end_is_short() {
+        let path = std::env::temp_dir().join(format!("mmc-ssd-pool-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let fd = file.as_raw_fd();
+        let data: Vec<u8> = (0..=255).cycle().take(100_000).collect();
+        pwrite_all(fd, &data, 4096).unwrap();
+        let mut back = vec![0u8; data.len()];
+        pread_exact(fd, &mut back, 4096).unwrap();
+        assert_eq!(back, data);
+        let mut past = [0u8; 16];
+        let e = pread_exact(fd, &mut past, 4096 + data.len() as u64 - 8).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(past[..8], data[data.len() - 8..]);
+        let _ = std::fs::remove_file(&path);
     }
-    Ok(())
 }
