@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use mmc::kv_events::{KvEventStats, KvEventsConfig, KvPublisher};
-use mmc::metrics::bus::Event;
-use mmc::shards::store::segment::Medium;
+use mmc::common::event::Event;
+use mmc::common::medium::Medium;
+use mmc::config::KvEventsConfig;
+use mmc::kv_events::{KvEventStats, KvPublisher};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -25,7 +26,7 @@ fn free_port() -> u16 {
 fn config(port: u16, batch_max_events: u64) -> KvEventsConfig {
     KvEventsConfig {
         enable: true,
-        encoding: mmc::kv_events::KvEncoding::Array,
+        encoding: mmc::config::KvEncoding::Array,
         endpoint: format!("tcp://127.0.0.1:{port}"),
         replay_endpoint: String::new(),
         topic: "kv".into(),

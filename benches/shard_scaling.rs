@@ -23,7 +23,7 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use mmc::metrics::bus::Event;
+use mmc::common::event::Event;
 use mmc::metrics::store::StoreStats;
 use mmc::metrics::trace::Tracer;
 use mmc::shards::store::mount::build_segment;
@@ -58,7 +58,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
         table.clone(),
         Arc::new(StoreStats::default()),
         Arc::new(Tracer::default()),
-        Instant::now(),
+        mmc::common::clock::Clock::start(),
     )
 }
 

@@ -21,8 +21,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use mmc::metrics::bus::Event;
-use mmc::shards::store::memory::MappedRegion;
+use mmc::common::event::Event;
+use mmc::common::memory::MappedRegion;
 use mmc::shards::store::{GetStep, Store};
 
 use common::{Rng, drain_events, dram_store, lmcache_key, put};

@@ -149,7 +149,8 @@ pub fn main(args: &Args) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    use mmc::kv_events::{KvEncoding, KvEvent, encode};
+    use mmc::config::KvEncoding;
+    use mmc::kv_events::{KvEvent, encode};
 
     fn batch_in(encoding: KvEncoding, n: usize) -> Vec<u8> {
         let mut out = Vec::new();

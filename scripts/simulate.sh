@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export MMC_SIM_SEEDS="${1:-1..200}"
 export MMC_SIM_STEPS="${2:-20000}"
-exec cargo test --release --lib shards::store::sim::long_run -- --ignored --nocapture
+exec cargo test --release --lib shards::store::sim::long_run -- --nocapture

@@ -3,6 +3,8 @@
 //! A thread-per-core server (one monoio runtime per pinned core) that is the meta service of
 //! a tiered KV cache for LLM inference. Components:
 //!
+//! - [`common`]: the bottom layer: shared vocabulary (media and their names, segment ids, the
+//!   store's events) and primitives (memory mappings, the clock) every layer may use.
 //! - [`config`]: the upstream `key = value` configuration, every key in one table.
 //! - [`cli`]: the `mmc-server` command line → a validated start-up plan.
 //! - [`server`]: binds the shared port and runs one shard thread per core.
@@ -15,6 +17,7 @@
 
 pub mod accel;
 pub mod cli;
+pub mod common;
 pub mod config;
 pub mod ha;
 pub mod http;

@@ -163,7 +163,8 @@ impl Server {
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let ring_entries = plan.config.shard.ring_entries as u32;
-        let cluster = Cluster::with_numa(plan.config, shard_count, numa)?;
+        let front = crate::http::front_assets(&plan.config)?;
+        let cluster = Cluster::with_numa(plan.config, shard_count, front, numa)?;
         let kv_publisher = if cluster.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
                 cluster.config.kv_events.clone(),

@@ -1,10 +1,10 @@
 //! What the store benchmarks share: a standalone store as one shard owns it, LMCache-style
 //! keys, and a small deterministic random number generator (so runs are repeatable).
 
+use mmc::common::clock::Clock;
 use std::sync::Arc;
-use std::time::Instant;
 
-use mmc::metrics::bus::Event;
+use mmc::common::event::Event;
 use mmc::metrics::store::StoreStats;
 use mmc::metrics::trace::Tracer;
 use mmc::shards::Reply;
@@ -34,7 +34,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
         table,
         Arc::new(StoreStats::default()),
         Arc::new(Tracer::default()),
-        Instant::now(),
+        Clock::start(),
     )
 }
 

@@ -8,7 +8,7 @@
 
 use std::io;
 
-use crate::shards::store::memory::MappedRegion;
+use crate::common::memory::MappedRegion;
 
 /// One device's memory.
 ///

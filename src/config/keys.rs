@@ -53,7 +53,7 @@ fn token(v: &str) -> Result<String, String> {
 
 fn endpoint(v: &str) -> Result<String, String> {
     let v = v.trim();
-    if crate::kv_events::valid_endpoint(v) {
+    if super::values::valid_endpoint(v) {
         Ok(v.to_string())
     } else {
         Err("a ZMQ endpoint such as tcp://127.0.0.1:5557 or ipc:///path".to_string())
@@ -425,8 +425,8 @@ pub static KEYS: &[KeySpec] = &[
         "array",
         "Wire form of each msgpack EventBatch: array (positional, tag-first event arrays: vLLM up to 0.11, llm-d, Dynamo) or map (by field name, events tagged by \"type\": current vLLM).",
         |c, v| {
-            c.kv_events.encoding = crate::kv_events::KvEncoding::parse(v)
-                .ok_or_else(|| crate::kv_events::KvEncoding::ALLOWED.to_string())?
+            c.kv_events.encoding =
+                super::KvEncoding::parse(v).ok_or_else(|| super::KvEncoding::ALLOWED.to_string())?
         }
     ),
     key!(

@@ -6,6 +6,7 @@
 //! (`mmc-server --print-default-config`) and a test keeps the two identical.
 
 mod keys;
+mod services;
 pub mod values;
 
 use std::fmt;
@@ -13,9 +14,10 @@ use std::path::Path;
 
 use keys::BODY_TIMEOUT_MARGIN_MS;
 pub use keys::{KEYS, KeySpec, REDACTED};
+pub use services::{KvEncoding, KvEventsConfig, TlsConfig};
 pub use values::HostPort;
 
-use crate::shards::store::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES};
+use crate::common::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES};
 use values::{parse_bool, parse_size, parse_u64_in, parse_url};
 
 /// The validated configuration of one server process. Immutable once the server starts.
@@ -36,8 +38,8 @@ pub struct Config {
     pub evict: EvictConfig,
     pub store: StoreKeys,
     pub metrics: MetricsConfig,
-    pub kv_events: crate::kv_events::KvEventsConfig,
-    pub tls: crate::http::tls::TlsConfig,
+    pub kv_events: KvEventsConfig,
+    pub tls: TlsConfig,
     pub log_level: log::LevelFilter,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
@@ -214,9 +216,9 @@ impl Config {
                 window_secs: 0,
                 bus_capacity: 0,
             },
-            kv_events: crate::kv_events::KvEventsConfig {
+            kv_events: KvEventsConfig {
                 enable: false,
-                encoding: crate::kv_events::KvEncoding::Array,
+                encoding: KvEncoding::Array,
                 endpoint: String::new(),
                 replay_endpoint: String::new(),
                 topic: String::new(),
@@ -228,7 +230,7 @@ impl Config {
                 replay_batches: 0,
                 block_size: 0,
             },
-            tls: crate::http::tls::TlsConfig::default(),
+            tls: TlsConfig::default(),
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
@@ -442,10 +444,10 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8000");
         assert_eq!(c.http.max_body_bytes, 64 << 20);
         assert_eq!((c.evict.high_percent, c.evict.low_percent), (90, 80));
-        assert_eq!(c.kv_events.encoding, crate::kv_events::KvEncoding::Array);
+        assert_eq!(c.kv_events.encoding, KvEncoding::Array);
         let mut c = Config::defaults();
         c.set("ock.mmc.kv_events.encoding", " map ").unwrap();
-        assert_eq!(c.kv_events.encoding, crate::kv_events::KvEncoding::Map);
+        assert_eq!(c.kv_events.encoding, KvEncoding::Map);
     }
 
     #[test]

@@ -163,6 +163,18 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// Checks an endpoint's form (`tcp://host:port`, `ipc://path`, `inproc://name`).
+pub fn valid_endpoint(s: &str) -> bool {
+    if let Some(rest) = s.strip_prefix("tcp://") {
+        return rest
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+    }
+    ["ipc://", "inproc://"]
+        .iter()
+        .any(|p| s.strip_prefix(p).is_some_and(|r| !r.is_empty()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +255,22 @@ mod tests {
         assert_eq!(parse_u64_in("90", 0, 100), Ok(90));
         assert!(parse_u64_in("101", 0, 100).is_err());
         assert!(parse_u64_in("-1", 0, 100).is_err());
+    }
+
+    #[test]
+    fn endpoints() {
+        assert!(valid_endpoint("tcp://*:5557"));
+        assert!(valid_endpoint("tcp://127.0.0.1:0"));
+        assert!(valid_endpoint("ipc:///tmp/x"));
+        for bad in [
+            "",
+            "tcp://",
+            "tcp://host",
+            "udp://x:1",
+            "tcp://:1",
+            "ipc://",
+        ] {
+            assert!(!valid_endpoint(bad), "{bad}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 use smallvec::SmallVec;
 
 use super::parse::is_json_media_type;
-use crate::shards::store::segment::Medium;
+use crate::common::medium::Medium;
 
 /// Most chunk hashes one request may name.
 pub const MAX_CHUNK_HASHES: usize = 65_536;
@@ -80,12 +80,7 @@ fn chunk_hashes(body: &serde_json::Map<String, Value>) -> Result<Vec<String>, Bo
 
 /// LMCache backend names and medium names → media.
 pub fn location(name: &str) -> Option<Medium> {
-    match name {
-        "LocalCPUBackend" => Some(Medium::Dram),
-        "LocalDiskBackend" => Some(Medium::Ssd),
-        "GPU" | "LocalGPUBackend" => Some(Medium::Hbm),
-        other => Medium::parse(other),
-    }
+    Medium::from_lmcache_backend(name).or_else(|| Medium::parse(name))
 }
 
 pub fn parse_evict(content_type: Option<&[u8]>, body: &[u8]) -> Result<EvictRequest, BodyError> {

@@ -4,6 +4,8 @@
 //! Request bodies are parsed with serde_json; only the writing side is ours, because it is on
 //! the hot path and because the contract's field orders are not any map's natural order.
 
+use crate::common::fmt::write_f64;
+
 pub struct JsonWriter<'a> {
     out: &'a mut Vec<u8>,
     /// One bit per open container: set while the next element is the first (no comma).
@@ -133,15 +135,6 @@ impl<'a> JsonWriter<'a> {
         self.separator();
         self.out
             .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
-    }
-}
-
-pub fn write_f64(out: &mut Vec<u8>, value: f64) {
-    if value.is_finite() {
-        use std::io::Write;
-        let _ = write!(out, "{value}");
-    } else {
-        out.push(b'0');
     }
 }
 

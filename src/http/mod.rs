@@ -37,6 +37,21 @@ use crate::shards::Shard;
 use parse::Head;
 use response::{Envelope, Response};
 
+/// What the front end builds once from the configuration, before the shards start: the mTLS
+/// server configuration (`tls.rs`; an unusable file stops the start) and the OpenAPI document
+/// (`openapi.rs`). The cluster carries both to every shard.
+pub fn front_assets(config: &Config) -> Result<crate::shards::FrontAssets, String> {
+    let tls = if config.tls.enable {
+        Some(tls::server_config(&config.tls)?)
+    } else {
+        None
+    };
+    Ok(crate::shards::FrontAssets {
+        tls,
+        openapi: openapi::document(config).into(),
+    })
+}
+
 /// What a connection is doing, for the housekeeping tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {
@@ -56,9 +71,9 @@ pub enum ConnState {
 struct ConnEntry {
     fd: RawFd,
     state: ConnState,
-    /// `Clock::now_ms` when the connection entered `state`.
+    /// `TickClock::now_ms` when the connection entered `state`.
     since_ms: u64,
-    /// In `Body`: when the body's next bytes are due (`Clock::now_ms`).
+    /// In `Body`: when the body's next bytes are due (`TickClock::now_ms`).
     deadline_ms: u64,
     /// In `Body`: the sweep shut the read side down because the deadline passed.
     body_timed_out: bool,

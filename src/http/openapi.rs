@@ -1,5 +1,5 @@
 //! The OpenAPI 3 document served at `/openapi.json`, generated once at start-up
-//! ([`crate::shards::Cluster::new`]) for the running configuration.
+//! ([`crate::http::front_assets`]) for the running configuration.
 //!
 //! Paths and methods come from the router's table ([`ROUTES`]): a new row is documented
 //! without touching this file. Security comes from the auth rules and the configured tokens

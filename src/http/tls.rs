@@ -9,15 +9,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
-/// `ock.mmc.metrics.tls.*`.
-#[derive(Clone, Debug, Default)]
-pub struct TlsConfig {
-    pub enable: bool,
-    pub ca_path: String,
-    pub cert_path: String,
-    pub key_path: String,
-    pub crl_path: String,
-}
+use crate::config::TlsConfig;
 
 fn certs(key: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)

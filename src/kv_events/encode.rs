@@ -16,16 +16,6 @@
 use rmp::encode;
 
 use super::{KvEncoding, KvEvent};
-use crate::shards::store::segment::Medium;
-
-/// The medium strings routers accept.
-pub fn medium_name(m: Medium) -> &'static str {
-    match m {
-        Medium::Hbm => "GPU",
-        Medium::Dram => "CPU",
-        Medium::Ssd => "DISK",
-    }
-}
 
 /// Encodes one batch into `out` (cleared first). `block_size` is reported in `BlockStored`
 /// (token ids are not known to this server: the list is empty).
@@ -83,13 +73,13 @@ fn positional_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             let _ = encode::write_array_len(out, 0); // token_ids
             let _ = encode::write_uint(out, block_size);
             let _ = encode::write_nil(out); // lora_id
-            str(out, medium_name(medium));
+            str(out, medium.kv_event());
         }
         KvEvent::Removed { hash, medium } => {
             let _ = encode::write_array_len(out, 3);
             str(out, "BlockRemoved");
             one_hash(out, hash);
-            str(out, medium_name(medium));
+            str(out, medium.kv_event());
         }
         KvEvent::Cleared => {
             let _ = encode::write_array_len(out, 1);
@@ -116,7 +106,7 @@ fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             str(out, "lora_id");
             let _ = encode::write_nil(out);
             str(out, "medium");
-            str(out, medium_name(medium));
+            str(out, medium.kv_event());
             str(out, "lora_name");
             let _ = encode::write_nil(out);
         }
@@ -127,7 +117,7 @@ fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             str(out, "block_hashes");
             one_hash(out, hash);
             str(out, "medium");
-            str(out, medium_name(medium));
+            str(out, medium.kv_event());
         }
         KvEvent::Cleared => {
             let _ = encode::write_map_len(out, 1);
@@ -210,6 +200,7 @@ pub(crate) fn decode_value(mut bytes: &[u8]) -> V {
 mod tests {
     use super::V::*;
     use super::*;
+    use crate::common::medium::Medium;
 
     fn s(x: &str) -> V {
         S(x.to_string())

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_queue::SegQueue;
 
-use crate::metrics::bus::Event;
-use crate::shards::store::segment::Medium;
+use crate::common::event::Event;
+use crate::common::medium::Medium;
+use crate::config::{KvEncoding, KvEventsConfig};
 pub use stats::KvEventStats;
 use stats::{EventType, medium_index};
 
@@ -51,67 +52,6 @@ impl KvEvent {
             KvEvent::Cleared => None,
         }
     }
-}
-
-/// `ock.mmc.kv_events.encoding`: which of vLLM's two wire generations batches are sent in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KvEncoding {
-    /// Positional (msgspec `array_like`): the batch and every event are arrays, each event
-    /// tag first. vLLM up to 0.11, llm-d's indexer and Dynamo decode this form.
-    #[default]
-    Array,
-    /// By name: the batch and every event are maps, each event tagged by `"type"`. Current
-    /// vLLM decodes this form.
-    Map,
-}
-
-impl KvEncoding {
-    /// The values `ock.mmc.kv_events.encoding` accepts, as its error names them.
-    pub const ALLOWED: &'static str = "one of array, map";
-
-    pub fn parse(v: &str) -> Option<KvEncoding> {
-        match v.trim() {
-            "array" => Some(KvEncoding::Array),
-            "map" => Some(KvEncoding::Map),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvEncoding::Array => "array",
-            KvEncoding::Map => "map",
-        }
-    }
-}
-
-/// `ock.mmc.kv_events.*`.
-#[derive(Clone, Debug)]
-pub struct KvEventsConfig {
-    pub enable: bool,
-    pub encoding: KvEncoding,
-    pub endpoint: String,
-    pub replay_endpoint: String,
-    pub topic: String,
-    pub queue_capacity: u64,
-    pub hard_capacity: u64,
-    pub batch_max_events: u64,
-    pub batch_max_delay_ms: u64,
-    pub data_parallel_rank: i64,
-    pub replay_batches: u64,
-    pub block_size: u64,
-}
-
-/// Checks an endpoint's form (`tcp://host:port`, `ipc://path`, `inproc://name`).
-pub fn valid_endpoint(s: &str) -> bool {
-    if let Some(rest) = s.strip_prefix("tcp://") {
-        return rest
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-    }
-    ["ipc://", "inproc://"]
-        .iter()
-        .any(|p| s.strip_prefix(p).is_some_and(|r| !r.is_empty()))
 }
 
 /// The shards' side: a bounded, never-blocking queue to the publisher.
@@ -591,23 +531,6 @@ mod tests {
             batches <= 2000 / 10,
             "events are batched: {batches} batches"
         );
-    }
-
-    #[test]
-    fn endpoints() {
-        assert!(valid_endpoint("tcp://*:5557"));
-        assert!(valid_endpoint("tcp://127.0.0.1:0"));
-        assert!(valid_endpoint("ipc:///tmp/x"));
-        for bad in [
-            "",
-            "tcp://",
-            "tcp://host",
-            "udp://x:1",
-            "tcp://:1",
-            "ipc://",
-        ] {
-            assert!(!valid_endpoint(bad), "{bad}");
-        }
     }
 
     #[test]

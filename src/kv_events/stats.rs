@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use crate::metrics::Counter;
 
-use crate::shards::store::segment::Medium;
+use crate::common::medium::Medium;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventType {
@@ -27,15 +27,15 @@ impl EventType {
 }
 
 /// Media in the by-medium counts, `unknown` last (a cleared event has no medium).
-pub const MEDIUM_LABELS: [&str; 4] = ["hbm", "dram", "ssd", "unknown"];
+pub const MEDIUM_LABELS: [&str; 4] = [
+    Medium::Hbm.lower(),
+    Medium::Dram.lower(),
+    Medium::Ssd.lower(),
+    "unknown",
+];
 
 pub fn medium_index(m: Option<Medium>) -> usize {
-    match m {
-        Some(Medium::Hbm) => 0,
-        Some(Medium::Dram) => 1,
-        Some(Medium::Ssd) => 2,
-        None => 3,
-    }
+    m.map_or(Medium::ALL.len(), |m| m as usize)
 }
 
 /// What one shard counts as it produces events. Written only by that shard (relaxed load and

@@ -10,57 +10,8 @@ use std::sync::Arc;
 
 use super::hist::{BucketHistogram, GBS_BUCKETS, SECONDS_BUCKETS};
 use super::{Counter, Gauge};
-use crate::shards::event::LocalEvent;
-use crate::shards::store::segment::Medium;
-
-/// A lifecycle event of the store.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// An object became readable on a medium (put, demotion, rewarm, flush landing).
-    Stored {
-        chunk: Option<u64>,
-        medium: Medium,
-        size: u64,
-    },
-    /// An object left a medium.
-    Removed {
-        chunk: Option<u64>,
-        medium: Medium,
-        size: u64,
-    },
-    /// Every object was removed.
-    Cleared,
-    /// A read served from a memory medium.
-    Read {
-        medium: Medium,
-        bytes: u64,
-    },
-    /// Eviction moved or dropped a blob.
-    Evicted {
-        medium: Medium,
-        bytes: u64,
-        lifetime_ms: u64,
-        idle_ms: u64,
-    },
-    FlushStarted {
-        bytes: u64,
-    },
-    Flushed {
-        bytes: u64,
-        ok: bool,
-        micros: u64,
-    },
-    RewarmStarted {
-        bytes: u64,
-        prefetch: bool,
-    },
-    Rewarmed {
-        bytes: u64,
-        ok: bool,
-        micros: u64,
-        prefetch: bool,
-    },
-}
+use crate::common::event::Event;
+use crate::common::local_event::LocalEvent;
 
 /// Tier metrics under LMCache's names (memory media = L1, SSD = L2), per shard, written by
 /// the tier subscriber on the shard's thread.
@@ -369,6 +320,7 @@ impl EventBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::medium::Medium;
 
     #[test]
     fn bounded_queue_counts_drops_and_contains_panics() {

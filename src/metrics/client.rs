@@ -17,12 +17,12 @@ use std::sync::atomic::{
     AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
-use std::time::Instant;
 
 use hdrhistogram::Histogram;
 
 use super::counter::Counter;
 use super::hdr::AtomicHdr;
+use crate::common::clock::Clock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClientOp {
@@ -163,7 +163,7 @@ impl OpWindow {
 /// the owning shard and never moved, so recording takes no lock. (A `OnceLock` is
 /// initialised only by the owner, so no thread ever waits on one; readers use `get`.)
 pub struct ClientStats {
-    origin: Instant,
+    clock: Clock,
     window_secs: u64,
     pairs: Box<[OnceLock<OpWindow>]>,
 }
@@ -185,16 +185,16 @@ pub struct OpView {
 }
 
 impl ClientStats {
-    pub fn new(origin: Instant, window_secs: u64) -> ClientStats {
+    pub fn new(clock: Clock, window_secs: u64) -> ClientStats {
         ClientStats {
-            origin,
+            clock,
             window_secs: window_secs.max(1),
             pairs: (0..MAX_PAIRS).map(|_| OnceLock::new()).collect(),
         }
     }
 
     fn window_index(&self) -> u64 {
-        self.origin.elapsed().as_secs() / self.window_secs
+        self.clock.now_secs() / self.window_secs
     }
 
     /// The slot of (rank, op), taken on first use (owner only). Open addressing from a hash
@@ -298,11 +298,12 @@ pub fn finish(acc: HashMap<(u32, ClientOp), (OpView, Histogram<u64>)>) -> Vec<Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn records_merge_across_shards() {
-        let a = ClientStats::new(Instant::now(), 10);
-        let b = ClientStats::new(Instant::now(), 10);
+        let a = ClientStats::new(Clock::start(), 10);
+        let b = ClientStats::new(Clock::start(), 10);
         a.record(0, ClientOp::BatchPut, 1000, 1_500_000, 2000);
         b.record(0, ClientOp::BatchPut, 3000, 500_000, 4000);
         b.record(1, ClientOp::BatchGet, 10, 100_000, 100);
@@ -335,7 +336,10 @@ mod tests {
 
     #[test]
     fn old_windows_drop_out() {
-        let s = ClientStats::new(Instant::now() - std::time::Duration::from_secs(100), 10);
+        let s = ClientStats::new(
+            Clock::since(Instant::now() - std::time::Duration::from_secs(100)),
+            10,
+        );
         s.record(0, ClientOp::BatchGet, 5, 5, 5);
         // Pretend it was recorded five windows ago.
         let w = s.pair(0, ClientOp::BatchGet).unwrap();
@@ -358,7 +362,7 @@ mod tests {
 
     #[test]
     fn sub_microsecond_transfers_keep_their_time() {
-        let s = ClientStats::new(Instant::now(), 10);
+        let s = ClientStats::new(Clock::start(), 10);
         for _ in 0..4 {
             s.record(0, ClientOp::BatchGet, 32 << 20, 700_000, 900);
         }
@@ -381,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_forgotten_rank_has_no_view() {
-        let s = ClientStats::new(Instant::now(), 10);
+        let s = ClientStats::new(Clock::start(), 10);
         s.record(0, ClientOp::BatchGet, 5, 5, 5);
         s.record(1, ClientOp::BatchGet, 5, 5, 5);
         s.forget_rank(1);
@@ -393,7 +397,7 @@ mod tests {
 
     #[test]
     fn a_scrape_on_another_thread_sees_what_the_owner_records() {
-        let s = std::sync::Arc::new(ClientStats::new(Instant::now(), 3600));
+        let s = std::sync::Arc::new(ClientStats::new(Clock::start(), 3600));
         let owner = {
             let s = s.clone();
             std::thread::spawn(move || {

@@ -1,60 +1,56 @@
-//! A sliding window of per-second sums, written and read by any thread: the basis of the
-//! bandwidth and bytes-per-second gauges. Each slot carries the second it belongs to, so a
-//! reader ignores slots older than the window without anyone having to clear them. Writers
-//! racing at a second boundary may lose a few counts; these are rates for dashboards.
+//! A sliding window of per-second sums, written by one shard and read by any thread: the
+//! basis of the bytes-per-second gauges. A writer keeps one window per shard and a reader
+//! sums them (like [`Counter`](super::Counter)s): an addition is a relaxed load and store,
+//! never a read-modify-write across cores. Each slot carries the second it belongs to, so a
+//! reader ignores slots older than the window without anyone having to clear them. Seconds
+//! are the caller's reading of the process clock (`common::clock::Clock::now_secs`).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// Seconds kept; windows up to this long can be read.
 pub const SLOTS: usize = 64;
 
 pub struct RateWindow {
-    origin: Instant,
     sums: [AtomicU64; SLOTS],
-    /// The second (since `origin`) each slot's sum belongs to, plus one (0: never written).
+    /// The second each slot's sum belongs to, plus one (0: never written).
     stamps: [AtomicU64; SLOTS],
 }
 
-impl RateWindow {
-    pub fn new(origin: Instant) -> RateWindow {
+impl Default for RateWindow {
+    fn default() -> RateWindow {
         RateWindow {
-            origin,
             sums: std::array::from_fn(|_| AtomicU64::new(0)),
             stamps: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
+}
 
-    fn second(&self) -> u64 {
-        self.origin.elapsed().as_secs()
-    }
-
-    /// Adds `n` to the current second.
-    pub fn add(&self, n: u64) {
-        let sec = self.second();
-        let i = (sec % SLOTS as u64) as usize;
-        let stamp = sec + 1;
-        let old = self.stamps[i].load(Relaxed);
-        if old != stamp
-            && self.stamps[i]
-                .compare_exchange(old, stamp, Relaxed, Relaxed)
-                .is_ok()
-        {
-            // This writer moved the slot to the new second: start its sum over.
-            self.sums[i].store(0, Relaxed);
+impl RateWindow {
+    /// Adds `n` to second `now_secs`. Owner (one shard) only.
+    pub fn add(&self, now_secs: u64, n: u64) {
+        let i = (now_secs % SLOTS as u64) as usize;
+        let stamp = now_secs + 1;
+        if self.stamps[i].load(Relaxed) == stamp {
+            self.sums[i].store(self.sums[i].load(Relaxed) + n, Relaxed);
+        } else {
+            // The slot moves to this second: its sum starts over, and is in place before a
+            // reader can see the new stamp (Release / Acquire).
+            self.sums[i].store(n, Relaxed);
+            self.stamps[i].store(stamp, Release);
         }
-        self.sums[i].fetch_add(n, Relaxed);
     }
 
-    /// The sum over the last `secs` seconds, the current one included.
-    pub fn sum(&self, secs: u64) -> u64 {
-        let now = self.second();
+    /// The sum over the `secs` seconds up to `now_secs`, that one included.
+    pub fn sum(&self, now_secs: u64, secs: u64) -> u64 {
         let secs = secs.clamp(1, SLOTS as u64 - 1);
         (0..secs)
-            .filter_map(|back| now.checked_sub(back))
+            .filter_map(|back| now_secs.checked_sub(back))
             .map(|sec| {
                 let i = (sec % SLOTS as u64) as usize;
-                if self.stamps[i].load(Relaxed) == sec + 1 {
+                if self.stamps[i].load(Acquire) == sec + 1 {
                     self.sums[i].load(Relaxed)
                 } else {
                     0
@@ -70,13 +66,19 @@ mod tests {
 
     #[test]
     fn sums_the_recent_seconds_only() {
-        let w = RateWindow::new(Instant::now());
-        w.add(10);
-        w.add(5);
-        assert_eq!(w.sum(1), 15);
-        assert_eq!(w.sum(10), 15);
-        let old = RateWindow::new(Instant::now() - std::time::Duration::from_secs(100));
-        old.add(7);
-        assert_eq!(old.sum(3), 7);
+        let w = RateWindow::default();
+        w.add(100, 10);
+        w.add(100, 5);
+        assert_eq!(w.sum(100, 1), 15);
+        assert_eq!(w.sum(100, 10), 15);
+        w.add(102, 7);
+        assert_eq!(w.sum(102, 1), 7);
+        assert_eq!(w.sum(102, 3), 22);
+        // Second 100 has left a 2-second window; its slot, reused SLOTS seconds later,
+        // starts over.
+        assert_eq!(w.sum(102, 2), 7);
+        w.add(100 + SLOTS as u64, 1);
+        assert_eq!(w.sum(100 + SLOTS as u64, 1), 1);
+        assert_eq!(w.sum(0, 1), 0, "seconds never written read as 0");
     }
 }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
 
 use atomic_waker::AtomicWaker;
 use crossbeam_queue::ArrayQueue;
@@ -13,6 +12,7 @@ use super::mailbox::{Envelope, ReplyEnvelope};
 use super::notice::{self, Notice, NoticeRing};
 use super::store::segment::SegmentTable;
 use super::store::{self, StoreConfig};
+use crate::common::clock::Clock;
 use crate::config::Config;
 use crate::ha::HaView;
 use crate::metrics::ShardStats;
@@ -45,7 +45,7 @@ impl RemoteShard {
     pub(super) fn new(
         inbox: usize,
         outstanding: usize,
-        started: Instant,
+        clock: Clock,
         window_secs: u64,
     ) -> RemoteShard {
         RemoteShard {
@@ -56,7 +56,7 @@ impl RemoteShard {
             stats: ShardStats::default(),
             store_stats: Arc::new(StoreStats::default()),
             tracer: Arc::new(Tracer::default()),
-            client: ClientStats::new(started, window_secs),
+            client: ClientStats::new(clock, window_secs),
             bus_stats: Arc::new(BusStats::default()),
             tier_stats: Arc::new(TierStats::default()),
         }
@@ -73,6 +73,17 @@ impl RemoteShard {
     }
 }
 
+/// What the HTTP front end builds from the configuration at start (`http::front_assets`),
+/// handed to the cluster so every shard can serve it. Shards only carry these; they know no
+/// HTTP.
+#[derive(Default)]
+pub struct FrontAssets {
+    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The OpenAPI document for this configuration, built once at start and served as is.
+    pub openapi: bytes::Bytes,
+}
+
 /// Process-wide state shared by all shards. Immutable after start except for the atomics and
 /// the segment table.
 pub struct Cluster {
@@ -85,7 +96,7 @@ pub struct Cluster {
     pub accepting: AtomicUsize,
     /// Set once by the signal handler; shards then stop accepting and drain.
     pub shutting_down: AtomicBool,
-    /// The mTLS server configuration, when TLS is on (built at start from the files).
+    /// The mTLS server configuration, when TLS is on ([`FrontAssets::tls`]).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The KV-event publisher's statistics.
     pub kv_stats: Arc<crate::kv_events::KvEventStats>,
@@ -94,20 +105,26 @@ pub struct Cluster {
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
-    pub started: Instant,
-    /// The OpenAPI document for this configuration, built once here and served as is.
+    /// The process clock: its origin is the moment the cluster was built.
+    pub clock: Clock,
+    /// The OpenAPI document for this configuration ([`FrontAssets::openapi`]).
     pub openapi: bytes::Bytes,
 }
 
 impl Cluster {
-    pub fn new(config: Config, shard_count: usize) -> Result<Arc<Cluster>, String> {
-        Cluster::with_numa(config, shard_count, None)
+    pub fn new(
+        config: Config,
+        shard_count: usize,
+        front: FrontAssets,
+    ) -> Result<Arc<Cluster>, String> {
+        Cluster::with_numa(config, shard_count, front, None)
     }
 
     /// [`Cluster::new`] whose DRAM segments are placed on NUMA nodes per `numa`.
     pub fn with_numa(
         config: Config,
         shard_count: usize,
+        front: FrontAssets,
         numa: Option<Arc<crate::numa::NumaLayout>>,
     ) -> Result<Arc<Cluster>, String> {
         assert!(shard_count > 0);
@@ -120,18 +137,13 @@ impl Cluster {
         };
         let segments = Arc::new(SegmentTable::with_numa(numa));
         store::mount::mount_configured(&config, &segments, shard_count)?;
-        let started = Instant::now();
+        let clock = Clock::start();
         let window = config.metrics.window_secs;
-        let tls = if config.tls.enable {
-            Some(crate::http::tls::server_config(&config.tls)?)
-        } else {
-            None
-        };
-        let openapi = crate::http::openapi::document(&config).into();
+        let FrontAssets { tls, openapi } = front;
         Ok(Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
-                .map(|_| RemoteShard::new(inbox, outstanding, started, window))
+                .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
                 .collect(),
             config,
             ha,
@@ -142,7 +154,7 @@ impl Cluster {
             tls,
             kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
-            started,
+            clock,
         }))
     }
 

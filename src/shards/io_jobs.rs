@@ -38,7 +38,7 @@ impl Shard {
         let mut events = std::mem::take(&mut *self.event_buf.borrow_mut());
         self.store.borrow_mut().swap_events(&mut events);
         if !events.is_empty() {
-            let now = self.cluster.started.elapsed().as_millis() as u64;
+            let now = self.cluster.clock.now_ms();
             let kv = self.cluster.kv_queue.get();
             for ev in events.drain(..) {
                 if let Some(kv) = kv {
@@ -89,7 +89,7 @@ impl Shard {
     pub fn publish_cleared(self: &Rc<Self>) {
         self.store
             .borrow_mut()
-            .push_event(crate::metrics::bus::Event::Cleared);
+            .push_event(crate::common::event::Event::Cleared);
         self.after_store();
     }
 
@@ -159,7 +159,7 @@ impl Shard {
     /// Probes the faulted SSD files whose probe is due (one shard per file per interval):
     /// a successful probe write lets the file take flushes again.
     pub(super) fn probe_faulted_ssd(&self) {
-        let now = self.cluster.started.elapsed().as_millis() as u64;
+        let now = self.cluster.clock.now_ms();
         for seg in self.cluster.segments.snapshot().iter() {
             let Some(file) = seg.backend.file() else {
                 continue;

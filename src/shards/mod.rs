@@ -11,10 +11,8 @@
 //! each requester once per batch. This module does no socket I/O.
 
 mod apply;
-mod clock;
 mod cluster;
 pub mod command;
-pub mod event;
 mod io_jobs;
 pub mod load;
 mod mailbox;
@@ -33,16 +31,16 @@ use std::task::{Poll, Waker};
 
 use hashbrown::HashMap;
 
+use crate::common::clock::TickClock;
+use crate::common::local_event::LocalEvent;
 use crate::metrics::ShardStats;
 #[cfg(debug_assertions)]
 use crate::metrics::bus::PanickingTestSubscriber;
 use crate::metrics::bus::{EventBus, LoggingSubscriber, Subscriber, TierMetricsSubscriber};
 use crate::metrics::store::StoreStats;
 pub use apply::Applied;
-pub use clock::Clock;
-pub use cluster::{Cluster, RemoteShard};
+pub use cluster::{Cluster, FrontAssets, RemoteShard};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
-use event::LocalEvent;
 use mailbox::Slot;
 pub use mailbox::{Envelope, ReplyEnvelope, ReplyFuture, Submitted};
 use metadata::MetadataStore;
@@ -71,7 +69,7 @@ pub use notice::Notice;
 pub struct Shard {
     pub id: ShardId,
     pub cluster: Arc<Cluster>,
-    pub clock: Clock,
+    pub clock: TickClock,
     metadata: RefCell<MetadataStore>,
     pub store: RefCell<Store>,
     ssd: SsdIo,
@@ -82,7 +80,7 @@ pub struct Shard {
     /// Lifecycle events for the observability subscribers.
     pub bus: EventBus,
     /// Reused buffer for the store's events.
-    event_buf: RefCell<Vec<crate::metrics::bus::Event>>,
+    event_buf: RefCell<Vec<crate::common::event::Event>>,
     /// A task freeing the objects of a `remove_all` in slices is running.
     purge_running: Cell<bool>,
     /// Requests in progress and their pace (overload shedding, `Retry-After`).
@@ -112,7 +110,7 @@ impl Shard {
             cluster.segments.clone(),
             remote.store_stats.clone(),
             remote.tracer.clone(),
-            cluster.started,
+            cluster.clock,
         );
         let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
             Box::new(TierMetricsSubscriber {
@@ -132,10 +130,10 @@ impl Shard {
         );
         Rc::new(Shard {
             id,
-            clock: Clock::new(cluster.started),
+            clock: TickClock::new(cluster.clock),
             metadata: RefCell::new(MetadataStore::new(metadata_budget)),
             store: RefCell::new(store),
-            ssd: SsdIo::new(uring),
+            ssd: SsdIo::new(uring, id, cluster.clock),
             flush_done: LocalEvent::default(),
             rewarm_done: LocalEvent::default(),
             bus,

@@ -7,11 +7,14 @@ use monoio::io::AsyncWriteRentExt;
 use super::Io;
 use crate::http::handlers::keys_stream::KeyCursor;
 use crate::http::handlers::{self, Ctx, Request};
-use crate::http::parse::{Parsed, parse_head};
-use crate::http::response::{KeyListing, Part, Tail};
+use crate::http::parse::{Head, Parsed, parse_head};
+use crate::http::response::{KeyListing, Part, Response, Tail};
 use crate::http::router::Route;
 use crate::http::{ConnGuard, ConnState, Front};
 use crate::limits::{STAGING_BYTES, STAGING_POOL_BUFFERS};
+use crate::shards::WriteGrant;
+use crate::shards::store::BlobView;
+use crate::shards::store::ssd::IoBuffer;
 
 /// Serves a put whose body is still arriving ([`Framed::Stream`]): the owner allocates first,
 /// then the body goes from the socket into the blobs (host memory directly; device memory
@@ -30,53 +33,42 @@ pub(super) async fn stream_put<S: Io>(
     let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
         unreachable!("a framed head parses again");
     };
-    let front: &Front = &conn.front;
     let received = &req[head_len..];
     debug_assert!(received.len() < body_len);
     // Allocating is the server's time; the body's deadlines start with its first read.
     conn.set(ConnState::Busy);
     let started = std::time::Instant::now();
-    let shard = front.shard();
+    let shard = conn.front.shard();
     shard.stats().http_requests.inc();
     let mut ctx = Ctx { shard, scratch };
-    let request = Request {
-        head: &head,
-        route: Route::Objects,
-        body: &[],
-        body_since: None,
-    };
     // With `Expect: 100-continue` the client sends the body only after our go-ahead, so a put
     // refused before allocation is answered at once and the connection closed.
     let mut refused_unread = false;
-    let mut resp = match shard.load.enter() {
+    let resp = match shard.load.enter() {
         None => {
             let mut r = ctx.overloaded();
             r.close = true;
             r
         }
         Some(_working) => {
-            let fill = async |grant: Option<&crate::shards::WriteGrant>| match grant {
-                None if head.expect_continue => {
-                    refused_unread = true;
-                    handlers::Filled::Ok
-                }
-                None => {
-                    let mut clock = BodyClock::start(front, conn, received.len());
-                    discard_body(stream, body_len - received.len(), &mut clock).await
-                }
-                Some(grant) => {
-                    if head.expect_continue
-                        && stream
-                            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
-                            .await
-                            .0
-                            .is_err()
-                    {
-                        return handlers::Filled::Broken;
-                    }
-                    let mut clock = BodyClock::start(front, conn, received.len());
-                    fill_blobs(stream, grant, received, body_len, &mut clock).await
-                }
+            let request = Request {
+                head: &head,
+                route: Route::Objects,
+                body: &[],
+                body_since: None,
+            };
+            let expect_continue = head.expect_continue;
+            let fill = async |grant: Option<&WriteGrant>| {
+                let body = (received, body_len);
+                receive_body(
+                    conn,
+                    stream,
+                    expect_continue,
+                    grant,
+                    body,
+                    &mut refused_unread,
+                )
+                .await
             };
             let resp = handlers::put_streamed(&request, &mut ctx, body_len as u64, fill).await?;
             // The body is in: its deadlines no longer apply to the answer.
@@ -84,15 +76,68 @@ pub(super) async fn stream_put<S: Io>(
             resp
         }
     };
-    if refused_unread || !head.keep_alive || front.is_draining() {
-        resp.close = true;
+    let close = refused_unread || !head.keep_alive || conn.front.is_draining();
+    Some(encode_put_answer(
+        conn, &head, resp, close, started, scratch, wbuf,
+    ))
+}
+
+/// A streamed put's body, once the owner answered the allocation (`body`: the bytes that
+/// came with the head, and the body's length). With a grant the body goes into its blobs
+/// (after the `100 Continue` a client may be waiting for); without one it is read and
+/// dropped, or, when the client waits for a go-ahead, never asked for (`refused_unread`).
+async fn receive_body<S: Io>(
+    conn: &ConnGuard,
+    stream: &mut S,
+    expect_continue: bool,
+    grant: Option<&WriteGrant>,
+    (received, body_len): (&[u8], usize),
+    refused_unread: &mut bool,
+) -> handlers::Filled {
+    match grant {
+        None if expect_continue => {
+            *refused_unread = true;
+            handlers::Filled::Ok
+        }
+        None => {
+            let mut clock = BodyClock::start(&conn.front, conn, received.len());
+            discard_body(stream, body_len - received.len(), &mut clock).await
+        }
+        Some(grant) => {
+            if expect_continue
+                && stream
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
+                    .await
+                    .0
+                    .is_err()
+            {
+                return handlers::Filled::Broken;
+            }
+            let mut clock = BodyClock::start(&conn.front, conn, received.len());
+            fill_blobs(stream, grant, received, body_len, &mut clock).await
+        }
     }
+}
+
+/// Encodes a streamed put's answer into `wbuf` (closing the connection after it when `close`
+/// or the answer says so) and records the request's duration. Whether the connection closes.
+fn encode_put_answer(
+    conn: &ConnGuard,
+    head: &Head<'_>,
+    mut resp: Response,
+    close: bool,
+    started: std::time::Instant,
+    scratch: &[u8],
+    wbuf: &mut Vec<u8>,
+) -> bool {
+    resp.close |= close;
     let close = resp.close;
-    let tail = front.encode(resp, Some(&head), scratch, wbuf);
+    let front: &Front = &conn.front;
+    let tail = front.encode(resp, Some(head), scratch, wbuf);
     debug_assert!(tail.is_none(), "a put's answer is JSON");
     let durations = &front.shard().stats().request_durations;
     durations.observe(crate::metrics::requests::ReqOp::Put, started.elapsed());
-    Some(close)
+    close
 }
 
 /// The deadlines of a streamed body, kept in the connection's registry entry for the sweep
@@ -154,62 +199,85 @@ impl<'a> BodyClock<'a> {
 /// into the blobs and the rest of the body is read and dropped.
 pub(super) async fn fill_blobs<S: Io>(
     stream: &mut S,
-    grant: &crate::shards::WriteGrant,
+    grant: &WriteGrant,
     received: &[u8],
     body_len: usize,
     clock: &mut BodyClock<'_>,
 ) -> handlers::Filled {
-    use crate::shards::store::ssd::IoBuffer;
-    use handlers::Filled;
-    let blobs = &grant.blobs[..];
-    let write_all = |offset: usize, data: &[u8]| -> std::io::Result<()> {
-        for b in blobs {
-            // SAFETY: the blobs are the grant's until it ends (commit or abort), even when it
-            // is revoked; it is checked before every write.
-            unsafe { b.seg.backend.write(b.offset + offset as u64, data)? };
-        }
-        Ok(())
-    };
     if grant.is_revoked() {
         return discard_body(stream, body_len - received.len(), clock).await;
     }
-    if let Err(e) = write_all(0, received) {
-        return Filled::SegmentError(e);
+    if let Err(e) = write_to_blobs(grant, 0, received) {
+        return handlers::Filled::SegmentError(e);
     }
     grant.wrote(received.len() as u64);
-    let mut filled = received.len();
-    if let [b] = blobs
-        && b.seg.backend.host_region().is_some()
-    {
-        while filled < body_len {
-            if grant.is_revoked() {
-                return discard_body(stream, body_len - filled, clock).await;
-            }
-            // SAFETY: the blob is this grant's until it ends, and the grant (held by our
-            // caller) outlives the read; a revoked grant is not read into again.
-            let view = unsafe {
-                IoBuffer::segment_view(
-                    b.seg.clone(),
-                    b.offset + filled as u64,
-                    body_len - filled,
-                    false,
-                )
-            };
-            let view = match view {
-                Ok(v) => v,
-                Err(e) => return Filled::SegmentError(e),
-            };
-            match stream.read(view).await.0 {
-                Ok(0) | Err(_) => return clock.ended(),
-                Ok(n) => {
-                    filled += n;
-                    grant.wrote(n as u64);
-                    clock.advance(n);
-                }
+    match &grant.blobs[..] {
+        [b] if b.seg.backend.host_region().is_some() => {
+            read_into_host_blob(stream, grant, b, received.len(), body_len, clock).await
+        }
+        _ => read_through_staging(stream, grant, received.len(), body_len, clock).await,
+    }
+}
+
+/// Copies `data` into every blob of `grant` at `offset`.
+fn write_to_blobs(grant: &WriteGrant, offset: usize, data: &[u8]) -> std::io::Result<()> {
+    for b in &grant.blobs[..] {
+        // SAFETY: the blobs are the grant's until it ends (commit or abort), even when it is
+        // revoked; it is checked before every write.
+        unsafe { b.seg.backend.write(b.offset + offset as u64, data)? };
+    }
+    Ok(())
+}
+
+/// The rest of a body (from `filled`) read from the socket straight into the grant's one
+/// host-memory blob `b`.
+async fn read_into_host_blob<S: Io>(
+    stream: &mut S,
+    grant: &WriteGrant,
+    b: &BlobView,
+    mut filled: usize,
+    body_len: usize,
+    clock: &mut BodyClock<'_>,
+) -> handlers::Filled {
+    while filled < body_len {
+        if grant.is_revoked() {
+            return discard_body(stream, body_len - filled, clock).await;
+        }
+        // SAFETY: the blob is this grant's until it ends, and the grant (held by our caller)
+        // outlives the read; a revoked grant is not read into again.
+        let view = unsafe {
+            IoBuffer::segment_view(
+                b.seg.clone(),
+                b.offset + filled as u64,
+                body_len - filled,
+                false,
+            )
+        };
+        let view = match view {
+            Ok(v) => v,
+            Err(e) => return handlers::Filled::SegmentError(e),
+        };
+        match stream.read(view).await.0 {
+            Ok(0) | Err(_) => return clock.ended(),
+            Ok(n) => {
+                filled += n;
+                grant.wrote(n as u64);
+                clock.advance(n);
             }
         }
-        return Filled::Ok;
     }
+    handlers::Filled::Ok
+}
+
+/// The rest of a body (from `filled`) read through a staging buffer and copied into every
+/// blob of the grant (device memory, or an object in several blobs).
+async fn read_through_staging<S: Io>(
+    stream: &mut S,
+    grant: &WriteGrant,
+    mut filled: usize,
+    body_len: usize,
+    clock: &mut BodyClock<'_>,
+) -> handlers::Filled {
     let mut staging = staging::take();
     let mut failed = None;
     while filled < body_len {
@@ -224,7 +292,7 @@ pub(super) async fn fill_blobs<S: Io>(
                 // still read, and dropped.
                 if failed.is_none()
                     && !grant.is_revoked()
-                    && let Err(e) = write_all(filled, &staging[..n])
+                    && let Err(e) = write_to_blobs(grant, filled, &staging[..n])
                 {
                     failed = Some(e);
                 }
@@ -235,7 +303,7 @@ pub(super) async fn fill_blobs<S: Io>(
         }
     }
     staging::give(staging);
-    failed.map_or(Filled::Ok, Filled::SegmentError)
+    failed.map_or(handlers::Filled::Ok, handlers::Filled::SegmentError)
 }
 
 /// Reads and drops `len` body bytes, under the body's deadlines.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::Ctx;
 use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, Response, Status};
-use crate::kv_events::stats::EventType;
+use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::exposition;
 use crate::metrics::trace::Tp;
 
@@ -39,7 +39,10 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
     w.field_u64("published_batches", s.published_batches.get());
     w.begin_object_field("published_by_medium");
     // Alphabetical, as the seed shows: dram, hbm, ssd, unknown.
-    for (name, i) in [("dram", 1), ("hbm", 0), ("ssd", 2), ("unknown", 3)] {
+    let mut by_name: [(&str, usize); MEDIUM_LABELS.len()] =
+        std::array::from_fn(|i| (MEDIUM_LABELS[i], i));
+    by_name.sort_unstable();
+    for (name, i) in by_name {
         w.field_u64(name, s.published_by_medium[i].get());
     }
     w.end_object();

@@ -101,7 +101,10 @@ pub fn capacity_usage(ctx: &mut Ctx<'_>) -> Response {
     w.field_u64("timestamp", now);
     w.field_bool("data_source_ready", ready);
     w.field_bool("degraded", degraded);
-    for (name, medium) in [("npu", Medium::Hbm), ("cpu", Medium::Dram)] {
+    for medium in Medium::ALL {
+        let Some(name) = medium.names().device else {
+            continue;
+        };
         let (total, used) = totals(medium);
         w.begin_object_field(name);
         w.field_u64("total_bytes", total);
@@ -203,7 +206,7 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
         _ => None,
     };
-    let name = crate::shards::store::segment::segment_name(rank, medium);
+    let name = crate::common::segment::segment_name(rank, medium);
     if cluster.segments.find(&name).is_some() {
         stats.record(Op::Mount, Outcome::Failure, Some(rank));
         return ctx.business_error(&format!("Segment {name} is already mounted"));

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use super::ranks;
 use super::writer::Out;
+use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 
 type ViewField = fn(&client::OpView) -> Sample;
 
@@ -214,18 +214,20 @@ fn rank_io(cluster: &Cluster) -> Vec<RankIo> {
 /// Every SSD directory's figures, and a placeholder for each rank without one, by rank.
 fn disk_io(cluster: &Cluster, ranks: &[RankIo]) -> Vec<DiskIo> {
     let window = cluster.config.metrics.window_secs.max(1);
+    let now_secs = cluster.clock.now_secs();
     let mut disks: Vec<DiskIo> = cluster
         .segments
         .snapshot()
         .iter()
         .filter_map(|s| {
             let f = s.backend.file()?;
+            let (read, written) = f.window_bytes(now_secs, window);
             Some(DiskIo {
                 rank: s.rank.to_string(),
                 path: f.dir.clone(),
                 status: f.status() as u64,
-                read_bps: f.read_window.sum(window) / window,
-                write_bps: f.write_window.sum(window) / window,
+                read_bps: read / window,
+                write_bps: written / window,
             })
         })
         .collect();

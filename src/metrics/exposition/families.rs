@@ -3,13 +3,13 @@
 
 use super::writer::Out;
 use super::{medium_usage, sum, sum_i};
+use crate::common::medium::Medium;
 use crate::kv_events::KvEventStats;
 use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::ShardStats;
 use crate::metrics::requests::{self, ReqOp};
 use crate::metrics::store::{Op, OpCounters, TierCounters};
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 
 /// The `CamelCase` name of an operation in HELP texts (`BatchGet`).
 fn camel(op: Op) -> String {
@@ -417,7 +417,7 @@ const SERVER_SINGLES: &[Single] = &[
         "memcache_uptime_seconds",
         "Seconds since the server started",
         "gauge",
-        |c| c.started.elapsed().as_secs(),
+        |c| c.clock.now_secs(),
     ),
 ];
 

@@ -2,15 +2,16 @@
 
 use super::writer::Out;
 use super::{medium_usage, sum, sum_i};
+use crate::common::medium::Medium;
 use crate::metrics::bus::{BusStats, SUBSCRIBERS, TierStats};
 use crate::metrics::hist::BucketHistogram;
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 
 type Labels = &'static [(&'static str, &'static str)];
 
-const SSD: Labels = &[("l2_name", "ssd")];
-const SSD_IDX: Labels = &[("l2_name", "ssd"), ("adapter_index", "0")];
+/// The one L2 adapter: the SSD tier, named by its medium.
+const SSD: Labels = &[("l2_name", Medium::Ssd.lower())];
+const SSD_IDX: Labels = &[("l2_name", Medium::Ssd.lower()), ("adapter_index", "0")];
 
 fn t(c: &Cluster, f: fn(&TierStats) -> u64) -> u64 {
     sum(c, |s| f(&s.tier_stats))
@@ -219,7 +220,7 @@ fn render_bus(cluster: &Cluster, o: &mut Out<'_>) {
         "gauge",
         sum_i(cluster, |s| s.bus_stats.queue_depth.get()),
     );
-    let now_ms = cluster.started.elapsed().as_millis() as i64;
+    let now_ms = cluster.clock.now_ms() as i64;
     let oldest = cluster
         .shards
         .iter()

@@ -23,8 +23,8 @@ use std::collections::BTreeSet;
 
 use super::store::MAX_RANKS;
 use super::trace;
+use crate::common::medium::Medium;
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 pub use summary::render_summary;
 use writer::Out;
 

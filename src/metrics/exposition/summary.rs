@@ -5,9 +5,9 @@ use std::io::Write;
 
 use super::families::{TIER_FAMILIES, tier_rank, tier_total};
 use super::{medium_usage, per_rank_ranks, sum, sum_i};
+use crate::common::medium::Medium;
 use crate::metrics::store::Op;
 use crate::shards::Cluster;
-use crate::shards::store::segment::Medium;
 
 /// Renders `/metrics/summary`: the seed's 71 fields in order, then the per-rank fields.
 pub fn render_summary(cluster: &Cluster, buf: &mut Vec<u8>) {
@@ -104,7 +104,12 @@ mod tests {
 
     #[test]
     fn summary_has_the_seed_fields_in_order() {
-        let cluster = Cluster::new(crate::config::Config::defaults(), 2).unwrap();
+        let cluster = Cluster::new(
+            crate::config::Config::defaults(),
+            2,
+            crate::shards::FrontAssets::default(),
+        )
+        .unwrap();
         let mut buf = Vec::new();
         render_summary(&cluster, &mut buf);
         let line = String::from_utf8(buf).unwrap();

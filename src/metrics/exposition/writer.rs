@@ -59,7 +59,7 @@ impl Out<'_> {
         self.buf.extend_from_slice(name.as_bytes());
         self.labels(labels);
         self.buf.push(b' ');
-        crate::http::json::write_f64(self.buf, v);
+        crate::common::fmt::write_f64(self.buf, v);
         self.buf.push(b'\n');
     }
 

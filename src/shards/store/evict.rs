@@ -125,75 +125,98 @@ impl Store {
     /// Moves one blob down a tier (or drops it where nothing lower has room). Returns the
     /// bytes this frees on its medium now or when its flush lands.
     pub(super) fn evict_blob(&mut self, id: u32, now: u64) -> u64 {
-        let (obj, medium, rank, len, since) = {
+        let (obj, len) = {
             let b = &self.blobs[id as usize];
-            (b.obj, b.medium, b.rank, b.len, b.since_ms)
+            (b.obj, b.len)
         };
         if self.doomed(obj) {
             // Removed already by a `remove_all`: freeing it is all that is left to do.
             self.remove_object(obj, now);
             return len;
         }
-        let size = self.objects[obj as usize].size;
-        let lifetime = now.saturating_sub(self.objects[obj as usize].created_ms);
+        self.record_eviction(id, now);
+        if !self.demote(id, now) {
+            // Nothing lower has room: the copy is dropped, and the object with it if it was
+            // the last one.
+            if self.objects[obj as usize].blobs.len() <= 1 {
+                self.stats.evicted_objects_deleted.inc();
+                self.remove_object(obj, now);
+            } else {
+                self.detach_blob(id, now);
+            }
+        }
+        len
+    }
+
+    /// Counts an eviction and publishes it (with the object's lifetime and the blob's idle
+    /// time).
+    fn record_eviction(&mut self, id: u32, now: u64) {
+        let b = &self.blobs[id as usize];
+        let (medium, rank) = (b.medium, b.rank);
+        let idle_ms = now.saturating_sub(b.since_ms.max(b.lease_until_ms.min(now)));
+        let o = &self.objects[b.obj as usize];
+        let (size, lifetime_ms) = (o.size, now.saturating_sub(o.created_ms));
         self.stats.tier(rank, |t| t.evict.inc());
         self.events.push(Event::Evicted {
             medium,
             bytes: size,
-            lifetime_ms: lifetime,
-            idle_ms: now.saturating_sub(since.max(self.blobs[id as usize].lease_until_ms.min(now))),
+            lifetime_ms,
+            idle_ms,
         });
-        // Down the tiers: the first one below with room takes the blob (a copy that already
-        // exists lower down, as after a rewarm, makes the move free).
+    }
+
+    /// Moves an evicted blob down the tiers: the first one below with room takes it (a copy
+    /// that already exists lower down, as after a rewarm, makes the move free). A memory
+    /// tier takes a copy now; SSD takes it through a flush job, the blob leaving when the
+    /// flush lands. False when no tier below has room.
+    fn demote(&mut self, id: u32, now: u64) -> bool {
+        let (obj, medium, rank) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank)
+        };
+        let size = self.objects[obj as usize].size;
         let mut tier = medium.lower_tier();
         while let Some(t) = tier {
             if self.has_readable_on(obj, t) {
                 self.detach_blob(id, now);
-                return len;
+                return true;
             }
             if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
-                if t.is_memory() {
-                    if self.copy_memory(id, seg, off, size) {
-                        let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
-                        self.make_readable(dst, now);
-                        self.stats.demoted_blobs.inc();
-                        self.detach_blob(id, now);
-                        return len;
-                    }
-                    self.segs[seg as usize].as_mut().unwrap().free(off, alen);
-                } else {
-                    let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
-                    self.blobs[dst as usize].pins = 1;
-                    self.blobs[id as usize].flushing = true;
-                    self.flushes_in_flight += 1;
-                    self.stats.flush_in_flight_bytes.add(size as i64);
-                    self.events.push(Event::FlushStarted { bytes: size });
-                    self.jobs.push(IoJob::Flush {
-                        src: BlobHandle {
-                            id,
-                            tag: self.blobs[id as usize].tag,
-                        },
-                        dst: BlobHandle {
-                            id: dst,
-                            tag: self.blobs[dst as usize].tag,
-                        },
-                        src_view: self.view(id, size),
-                        dst_view: self.view(dst, size),
-                    });
-                    return len;
+                if !t.is_memory() {
+                    self.start_flush(id, seg, off, alen, now);
+                    return true;
                 }
+                if self.copy_memory(id, seg, off, size) {
+                    let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+                    self.make_readable(dst, now);
+                    self.stats.demoted_blobs.inc();
+                    self.detach_blob(id, now);
+                    return true;
+                }
+                self.segs[seg as usize].as_mut().unwrap().free(off, alen);
             }
             tier = t.lower_tier();
         }
-        // Nothing lower has room: the copy is dropped, and the object with it if it was the
-        // last one.
-        if self.objects[obj as usize].blobs.len() <= 1 {
-            self.stats.evicted_objects_deleted.inc();
-            self.remove_object(obj, now);
-        } else {
-            self.detach_blob(id, now);
-        }
-        len
+        false
+    }
+
+    /// Starts the flush of blob `id` into the SSD range just allocated for it: the new blob
+    /// is pinned by the job and the source marked flushing until `finish_flush`.
+    fn start_flush(&mut self, id: u32, seg: SegmentId, off: u64, alen: u64, now: u64) {
+        let obj = self.blobs[id as usize].obj;
+        let size = self.objects[obj as usize].size;
+        let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
+        self.blobs[dst as usize].pins = 1;
+        self.blobs[id as usize].flushing = true;
+        self.flushes_in_flight += 1;
+        self.stats.flush_in_flight_bytes.add(size as i64);
+        self.events.push(Event::FlushStarted { bytes: size });
+        self.jobs.push(IoJob::Flush {
+            src: self.handle(id),
+            dst: self.handle(dst),
+            src_view: self.view(id, size),
+            dst_view: self.view(dst, size),
+        });
     }
 
     /// Room on the tier below for a demoted blob: watermark eviction there first (SSD

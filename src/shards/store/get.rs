@@ -22,46 +22,58 @@ impl Store {
     }
 
     pub(super) fn get_inner(&mut self, key: &[u8], mode: ReadMode) -> GetStep {
-        let rewarmed = mode == ReadMode::AfterRewarm;
         let now = self.now_ms();
-        let Some(obj) = self.find(key) else {
+        let Some((obj, blob)) = self
+            .find(key)
+            .and_then(|o| Some((o, self.fastest_copy(o)?)))
+        else {
             self.stats.record(Op::Get, Outcome::NotFound, None);
             return GetStep::NotFound;
         };
-        let best = self.objects[obj as usize]
+        if self.blobs[blob as usize].medium.is_memory() {
+            self.lease_memory_copy(obj, blob, now, mode == ReadMode::AfterRewarm)
+        } else {
+            self.read_ssd_copy(obj, blob, now, mode)
+        }
+    }
+
+    /// The object's readable blob on the fastest medium.
+    fn fastest_copy(&self, obj: u32) -> Option<u32> {
+        self.objects[obj as usize]
             .blobs
             .iter()
             .copied()
             .filter(|&b| self.blobs[b as usize].state == BlobState::Readable)
-            .min_by_key(|&b| self.blobs[b as usize].medium);
-        let Some(blob) = best else {
-            self.stats.record(Op::Get, Outcome::NotFound, None);
-            return GetStep::NotFound;
-        };
-        let (medium, rank, lru) = {
-            let b = &self.blobs[blob as usize];
-            (b.medium, b.rank, b.lru)
-        };
-        if medium.is_memory() {
-            let lease = now + self.cfg.lease_ms;
-            let b = &mut self.blobs[blob as usize];
-            b.lease_until_ms = b.lease_until_ms.max(lease);
-            b.pins += 1;
-            self.lru.touch(medium as usize, lru);
-            self.stats.record(Op::Get, Outcome::Success, Some(rank));
-            if rewarmed {
-                self.stats.tier(rank, |t| t.get_hits_ssd.inc());
-            } else {
-                self.stats.tier(rank, |t| t.get_hits_dram.inc());
-            }
-            self.events.push(Event::Read {
-                medium,
-                bytes: self.objects[obj as usize].size,
-            });
-            let size = self.objects[obj as usize].size;
-            return GetStep::Ready(self.view(blob, size));
+            .min_by_key(|&b| self.blobs[b as usize].medium)
+    }
+
+    /// Serves a read from a memory blob: leased and pinned for the reader, touched in the LRU,
+    /// counted as a hit (an SSD hit when it follows the reader's own rewarm).
+    fn lease_memory_copy(&mut self, obj: u32, blob: u32, now: u64, rewarmed: bool) -> GetStep {
+        let lease = now + self.cfg.lease_ms;
+        let b = &mut self.blobs[blob as usize];
+        let (medium, rank, lru) = (b.medium, b.rank, b.lru);
+        b.lease_until_ms = b.lease_until_ms.max(lease);
+        b.pins += 1;
+        self.lru.touch(medium as usize, lru);
+        self.stats.record(Op::Get, Outcome::Success, Some(rank));
+        if rewarmed {
+            self.stats.tier(rank, |t| t.get_hits_ssd.inc());
+        } else {
+            self.stats.tier(rank, |t| t.get_hits_dram.inc());
         }
-        // Only on SSD.
+        let size = self.objects[obj as usize].size;
+        self.events.push(Event::Read {
+            medium,
+            bytes: size,
+        });
+        GetStep::Ready(self.view(blob, size))
+    }
+
+    /// A read of an object held only on SSD: wait for a rewarm in flight, start one, wait for
+    /// a flush to make room for one, or read the SSD copy directly (`ReadMode::Direct`, or
+    /// no room to rewarm into).
+    fn read_ssd_copy(&mut self, obj: u32, blob: u32, now: u64, mode: ReadMode) -> GetStep {
         if mode == ReadMode::Direct {
             return self.direct_read(obj, blob, now);
         }
@@ -71,6 +83,7 @@ impl Store {
         // A faulted SSD tier takes no flushes, so waiting for one to make room in DRAM is
         // pointless: read the SSD copy directly instead.
         let faulted = self.ssd_faulted(blob);
+        let rank = self.blobs[blob as usize].rank;
         match self.start_rewarm(obj, blob, now, false) {
             Some(job) => GetStep::Rewarm(job),
             None if self.flushes_in_flight > 0 && !faulted => GetStep::WaitForFlush,
@@ -88,9 +101,9 @@ impl Store {
         let b = &mut self.blobs[blob as usize];
         b.pins += 1;
         b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
-        let (tag, sum) = (b.tag, b.sum);
+        let sum = b.sum;
         GetStep::ReadDirect(IoJob::ReadSsd {
-            src: BlobHandle { id: blob, tag },
+            src: self.handle(blob),
             src_view: self.view(blob, size),
             sum,
         })
@@ -127,7 +140,7 @@ impl Store {
             return;
         }
         if let Some(f) = self.seg(seg).seg.backend.file() {
-            f.record_damaged("checksum mismatch or short read");
+            f.record_damaged(self.shard, "checksum mismatch or short read");
         }
         let others = self.objects[obj as usize]
             .blobs

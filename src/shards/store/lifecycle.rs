@@ -21,10 +21,15 @@ impl Store {
             seg: self.seg(b.seg).seg.clone(),
             offset: b.offset,
             len,
-            handle: BlobHandle {
-                id: blob,
-                tag: b.tag,
-            },
+            handle: self.handle(blob),
+        }
+    }
+
+    /// The stable handle of the blob in slot `blob` now.
+    pub(super) fn handle(&self, blob: u32) -> BlobHandle {
+        BlobHandle {
+            id: blob,
+            tag: self.blobs[blob as usize].tag,
         }
     }
 

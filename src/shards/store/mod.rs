@@ -48,7 +48,8 @@
 //! `index.rs` keys and lookups, listing, remove and remove_all; `lifecycle.rs` the blob states
 //! above, zombies, writer pins, the tick; `put.rs` alloc and commit; `get.rs` reads;
 //! `evict.rs` watermark and forced eviction, `/memory/evict`; `tiering.rs` SSD flush, rewarm,
-//! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded simulation.
+//! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded
+//! simulation; `testing.rs` the store builder of the tests and the simulation.
 
 pub mod alloc;
 mod check;
@@ -59,13 +60,14 @@ mod index;
 pub mod keys;
 mod lifecycle;
 pub mod lru;
-pub mod memory;
 pub mod mount;
 mod put;
 pub mod segment;
 #[cfg(test)]
 mod sim;
 pub mod ssd;
+#[cfg(test)]
+mod testing;
 #[cfg(test)]
 mod tests;
 mod tiering;
@@ -74,13 +76,13 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
 
 use hashbrown::HashTable;
 use slab::Slab;
 use smallvec::SmallVec;
 
-use crate::metrics::bus::Event;
+use crate::common::clock::Clock;
+use crate::common::event::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};
@@ -394,11 +396,11 @@ pub struct Store {
     clock: StoreClock,
 }
 
-/// The store's time in ms: the shard's clock, or one a simulation sets (the seam that lets
-/// a seeded test jump time and replay a run exactly).
+/// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
+/// lets a seeded test jump time and replay a run exactly).
 #[derive(Clone, Copy, Debug)]
 enum StoreClock {
-    Real(Instant),
+    Real(Clock),
     Manual(u64),
 }
 
@@ -409,7 +411,7 @@ impl Store {
         table: Arc<SegmentTable>,
         stats: Arc<StoreStats>,
         tracer: Arc<Tracer>,
-        clock: Instant,
+        clock: Clock,
     ) -> Store {
         let mut s = Store {
             shard,
@@ -443,7 +445,7 @@ impl Store {
 
     pub fn now_ms(&self) -> u64 {
         match self.clock {
-            StoreClock::Real(start) => start.elapsed().as_millis() as u64,
+            StoreClock::Real(clock) => clock.now_ms(),
             StoreClock::Manual(ms) => ms,
         }
     }

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use super::memory::MappedRegion;
 use super::segment::{Backend, MAX_SEGMENT_BYTES, Medium, PAGE_BYTES, Segment, SegmentTable};
 use super::ssd::SsdFile;
 use crate::accel::HostEmulated;
+use crate::common::memory::MappedRegion;
 use crate::config::Config;
 use crate::numa::{self, NumaLayout};
 
@@ -26,7 +26,8 @@ pub fn build_segment(
     let backend = match medium {
         Medium::Ssd => {
             let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
-            let file = SsdFile::create(dir, rank, size).map_err(|e| ssd_error(&name, dir, e))?;
+            let file =
+                SsdFile::create(dir, rank, size, shards).map_err(|e| ssd_error(&name, dir, e))?;
             Backend::File(Box::new(file))
         }
         m => memory_backend(m, size, &name)?,
@@ -53,7 +54,7 @@ pub async fn build_segment_off_shard(
     let backend = match medium {
         Medium::Ssd => {
             let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
-            let file = create_ssd_file_off_shard(dir.clone(), rank, size)
+            let file = create_ssd_file_off_shard(dir.clone(), rank, size, shards)
                 .await
                 .map_err(|e| ssd_error(&name, &dir, e))?;
             Backend::File(Box::new(file))
@@ -66,12 +67,17 @@ pub async fn build_segment_off_shard(
 }
 
 /// Creates the SSD file on a short-lived helper thread (mounts are rare) and awaits it.
-async fn create_ssd_file_off_shard(dir: String, rank: u32, size: u64) -> std::io::Result<SsdFile> {
+async fn create_ssd_file_off_shard(
+    dir: String,
+    rank: u32,
+    size: u64,
+    shards: usize,
+) -> std::io::Result<SsdFile> {
     let (tx, rx) = flume::bounded(1);
     std::thread::Builder::new()
         .name("mmc-ssd-create".into())
         .spawn(move || {
-            let _ = tx.send(SsdFile::create(&dir, rank, size));
+            let _ = tx.send(SsdFile::create(&dir, rank, size, shards));
         })?;
     rx.recv_async()
         .await

@@ -7,7 +7,6 @@
 //! segment's [`Backend`], so the store never assumes where the bytes are.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::atomic::{
     AtomicU8, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
@@ -15,75 +14,15 @@ use std::sync::atomic::{
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::alloc::RangeAlloc;
-use super::memory::MappedRegion;
 use super::ssd::SsdFile;
 use crate::accel::DeviceMemory;
+use crate::common::memory::MappedRegion;
 use crate::numa::{NodePart, NumaLayout};
 
 mod nodes;
 
-/// Allocation granule: blobs start on page boundaries (what DMA engines and `madvise` need).
-pub const PAGE_BYTES: u64 = 4096;
-
-/// The largest segment: gvas give each segment a 1 TiB window.
-pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Medium {
-    Hbm = 0,
-    Dram = 1,
-    Ssd = 2,
-}
-
-impl Medium {
-    pub const ALL: [Medium; 3] = [Medium::Hbm, Medium::Dram, Medium::Ssd];
-
-    /// Upper case, as in JSON bodies (`HBM`).
-    pub fn upper(self) -> &'static str {
-        match self {
-            Medium::Hbm => "HBM",
-            Medium::Dram => "DRAM",
-            Medium::Ssd => "SSD",
-        }
-    }
-
-    /// Lower case, as in segment ids and metric labels (`hbm`).
-    pub fn lower(self) -> &'static str {
-        match self {
-            Medium::Hbm => "hbm",
-            Medium::Dram => "dram",
-            Medium::Ssd => "ssd",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Medium> {
-        match s.to_ascii_lowercase().as_str() {
-            "hbm" | "npu" | "gpu" => Some(Medium::Hbm),
-            "dram" | "cpu" => Some(Medium::Dram),
-            "ssd" | "disk" => Some(Medium::Ssd),
-            _ => None,
-        }
-    }
-
-    /// The tier eviction moves blobs down to.
-    pub fn lower_tier(self) -> Option<Medium> {
-        match self {
-            Medium::Hbm => Some(Medium::Dram),
-            Medium::Dram => Some(Medium::Ssd),
-            Medium::Ssd => None,
-        }
-    }
-
-    pub fn is_memory(self) -> bool {
-        self != Medium::Ssd
-    }
-}
-
-impl fmt::Display for Medium {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.upper())
-    }
-}
+pub use crate::common::medium::Medium;
+pub use crate::common::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES, segment_name};
 
 /// Where a segment's bytes are. The one interface between the store and bytes: host memory
 /// (DRAM), accelerator memory (HBM, through `accel`), files (SSD); later memory of other hosts.
@@ -338,10 +277,6 @@ impl Segment {
     pub fn gva(&self, offset: u64) -> u64 {
         self.base_gva + offset
     }
-}
-
-pub fn segment_name(rank: u32, medium: Medium) -> String {
-    format!("rank-{rank}-{}", medium.lower())
 }
 
 /// Disjoint address windows: bits 42.. rank, bits 40-41 medium, 40 bits of offset.
@@ -631,12 +566,9 @@ mod tests {
     }
 
     #[test]
-    fn names_and_addresses() {
-        assert_eq!(segment_name(3, Medium::Hbm), "rank-3-hbm");
+    fn addresses() {
         assert_ne!(gva_base(0, Medium::Dram), gva_base(0, Medium::Hbm));
         assert_eq!(gva_base(1, Medium::Hbm), 1 << 42);
-        assert_eq!(Medium::parse("DRAM"), Some(Medium::Dram));
-        assert_eq!(Medium::Hbm.lower_tier(), Some(Medium::Dram));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::*;
 use crate::shards::Reply;
 use segment::SegmentStatus;
+use testing::TestStore;
 
 /// splitmix64: small, fast, and the same everywhere.
 struct Rng(u64);
@@ -96,25 +97,17 @@ impl Sim {
             std::process::id(),
             std::thread::current().id()
         ));
-        let table = Arc::new(SegmentTable::default());
-        let dir = ssd_dir.to_str().expect("a UTF-8 temp dir").to_string();
-        for (rank, medium, size) in [
-            (0, Medium::Hbm, 2 << 20),
-            (0, Medium::Dram, DRAM_BYTES),
-            (0, Medium::Ssd, 16 << 20),
-        ] {
-            let seg = mount::build_segment(&table, rank, medium, size, Some(&dir), 1, 1 << 20)
-                .expect("a segment");
-            table.insert(seg).expect("mounted");
-        }
-        let cfg = StoreConfig {
-            lease_ms: 2000,
-            high_percent: 90,
-            low_percent: 70,
-            alloc_timeout_ms: 5000,
-        };
-        let stats = Arc::new(StoreStats::default());
-        let mut store = Store::new(0, cfg, table.clone(), stats, Arc::default(), Instant::now());
+        let mut store = TestStore::new()
+            .ssd_dir(ssd_dir.to_str().expect("a UTF-8 temp dir"))
+            .segment(0, Medium::Hbm, 2 << 20)
+            .segment(0, Medium::Dram, DRAM_BYTES)
+            .segment(0, Medium::Ssd, 16 << 20)
+            .config(|c| {
+                c.low_percent = 70;
+                c.alloc_timeout_ms = 5000;
+            })
+            .build();
+        let table = store.table.clone();
         store.set_manual_clock(1_000);
         Sim {
             rng: Rng(seed),
@@ -417,11 +410,13 @@ fn fixed_seeds() {
     }
 }
 
-/// Many seeds for soak runs: `MMC_SIM_SEEDS=FROM..TO MMC_SIM_STEPS=N` (scripts/simulate.sh).
+/// Many seeds for soak runs, only when `MMC_SIM_SEEDS=FROM..TO` (or `N`) is set, with
+/// `MMC_SIM_STEPS=N` steps each (scripts/simulate.sh); the fixed seeds above run always.
 #[test]
-#[ignore]
 fn long_run() {
-    let seeds = std::env::var("MMC_SIM_SEEDS").unwrap_or_else(|_| "1..100".into());
+    let Ok(seeds) = std::env::var("MMC_SIM_SEEDS") else {
+        return;
+    };
     let (from, to) = seeds
         .split_once("..")
         .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))

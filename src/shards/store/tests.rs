@@ -2,21 +2,10 @@
 
 use super::*;
 use crate::shards::Reply;
-use segment::SegmentTable;
+use testing::TestStore;
 
 fn dram_store(capacity: u64) -> Store {
-    let table = Arc::new(SegmentTable::default());
-    let seg = mount::build_segment(&table, 0, Medium::Dram, capacity, None, 1, 1 << 20)
-        .expect("a DRAM segment");
-    table.insert(seg).expect("the only segment");
-    let cfg = StoreConfig {
-        lease_ms: 2000,
-        high_percent: 90,
-        low_percent: 80,
-        alloc_timeout_ms: 30_000,
-    };
-    let stats = Arc::new(StoreStats::default());
-    Store::new(0, cfg, table, stats, Arc::default(), Instant::now())
+    TestStore::new().segment(0, Medium::Dram, capacity).build()
 }
 
 fn put(store: &mut Store, key: &str) {

@@ -62,14 +62,8 @@ impl Store {
                 id: obj,
                 generation,
             },
-            src: BlobHandle {
-                id: ssd_blob,
-                tag: self.blobs[ssd_blob as usize].tag,
-            },
-            dst: BlobHandle {
-                id: dst,
-                tag: self.blobs[dst as usize].tag,
-            },
+            src: self.handle(ssd_blob),
+            dst: self.handle(dst),
             src_view: self.view(ssd_blob, size),
             dst_view: self.view(dst, size),
             sum: self.blobs[ssd_blob as usize].sum,
@@ -99,6 +93,22 @@ impl Store {
             prefetch: *prefetch,
         });
         self.unpin(*src);
+        let live = self.end_rewarming(*obj);
+        let Some(d) = self.blob_by_handle(*dst) else {
+            return;
+        };
+        let (rank, state) = (d.rank, d.state);
+        self.blobs[dst.id as usize].pins -= 1;
+        if ok && live && state == BlobState::Allocated {
+            self.land_rewarm(obj.id, dst.id, rank, now);
+        } else {
+            self.abandon_rewarm(*src, dst.id, rank, outcome, now);
+        }
+    }
+
+    /// The object of a finished rewarm is no longer rewarming; whether it is still live
+    /// (not removed, replaced or doomed by a `remove_all` meanwhile).
+    fn end_rewarming(&mut self, obj: ObjHandle) -> bool {
         let live = self
             .objects
             .get(obj.id as usize)
@@ -107,32 +117,41 @@ impl Store {
         if live {
             self.objects[obj.id as usize].rewarming = false;
         }
-        let Some(d) = self.blob_by_handle(*dst) else {
-            return;
-        };
-        let (rank, state) = (d.rank, d.state);
-        self.blobs[dst.id as usize].pins -= 1;
-        if ok && live && state == BlobState::Allocated {
-            let size = self.objects[obj.id as usize].size;
-            self.blobs[dst.id as usize].rewarmed_bytes = size;
-            self.stats.tier(rank, |t| {
-                t.rewarm.inc();
-                t.rewarm_bytes.add(size);
-                t.rewarm_bytes_current.add(size as i64);
-            });
-            self.make_readable(dst.id, now);
-        } else {
-            if !ok {
-                self.stats.tier(rank, |t| t.rewarm_failed.inc());
-            }
-            if self.blobs[dst.id as usize].obj != NIL {
-                self.detach_blob(dst.id, now);
-            } else if self.blobs[dst.id as usize].pins == 0 {
-                self.reap_zombies(now);
-            }
-            if outcome == IoOutcome::Damaged {
-                self.drop_damaged(*src);
-            }
+        live
+    }
+
+    /// A rewarm succeeded: its DRAM copy is counted and becomes readable.
+    fn land_rewarm(&mut self, obj: u32, dst: u32, rank: u32, now: u64) {
+        let size = self.objects[obj as usize].size;
+        self.blobs[dst as usize].rewarmed_bytes = size;
+        self.stats.tier(rank, |t| {
+            t.rewarm.inc();
+            t.rewarm_bytes.add(size);
+            t.rewarm_bytes_current.add(size as i64);
+        });
+        self.make_readable(dst, now);
+    }
+
+    /// A rewarm failed, or its object went away meanwhile: the DRAM copy is dropped (freed
+    /// now if nothing holds it), and a damaged SSD copy too.
+    fn abandon_rewarm(
+        &mut self,
+        src: BlobHandle,
+        dst: u32,
+        rank: u32,
+        outcome: IoOutcome,
+        now: u64,
+    ) {
+        if outcome != IoOutcome::Done {
+            self.stats.tier(rank, |t| t.rewarm_failed.inc());
+        }
+        if self.blobs[dst as usize].obj != NIL {
+            self.detach_blob(dst, now);
+        } else if self.blobs[dst as usize].pins == 0 {
+            self.reap_zombies(now);
+        }
+        if outcome == IoOutcome::Damaged {
+            self.drop_damaged(src);
         }
     }
 

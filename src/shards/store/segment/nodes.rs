@@ -101,7 +101,7 @@ mod tests {
     use super::super::{Backend, Medium, ShardSegment};
     use super::*;
     use crate::numa::{MemPolicy, Node, NumaMode, Topology, plan};
-    use crate::shards::store::memory::MappedRegion;
+    use crate::common::memory::MappedRegion;
 
     /// Two nodes (CPUs 0-1, 2-3); shards pinned to `cpus`.
     fn layout(cpus: &[usize]) -> NumaLayout {

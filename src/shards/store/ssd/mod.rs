@@ -29,8 +29,14 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod pool;
+
 use super::segment::{Segment, SegmentId};
+use crate::common::clock::Clock;
+use crate::metrics::Counter;
 use crate::metrics::window::RateWindow;
+pub use pool::IO_QUEUE_CAPACITY;
+use pool::{Job, pool};
 
 /// A buffer for file I/O that is either owned or a view into a segment's host memory (so a
 /// DRAM blob is flushed and rewarmed without an extra copy). Moves between threads with its
@@ -223,21 +229,30 @@ fn injected(op: IoOp) -> Option<io::Error> {
         .then(|| io::Error::from_raw_os_error(rule.errno))
 }
 
+/// One shard's I/O figures for one SSD file: written only by that shard (its reads, flushes
+/// and rewarms finish on its thread), summed when read.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct SsdShardStats {
+    pub bytes_read: Counter,
+    pub bytes_written: Counter,
+    pub read_errors: Counter,
+    pub write_errors: Counter,
+    /// Reads whose bytes failed their checksum or came back short (copies dropped).
+    pub damaged_reads: Counter,
+    /// Bytes read and written per second, for the disk bandwidth gauges.
+    pub read_window: RateWindow,
+    pub write_window: RateWindow,
+}
+
 /// One SSD segment's file.
 pub struct SsdFile {
     pub path: PathBuf,
     /// The directory, as configured (the `disk_path` label).
     pub dir: String,
     file: std::fs::File,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub read_errors: AtomicU64,
-    pub write_errors: AtomicU64,
-    /// Reads whose bytes failed their checksum or came back short (copies dropped).
-    pub damaged_reads: AtomicU64,
-    /// Bytes read and written per second, for the disk bandwidth gauges.
-    pub read_window: RateWindow,
-    pub write_window: RateWindow,
+    /// Per shard (index: shard id), so no two shards write one counter.
+    stats: Box<[SsdShardStats]>,
     /// The segment's size: probes write just past it, where no blob lives.
     capacity: u64,
     /// 0 when the file takes flushes; else the errno of the write that faulted it (cleared
@@ -255,8 +270,9 @@ pub struct SsdFile {
 const DAMAGED: i32 = -2;
 
 impl SsdFile {
-    /// Creates (or empties) the rank's file in `dir`, sized (sparsely) to `capacity`.
-    pub fn create(dir: &str, rank: u32, capacity: u64) -> io::Result<SsdFile> {
+    /// Creates (or empties) the rank's file in `dir`, sized (sparsely) to `capacity`, with
+    /// figures for `shards` shards.
+    pub fn create(dir: &str, rank: u32, capacity: u64, shards: usize) -> io::Result<SsdFile> {
         std::fs::create_dir_all(dir)?;
         warn_if_short_of_space(dir, capacity);
         let path = Path::new(dir).join(format!("mmc-rank-{rank}.ssd"));
@@ -271,13 +287,9 @@ impl SsdFile {
             path,
             dir: dir.to_string(),
             file,
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-            read_errors: AtomicU64::new(0),
-            write_errors: AtomicU64::new(0),
-            damaged_reads: AtomicU64::new(0),
-            read_window: RateWindow::new(std::time::Instant::now()),
-            write_window: RateWindow::new(std::time::Instant::now()),
+            stats: (0..shards.max(1))
+                .map(|_| SsdShardStats::default())
+                .collect(),
             capacity,
             write_fault: AtomicU8::new(0),
             read_status: AtomicU8::new(0),
@@ -342,9 +354,25 @@ impl SsdFile {
         }
     }
 
-    /// A read came back damaged (checksum mismatch or short read): counted, logged once.
-    pub fn record_damaged(&self, what: &str) {
-        self.damaged_reads.fetch_add(1, Relaxed);
+    /// The figures of every shard, to sum.
+    pub fn shard_stats(&self) -> &[SsdShardStats] {
+        &self.stats
+    }
+
+    /// Bytes read and written in the `secs` seconds up to `now_secs`, all shards.
+    pub fn window_bytes(&self, now_secs: u64, secs: u64) -> (u64, u64) {
+        self.stats.iter().fold((0, 0), |(r, w), s| {
+            (
+                r + s.read_window.sum(now_secs, secs),
+                w + s.write_window.sum(now_secs, secs),
+            )
+        })
+    }
+
+    /// A read came back damaged (checksum mismatch or short read): counted (by `shard`, on its
+    /// thread), logged once.
+    pub fn record_damaged(&self, shard: usize, what: &str) {
+        self.stats[shard].damaged_reads.inc();
         self.log_once(IoOp::Read, DAMAGED, || {
             format!(
                 "SSD file {} returned damaged data ({what}): the copy is dropped and the read answers an error (further damaged reads are counted, not logged)",
@@ -368,16 +396,18 @@ impl SsdFile {
         self.file.as_raw_fd()
     }
 
-    fn record(&self, op: IoOp, res: &io::Result<()>, bytes: usize) {
+    /// Counts an operation's outcome in `shard`'s figures (on that shard's thread).
+    fn record(&self, shard: usize, now_secs: u64, op: IoOp, res: &io::Result<()>, bytes: usize) {
+        let stats = &self.stats[shard];
         match res {
             Ok(()) => {
                 let (c, w) = if op == IoOp::Read {
-                    (&self.bytes_read, &self.read_window)
+                    (&stats.bytes_read, &stats.read_window)
                 } else {
-                    (&self.bytes_written, &self.write_window)
+                    (&stats.bytes_written, &stats.write_window)
                 };
-                c.fetch_add(bytes as u64, Relaxed);
-                w.add(bytes as u64);
+                c.add(bytes as u64);
+                w.add(now_secs, bytes as u64);
                 if op == IoOp::Read {
                     self.read_status.store(0, Relaxed);
                 }
@@ -386,7 +416,7 @@ impl SsdFile {
                 let errno = e.raw_os_error().unwrap_or(-1);
                 let code = errno.clamp(1, 255) as u8;
                 if op == IoOp::Read {
-                    self.read_errors.fetch_add(1, Relaxed);
+                    stats.read_errors.inc();
                     self.read_status.store(code, Relaxed);
                     self.log_once(op, errno, || {
                         format!(
@@ -395,7 +425,7 @@ impl SsdFile {
                         )
                     });
                 } else {
-                    self.write_errors.fetch_add(1, Relaxed);
+                    stats.write_errors.inc();
                     self.write_fault.store(code, Relaxed);
                     self.log_once(op, errno, || {
                         format!(
@@ -452,8 +482,15 @@ pub async fn probe(seg: &Arc<Segment>) -> io::Result<()> {
     }
 }
 
-/// A shard's access path to SSD files, chosen by its io driver.
-pub enum SsdIo {
+/// A shard's access to SSD files: its I/O path and what it counts its operations under.
+pub struct SsdIo {
+    shard: usize,
+    clock: Clock,
+    path: IoPath,
+}
+
+/// The way a shard's file operations go, chosen by its io driver.
+enum IoPath {
     /// io_uring: file operations go through the shard's ring, on a descriptor per segment
     /// that this shard opened (monoio files belong to one runtime).
     Ring(RefCell<HashMap<SegmentId, Rc<monoio::fs::File>>>),
@@ -469,14 +506,8 @@ impl SsdIo {
         offset: u64,
         buf: IoBuffer,
     ) -> (io::Result<()>, IoBuffer) {
-        let file = seg.backend.file().expect("an SSD segment");
         let len = buf.len();
-        let (res, buf) = match injected(IoOp::Write) {
-            Some(e) => (Err(e), buf),
-            None => self.run(seg, IoOp::Write, offset, buf).await,
-        };
-        file.record(IoOp::Write, &res, len);
-        (res, buf)
+        self.counted(seg, IoOp::Write, offset, buf, len).await
     }
 
     /// Fills `buf` (its full capacity) from `offset`.
@@ -486,28 +517,42 @@ impl SsdIo {
         offset: u64,
         buf: IoBuffer,
     ) -> (io::Result<()>, IoBuffer) {
-        let file = seg.backend.file().expect("an SSD segment");
         let len = buf.cap;
-        let (res, buf) = match injected(IoOp::Read) {
+        self.counted(seg, IoOp::Read, offset, buf, len).await
+    }
+
+    /// Runs `op` of `len` bytes (or fails it, when a fault is injected) and counts it in this
+    /// shard's figures for the file.
+    async fn counted(
+        &self,
+        seg: &Arc<Segment>,
+        op: IoOp,
+        offset: u64,
+        buf: IoBuffer,
+        len: usize,
+    ) -> (io::Result<()>, IoBuffer) {
+        let file = seg.backend.file().expect("an SSD segment");
+        let (res, buf) = match injected(op) {
             Some(e) => (Err(e), buf),
-            None => self.run(seg, IoOp::Read, offset, buf).await,
+            None => self.run(seg, op, offset, buf).await,
         };
-        file.record(IoOp::Read, &res, len);
+        file.record(self.shard, self.clock.now_secs(), op, &res, len);
         (res, buf)
     }
 
-    /// An access path for a shard on the io_uring driver (`uring`) or the epoll driver.
-    pub fn new(uring: bool) -> SsdIo {
-        if uring {
-            SsdIo::Ring(RefCell::new(HashMap::new()))
+    /// Shard `shard`'s access, on the io_uring driver (`uring`) or the epoll driver.
+    pub fn new(uring: bool, shard: usize, clock: Clock) -> SsdIo {
+        let path = if uring {
+            IoPath::Ring(RefCell::new(HashMap::new()))
         } else {
-            SsdIo::Pool
-        }
+            IoPath::Pool
+        };
+        SsdIo { shard, clock, path }
     }
 
     /// Forgets this shard's descriptor of an unmounted segment.
     pub fn forget(&self, seg: SegmentId) {
-        if let SsdIo::Ring(files) = self {
+        if let IoPath::Ring(files) = &self.path {
             files.borrow_mut().remove(&seg);
         }
     }
@@ -520,8 +565,8 @@ impl SsdIo {
         buf: IoBuffer,
     ) -> (io::Result<()>, IoBuffer) {
         let file = seg.backend.file().expect("an SSD segment");
-        match self {
-            SsdIo::Ring(files) => {
+        match &self.path {
+            IoPath::Ring(files) => {
                 let existing = files.borrow().get(&seg.id).cloned();
                 let f = match existing {
                     Some(f) => f,
@@ -539,7 +584,7 @@ impl SsdIo {
                     IoOp::Read => f.read_exact_at(buf, offset).await,
                 }
             }
-            SsdIo::Pool => {
+            IoPath::Pool => {
                 let (tx, rx) = flume::bounded(1);
                 let job = Job {
                     fd: file.raw_fd(),
@@ -563,125 +608,6 @@ impl SsdIo {
     }
 }
 
-struct Job {
-    fd: RawFd,
-    op: IoOp,
-    offset: u64,
-    buf: IoBuffer,
-    done: flume::Sender<(io::Result<()>, IoBuffer)>,
-}
-
-/// Jobs the I/O pool's queue holds. A shard task that finds it full awaits room
-/// (`send_async`): the task waits, the shard thread keeps serving, and no job is lost; the
-/// waiting tasks are bounded by the shard's requests and flushes in flight.
-pub const IO_QUEUE_CAPACITY: usize = 256;
-
-/// Threads that run file I/O for shards on the epoll driver (which has no asynchronous file
-/// I/O). Two threads: SSD operations are large and few; more would only contend.
-fn pool() -> &'static flume::Sender<Job> {
-    static POOL: OnceLock<flume::Sender<Job>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let (tx, rx) = flume::bounded::<Job>(IO_QUEUE_CAPACITY);
-        for i in 0..2 {
-            let rx = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("mmc-ssd-io-{i}"))
-                .spawn(move || {
-                    while let Ok(mut job) = rx.recv() {
-                        let res = match job.op {
-                            IoOp::Write => pwrite_all(job.fd, job.buf.as_slice(), job.offset),
-                            IoOp::Probe => {
-                                let len = job.buf.len();
-                                pwrite_all(job.fd, job.buf.as_slice(), job.offset).map(|()| {
-                                    // Give the page back (best effort: not every file system
-                                    // punches holes).
-                                    // SAFETY: a plain syscall on an open descriptor.
-                                    unsafe {
-                                        libc::fallocate(
-                                            job.fd,
-                                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                                            job.offset as libc::off_t,
-                                            len as libc::off_t,
-                                        )
-                                    };
-                                })
-                            }
-                            IoOp::Read => {
-                                let cap = job.buf.cap;
-                                // SAFETY: the buffer owns `cap` writable bytes at `ptr`.
-                                let dst =
-                                    unsafe { std::slice::from_raw_parts_mut(job.buf.ptr, cap) };
-                                let r = pread_exact(job.fd, dst, job.offset);
-                                if r.is_ok() {
-                                    job.buf.init = cap;
-                                }
-                                r
-                            }
-                        };
-                        let _ = job.done.send((res, job.buf));
-                    }
-                })
-                .expect("cannot start an SSD I/O thread");
-        }
-        tx
-    })
-}
-
-fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
-    while !data.is_empty() {
-        // SAFETY: data is a valid slice; fd stays open while its segment lives.
-        let n =
-            unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), offset as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "pwrite wrote nothing",
-            ));
-        }
-        data = &data[n as usize..];
-        offset += n as u64;
-    }
-    Ok(())
-}
-
-fn pread_exact(fd: RawFd, mut dst: &mut [u8], mut offset: u64) -> io::Result<()> {
-    while !dst.is_empty() {
-        // SAFETY: dst is a valid writable slice.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "short read from SSD file",
-            ));
-        }
-        let n = n as usize;
-        dst = &mut dst[n..];
-        offset += n as u64;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,10 +625,12 @@ mod tests {
     #[test]
     fn a_failed_write_faults_the_file_until_a_probe_succeeds() {
         let dir = std::env::temp_dir().join(format!("mmc-ssd-unit-{}", std::process::id()));
-        let f = SsdFile::create(dir.to_str().unwrap(), 0, 1 << 20).unwrap();
+        let f = SsdFile::create(dir.to_str().unwrap(), 0, 1 << 20, 1).unwrap();
         assert!(!f.faulted());
         assert!(!f.probe_due(0), "nothing to probe");
         f.record(
+            0,
+            0,
             IoOp::Write,
             &Err(io::Error::from_raw_os_error(libc::ENOSPC)),
             4096,
@@ -710,8 +638,8 @@ mod tests {
         assert!(f.faulted());
         assert_eq!(f.status(), libc::ENOSPC as u8);
         // Reads that succeed do not clear a write fault; writes neither (only a probe does).
-        f.record(IoOp::Read, &Ok(()), 4096);
-        f.record(IoOp::Write, &Ok(()), 4096);
+        f.record(0, 0, IoOp::Read, &Ok(()), 4096);
+        f.record(0, 0, IoOp::Write, &Ok(()), 4096);
         assert_eq!(f.status(), libc::ENOSPC as u8);
         // The first tick schedules the probe one interval later; one caller takes it.
         assert!(!f.probe_due(100));
@@ -725,14 +653,42 @@ mod tests {
         assert_eq!(f.status(), 0);
         // A read error shows in the status until the next good read.
         f.record(
+            0,
+            0,
             IoOp::Read,
             &Err(io::Error::from_raw_os_error(libc::EIO)),
             4096,
         );
         assert_eq!(f.status(), libc::EIO as u8);
         assert!(!f.faulted());
-        f.record(IoOp::Read, &Ok(()), 4096);
+        f.record(0, 0, IoOp::Read, &Ok(()), 4096);
         assert_eq!(f.status(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn each_shard_counts_its_own_operations_and_a_reader_sums_them() {
+        let dir = std::env::temp_dir().join(format!("mmc-ssd-shards-{}", std::process::id()));
+        let f = SsdFile::create(dir.to_str().unwrap(), 0, 1 << 20, 2).unwrap();
+        f.record(0, 10, IoOp::Write, &Ok(()), 4096);
+        f.record(1, 10, IoOp::Write, &Ok(()), 8192);
+        f.record(1, 11, IoOp::Read, &Ok(()), 100);
+        f.record(
+            0,
+            11,
+            IoOp::Read,
+            &Err(io::Error::from_raw_os_error(libc::EIO)),
+            7,
+        );
+        let s = f.shard_stats();
+        assert_eq!(s[0].bytes_written.get(), 4096);
+        assert_eq!(s[1].bytes_written.get(), 8192);
+        assert_eq!((s[0].read_errors.get(), s[1].read_errors.get()), (1, 0));
+        assert_eq!((s[0].bytes_read.get(), s[1].bytes_read.get()), (0, 100));
+        assert_eq!(f.window_bytes(11, 2), (100, 4096 + 8192));
+        assert_eq!(f.window_bytes(11, 1), (100, 0));
+        f.record_damaged(1, "test");
+        assert_eq!(s[1].damaged_reads.get(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

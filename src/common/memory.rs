@@ -1,9 +1,12 @@
-//! Host memory for segments: one anonymous `MAP_NORESERVE` mapping per segment, committed page
-//! by page on first write and handed back to the kernel when ranges are freed. A 5 GB DRAM
-//! segment therefore costs no RSS until objects are stored in it.
+//! Host memory for segments (and for emulated device memory, `accel::HostEmulated`): one
+//! anonymous `MAP_NORESERVE` mapping per segment, committed page by page on first write and
+//! handed back to the kernel when ranges are freed. A 5 GB DRAM segment therefore costs no RSS
+//! until objects are stored in it.
 
 use std::io;
 use std::ptr::NonNull;
+
+use super::segment::PAGE_BYTES as PAGE;
 
 pub struct MappedRegion {
     base: NonNull<u8>,
@@ -15,8 +18,6 @@ pub struct MappedRegion {
 // readers may hold it).
 unsafe impl Send for MappedRegion {}
 unsafe impl Sync for MappedRegion {}
-
-const PAGE: u64 = 4096;
 
 impl MappedRegion {
     pub fn new(len: u64) -> io::Result<MappedRegion> {

@@ -1,0 +1,20 @@
+//! The bottom layer: vocabulary and primitives every other layer may use. It imports no other
+//! module of this crate (a tidy test checks), so nothing here can pull a layer's dependencies
+//! into another.
+//!
+//! - [`medium`]: the storage media and the one table of their names.
+//! - [`segment`]: segment ids (`rank-<r>-<medium>`) and the page and segment size bounds.
+//! - [`event`]: the store's lifecycle events, which the event bus and the KV-event publisher
+//!   read.
+//! - [`clock`]: the process clock every layer reads time from, and a shard's cached reading.
+//! - [`memory`]: anonymous memory mappings (DRAM segments, emulated device memory).
+//! - [`local_event`]: a shard-local notification tasks wait on.
+//! - [`fmt`]: number formatting shared by the JSON and Prometheus writers.
+
+pub mod clock;
+pub mod event;
+pub mod fmt;
+pub mod local_event;
+pub mod medium;
+pub mod memory;
+pub mod segment;

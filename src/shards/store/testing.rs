@@ -1,0 +1,63 @@
+//! Stores for tests: the one builder the store's unit tests (`tests.rs`) and the seeded
+//! simulation (`sim.rs`) make their stores with.
+
+use super::*;
+
+/// A store of shard 0 of one, over the segments added with [`TestStore::segment`], with
+/// the configuration tests share unless they change it.
+pub(super) struct TestStore {
+    segments: Vec<(u32, Medium, u64)>,
+    ssd_dir: Option<String>,
+    cfg: StoreConfig,
+}
+
+impl TestStore {
+    pub(super) fn new() -> TestStore {
+        TestStore {
+            segments: Vec::new(),
+            ssd_dir: None,
+            cfg: StoreConfig {
+                lease_ms: 2000,
+                high_percent: 90,
+                low_percent: 80,
+                alloc_timeout_ms: 30_000,
+            },
+        }
+    }
+
+    /// Mounts a segment of `size` bytes (runs of 1 MiB).
+    pub(super) fn segment(mut self, rank: u32, medium: Medium, size: u64) -> TestStore {
+        self.segments.push((rank, medium, size));
+        self
+    }
+
+    /// Where SSD segments keep their files.
+    pub(super) fn ssd_dir(mut self, dir: &str) -> TestStore {
+        self.ssd_dir = Some(dir.to_string());
+        self
+    }
+
+    pub(super) fn config(mut self, f: impl FnOnce(&mut StoreConfig)) -> TestStore {
+        f(&mut self.cfg);
+        self
+    }
+
+    pub(super) fn build(self) -> Store {
+        let table = Arc::new(SegmentTable::default());
+        for (rank, medium, size) in self.segments {
+            let seg = mount::build_segment(
+                &table,
+                rank,
+                medium,
+                size,
+                self.ssd_dir.as_deref(),
+                1,
+                1 << 20,
+            )
+            .expect("a segment");
+            table.insert(seg).expect("mounted");
+        }
+        let stats = Arc::new(StoreStats::default());
+        Store::new(0, self.cfg, table, stats, Arc::default(), Clock::start())
+    }
+}
