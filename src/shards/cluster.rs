@@ -97,6 +97,13 @@ pub struct Cluster {
     pub started: Instant,
     /// The OpenAPI document for this configuration, built once here and served as is.
     pub openapi: bytes::Bytes,
+    /// A meta service's remote ranks (local services that joined).
+    pub ranks: super::ranks::RankRegistry,
+    /// A local service's membership (its rank and meta service, once joined).
+    pub local: super::ranks::LocalIdentity,
+    /// The key grants are signed with: the meta's own (random at start), or the one a local
+    /// service received when it joined.
+    pub grant_key: crate::grant::GrantKeyCell,
 }
 
 impl Cluster {
@@ -106,7 +113,15 @@ impl Cluster {
         let outstanding = config.shard.max_outstanding as usize;
         let ha = HaView::standalone(&config.advertise_address);
         let segments = Arc::new(SegmentTable::default());
-        store::mount::mount_configured(&config, &segments, shard_count)?;
+        let grant_key = crate::grant::GrantKeyCell::default();
+        match config.cluster.role {
+            // A local service mounts its segments once the meta gave it its rank.
+            crate::config::Role::Local => {}
+            crate::config::Role::Meta => {
+                store::mount::mount_configured(&config, &segments, shard_count)?;
+                grant_key.set(crate::grant::GrantKey::random());
+            }
+        }
         let started = Instant::now();
         let window = config.metrics.window_secs;
         let tls = if config.tls.enable {
@@ -130,6 +145,9 @@ impl Cluster {
             kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
             started,
+            ranks: super::ranks::RankRegistry::default(),
+            local: super::ranks::LocalIdentity::new(),
+            grant_key,
         }))
     }
 

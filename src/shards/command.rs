@@ -33,6 +33,8 @@ pub enum Command {
         medium: Option<Medium>,
         replicas: u8,
         prot: u16,
+        /// Place the first copy on this rank when it has room.
+        prefer_rank: Option<u32>,
     },
     /// update_state after the bytes were written (`ok`) or could not be (`!ok`).
     Commit {
@@ -75,6 +77,11 @@ pub enum Command {
     Evacuate {
         seg: SegmentId,
     },
+    /// Per shard: drop every blob on the segment of a lost remote rank (its bytes are gone);
+    /// objects with no copy elsewhere are removed.
+    DropSegment {
+        seg: SegmentId,
+    },
     /// Per shard: drop everything held for a segment removed from the table (its mapping and
     /// SSD file close when the last holder lets go).
     Forget {
@@ -105,6 +112,7 @@ impl Command {
             | Command::EvictNamed { .. }
             | Command::PrefetchNamed { .. }
             | Command::Evacuate { .. }
+            | Command::DropSegment { .. }
             | Command::Forget { .. }
             | Command::Many(_) => None,
             Command::Uncounted(inner) => inner.key(),
@@ -118,12 +126,29 @@ pub struct PinnedBlob {
     pub view: BlobView,
     pub(super) owner: ShardId,
     pub(super) cluster: Arc<Cluster>,
+    /// Pinned on an owner shard (false: bytes a local service serves under a grant, which
+    /// the meta service's lease protects; there is no pin here to release).
+    pub(super) managed: bool,
+}
+
+impl PinnedBlob {
+    /// A blob of this process's memory read under a grant: the meta service holds its lease.
+    pub fn unmanaged(view: BlobView, cluster: Arc<Cluster>) -> PinnedBlob {
+        PinnedBlob {
+            view,
+            owner: 0,
+            cluster,
+            managed: false,
+        }
+    }
 }
 
 impl Drop for PinnedBlob {
     fn drop(&mut self) {
-        self.cluster
-            .notify(self.owner, Notice::Unpin(self.view.handle));
+        if self.managed {
+            self.cluster
+                .notify(self.owner, Notice::Unpin(self.view.handle));
+        }
     }
 }
 
@@ -162,6 +187,22 @@ impl WriteGrant {
             owner,
             cluster,
             armed: true,
+        }
+    }
+
+    /// Blobs of this process's memory written under a meta service's grant (a local service):
+    /// there is no owner here to commit to or abort with; the grant's expiry bounds the write.
+    pub fn unmanaged(blobs: SmallVec<[BlobView; 2]>, cluster: Arc<Cluster>) -> WriteGrant {
+        WriteGrant {
+            obj: ObjHandle {
+                id: u32::MAX,
+                generation: 0,
+            },
+            blobs,
+            link: Arc::default(),
+            owner: 0,
+            cluster,
+            armed: false,
         }
     }
 

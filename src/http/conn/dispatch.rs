@@ -6,11 +6,11 @@ use std::time::Instant;
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
 use super::{Io, flush};
+use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
 use crate::http::response::{self, Body, Response, Status, Tail};
-use crate::http::{Front, auth};
 
 /// Answers one framed request: dispatches it, writes its answer (the head into `wbuf`, then a
 /// tail straight to the socket) and records its transfer. `None`: the connection broke;
@@ -149,11 +149,17 @@ fn refusal(
     };
     match (early, verdict) {
         (_, Verdict::Unauthorized) => {
+            if crate::http::router::lookup(head.path).is_some_and(|r| r.is_cluster()) {
+                log::warn!(
+                    "refused {}: wrong or missing cluster token (ock.mmc.cluster.token)",
+                    String::from_utf8_lossy(head.path)
+                );
+            }
             let mut r = ctx.protocol_error(
                 Status::UNAUTHORIZED,
                 "Unauthorized: missing or invalid bearer token",
             );
-            r.www_authenticate = Some(auth::CHALLENGE);
+            r.www_authenticate = true;
             r
         }
         (Some(Early::TooLarge), _) => {

@@ -91,6 +91,21 @@ pub enum Backend {
     Device(Box<dyn DeviceMemory>),
     /// A file on a local disk, accessed asynchronously through the shard's io driver.
     File(Box<SsdFile>),
+    /// Memory of a local service on another host (a remote rank): this process allocates
+    /// its ranges and keeps its index, the bytes go between clients and that service under
+    /// signed grants (`crate::grant`), never through here.
+    Remote(RemoteRank),
+}
+
+/// Where a remote rank's local service answers.
+#[derive(Debug, Clone)]
+pub struct RemoteRank {
+    /// Its data-plane base URL, `http://host:port`.
+    pub url: String,
+}
+
+fn remote_bytes() -> std::io::Error {
+    std::io::Error::other("a remote rank's bytes are on its local service")
 }
 
 impl Backend {
@@ -109,6 +124,7 @@ impl Backend {
             Backend::File(_) => Err(std::io::Error::other(
                 "file segments are written asynchronously",
             )),
+            Backend::Remote(_) => Err(remote_bytes()),
         }
     }
 
@@ -125,6 +141,7 @@ impl Backend {
             Backend::File(_) => Err(std::io::Error::other(
                 "file segments are read asynchronously",
             )),
+            Backend::Remote(_) => Err(remote_bytes()),
         }
     }
 
@@ -138,7 +155,7 @@ impl Backend {
             Backend::Host(r) => unsafe { r.discard(offset, len) },
             // SAFETY: forwarded.
             Backend::Device(d) => unsafe { d.discard(offset, len) },
-            Backend::File(_) => {}
+            Backend::File(_) | Backend::Remote(_) => {}
         }
     }
 
@@ -147,13 +164,21 @@ impl Backend {
         match self {
             Backend::Host(r) => r.populate(offset, len),
             Backend::Device(d) => d.prefault(offset, len),
-            Backend::File(_) => Ok(()),
+            Backend::File(_) | Backend::Remote(_) => Ok(()),
         }
     }
 
     pub fn host_region(&self) -> Option<&MappedRegion> {
         match self {
             Backend::Host(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The local service holding a remote rank's bytes.
+    pub fn remote(&self) -> Option<&RemoteRank> {
+        match self {
+            Backend::Remote(r) => Some(r),
             _ => None,
         }
     }
