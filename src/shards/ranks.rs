@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 
-use super::store::segment::{Backend, Medium, RemoteRank, SegmentStatus, segment_name};
+use super::store::remote::RemoteRank;
+use super::store::segment::{Backend, Medium, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
 
 /// Traffic a local service reports with each heartbeat (since its start).
@@ -61,8 +62,9 @@ pub struct Joined {
 /// The meta's table of remote ranks.
 #[derive(Default)]
 pub struct RankRegistry {
-    // LOCK-OK: joins, heartbeats (one per rank per interval) and shard 0's loss check; never
-    // taken by a data-plane request.
+    /// Taken by joins, heartbeats (one per rank per interval) and shard 0's loss check;
+    /// never by a data-plane request.
+    // LOCK-OK: membership changes and reports only, never per request
     inner: Mutex<BTreeMap<u32, RankEntry>>,
 }
 

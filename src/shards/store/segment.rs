@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::alloc::RangeAlloc;
 use super::memory::MappedRegion;
+pub use super::remote::RemoteRank;
+use super::remote::remote_bytes;
 use super::ssd::SsdFile;
 use crate::accel::DeviceMemory;
 
@@ -95,17 +97,6 @@ pub enum Backend {
     /// its ranges and keeps its index, the bytes go between clients and that service under
     /// signed grants (`crate::grant`), never through here.
     Remote(RemoteRank),
-}
-
-/// Where a remote rank's local service answers.
-#[derive(Debug, Clone)]
-pub struct RemoteRank {
-    /// Its data-plane base URL, `http://host:port`.
-    pub url: String,
-}
-
-fn remote_bytes() -> std::io::Error {
-    std::io::Error::other("a remote rank's bytes are on its local service")
 }
 
 impl Backend {
