@@ -55,6 +55,13 @@ impl Shard {
             Command::PrefetchNamed { names } => self.apply_prefetch_named(&names),
             Command::Evacuate { seg } => self.apply_evacuate(seg),
             Command::DropSegment { seg } => self.apply_drop_segment(seg),
+            Command::BeginMoves { seg, max } => Applied::Now(Reply::Moves(
+                self.store.borrow_mut().begin_moves(seg, max as usize),
+            )),
+            Command::FinishMove { dst, ok, .. } => {
+                self.store.borrow_mut().finish_move(dst, ok);
+                Applied::Now(Reply::Done)
+            }
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => self.apply_uncounted(*inner),
         };

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{BlobView, ObjHandle, QueryInfo, WriterLink};
+use super::store::{BlobHandle, BlobView, ObjHandle, QueryInfo, WriterLink};
 use super::{Cluster, Notice, ShardId};
 
 #[derive(Debug)]
@@ -77,6 +77,18 @@ pub enum Command {
     Evacuate {
         seg: SegmentId,
     },
+    /// Per shard: start moving up to `max` objects whose only copy is on a leaving remote
+    /// rank's segment (`Reply::Moves`).
+    BeginMoves {
+        seg: SegmentId,
+        max: u32,
+    },
+    /// A move's copy ended (`ok`: the new blob holds the bytes).
+    FinishMove {
+        key: Box<[u8]>,
+        dst: BlobHandle,
+        ok: bool,
+    },
     /// Per shard: drop every blob on the segment of a lost remote rank (its bytes are gone);
     /// objects with no copy elsewhere are removed.
     DropSegment {
@@ -106,13 +118,15 @@ impl Command {
             | Command::Get { key }
             | Command::Exist { key }
             | Command::Query { key }
-            | Command::Remove { key } => Some(key),
+            | Command::Remove { key }
+            | Command::FinishMove { key, .. } => Some(key),
             Command::RemoveAll
             | Command::ListKeys { .. }
             | Command::EvictNamed { .. }
             | Command::PrefetchNamed { .. }
             | Command::Evacuate { .. }
             | Command::DropSegment { .. }
+            | Command::BeginMoves { .. }
             | Command::Forget { .. }
             | Command::Many(_) => None,
             Command::Uncounted(inner) => inner.key(),
@@ -260,6 +274,8 @@ pub enum Reply {
         limit_left: u64,
     },
     Count(u64),
+    /// Objects to move off a leaving rank, their new blobs allocated and pinned.
+    Moves(Vec<super::store::relocate::Move>),
     Many(Vec<Reply>),
 }
 

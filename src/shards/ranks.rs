@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use super::store::remote::RemoteRank;
-use super::store::segment::{Backend, Medium, SegmentStatus, segment_name};
+use super::store::segment::{Backend, Medium, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
 
 /// Traffic a local service reports with each heartbeat (since its start).
@@ -287,22 +287,28 @@ impl Shard {
             .cloned()
             .collect();
         for seg in segs {
-            seg.set_status(SegmentStatus::Unmounting);
-            let id = seg.id;
-            let replies = self.broadcast(|| Command::DropSegment { seg: id }).await;
-            if replies.iter().any(|r| !matches!(r, Reply::Done)) {
-                log::warn!(
-                    "{}: some blobs stayed pinned while it was dropped",
-                    seg.name
-                );
-            }
-            self.cluster.segments.remove(&seg.name);
-            let _ = self.broadcast(|| Command::Forget { seg: id }).await;
-            log::warn!("dropped segment {} of rank {rank}", seg.name);
+            self.drop_remote_segment(&seg).await;
         }
         for s in self.cluster.shards.iter() {
             s.client.forget_rank(rank);
         }
+    }
+
+    /// Drops one remote segment: its blobs on every shard (objects with no copy elsewhere
+    /// removed), then the table entry, then every shard's share.
+    pub async fn drop_remote_segment(self: &Rc<Self>, seg: &Arc<Segment>) {
+        seg.set_status(SegmentStatus::Unmounting);
+        let id = seg.id;
+        let replies = self.broadcast(|| Command::DropSegment { seg: id }).await;
+        if replies.iter().any(|r| !matches!(r, Reply::Done)) {
+            log::warn!(
+                "{}: some blobs stayed pinned while it was dropped",
+                seg.name
+            );
+        }
+        self.cluster.segments.remove(&seg.name);
+        let _ = self.broadcast(|| Command::Forget { seg: id }).await;
+        log::warn!("dropped segment {}", seg.name);
     }
 
     /// Shard 0's part of the tick on a meta service: ranks silent past the heartbeat timeout

@@ -365,10 +365,10 @@ fn a_killed_rank_is_dropped_and_rejoins_with_empty_memory() {
 }
 
 #[test]
-fn sigterm_on_a_local_service_leaves_and_exits_zero() {
+fn sigterm_on_a_local_service_moves_its_objects_and_exits_zero() {
     let meta = meta(&[]);
     let (mut a, ra) = join(&meta, &[]);
-    let (_b, _) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
     let r = follow(
         &meta,
         "PUT",
@@ -376,21 +376,62 @@ fn sigterm_on_a_local_service_leaves_and_exits_zero() {
         Some(b"both"),
     );
     assert_eq!(r.json()["success"], true, "{}", r.text());
+    // Single copies on the rank that leaves: they have room on the other one.
+    for i in 0..8 {
+        let target = format!("/api/v1/objects?key=only-a-{i}&prefer_rank={ra}");
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
     let t = Instant::now();
     let status = a.stop();
     assert!(status.success(), "{status}");
     assert!(t.elapsed() < Duration::from_secs(20));
     let segs = segments(&meta);
-    assert!(
-        !segs.iter().any(|s| s.starts_with(&format!("rank-{ra}-"))),
-        "{segs:?}"
-    );
+    assert_eq!(segs, [format!("rank-{rb}-dram")]);
     assert_eq!(
         follow(&meta, "GET", "/api/v1/objects?key=twice", None).body,
         b"both"
     );
+    for i in 0..8 {
+        let r = follow(
+            &meta,
+            "GET",
+            &format!("/api/v1/objects?key=only-a-{i}"),
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.body == object(i), "object {i} moved intact");
+        let q = meta
+            .client()
+            .get(&format!("/query_key?key=only-a-{i}"))
+            .json();
+        assert_eq!(q["blobs"][0]["rank"], rb);
+    }
     // It said goodbye: no stale series for it.
     assert_eq!(stale(&meta, ra), None);
+}
+
+#[test]
+fn unmounting_a_remote_segment_moves_its_objects() {
+    let meta = meta(&[]);
+    let (_a, ra) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
+    for i in 0..5 {
+        let target = format!("/api/v1/objects?key=u-{i}&prefer_rank={ra}");
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    let r = meta.client().request(
+        "POST",
+        &format!("/api/v1/segments/unmount?segment=rank-{ra}-dram"),
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    assert_eq!(segments(&meta), [format!("rank-{rb}-dram")]);
+    for i in 0..5 {
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key=u-{i}"), None);
+        assert!(r.body == object(i), "object {i} moved intact");
+    }
 }
 
 #[test]

@@ -2,15 +2,19 @@
 //! commit is with the grants, `remote.rs`). Guarded by the cluster token when one is set;
 //! a meta listening off loopback without one admits nobody (fail-closed).
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Ctx, Request};
+use super::{Ctx, Request, remote};
 use crate::config::Role;
+use crate::http::client;
 use crate::http::response::{Response, Status};
 use crate::shards::ranks::{MAX_RANK, RankReport};
-use crate::shards::store::segment::Medium;
+use crate::shards::store::relocate::Move;
+use crate::shards::store::segment::{Medium, Segment, SegmentStatus};
+use crate::shards::{Command, Reply};
 
 fn json_answer(ctx: &mut Ctx<'_>, v: Value) -> Response {
     ctx.scratch.clear();
@@ -243,8 +247,94 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if !cluster.ranks.is_live(rank, incarnation) {
         return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation");
     }
+    let segs: Vec<_> = cluster
+        .segments
+        .snapshot()
+        .iter()
+        .filter(|s| s.rank == rank && s.backend.remote().is_some())
+        .cloned()
+        .collect();
+    let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank).await;
     cluster.ranks.leave(rank, incarnation);
-    log::info!("rank {rank} left");
-    json_answer(ctx, json!({"success": true, "rank": rank}))
+    log::info!("rank {rank} left; {moved} objects moved to other ranks");
+    json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
+}
+
+/// Moves every object whose only copy is on these remote segments to other ranks while room
+/// lasts, so a graceful leave or an unmount loses nothing that fits elsewhere. The bytes come
+/// from the leaving local service under read grants and go to the new blobs (in this
+/// process's memory directly, on another local service under a write grant): a drain is the
+/// one time a remote rank's bytes pass through the meta service. Returns the objects moved.
+pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
+    for seg in segs {
+        seg.set_status(SegmentStatus::GracefullyUnmounting);
+    }
+    let mut moved = 0;
+    for seg in segs {
+        let id = seg.id;
+        loop {
+            let replies = ctx
+                .shard
+                .broadcast(|| Command::BeginMoves { seg: id, max: 64 })
+                .await;
+            let moves: Vec<Move> = replies
+                .into_iter()
+                .flat_map(|r| match r {
+                    Reply::Moves(m) => m,
+                    _ => Vec::new(),
+                })
+                .collect();
+            if moves.is_empty() {
+                break;
+            }
+            for m in moves {
+                let ok = copy(ctx, &m).await;
+                moved += ok as u64;
+                let _ = ctx
+                    .shard
+                    .execute(Command::FinishMove {
+                        key: m.key.clone(),
+                        dst: m.to.handle,
+                        ok,
+                    })
+                    .await;
+            }
+        }
+    }
+    moved
+}
+
+/// Copies one move's bytes from the leaving rank to the new blob.
+async fn copy(ctx: &mut Ctx<'_>, m: &Move) -> bool {
+    let Some(from) = remote::read_grant_url(ctx, &m.key, &m.from) else {
+        return false;
+    };
+    let timeout = Duration::from_secs(10);
+    let bytes = match client::request_url(&from, "GET", Vec::new(), timeout).await {
+        Ok(a) if a.status == 200 && a.body.len() as u64 == m.from.len => a.body,
+        Ok(a) => {
+            log::warn!(
+                "moving {:?}: its rank answered {}",
+                String::from_utf8_lossy(&m.key),
+                a.status
+            );
+            return false;
+        }
+        Err(e) => {
+            log::warn!("moving {:?}: {e}", String::from_utf8_lossy(&m.key));
+            return false;
+        }
+    };
+    if m.to.seg.backend.remote().is_none() {
+        // SAFETY: the new blob is ALLOCATED and pinned for this move alone until it ends.
+        return unsafe { m.to.seg.backend.write(m.to.offset, &bytes) }.is_ok();
+    }
+    let Some(to) = remote::write_grant_url(ctx, &m.key, &m.to) else {
+        return false;
+    };
+    matches!(
+        client::request_url(&to, "PUT", bytes, timeout).await,
+        Ok(a) if a.status == 200
+    )
 }

@@ -74,7 +74,7 @@ fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
     ctx.shard.cluster.grant_key.get()
 }
 
-fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
     let remote = v.seg.backend.remote()?;
     let gk = grant_key(ctx)?;
     let config = &ctx.shard.cluster.config;
@@ -92,6 +92,25 @@ fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String>
         obj_id: 0,
         obj_generation: 0,
         expires_ms: unix_ms() + ttl,
+    };
+    let text = grant.sign(&gk, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// A write-only grant URL for a blob on a remote rank (a drain's move writes there).
+pub(super) fn write_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+    let remote = v.seg.backend.remote()?;
+    let gk = grant_key(ctx)?;
+    let grant = Grant {
+        op: GrantOp::Write,
+        rank: v.seg.rank,
+        medium: v.seg.medium as u8,
+        offset: v.offset,
+        len: v.len,
+        size: v.len,
+        obj_id: 0,
+        obj_generation: 0,
+        expires_ms: unix_ms() + ctx.shard.cluster.config.grant_ttl_ms(),
     };
     let text = grant.sign(&gk, key, b"");
     Some(object_url(&remote.url, key, &text, None))

@@ -62,6 +62,7 @@ pub mod lru;
 pub mod memory;
 pub mod mount;
 mod put;
+pub mod relocate;
 pub mod remote;
 pub mod segment;
 #[cfg(test)]
