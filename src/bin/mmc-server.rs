@@ -47,6 +47,10 @@ fn raise_fd_limit() {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
+        if args.role == "local" {
+            print!("{}", mmc::config::default_local_config_file());
+            return ExitCode::SUCCESS;
+        }
         print!("{}", mmc::config::default_config_file());
         return ExitCode::SUCCESS;
     }
