@@ -73,6 +73,49 @@ pub async fn request_url(
     request(base, method, target, None, body, timeout).await
 }
 
+/// Bodies up to this size go on pooled keep-alive connections (the cluster's small JSON
+/// messages: commits, heartbeats); larger ones (a chain's next hop, a drain's copy) on a
+/// connection of their own, so a stale pooled connection never forces a large body twice.
+const POOLED_BODY_MAX: usize = 64 << 10;
+
+/// Idle connections kept per thread (all peers together).
+const MAX_IDLE: usize = 16;
+
+thread_local! {
+    /// This thread's idle keep-alive connections, by peer: a commit or heartbeat reuses one
+    /// instead of paying a connect and an accept on both sides.
+    static IDLE: std::cell::RefCell<Vec<(SocketAddr, TcpStream)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_idle(addr: SocketAddr) -> Option<TcpStream> {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let i = idle.iter().rposition(|(a, _)| *a == addr)?;
+        Some(idle.swap_remove(i).1)
+    })
+}
+
+fn give_idle(addr: SocketAddr, stream: TcpStream) {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        if idle.len() >= MAX_IDLE {
+            idle.remove(0);
+        }
+        idle.push((addr, stream));
+    });
+}
+
+/// How one exchange on a connection ended.
+enum Outcome {
+    /// An answer; the connection may be reused when `keep` is set.
+    Answered(Answer, TcpStream, bool),
+    /// The connection was closed before any byte of an answer (an idle pooled connection
+    /// the peer had closed): safe to send again on a fresh one.
+    Stale,
+    Failed(String),
+}
+
 async fn exchange(
     base: &str,
     method: &str,
@@ -81,45 +124,92 @@ async fn exchange(
     body: Vec<u8>,
 ) -> Result<Answer, String> {
     let (host, addr) = authority(base)?;
-    let err = |e: std::io::Error| format!("{method} {base}{target}: {e}");
-    let mut stream = TcpStream::connect(addr).await.map_err(err)?;
-    let _ = stream.set_nodelay(true);
+    let pooled = body.len() <= POOLED_BODY_MAX;
     let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !pooled {
+        head.push_str("Connection: close\r\n");
+    }
     if let Some(t) = bearer.filter(|t| !t.is_empty()) {
         head.push_str("Authorization: Bearer ");
         head.push_str(t);
         head.push_str("\r\n");
     }
     head.push_str("\r\n");
-    stream.write_all(head.into_bytes()).await.0.map_err(err)?;
-    if !body.is_empty() {
-        stream.write_all(body).await.0.map_err(err)?;
+    let what = format!("{method} {base}{target}");
+    if pooled && let Some(stream) = take_idle(addr) {
+        match once(stream, head.clone().into_bytes(), body.clone(), &what).await {
+            Outcome::Answered(a, stream, keep) => {
+                if keep {
+                    give_idle(addr, stream);
+                }
+                return Ok(a);
+            }
+            Outcome::Failed(e) => return Err(e),
+            Outcome::Stale => {}
+        }
+    }
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{what}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    match once(stream, head.into_bytes(), body, &what).await {
+        Outcome::Answered(a, stream, keep) => {
+            if keep && pooled {
+                give_idle(addr, stream);
+            }
+            Ok(a)
+        }
+        Outcome::Stale => Err(format!("{what}: connection closed early")),
+        Outcome::Failed(e) => Err(e),
+    }
+}
+
+/// Sends one request on `stream` and reads its answer.
+async fn once(mut stream: TcpStream, head: Vec<u8>, body: Vec<u8>, what: &str) -> Outcome {
+    let mut request = head;
+    if body.len() <= POOLED_BODY_MAX {
+        request.extend_from_slice(&body);
+    }
+    if stream.write_all(request).await.0.is_err() {
+        return Outcome::Stale;
+    }
+    if body.len() > POOLED_BODY_MAX
+        && let Err(e) = stream.write_all(body).await.0
+    {
+        return Outcome::Failed(format!("{what}: {e}"));
     }
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     loop {
-        if let Some(answer) = parse(&buf)? {
-            return Ok(answer);
+        match parse(&buf) {
+            Err(e) => return Outcome::Failed(format!("{what}: {e}")),
+            Ok(Some((answer, keep))) => return Outcome::Answered(answer, stream, keep),
+            Ok(None) => {}
         }
         if buf.len() >= MAX_ANSWER_BYTES {
-            return Err(format!("{method} {base}{target}: answer too large"));
+            return Outcome::Failed(format!("{what}: answer too large"));
         }
-        let spare = Vec::with_capacity(16 << 10);
+        let spare = Vec::with_capacity(64 << 10);
         let (res, chunk) = stream.read(spare).await;
-        match res.map_err(err)? {
-            0 => {
-                return parse_at_eof(&buf)
-                    .ok_or_else(|| format!("{method} {base}{target}: connection closed early"));
+        match res {
+            Ok(0) | Err(_) if buf.is_empty() => return Outcome::Stale,
+            Ok(0) => {
+                return match parse_at_eof(&buf) {
+                    Some(a) => Outcome::Answered(a, stream, false),
+                    None => Outcome::Failed(format!("{what}: connection closed early")),
+                };
             }
-            _ => buf.extend_from_slice(&chunk),
+            Err(e) => return Outcome::Failed(format!("{what}: {e}")),
+            Ok(_) => buf.extend_from_slice(&chunk),
         }
     }
 }
 
-/// A complete answer at the start of `buf` (a `Content-Length` body, or none for 204/304).
-fn parse(buf: &[u8]) -> Result<Option<Answer>, String> {
+/// A complete answer at the start of `buf` (a `Content-Length` body, or none for 204/304),
+/// and whether the connection stays open after it.
+fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut resp = httparse::Response::new(&mut headers);
     let head_len = match resp.parse(buf) {
@@ -128,29 +218,32 @@ fn parse(buf: &[u8]) -> Result<Option<Answer>, String> {
         Err(e) => return Err(format!("malformed answer: {e}")),
     };
     let status = resp.code.unwrap_or(0);
-    let length = resp
-        .headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| {
-            std::str::from_utf8(h.value)
-                .ok()?
-                .trim()
-                .parse::<usize>()
-                .ok()
-        });
+    let header = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let length = header("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
+    let keep = resp.version == Some(1)
+        && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
     match length {
-        Some(n) if buf.len() >= head_len + n => Ok(Some(Answer {
-            status,
-            body: buf[head_len..head_len + n].to_vec(),
-        })),
+        Some(n) if buf.len() >= head_len + n => Ok(Some((
+            Answer {
+                status,
+                body: buf[head_len..head_len + n].to_vec(),
+            },
+            keep && buf.len() == head_len + n,
+        ))),
         Some(_) => Ok(None),
-        None if status == 204 || status == 304 || (100..200).contains(&status) => {
-            Ok(Some(Answer {
+        None if status == 204 || status == 304 => Ok(Some((
+            Answer {
                 status,
                 body: Vec::new(),
-            }))
-        }
+            },
+            keep,
+        ))),
         None => Ok(None),
     }
 }
@@ -189,8 +282,10 @@ mod tests {
     fn answers_are_complete_only_with_their_body() {
         let full = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
         assert!(parse(&full[..full.len() - 1]).unwrap().is_none());
-        let a = parse(full).unwrap().unwrap();
-        assert_eq!((a.status, a.body.as_slice()), (200, &b"ok"[..]));
+        let (a, keep) = parse(full).unwrap().unwrap();
+        assert_eq!((a.status, a.body.as_slice(), keep), (200, &b"ok"[..], true));
+        let closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+        assert!(!parse(closing).unwrap().unwrap().1);
         assert!(parse(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().is_some());
         assert!(parse(b"garbage\r\n\r\n").is_err());
         assert_eq!(encode_query(b"a b/c~"), "a%20b%2Fc~");
