@@ -47,6 +47,12 @@ pub struct Args {
     )]
     pub io_driver: String,
 
+    /// Which side of a cluster to run: the meta service (index and placement, with
+    /// ock.mmc.embedded.ranks ranks of its own) or a local service lending this host's memory
+    /// to the meta at ock.mmc.meta_service_url.
+    #[arg(long, value_name = "meta|local", default_value = "meta")]
+    pub role: String,
+
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -77,6 +83,7 @@ pub fn plan(args: &Args) -> Result<Plan, String> {
 pub const ENV_KEYS: &[(&str, &str)] = &[
     ("MMC_API_TOKEN", "ock.mmc.http.auth_token"),
     ("MMC_METRICS_TOKEN", "ock.mmc.http.metrics_token"),
+    ("MMC_CLUSTER_TOKEN", "ock.mmc.cluster.token"),
 ];
 
 pub fn plan_with_cpus(args: &Args, allowed: &[usize]) -> Result<Plan, String> {
@@ -126,6 +133,15 @@ pub fn plan_with(
             )
             .map_err(err)?;
     }
+    config.cluster.role = match args.role.as_str() {
+        "meta" => crate::config::Role::Meta,
+        "local" => crate::config::Role::Local,
+        other => {
+            return Err(format!(
+                "invalid value {other:?} for --role: expected meta or local"
+            ));
+        }
+    };
     config.validate().map_err(err)?;
 
     let driver = DriverChoice::parse(&args.io_driver).map_err(|allowed| {

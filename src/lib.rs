@@ -11,14 +11,18 @@
 //! - [`shards`]: key ownership, the state each shard owns, cross-shard messages, runtimes.
 //! - [`http`]: the HTTP/1.1 front end on httparse: framing, limits, routes, encoding.
 //! - [`metrics`]: per-shard counters summed when read.
+//! - [`agent`]: a local service's membership (join, heartbeat, leave).
 //! - [`accel`]: accelerator (HBM) memory behind a trait, emulated in host memory by default.
+//! - [`grant`]: signed, short-lived permissions for one blob transfer on a local service.
 //! - [`ha`]: the one place role, HA state, leader and view version are read from.
 //! - [`limits`]: protocol limits with their reasons.
 
 pub mod accel;
+pub mod agent;
 pub mod cli;
 pub mod common;
 pub mod config;
+pub mod grant;
 pub mod ha;
 pub mod http;
 pub mod kv_events;

@@ -105,6 +105,21 @@ pub fn check_exposure(config: &crate::config::Config, addr: SocketAddr) -> Resul
         return Ok(());
     }
     let http = &config.http;
+    if config.cluster.role == crate::config::Role::Local {
+        // A local service serves bytes only under grants; what it needs is the cluster
+        // secret (to join) and a token for its metrics.
+        if config.cluster.token.is_empty() {
+            return Err(format!(
+                "refusing to listen on {addr} (not loopback) as a local service without a cluster secret: set ock.mmc.cluster.token (or MMC_CLUSTER_TOKEN), the same as the meta service's"
+            ));
+        }
+        if http.metrics_token.is_empty() {
+            return Err(format!(
+                "refusing to listen on {addr} (not loopback) without a metrics token: set ock.mmc.http.metrics_token (or MMC_METRICS_TOKEN)"
+            ));
+        }
+        return Ok(());
+    }
     if http.auth_token.is_empty() {
         return Err(format!(
             "refusing to listen on {addr} (not loopback) without authentication: set ock.mmc.http.auth_token (or MMC_API_TOKEN) and a different ock.mmc.http.metrics_token (or MMC_METRICS_TOKEN)"
@@ -247,6 +262,13 @@ impl Server {
                     return Err(e);
                 }
             }
+        }
+        if server.cluster.config.cluster.role == crate::config::Role::Local
+            && let Err(e) = crate::agent::start(server.cluster.clone(), server.local_addr)
+        {
+            server.cluster.begin_shutdown();
+            server.join();
+            return Err(format!("cannot start the local service's agent: {e}"));
         }
         Ok(server)
     }

@@ -47,6 +47,10 @@ fn raise_fd_limit() {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_default_config {
+        if args.role == "local" {
+            print!("{}", mmc::config::default_local_config_file());
+            return ExitCode::SUCCESS;
+        }
         print!("{}", mmc::config::default_config_file());
         return ExitCode::SUCCESS;
     }
@@ -129,6 +133,25 @@ fn main() -> ExitCode {
                             "SIGINT"
                         };
                         if seen == 1 {
+                            if cluster.config.cluster.role == mmc::config::Role::Local {
+                                // Leave the meta service first (it stops sending clients
+                                // here), then stop; bounded if the meta does not answer.
+                                log::info!("{name}: leaving the meta service");
+                                cluster
+                                    .local
+                                    .leaving
+                                    .store(true, std::sync::atomic::Ordering::Release);
+                                let deadline =
+                                    std::time::Instant::now() + std::time::Duration::from_secs(20);
+                                while !cluster
+                                    .local
+                                    .left
+                                    .load(std::sync::atomic::Ordering::Acquire)
+                                    && std::time::Instant::now() < deadline
+                                {
+                                    std::thread::sleep(std::time::Duration::from_millis(10));
+                                }
+                            }
                             log::info!("{name}: stopping accepting, finishing requests in flight");
                             cluster.begin_shutdown();
                         } else {

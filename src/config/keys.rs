@@ -51,6 +51,24 @@ fn token(v: &str) -> Result<String, String> {
     Ok(v.to_string())
 }
 
+/// An `http://host:port` URL (no path), as meta and local services address each other.
+fn meta_url(v: &str) -> Result<String, String> {
+    let rest = v
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{v:?}: expected http://host:port"))?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let ok = !rest.is_empty()
+        && !rest.contains('/')
+        && rest
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(format!("http://{rest}"))
+    } else {
+        Err(format!("{v:?}: expected http://host:port"))
+    }
+}
+
 fn endpoint(v: &str) -> Result<String, String> {
     let v = v.trim();
     if super::values::valid_endpoint(v) {
@@ -278,8 +296,67 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.embedded.ranks",
         "1",
-        "Ranks this process provides segments for (each rank gets its own DRAM, HBM and SSD segments).",
-        |c, v| c.store.ranks = parse_u64_in(v, 1, 1024)?
+        "Ranks this process provides segments for (each rank gets its own DRAM, HBM and SSD segments); 0: a pure meta service whose memory is all on local services (mmc-server --role local).",
+        |c, v| c.store.ranks = parse_u64_in(v, 0, 1024)?
+    ),
+    key!(
+        "ock.mmc.meta_service_url",
+        "",
+        "Local service (--role local): the meta service to join, http://host:port; a comma-separated list is tried in order.",
+        |c, v| {
+            c.cluster.meta_urls = v
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(meta_url)
+                .collect::<Result<_, _>>()?
+        }
+    ),
+    key!(
+        "ock.mmc.local_service.rank",
+        "",
+        "Local service: the rank to join as; empty: the meta service assigns the lowest free one (a restarted service with the same rank or URL gets its rank back).",
+        |c, v| {
+            c.cluster.local_rank = match v.trim() {
+                "" => None,
+                r => Some(parse_u64_in(r, 0, 1 << 20)? as u32),
+            }
+        }
+    ),
+    key!(
+        "ock.mmc.local_service.advertise_url",
+        "",
+        "Local service: the URL clients are redirected to for its bytes, http://host:port; empty: http:// and the listen address.",
+        |c, v| {
+            c.cluster.local_advertise_url = match v.trim() {
+                "" => String::new(),
+                u => meta_url(u)?,
+            }
+        }
+    ),
+    key!(
+        "ock.mmc.cluster.heartbeat_interval_ms",
+        "500",
+        "How often a local service reports to its meta service.",
+        |c, v| c.cluster.heartbeat_interval_ms = parse_u64_in(v, 10, 60_000)?
+    ),
+    key!(
+        "ock.mmc.cluster.heartbeat_timeout_ms",
+        "3000",
+        "A rank with no report for this long is lost: its segments are dropped, objects with no copy elsewhere removed.",
+        |c, v| c.cluster.heartbeat_timeout_ms = parse_u64_in(v, 20, 600_000)?
+    ),
+    key!(
+        secret "ock.mmc.cluster.token",
+        "",
+        "Shared secret of a meta service and its local services (env MMC_CLUSTER_TOKEN); required when either listens off loopback. A join with another secret is refused.",
+        |c, v| c.cluster.token = token(v)?
+    ),
+    key!(
+        "ock.mmc.cluster.grant_ttl_ms",
+        "10000",
+        "How long a grant in a redirect to a local service stays valid (a read's also ends with its lease; a write's at most ock.mmc.store.alloc_timeout_ms - 500, so the allocation outlives it).",
+        |c, v| c.cluster.grant_ttl_ms = parse_u64_in(v, 100, 3_600_000)?
     ),
     key!(
         "ock.mmc.local_service.dram.size",

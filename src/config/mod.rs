@@ -41,8 +41,39 @@ pub struct Config {
     pub kv_events: KvEventsConfig,
     pub tls: TlsConfig,
     pub log_level: log::LevelFilter,
+    pub cluster: ClusterConfig,
     /// The text each key of [`KEYS`] was last set to, in table order (for `--print-config`).
     raw: Vec<String>,
+}
+
+/// Which side of a cluster this process is (`mmc-server --role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The meta service: the index, placement, leases; with `ock.mmc.embedded.ranks` ranks of
+    /// its own (0: a pure meta).
+    Meta,
+    /// A local service: lends this host's memory to a meta service as one rank and serves
+    /// its bytes under the meta's grants.
+    Local,
+}
+
+/// The `ock.mmc.cluster.*` keys and the local service's.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub role: Role,
+    /// Meta service URLs a local service tries in order (`ock.mmc.meta_service_url`).
+    pub meta_urls: Vec<String>,
+    /// The rank a local service asks for; `None`: the meta assigns the lowest free one.
+    pub local_rank: Option<u32>,
+    /// The URL the meta hands to clients for this local service's bytes; empty: from the
+    /// listen address.
+    pub local_advertise_url: String,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    /// Shared secret between the meta and its local services (`MMC_CLUSTER_TOKEN`).
+    pub token: String,
+    /// How long a grant in a redirect stays valid.
+    pub grant_ttl_ms: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -211,6 +242,16 @@ impl Config {
                 run_bytes: 0,
                 prefault: false,
             },
+            cluster: ClusterConfig {
+                role: Role::Meta,
+                meta_urls: Vec::new(),
+                local_rank: None,
+                local_advertise_url: String::new(),
+                heartbeat_interval_ms: 0,
+                heartbeat_timeout_ms: 0,
+                token: String::new(),
+                grant_ttl_ms: 0,
+            },
             metrics: MetricsConfig {
                 per_rank: false,
                 window_secs: 0,
@@ -273,6 +314,19 @@ impl Config {
         })
     }
 
+    /// How long a grant stays valid: `ock.mmc.cluster.grant_ttl_ms`, kept below the
+    /// allocation timeout so a remote put's allocation always outlives its write grant.
+    pub fn grant_ttl_ms(&self) -> u64 {
+        self.cluster
+            .grant_ttl_ms
+            .min(
+                self.store
+                    .alloc_timeout_ms
+                    .saturating_sub(BODY_TIMEOUT_MARGIN_MS),
+            )
+            .max(1)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.evict.low_percent >= self.evict.high_percent {
             return Err(ConfigError::Conflict(format!(
@@ -297,6 +351,30 @@ impl Config {
                         "ock.mmc.metrics.tls.enable is true but {key} is empty: set it"
                     )));
                 }
+            }
+        }
+        let cl = &self.cluster;
+        if cl.heartbeat_timeout_ms < 2 * cl.heartbeat_interval_ms {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.cluster.heartbeat_timeout_ms ({}) must be at least twice ock.mmc.cluster.heartbeat_interval_ms ({}): one late report would declare a rank lost",
+                cl.heartbeat_timeout_ms, cl.heartbeat_interval_ms
+            )));
+        }
+        if cl.role == Role::Local {
+            if cl.meta_urls.is_empty() {
+                return Err(ConfigError::Conflict(
+                    "a local service (--role local) needs ock.mmc.meta_service_url: the meta service to join".to_string(),
+                ));
+            }
+            if self.store.dram_bytes == 0 && self.store.hbm_bytes == 0 {
+                return Err(ConfigError::Conflict(
+                    "a local service lends memory: set ock.mmc.local_service.dram.size or hbm.size above 0".to_string(),
+                ));
+            }
+            if self.store.ssd_enable {
+                return Err(ConfigError::Conflict(
+                    "ock.mmc.ssd.enable is not supported on a local service yet: the SSD tier lives on the meta service's embedded ranks".to_string(),
+                ));
             }
         }
         if self.kv_events.hard_capacity < self.kv_events.queue_capacity {
@@ -428,6 +506,39 @@ pub fn default_config_file() -> String {
          # Unknown keys are warned about and ignored. `--set KEY=VALUE` overrides any key.\n",
     );
     for k in KEYS {
+        out.push_str(&format!("\n# {}\n{} = {}\n", k.doc, k.name, k.default));
+    }
+    out
+}
+
+/// The keys a local service (`--role local`) reads: its listener and HTTP limits, the meta
+/// to join, the memory it lends, the cluster's timing and secret, its shards and logging.
+const LOCAL_SERVICE_KEYS: &[&str] = &[
+    "ock.mmc.meta_service.metrics_url",
+    "ock.mmc.http.",
+    "ock.mmc.shard.",
+    "ock.mmc.io.",
+    "ock.mmc.meta_service_url",
+    "ock.mmc.local_service.",
+    "ock.mmc.cluster.",
+    "ock.mmc.segment.",
+    "ock.mmc.numa.",
+    "ock.mmc.metrics.window_secs",
+    "ock.mmc.log.",
+];
+
+/// The documented default configuration of a local service, `config/mmc-local.conf`.
+pub fn default_local_config_file() -> String {
+    let mut out = String::from(
+        "# mmc-local.conf: the keys a local service (mmc-server --role local) reads, set to\n\
+         # their defaults. Generated by `mmc-server --role local --print-default-config`; a test\n\
+         # keeps it in step with the code. Same format as mmc-meta.conf. Set at least\n\
+         # ock.mmc.meta_service_url (and ock.mmc.cluster.token off loopback).\n",
+    );
+    for k in KEYS
+        .iter()
+        .filter(|k| LOCAL_SERVICE_KEYS.iter().any(|p| k.name.starts_with(p)))
+    {
         out.push_str(&format!("\n# {}\n{} = {}\n", k.doc, k.name, k.default));
     }
     out

@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod bodies;
 pub mod chunked;
+pub mod client;
 pub mod conn;
 pub mod handlers;
 pub mod json;

@@ -102,12 +102,16 @@ fn build(config: &Config) -> Value {
     components.insert("responses".into(), shared);
     if !schemes_used.is_empty() {
         let mut schemes = Map::new();
-        for s in [auth::DATA_SCHEME, auth::METRICS_SCHEME] {
+        for s in [
+            auth::DATA_SCHEME,
+            auth::METRICS_SCHEME,
+            auth::CLUSTER_SCHEME,
+        ] {
             if schemes_used.contains(&s) {
-                let source = if s == auth::DATA_SCHEME {
-                    "ock.mmc.http.auth_token (env MMC_API_TOKEN)"
-                } else {
-                    "ock.mmc.http.metrics_token (env MMC_METRICS_TOKEN)"
+                let source = match s {
+                    auth::DATA_SCHEME => "ock.mmc.http.auth_token (env MMC_API_TOKEN)",
+                    auth::METRICS_SCHEME => "ock.mmc.http.metrics_token (env MMC_METRICS_TOKEN)",
+                    _ => "ock.mmc.cluster.token (env MMC_CLUSTER_TOKEN)",
                 };
                 schemes.insert(
                     s.into(),

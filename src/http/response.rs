@@ -15,7 +15,9 @@ impl Status {
     pub const TEMPORARY_REDIRECT: Status = Status(307);
     pub const BAD_REQUEST: Status = Status(400);
     pub const UNAUTHORIZED: Status = Status(401);
+    pub const FORBIDDEN: Status = Status(403);
     pub const NOT_FOUND: Status = Status(404);
+    pub const CONFLICT: Status = Status(409);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
     pub const REQUEST_TIMEOUT: Status = Status(408);
     pub const PAYLOAD_TOO_LARGE: Status = Status(413);
@@ -26,6 +28,7 @@ impl Status {
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL: Status = Status(500);
     pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const BAD_GATEWAY: Status = Status(502);
     pub const SERVICE_UNAVAILABLE: Status = Status(503);
     pub const HTTP_VERSION_NOT_SUPPORTED: Status = Status(505);
 
@@ -38,8 +41,10 @@ impl Status {
             307 => b"HTTP/1.1 307 Temporary Redirect\r\n",
             400 => b"HTTP/1.1 400 Bad Request\r\n",
             401 => b"HTTP/1.1 401 Unauthorized\r\n",
+            403 => b"HTTP/1.1 403 Forbidden\r\n",
             404 => b"HTTP/1.1 404 Not Found\r\n",
             405 => b"HTTP/1.1 405 Method Not Allowed\r\n",
+            409 => b"HTTP/1.1 409 Conflict\r\n",
             408 => b"HTTP/1.1 408 Request Timeout\r\n",
             413 => b"HTTP/1.1 413 Content Too Large\r\n",
             414 => b"HTTP/1.1 414 URI Too Long\r\n",
@@ -48,6 +53,7 @@ impl Status {
             429 => b"HTTP/1.1 429 Too Many Requests\r\n",
             431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
             501 => b"HTTP/1.1 501 Not Implemented\r\n",
+            502 => b"HTTP/1.1 502 Bad Gateway\r\n",
             503 => b"HTTP/1.1 503 Service Unavailable\r\n",
             505 => b"HTTP/1.1 505 HTTP Version Not Supported\r\n",
             _ => b"HTTP/1.1 500 Internal Server Error\r\n",

@@ -44,6 +44,10 @@ pub enum Route {
     AllocFreeLatency,
     KvEventsStatus,
     Ui,
+    ClusterJoin,
+    ClusterHeartbeat,
+    ClusterCommit,
+    ClusterLeave,
 }
 
 pub struct RouteSpec {
@@ -155,6 +159,10 @@ pub static ROUTES: &[RouteSpec] = &[
     ),
     get("/kv_events/status", Route::KvEventsStatus),
     get("/ui", Route::Ui),
+    post("/cluster/v1/join", Route::ClusterJoin),
+    post("/cluster/v1/heartbeat", Route::ClusterHeartbeat),
+    post("/cluster/v1/commit", Route::ClusterCommit),
+    post("/cluster/v1/leave", Route::ClusterLeave),
 ];
 
 impl Route {
@@ -182,6 +190,30 @@ impl Route {
                 | Route::Leader
                 | Route::Metrics
         )
+    }
+
+    /// The routes between a meta service and its local services, guarded by the cluster token.
+    pub fn is_cluster(self) -> bool {
+        matches!(
+            self,
+            Route::ClusterJoin
+                | Route::ClusterHeartbeat
+                | Route::ClusterCommit
+                | Route::ClusterLeave
+        )
+    }
+
+    /// What a local service serves: its own health and metrics, and objects under grants.
+    pub fn served_by_local_service(self) -> bool {
+        matches!(
+            self,
+            Route::Health
+                | Route::Healthz
+                | Route::Ready
+                | Route::Role
+                | Route::OpenApi
+                | Route::Objects
+        ) || self.is_metrics()
     }
 
     pub fn spec(self) -> &'static RouteSpec {
@@ -240,6 +272,10 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/api/v1/analysis/alloc_free_latency" => Route::AllocFreeLatency,
         b"/kv_events/status" => Route::KvEventsStatus,
         b"/ui" => Route::Ui,
+        b"/cluster/v1/join" => Route::ClusterJoin,
+        b"/cluster/v1/heartbeat" => Route::ClusterHeartbeat,
+        b"/cluster/v1/commit" => Route::ClusterCommit,
+        b"/cluster/v1/leave" => Route::ClusterLeave,
         _ => return None,
     })
 }

@@ -30,7 +30,8 @@ impl Shard {
                 medium,
                 replicas,
                 prot,
-            } => self.apply_alloc(key, size, medium, replicas, prot),
+                prefer_rank,
+            } => self.apply_alloc(key, size, medium, replicas, prot, prefer_rank),
             Command::Commit { obj, ok, .. } => {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
             }
@@ -53,6 +54,14 @@ impl Shard {
             }
             Command::PrefetchNamed { names } => self.apply_prefetch_named(&names),
             Command::Evacuate { seg } => self.apply_evacuate(seg),
+            Command::DropSegment { seg } => self.apply_drop_segment(seg),
+            Command::BeginMoves { seg, max } => Applied::Now(Reply::Moves(
+                self.store.borrow_mut().begin_moves(seg, max as usize),
+            )),
+            Command::FinishMove { dst, ok, .. } => {
+                self.store.borrow_mut().finish_move(dst, ok);
+                Applied::Now(Reply::Done)
+            }
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => self.apply_uncounted(*inner),
         };
@@ -86,18 +95,23 @@ impl Shard {
         medium: Option<Medium>,
         replicas: u8,
         prot: u16,
+        prefer_rank: Option<u32>,
     ) -> Applied {
         let flushes = self.flush_done.generation();
-        let step =
-            self.store
-                .borrow_mut()
-                .alloc(key.clone(), size, medium, replicas as usize, prot);
+        let step = self.store.borrow_mut().alloc_preferring(
+            key.clone(),
+            size,
+            medium,
+            replicas as usize,
+            prot,
+            prefer_rank,
+        );
         match step {
             AllocStep::WaitForFlush => {
                 let me = self.clone();
+                let placement = (medium, replicas, prot, prefer_rank);
                 Applied::Later(Box::pin(async move {
-                    me.alloc_waiting(key, size, medium, replicas, prot, flushes)
-                        .await
+                    me.alloc_waiting(key, size, placement, flushes).await
                 }))
             }
             step => Applied::Now(self.alloc_reply(step)),
@@ -223,6 +237,16 @@ impl Shard {
         }
     }
 
+    /// Drops a lost remote rank's segment; completes once blobs pinned there are released.
+    pub(super) fn apply_drop_segment(self: &Rc<Self>, seg: SegmentId) -> Applied {
+        if self.store.borrow_mut().drop_segment(seg) {
+            Applied::Now(Reply::Done)
+        } else {
+            let me = self.clone();
+            Applied::Later(Box::pin(async move { me.drop_segment_waiting(seg).await }))
+        }
+    }
+
     /// A read answered without counting it (HEAD): the store's statistics are muted around it.
     pub(super) fn apply_uncounted(self: &Rc<Self>, inner: Command) -> Applied {
         debug_assert!(
@@ -275,6 +299,7 @@ impl Shard {
             view,
             owner: self.id,
             cluster: self.cluster.clone(),
+            managed: true,
         })
     }
 

@@ -109,6 +109,13 @@ pub struct Cluster {
     pub clock: Clock,
     /// The OpenAPI document for this configuration ([`FrontAssets::openapi`]).
     pub openapi: bytes::Bytes,
+    /// A meta service's remote ranks (local services that joined).
+    pub ranks: super::ranks::RankRegistry,
+    /// A local service's membership (its rank and meta service, once joined).
+    pub local: super::ranks::LocalIdentity,
+    /// The key grants are signed with: the meta's own (random at start), or the one a local
+    /// service received when it joined.
+    pub grant_key: crate::grant::GrantKeyCell,
 }
 
 impl Cluster {
@@ -136,7 +143,15 @@ impl Cluster {
             HaView::standalone(&config.advertise_address)
         };
         let segments = Arc::new(SegmentTable::with_numa(numa));
-        store::mount::mount_configured(&config, &segments, shard_count)?;
+        let grant_key = crate::grant::GrantKeyCell::default();
+        match config.cluster.role {
+            // A local service mounts its segments once the meta gave it its rank.
+            crate::config::Role::Local => {}
+            crate::config::Role::Meta => {
+                store::mount::mount_configured(&config, &segments, shard_count)?;
+                grant_key.set(crate::grant::GrantKey::random());
+            }
+        }
         let clock = Clock::start();
         let window = config.metrics.window_secs;
         let FrontAssets { tls, openapi } = front;
@@ -155,6 +170,9 @@ impl Cluster {
             kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
             clock,
+            ranks: super::ranks::RankRegistry::default(),
+            local: super::ranks::LocalIdentity::new(),
+            grant_key,
         }))
     }
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{BlobView, ObjHandle, QueryInfo, WriterLink};
+use super::store::{BlobHandle, BlobView, ObjHandle, QueryInfo, WriterLink};
 use super::{Cluster, Notice, ShardId};
 
 #[derive(Debug)]
@@ -33,6 +33,8 @@ pub enum Command {
         medium: Option<Medium>,
         replicas: u8,
         prot: u16,
+        /// Place the first copy on this rank when it has room.
+        prefer_rank: Option<u32>,
     },
     /// update_state after the bytes were written (`ok`) or could not be (`!ok`).
     Commit {
@@ -75,6 +77,23 @@ pub enum Command {
     Evacuate {
         seg: SegmentId,
     },
+    /// Per shard: start moving up to `max` objects whose only copy is on a leaving remote
+    /// rank's segment (`Reply::Moves`).
+    BeginMoves {
+        seg: SegmentId,
+        max: u32,
+    },
+    /// A move's copy ended (`ok`: the new blob holds the bytes).
+    FinishMove {
+        key: Box<[u8]>,
+        dst: BlobHandle,
+        ok: bool,
+    },
+    /// Per shard: drop every blob on the segment of a lost remote rank (its bytes are gone);
+    /// objects with no copy elsewhere are removed.
+    DropSegment {
+        seg: SegmentId,
+    },
     /// Per shard: drop everything held for a segment removed from the table (its mapping and
     /// SSD file close when the last holder lets go).
     Forget {
@@ -99,12 +118,15 @@ impl Command {
             | Command::Get { key }
             | Command::Exist { key }
             | Command::Query { key }
-            | Command::Remove { key } => Some(key),
+            | Command::Remove { key }
+            | Command::FinishMove { key, .. } => Some(key),
             Command::RemoveAll
             | Command::ListKeys { .. }
             | Command::EvictNamed { .. }
             | Command::PrefetchNamed { .. }
             | Command::Evacuate { .. }
+            | Command::DropSegment { .. }
+            | Command::BeginMoves { .. }
             | Command::Forget { .. }
             | Command::Many(_) => None,
             Command::Uncounted(inner) => inner.key(),
@@ -118,12 +140,29 @@ pub struct PinnedBlob {
     pub view: BlobView,
     pub(super) owner: ShardId,
     pub(super) cluster: Arc<Cluster>,
+    /// Pinned on an owner shard (false: bytes a local service serves under a grant, which
+    /// the meta service's lease protects; there is no pin here to release).
+    pub(super) managed: bool,
+}
+
+impl PinnedBlob {
+    /// A blob of this process's memory read under a grant: the meta service holds its lease.
+    pub fn unmanaged(view: BlobView, cluster: Arc<Cluster>) -> PinnedBlob {
+        PinnedBlob {
+            view,
+            owner: 0,
+            cluster,
+            managed: false,
+        }
+    }
 }
 
 impl Drop for PinnedBlob {
     fn drop(&mut self) {
-        self.cluster
-            .notify(self.owner, Notice::Unpin(self.view.handle));
+        if self.managed {
+            self.cluster
+                .notify(self.owner, Notice::Unpin(self.view.handle));
+        }
     }
 }
 
@@ -162,6 +201,22 @@ impl WriteGrant {
             owner,
             cluster,
             armed: true,
+        }
+    }
+
+    /// Blobs of this process's memory written under a meta service's grant (a local service):
+    /// there is no owner here to commit to or abort with; the grant's expiry bounds the write.
+    pub fn unmanaged(blobs: SmallVec<[BlobView; 2]>, cluster: Arc<Cluster>) -> WriteGrant {
+        WriteGrant {
+            obj: ObjHandle {
+                id: u32::MAX,
+                generation: 0,
+            },
+            blobs,
+            link: Arc::default(),
+            owner: 0,
+            cluster,
+            armed: false,
         }
     }
 
@@ -219,6 +274,8 @@ pub enum Reply {
         limit_left: u64,
     },
     Count(u64),
+    /// Objects to move off a leaving rank, their new blobs allocated and pinned.
+    Moves(Vec<super::store::relocate::Move>),
     Many(Vec<Reply>),
 }
 

@@ -18,6 +18,7 @@ pub mod load;
 mod mailbox;
 pub mod metadata;
 pub mod notice;
+pub mod ranks;
 mod replica;
 pub mod runtime;
 pub mod store;
@@ -172,6 +173,9 @@ impl Shard {
         self.store.borrow_mut().tick();
         self.after_store();
         self.probe_faulted_ssd();
+        if self.id == 0 {
+            self.check_lost_ranks();
+        }
         // Debug builds under test re-check the store's invariants every tick (a violation
         // panics, which stops the server and fails the test that caused it).
         if cfg!(debug_assertions) && debug_checks() {

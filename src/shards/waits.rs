@@ -32,19 +32,26 @@ impl Shard {
         self: Rc<Self>,
         key: Box<[u8]>,
         size: u64,
-        medium: Option<store::segment::Medium>,
-        replicas: u8,
-        prot: u16,
+        (medium, replicas, prot, prefer_rank): (
+            Option<store::segment::Medium>,
+            u8,
+            u16,
+            Option<u32>,
+        ),
         mut flushes: u64,
     ) -> Reply {
         const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
             self.flush_done.wait_since(flushes).await;
             flushes = self.flush_done.generation();
-            let step =
-                self.store
-                    .borrow_mut()
-                    .alloc(key.clone(), size, medium, replicas as usize, prot);
+            let step = self.store.borrow_mut().alloc_preferring(
+                key.clone(),
+                size,
+                medium,
+                replicas as usize,
+                prot,
+                prefer_rank,
+            );
             self.after_store();
             if !matches!(step, AllocStep::WaitForFlush) {
                 return self.alloc_reply(step);
@@ -172,5 +179,22 @@ impl Shard {
             }
         }
         Reply::refused("Blobs on the segment stayed in use; unmount incomplete")
+    }
+
+    /// A lost rank's segment still had blobs pinned by readers: retry until they let go (a
+    /// pin lasts one answer; leases do not hold a lost rank's blobs).
+    pub(super) async fn drop_segment_waiting(
+        self: Rc<Self>,
+        seg: store::segment::SegmentId,
+    ) -> Reply {
+        for _ in 0..2000 {
+            monoio::time::sleep(Duration::from_millis(5)).await;
+            let done = self.store.borrow_mut().drop_segment(seg);
+            self.after_store();
+            if done {
+                return Reply::Done;
+            }
+        }
+        Reply::refused("Blobs on the lost segment stayed pinned")
     }
 }

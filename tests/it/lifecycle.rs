@@ -308,6 +308,23 @@ fn the_documented_config_file_is_the_default() {
         file, out,
         "config/mmc-meta.conf is stale: regenerate with --print-default-config"
     );
+    // The local service's file too.
+    let (code, out, _) = run(&["--role", "local", "--print-default-config"]);
+    assert_eq!(code, 0);
+    let file = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/mmc-local.conf"
+    ))
+    .expect("config/mmc-local.conf");
+    assert_eq!(
+        file, out,
+        "config/mmc-local.conf is stale: regenerate with --role local --print-default-config"
+    );
+    assert!(out.contains("\nock.mmc.meta_service_url = \n"));
+    assert!(
+        !out.contains("ock.mmc.kv_events"),
+        "a local service publishes no KV events"
+    );
     // And the server starts from it unchanged.
     let srv = ServerBuilder::new(Driver::Epoll)
         .arg("--config")

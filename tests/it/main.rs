@@ -4,6 +4,7 @@
 mod harness;
 
 mod batches;
+mod cluster;
 mod foundation;
 mod framing;
 mod ha;

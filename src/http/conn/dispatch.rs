@@ -149,6 +149,12 @@ fn refusal(
     };
     match (early, verdict) {
         (_, Verdict::Unauthorized) => {
+            if crate::http::router::lookup(head.path).is_some_and(|r| r.is_cluster()) {
+                log::warn!(
+                    "refused {}: wrong or missing cluster token (ock.mmc.cluster.token)",
+                    String::from_utf8_lossy(head.path)
+                );
+            }
             let mut r = ctx.protocol_error(
                 Status::UNAUTHORIZED,
                 "Unauthorized: missing or invalid bearer token",

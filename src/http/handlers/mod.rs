@@ -6,9 +6,11 @@ mod keys;
 pub mod keys_stream {
     pub use super::keys::KeyCursor;
 }
+mod cluster;
 mod memory;
 mod meta;
 mod objects;
+mod remote;
 mod scrape;
 mod segments;
 
@@ -250,6 +252,14 @@ pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    if ctx.shard.cluster.config.cluster.role == crate::config::Role::Local
+        && !req.route.served_by_local_service()
+    {
+        return ctx.protocol_error(
+            Status::FORBIDDEN,
+            "This is a local service: it serves objects under its meta service's grants, its health and its metrics; send other requests to the meta service",
+        );
+    }
     match req.route {
         Route::Metadata => meta::metadata(req, ctx).await,
         Route::Health => meta::health(ctx),
@@ -288,6 +298,10 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::AllocFreeLatency => scrape::ptracer(ctx, true),
         Route::KvEventsStatus => scrape::kv_events_status(ctx),
         Route::Ui => meta::ui(),
+        Route::ClusterJoin => cluster::join(req, ctx).await,
+        Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,
+        Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
+        Route::ClusterLeave => cluster::leave(req, ctx).await,
     }
 }
 

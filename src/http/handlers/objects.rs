@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::remote;
 use super::{
     Ctx, Request, batch_key_list, check_object_key, list_param, object_key, optional, parse_uint,
 };
@@ -27,12 +28,17 @@ use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, MAX_REPLICAS};
 use crate::shards::{Command, Reply, Submitted, WriteGrant};
 
+fn is_local_service(ctx: &Ctx<'_>) -> bool {
+    ctx.shard.cluster.config.cluster.role == crate::config::Role::Local
+}
+
 /// Length marker of a missing key in a batch_get body.
 pub const MISSING: u64 = u64::MAX;
 
 struct PutOptions {
     medium: Option<Medium>,
     replicas: u8,
+    prefer_rank: Option<u32>,
 }
 
 fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Response> {
@@ -54,7 +60,22 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Respo
             }
         },
     };
-    Ok(PutOptions { medium, replicas })
+    let prefer_rank = match optional(req, ctx, "prefer_rank")? {
+        None => None,
+        Some(r) => match parse_uint(&r, 0, crate::shards::ranks::MAX_RANK as u64) {
+            Some(n) => Some(n as u32),
+            None => {
+                return Err(
+                    ctx.business_error("Invalid 'prefer_rank' parameter: expected a rank number")
+                );
+            }
+        },
+    };
+    Ok(PutOptions {
+        medium,
+        replicas,
+        prefer_rank,
+    })
 }
 
 /// Copies `data` into every blob of a grant.
@@ -87,7 +108,7 @@ async fn commit(ctx: &mut Ctx<'_>, key: Box<[u8]>, mut grant: WriteGrant, ok: bo
     sub.wait().await
 }
 
-fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
+pub(super) fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
     w.begin_object();
@@ -133,7 +154,7 @@ fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
 
 /// An object's bytes as a get answers them: their sending is recorded in the client
 /// bandwidth metrics once the connection has sent them.
-fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
+pub(super) fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
     resp.transfer = Some(Transfer {
         rank,
         op: ClientOp::BatchGet,
@@ -165,9 +186,22 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
+    if req.head.method != Method::Put {
+        match optional(req, ctx, "grant") {
+            Err(r) => return r,
+            Ok(Some(text)) if req.head.method != Method::Delete => {
+                return remote::grant_get(req, ctx, &key, &text, start);
+            }
+            Ok(_) if is_local_service(ctx) => return remote::needs_grant(ctx),
+            Ok(_) => {}
+        }
+    }
     match req.head.method {
         Method::Head => head_object(req, ctx, key).await,
-        Method::Get => match ctx.shard.execute(Command::Get { key }).await {
+        Method::Get => match ctx.shard.execute(Command::Get { key: key.clone() }).await {
+            Reply::Read(pinned) if pinned.view.seg.backend.remote().is_some() => {
+                remote::redirect_read(ctx, &key, pinned)
+            }
             Reply::Read(pinned) => {
                 let (rank, len) = (pinned.view.seg.rank, pinned.view.len);
                 let resp = Response::new(
@@ -248,6 +282,15 @@ pub async fn put(
     start: Instant,
     fill: impl AsyncFnOnce(Option<&WriteGrant>) -> Filled,
 ) -> Option<Response> {
+    match optional(req, ctx, "grant") {
+        Err(r) => return consumed(ctx, fill, r).await,
+        Ok(Some(text)) => return remote::grant_put(req, ctx, &key, size, &text, fill).await,
+        Ok(None) if is_local_service(ctx) => {
+            let r = remote::needs_grant(ctx);
+            return consumed(ctx, fill, r).await;
+        }
+        Ok(None) => {}
+    }
     let opts = match put_options(req, ctx) {
         Ok(o) => o,
         Err(r) => return consumed(ctx, fill, r).await,
@@ -258,6 +301,7 @@ pub async fn put(
         medium: opts.medium,
         replicas: opts.replicas,
         prot: 0,
+        prefer_rank: opts.prefer_rank,
     };
     let grant = match ctx.shard.execute(cmd).await {
         Reply::Granted(g) => g,
@@ -266,6 +310,12 @@ pub async fn put(
             return consumed(ctx, fill, r).await;
         }
     };
+    if grant.blobs.iter().any(|b| b.seg.backend.remote().is_some()) {
+        // The bytes go to the rank's local service: 307 there, before the body when the
+        // client waits for `100 Continue`.
+        let r = remote::redirect_write(ctx, &key, grant);
+        return consumed(ctx, fill, r).await;
+    }
     let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
     let fill_start = Instant::now();
     match fill(Some(&grant)).await {
@@ -459,6 +509,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             medium: opts.medium,
             replicas: opts.replicas,
             prot: 0,
+            prefer_rank: opts.prefer_rank,
         })
         .collect();
     let granted = ctx.shard.execute_many(allocs).await;
@@ -564,8 +615,22 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         _ => None,
     });
     let mut bytes = 0;
-    for r in replies {
+    for (r, key) in replies.into_iter().zip(&keys) {
         match r {
+            Reply::Read(p) if p.view.seg.backend.remote().is_some() => {
+                // A batch spans ranks: a remote copy is fetched from its local service
+                // under a read grant (one redirect cannot name several hosts).
+                match remote::fetch(ctx, key, p).await {
+                    Some(b) => {
+                        bytes += b.len() as u64;
+                        parts.push(Part::Bytes(Bytes::copy_from_slice(
+                            &(b.len() as u64).to_be_bytes(),
+                        )));
+                        parts.push(Part::Bytes(b));
+                    }
+                    None => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
+                }
+            }
             Reply::Read(p) => {
                 bytes += p.view.len;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(

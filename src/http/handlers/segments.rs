@@ -256,6 +256,18 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         stats.record(Op::Unmount, Outcome::Failure, Some(seg.rank));
         return ctx.business_error(&format!("Segment {} is already being unmounted", seg.name));
     }
+    if seg.backend.remote().is_some() {
+        // A remote rank's segment: its objects move to other ranks (their bytes fetched from
+        // its local service), then it is dropped.
+        let moved = super::cluster::drain(ctx, std::slice::from_ref(&seg)).await;
+        ctx.shard.drop_remote_segment(&seg).await;
+        log::info!(
+            "unmounted remote segment {} ({moved} objects moved)",
+            seg.name
+        );
+        stats.record(Op::Unmount, Outcome::Success, Some(seg.rank));
+        return segment_reply(ctx, &seg.name);
+    }
     seg.set_status(SegmentStatus::Unmounting);
     let id = seg.id;
     let replies = ctx.shard.broadcast(|| Command::Evacuate { seg: id }).await;

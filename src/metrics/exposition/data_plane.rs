@@ -25,7 +25,14 @@ enum Sample {
 /// the window (`ock.mmc.metrics.window_secs`): its window figures are not fresh data.
 pub(super) fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
     let mounted = ranks(cluster);
-    if mounted.is_empty() {
+    // Remote ranks lost (no report past the heartbeat timeout): stale until they rejoin.
+    let lost: Vec<u32> = cluster
+        .ranks
+        .lost()
+        .into_iter()
+        .filter(|r| !mounted.contains(r))
+        .collect();
+    if mounted.is_empty() && lost.is_empty() {
         return;
     }
     let views = client_views(cluster, &mounted);
@@ -41,6 +48,9 @@ pub(super) fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
             &[("rank", &r.to_string())],
             (!fresh) as u64,
         );
+    }
+    for &r in &lost {
+        o.int("memcache_metric_stale", &[("rank", &r.to_string())], 1);
     }
     render_bandwidth(o, &views);
     render_latency_and_rate(o, &views);

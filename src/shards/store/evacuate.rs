@@ -55,6 +55,60 @@ impl Store {
         true
     }
 
+    /// Drops this shard's blobs on a segment whose bytes are gone (a lost remote rank): an
+    /// object with another copy keeps it and stays readable, one without is removed (counted
+    /// as a removal, `BlockRemoved` published). Leases and pins do not hold the bytes back
+    /// (there are none left to read); a pinned blob is freed when its pin ends. True when this
+    /// shard holds nothing there any more; else call again.
+    pub fn drop_segment(&mut self, seg: SegmentId) -> bool {
+        let now = self.now_ms();
+        let ids: Vec<u32> = self
+            .blobs
+            .iter()
+            .filter(|(_, b)| b.seg == seg && b.obj != NIL)
+            .map(|(i, _)| i as u32)
+            .collect();
+        for id in ids {
+            let Some(b) = self.blobs.get(id as usize).filter(|b| b.seg == seg) else {
+                continue;
+            };
+            let obj = b.obj;
+            if obj == NIL {
+                continue;
+            }
+            let elsewhere = self.objects[obj as usize]
+                .blobs
+                .iter()
+                .any(|&o| o != id && self.blobs[o as usize].seg != seg);
+            if elsewhere && !self.doomed(obj) {
+                self.detach_blob(id, now);
+            } else {
+                let rank = self.blobs[id as usize].rank;
+                let doomed = self.doomed(obj);
+                let remote_writer = self.uncommitted.get(&obj).is_some_and(|w| w.remote);
+                let generation = self.objects[obj as usize].generation;
+                self.remove_object(obj, now);
+                if remote_writer {
+                    // Its writer wrote into memory that is gone: nothing to wait for.
+                    for b in self.orphaned.remove(&generation).unwrap_or_default() {
+                        self.release_writer(b, now);
+                    }
+                }
+                if !doomed {
+                    self.stats.record(Op::Remove, Outcome::Success, Some(rank));
+                }
+            }
+        }
+        self.reap_zombies(now);
+        if self.blobs.iter().any(|(_, b)| b.seg == seg) {
+            return false;
+        }
+        if let Some(ss) = self.segs.get_mut(seg as usize).and_then(|s| s.as_mut()) {
+            ss.release_all();
+        }
+        true
+    }
+
     /// Copies a memory blob to another segment of its medium on a rank without a copy yet,
     /// else (when it is the object's only copy) to the memory tier below. True when copied
     /// (the new copy readable); the blob itself stays attached.

@@ -175,7 +175,15 @@ impl Store {
             (b.obj, b.medium, b.rank)
         };
         let size = self.objects[obj as usize].size;
-        let mut tier = medium.lower_tier();
+        // A remote rank's bytes are on its local service: they cannot be copied down from
+        // here, so its blobs are evicted by dropping them.
+        let remote = self
+            .seg(self.blobs[id as usize].seg)
+            .seg
+            .backend
+            .remote()
+            .is_some();
+        let mut tier = medium.lower_tier().filter(|_| !remote);
         while let Some(t) = tier {
             if self.has_readable_on(obj, t) {
                 self.detach_blob(id, now);

@@ -252,24 +252,32 @@ impl Store {
         self.continue_drains(now);
         // Only objects whose writer has not committed yet: a tick never walks all objects.
         let timeout = self.cfg.alloc_timeout_ms;
-        let mut stale: Vec<u32> = Vec::new();
+        let mut stale: Vec<(u32, bool)> = Vec::new();
         for (&obj, w) in self.uncommitted.iter_mut() {
             let written = w.link.written_bytes.load(Ordering::Relaxed);
             if written != w.seen_bytes {
                 w.seen_bytes = written;
                 w.progress_ms = now;
             } else if now.saturating_sub(w.progress_ms) > timeout {
-                stale.push(obj);
+                stale.push((obj, w.remote));
             }
         }
-        for obj in stale {
+        for (obj, remote) in stale {
             // Reclaiming revokes the writer's grant and detaches the blobs; they are freed
             // when the writer's commit or abort releases them, never under a live writer.
             log::warn!(
                 "reclaiming {:?}: its writer neither committed nor wrote for {timeout} ms; grant revoked",
                 String::from_utf8_lossy(&self.objects[obj as usize].key),
             );
+            let generation = self.objects[obj as usize].generation;
             self.remove_object(obj, now);
+            if remote {
+                // The remote writer's grant expired before this (`grant_ttl_ms` is below
+                // `alloc_timeout_ms`): no local service writes there any more.
+                for b in self.orphaned.remove(&generation).unwrap_or_default() {
+                    self.release_writer(b, now);
+                }
+            }
         }
     }
 

@@ -62,6 +62,8 @@ mod lifecycle;
 pub mod lru;
 pub mod mount;
 mod put;
+pub mod relocate;
+pub mod remote;
 pub mod segment;
 #[cfg(test)]
 mod sim;
@@ -204,6 +206,10 @@ struct Uncommitted {
     /// `written_bytes` when the tick last looked, and when it last changed (`now_ms`).
     seen_bytes: u64,
     progress_ms: u64,
+    /// The writer is a local service on another host (a blob is on a remote rank): it writes
+    /// under a grant that expires before `alloc_timeout_ms`, so once reclaimed nothing can
+    /// still write there and the blobs are freed at once (no local grant will end).
+    remote: bool,
 }
 
 /// What one object looks like to `/query_key`.

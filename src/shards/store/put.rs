@@ -33,13 +33,30 @@ impl Store {
         avoid: &[u32],
         prefer_rank: Option<u32>,
     ) -> Option<(SegmentId, u64, u64)> {
+        self.alloc_blob_in(medium, len, avoid, prefer_rank, false)
+    }
+
+    /// [`Store::alloc_blob`] where `remote_ok` says whether a remote rank's segment may take
+    /// it: only a client's put may (its bytes go to that rank's local service under a grant);
+    /// the store's own moves (demotion, rewarm, evacuation) copy bytes here and cannot.
+    pub(super) fn alloc_blob_in(
+        &mut self,
+        medium: Medium,
+        len: u64,
+        avoid: &[u32],
+        prefer_rank: Option<u32>,
+        remote_ok: bool,
+    ) -> Option<(SegmentId, u64, u64)> {
         self.refresh_segments();
         let mut candidates: Vec<(bool, u64, SegmentId)> = self
             .segs
             .iter()
             .flatten()
             .filter(|s| {
-                s.seg.medium == medium && s.seg.is_allocatable() && !avoid.contains(&s.seg.rank)
+                s.seg.medium == medium
+                    && s.seg.is_allocatable()
+                    && !avoid.contains(&s.seg.rank)
+                    && (remote_ok || s.seg.backend.remote().is_none())
             })
             .map(|s| {
                 (
@@ -69,9 +86,23 @@ impl Store {
         replicas: usize,
         prot: u16,
     ) -> AllocStep {
+        self.alloc_preferring(key, size, medium, replicas, prot, None)
+    }
+
+    /// [`Store::alloc`] placing the first copy on `prefer_rank` when it has room (upstream's
+    /// `preferredLocalServiceIDs`); replicas still go to distinct ranks.
+    pub fn alloc_preferring(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        medium: Option<Medium>,
+        replicas: usize,
+        prot: u16,
+        prefer_rank: Option<u32>,
+    ) -> AllocStep {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Alloc);
-        let step = self.alloc_inner(key, size, medium, replicas, prot);
+        let step = self.alloc_inner(key, size, medium, replicas, prot, prefer_rank);
         span.end(!matches!(step, AllocStep::Refused(_)));
         step
     }
@@ -83,6 +114,7 @@ impl Store {
         medium: Option<Medium>,
         replicas: usize,
         prot: u16,
+        prefer_rank: Option<u32>,
     ) -> AllocStep {
         let now = self.now_ms();
         self.refresh_segments();
@@ -97,11 +129,14 @@ impl Store {
             }
         };
         self.evict_for(medium, size * replicas as u64, now);
-        let placed = match self.place_replicas(medium, size, replicas, now) {
+        let placed = match self.place_replicas(medium, size, replicas, prefer_rank, now) {
             Ok(p) => p,
             Err(step) => return step,
         };
-        let (obj, generation, link) = self.insert_object(key, size, prot, now);
+        let remote = placed
+            .iter()
+            .any(|&(seg, _, _)| self.seg(seg).seg.backend.remote().is_some());
+        let (obj, generation, link) = self.insert_object(key, size, prot, now, remote);
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
@@ -166,12 +201,13 @@ impl Store {
         medium: Medium,
         size: u64,
         replicas: usize,
+        prefer_rank: Option<u32>,
         now: u64,
     ) -> Result<Placed, AllocStep> {
         let mut placed: Placed = SmallVec::new();
         let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
         while placed.len() < replicas {
-            if let Some(p) = self.alloc_blob(medium, size, &ranks_used, None) {
+            if let Some(p) = self.alloc_blob_in(medium, size, &ranks_used, prefer_rank, true) {
                 ranks_used.push(self.seg(p.0).seg.rank);
                 placed.push(p);
                 continue;
@@ -202,6 +238,7 @@ impl Store {
         size: u64,
         prot: u16,
         now: u64,
+        remote: bool,
     ) -> (u32, u64, Arc<WriterLink>) {
         let generation = self.new_tag();
         let chunk = keys::chunk_hash(&key);
@@ -222,6 +259,7 @@ impl Store {
                 link: link.clone(),
                 seen_bytes: 0,
                 progress_ms: now,
+                remote,
             },
         );
         let h = self.hash_key(&self.objects[obj as usize].key);

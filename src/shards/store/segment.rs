@@ -14,6 +14,8 @@ use std::sync::atomic::{
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::alloc::RangeAlloc;
+pub use super::remote::RemoteRank;
+use super::remote::remote_bytes;
 use super::ssd::SsdFile;
 use crate::accel::DeviceMemory;
 use crate::common::memory::MappedRegion;
@@ -33,6 +35,10 @@ pub enum Backend {
     Device(Box<dyn DeviceMemory>),
     /// A file on a local disk, accessed asynchronously through the shard's io driver.
     File(Box<SsdFile>),
+    /// Memory of a local service on another host (a remote rank): this process allocates
+    /// its ranges and keeps its index, the bytes go between clients and that service under
+    /// signed grants (`crate::grant`), never through here.
+    Remote(RemoteRank),
 }
 
 impl Backend {
@@ -51,6 +57,7 @@ impl Backend {
             Backend::File(_) => Err(std::io::Error::other(
                 "file segments are written asynchronously",
             )),
+            Backend::Remote(_) => Err(remote_bytes()),
         }
     }
 
@@ -67,6 +74,7 @@ impl Backend {
             Backend::File(_) => Err(std::io::Error::other(
                 "file segments are read asynchronously",
             )),
+            Backend::Remote(_) => Err(remote_bytes()),
         }
     }
 
@@ -80,7 +88,7 @@ impl Backend {
             Backend::Host(r) => unsafe { r.discard(offset, len) },
             // SAFETY: forwarded.
             Backend::Device(d) => unsafe { d.discard(offset, len) },
-            Backend::File(_) => {}
+            Backend::File(_) | Backend::Remote(_) => {}
         }
     }
 
@@ -89,13 +97,21 @@ impl Backend {
         match self {
             Backend::Host(r) => r.populate(offset, len),
             Backend::Device(d) => d.prefault(offset, len),
-            Backend::File(_) => Ok(()),
+            Backend::File(_) | Backend::Remote(_) => Ok(()),
         }
     }
 
     pub fn host_region(&self) -> Option<&MappedRegion> {
         match self {
             Backend::Host(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The local service holding a remote rank's bytes.
+    pub fn remote(&self) -> Option<&RemoteRank> {
+        match self {
+            Backend::Remote(r) => Some(r),
             _ => None,
         }
     }

@@ -100,8 +100,8 @@ impl SegmentTable {
 mod tests {
     use super::super::{Backend, Medium, ShardSegment};
     use super::*;
-    use crate::numa::{MemPolicy, Node, NumaMode, Topology, plan};
     use crate::common::memory::MappedRegion;
+    use crate::numa::{MemPolicy, Node, NumaMode, Topology, plan};
 
     /// Two nodes (CPUs 0-1, 2-3); shards pinned to `cpus`.
     fn layout(cpus: &[usize]) -> NumaLayout {

@@ -1,0 +1,318 @@
+//! A local service's membership: join the meta service, mount this host's segments under the
+//! rank it gave, report every `heartbeat_interval_ms`, join again when the meta forgot us
+//! (it restarted, or declared us lost), and leave on a graceful stop.
+//!
+//! Runs on its own thread with a small monoio runtime; shards never wait for it. The bytes
+//! themselves never pass here: clients bring them to the shards under grants.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::grant::GrantKey;
+use crate::http::client;
+use crate::shards::Cluster;
+use crate::shards::store::segment::{Medium, segment_name};
+
+/// How long a join, heartbeat or leave waits for the meta service.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between two join attempts while no meta service answers.
+const JOIN_RETRY: Duration = Duration::from_millis(300);
+
+/// Starts the agent thread of a local service listening at `listen`.
+pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("mmc-agent".into())
+        .spawn(move || {
+            let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+                .enable_timer()
+                .build()
+                .expect("the agent's runtime starts");
+            rt.block_on(run(cluster, listen));
+        })?;
+    Ok(())
+}
+
+struct Membership {
+    meta: String,
+    rank: u32,
+    interval: Duration,
+}
+
+fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
+    let configured = &cluster.config.cluster.local_advertise_url;
+    if configured.is_empty() {
+        format!("http://{listen}")
+    } else {
+        configured.clone()
+    }
+}
+
+fn lent(cluster: &Cluster) -> Vec<(Medium, u64)> {
+    let store = &cluster.config.store;
+    [
+        (Medium::Dram, store.dram_bytes),
+        (Medium::Hbm, store.hbm_bytes),
+    ]
+    .into_iter()
+    .filter(|&(_, size)| size > 0)
+    .collect()
+}
+
+async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
+    let incarnation = incarnation();
+    let url = advertise_url(&cluster, listen);
+    let mut member: Option<Membership> = None;
+    let mut last_report = Instant::now() - Duration::from_secs(3600);
+    loop {
+        if cluster.local.leaving.load(Ordering::Acquire) {
+            if let Some(m) = &member {
+                leave(&cluster, m, incarnation).await;
+            }
+            cluster.local.left.store(true, Ordering::Release);
+            return;
+        }
+        if cluster.is_shutting_down() {
+            return;
+        }
+        match &member {
+            None => match join(&cluster, &url, incarnation).await {
+                Ok(m) => {
+                    last_report = Instant::now();
+                    member = Some(m);
+                }
+                Err(Fatal::Refused(why)) => {
+                    log::error!("{why}");
+                    // A wrong secret does not fix itself: stop, so the supervisor shows it.
+                    std::process::exit(1);
+                }
+                Err(Fatal::Retry) => monoio::time::sleep(JOIN_RETRY).await,
+            },
+            Some(m) => {
+                if last_report.elapsed() >= m.interval {
+                    last_report = Instant::now();
+                    if !heartbeat(&cluster, m, incarnation).await {
+                        log::warn!(
+                            "the meta service at {} no longer knows rank {}: joining again",
+                            m.meta,
+                            m.rank
+                        );
+                        member = None;
+                        continue;
+                    }
+                }
+                monoio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+enum Fatal {
+    Refused(String),
+    Retry,
+}
+
+async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membership, Fatal> {
+    let segments: Vec<Value> = lent(cluster)
+        .iter()
+        .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
+        .collect();
+    let body = json!({
+        "rank": cluster.config.cluster.local_rank,
+        "url": url,
+        "incarnation": incarnation,
+        "segments": segments,
+    })
+    .to_string()
+    .into_bytes();
+    let token = cluster.config.cluster.token.as_str();
+    for meta in &cluster.config.cluster.meta_urls {
+        let answer = client::request(
+            meta,
+            "POST",
+            "/cluster/v1/join",
+            Some(token),
+            body.clone(),
+            CALL_TIMEOUT,
+        )
+        .await;
+        let a = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                log::debug!("join: {e}");
+                continue;
+            }
+        };
+        match a.status {
+            200 => {}
+            401 => {
+                return Err(Fatal::Refused(format!(
+                    "the meta service at {meta} refused this local service's cluster token (ock.mmc.cluster.token / MMC_CLUSTER_TOKEN): not joining"
+                )));
+            }
+            s => {
+                log::warn!(
+                    "the meta service at {meta} refused the join ({s}): {}",
+                    String::from_utf8_lossy(&a.body)
+                );
+                continue;
+            }
+        }
+        let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+        let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
+        let key = v
+            .get("grant_key")
+            .and_then(Value::as_str)
+            .and_then(GrantKey::from_hex);
+        let (Some(rank), Some(key)) = (rank, key) else {
+            log::warn!("the meta service at {meta} answered a join without rank or grant key");
+            continue;
+        };
+        let interval = v
+            .get("heartbeat_interval_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(cluster.config.cluster.heartbeat_interval_ms);
+        if let Err(e) = mount_as(cluster, rank) {
+            return Err(Fatal::Refused(format!(
+                "cannot mount this host's segments as rank {rank}: {e}"
+            )));
+        }
+        cluster.grant_key.set(key);
+        cluster.local.set(rank, meta.clone());
+        log::info!("joined the meta service at {meta} as rank {rank} (serving at {url})");
+        return Ok(Membership {
+            meta: meta.clone(),
+            rank,
+            interval: Duration::from_millis(interval.max(10)),
+        });
+    }
+    Err(Fatal::Retry)
+}
+
+/// Mounts this host's segments as `rank` (kept when already mounted under it; a new rank
+/// replaces them: the meta forgot the old copies).
+fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
+    let table = &cluster.segments;
+    for s in table.snapshot().iter() {
+        if s.rank != rank {
+            table.remove(&s.name);
+        }
+    }
+    for (medium, size) in lent(cluster) {
+        if table.find(&segment_name(rank, medium)).is_some() {
+            continue;
+        }
+        let seg = crate::shards::store::mount::build_segment(
+            table,
+            rank,
+            medium,
+            size,
+            None,
+            cluster.shard_count(),
+            cluster.config.store.run_bytes,
+        )?;
+        if cluster.config.store.prefault {
+            crate::shards::store::mount::prefault_in_background(&seg);
+        }
+        table.insert(seg)?;
+    }
+    Ok(())
+}
+
+/// One report; false when the meta answered that it does not know us.
+async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> bool {
+    let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
+    let body = json!({
+        "rank": m.rank,
+        "incarnation": incarnation,
+        "gets": gets,
+        "get_bytes": get_bytes,
+        "puts": puts,
+        "put_bytes": put_bytes,
+    })
+    .to_string()
+    .into_bytes();
+    let token = cluster.config.cluster.token.as_str();
+    match client::request(
+        &m.meta,
+        "POST",
+        "/cluster/v1/heartbeat",
+        Some(token),
+        body,
+        CALL_TIMEOUT,
+    )
+    .await
+    {
+        Ok(a) if a.status == 409 => false,
+        Ok(a) if a.status != 200 => {
+            log::warn!("heartbeat refused by {} ({})", m.meta, a.status);
+            true
+        }
+        Ok(_) => true,
+        Err(e) => {
+            // The meta may be restarting: keep reporting; it will ask us to join again.
+            log::warn!("heartbeat: {e}");
+            true
+        }
+    }
+}
+
+/// This service's data-plane figures: (gets in the metrics window, get bytes since start,
+/// puts in the window, put bytes since start).
+fn traffic(cluster: &Cluster) -> (u64, u64, u64, u64) {
+    use crate::metrics::client::ClientOp;
+    let mut acc = std::collections::HashMap::new();
+    for s in cluster.shards.iter() {
+        s.client.merge_into(&mut acc);
+    }
+    let mut t = (0, 0, 0, 0);
+    for v in crate::metrics::client::finish(acc) {
+        match v.op {
+            ClientOp::BatchGet => {
+                t.0 += v.ops;
+                t.1 += v.cum_bytes;
+            }
+            ClientOp::BatchPut => {
+                t.2 += v.ops;
+                t.3 += v.cum_bytes;
+            }
+            _ => {}
+        }
+    }
+    t
+}
+
+async fn leave(cluster: &Cluster, m: &Membership, incarnation: u64) {
+    let body = json!({"rank": m.rank, "incarnation": incarnation})
+        .to_string()
+        .into_bytes();
+    let token = cluster.config.cluster.token.as_str();
+    match client::request(
+        &m.meta,
+        "POST",
+        "/cluster/v1/leave",
+        Some(token),
+        body,
+        Duration::from_secs(15),
+    )
+    .await
+    {
+        Ok(a) if a.status == 200 => {
+            log::info!("left the meta service at {} (rank {})", m.meta, m.rank)
+        }
+        Ok(a) => log::warn!("leave refused by {} ({})", m.meta, a.status),
+        Err(e) => log::warn!("leave: {e}"),
+    }
+}
+
+/// A random number that tells this run of the service from a previous one with the same rank.
+fn incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    xxhash_rust::xxh3::xxh3_64(&(nanos ^ ((std::process::id() as u128) << 64)).to_le_bytes())
+        & ((1 << 53) - 1)
+}

@@ -1,0 +1,361 @@
+//! Grants: the meta service's signed permission for one transfer of one blob's bytes on one
+//! rank, carried in a redirect's `Location` so the bytes go between the client and the local
+//! service that holds them.
+//!
+//! A grant is the query parameter `grant=<fields>.<mac>`: nine decimal fields separated by
+//! dots — operation, rank, medium, offset, allocated length, object size, object slot, object
+//! generation, expiry (Unix milliseconds) — and the first 16 bytes of an HMAC-SHA256 over the
+//! object's key, the fields and the next hop's URL (a replicated put's chain), in hex. Only
+//! the meta service and its local services hold the key (handed to a local service when it
+//! joins, over the cluster-token-authenticated join), so a grant cannot be forged or altered:
+//! changing the key, the rank, the blob or the operation breaks the MAC. Grants are short-lived
+//! (`ock.mmc.cluster.grant_ttl_ms`, and a read's never outlives its lease).
+//!
+//! This module is pure (no I/O): it encodes, signs and checks.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use ring::hmac;
+
+/// What a grant permits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantOp {
+    /// Write the blob, then (after the chain's next hops) commit the put with the meta service.
+    WriteCommit = 1,
+    /// Write the blob only: a later hop of a replicated put's chain.
+    Write = 2,
+    /// Read the blob.
+    Read = 3,
+}
+
+impl GrantOp {
+    fn from_u64(v: u64) -> Option<GrantOp> {
+        match v {
+            1 => Some(GrantOp::WriteCommit),
+            2 => Some(GrantOp::Write),
+            3 => Some(GrantOp::Read),
+            _ => None,
+        }
+    }
+
+    pub fn is_write(self) -> bool {
+        self != GrantOp::Read
+    }
+}
+
+/// The fields of a grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub op: GrantOp,
+    pub rank: u32,
+    /// `Medium as u8` (0 HBM, 1 DRAM).
+    pub medium: u8,
+    pub offset: u64,
+    /// The blob's allocated length (page-rounded).
+    pub len: u64,
+    /// The object's size: the bytes a write carries and a read returns.
+    pub size: u64,
+    pub obj_id: u32,
+    pub obj_generation: u64,
+    /// Unix time in milliseconds after which the grant is refused.
+    pub expires_ms: u64,
+}
+
+/// Why a grant was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GrantError {
+    /// Not nine numbers and a MAC.
+    Malformed,
+    /// The MAC does not match: forged, or altered (key, fields or next hop).
+    BadMac,
+    Expired,
+    /// This process holds no grant key yet (a local service that has not joined).
+    NoKey,
+}
+
+impl GrantError {
+    pub fn message(&self) -> &'static str {
+        match self {
+            GrantError::Malformed => "Invalid grant: malformed",
+            GrantError::BadMac => "Invalid grant: signature does not match",
+            GrantError::Expired => "Invalid grant: expired",
+            GrantError::NoKey => "Invalid grant: this local service has not joined a meta service",
+        }
+    }
+}
+
+/// MAC bytes kept (128 bits).
+const MAC_BYTES: usize = 16;
+
+/// A grant key: HMAC-SHA256.
+#[derive(Clone)]
+pub struct GrantKey {
+    key: hmac::Key,
+    /// The raw bytes, for handing to a joining local service.
+    raw: [u8; 32],
+}
+
+impl GrantKey {
+    pub fn from_bytes(raw: [u8; 32]) -> GrantKey {
+        GrantKey {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &raw),
+            raw,
+        }
+    }
+
+    /// A fresh random key (the meta service makes one at start).
+    pub fn random() -> GrantKey {
+        use ring::rand::SecureRandom;
+        let mut raw = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut raw)
+            .expect("the system random source works");
+        GrantKey::from_bytes(raw)
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex(&self.raw)
+    }
+
+    pub fn from_hex(s: &str) -> Option<GrantKey> {
+        let bytes = unhex(s)?;
+        let raw: [u8; 32] = bytes.try_into().ok()?;
+        Some(GrantKey::from_bytes(raw))
+    }
+
+    fn tag(&self, key: &[u8], fields: &str, next: &[u8]) -> hmac::Tag {
+        let mut ctx = hmac::Context::with_key(&self.key);
+        ctx.update(&(key.len() as u64).to_be_bytes());
+        ctx.update(key);
+        ctx.update(fields.as_bytes());
+        ctx.update(b"\n");
+        ctx.update(next);
+        ctx.sign()
+    }
+}
+
+/// The grant key a process holds, replaced when a local service (re)joins; read lock-free.
+#[derive(Default)]
+pub struct GrantKeyCell(ArcSwapOption<GrantKey>);
+
+impl GrantKeyCell {
+    pub fn set(&self, key: GrantKey) {
+        self.0.store(Some(Arc::new(key)));
+    }
+
+    pub fn get(&self) -> Option<Arc<GrantKey>> {
+        self.0.load_full()
+    }
+}
+
+impl Grant {
+    fn fields(&self) -> String {
+        format!(
+            "{}.{}.{}.{}.{}.{}.{}.{}.{}",
+            self.op as u8,
+            self.rank,
+            self.medium,
+            self.offset,
+            self.len,
+            self.size,
+            self.obj_id,
+            self.obj_generation,
+            self.expires_ms
+        )
+    }
+
+    /// The `grant` parameter's value for the object `key`, with `next` the next hop's URL
+    /// (empty when there is none).
+    pub fn sign(&self, gk: &GrantKey, key: &[u8], next: &[u8]) -> String {
+        let fields = self.fields();
+        let tag = gk.tag(key, &fields, next);
+        format!("{fields}.{}", hex(&tag.as_ref()[..MAC_BYTES]))
+    }
+
+    /// Checks a `grant` parameter for the object `key` and next hop `next` at `now_ms`.
+    pub fn verify(
+        gk: &GrantKey,
+        text: &str,
+        key: &[u8],
+        next: &[u8],
+        now_ms: u64,
+    ) -> Result<Grant, GrantError> {
+        let (fields, mac) = text.rsplit_once('.').ok_or(GrantError::Malformed)?;
+        let mac = unhex(mac).filter(|m| m.len() == MAC_BYTES);
+        let grant = parse_fields(fields).ok_or(GrantError::Malformed)?;
+        let mac = mac.ok_or(GrantError::Malformed)?;
+        // Re-encode: a grant is only ever accepted in its one canonical spelling.
+        if grant.fields() != fields {
+            return Err(GrantError::Malformed);
+        }
+        let expected = gk.tag(key, fields, next);
+        // Compared in constant time: every byte is looked at whatever differs.
+        let diff = expected.as_ref()[..MAC_BYTES]
+            .iter()
+            .zip(&mac)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if diff != 0 {
+            return Err(GrantError::BadMac);
+        }
+        if now_ms > grant.expires_ms {
+            return Err(GrantError::Expired);
+        }
+        Ok(grant)
+    }
+}
+
+fn parse_fields(fields: &str) -> Option<Grant> {
+    let mut it = fields.split('.').map(|f| {
+        if f.is_empty() || f.len() > 20 || !f.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            f.parse::<u64>().ok()
+        }
+    });
+    let mut next = || it.next().flatten();
+    let op = GrantOp::from_u64(next()?)?;
+    let rank = u32::try_from(next()?).ok()?;
+    let medium = u8::try_from(next()?).ok().filter(|&m| m <= 2)?;
+    let grant = Grant {
+        op,
+        rank,
+        medium,
+        offset: next()?,
+        len: next()?,
+        size: next()?,
+        obj_id: u32::try_from(next()?).ok()?,
+        obj_generation: next()?,
+        expires_ms: next()?,
+    };
+    if it.next().is_some() || grant.size > grant.len {
+        return None;
+    }
+    Some(grant)
+}
+
+/// Wall-clock milliseconds since the Unix epoch (grants cross hosts; their clocks are
+/// assumed within a few seconds of each other, as NTP keeps them).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Grant {
+        Grant {
+            op: GrantOp::WriteCommit,
+            rank: 2,
+            medium: 1,
+            offset: 8192,
+            len: 12288,
+            size: 10000,
+            obj_id: 7,
+            obj_generation: 42,
+            expires_ms: 2_000_000,
+        }
+    }
+
+    #[test]
+    fn a_signed_grant_verifies_and_round_trips() {
+        let gk = GrantKey::random();
+        let text = sample().sign(&gk, b"k1", b"");
+        assert_eq!(
+            Grant::verify(&gk, &text, b"k1", b"", 1_000_000),
+            Ok(sample())
+        );
+    }
+
+    #[test]
+    fn altering_anything_breaks_the_grant() {
+        let gk = GrantKey::random();
+        let text = sample().sign(&gk, b"k1", b"http://h:1/x");
+        // Another key, another next hop, another signing key.
+        assert_eq!(
+            Grant::verify(&gk, &text, b"k2", b"http://h:1/x", 0),
+            Err(GrantError::BadMac)
+        );
+        assert_eq!(
+            Grant::verify(&gk, &text, b"k1", b"http://evil:1/x", 0),
+            Err(GrantError::BadMac)
+        );
+        assert_eq!(
+            Grant::verify(&GrantKey::random(), &text, b"k1", b"http://h:1/x", 0),
+            Err(GrantError::BadMac)
+        );
+        // Another rank, offset or operation in the fields.
+        for (from, to) in [("1.2.1.", "1.3.1."), (".8192.", ".4096."), ("1.2.", "3.2.")] {
+            let altered = text.replacen(from, to, 1);
+            assert_ne!(altered, text);
+            assert_eq!(
+                Grant::verify(&gk, &altered, b"k1", b"http://h:1/x", 0),
+                Err(GrantError::BadMac),
+                "{altered}"
+            );
+        }
+    }
+
+    #[test]
+    fn expired_and_malformed_grants_are_refused() {
+        let gk = GrantKey::random();
+        let text = sample().sign(&gk, b"k", b"");
+        assert_eq!(
+            Grant::verify(&gk, &text, b"k", b"", 2_000_001),
+            Err(GrantError::Expired)
+        );
+        for bad in [
+            "",
+            "abc",
+            "1.2.3",
+            "1.2.1.0.0.0.0.0.0",
+            "9.2.1.0.4096.0.0.0.5.00112233445566778899aabbccddeeff",
+            "1.2.1.0.4096.5000.0.0.5.00112233445566778899aabbccddeeff",
+            "1.2.1.00.4096.0.0.0.5.00112233445566778899aabbccddeeff",
+            "1.2.1.0.4096.0.0.0.5.0011",
+        ] {
+            assert_eq!(
+                Grant::verify(&gk, bad, b"k", b"", 0),
+                Err(GrantError::Malformed),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_round_trip_through_hex() {
+        let gk = GrantKey::random();
+        let back = GrantKey::from_hex(&gk.to_hex()).unwrap();
+        let text = sample().sign(&gk, b"k", b"");
+        assert!(Grant::verify(&back, &text, b"k", b"", 0).is_ok());
+        assert!(GrantKey::from_hex("zz").is_none());
+    }
+}

@@ -1,0 +1,293 @@
+//! A small HTTP/1.1 client for the cluster's own messages (join, heartbeat, commit, a
+//! replicated put's next hop): one request per connection, `Content-Length` bodies, bounded
+//! in time. Runs on any monoio runtime (a shard, or a local service's agent thread).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+/// An answer: status and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// The largest answer read (cluster answers are small JSON documents; a batch read fetches
+/// an object).
+const MAX_ANSWER_BYTES: usize = 256 << 20;
+
+/// `http://host:port[/...]` → (host:port, socket address). Only literal addresses and names
+/// the resolver answers from its files are expected here (configured URLs).
+pub fn authority(url: &str) -> Result<(String, SocketAddr), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let hostport = rest.split('/').next().unwrap_or_default();
+    let addr = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("{hostport}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{hostport}: no address"))?;
+    Ok((hostport.to_string(), addr))
+}
+
+/// Sends one request to `base` (`http://host:port`) for `target` (path and query) and reads
+/// the answer, all within `timeout`.
+pub async fn request(
+    base: &str,
+    method: &str,
+    target: &str,
+    bearer: Option<&str>,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    match monoio::time::timeout(timeout, exchange(base, method, target, bearer, body)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "{method} {base}{target}: no answer within {} ms",
+            timeout.as_millis()
+        )),
+    }
+}
+
+/// [`request`] to a full URL (`http://host:port/path?query`).
+pub async fn request_url(
+    url: &str,
+    method: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let split = rest.find('/').unwrap_or(rest.len());
+    let base = &url[..7 + split];
+    let target = if split == rest.len() {
+        "/"
+    } else {
+        &rest[split..]
+    };
+    request(base, method, target, None, body, timeout).await
+}
+
+/// Bodies up to this size go on pooled keep-alive connections (the cluster's small JSON
+/// messages: commits, heartbeats); larger ones (a chain's next hop, a drain's copy) on a
+/// connection of their own, so a stale pooled connection never forces a large body twice.
+const POOLED_BODY_MAX: usize = 64 << 10;
+
+/// Idle connections kept per thread (all peers together).
+const MAX_IDLE: usize = 16;
+
+thread_local! {
+    /// This thread's idle keep-alive connections, by peer: a commit or heartbeat reuses one
+    /// instead of paying a connect and an accept on both sides.
+    static IDLE: std::cell::RefCell<Vec<(SocketAddr, TcpStream)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_idle(addr: SocketAddr) -> Option<TcpStream> {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let i = idle.iter().rposition(|(a, _)| *a == addr)?;
+        Some(idle.swap_remove(i).1)
+    })
+}
+
+fn give_idle(addr: SocketAddr, stream: TcpStream) {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        if idle.len() >= MAX_IDLE {
+            idle.remove(0);
+        }
+        idle.push((addr, stream));
+    });
+}
+
+/// How one exchange on a connection ended.
+enum Outcome {
+    /// An answer; the connection may be reused when `keep` is set.
+    Answered(Answer, TcpStream, bool),
+    /// The connection was closed before any byte of an answer (an idle pooled connection
+    /// the peer had closed): safe to send again on a fresh one.
+    Stale,
+    Failed(String),
+}
+
+async fn exchange(
+    base: &str,
+    method: &str,
+    target: &str,
+    bearer: Option<&str>,
+    body: Vec<u8>,
+) -> Result<Answer, String> {
+    let (host, addr) = authority(base)?;
+    let pooled = body.len() <= POOLED_BODY_MAX;
+    let mut head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !pooled {
+        head.push_str("Connection: close\r\n");
+    }
+    if let Some(t) = bearer.filter(|t| !t.is_empty()) {
+        head.push_str("Authorization: Bearer ");
+        head.push_str(t);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    let what = format!("{method} {base}{target}");
+    if pooled && let Some(stream) = take_idle(addr) {
+        match once(stream, head.clone().into_bytes(), body.clone(), &what).await {
+            Outcome::Answered(a, stream, keep) => {
+                if keep {
+                    give_idle(addr, stream);
+                }
+                return Ok(a);
+            }
+            Outcome::Failed(e) => return Err(e),
+            Outcome::Stale => {}
+        }
+    }
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{what}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    match once(stream, head.into_bytes(), body, &what).await {
+        Outcome::Answered(a, stream, keep) => {
+            if keep && pooled {
+                give_idle(addr, stream);
+            }
+            Ok(a)
+        }
+        Outcome::Stale => Err(format!("{what}: connection closed early")),
+        Outcome::Failed(e) => Err(e),
+    }
+}
+
+/// Sends one request on `stream` and reads its answer.
+async fn once(mut stream: TcpStream, head: Vec<u8>, body: Vec<u8>, what: &str) -> Outcome {
+    let mut request = head;
+    if body.len() <= POOLED_BODY_MAX {
+        request.extend_from_slice(&body);
+    }
+    if stream.write_all(request).await.0.is_err() {
+        return Outcome::Stale;
+    }
+    if body.len() > POOLED_BODY_MAX
+        && let Err(e) = stream.write_all(body).await.0
+    {
+        return Outcome::Failed(format!("{what}: {e}"));
+    }
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        match parse(&buf) {
+            Err(e) => return Outcome::Failed(format!("{what}: {e}")),
+            Ok(Some((answer, keep))) => return Outcome::Answered(answer, stream, keep),
+            Ok(None) => {}
+        }
+        if buf.len() >= MAX_ANSWER_BYTES {
+            return Outcome::Failed(format!("{what}: answer too large"));
+        }
+        let spare = Vec::with_capacity(64 << 10);
+        let (res, chunk) = stream.read(spare).await;
+        match res {
+            Ok(0) | Err(_) if buf.is_empty() => return Outcome::Stale,
+            Ok(0) => {
+                return match parse_at_eof(&buf) {
+                    Some(a) => Outcome::Answered(a, stream, false),
+                    None => Outcome::Failed(format!("{what}: connection closed early")),
+                };
+            }
+            Err(e) => return Outcome::Failed(format!("{what}: {e}")),
+            Ok(_) => buf.extend_from_slice(&chunk),
+        }
+    }
+}
+
+/// A complete answer at the start of `buf` (a `Content-Length` body, or none for 204/304),
+/// and whether the connection stays open after it.
+fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head_len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(format!("malformed answer: {e}")),
+    };
+    let status = resp.code.unwrap_or(0);
+    let header = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let length = header("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
+    let keep = resp.version == Some(1)
+        && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
+    match length {
+        Some(n) if buf.len() >= head_len + n => Ok(Some((
+            Answer {
+                status,
+                body: buf[head_len..head_len + n].to_vec(),
+            },
+            keep && buf.len() == head_len + n,
+        ))),
+        Some(_) => Ok(None),
+        None if status == 204 || status == 304 => Ok(Some((
+            Answer {
+                status,
+                body: Vec::new(),
+            },
+            keep,
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// An answer without `Content-Length` ends with the connection.
+fn parse_at_eof(buf: &[u8]) -> Option<Answer> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => Some(Answer {
+            status: resp.code.unwrap_or(0),
+            body: buf[n..].to_vec(),
+        }),
+        _ => None,
+    }
+}
+
+/// Percent-encodes a query value (everything but unreserved characters).
+pub fn encode_query(v: &[u8]) -> String {
+    let mut out = String::with_capacity(v.len());
+    for &b in v {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_complete_only_with_their_body() {
+        let full = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        assert!(parse(&full[..full.len() - 1]).unwrap().is_none());
+        let (a, keep) = parse(full).unwrap().unwrap();
+        assert_eq!((a.status, a.body.as_slice(), keep), (200, &b"ok"[..], true));
+        let closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+        assert!(!parse(closing).unwrap().unwrap().1);
+        assert!(parse(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().is_some());
+        assert!(parse(b"garbage\r\n\r\n").is_err());
+        assert_eq!(encode_query(b"a b/c~"), "a%20b%2Fc~");
+    }
+}

@@ -1,0 +1,541 @@
+//! Bytes on remote ranks: the meta service's redirects, and the grant-carrying object requests
+//! a local service (or the meta, for its own ranks in a replicated put's chain) serves.
+//!
+//! Meta side: a `GET /api/v1/objects` whose readable copy is on a remote rank answers `307`
+//! with a `Location` on that rank's local service and a read grant (within the read's lease);
+//! a `PUT` whose allocation landed on a remote rank answers `307` to the first remote hop with
+//! a write grant, before the body is read when the client sent `Expect: 100-continue`. A
+//! replicated put is a chain: each hop writes its blob and sends the bytes on to the next hop
+//! (`next`, covered by the grant's MAC); the first hop commits with the meta once every hop
+//! answered, then answers the client.
+//!
+//! Serving side: the grant is checked (MAC, expiry, key, operation, that the rank's segment
+//! is in this process's memory and the range inside it), then the bytes go between the socket
+//! and the segment as for any put or get here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::objects::{Filled, body_timeout, consumed, put_success, sending};
+use super::{Ctx, Request, optional};
+use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
+use crate::http::client::{self, encode_query};
+use crate::http::json::JsonWriter;
+use crate::http::parse::Method;
+use crate::http::response::{Body, ContentType, Part, Response, Status};
+use crate::metrics::client::ClientOp;
+use crate::shards::store::segment::{Medium, Segment, segment_name};
+use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
+use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
+
+/// How long a hop waits for the next hop or the meta service's commit.
+const HOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This process's own data-plane URL, as the meta puts it in a chain: the advertised
+/// address, else the listen address.
+pub(super) fn self_url(cluster: &Cluster) -> String {
+    let a = cluster.config.advertise_address.trim();
+    if a.starts_with("http://") {
+        a.trim_end_matches('/').to_string()
+    } else if !a.is_empty() {
+        format!("http://{a}")
+    } else {
+        format!("http://{}", cluster.config.listen)
+    }
+}
+
+fn object_url(base: &str, key: &[u8], grant: &str, next: Option<&str>) -> String {
+    let mut url = format!(
+        "{base}/api/v1/objects?key={}&grant={grant}",
+        encode_query(key)
+    );
+    if let Some(n) = next {
+        url.push_str("&next=");
+        url.push_str(&encode_query(n.as_bytes()));
+    }
+    url
+}
+
+fn redirect(ctx: &mut Ctx<'_>, location: String) -> Response {
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("success", true);
+    w.field_str("location", location.as_bytes());
+    w.end_object();
+    let mut r = Response::json_scratch(Status::TEMPORARY_REDIRECT);
+    r.location = Some(location.into_boxed_str());
+    r
+}
+
+fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
+    ctx.shard.cluster.grant_key.get()
+}
+
+pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+    let remote = v.seg.backend.remote()?;
+    let gk = grant_key(ctx)?;
+    let config = &ctx.shard.cluster.config;
+    let ttl = config
+        .cluster
+        .grant_ttl_ms
+        .min(config.store.lease_ms.max(1));
+    let grant = Grant {
+        op: GrantOp::Read,
+        rank: v.seg.rank,
+        medium: v.seg.medium as u8,
+        offset: v.offset,
+        len: v.len,
+        size: v.len,
+        obj_id: 0,
+        obj_generation: 0,
+        expires_ms: unix_ms() + ttl,
+    };
+    let text = grant.sign(&gk, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// A write-only grant URL for a blob on a remote rank (a drain's move writes there).
+pub(super) fn write_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+    let remote = v.seg.backend.remote()?;
+    let gk = grant_key(ctx)?;
+    let grant = Grant {
+        op: GrantOp::Write,
+        rank: v.seg.rank,
+        medium: v.seg.medium as u8,
+        offset: v.offset,
+        len: v.len,
+        size: v.len,
+        obj_id: 0,
+        obj_generation: 0,
+        expires_ms: unix_ms() + ctx.shard.cluster.config.grant_ttl_ms(),
+    };
+    let text = grant.sign(&gk, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// A remote copy's bytes fetched here (a batch_get that spans ranks); `None` when its local
+/// service did not deliver them.
+pub(super) async fn fetch(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    pinned: PinnedBlob,
+) -> Option<bytes::Bytes> {
+    let url = read_grant_url(ctx, key, &pinned.view)?;
+    let size = pinned.view.len as usize;
+    drop(pinned);
+    match client::request_url(&url, "GET", Vec::new(), HOP_TIMEOUT).await {
+        Ok(a) if a.status == 200 && a.body.len() == size => Some(a.body.into()),
+        Ok(a) => {
+            log::warn!("a local service answered {} to a batch read", a.status);
+            None
+        }
+        Err(e) => {
+            log::warn!("a batch read from a local service failed: {e}");
+            None
+        }
+    }
+}
+
+/// `GET` of an object whose copy is on a remote rank: 307 to its local service with a read
+/// grant that ends with the read's lease (taken by the get; the pin is released here).
+pub(super) fn redirect_read(ctx: &mut Ctx<'_>, key: &[u8], pinned: PinnedBlob) -> Response {
+    let Some(location) = read_grant_url(ctx, key, &pinned.view) else {
+        return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "No grant key");
+    };
+    drop(pinned);
+    redirect(ctx, location)
+}
+
+/// A put allocated on a remote rank: the bytes go to a chain of hops (remote ranks first,
+/// this process's own ranks last), the first of which commits. The allocation is the
+/// remote writer's until it commits or the store reclaims it (`alloc_timeout_ms`, past every
+/// grant's expiry).
+pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGrant) -> Response {
+    let Some(gk) = grant_key(ctx) else {
+        return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "No grant key");
+    };
+    grant.disarm();
+    let me = self_url(&ctx.shard.cluster);
+    let mut hops: Vec<&BlobView> = grant.blobs.iter().collect();
+    // Remote hops first (stable: placement order), this process's last.
+    hops.sort_by_key(|b| b.seg.backend.remote().is_none());
+    let expires = unix_ms() + ctx.shard.cluster.config.grant_ttl_ms();
+    let mut next: Option<String> = None;
+    for (i, b) in hops.iter().enumerate().rev() {
+        let g = Grant {
+            op: if i == 0 {
+                GrantOp::WriteCommit
+            } else {
+                GrantOp::Write
+            },
+            rank: b.seg.rank,
+            medium: b.seg.medium as u8,
+            offset: b.offset,
+            len: b.len,
+            size: b.len,
+            obj_id: grant.obj.id,
+            obj_generation: grant.obj.generation,
+            expires_ms: expires,
+        };
+        let n = next.as_deref().unwrap_or("");
+        let text = g.sign(&gk, key, n.as_bytes());
+        let base = b
+            .seg
+            .backend
+            .remote()
+            .map_or(me.as_str(), |r| r.url.as_str());
+        next = Some(object_url(base, key, &text, next.as_deref()));
+    }
+    let location = next.expect("a grant has blobs");
+    let mut r = redirect(ctx, location);
+    // The body (if the client sends it anyway) is not for us.
+    r.close = false;
+    r
+}
+
+/// The grant of a request, checked against this process's key, the object key and `next`;
+/// then the segment it names, in this process's memory, with the range inside it.
+fn check(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    text: &[u8],
+) -> Result<(Grant, Arc<Segment>, Option<String>), Response> {
+    let next = optional(req, ctx, "next")?.map(|n| String::from_utf8_lossy(&n).into_owned());
+    let Some(gk) = grant_key(ctx) else {
+        return Err(forbidden(ctx, GrantError::NoKey.message()));
+    };
+    let text = std::str::from_utf8(text).unwrap_or("");
+    let grant = Grant::verify(
+        &gk,
+        text,
+        key,
+        next.as_deref().unwrap_or("").as_bytes(),
+        unix_ms(),
+    )
+    .map_err(|e| forbidden(ctx, e.message()))?;
+    let wants_write = req.head.method == Method::Put;
+    if grant.op.is_write() != wants_write {
+        return Err(forbidden(ctx, "Invalid grant: not for this operation"));
+    }
+    let medium = Medium::ALL[grant.medium as usize];
+    let seg = ctx
+        .shard
+        .cluster
+        .segments
+        .find(&segment_name(grant.rank, medium))
+        .filter(|s| s.backend.remote().is_none() && s.backend.file().is_none());
+    let Some(seg) = seg else {
+        return Err(forbidden(
+            ctx,
+            "Invalid grant: its segment is not in this process's memory",
+        ));
+    };
+    if grant
+        .offset
+        .checked_add(grant.len)
+        .is_none_or(|end| end > seg.capacity)
+    {
+        return Err(forbidden(ctx, "Invalid grant: outside its segment"));
+    }
+    Ok((grant, seg, next))
+}
+
+fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
+    ctx.protocol_error(Status::FORBIDDEN, message)
+}
+
+fn view(seg: Arc<Segment>, grant: &Grant) -> BlobView {
+    BlobView {
+        seg,
+        offset: grant.offset,
+        len: grant.size,
+        handle: BlobHandle {
+            id: u32::MAX,
+            tag: 0,
+        },
+    }
+}
+
+/// `GET`/`HEAD /api/v1/objects?key=K&grant=G`: the bytes of a blob this process holds, under
+/// the meta service's read grant (the meta's lease keeps the range from being reused).
+pub(super) fn grant_get(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    text: &[u8],
+    start: Instant,
+) -> Response {
+    let (grant, seg, _) = match check(req, ctx, key, text) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if req.head.method == Method::Head {
+        return Response::new(
+            Status::OK,
+            ContentType::OctetStream,
+            Body::Omitted(grant.size),
+        );
+    }
+    let rank = grant.rank;
+    let size = grant.size;
+    let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.cluster.clone());
+    let resp = Response::new(
+        Status::OK,
+        ContentType::OctetStream,
+        Body::Parts(vec![Part::Blob(blob)]),
+    );
+    sending(resp, rank, size, start)
+}
+
+/// A missing grant on a local service: nothing is served here without one.
+pub(super) fn needs_grant(ctx: &mut Ctx<'_>) -> Response {
+    let mut r = ctx.protocol_error(
+        Status::UNAUTHORIZED,
+        "A local service serves objects only under a grant from its meta service: send the request to the meta service",
+    );
+    r.www_authenticate = true;
+    r
+}
+
+/// `PUT /api/v1/objects?key=K&grant=G[&next=URL]`: writes the body into the granted blob, sends
+/// it on to the next hop, and (first hop) commits with the meta service before answering.
+pub(super) async fn grant_put(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    size: u64,
+    text: &[u8],
+    fill: impl AsyncFnOnce(Option<&WriteGrant>) -> Filled,
+) -> Option<Response> {
+    let (grant, seg, next) = match check(req, ctx, key, text) {
+        Ok(c) => c,
+        Err(r) => return consumed(ctx, fill, r).await,
+    };
+    if size != grant.size {
+        let r = forbidden(
+            ctx,
+            "Invalid grant: the body's length is not the granted size",
+        );
+        return consumed(ctx, fill, r).await;
+    }
+    let mut blobs: SmallVec<[BlobView; 2]> = SmallVec::new();
+    blobs.push(view(seg.clone(), &grant));
+    let wg = WriteGrant::unmanaged(blobs, ctx.shard.cluster.clone());
+    let started = Instant::now();
+    match fill(Some(&wg)).await {
+        Filled::Broken => return None,
+        Filled::TimedOut => return Some(body_timeout(ctx)),
+        Filled::SegmentError(e) => {
+            log::error!("writing {size} bytes under a grant failed: {e}");
+            return Some(
+                finish_failed(ctx, key, &grant, text, next.as_deref(), "Write failed").await,
+            );
+        }
+        Filled::Ok => {}
+    }
+    if unix_ms() > grant.expires_ms {
+        // Past its expiry the meta may have reclaimed the range: nothing is committed.
+        return Some(forbidden(
+            ctx,
+            "Invalid grant: expired while the body arrived",
+        ));
+    }
+    if let Some(n) = &next {
+        let bytes = read_back(&seg, grant.offset, size);
+        match bytes {
+            Ok(bytes) => match client::request_url(n, "PUT", bytes, HOP_TIMEOUT).await {
+                Ok(a) if a.status == 200 && !body_failed(&a.body) => {}
+                Ok(a) => {
+                    log::warn!("replica hop {n} answered {}", a.status);
+                    return Some(
+                        finish_failed(
+                            ctx,
+                            key,
+                            &grant,
+                            text,
+                            next.as_deref(),
+                            "Replica write failed",
+                        )
+                        .await,
+                    );
+                }
+                Err(e) => {
+                    log::warn!("replica hop failed: {e}");
+                    return Some(
+                        finish_failed(
+                            ctx,
+                            key,
+                            &grant,
+                            text,
+                            next.as_deref(),
+                            "Replica write failed",
+                        )
+                        .await,
+                    );
+                }
+            },
+            Err(e) => {
+                log::error!("reading back {size} bytes for a replica failed: {e}");
+                return Some(
+                    finish_failed(ctx, key, &grant, text, next.as_deref(), "Write failed").await,
+                );
+            }
+        }
+    }
+    let transfer_ns = started.elapsed().as_nanos() as u64;
+    ctx.shard.remote().client.record(
+        grant.rank,
+        ClientOp::BatchPut,
+        size,
+        transfer_ns,
+        started.elapsed().as_micros() as u64,
+    );
+    if grant.op != GrantOp::WriteCommit {
+        return Some(put_success(ctx, key, size));
+    }
+    Some(commit(ctx, key, &grant, text, next.as_deref(), true).await)
+}
+
+fn body_failed(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("success").and_then(|s| s.as_bool()))
+        == Some(false)
+}
+
+/// A copy of a blob's bytes this process holds (for the next hop of a chain).
+fn read_back(seg: &Segment, offset: u64, size: u64) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    // SAFETY: the range is this hop's granted blob, written by it just now; the meta keeps
+    // it allocated for the grant's writer until the commit.
+    unsafe { seg.backend.read(offset, &mut buf)? };
+    Ok(buf)
+}
+
+async fn finish_failed(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    grant: &Grant,
+    text: &[u8],
+    next: Option<&str>,
+    message: &str,
+) -> Response {
+    if grant.op == GrantOp::WriteCommit {
+        let _ = commit(ctx, key, grant, text, next, false).await;
+    }
+    ctx.business_error(message)
+}
+
+/// update_state with the meta service for a put this first hop wrote: the meta's answer is
+/// the client's.
+async fn commit(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    grant: &Grant,
+    text: &[u8],
+    next: Option<&str>,
+    ok: bool,
+) -> Response {
+    let cluster = ctx.shard.cluster.clone();
+    if cluster.config.cluster.role == crate::config::Role::Meta {
+        // The meta itself was the first hop (its own rank): commit in place.
+        return commit_here(ctx, key.into(), grant, ok).await;
+    }
+    let Some(meta) = cluster.local.meta_url() else {
+        return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "Not joined to a meta service");
+    };
+    let mut target = format!(
+        "/cluster/v1/commit?key={}&grant={}&ok={}",
+        encode_query(key),
+        String::from_utf8_lossy(text),
+        ok as u8
+    );
+    if let Some(n) = next {
+        target.push_str("&next=");
+        target.push_str(&encode_query(n.as_bytes()));
+    }
+    let token = cluster.config.cluster.token.as_str();
+    match client::request(&meta, "POST", &target, Some(token), Vec::new(), HOP_TIMEOUT).await {
+        Ok(a) if a.status == 200 => {
+            ctx.scratch.clear();
+            ctx.scratch.extend_from_slice(&a.body);
+            let mut r = Response::json_scratch(Status::OK);
+            r.failed = body_failed(&a.body);
+            r
+        }
+        Ok(a) => {
+            log::warn!("the meta service refused a commit: {}", a.status);
+            ctx.protocol_error(Status::BAD_GATEWAY, "The meta service refused the commit")
+        }
+        Err(e) => {
+            log::warn!("commit with the meta service failed: {e}");
+            ctx.protocol_error(
+                Status::BAD_GATEWAY,
+                "The meta service did not answer the commit",
+            )
+        }
+    }
+}
+
+async fn commit_here(ctx: &mut Ctx<'_>, key: Box<[u8]>, grant: &Grant, ok: bool) -> Response {
+    let obj = ObjHandle {
+        id: grant.obj_id,
+        generation: grant.obj_generation,
+    };
+    let reply = ctx
+        .shard
+        .execute(Command::Commit {
+            key: key.clone(),
+            obj,
+            ok,
+        })
+        .await;
+    match reply {
+        Reply::Done if ok => put_success(ctx, &key, grant.size),
+        Reply::Done => ctx.business_error("Write failed"),
+        Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
+        other => ctx.reply_error(other, "Key not found"),
+    }
+}
+
+/// `POST /cluster/v1/commit?key=K&grant=G[&next=URL]&ok=1`: a local service's update_state,
+/// authorized by the put's own first-hop grant.
+pub(super) async fn cluster_commit(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    let key = match super::object_key(req, ctx, "key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let text = match super::required(req, ctx, "grant") {
+        Ok(t) => t.into_owned(),
+        Err(r) => return r,
+    };
+    let next = match optional(req, ctx, "next") {
+        Ok(n) => n.map(|n| n.into_owned()).unwrap_or_default(),
+        Err(r) => return r,
+    };
+    let ok = match optional(req, ctx, "ok") {
+        Ok(v) => v.as_deref() != Some(b"0"),
+        Err(r) => return r,
+    };
+    let Some(gk) = grant_key(ctx) else {
+        return forbidden(ctx, GrantError::NoKey.message());
+    };
+    // A commit may arrive just after the grant expired (the body took its whole time): the
+    // expiry bounds the writing, which is over; the allocation's reclaim bounds the commit.
+    let grant = match Grant::verify(
+        &gk,
+        std::str::from_utf8(&text).unwrap_or(""),
+        &key,
+        &next,
+        0,
+    ) {
+        Ok(g) if g.op == GrantOp::WriteCommit => g,
+        Ok(_) => return forbidden(ctx, "Invalid grant: not a committing write grant"),
+        Err(e) => return forbidden(ctx, e.message()),
+    };
+    commit_here(ctx, key, &grant, ok).await
+}

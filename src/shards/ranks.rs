@@ -1,0 +1,392 @@
+//! Remote ranks: the local services on other hosts that lend this meta service their memory.
+//!
+//! The meta keeps one [`RankEntry`] per rank that joined: its data-plane URL, its incarnation
+//! (a restarted local service is a new incarnation, its memory empty), when it last reported,
+//! and whether it is live, lost or leaving. Its segments are ordinary entries of the segment
+//! table with a [`Backend::Remote`]: the store allocates their ranges and keeps their index like
+//! any other segment's; only the bytes are elsewhere. A rank that stops reporting for
+//! `ock.mmc.cluster.heartbeat_timeout_ms` is lost: shard 0's tick notices it and
+//! [`Shard::drop_rank`] drops its segments (objects with a copy elsewhere stay readable).
+//!
+//! On a local service the same [`Cluster`] holds [`LocalIdentity`]: the rank the meta gave it
+//! and the meta's URL.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+
+use super::store::remote::RemoteRank;
+use super::store::segment::{Backend, Medium, Segment, SegmentStatus, segment_name};
+use super::{Command, Reply, Shard};
+
+/// Traffic a local service reports with each heartbeat (since its start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankReport {
+    pub gets: u64,
+    pub get_bytes: u64,
+    pub puts: u64,
+    pub put_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankState {
+    Live,
+    /// No report for `heartbeat_timeout_ms`: its segments are (being) dropped; its
+    /// `memcache_metric_stale` is 1 until it joins again.
+    Lost,
+}
+
+#[derive(Clone, Debug)]
+pub struct RankEntry {
+    pub url: String,
+    pub incarnation: u64,
+    pub last_seen: Instant,
+    pub state: RankState,
+    pub segments: Vec<(Medium, u64)>,
+    pub report: RankReport,
+}
+
+/// What a join decided.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Joined {
+    pub rank: u32,
+    /// The rank was still live under another incarnation (a restart faster than the
+    /// heartbeat timeout): its old segments must be dropped before the new ones are mounted.
+    pub replaced: bool,
+}
+
+/// The meta's table of remote ranks.
+#[derive(Default)]
+pub struct RankRegistry {
+    /// Taken by joins, heartbeats (one per rank per interval) and shard 0's loss check;
+    /// never by a data-plane request.
+    // LOCK-OK: membership changes and reports only, never per request
+    inner: Mutex<BTreeMap<u32, RankEntry>>,
+}
+
+/// The highest rank a local service may take (ranks are 42-bit-shifted in gvas; this keeps
+/// them within a u32 and well clear of embedded ones).
+pub const MAX_RANK: u32 = 1 << 20;
+
+impl RankRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, RankEntry>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits a local service: `wanted` is its configured rank, `None` for the lowest free
+    /// one at or above `first_free` (the embedded ranks come first).
+    pub fn join(
+        &self,
+        wanted: Option<u32>,
+        url: &str,
+        incarnation: u64,
+        segments: Vec<(Medium, u64)>,
+        first_free: u32,
+        now: Instant,
+    ) -> Result<Joined, String> {
+        let mut ranks = self.lock();
+        let rank = match wanted {
+            Some(r) if r < first_free => {
+                return Err(format!(
+                    "rank {r} is one of this meta service's embedded ranks (0 to {})",
+                    first_free - 1
+                ));
+            }
+            Some(r) if r > MAX_RANK => return Err(format!("rank {r} is above {MAX_RANK}")),
+            Some(r) => r,
+            None => {
+                // The same service asking again (its answer was lost) keeps its rank; one
+                // coming back with the same URL gets its old number again.
+                let mine = ranks
+                    .iter()
+                    .find(|(_, e)| e.url == url && e.incarnation == incarnation)
+                    .or_else(|| {
+                        ranks
+                            .iter()
+                            .find(|(_, e)| e.url == url && e.state == RankState::Lost)
+                    })
+                    .map(|(&r, _)| r);
+                match mine {
+                    Some(r) => r,
+                    None => (first_free..=MAX_RANK)
+                        .find(|r| !ranks.contains_key(r))
+                        .ok_or("no free rank")?,
+                }
+            }
+        };
+        let replaced = match ranks.get(&rank) {
+            Some(e) if e.state == RankState::Live && e.incarnation == incarnation => {
+                // The same service asking again (its answer was lost): nothing changes.
+                return Ok(Joined {
+                    rank,
+                    replaced: false,
+                });
+            }
+            Some(e) if e.state == RankState::Live && wanted.is_none() => {
+                return Err(format!("rank {rank} is taken by {}", e.url));
+            }
+            Some(e) => e.state == RankState::Live,
+            None => false,
+        };
+        ranks.insert(
+            rank,
+            RankEntry {
+                url: url.to_string(),
+                incarnation,
+                last_seen: now,
+                state: RankState::Live,
+                segments,
+                report: RankReport::default(),
+            },
+        );
+        Ok(Joined { rank, replaced })
+    }
+
+    /// A heartbeat: false when the rank is unknown, lost or another incarnation (the local
+    /// service must join again).
+    pub fn heartbeat(&self, rank: u32, incarnation: u64, report: RankReport, now: Instant) -> bool {
+        let mut ranks = self.lock();
+        match ranks.get_mut(&rank) {
+            Some(e) if e.incarnation == incarnation && e.state == RankState::Live => {
+                e.last_seen = now;
+                e.report = report;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks ranks silent for longer than `timeout` as lost and returns them.
+    pub fn expire(&self, now: Instant, timeout: Duration) -> Vec<u32> {
+        let mut ranks = self.lock();
+        let mut lost = Vec::new();
+        for (&r, e) in ranks.iter_mut() {
+            if e.state == RankState::Live && now.duration_since(e.last_seen) > timeout {
+                e.state = RankState::Lost;
+                lost.push(r);
+            }
+        }
+        lost
+    }
+
+    /// A graceful leave: the rank is forgotten (no stale series: it said goodbye).
+    pub fn leave(&self, rank: u32, incarnation: u64) -> bool {
+        let mut ranks = self.lock();
+        match ranks.get(&rank) {
+            Some(e) if e.incarnation == incarnation => {
+                ranks.remove(&rank);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ranks lost and not back yet.
+    pub fn lost(&self) -> Vec<u32> {
+        self.lock()
+            .iter()
+            .filter(|(_, e)| e.state == RankState::Lost)
+            .map(|(&r, _)| r)
+            .collect()
+    }
+
+    pub fn entries(&self) -> Vec<(u32, RankEntry)> {
+        self.lock().iter().map(|(&r, e)| (r, e.clone())).collect()
+    }
+
+    pub fn is_live(&self, rank: u32, incarnation: u64) -> bool {
+        self.lock()
+            .get(&rank)
+            .is_some_and(|e| e.state == RankState::Live && e.incarnation == incarnation)
+    }
+}
+
+/// A local service's own view of its membership: set when it joins.
+#[derive(Default)]
+pub struct LocalIdentity {
+    /// The rank the meta gave this local service (`u32::MAX` before it joined).
+    rank: AtomicU32,
+    /// The URL of the meta service it joined.
+    meta_url: ArcSwapOption<String>,
+    /// A graceful stop began: the agent leaves the meta service, then sets `left`.
+    pub leaving: AtomicBool,
+    pub left: AtomicBool,
+}
+
+impl LocalIdentity {
+    pub fn new() -> LocalIdentity {
+        LocalIdentity {
+            rank: AtomicU32::new(u32::MAX),
+            meta_url: ArcSwapOption::empty(),
+            leaving: AtomicBool::new(false),
+            left: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set(&self, rank: u32, meta_url: String) {
+        self.meta_url.store(Some(Arc::new(meta_url)));
+        self.rank.store(rank, Ordering::Release);
+    }
+
+    pub fn rank(&self) -> Option<u32> {
+        match self.rank.load(Ordering::Acquire) {
+            u32::MAX => None,
+            r => Some(r),
+        }
+    }
+
+    pub fn meta_url(&self) -> Option<Arc<String>> {
+        self.meta_url.load_full()
+    }
+}
+
+impl Shard {
+    /// Mounts a remote rank's segments (their bytes on the local service at `url`).
+    pub fn mount_remote(
+        &self,
+        rank: u32,
+        url: &str,
+        segments: &[(Medium, u64)],
+    ) -> Result<(), String> {
+        let cluster = &self.cluster;
+        for &(medium, size) in segments {
+            let seg = super::store::mount::build_remote_segment(
+                &cluster.segments,
+                rank,
+                medium,
+                size,
+                Backend::Remote(RemoteRank {
+                    url: url.to_string(),
+                }),
+                cluster.shard_count(),
+                cluster.config.store.run_bytes,
+            )?;
+            cluster.segments.insert(seg)?;
+            log::info!(
+                "mounted remote segment {} ({size} bytes) at {url}",
+                segment_name(rank, medium)
+            );
+        }
+        Ok(())
+    }
+
+    /// Drops every segment of a rank whose bytes are gone (lost, restarted or left): its
+    /// blobs are dropped on every shard (objects with no copy elsewhere removed), then the
+    /// segments leave the table and every shard forgets them.
+    pub async fn drop_rank(self: &Rc<Self>, rank: u32) {
+        let segs: Vec<_> = self
+            .cluster
+            .segments
+            .snapshot()
+            .iter()
+            .filter(|s| s.rank == rank && s.backend.remote().is_some())
+            .cloned()
+            .collect();
+        for seg in segs {
+            self.drop_remote_segment(&seg).await;
+        }
+        for s in self.cluster.shards.iter() {
+            s.client.forget_rank(rank);
+        }
+    }
+
+    /// Drops one remote segment: its blobs on every shard (objects with no copy elsewhere
+    /// removed), then the table entry, then every shard's share.
+    pub async fn drop_remote_segment(self: &Rc<Self>, seg: &Arc<Segment>) {
+        seg.set_status(SegmentStatus::Unmounting);
+        let id = seg.id;
+        let replies = self.broadcast(|| Command::DropSegment { seg: id }).await;
+        if replies.iter().any(|r| !matches!(r, Reply::Done)) {
+            log::warn!(
+                "{}: some blobs stayed pinned while it was dropped",
+                seg.name
+            );
+        }
+        self.cluster.segments.remove(&seg.name);
+        let _ = self.broadcast(|| Command::Forget { seg: id }).await;
+        log::warn!("dropped segment {}", seg.name);
+    }
+
+    /// Shard 0's part of the tick on a meta service: ranks silent past the heartbeat timeout
+    /// are declared lost and dropped.
+    pub(super) fn check_lost_ranks(self: &Rc<Self>) {
+        let timeout = Duration::from_millis(self.cluster.config.cluster.heartbeat_timeout_ms);
+        for rank in self.cluster.ranks.expire(Instant::now(), timeout) {
+            log::error!(
+                "rank {rank} lost: no heartbeat for {} ms; dropping its segments",
+                timeout.as_millis()
+            );
+            let me = self.clone();
+            monoio::spawn(async move { me.drop_rank(rank).await });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segs() -> Vec<(Medium, u64)> {
+        vec![(Medium::Dram, 1 << 20)]
+    }
+
+    #[test]
+    fn ranks_are_assigned_lowest_first_and_kept_by_incarnation() {
+        let reg = RankRegistry::default();
+        let t = Instant::now();
+        assert_eq!(reg.join(None, "http://a", 1, segs(), 1, t).unwrap().rank, 1);
+        assert_eq!(reg.join(None, "http://b", 2, segs(), 1, t).unwrap().rank, 2);
+        // The same incarnation again: the same answer, nothing replaced.
+        assert_eq!(
+            reg.join(None, "http://a", 1, segs(), 1, t),
+            Ok(Joined {
+                rank: 1,
+                replaced: false
+            })
+        );
+        // A configured rank below the embedded ones is refused; a taken one without a
+        // configured rank is not reassigned.
+        assert!(reg.join(Some(0), "http://c", 3, segs(), 1, t).is_err());
+        // A restart of rank 2 (new incarnation, same configured rank) replaces it.
+        assert_eq!(
+            reg.join(Some(2), "http://b", 4, segs(), 1, t),
+            Ok(Joined {
+                rank: 2,
+                replaced: true
+            })
+        );
+        assert!(!reg.heartbeat(2, 2, RankReport::default(), t));
+        assert!(reg.heartbeat(2, 4, RankReport::default(), t));
+    }
+
+    #[test]
+    fn silent_ranks_are_lost_until_they_join_again() {
+        let reg = RankRegistry::default();
+        let t = Instant::now();
+        reg.join(None, "http://a", 1, segs(), 0, t).unwrap();
+        reg.join(None, "http://b", 2, segs(), 0, t).unwrap();
+        let later = t + Duration::from_millis(3500);
+        assert!(reg.heartbeat(1, 2, RankReport::default(), later));
+        assert_eq!(reg.expire(later, Duration::from_millis(3000)), vec![0]);
+        assert_eq!(reg.lost(), vec![0]);
+        // Lost once: not reported again; its heartbeats are refused (it must rejoin).
+        assert!(reg.expire(later, Duration::from_millis(3000)).is_empty());
+        assert!(!reg.heartbeat(0, 1, RankReport::default(), later));
+        // It comes back (a restart: a new incarnation) under its old number.
+        let back = reg.join(None, "http://a", 3, segs(), 0, later).unwrap();
+        assert_eq!(
+            back,
+            Joined {
+                rank: 0,
+                replaced: false
+            }
+        );
+        assert!(reg.lost().is_empty());
+        assert!(reg.leave(0, 3));
+        assert!(!reg.is_live(0, 3));
+    }
+}

@@ -1,0 +1,462 @@
+//! A cluster on loopback: a pure meta service (`ock.mmc.embedded.ranks=0`) and local services
+//! (`--role local`) as separate processes. Bytes go between the client and the rank that holds
+//! them (307 with a grant); loss, rejoin, leave and forged grants.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::harness::{Client, Driver, Response, Server, ServerBuilder};
+
+fn meta(extra: &[(&str, &str)]) -> Server {
+    let mut b = ServerBuilder::new(Driver::Uring).set("ock.mmc.embedded.ranks", "0");
+    for (k, v) in extra {
+        b = b.set(k, v);
+    }
+    b.start()
+}
+
+fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
+    let mut b = ServerBuilder::new(Driver::Uring)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set("ock.mmc.meta_service_url", &format!("http://{}", meta.addr))
+        .set("ock.mmc.local_service.dram.size", "64MB")
+        .set("ock.mmc.local_service.hbm.size", "0");
+    for (k, v) in extra {
+        b = b.set(k, v);
+    }
+    b
+}
+
+/// Segment names listed by the meta.
+fn segments(meta: &Server) -> Vec<String> {
+    let r = meta.client().get("/get_all_segments");
+    assert_eq!(r.status, 200);
+    r.text()
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Waits (bounded) until the meta lists `n` segments.
+fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let s = segments(meta);
+        if s.len() == n {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {n} segments, have {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts a local service and waits until the meta lists one more segment; returns it and
+/// its rank.
+fn join(meta: &Server, extra: &[(&str, &str)]) -> (Server, u32) {
+    let before = segments(meta);
+    let local = local_builder(meta, extra).start();
+    let after = wait_segments(meta, before.len() + 1, Duration::from_secs(10));
+    let new = after.iter().find(|s| !before.contains(s)).unwrap();
+    let rank = new
+        .strip_prefix("rank-")
+        .and_then(|r| r.split('-').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    (local, rank)
+}
+
+/// `http://host:port/path?query` → (address, target).
+fn split_location(loc: &str) -> (SocketAddr, String) {
+    let rest = loc.strip_prefix("http://").expect("an http URL");
+    let i = rest.find('/').unwrap();
+    (rest[..i].parse().unwrap(), rest[i..].to_string())
+}
+
+/// A request to the meta that follows one 307 to the local service, as `curl -L` does.
+fn follow(meta: &Server, method: &str, target: &str, body: Option<&[u8]>) -> Response {
+    let r = meta.client().request(method, target, body);
+    if r.status != 307 {
+        return r;
+    }
+    let (addr, target) = split_location(r.header("location").expect("a 307 has a Location"));
+    Client::connect(addr).request(method, &target, body)
+}
+
+fn object(i: usize) -> Vec<u8> {
+    let len = 1024 + (i * 70_001) % (2 << 20);
+    (0..len).map(|j| (j * 31 + i * 7) as u8).collect()
+}
+
+#[test]
+fn pure_meta_and_two_local_services_place_redirect_and_read_back() {
+    let meta = meta(&[]);
+    assert!(
+        segments(&meta).is_empty(),
+        "a pure meta has no segment of its own"
+    );
+    let (_a, ra) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
+    assert_ne!(ra, rb);
+    let segs = segments(&meta);
+    assert!(segs.contains(&format!("rank-{ra}-dram")) && segs.contains(&format!("rank-{rb}-dram")));
+
+    // Capacity is the sum of the ranks' segments.
+    let usage = meta.client().get("/api/v1/capacity/usage").json();
+    assert_eq!(usage["cpu"]["total_bytes"], 2 * 64 * 1024 * 1024);
+
+    // 30 objects of 1 KiB to 2 MiB: by prefer_rank, and with two replicas.
+    for i in 0..30 {
+        let data = object(i);
+        let target = match i % 3 {
+            0 => format!("/api/v1/objects?key=obj-{i}&prefer_rank={ra}"),
+            1 => format!("/api/v1/objects?key=obj-{i}&prefer_rank={rb}"),
+            _ => format!("/api/v1/objects?key=obj-{i}&replicas=2"),
+        };
+        let r = meta.client().request("PUT", &target, Some(&data));
+        assert_eq!(
+            r.status,
+            307,
+            "a put to a remote rank is redirected: {}",
+            r.text()
+        );
+        let (addr, hop) = split_location(r.header("location").unwrap());
+        let done = Client::connect(addr).request("PUT", &hop, Some(&data));
+        assert_eq!(done.status, 200, "{}", done.text());
+        assert_eq!(done.json()["success"], true, "{}", done.text());
+        let q = meta.client().get(&format!("/query_key?key=obj-{i}")).json();
+        let ranks: Vec<u64> = q["blobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["rank"].as_u64().unwrap())
+            .collect();
+        match i % 3 {
+            0 => assert_eq!(ranks, [ra as u64]),
+            1 => assert_eq!(ranks, [rb as u64]),
+            _ => {
+                assert_eq!(ranks.len(), 2);
+                assert_ne!(ranks[0], ranks[1], "replicas on distinct ranks");
+            }
+        }
+    }
+    // Read back through the meta, following the redirect; the bytes never pass the meta.
+    for i in 0..30 {
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key=obj-{i}"), None);
+        assert_eq!(r.status, 200);
+        assert!(r.body == object(i), "object {i} read back intact");
+    }
+    // A HEAD through the meta answers the length without a redirect.
+    let h = meta
+        .client()
+        .request("HEAD", "/api/v1/objects?key=obj-3", None);
+    assert_eq!(h.status, 200);
+    assert_eq!(
+        h.header("content-length").unwrap(),
+        object(3).len().to_string()
+    );
+
+    // Batches across ranks.
+    let keys = "obj-0,obj-1,obj-2,missing";
+    let r = meta
+        .client()
+        .get(&format!("/api/v1/objects/batch_get?keys={keys}"));
+    assert_eq!(r.status, 200);
+    let mut at = 0;
+    for want in [Some(object(0)), Some(object(1)), Some(object(2)), None] {
+        let len = u64::from_be_bytes(r.body[at..at + 8].try_into().unwrap());
+        at += 8;
+        match want {
+            Some(w) => {
+                assert_eq!(len as usize, w.len());
+                assert!(r.body[at..at + w.len()] == w[..]);
+                at += w.len();
+            }
+            None => assert_eq!(len, u64::MAX),
+        }
+    }
+    let e = meta
+        .client()
+        .get(&format!("/api/v1/objects/batch_exist?keys={keys}"));
+    assert_eq!(e.status, 200, "{}", e.text());
+    assert_eq!(
+        e.json()["exists"],
+        serde_json::json!([true, true, true, false]),
+        "{}",
+        e.text()
+    );
+
+    // curl -L puts and gets through the meta, the way a user would.
+    let dir = std::env::temp_dir().join(format!("mmc-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("obj");
+    let data = object(7);
+    std::fs::write(&file, &data).unwrap();
+    let put = std::process::Command::new("curl")
+        .args(["-s", "-L", "-T"])
+        .arg(&file)
+        .arg(format!("http://{}/api/v1/objects?key=curl-obj", meta.addr))
+        .output()
+        .expect("curl");
+    assert!(
+        String::from_utf8_lossy(&put.stdout).contains("\"success\":true"),
+        "{}",
+        String::from_utf8_lossy(&put.stdout)
+    );
+    let get = std::process::Command::new("curl")
+        .args(["-s", "-L"])
+        .arg(format!("http://{}/api/v1/objects?key=curl-obj", meta.addr))
+        .output()
+        .expect("curl");
+    assert!(get.stdout == data, "curl -L reads back what it put");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn grants_cannot_be_forged_altered_or_skipped() {
+    let meta = meta(&[("ock.mmc.lease_ms", "300")]);
+    let (local, _) = join(&meta, &[]);
+    let data = object(1);
+    let r = follow(&meta, "PUT", "/api/v1/objects?key=secret-obj", Some(&data));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = meta.client().get("/api/v1/objects?key=secret-obj");
+    assert_eq!(r.status, 307);
+    let (addr, target) = split_location(r.header("location").unwrap());
+    assert_eq!(addr, local.addr);
+
+    // The same URL with another key, or one digit of the grant changed, is refused.
+    let other_key = target.replace("key=secret-obj", "key=other-obj");
+    Client::connect(addr)
+        .get(&other_key)
+        .assert_error(403, "Invalid grant: signature does not match");
+    let grant_at = target.find("grant=").unwrap() + "grant=".len();
+    let mut altered = target.clone().into_bytes();
+    altered[grant_at + 2] = if altered[grant_at + 2] == b'9' {
+        b'8'
+    } else {
+        b'9'
+    };
+    let altered = String::from_utf8(altered).unwrap();
+    let r = Client::connect(addr).get(&altered);
+    assert_eq!(r.status, 403, "{}", r.text());
+    // A read grant does not permit a write.
+    let r = Client::connect(addr).request("PUT", &target, Some(&data));
+    assert_eq!(r.status, 403, "{}", r.text());
+    // Straight to the local service, without a grant: nothing is served or stored.
+    Client::connect(addr)
+        .get("/api/v1/objects?key=secret-obj")
+        .assert_error(
+            401,
+            "A local service serves objects only under a grant from its meta service: send the request to the meta service",
+        );
+    let r = Client::connect(addr).request("PUT", "/api/v1/objects?key=sneak", Some(b"x"));
+    assert_eq!(r.status, 401);
+    let r = Client::connect(addr).get("/get_all_keys");
+    assert_eq!(r.status, 403, "a local service serves no index routes");
+    // The genuine grant works, then expires with the read's lease.
+    let ok = Client::connect(addr).get(&target);
+    assert_eq!(ok.status, 200);
+    assert!(ok.body == data);
+    std::thread::sleep(Duration::from_millis(500));
+    Client::connect(addr)
+        .get(&target)
+        .assert_error(403, "Invalid grant: expired");
+    assert_eq!(
+        meta.client().get("/api/v1/objects/exist?key=sneak").json()["exists"],
+        false
+    );
+}
+
+fn stale(meta: &Server, rank: u32) -> Option<String> {
+    let m = meta.client().get("/metrics").text();
+    let series = format!("memcache_metric_stale{{rank=\"{rank}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&series).map(str::to_string))
+}
+
+#[test]
+fn a_killed_rank_is_dropped_and_rejoins_with_empty_memory() {
+    let meta = meta(&[]);
+    let (mut a, ra) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
+    for i in 0..6 {
+        let target = if i % 2 == 0 {
+            format!("/api/v1/objects?key=k-{i}&prefer_rank={ra}")
+        } else {
+            format!("/api/v1/objects?key=k-{i}&replicas=2")
+        };
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    // Readers keep reading while the rank dies: every answer is the right bytes, a
+    // "Key not found", or a refused connection to the dead rank; never other bytes.
+    let addr = meta.addr;
+    let reader = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut wrong = 0;
+        while Instant::now() < deadline {
+            for i in 0..6 {
+                let r = Client::connect(addr).get(&format!("/api/v1/objects?key=k-{i}"));
+                if r.status != 307 {
+                    continue;
+                }
+                let (to, target) = split_location(r.header("location").unwrap());
+                if let Some(mut c) = Client::try_connect(to) {
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.get(&target)));
+                    if let Ok(r) = r
+                        && r.status == 200
+                        && r.body != object(i)
+                    {
+                        wrong += 1;
+                    }
+                }
+            }
+        }
+        wrong
+    });
+    let addr_a = a.addr;
+    a.kill9();
+    let killed = Instant::now();
+    let segs = wait_segments(&meta, 1, Duration::from_secs(6));
+    assert!(killed.elapsed() < Duration::from_secs(6));
+    assert_eq!(segs, [format!("rank-{rb}-dram")]);
+    for i in 0..6 {
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key=k-{i}"), None);
+        if i % 2 == 0 {
+            r.assert_error(200, "Key not found");
+        } else {
+            assert_eq!(r.status, 200);
+            assert!(r.body == object(i), "a replica elsewhere stays readable");
+        }
+    }
+    assert_eq!(stale(&meta, ra).as_deref(), Some("1"));
+    let removals = meta.client().get("/metrics").text();
+    assert!(
+        removals.contains("memcache_remove_successes_total 3"),
+        "the dropped single-copy objects count as removals"
+    );
+    assert_eq!(reader.join().unwrap(), 0, "no wrong bytes were served");
+
+    // Restarted on the same address it rejoins under its rank, memory empty.
+    let _a2 = local_builder(&meta, &[])
+        .listen(&addr_a.to_string())
+        .start();
+    let segs = wait_segments(&meta, 2, Duration::from_secs(10));
+    assert!(segs.contains(&format!("rank-{ra}-dram")), "{segs:?}");
+    let r = follow(
+        &meta,
+        "PUT",
+        &format!("/api/v1/objects?key=again&prefer_rank={ra}"),
+        Some(b"back"),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    assert_eq!(
+        follow(&meta, "GET", "/api/v1/objects?key=again", None).body,
+        b"back"
+    );
+    assert_ne!(stale(&meta, ra).as_deref(), None);
+}
+
+#[test]
+fn sigterm_on_a_local_service_moves_its_objects_and_exits_zero() {
+    let meta = meta(&[]);
+    let (mut a, ra) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
+    let r = follow(
+        &meta,
+        "PUT",
+        "/api/v1/objects?key=twice&replicas=2",
+        Some(b"both"),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // Single copies on the rank that leaves: they have room on the other one.
+    for i in 0..8 {
+        let target = format!("/api/v1/objects?key=only-a-{i}&prefer_rank={ra}");
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    let t = Instant::now();
+    let status = a.stop();
+    assert!(status.success(), "{status}");
+    assert!(t.elapsed() < Duration::from_secs(20));
+    let segs = segments(&meta);
+    assert_eq!(segs, [format!("rank-{rb}-dram")]);
+    assert_eq!(
+        follow(&meta, "GET", "/api/v1/objects?key=twice", None).body,
+        b"both"
+    );
+    for i in 0..8 {
+        let r = follow(
+            &meta,
+            "GET",
+            &format!("/api/v1/objects?key=only-a-{i}"),
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.body == object(i), "object {i} moved intact");
+        let q = meta
+            .client()
+            .get(&format!("/query_key?key=only-a-{i}"))
+            .json();
+        assert_eq!(q["blobs"][0]["rank"], rb);
+    }
+    // It said goodbye: no stale series for it.
+    assert_eq!(stale(&meta, ra), None);
+}
+
+#[test]
+fn unmounting_a_remote_segment_moves_its_objects() {
+    let meta = meta(&[]);
+    let (_a, ra) = join(&meta, &[]);
+    let (_b, rb) = join(&meta, &[]);
+    for i in 0..5 {
+        let target = format!("/api/v1/objects?key=u-{i}&prefer_rank={ra}");
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    let r = meta.client().request(
+        "POST",
+        &format!("/api/v1/segments/unmount?segment=rank-{ra}-dram"),
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    assert_eq!(segments(&meta), [format!("rank-{rb}-dram")]);
+    for i in 0..5 {
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key=u-{i}"), None);
+        assert!(r.body == object(i), "object {i} moved intact");
+    }
+}
+
+#[test]
+fn a_local_service_with_the_wrong_cluster_secret_never_joins() {
+    let meta = meta(&[("ock.mmc.cluster.token", "right-secret")]);
+    let (_good, _) = join(&meta, &[("ock.mmc.cluster.token", "right-secret")]);
+    let mut bad = local_builder(&meta, &[("ock.mmc.cluster.token", "wrong-secret")]).start();
+    let status = bad
+        .wait_exit(Duration::from_secs(10))
+        .expect("refused, it stops");
+    assert!(!status.success());
+    assert!(
+        bad.log()
+            .contains("refused this local service's cluster token"),
+        "{}",
+        bad.log()
+    );
+    assert_eq!(segments(&meta).len(), 1);
+    assert!(meta.log().contains("wrong or missing cluster token"));
+    // The cluster routes need the secret; clients' routes do not take it.
+    let r = meta.client().request(
+        "POST",
+        "/cluster/v1/join",
+        Some(br#"{"url":"http://127.0.0.1:1","incarnation":1,"segments":[{"medium":"DRAM","size":4096}]}"#),
+    );
+    assert_eq!(r.status, 401);
+    assert_eq!(segments(&meta).len(), 1);
+}
