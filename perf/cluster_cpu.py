@@ -8,6 +8,7 @@ before any body byte is sent, and the body goes once, to the local service. CPU 
 process is read from /proc/<pid>/task/*/schedstat (nanoseconds) before and after.
 
     python3 perf/cluster_cpu.py [--bin target/release/mmc-server] [--count 80] [--size 1048576]
+        [--clients 1]
 
 Prints one JSON line; the issue's bar is meta_cpu / local_cpu <= 0.15.
 """
@@ -81,19 +82,38 @@ def read_response(sock):
     return status, headers, rest[:n]
 
 
-def request(addr, method, target, body=None):
-    """One request; a PUT waits for 100 Continue (or a final answer) before its body."""
-    with socket.create_connection(addr) as s:
+class Conns:
+    """Keep-alive connections by address, as a client session keeps them (curl, requests)."""
+
+    def __init__(self):
+        self.socks = {}
+
+    def request(self, addr, method, target, body=None):
+        """One request; a PUT waits for 100 Continue (or a final answer) before its body."""
+        s = self.socks.pop(addr, None) or socket.create_connection(addr)
         head = "%s %s HTTP/1.1\r\nHost: x\r\n" % (method, target)
         if body is not None:
             head += "Content-Length: %d\r\nExpect: 100-continue\r\n" % len(body)
         s.sendall((head + "\r\n").encode())
-        if body is not None:
-            status, headers, data = read_response(s)
-            if status != 100:
-                return status, headers, data
+        status, headers, data = read_response(s)
+        if body is not None and status == 100:
             s.sendall(body)
-        return read_response(s)
+            status, headers, data = read_response(s)
+        if headers.get("connection", "").lower() == "close":
+            s.close()
+        else:
+            self.socks[addr] = s
+        return status, headers, data
+
+
+LOCAL = threading.local()
+
+
+def request(addr, method, target, body=None):
+    """On this thread's session."""
+    if not hasattr(LOCAL, "conns"):
+        LOCAL.conns = Conns()
+    return LOCAL.conns.request(addr, method, target, body)
 
 
 def follow(meta, method, target, body=None):
@@ -112,6 +132,9 @@ def main():
     ap.add_argument("--bin", default="target/release/mmc-server")
     ap.add_argument("--count", type=int, default=80)
     ap.add_argument("--size", type=int, default=1 << 20)
+    ap.add_argument("--clients", type=int, default=1,
+                    help="concurrent client sessions (1: one request at a time, where each"
+                         " request also pays the servers' wake-ups)")
     a = ap.parse_args()
     meta, maddr = start(
         [a.bin, "--listen", "127.0.0.1:0", "--shards", "1", "--set", "ock.mmc.embedded.ranks=0"], 0
@@ -131,18 +154,28 @@ def main():
         body = os.urandom(a.size)
         m0, l0 = cpu_ns(meta.pid), cpu_ns(local.pid)
         t0 = time.time()
-        for i in range(a.count):
-            status, data = follow(maddr, "PUT", "/api/v1/objects?key=bench-%d" % i, body)
-            assert status == 200 and b'"success":true' in data, data
-        for i in range(a.count):
-            status, data = follow(maddr, "GET", "/api/v1/objects?key=bench-%d" % i)
-            assert status == 200 and data == body
+
+        def worker(w):
+            mine = range(w, a.count, a.clients)
+            for i in mine:
+                status, data = follow(maddr, "PUT", "/api/v1/objects?key=bench-%d" % i, body)
+                assert status == 200 and b'"success":true' in data, data
+            for i in mine:
+                status, data = follow(maddr, "GET", "/api/v1/objects?key=bench-%d" % i)
+                assert status == 200 and data == body
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(a.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         elapsed = time.time() - t0
         m1, l1 = cpu_ns(meta.pid), cpu_ns(local.pid)
         meta_us = (m1 - m0) / 1000.0 / (2 * a.count)
         local_us = (l1 - l0) / 1000.0 / (2 * a.count)
         print(json.dumps({
-            "count": a.count, "size": a.size, "seconds": round(elapsed, 3),
+            "count": a.count, "size": a.size, "clients": a.clients,
+            "seconds": round(elapsed, 3),
             "meta_cpu_us_per_op": round(meta_us, 1), "local_cpu_us_per_op": round(local_us, 1),
             "ratio": round(meta_us / local_us, 3) if local_us else None,
         }))
