@@ -66,6 +66,11 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let url = advertise_url(&cluster, listen);
     let mut member: Option<Membership> = None;
     let mut last_report = Instant::now() - Duration::from_secs(3600);
+    // The meta is given up after as long without an answer as it waits for our reports: it
+    // died or lost its leadership, and the list of meta URLs is tried again (with HA, the new
+    // leader admits us; its index of our memory starts empty).
+    let silence_limit = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms);
+    let mut last_heard = Instant::now();
     loop {
         if cluster.local.leaving.load(Ordering::Acquire) {
             if let Some(m) = &member {
@@ -81,6 +86,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
             None => match join(&cluster, &url, incarnation).await {
                 Ok(m) => {
                     last_report = Instant::now();
+                    last_heard = Instant::now();
                     member = Some(m);
                 }
                 Err(Fatal::Refused(why)) => {
@@ -93,14 +99,19 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
             Some(m) => {
                 if last_report.elapsed() >= m.interval {
                     last_report = Instant::now();
-                    if !heartbeat(&cluster, m, incarnation).await {
-                        log::warn!(
-                            "the meta service at {} no longer knows rank {}: joining again",
-                            m.meta,
-                            m.rank
-                        );
-                        member = None;
-                        continue;
+                    match heartbeat(&cluster, m, incarnation).await {
+                        Beat::Heard => last_heard = Instant::now(),
+                        Beat::Unheard if last_heard.elapsed() <= silence_limit => {}
+                        beat => {
+                            log::warn!(
+                                "rank {}: the meta service at {} {}: joining again",
+                                m.rank,
+                                m.meta,
+                                beat.why()
+                            );
+                            member = None;
+                            continue;
+                        }
                     }
                 }
                 monoio::time::sleep(Duration::from_millis(20)).await;
@@ -128,9 +139,13 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
     .to_string()
     .into_bytes();
     let token = cluster.config.cluster.token.as_str();
-    for meta in &cluster.config.cluster.meta_urls {
+    let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
+    let mut i = 0;
+    while i < candidates.len() {
+        let meta = candidates[i].clone();
+        i += 1;
         let answer = client::request(
-            meta,
+            &meta,
             "POST",
             "/cluster/v1/join",
             Some(token),
@@ -147,6 +162,15 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         };
         match a.status {
             200 => {}
+            307 => {
+                // An HA standby: the leader is where it points (tried next, once).
+                if let Some(leader) = a.location.as_deref().and_then(base_of)
+                    && !candidates.contains(&leader)
+                {
+                    candidates.insert(i, leader);
+                }
+                continue;
+            }
             401 => {
                 return Err(Fatal::Refused(format!(
                     "the meta service at {meta} refused this local service's cluster token (ock.mmc.cluster.token / MMC_CLUSTER_TOKEN): not joining"
@@ -191,6 +215,13 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
     Err(Fatal::Retry)
 }
 
+/// `http://host:port` of a URL.
+fn base_of(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("http://")?;
+    let host = rest.split('/').next()?;
+    (!host.is_empty()).then(|| format!("http://{host}"))
+}
+
 /// Mounts this host's segments as `rank` (kept when already mounted under it; a new rank
 /// replaces them: the meta forgot the old copies).
 fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
@@ -221,8 +252,30 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// One report; false when the meta answered that it does not know us.
-async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> bool {
+/// What a heartbeat learned.
+enum Beat {
+    Heard,
+    /// No answer (the meta may be restarting, or gone).
+    Unheard,
+    /// The meta does not know this incarnation (it restarted, or declared us lost).
+    Forgotten,
+    /// The meta is not the leader any more (HA: a standby answers 307 or 503).
+    NotLeader,
+}
+
+impl Beat {
+    fn why(&self) -> &'static str {
+        match self {
+            Beat::Heard => "answered",
+            Beat::Unheard => "has not answered for the heartbeat timeout",
+            Beat::Forgotten => "no longer knows this service",
+            Beat::NotLeader => "is not the leader any more",
+        }
+    }
+}
+
+/// One report.
+async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
     let body = json!({
         "rank": m.rank,
@@ -245,16 +298,16 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> bool 
     )
     .await
     {
-        Ok(a) if a.status == 409 => false,
-        Ok(a) if a.status != 200 => {
+        Ok(a) if a.status == 200 => Beat::Heard,
+        Ok(a) if a.status == 409 => Beat::Forgotten,
+        Ok(a) if a.status == 307 || a.status == 503 => Beat::NotLeader,
+        Ok(a) => {
             log::warn!("heartbeat refused by {} ({})", m.meta, a.status);
-            true
+            Beat::Unheard
         }
-        Ok(_) => true,
         Err(e) => {
-            // The meta may be restarting: keep reporting; it will ask us to join again.
             log::warn!("heartbeat: {e}");
-            true
+            Beat::Unheard
         }
     }
 }

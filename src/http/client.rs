@@ -13,6 +13,8 @@ use monoio::net::TcpStream;
 pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
+    /// The `Location` header (a redirect).
+    pub location: Option<String>,
 }
 
 /// The largest answer read (cluster answers are small JSON documents; a batch read fetches
@@ -226,6 +228,7 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
     };
     let length = header("content-length")
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
+    let location = header("location").map(|v| String::from_utf8_lossy(v).into_owned());
     let keep = resp.version == Some(1)
         && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
     match length {
@@ -233,6 +236,7 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
             Answer {
                 status,
                 body: buf[head_len..head_len + n].to_vec(),
+                location,
             },
             keep && buf.len() == head_len + n,
         ))),
@@ -241,6 +245,7 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
             Answer {
                 status,
                 body: Vec::new(),
+                location,
             },
             keep,
         ))),
@@ -256,6 +261,7 @@ fn parse_at_eof(buf: &[u8]) -> Option<Answer> {
         Ok(httparse::Status::Complete(n)) => Some(Answer {
             status: resp.code.unwrap_or(0),
             body: buf[n..].to_vec(),
+            location: None,
         }),
         _ => None,
     }
