@@ -443,6 +443,15 @@ fn a_local_service_with_the_wrong_cluster_secret_never_joins() {
         .wait_exit(Duration::from_secs(10))
         .expect("refused, it stops");
     assert!(!status.success());
+    // Its last lines may still be on their way through the log pipe.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !bad
+        .log()
+        .contains("refused this local service's cluster token")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         bad.log()
             .contains("refused this local service's cluster token"),
