@@ -82,10 +82,16 @@ fn report_dir(name: &str) -> std::path::PathBuf {
 
 /// DIR holds report.json with the printed figures and two SVG charts with lines.
 fn assert_report(dir: &std::path::Path, printed: &serde_json::Value) {
+    assert_charts(dir, printed, &["latency.svg", "timeline.svg"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// DIR holds report.json with the printed figures and these SVG charts, each with lines.
+fn assert_charts(dir: &std::path::Path, printed: &serde_json::Value, charts: &[&str]) {
     let text = std::fs::read_to_string(dir.join("report.json")).expect("report.json");
     let r: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(&r["figures"], printed);
-    for chart in ["latency.svg", "timeline.svg"] {
+    for &chart in charts {
         let svg = std::fs::read_to_string(dir.join(chart)).expect(chart);
         let svg = svg.trim();
         assert!(
@@ -94,7 +100,113 @@ fn assert_report(dir: &std::path::Path, printed: &serde_json::Value) {
         );
         assert!(svg.contains("<polyline"), "{chart} draws no line");
     }
-    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The helpers (`memcpy`, `fill`, `drain`, `kv-sub`) take `--report` too: report.json with the
+/// figures they print and their own charts; `compare` draws two helper reports together.
+#[test]
+fn helpers_write_reports() {
+    let server = Server::start(Driver::Epoll);
+    let target = server.addr.to_string();
+    let pid = server.pid().to_string();
+    let (a, b) = (report_dir("memcpy-a"), report_dir("memcpy-b"));
+    for d in [&a, &b] {
+        let v = run_perf(&[
+            "memcpy",
+            "--sizes",
+            "4KiB,64KiB",
+            "--secs",
+            "0.05",
+            "--pool",
+            "1MiB",
+            "--json",
+            "--report",
+            d.to_str().unwrap(),
+        ]);
+        assert_eq!(v["sizes"].as_array().unwrap().len(), 2, "{v}");
+        assert_charts(d, &v, &["bandwidth.svg"]);
+    }
+    let cmp = report_dir("memcpy-cmp");
+    let out = Command::new(PERF_BIN)
+        .args(["compare", a.to_str().unwrap(), b.to_str().unwrap()])
+        .args(["--out", cmp.to_str().unwrap()])
+        .output()
+        .expect("run mmc-perf compare");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(cmp.join("bandwidth.svg")).expect("bandwidth.svg");
+    for d in [&a, &b] {
+        let name = d.file_name().unwrap().to_str().unwrap();
+        assert!(
+            svg.contains(&format!("{name}: hot")),
+            "{name} in the comparison"
+        );
+    }
+    assert!(
+        !cmp.join("latency.svg").exists(),
+        "no latency chart without latencies"
+    );
+
+    let dir = report_dir("fill");
+    let v = run_perf(&[
+        "fill",
+        "--target",
+        &target,
+        "--keys",
+        "3000",
+        "--key-format",
+        "fill-{i}",
+        "--json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(v["ok"], v["batches"], "{v}");
+    assert_charts(&dir, &v, &["fill.svg", "fill-total.svg"]);
+    // The cumulative chart ends at every key stored.
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let total = r["charts"][1]["series"]["keys"].as_array().unwrap();
+    assert_eq!(total.last().unwrap()[1], 3000.0, "{total:?}");
+
+    let dir = report_dir("drain");
+    let v = run_perf(&[
+        "drain",
+        "--target",
+        &target,
+        "--path",
+        "/get_all_keys",
+        "--rss-pid",
+        &pid,
+        "--timeout",
+        "20",
+        "--json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(v["status"], 200, "{v}");
+    assert!(v["lines"].as_u64().unwrap() >= 3000, "{v}");
+    assert_charts(&dir, &v, &["progress.svg", "rss.svg"]);
+
+    // No publisher at this endpoint: nothing arrives, the report still says so.
+    let dir = report_dir("kvsub");
+    let v = run_perf(&[
+        "kv-sub",
+        "--endpoint",
+        "tcp://127.0.0.1:1",
+        "--secs",
+        "0.3",
+        "--json",
+        "--report",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(v["events"], 0, "{v}");
+    assert_charts(&dir, &v, &["events.svg"]);
+    for d in [a, b, cmp, dir] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 #[test]
