@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::{Driver, Server};
+use crate::harness::{Driver, Server, ServerBuilder};
 
 const PERF_BIN: &str = env!("CARGO_BIN_EXE_mmc-perf");
 
@@ -258,4 +258,53 @@ fn kvcache_help_describes_prefix_chains() {
         text.contains("model@world_size@worker@chunk_hash@dtype"),
         "{text}"
     );
+}
+
+/// `kv-sub --report` against a real publisher: the events of a few puts arrive, and
+/// events.svg's rate over time adds up to them.
+#[test]
+fn kv_sub_reports_the_events_it_received() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let server = ServerBuilder::new(Driver::Epoll)
+        .set("ock.mmc.kv_events.enable", "true")
+        .set("ock.mmc.kv_events.endpoint", &endpoint)
+        .start();
+    let dir = report_dir("kvsub-events");
+    let sub = Command::new(PERF_BIN)
+        .args(["kv-sub", "--endpoint", &endpoint, "--secs", "3", "--json"])
+        .args(["--report", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mmc-perf kv-sub");
+    // The subscription takes a moment (ZMQ's slow joiner): puts go on until the window ends.
+    let mut c = server.client();
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_millis(2500) {
+        let key = format!("llama3-8b@1@0@{i:016x}@bfloat16");
+        let r = c.request("PUT", &format!("/api/v1/objects?key={key}"), Some(b"abcd"));
+        assert_eq!(r.status, 200);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = sub.wait_with_output().expect("kv-sub ends by itself");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let events = v["events"].as_u64().unwrap();
+    assert!(events > 0, "{v}");
+    assert_eq!(v["malformed"], 0, "{v}");
+    assert_charts(&dir, &v, &["events.svg"]);
+    // The rate over time (per second, buckets of equal width over 3 s) adds up to the events.
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let pts = r["charts"][0]["series"]["events/s"].as_array().unwrap();
+    let width = 3.0 / pts.len() as f64;
+    let sum: f64 = pts.iter().map(|p| p[1].as_f64().unwrap() * width).sum();
+    assert!((sum - events as f64).abs() < 0.5, "{sum} vs {events}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
