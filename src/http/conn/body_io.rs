@@ -361,8 +361,8 @@ const GATHER_MAX_IOVECS: usize = 512;
 
 /// A vectored write of an answer's head and the parts after it that the socket can read where
 /// they are (shared bytes, blobs in host memory), owning what the kernel reads until the write
-/// completes (the head's buffer, the bytes, a view holding the blob's segment mapped; the blob
-/// itself stays pinned by the caller's [`Part`] for as long).
+/// completes: the head's buffer, the bytes, each blob's pin and a view that keeps its segment
+/// mapped (an abandoned write's buffers live on in the runtime until the kernel is done).
 struct Gather {
     head: Vec<u8>,
     held: Vec<Held>,
