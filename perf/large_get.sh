@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Large GETs against a raw loopback TCP stream (issue 19): server CPU per GET of 1 MiB and
-# 16 MiB objects for one or more mmc-server binaries, run by run in turn, beside iperf3 (if
-# installed) and perf/loopstream.py, each sender on CPU 0 and each receiver on CPU 1.
+# 16 MiB objects, and per batch_get of 16 chunks of 64 KiB and 256 KiB, for one or more
+# mmc-server binaries, run by run in turn, beside iperf3 (if installed) and
+# perf/loopstream.py, each sender on CPU 0 and each receiver on CPU 1.
 #
 #   cargo build --release
 #   perf/large_get.sh                                   # target/release/mmc-server, 4 rounds
@@ -40,6 +41,27 @@ get_run() { # SERVER BYTES KEYS ROUND
   rm -f "$work/mmc-server-$port"
 }
 
+batch_run() { # SERVER CHUNK_BYTES ROUND: batch_get of 16 chunks stored first
+  local port keys=""; port=$(free_port)
+  cp "$1" "$work/mmc-server-$port"
+  taskset -c 0 "$work/mmc-server-$port" --listen "127.0.0.1:$port" --shards 1 > "$work/srv.log" 2>&1 &
+  srv_pid=$!
+  timeout 30 sh -c "until curl -sf http://127.0.0.1:$port/ready >/dev/null; do sleep 0.2; done"
+  head -c "$2" /dev/urandom > "$work/chunk"
+  for i in $(seq 0 15); do
+    timeout 10 curl -sf -X PUT --data-binary @"$work/chunk" \
+      "http://127.0.0.1:$port/api/v1/objects?key=c$i&medium=dram" > /dev/null
+    keys="$keys${keys:+,}c$i"
+  done
+  timeout 300 "$PERF" --target "127.0.0.1:$port" --connections 8 --duration "$SECS" --warmup 1 \
+    --pin 1 --cpu-pid "$srv_pid" --json --request "GET /api/v1/objects/batch_get?keys=$keys" |
+    jq -c --arg s "$1" --argjson b "$2" --argjson r "$3" '{run: "batch_get 16 x", server: $s, bytes: $b,
+      round: $r, rps, gb_per_s: (.body_bytes_per_s.received / 1e9),
+      cpu_us_per_mib: (.server_cpu_us_per_req / (16 * $b / 1048576)), errors, business_failures}'
+  kill "$srv_pid"; wait "$srv_pid" 2>/dev/null || true; srv_pid=
+  rm -f "$work/mmc-server-$port"
+}
+
 iperf_run() { # LEN ROUND
   command -v iperf3 > /dev/null || return 0
   local port sp; port=$(free_port)
@@ -72,6 +94,11 @@ echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $(uname -r), load average $(cut -d' ' 
   for r in $(seq "$RUNS"); do
     for s in "${servers[@]}"; do get_run "$s" $((16 << 20)) 8 "$r"; done
     raw_run $((16 << 20)) "$r"
+  done
+  for r in $(seq "$RUNS"); do
+    for c in $((64 << 10)) $((256 << 10)); do
+      for s in "${servers[@]}"; do batch_run "$s" "$c" "$r"; done
+    done
   done
 } | tee "$work/runs.jsonl"
 echo "# $(date -u +%FT%TZ) load average $(cut -d' ' -f1-3 /proc/loadavg)"
