@@ -56,6 +56,11 @@ pub struct Args {
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
+
+    /// Write report.json (the JSON figures) and charts into this directory: progress.svg
+    /// (body MB received over time) and, with --rss-pid, rss.svg (the resident set over time).
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
 }
 
 /// Decodes a chunked body incrementally.
@@ -263,6 +268,8 @@ pub struct Outcome {
     pub lines: u64,
     pub first_byte_s: f64,
     pub total_s: f64,
+    /// (seconds since the start, body bytes received by then), after each read.
+    pub progress: Vec<(f64, u64)>,
 }
 
 fn opt_bytes(name: &str, v: &str) -> Result<u64, String> {
@@ -301,6 +308,7 @@ fn transfer(args: &Args, t0: Instant) -> Result<Outcome, String> {
     let mut head: Option<(u16, Framing)> = None;
     let mut chunked = Chunked::default();
     let (mut body_bytes, mut lines) = (0u64, 0u64);
+    let mut progress = Vec::new();
     loop {
         if Instant::now() >= deadline {
             return Err(format!("no complete answer within {} s", args.timeout));
@@ -349,6 +357,7 @@ fn transfer(args: &Args, t0: Instant) -> Result<Outcome, String> {
             }
         };
         pending.clear();
+        progress.push((now.duration_since(t0).as_secs_f64(), body_bytes));
         if finished {
             break;
         }
@@ -368,7 +377,57 @@ fn transfer(args: &Args, t0: Instant) -> Result<Outcome, String> {
         lines,
         first_byte_s: first_byte.map_or(0.0, |t| t.duration_since(sent).as_secs_f64()),
         total_s: end.duration_since(sent).as_secs_f64(),
+        progress,
     })
+}
+
+/// At most this many points per chart line (every k-th sample, and the last).
+const MAX_POINTS: usize = 2000;
+
+fn thin<T: Copy>(v: &[T]) -> Vec<T> {
+    let step = v.len().div_ceil(MAX_POINTS).max(1);
+    let mut out: Vec<T> = v.iter().copied().step_by(step).collect();
+    if let Some(&last) = v.last()
+        && (v.len() - 1) % step != 0
+    {
+        out.push(last);
+    }
+    out
+}
+
+/// `progress.svg`, and `rss.svg` when the resident set was sampled.
+fn charts(out: &Outcome, rss: &[(f64, u64)]) -> Vec<crate::report::LineChart> {
+    let mut charts = vec![crate::report::LineChart {
+        file: "progress.svg".into(),
+        title: "drain: body received".into(),
+        x_desc: "time (s)".into(),
+        y_desc: "MB".into(),
+        log_x: false,
+        series: vec![(
+            "body MB".into(),
+            thin(&out.progress)
+                .iter()
+                .map(|&(t, b)| (t, b as f64 / 1e6))
+                .collect(),
+        )],
+    }];
+    if !rss.is_empty() {
+        charts.push(crate::report::LineChart {
+            file: "rss.svg".into(),
+            title: "drain: resident set of the sampled process".into(),
+            x_desc: "time (s)".into(),
+            y_desc: "MiB".into(),
+            log_x: false,
+            series: vec![(
+                "RSS MiB".into(),
+                thin(rss)
+                    .iter()
+                    .map(|&(t, b)| (t, b as f64 / 1048576.0))
+                    .collect(),
+            )],
+        });
+    }
+    charts
 }
 
 pub fn main(args: &Args) -> Result<(), String> {
@@ -407,19 +466,20 @@ pub fn main(args: &Args) -> Result<(), String> {
         _ => None,
     };
     let per_s = |v: u64| v as f64 / out.total_s.max(1e-9);
+    let figures = json!({
+        "path": args.path, "status": out.status, "body_bytes": out.body_bytes,
+        "lines": out.lines, "first_byte_s": out.first_byte_s, "total_s": out.total_s,
+        "lines_per_s": per_s(out.lines).round(), "body_bytes_per_s": per_s(out.body_bytes).round(),
+        "rate_bytes": parse_bytes(&args.rate_bytes).unwrap_or(0),
+        "rss_pid": args.rss_pid, "rss_samples": samples.len(),
+        "rss_before_bytes": before, "rss_max_bytes": max, "rss_after_bytes": after,
+        "rss_growth_max_bytes": growth,
+    });
+    if let Some(dir) = &args.report {
+        crate::report::write_charts(dir, &figures, &charts(&out, &samples))?;
+    }
     if args.json {
-        println!(
-            "{}",
-            json!({
-                "path": args.path, "status": out.status, "body_bytes": out.body_bytes,
-                "lines": out.lines, "first_byte_s": out.first_byte_s, "total_s": out.total_s,
-                "lines_per_s": per_s(out.lines).round(), "body_bytes_per_s": per_s(out.body_bytes).round(),
-                "rate_bytes": parse_bytes(&args.rate_bytes).unwrap_or(0),
-                "rss_pid": args.rss_pid, "rss_samples": samples.len(),
-                "rss_before_bytes": before, "rss_max_bytes": max, "rss_after_bytes": after,
-                "rss_growth_max_bytes": growth,
-            })
-        );
+        println!("{figures}");
     } else {
         println!(
             "{} {}: {} bytes, {} lines in {:.3} s ({:.0} lines/s, {:.1} MB/s), first byte after {:.1} ms",
@@ -544,6 +604,7 @@ mod tests {
             rss_interval_ms: 1.0,
             timeout: 10.0,
             json: true,
+            report: None,
         };
         let t0 = Instant::now();
         let out = transfer(&args, t0).unwrap();
@@ -551,5 +612,16 @@ mod tests {
         assert_eq!(out.lines, 2000);
         // About 20 KiB of listing at 100 KiB/s: at least ~0.15 s.
         assert!(out.total_s > 0.1, "{} s", out.total_s);
+        // The progress only grows, in time and bytes, and ends at the whole body.
+        assert!(
+            out.progress
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
+        );
+        assert_eq!(out.progress.last().unwrap().1, out.body_bytes);
+        let charts = charts(&out, &[(0.0, 1 << 20), (0.1, 2 << 20)]);
+        assert_eq!(charts.len(), 2);
+        assert!(charts[0].series[0].1.len() <= MAX_POINTS + 1);
+        assert_eq!(charts[1].series[0].1[1], (0.1, 2.0));
     }
 }

@@ -53,6 +53,11 @@ pub struct Args {
     /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
+
+    /// Write report.json (the JSON figures) and fill.svg (keys stored per second over the
+    /// run, and in all) into this directory.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
 }
 
 /// The server's limits on one batch (`src/limits.rs`: `MAX_URI_BYTES`; README: 4096 keys).
@@ -153,8 +158,9 @@ pub fn main(args: &Args) -> Result<(), String> {
         args.medium.as_deref(),
     )?;
     let batches = reqs.len();
+    let keys_of: Vec<u64> = reqs.iter().map(|r| batch_keys(r)).collect();
     let started = Instant::now();
-    let p = load::preload(
+    let (p, trace) = load::preload_traced(
         addr,
         Preloads {
             requests: reqs,
@@ -167,15 +173,23 @@ pub fn main(args: &Args) -> Result<(), String> {
     )?;
     let secs = started.elapsed().as_secs_f64();
     let clean = p.ok == p.requests && p.business_failures == 0;
-    if args.json {
-        println!(
-            "{}",
-            json!({
-                "keys": args.keys, "batches": batches, "ok": p.ok, "failed": p.failed,
-                "business_failures": p.business_failures, "secs": (secs * 1000.0).round() / 1000.0,
-                "keys_per_s": (args.keys as f64 / secs).round(),
+    let figures = json!({
+        "keys": args.keys, "batches": batches, "ok": p.ok, "failed": p.failed,
+        "business_failures": p.business_failures, "secs": (secs * 1000.0).round() / 1000.0,
+        "keys_per_s": (args.keys as f64 / secs).round(),
+    });
+    if let Some(dir) = &args.report {
+        let stored: Vec<(f64, f64)> = trace
+            .iter()
+            .map(|&(t, i)| {
+                let t = t.saturating_duration_since(started).as_secs_f64();
+                (t, keys_of.get(i).copied().unwrap_or(0) as f64)
             })
-        );
+            .collect();
+        crate::report::write_charts(dir, &figures, &chart(&stored, secs))?;
+    }
+    if args.json {
+        println!("{figures}");
     } else {
         println!(
             "fill: {} keys in {batches} batches, {:.2} s ({:.0} keys/s); batches ok {}, failed {}, with a failed key {}",
@@ -192,6 +206,47 @@ pub fn main(args: &Args) -> Result<(), String> {
     } else {
         Err("some keys were not stored".into())
     }
+}
+
+/// Keys in a batch_put request (the `keys=` list of its target).
+fn batch_keys(req: &[u8]) -> u64 {
+    let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
+    let Some(at) = line.windows(5).position(|w| w == b"keys=") else {
+        return 0;
+    };
+    let list = line[at + 5..].split(|&b| b == b'&' || b == b' ').next();
+    list.map_or(0, |l| l.split(|&b| b == b',').count() as u64)
+}
+
+/// `fill.svg`: keys stored per second over the run (from the answers of their batches), and
+/// `fill-total.svg`: keys stored in all.
+fn chart(stored: &[(f64, f64)], secs: f64) -> Vec<crate::report::LineChart> {
+    let mut sorted = stored.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut total = 0.0;
+    let mut cumulative = vec![(0.0, 0.0)];
+    for (t, k) in sorted {
+        total += k;
+        cumulative.push((t, total));
+    }
+    vec![
+        crate::report::LineChart {
+            file: "fill.svg".into(),
+            title: "fill: keys stored per second".into(),
+            x_desc: "time (s)".into(),
+            y_desc: "keys/s".into(),
+            log_x: false,
+            series: vec![("keys/s".into(), crate::report::rate_over_time(stored, secs))],
+        },
+        crate::report::LineChart {
+            file: "fill-total.svg".into(),
+            title: "fill: keys stored".into(),
+            x_desc: "time (s)".into(),
+            y_desc: "keys".into(),
+            log_x: false,
+            series: vec![("keys".into(), cumulative)],
+        },
+    ]
 }
 
 #[cfg(test)]

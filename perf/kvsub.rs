@@ -21,6 +21,11 @@ pub struct Args {
     /// Print one JSON object instead of a line.
     #[arg(long)]
     json: bool,
+
+    /// Write report.json (the JSON figures) and events.svg (events and batches received per
+    /// second over the run) into this directory.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
 }
 
 /// What arrived.
@@ -109,26 +114,35 @@ pub fn main(args: &Args) -> Result<(), String> {
     let end = start + Duration::from_secs_f64(args.secs);
     let mut r = Received::default();
     let mut first_at = None;
+    // (seconds since the start, events) of each well-formed batch, for the report.
+    let mut arrivals: Vec<(f64, f64)> = Vec::new();
     while Instant::now() < end {
         match s.recv_multipart(0) {
             Ok(frames) => {
-                first_at.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                let t = start.elapsed().as_secs_f64();
+                first_at.get_or_insert(t);
+                let events = r.events;
+                let batches = r.batches;
                 r.add(&frames);
+                if r.batches > batches {
+                    arrivals.push((t, (r.events - events) as f64));
+                }
             }
             Err(zmq::Error::EAGAIN) => {}
             Err(e) => return Err(format!("recv: {e}")),
         }
     }
+    let figures = json!({
+        "endpoint": args.endpoint, "secs": args.secs, "batches": r.batches,
+        "events": r.events, "bytes": r.bytes, "first_seq": r.first_seq,
+        "last_seq": r.last_seq, "missing": r.missing, "malformed": r.malformed,
+        "first_batch_after_s": first_at,
+    });
+    if let Some(dir) = &args.report {
+        crate::report::write_charts(dir, &figures, &[chart(&arrivals, args.secs)])?;
+    }
     if args.json {
-        println!(
-            "{}",
-            json!({
-                "endpoint": args.endpoint, "secs": args.secs, "batches": r.batches,
-                "events": r.events, "bytes": r.bytes, "first_seq": r.first_seq,
-                "last_seq": r.last_seq, "missing": r.missing, "malformed": r.malformed,
-                "first_batch_after_s": first_at,
-            })
-        );
+        println!("{figures}");
     } else {
         println!(
             "kv-sub {}: {} batches, {} events, {} bytes, sequences {:?}..{:?}, {} missing, {} malformed",
@@ -143,6 +157,28 @@ pub fn main(args: &Args) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `events.svg`: events and batches received per second over the run.
+fn chart(arrivals: &[(f64, f64)], secs: f64) -> crate::report::LineChart {
+    let batches: Vec<(f64, f64)> = arrivals.iter().map(|&(t, _)| (t, 1.0)).collect();
+    crate::report::LineChart {
+        file: "events.svg".into(),
+        title: "kv-sub: KV events received".into(),
+        x_desc: "time (s)".into(),
+        y_desc: "per second".into(),
+        log_x: false,
+        series: vec![
+            (
+                "events/s".into(),
+                crate::report::rate_over_time(arrivals, secs),
+            ),
+            (
+                "batches/s".into(),
+                crate::report::rate_over_time(&batches, secs),
+            ),
+        ],
+    }
 }
 
 #[cfg(test)]

@@ -609,6 +609,18 @@ pub fn preload(
     io_timeout: Duration,
     deadline: Instant,
 ) -> Result<Preload, String> {
+    preload_traced(addr, reqs, conns, driver, io_timeout, deadline).map(|(p, _)| p)
+}
+
+/// [`preload`], with when each 2xx answer arrived: (time, index of its request).
+pub fn preload_traced(
+    addr: SocketAddr,
+    reqs: Preloads,
+    conns: usize,
+    driver: DriverChoice,
+    io_timeout: Duration,
+    deadline: Instant,
+) -> Result<(Preload, Vec<(Instant, usize)>), String> {
     let Preloads {
         requests: reqs,
         body_rest,
@@ -621,13 +633,16 @@ pub fn preload(
             requests: reqs.len() as u64,
             ..Preload::default()
         }));
+        let trace = Rc::new(RefCell::new(Vec::new()));
         let mut handles = Vec::new();
         for c in 0..conns {
             let (lo, hi) = ((c * per).min(reqs.len()), ((c + 1) * per).min(reqs.len()));
             let (reqs, total, rest) = (reqs.clone(), total.clone(), body_rest.clone());
+            let trace = trace.clone();
             handles.push(monoio::spawn(async move {
+                let answered = |i: usize| trace.borrow_mut().push((Instant::now(), lo + i));
                 let (ok, business) =
-                    preload_conn(addr, &reqs[lo..hi], rest, io_timeout, deadline).await;
+                    preload_conn(addr, &reqs[lo..hi], rest, io_timeout, deadline, answered).await;
                 let mut t = total.borrow_mut();
                 t.ok += ok;
                 t.failed += (hi - lo) as u64 - ok;
@@ -637,7 +652,8 @@ pub fn preload(
         for h in handles {
             h.await;
         }
-        *total.borrow()
+        let t = *total.borrow();
+        (t, trace.take())
     })?;
     Ok(out)
 }
@@ -649,6 +665,7 @@ async fn preload_conn(
     body_rest: Option<Bytes>,
     io_timeout: Duration,
     deadline: Instant,
+    mut answered_ok: impl FnMut(usize),
 ) -> (u64, u64) {
     let step_deadline =
         || monoio::time::Instant::from_std((Instant::now() + io_timeout).min(deadline));
@@ -738,6 +755,7 @@ async fn preload_conn(
                     if (200..300).contains(&status) {
                         ok += 1;
                         business += u64::from(failed);
+                        answered_ok(done + answered - 1);
                     }
                     if close {
                         broken = true;

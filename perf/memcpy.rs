@@ -43,6 +43,11 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+
+    /// Write report.json (the JSON figures) and bandwidth.svg (GB/s by copy size, one line
+    /// per pattern) into this directory.
+    #[arg(long, value_name = "DIR")]
+    report: Option<std::path::PathBuf>,
 }
 
 /// Largest accepted copy size and pool, so that a typo cannot exhaust memory.
@@ -140,22 +145,24 @@ pub fn main(args: &Args) -> Result<(), String> {
         .iter()
         .map(|&size| measure(size, &mut pool, args.secs))
         .collect();
-    if args.json {
-        let rows: Vec<_> = results
-            .iter()
-            .map(|b| {
-                json!({
-                    "bytes": b.size,
-                    "hot_bytes_per_s": b.hot.round(),
-                    "to_pool_bytes_per_s": b.to_pool.round(),
-                    "from_pool_bytes_per_s": b.from_pool.round(),
-                })
+    let rows: Vec<_> = results
+        .iter()
+        .map(|b| {
+            json!({
+                "bytes": b.size,
+                "hot_bytes_per_s": b.hot.round(),
+                "to_pool_bytes_per_s": b.to_pool.round(),
+                "from_pool_bytes_per_s": b.from_pool.round(),
             })
-            .collect();
-        println!(
-            "{}",
-            json!({"pool_bytes": pool_len, "secs": args.secs, "cpu": args.pin, "sizes": rows})
-        );
+        })
+        .collect();
+    let figures =
+        json!({"pool_bytes": pool_len, "secs": args.secs, "cpu": args.pin, "sizes": rows});
+    if let Some(dir) = &args.report {
+        crate::report::write_charts(dir, &figures, &[chart(&results)])?;
+    }
+    if args.json {
+        println!("{figures}");
     } else {
         println!(
             "memcpy, one thread, median of {WINDOWS} windows, pool {}",
@@ -176,6 +183,29 @@ pub fn main(args: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// GB/s by copy size, one line per pattern.
+fn chart(results: &[Bandwidth]) -> crate::report::LineChart {
+    let line = |name: &str, f: fn(&Bandwidth) -> f64| {
+        let pts = results
+            .iter()
+            .map(|b| (b.size as f64, f(b) / 1e9))
+            .collect();
+        (name.to_string(), pts)
+    };
+    crate::report::LineChart {
+        file: "bandwidth.svg".into(),
+        title: "memcpy bandwidth, one thread".into(),
+        x_desc: "copy size (bytes)".into(),
+        y_desc: "GB/s".into(),
+        log_x: true,
+        series: vec![
+            line("hot", |b| b.hot),
+            line("to_pool", |b| b.to_pool),
+            line("from_pool", |b| b.from_pool),
+        ],
+    }
 }
 
 #[cfg(test)]

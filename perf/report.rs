@@ -155,6 +155,178 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> Result<(), String> {
     draw(out, &runs)
 }
 
+/// A chart of named lines over one x axis: what the helpers (`memcpy`, `fill`, `drain`,
+/// `kv-sub`) report, written as `DIR/<file>` and kept in `report.json` under `charts`.
+pub struct LineChart {
+    pub file: String,
+    pub title: String,
+    pub x_desc: String,
+    pub y_desc: String,
+    /// A logarithmic x axis (e.g. copy sizes).
+    pub log_x: bool,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl LineChart {
+    fn json(&self) -> Value {
+        let series: serde_json::Map<String, Value> = self
+            .series
+            .iter()
+            .map(|(name, pts)| {
+                let pts: Vec<[f64; 2]> = pts.iter().map(|&(x, y)| [x, y]).collect();
+                (name.clone(), json!(pts))
+            })
+            .collect();
+        json!({
+            "file": self.file, "title": self.title, "x": self.x_desc, "y": self.y_desc,
+            "log_x": self.log_x, "series": series,
+        })
+    }
+
+    fn from_json(v: &Value, run: &str) -> Option<LineChart> {
+        // Only a plain file name: a report read by `compare` cannot write elsewhere.
+        let file = match v["file"].as_str()? {
+            f if f.ends_with(".svg") && !f.contains('/') && !f.starts_with('.') => f.to_string(),
+            _ => return None,
+        };
+        let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        Some(LineChart {
+            file,
+            title: text("title"),
+            x_desc: text("x"),
+            y_desc: text("y"),
+            log_x: v["log_x"].as_bool().unwrap_or(false),
+            series: v["series"]
+                .as_object()?
+                .iter()
+                .map(|(name, pts)| (label(run, name), pairs(pts)))
+                .collect(),
+        })
+    }
+}
+
+/// Writes `DIR/report.json` (`figures` and `charts`) and one SVG per chart.
+pub fn write_charts(dir: &Path, figures: &Value, charts: &[LineChart]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let report = json!({
+        "figures": figures,
+        "charts": charts.iter().map(LineChart::json).collect::<Vec<_>>(),
+    });
+    let path = dir.join("report.json");
+    std::fs::write(&path, format!("{report:#}\n"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    draw(dir, &[("".to_string(), report)])
+}
+
+/// Amounts at times (seconds, amount) as a rate over time: per second in buckets of at least
+/// 100 ms (at most [`MAX_BUCKETS`]) over `[0, secs]`, each at its bucket's middle.
+pub fn rate_over_time(events: &[(f64, f64)], secs: f64) -> Vec<(f64, f64)> {
+    let secs = if secs.is_finite() && secs > 0.0 {
+        secs
+    } else {
+        MIN_BUCKET.as_secs_f64()
+    };
+    let n = ((secs / MIN_BUCKET.as_secs_f64()).ceil() as usize).clamp(1, MAX_BUCKETS);
+    let w = secs / n as f64;
+    let mut sums = vec![0.0; n];
+    for &(t, amount) in events {
+        let i = ((t.max(0.0) / w) as usize).min(n - 1);
+        sums[i] += amount;
+    }
+    sums.iter()
+        .enumerate()
+        .map(|(i, s)| ((i as f64 + 0.5) * w, s / w))
+        .collect()
+}
+
+/// Draws the line charts of the runs: one file per chart name, every run's series on it.
+fn draw_charts(dir: &Path, runs: &[(String, Value)]) -> Result<(), String> {
+    let mut charts: Vec<LineChart> = Vec::new();
+    for (run, v) in runs {
+        for c in v["charts"].as_array().into_iter().flatten() {
+            let Some(c) = LineChart::from_json(c, run) else {
+                continue;
+            };
+            match charts.iter_mut().find(|k| k.file == c.file) {
+                Some(k) => k.series.extend(c.series),
+                None => charts.push(c),
+            }
+        }
+    }
+    for c in &charts {
+        draw_lines(dir, c)?;
+    }
+    Ok(())
+}
+
+fn draw_lines(dir: &Path, c: &LineChart) -> Result<(), String> {
+    let pts = || c.series.iter().flat_map(|s| s.1.iter());
+    let (mut xmin, mut xmax) = pts().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+        (a.min(p.0), b.max(p.0))
+    });
+    if !(xmin.is_finite() && xmax.is_finite()) {
+        (xmin, xmax) = (0.0, 1.0);
+    }
+    let ymax = pts().map(|p| p.1).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+    let ymin = pts().map(|p| p.1).fold(0.0f64, f64::min);
+    let path = dir.join(&c.file);
+    let root = SVGBackend::new(&path, (960, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(c.title.as_str(), ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(80);
+    // The series, with their legend, on a built chart (linear or log x).
+    macro_rules! plot {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(c.x_desc.as_str())
+                .y_desc(c.y_desc.as_str())
+                .draw()
+                .map_err(err)?;
+            for (i, (name, pts)) in c.series.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                    .map_err(err)?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            }
+            if c.series.iter().any(|s| !s.0.is_empty()) {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(err)?;
+            }
+        }};
+    }
+    if c.log_x {
+        let lo = xmin.max(1e-9);
+        let hi = xmax.max(lo * 2.0);
+        plot!(
+            builder
+                .build_cartesian_2d((lo / 1.5..hi * 1.5).log_scale(), ymin..ymax)
+                .map_err(err)?
+        );
+    } else {
+        let hi = if xmax > xmin { xmax } else { xmin + 1.0 };
+        plot!(
+            builder
+                .build_cartesian_2d(xmin..hi, ymin..ymax)
+                .map_err(err)?
+        );
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
 fn pairs(v: &Value) -> Vec<(f64, f64)> {
     v.as_array()
         .map(|a| {
@@ -177,8 +349,27 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     format!("cannot draw a chart: {e}")
 }
 
-/// Draws `latency.svg` and `timeline.svg` in `dir` from reports (run name, report.json).
+/// Draws the charts of reports (run name, report.json) in `dir`: `latency.svg` and
+/// `timeline.svg` when they have latency curves and a timeline (load mode, `kvcache`), and
+/// each of their line charts (the helpers'), the runs' series on one chart per file.
 fn draw(dir: &Path, runs: &[(String, Value)]) -> Result<(), String> {
+    let has = |key: &str| {
+        runs.iter().any(|(_, v)| match &v[key] {
+            Value::Object(m) => !m.is_empty(),
+            _ => false,
+        })
+    };
+    if has("curves") {
+        draw_latency(dir, runs)?;
+    }
+    if has("timeline") {
+        draw_timeline(dir, runs)?;
+    }
+    draw_charts(dir, runs)
+}
+
+/// `latency.svg`: latency by percentile, every curve of every run.
+fn draw_latency(dir: &Path, runs: &[(String, Value)]) -> Result<(), String> {
     // Percentile curves: x = 1/(1-q) (log), y = µs (log).
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for (run, v) in runs {
@@ -256,6 +447,11 @@ fn draw(dir: &Path, runs: &[(String, Value)]) -> Result<(), String> {
             .map_err(err)?;
         root.present().map_err(err)?;
     }
+    Ok(())
+}
+
+/// `timeline.svg`: throughput and p99 over the window, every run.
+fn draw_timeline(dir: &Path, runs: &[(String, Value)]) -> Result<(), String> {
     // Throughput and p99 over time, one panel each.
     // (run, responses/s, p99 µs) over time.
     type Points = Vec<(f64, f64)>;
@@ -404,6 +600,54 @@ mod tests {
             "one run is no comparison"
         );
         assert!(compare(&[a, base.join("missing")], &out).is_err());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn rates_over_time_per_bucket() {
+        // 1 s in 10 buckets of 100 ms: 5 at 0.05 s, 3 at 0.95 s (and one past the end, kept in
+        // the last bucket).
+        let r = rate_over_time(&[(0.05, 2.0), (0.06, 3.0), (0.95, 1.0), (1.5, 2.0)], 1.0);
+        assert_eq!(r.len(), 10);
+        assert!(
+            (r[0].0 - 0.05).abs() < 1e-9 && (r[0].1 - 50.0).abs() < 1e-9,
+            "{r:?}"
+        );
+        assert!((r[9].1 - 30.0).abs() < 1e-9, "{r:?}");
+        assert!(r[1..9].iter().all(|p| p.1 == 0.0), "{r:?}");
+        // Long runs: at most MAX_BUCKETS buckets.
+        assert_eq!(rate_over_time(&[], 3600.0).len(), MAX_BUCKETS);
+        assert_eq!(rate_over_time(&[(0.0, 1.0)], 0.0).len(), 1);
+    }
+
+    #[test]
+    fn line_charts_are_written_and_compared() {
+        let base = std::env::temp_dir().join(format!("mmc-perf-lines-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (a, b, out) = (base.join("one"), base.join("two"), base.join("cmp"));
+        for (dir, k) in [(&a, 1.0), (&b, 2.0)] {
+            let chart = LineChart {
+                file: "bw.svg".into(),
+                title: "Bandwidth".into(),
+                x_desc: "size".into(),
+                y_desc: "GB/s".into(),
+                log_x: true,
+                series: vec![("hot".into(), vec![(4096.0, k), (65536.0, 2.0 * k)])],
+            };
+            write_charts(dir, &json!({"k": k}), &[chart]).unwrap();
+            assert_svg(&dir.join("bw.svg"), &["Bandwidth", "hot"]);
+            assert!(!dir.join("latency.svg").exists(), "no latencies, no curve");
+        }
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(a.join("report.json")).unwrap()).unwrap();
+        assert_eq!(v["figures"]["k"], 1.0);
+        assert_eq!(v["charts"][0]["series"]["hot"][1][1], 2.0);
+        compare(&[a.clone(), b.clone()], &out).unwrap();
+        assert_svg(&out.join("bw.svg"), &["one: hot", "two: hot"]);
+        // A report naming a file outside its directory is not drawn there.
+        let mut evil = v.clone();
+        evil["charts"][0]["file"] = json!("../evil.svg");
+        assert!(LineChart::from_json(&evil["charts"][0], "x").is_none());
         let _ = std::fs::remove_dir_all(&base);
     }
 

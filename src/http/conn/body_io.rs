@@ -369,28 +369,196 @@ pub(super) mod staging {
     }
 }
 
-/// Writes the body parts that follow a head: shared bytes and pinned blobs (host memory
-/// straight from the segment; device memory through a bounded buffer), or a key stream.
+/// Writes an answer's head (`wbuf`: it and any answers queued before it) and the body parts
+/// that follow it: shared bytes and pinned blobs (host memory straight from the segment;
+/// device memory through a bounded buffer), or a key stream. The head and the parts the
+/// socket can read where they are go out together, in one vectored write ([`Gather`]): a GET
+/// of a blob is one send, not a small send of its head and then the blob (the head went out
+/// as its own packet and woke the client for it alone).
 pub(super) async fn write_tail<S: Io>(
     front: &Front,
     stream: &mut S,
+    wbuf: &mut Vec<u8>,
     tail: Tail,
     http10: bool,
 ) -> bool {
     match tail {
         Tail::Parts(parts) => {
-            for part in parts {
-                let ok = match part {
-                    Part::Bytes(b) => stream.write_all(b).await.0.is_ok(),
-                    Part::Blob(p) => write_blob(stream, &p).await,
-                };
+            let mut parts = parts.into_iter().peekable();
+            let mut head = std::mem::take(wbuf);
+            loop {
+                let mut gather = Gather::new(head);
+                while gather.iov.len() < GATHER_MAX_IOVECS
+                    && let Some(part) = parts.next_if(Gather::addressable)
+                {
+                    if !gather.push(part) {
+                        return false;
+                    }
+                }
+                let (ok, g) = gather.write(stream).await;
+                head = g.into_head();
                 if !ok {
                     return false;
                 }
+                match parts.peek() {
+                    None => break,
+                    // More parts than one write takes: the next write.
+                    Some(p) if Gather::addressable(p) => {}
+                    // Device memory: staged, a buffer at a time, after what came before it.
+                    Some(_) => {
+                        let Some(Part::Blob(p)) = parts.next() else {
+                            unreachable!("only a blob can be unaddressable")
+                        };
+                        if !write_blob(stream, &p).await {
+                            return false;
+                        }
+                    }
+                }
             }
+            *wbuf = head;
             true
         }
-        Tail::KeyStream(listing) => stream_keys(front, stream, listing, !http10).await,
+        Tail::KeyStream(listing) => {
+            super::flush(stream, wbuf).await && stream_keys(front, stream, listing, !http10).await
+        }
+    }
+}
+
+/// Parts per vectored write, below the kernel's `IOV_MAX` (1024).
+const GATHER_MAX_IOVECS: usize = 512;
+
+/// A vectored write of an answer's head and the parts after it that the socket can read where
+/// they are (shared bytes, blobs in host memory), owning what the kernel reads until the write
+/// completes: the head's buffer, the bytes, each blob's pin and a view that keeps its segment
+/// mapped (an abandoned write's buffers live on in the runtime until the kernel is done).
+struct Gather {
+    head: Vec<u8>,
+    held: Vec<Held>,
+    iov: Vec<libc::iovec>,
+    /// The first entry of `iov` not yet written.
+    sent: usize,
+}
+
+enum Held {
+    Bytes(bytes::Bytes),
+    /// A blob's pin (held until the write is over) and a view of its bytes (which keeps its
+    /// segment mapped).
+    Blob {
+        _pin: crate::shards::PinnedBlob,
+        view: crate::shards::store::ssd::IoBuffer,
+    },
+}
+
+// SAFETY: `iov` points into `head`'s heap buffer and into what `held` keeps alive (shared
+// bytes, pinned blobs in mapped segments); none of them moves or is freed while the Gather
+// lives, and `iov` is not changed after the write was handed over.
+unsafe impl monoio::buf::IoVecBuf for Gather {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov[self.sent..].as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len() - self.sent
+    }
+}
+
+impl Gather {
+    fn new(mut head: Vec<u8>) -> Gather {
+        let mut iov = Vec::with_capacity(4);
+        if !head.is_empty() {
+            iov.push(libc::iovec {
+                iov_base: head.as_mut_ptr().cast(),
+                iov_len: head.len(),
+            });
+        }
+        Gather {
+            head,
+            held: Vec::new(),
+            iov,
+            sent: 0,
+        }
+    }
+
+    /// Writes everything, resuming after short writes. (monoio 0.2.4's `write_vectored_all`
+    /// does not advance an entry it wrote in part: it sends those bytes again, then panics.)
+    async fn write<S: Io>(mut self, stream: &mut S) -> (bool, Gather) {
+        while self.sent < self.iov.len() {
+            let (res, g) = stream.writev(self).await;
+            self = g;
+            match res {
+                Ok(0) => return (false, self),
+                Ok(n) => self.consume(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return (false, self),
+            }
+        }
+        (true, self)
+    }
+
+    /// `n` more bytes were written: skips the entries done, shortens a part-written one.
+    fn consume(&mut self, mut n: usize) {
+        while n > 0 && self.sent < self.iov.len() {
+            let e = &mut self.iov[self.sent];
+            let step = n.min(e.iov_len);
+            // SAFETY: within the entry's buffer (step <= its length).
+            e.iov_base = unsafe { e.iov_base.cast::<u8>().add(step) }.cast();
+            e.iov_len -= step;
+            n -= step;
+            if e.iov_len == 0 {
+                self.sent += 1;
+            }
+        }
+    }
+
+    fn addressable_blob(p: &crate::shards::PinnedBlob) -> bool {
+        p.view.seg.backend.host_region().is_some()
+    }
+
+    fn addressable(part: &Part) -> bool {
+        match part {
+            Part::Bytes(_) => true,
+            Part::Blob(p) => Self::addressable_blob(p),
+        }
+    }
+
+    /// Adds an addressable part (see [`Gather::addressable`]). False when a blob's range is
+    /// not in its segment (the answer cannot be sent).
+    fn push(&mut self, part: Part) -> bool {
+        use crate::shards::store::ssd::IoBuffer;
+        use monoio::buf::IoBuf;
+        let held = match part {
+            Part::Bytes(b) => Held::Bytes(b),
+            Part::Blob(p) => {
+                let v = &p.view;
+                // SAFETY: the blob is pinned (readable, never written) while `p` lives, and
+                // `p` is held with the view until the write is over.
+                match unsafe {
+                    IoBuffer::segment_view(v.seg.clone(), v.offset, v.len as usize, true)
+                } {
+                    Ok(view) => Held::Blob { _pin: p, view },
+                    Err(_) => return false,
+                }
+            }
+        };
+        let (ptr, len) = match &held {
+            Held::Bytes(b) => (b.as_ptr(), b.len()),
+            Held::Blob { view, .. } => (view.read_ptr(), view.bytes_init()),
+        };
+        if len > 0 {
+            self.iov.push(libc::iovec {
+                iov_base: ptr as *mut libc::c_void,
+                iov_len: len,
+            });
+        }
+        self.held.push(held);
+        true
+    }
+
+    /// The head's buffer back, emptied, for the connection's next answers.
+    fn into_head(self) -> Vec<u8> {
+        let mut head = self.head;
+        head.clear();
+        head
     }
 }
 
@@ -464,6 +632,54 @@ pub(super) async fn stream_keys<S: Io>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bytes a gather still has to write, in order.
+    fn unsent(g: &Gather) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in &g.iov[g.sent..] {
+            // SAFETY: the entries point into buffers `g` holds.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(e.iov_base.cast::<u8>(), e.iov_len)
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_gather_resumes_after_short_writes_where_they_stopped() {
+        let whole = b"HTTP/1.1 200 OK\r\n\r\n0123456789abcdefXYZ".to_vec();
+        // Short writes that end inside an entry, exactly at an entry's end, across several.
+        for steps in [
+            vec![3, 5, 12, 1, 9, 8],
+            vec![19, 16, 3],
+            vec![1; 38],
+            vec![38],
+            vec![25, 13],
+        ] {
+            let mut g = Gather::new(b"HTTP/1.1 200 OK\r\n\r\n".to_vec());
+            assert!(g.push(Part::Bytes(bytes::Bytes::from_static(b"0123456789abcdef"))));
+            assert!(g.push(Part::Bytes(bytes::Bytes::new())), "an empty part");
+            assert!(g.push(Part::Bytes(bytes::Bytes::from_static(b"XYZ"))));
+            assert_eq!(g.iov.len(), 3, "no entry for the empty part");
+            assert_eq!(unsent(&g), whole);
+            let mut done = 0;
+            for n in steps {
+                g.consume(n);
+                done += n;
+                assert_eq!(unsent(&g), whole[done..], "after {done} bytes");
+                assert_eq!(
+                    monoio::buf::IoVecBuf::read_iovec_len(&g),
+                    g.iov.len() - g.sent
+                );
+            }
+            assert_eq!(g.sent, g.iov.len(), "all written");
+            assert!(g.into_head().is_empty(), "the head buffer comes back empty");
+        }
+        // Without a head (nothing queued before the parts), no empty first entry.
+        let mut g = Gather::new(Vec::new());
+        assert!(g.push(Part::Bytes(bytes::Bytes::from_static(b"ab"))));
+        assert_eq!(g.iov.len(), 1);
+    }
 
     #[test]
     fn staging_buffers_are_reused_up_to_the_pool_size() {

@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
+use super::Io;
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
-use super::{Io, flush};
 use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
@@ -32,10 +32,8 @@ pub(super) async fn answer<S: Io>(
     )
     .await;
     if let Some(tail) = tail {
-        // Head first, then the body from where it is.
-        if !flush(stream, wbuf).await
-            || !write_tail(front, stream, tail, head.minor_version == 0).await
-        {
+        // The head with the body from where it is.
+        if !write_tail(front, stream, wbuf, tail, head.minor_version == 0).await {
             return None;
         }
     }
