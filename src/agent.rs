@@ -135,20 +135,16 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         "url": url,
         "incarnation": incarnation,
         "segments": segments,
-    })
-    .to_string()
-    .into_bytes();
-    let token = cluster.config.cluster.token.as_str();
+    });
     let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
     let mut i = 0;
     while i < candidates.len() {
         let meta = candidates[i].clone();
         i += 1;
-        let answer = client::request(
+        let answer = tell(
+            cluster,
             &meta,
-            "POST",
             "/cluster/v1/join",
-            Some(token),
             body.clone(),
             CALL_TIMEOUT,
         )
@@ -284,15 +280,11 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "get_bytes": get_bytes,
         "puts": puts,
         "put_bytes": put_bytes,
-    })
-    .to_string()
-    .into_bytes();
-    let token = cluster.config.cluster.token.as_str();
-    match client::request(
+    });
+    match tell(
+        cluster,
         &m.meta,
-        "POST",
         "/cluster/v1/heartbeat",
-        Some(token),
         body,
         CALL_TIMEOUT,
     )
@@ -338,15 +330,11 @@ fn traffic(cluster: &Cluster) -> (u64, u64, u64, u64) {
 }
 
 async fn leave(cluster: &Cluster, m: &Membership, incarnation: u64) {
-    let body = json!({"rank": m.rank, "incarnation": incarnation})
-        .to_string()
-        .into_bytes();
-    let token = cluster.config.cluster.token.as_str();
-    match client::request(
+    let body = json!({"rank": m.rank, "incarnation": incarnation});
+    match tell(
+        cluster,
         &m.meta,
-        "POST",
         "/cluster/v1/leave",
-        Some(token),
         body,
         Duration::from_secs(15),
     )
@@ -358,6 +346,19 @@ async fn leave(cluster: &Cluster, m: &Membership, incarnation: u64) {
         Ok(a) => log::warn!("leave refused by {} ({})", m.meta, a.status),
         Err(e) => log::warn!("leave: {e}"),
     }
+}
+
+/// POSTs a JSON message to the meta at `meta` with the cluster token.
+async fn tell(
+    cluster: &Cluster,
+    meta: &str,
+    path: &str,
+    body: Value,
+    timeout: Duration,
+) -> Result<client::Answer, String> {
+    let token = cluster.config.cluster.token.as_str();
+    let body = body.to_string().into_bytes();
+    client::request(meta, "POST", path, Some(token), body, timeout).await
 }
 
 /// A random number that tells this run of the service from a previous one with the same rank.

@@ -57,6 +57,9 @@ pub struct Joined {
     /// The rank was still live under another incarnation (a restart faster than the
     /// heartbeat timeout): its old segments must be dropped before the new ones are mounted.
     pub replaced: bool,
+    /// A new membership (not the same incarnation asking again): anything still mounted for
+    /// the rank is from an earlier one and is dropped before its segments are mounted.
+    pub fresh: bool,
 }
 
 /// The meta's table of remote ranks.
@@ -124,6 +127,7 @@ impl RankRegistry {
                 return Ok(Joined {
                     rank,
                     replaced: false,
+                    fresh: false,
                 });
             }
             Some(e) if e.state == RankState::Live && wanted.is_none() => {
@@ -143,7 +147,11 @@ impl RankRegistry {
                 report: RankReport::default(),
             },
         );
-        Ok(Joined { rank, replaced })
+        Ok(Joined {
+            rank,
+            replaced,
+            fresh: true,
+        })
     }
 
     /// A heartbeat: false when the rank is unknown, lost or another incarnation (the local
@@ -244,6 +252,18 @@ impl LocalIdentity {
     }
 }
 
+impl super::Cluster {
+    /// The mounted segments of remote rank `rank`.
+    pub fn remote_segments_of(&self, rank: u32) -> Vec<Arc<Segment>> {
+        self.segments
+            .snapshot()
+            .iter()
+            .filter(|s| s.rank == rank && s.backend.remote().is_some())
+            .cloned()
+            .collect()
+    }
+}
+
 impl Shard {
     /// Mounts a remote rank's segments (their bytes on the local service at `url`).
     pub fn mount_remote(
@@ -278,15 +298,7 @@ impl Shard {
     /// blobs are dropped on every shard (objects with no copy elsewhere removed), then the
     /// segments leave the table and every shard forgets them.
     pub async fn drop_rank(self: &Rc<Self>, rank: u32) {
-        let segs: Vec<_> = self
-            .cluster
-            .segments
-            .snapshot()
-            .iter()
-            .filter(|s| s.rank == rank && s.backend.remote().is_some())
-            .cloned()
-            .collect();
-        for seg in segs {
+        for seg in self.cluster.remote_segments_of(rank) {
             self.drop_remote_segment(&seg).await;
         }
         for s in self.cluster.shards.iter() {
@@ -306,7 +318,8 @@ impl Shard {
                 seg.name
             );
         }
-        self.cluster.segments.remove(&seg.name);
+        // By id: a rank that joined again meanwhile has a new segment under the same name.
+        self.cluster.segments.remove_id(&seg.name, id);
         let _ = self.broadcast(|| Command::Forget { seg: id }).await;
         log::warn!("dropped segment {}", seg.name);
     }
@@ -345,7 +358,8 @@ mod tests {
             reg.join(None, "http://a", 1, segs(), 1, t),
             Ok(Joined {
                 rank: 1,
-                replaced: false
+                replaced: false,
+                fresh: false
             })
         );
         // A configured rank below the embedded ones is refused; a taken one without a
@@ -356,7 +370,8 @@ mod tests {
             reg.join(Some(2), "http://b", 4, segs(), 1, t),
             Ok(Joined {
                 rank: 2,
-                replaced: true
+                replaced: true,
+                fresh: true
             })
         );
         assert!(!reg.heartbeat(2, 2, RankReport::default(), t));
@@ -382,7 +397,8 @@ mod tests {
             back,
             Joined {
                 rank: 0,
-                replaced: false
+                replaced: false,
+                fresh: true
             }
         );
         assert!(reg.lost().is_empty());

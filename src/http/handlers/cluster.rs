@@ -146,28 +146,12 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
     };
     let rank = joined.rank;
-    let mounted = cluster
-        .segments
-        .snapshot()
-        .iter()
-        .any(|s| s.rank == rank && s.backend.remote().is_some());
-    if mounted {
-        let same = !joined.replaced
-            && cluster
-                .segments
-                .snapshot()
-                .iter()
-                .any(|s| s.rank == rank && s.backend.remote().is_some_and(|r| r.url == url));
-        if !same || joined.replaced {
-            // A restarted service: its memory starts empty, the old copies are gone.
-            ctx.shard.drop_rank(rank).await;
-        }
+    if joined.fresh {
+        // A new service, or a restarted one (its memory starts empty): whatever was mounted
+        // for this rank before (its old copies) is dropped first.
+        ctx.shard.drop_rank(rank).await;
     }
-    let still = cluster
-        .segments
-        .snapshot()
-        .iter()
-        .any(|s| s.rank == rank && s.backend.remote().is_some());
+    let still = !cluster.remote_segments_of(rank).is_empty();
     if !still && let Err(e) = ctx.shard.mount_remote(rank, url, &segments) {
         log::error!("could not mount rank {rank}'s segments: {e}");
         cluster.ranks.leave(rank, incarnation);
@@ -189,22 +173,29 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     )
 }
 
+/// An admitted message from a member: its JSON body and its `rank` and `incarnation`.
+fn member_message(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    what: &str,
+) -> Result<(Value, u32, u64), Response> {
+    admits(ctx)?;
+    let v = body_json(req, ctx)?;
+    match (field_u64(&v, "rank"), field_u64(&v, "incarnation")) {
+        (Some(rank), Some(incarnation)) => Ok((v, rank.min(u32::MAX as u64) as u32, incarnation)),
+        _ => Err(ctx.protocol_error(
+            Status::BAD_REQUEST,
+            &format!("Invalid {what}: expected rank and incarnation"),
+        )),
+    }
+}
+
 /// `POST /cluster/v1/heartbeat`: `{"rank", "incarnation", "gets", "get_bytes", "puts",
 /// "put_bytes"}`; 409 when the meta does not know this incarnation (join again).
 pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    if let Err(r) = admits(ctx) {
-        return r;
-    }
-    let v = match body_json(req, ctx) {
-        Ok(v) => v,
+    let (v, rank, incarnation) = match member_message(req, ctx, "heartbeat") {
+        Ok(m) => m,
         Err(r) => return r,
-    };
-    let (Some(rank), Some(incarnation)) = (field_u64(&v, "rank"), field_u64(&v, "incarnation"))
-    else {
-        return ctx.protocol_error(
-            Status::BAD_REQUEST,
-            "Invalid heartbeat: expected rank and incarnation",
-        );
     };
     let report = RankReport {
         gets: field_u64(&v, "gets").unwrap_or(0),
@@ -212,7 +203,6 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         puts: field_u64(&v, "puts").unwrap_or(0),
         put_bytes: field_u64(&v, "put_bytes").unwrap_or(0),
     };
-    let rank = rank.min(u32::MAX as u64) as u32;
     if ctx
         .shard
         .cluster
@@ -228,32 +218,15 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// `POST /cluster/v1/leave`: `{"rank", "incarnation"}`. The rank's segments are unmounted:
 /// its objects with a copy elsewhere stay readable.
 pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    if let Err(r) = admits(ctx) {
-        return r;
-    }
-    let v = match body_json(req, ctx) {
-        Ok(v) => v,
+    let (_, rank, incarnation) = match member_message(req, ctx, "leave") {
+        Ok(m) => m,
         Err(r) => return r,
     };
-    let (Some(rank), Some(incarnation)) = (field_u64(&v, "rank"), field_u64(&v, "incarnation"))
-    else {
-        return ctx.protocol_error(
-            Status::BAD_REQUEST,
-            "Invalid leave: expected rank and incarnation",
-        );
-    };
-    let rank = rank.min(u32::MAX as u64) as u32;
     let cluster = ctx.shard.cluster.clone();
     if !cluster.ranks.is_live(rank, incarnation) {
         return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation");
     }
-    let segs: Vec<_> = cluster
-        .segments
-        .snapshot()
-        .iter()
-        .filter(|s| s.rank == rank && s.backend.remote().is_some())
-        .cloned()
-        .collect();
+    let segs = cluster.remote_segments_of(rank);
     let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank).await;
     cluster.ranks.leave(rank, incarnation);

@@ -344,47 +344,10 @@ pub(super) async fn grant_put(
             "Invalid grant: expired while the body arrived",
         ));
     }
-    if let Some(n) = &next {
-        let bytes = read_back(&seg, grant.offset, size);
-        match bytes {
-            Ok(bytes) => match client::request_url(n, "PUT", bytes, HOP_TIMEOUT).await {
-                Ok(a) if a.status == 200 && !body_failed(&a.body) => {}
-                Ok(a) => {
-                    log::warn!("replica hop {n} answered {}", a.status);
-                    return Some(
-                        finish_failed(
-                            ctx,
-                            key,
-                            &grant,
-                            text,
-                            next.as_deref(),
-                            "Replica write failed",
-                        )
-                        .await,
-                    );
-                }
-                Err(e) => {
-                    log::warn!("replica hop failed: {e}");
-                    return Some(
-                        finish_failed(
-                            ctx,
-                            key,
-                            &grant,
-                            text,
-                            next.as_deref(),
-                            "Replica write failed",
-                        )
-                        .await,
-                    );
-                }
-            },
-            Err(e) => {
-                log::error!("reading back {size} bytes for a replica failed: {e}");
-                return Some(
-                    finish_failed(ctx, key, &grant, text, next.as_deref(), "Write failed").await,
-                );
-            }
-        }
+    if let Some(n) = &next
+        && let Err(why) = forward(&seg, &grant, n).await
+    {
+        return Some(finish_failed(ctx, key, &grant, text, next.as_deref(), why).await);
     }
     let transfer_ns = started.elapsed().as_nanos() as u64;
     ctx.shard.remote().client.record(
@@ -398,6 +361,28 @@ pub(super) async fn grant_put(
         return Some(put_success(ctx, key, size));
     }
     Some(commit(ctx, key, &grant, text, next.as_deref(), true).await)
+}
+
+/// Sends the bytes just written on to the chain's next hop; the error is the client's message.
+async fn forward(seg: &Segment, grant: &Grant, next: &str) -> Result<(), &'static str> {
+    let bytes = read_back(seg, grant.offset, grant.size).map_err(|e| {
+        log::error!(
+            "reading back {} bytes for a replica failed: {e}",
+            grant.size
+        );
+        "Write failed"
+    })?;
+    match client::request_url(next, "PUT", bytes, HOP_TIMEOUT).await {
+        Ok(a) if a.status == 200 && !body_failed(&a.body) => Ok(()),
+        Ok(a) => {
+            log::warn!("replica hop {next} answered {}", a.status);
+            Err("Replica write failed")
+        }
+        Err(e) => {
+            log::warn!("replica hop failed: {e}");
+            Err("Replica write failed")
+        }
+    }
 }
 
 fn body_failed(body: &[u8]) -> bool {

@@ -364,9 +364,18 @@ impl SegmentTable {
     }
 
     /// Removes a segment from the table (its blobs must already be gone).
+    /// [`SegmentTable::remove`] only when the segment under `name` is still `id`.
+    pub fn remove_id(&self, name: &str, id: SegmentId) -> Option<Arc<Segment>> {
+        self.remove_where(|s| s.name == name && s.id == id)
+    }
+
     pub fn remove(&self, name: &str) -> Option<Arc<Segment>> {
+        self.remove_where(|s| s.name == name)
+    }
+
+    fn remove_where(&self, which: impl Fn(&Segment) -> bool) -> Option<Arc<Segment>> {
         let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
-        let pos = cur.iter().position(|s| s.name == name)?;
+        let pos = cur.iter().position(|s| which(s))?;
         let mut next: Vec<Arc<Segment>> = cur.iter().cloned().collect();
         let seg = next.remove(pos);
         *cur = Arc::new(next);
