@@ -289,26 +289,75 @@ def test_mmcctl_url_list_and_remote_segments(cluster):
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
 
+def rank_addresses(s, meta):
+    """{rank: (host, port)} of the local services, learnt by putting a probe on each rank
+    (``preferredLocalServiceIDs``) and watching where the meta sends it."""
+    out = {}
+    for name in segments(meta):
+        rank = int(name.split("-")[1])
+        hops = []
+        s._client.on_redirect = lambda m, t, h, p: hops.append((h, p))
+        key = "probe/%d" % rank
+        assert s.put(key, b"p", ReplicateConfig(preferredLocalServiceIDs=[rank])) == OK
+        s._client.on_redirect = None
+        assert s.get_key_info(key).loc_list() == [rank]
+        assert s.remove(key) == OK
+        out[rank] = hops[0]
+    return out
+
+
+def test_preferred_local_service(cluster):
+    s = make_store("http://%s" % cluster.meta.addr)
+    try:
+        addrs = rank_addresses(s, cluster.meta)
+        assert sorted(addrs.values()) == sorted(("127.0.0.1", l.port) for l in cluster.locals)
+        for rank in addrs:
+            rc = ReplicateConfig(replicaNum=2, preferredLocalServiceIDs=[rank, 99])
+            assert s.put("pref/%d" % rank, b"x" * 3000, rc) == OK
+            assert s.get_key_info("pref/%d" % rank).loc_list()[0] == rank
+            assert s.remove("pref/%d" % rank) == OK
+        assert s.put("pref/bad", b"x", ReplicateConfig(preferredLocalServiceIDs=[-1])) \
+            == errors.MMC_INVALID_PARAM
+    finally:
+        s.close()
+
+
 def test_a_killed_local_service(cluster):
     """Runs last on the module's cluster: one local service dies; objects with a copy on the
-    other stay readable (a get sent to the dead one is retried through the meta)."""
-    s = make_store("http://%s" % cluster.meta.addr, client_retry_milliseconds=8000)
+    other stay readable. Their first copy is on the dead one: a get sent there meets a refused
+    connection and is retried through the meta until it has declared the rank lost."""
+    s = make_store("http://%s" % cluster.meta.addr, client_retry_milliseconds=10000)
     try:
+        addrs = rank_addresses(s, cluster.meta)
+        victim = cluster.locals.pop()
+        vrank = next(r for r, a in addrs.items() if a == ("127.0.0.1", victim.port))
         keys = ["kill/%d" % i for i in range(6)]
         vals = [data_of(k, 50_000 + i) for i, k in enumerate(keys)]
+        rc = ReplicateConfig(replicaNum=2, preferredLocalServiceIDs=[vrank])
         for k, v in zip(keys, vals):
-            assert s.put(k, v, ReplicateConfig(replicaNum=2)) == OK
-        victim = cluster.locals.pop()
+            assert s.put(k, v, rc) == OK
+            assert s.get_key_info(k).loc_list()[0] == vrank
+        alone = data_of("kill/alone", 70_000)
+        assert s.put("kill/alone", alone, ReplicateConfig(preferredLocalServiceIDs=[vrank])) == OK
+        assert s.get_key_info("kill/alone").loc_list() == [vrank]
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(10)
+        hops = []
+        s._client.on_redirect = lambda m, t, h, p: hops.append((h, p))
         t = time.monotonic()
         for k, v in zip(keys, vals):
             assert s.get(k) == v
-        assert time.monotonic() - t < 30
+        assert time.monotonic() - t < 15
+        # The meta still sent the first get to the dead rank's service: the retry carried it.
+        assert hops[0] == ("127.0.0.1", victim.port)
+        assert hops[-1] != ("127.0.0.1", victim.port)
         wait_until("the rank is lost", lambda: len(segments(cluster.meta)) == 1, timeout=15)
         for k, v in zip(keys, vals):
             assert s.get(k) == v
             assert len(s.get_key_info(k).loc_list()) == 1
+        # Its only copy died with the rank.
+        assert s.get("kill/alone") == b""
+        assert s.is_exist("kill/alone") == 0
         assert s.put("kill/after", b"x" * 5000) == OK
         assert s.get("kill/after") == b"x" * 5000
     finally:

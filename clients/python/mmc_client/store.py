@@ -173,8 +173,9 @@ class LocalConfig:
 
 
 class ReplicateConfig:
-    """``replicaNum`` (1-8) copies on distinct ranks. ``preferredLocalServiceIDs`` is accepted
-    and ignored (placement is the server's). Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
+    """``replicaNum`` (1-8) copies on distinct ranks. ``preferredLocalServiceIDs``: the first
+    id is the rank the first copy goes to when it has room (``prefer_rank=``); the others are
+    ignored. Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
 
     def __init__(self, replicaNum=1, preferredLocalServiceIDs=None, medium=None):
         self.replicaNum = replicaNum
@@ -187,6 +188,11 @@ class ReplicateConfig:
             if not isinstance(self.replicaNum, int) or not 1 <= self.replicaNum <= 8:
                 raise _Fail(errors.MMC_INVALID_PARAM)
             q += "&replicas=%d" % self.replicaNum
+        if self.preferredLocalServiceIDs:
+            rank = self.preferredLocalServiceIDs[0]
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                raise _Fail(errors.MMC_INVALID_PARAM)
+            q += "&prefer_rank=%d" % rank
         if self.medium:
             if self.medium not in ("hbm", "dram"):
                 raise _Fail(errors.MMC_INVALID_PARAM)
