@@ -216,13 +216,15 @@ def test_every_method_through_redirects(cluster):
 
 def test_threads_share_a_store_across_ranks(cluster):
     s = make_store("http://%s" % cluster.meta.addr)
+    ranks = [int(n.split("-")[1]) for n in segments(cluster.meta)]
     failures = []
 
     def work(t):
         for i in range(20):
             k = "ct/%d/%d" % (t, i)
             d = data_of(k, 1000 + 997 * i)
-            if s.put(k, d) != OK or s.get(k) != d or s.remove(k) != OK:
+            rc = ReplicateConfig(preferredLocalServiceIDs=[ranks[i % len(ranks)]])
+            if s.put(k, d, rc) != OK or s.get(k) != d or s.remove(k) != OK:
                 failures.append(k)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
@@ -232,8 +234,10 @@ def test_threads_share_a_store_across_ranks(cluster):
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     assert failures == []
-    # Connections to the local services were pooled and reused.
-    assert s._client.pool.idle_count() >= 2
+    # Keep-alive connections to the meta and to both local services are pooled for reuse.
+    idle = {k for k, v in s._client.pool._idle.items() if v}
+    assert {("127.0.0.1", l.port) for l in cluster.locals} | {("127.0.0.1", cluster.meta.port)} \
+        <= idle
     s.close()
 
 
