@@ -40,13 +40,15 @@ class _StaleConnection(Exception):
 
 
 class Response:
-    __slots__ = ("status", "headers", "body", "url")
+    __slots__ = ("status", "headers", "body", "url", "from_meta")
 
     def __init__(self, status, headers, body, url):
         self.status = status
         self.headers = headers
         self.body = body
         self.url = url
+        # Whether a meta service answered (not a local service reached through a grant).
+        self.from_meta = True
 
     def header(self, name, default=None):
         return self.headers.get(name.lower(), default)
@@ -251,6 +253,13 @@ class Pool:
                     return
         conn.close()
 
+    def discard(self, host, port):
+        """Closes the idle connections to a server that failed (it died, or restarted)."""
+        with self._lock:
+            conns = self._idle.pop((host, port), [])
+        for c in conns:
+            c.close()
+
     def close(self):
         with self._lock:
             self._closed = True
@@ -266,14 +275,20 @@ class Pool:
 
 class Client:
     """Requests against a meta service (one URL, or several for HA), with retries within
-    ``retry_ms`` for failures that reached no server (refused connections) or that the server
-    marked as retryable (429, 503), and ``timeout`` seconds per socket operation.
+    ``retry_ms`` for failures that reached no server (refused connections), connections to a
+    meta service that broke, and answers the server marked as retryable (429, 503); and
+    ``timeout`` seconds per socket operation.
 
-    Cluster hooks: a ``307``/``308`` answer is followed to its ``Location`` (another local
-    service), with the body sent only after that server's ``100 Continue`` when the body is at
-    least ``expect_continue_bytes``. A failed endpoint rotates to the next of the list, which is
-    where a leader change of an HA pair is absorbed; ``on_redirect`` may be set to learn where
-    keys live.
+    Cluster: a ``307``/``308`` answer is followed to its ``Location`` (a local service holding
+    the blob, under the meta's grant, or the leader when a standby answered). A body is sent
+    only after that server's ``100 Continue`` when it is at least ``expect_continue_bytes`` (the
+    meta answers a redirected put of 256 KiB or more before its body, so the body goes only to
+    the local service; a smaller body is read by the meta first, and then sent again).
+
+    HA: every URL of the list is tried once at once when the current one fails (refused,
+    broken, 503), then again with backoff until ``retry_ms`` has passed. A standby's 307 to a
+    leader that is in the list makes that leader the current URL. ``on_redirect`` may be set
+    to learn where keys live.
     """
 
     def __init__(self, urls, timeout=60.0, retry_ms=0, token=None,
@@ -302,33 +317,67 @@ class Client:
             if self.current == failed_index and len(self.endpoints) > 1:
                 self.current = (failed_index + 1) % len(self.endpoints)
 
+    def _prefer(self, host, port):
+        """A standby named the leader: go there first from now on, when it is one of ours."""
+        with self._ep_lock:
+            try:
+                self.current = self.endpoints.index((host, port))
+            except ValueError:
+                pass
+
     def request(self, method, target, body=(), headers=None, reader=_DEFAULT_READER):
         """``body`` is a sequence of buffers sent back to back (no copy)."""
         deadline = time.monotonic() + self.retry_ms / 1000.0
         attempt = 0
+        # Failures in a row that moved to the next URL: each URL gets one try without waiting.
+        quick = 0
         while True:
             index = self.current
             host, port = self.endpoints[index]
             try:
                 resp = self._follow(method, host, port, target, body, headers, reader)
-                if resp.status in (429, 503) and time.monotonic() < deadline:
-                    raise TransportError(errors.from_status(resp.status),
+                if resp.status not in (429, 503):
+                    return resp
+                failure = TransportError(errors.from_status(resp.status),
                                          "server answered %d" % resp.status, retryable=True)
-                return resp
+                failure.at_meta = resp.from_meta
+                failure.response = resp
             except TransportError as e:
                 if not e.retryable:
                     raise
+                failure = e
+            at_meta = getattr(failure, "at_meta", True)
+            if at_meta:
                 self._rotate(index)
-                now = time.monotonic()
-                if now >= deadline:
-                    raise
+                quick += 1
+            else:
+                quick = len(self.endpoints)
+            now = time.monotonic()
+            free = at_meta and quick < len(self.endpoints)
+            if now >= deadline and not free:
+                resp = getattr(failure, "response", None)
+                if resp is not None:
+                    return resp
+                raise failure
+            if not free:
+                quick = 0
                 attempt += 1
                 pause = min(0.005 * (2 ** min(attempt, 8)), 0.5) * (0.5 + random.random() / 2)
                 time.sleep(min(pause, max(0.0, deadline - now)))
 
     def _follow(self, method, host, port, target, body, headers, reader):
+        at_meta = True
+        first = True
         for _ in range(_MAX_REDIRECTS + 1):
-            resp = self._exchange(method, host, port, target, body, headers, reader)
+            body_len = sum(len(b) for b in body)
+            expect = 0 < body_len and body_len >= self.expect_continue_bytes
+            try:
+                resp = self._exchange(method, host, port, target, body, headers, reader, expect,
+                                      at_meta)
+            except TransportError as e:
+                e.at_meta = at_meta
+                raise
+            resp.from_meta = at_meta
             if resp.status not in (307, 308) or not resp.header("location"):
                 return resp
             loc = resp.header("location")
@@ -340,11 +389,18 @@ class Client:
                     return resp
                 host, port = parts.hostname, parts.port or 80
                 target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+            # A local service's URL carries the meta's grant; a standby's names the leader.
+            granted = "grant=" in target.partition("?")[2]
+            if at_meta and not granted and first:
+                self._prefer(host, port)
+            at_meta = at_meta and not granted
+            first = False
             if self.on_redirect is not None:
                 self.on_redirect(method, target, host, port)
         raise TransportError(errors.MMC_ERROR, "too many redirects")
 
-    def _exchange(self, method, host, port, target, body, headers, reader):
+    def _exchange(self, method, host, port, target, body, headers, reader, expect=False,
+                  at_meta=True):
         """One request on one (pooled or new) connection; a stale pooled connection is
         replaced once, transparently."""
         for _ in range(3):
@@ -354,18 +410,27 @@ class Client:
                 raise TransportError(errors.MMC_TIMEOUT, "connect to %s:%d timed out" % (host, port),
                                      retryable=True) from e
             except OSError as e:
+                self.pool.discard(host, port)
                 raise TransportError(errors.MMC_NOT_CONNET_META,
                                      "cannot connect to %s:%d: %s" % (host, port, e.strerror or e),
                                      retryable=True) from e
             try:
-                resp, keep = self._on(conn, reused, method, host, port, target, body, headers, reader)
+                resp, keep = self._on(conn, reused, method, host, port, target, body, headers,
+                                      reader, expect)
             except _StaleConnection:
                 conn.close()
                 continue
             except socket.timeout as e:
                 conn.close()
                 raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
-            except (OSError, EOFError, ValueError) as e:
+            except (OSError, EOFError) as e:
+                conn.close()
+                self.pool.discard(host, port)
+                # A meta service that went away mid-request (a leader killed): another URL
+                # may answer. A local service is not retried blindly (the meta decides).
+                raise TransportError(errors.MMC_ERROR, "connection to %s:%d failed: %s"
+                                     % (host, port, e), retryable=at_meta) from e
+            except ValueError as e:
                 conn.close()
                 raise TransportError(errors.MMC_ERROR, "connection to %s:%d failed: %s"
                                      % (host, port, e)) from e
@@ -379,12 +444,12 @@ class Client:
             return resp
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
-    def _on(self, conn, reused, method, host, port, target, body, headers, reader):
+    def _on(self, conn, reused, method, host, port, target, body, headers, reader, expect):
         body_len = sum(len(b) for b in body)
         lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]
         if body_len or method in ("PUT", "POST"):
             lines.append("Content-Length: %d" % body_len)
-        expect = body_len >= self.expect_continue_bytes and body_len > 0
+        expect = expect and body_len > 0
         if expect:
             lines.append("Expect: 100-continue")
         if self.token:

@@ -33,6 +33,8 @@ _MAX_QUERY_BYTES = 7000
 # batch_put's body is buffered by the server (ock.mmc.http.max_body_bytes, 64 MB by default).
 _MAX_BATCH_BODY = 16 * 1024 * 1024
 _MISSING = 0xFFFFFFFFFFFFFFFF
+# What batch_put answers for a key it placed on a remote rank (whose bytes it cannot write).
+_REMOTE_BATCH_FAILURE = "Write failed"
 
 _PyMemoryView_FromMemory = ctypes.pythonapi.PyMemoryView_FromMemory
 _PyMemoryView_FromMemory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
@@ -171,8 +173,9 @@ class LocalConfig:
 
 
 class ReplicateConfig:
-    """``replicaNum`` (1-8) copies on distinct ranks. ``preferredLocalServiceIDs`` is accepted
-    and ignored (placement is the server's). Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
+    """``replicaNum`` (1-8) copies on distinct ranks. ``preferredLocalServiceIDs``: the first
+    id is the rank the first copy goes to when it has room (``prefer_rank=``); the others are
+    ignored. Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
 
     def __init__(self, replicaNum=1, preferredLocalServiceIDs=None, medium=None):
         self.replicaNum = replicaNum
@@ -185,6 +188,11 @@ class ReplicateConfig:
             if not isinstance(self.replicaNum, int) or not 1 <= self.replicaNum <= 8:
                 raise _Fail(errors.MMC_INVALID_PARAM)
             q += "&replicas=%d" % self.replicaNum
+        if self.preferredLocalServiceIDs:
+            rank = self.preferredLocalServiceIDs[0]
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                raise _Fail(errors.MMC_INVALID_PARAM)
+            q += "&prefer_rank=%d" % rank
         if self.medium:
             if self.medium not in ("hbm", "dram"):
                 raise _Fail(errors.MMC_INVALID_PARAM)
@@ -312,6 +320,8 @@ class DistributedObjectStore:
     def __init__(self):
         self._config = None
         self._client = None
+        # Set when a batch_put answered that every key went to a remote rank (a pure meta).
+        self._batch_put_remote = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -341,6 +351,7 @@ class DistributedObjectStore:
                 expect_continue_bytes=int(getattr(cfg, "expect_continue_bytes", 256 * 1024)),
             )
             self._config = cfg
+            self._batch_put_remote = False
             resp = self._client.request("GET", "/health")
             if resp.status != 200:
                 return errors.from_status(resp.status)
@@ -416,7 +427,8 @@ class DistributedObjectStore:
 
         def flush():
             if group:
-                self._batch_put_group(group, quoted, views, extra, codes)
+                self._batch_put_group(group, quoted, views, extra, codes, keys,
+                                      replicateConfig)
             group.clear()
             names.clear()
 
@@ -439,7 +451,13 @@ class DistributedObjectStore:
         flush()
         return codes
 
-    def _batch_put_group(self, group, quoted, views, extra, codes):
+    def _batch_put_group(self, group, quoted, views, extra, codes, keys, replicateConfig):
+        if self._batch_put_remote:
+            # The meta service holds none of the bytes (a pure meta): one put per key, each
+            # redirected to its local service.
+            for i in group:
+                codes[i] = self._put_view(keys[i], views[i], replicateConfig)
+            return
         target = "/api/v1/objects/batch_put?keys=%s&sizes=%s%s" % (
             ",".join(quoted[i] for i in group),
             ",".join(str(len(views[i])) for i in group), extra)
@@ -451,12 +469,23 @@ class DistributedObjectStore:
                 codes[i] = f.code
             return
         results = v.get("results") or []
+        remote = []
         for j, i in enumerate(group):
             r = results[j] if j < len(results) else {}
             if r.get("success"):
                 codes[i] = errors.MMC_OK
+            elif r.get("error_message") == _REMOTE_BATCH_FAILURE:
+                remote.append(i)
             else:
                 codes[i] = self._put_code(errors.from_message(r.get("error_message")))
+        if remote and len(remote) == len(group):
+            # Every key was placed on another host's rank: this meta has no rank of its own
+            # (or none with room); later batches go key by key straight away.
+            self._batch_put_remote = True
+        # batch_put writes only the meta's own ranks; a key placed on a remote rank failed
+        # (and was released): put it alone, which follows the redirect to its local service.
+        for i in remote:
+            codes[i] = self._put_view(keys[i], views[i], replicateConfig)
 
     @_guard(_code)
     def put_batch(self, keys, values, replicateConfig=None):
