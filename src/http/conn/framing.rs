@@ -250,7 +250,13 @@ fn frame_head(front: &Front, buf: &[u8], pending: &mut Pending) -> Option<Framed
         request(head_len, total, None)
     } else if route.is_none() {
         request(head_len, head_len, Some(Early::BodyNotRead))
-    } else if route.is_some_and(|r| handlers::streams_body(r, head.method, n)) {
+    } else if route.is_some_and(|r| {
+        handlers::streams_body(r, head.method, n)
+            || (head.expect_continue && handlers::streams_body(r, head.method, u64::MAX) && n > 0)
+    }) {
+        // Large bodies, and any put whose client waits for `100 Continue`: the owner decides
+        // before a byte of the body is read (a remote rank's put is redirected with a 307 the
+        // client gets instead of the go-ahead, so its body crosses once, to the local service).
         Framed::Stream {
             head_len,
             body_len: n as usize,
