@@ -99,7 +99,10 @@ def run_schemathesis(srv, tmp_path, data="", metrics=""):
         "--phases", "examples,coverage,fuzzing",
         "--max-examples", str(MAX_EXAMPLES),
         "--seed", "11",
-        "--workers", "2",
+        # One worker: hypothesis describes its strategies with ast.parse, which CPython 3.11
+        # before 3.11.8 can fail with "AST constructor recursion depth mismatch" when two
+        # threads parse at once (gh-106905): a failure of the tool, not of the server.
+        "--workers", "1",
         "--request-timeout", "10",
         "--generation-database", "none",
         "--no-color",
@@ -182,8 +185,10 @@ def test_documented_security_is_enforced(data, metrics):
                 assert "401" not in op["responses"], (method, path)
         total = secured_seen + open_seen
         assert total >= 40
+        # The cluster-internal routes take the cluster token, not these two: open here.
+        cluster = sum(1 for path, _, _ in operations(doc) if path.startswith("/cluster/"))
         if data:
-            assert secured_seen >= total - 6
+            assert secured_seen >= total - 6 - cluster
         if not data and not metrics:
             assert secured_seen == 0
         if metrics and not data:
