@@ -51,6 +51,23 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The synthetic topology tests place on: node 0 with CPUs 0-1, node 1 with CPUs 2-3.
+    #[cfg(test)]
+    pub(crate) fn two_nodes() -> Topology {
+        Topology {
+            nodes: vec![
+                Node {
+                    id: 0,
+                    cpus: vec![0, 1],
+                },
+                Node {
+                    id: 1,
+                    cpus: vec![2, 3],
+                },
+            ],
+        }
+    }
+
     /// The node `cpu` belongs to.
     pub fn node_of(&self, cpu: usize) -> Option<u32> {
         self.nodes
@@ -580,18 +597,7 @@ mod tests {
     }
 
     fn two_nodes() -> Topology {
-        Topology {
-            nodes: vec![
-                Node {
-                    id: 0,
-                    cpus: vec![0, 1],
-                },
-                Node {
-                    id: 1,
-                    cpus: vec![2, 3],
-                },
-            ],
-        }
+        Topology::two_nodes()
     }
 
     #[test]

@@ -98,18 +98,11 @@ impl Shard {
         prefer_rank: Option<u32>,
     ) -> Applied {
         let flushes = self.flush_done.generation();
-        let step = self.store.borrow_mut().alloc_preferring(
-            key.clone(),
-            size,
-            medium,
-            replicas as usize,
-            prot,
-            prefer_rank,
-        );
+        let placement = (medium, replicas, prot, prefer_rank);
+        let step = self.try_alloc(&key, size, placement);
         match step {
             AllocStep::WaitForFlush => {
                 let me = self.clone();
-                let placement = (medium, replicas, prot, prefer_rank);
                 Applied::Later(Box::pin(async move {
                     me.alloc_waiting(key, size, placement, flushes).await
                 }))

@@ -26,7 +26,27 @@ impl Waiting {
     }
 }
 
+/// Where an allocation goes: medium, replicas, protection, preferred rank.
+pub(super) type Placement = (Option<store::segment::Medium>, u8, u16, Option<u32>);
+
 impl Shard {
+    /// One attempt at an allocation: (medium, replicas, protection, preferred rank).
+    pub(super) fn try_alloc(
+        &self,
+        key: &[u8],
+        size: u64,
+        (medium, replicas, prot, prefer_rank): Placement,
+    ) -> AllocStep {
+        self.store.borrow_mut().alloc_preferring(
+            key.into(),
+            size,
+            medium,
+            replicas as usize,
+            prot,
+            prefer_rank,
+        )
+    }
+
     /// An allocation that found no room while flushes were freeing some: retry as each lands.
     pub(super) async fn alloc_waiting(
         self: Rc<Self>,
@@ -44,14 +64,7 @@ impl Shard {
         for _ in 0..ATTEMPTS {
             self.flush_done.wait_since(flushes).await;
             flushes = self.flush_done.generation();
-            let step = self.store.borrow_mut().alloc_preferring(
-                key.clone(),
-                size,
-                medium,
-                replicas as usize,
-                prot,
-                prefer_rank,
-            );
+            let step = self.try_alloc(&key, size, (medium, replicas, prot, prefer_rank));
             self.after_store();
             if !matches!(step, AllocStep::WaitForFlush) {
                 return self.alloc_reply(step);

@@ -75,34 +75,29 @@ fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
 }
 
 pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
-    let remote = v.seg.backend.remote()?;
-    let gk = grant_key(ctx)?;
     let config = &ctx.shard.cluster.config;
-    let ttl = config
-        .cluster
-        .grant_ttl_ms
-        .min(config.store.lease_ms.max(1));
-    let grant = Grant {
-        op: GrantOp::Read,
-        rank: v.seg.rank,
-        medium: v.seg.medium as u8,
-        offset: v.offset,
-        len: v.len,
-        size: v.len,
-        obj_id: 0,
-        obj_generation: 0,
-        expires_ms: unix_ms() + ttl,
-    };
-    let text = grant.sign(&gk, key, b"");
-    Some(object_url(&remote.url, key, &text, None))
+    let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
+    grant_url(ctx, key, v, GrantOp::Read, ttl)
 }
 
 /// A write-only grant URL for a blob on a remote rank (a drain's move writes there).
 pub(super) fn write_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+    let ttl = ctx.shard.cluster.config.grant_ttl_ms();
+    grant_url(ctx, key, v, GrantOp::Write, ttl)
+}
+
+/// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
+fn grant_url(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    v: &BlobView,
+    op: GrantOp,
+    ttl_ms: u64,
+) -> Option<String> {
     let remote = v.seg.backend.remote()?;
     let gk = grant_key(ctx)?;
     let grant = Grant {
-        op: GrantOp::Write,
+        op,
         rank: v.seg.rank,
         medium: v.seg.medium as u8,
         offset: v.offset,
@@ -110,7 +105,7 @@ pub(super) fn write_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Op
         size: v.len,
         obj_id: 0,
         obj_generation: 0,
-        expires_ms: unix_ms() + ctx.shard.cluster.config.grant_ttl_ms(),
+        expires_ms: unix_ms() + ttl_ms,
     };
     let text = grant.sign(&gk, key, b"");
     Some(object_url(&remote.url, key, &text, None))

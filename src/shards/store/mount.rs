@@ -285,23 +285,12 @@ pub fn mount_configured(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numa::{MemPolicy, Node, NumaMode, Topology};
+    use crate::numa::{MemPolicy, NumaMode, Topology};
 
     /// A table placing segments per a synthetic two-node topology (node 0: CPUs 0-1, node 1:
     /// CPUs 2-3) with shards on `cpus`.
     fn numa_table(cpus: &[usize]) -> SegmentTable {
-        let t = Topology {
-            nodes: vec![
-                Node {
-                    id: 0,
-                    cpus: vec![0, 1],
-                },
-                Node {
-                    id: 1,
-                    cpus: vec![2, 3],
-                },
-            ],
-        };
+        let t = Topology::two_nodes();
         let p = numa::plan(NumaMode::On, &t, cpus);
         SegmentTable::with_numa(NumaLayout::new(p, &t, MemPolicy::Preferred).map(Arc::new))
     }

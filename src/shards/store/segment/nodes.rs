@@ -101,22 +101,11 @@ mod tests {
     use super::super::{Backend, Medium, ShardSegment};
     use super::*;
     use crate::common::memory::MappedRegion;
-    use crate::numa::{MemPolicy, Node, NumaMode, Topology, plan};
+    use crate::numa::{MemPolicy, NumaMode, Topology, plan};
 
     /// Two nodes (CPUs 0-1, 2-3); shards pinned to `cpus`.
     fn layout(cpus: &[usize]) -> NumaLayout {
-        let t = Topology {
-            nodes: vec![
-                Node {
-                    id: 0,
-                    cpus: vec![0, 1],
-                },
-                Node {
-                    id: 1,
-                    cpus: vec![2, 3],
-                },
-            ],
-        };
+        let t = Topology::two_nodes();
         NumaLayout::new(plan(NumaMode::On, &t, cpus), &t, MemPolicy::Preferred).unwrap()
     }
 
