@@ -113,6 +113,7 @@ impl Shard {
             remote.tracer.clone(),
             cluster.clock,
         );
+        #[cfg_attr(not(debug_assertions), allow(unused_mut))]
         let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
             Box::new(TierMetricsSubscriber {
                 stats: remote.tier_stats.clone(),
