@@ -265,6 +265,13 @@ impl super::Cluster {
 }
 
 impl Shard {
+    /// The mounted segment of `rank` and `medium`, from this shard's cached view of the
+    /// segment table: one atomic load while nothing was mounted or unmounted, no lock (a
+    /// local service looks it up for every grant-carrying request).
+    pub fn mounted_segment(&self, rank: u32, medium: Medium) -> Option<Arc<Segment>> {
+        self.store.borrow_mut().mounted(rank, medium)
+    }
+
     /// Mounts a remote rank's segments (their bytes on the local service at `url`).
     pub fn mount_remote(
         &self,

@@ -198,9 +198,14 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     match req.head.method {
         Method::Head => head_object(req, ctx, key).await,
-        Method::Get => match ctx.shard.execute(Command::Get { key: key.clone() }).await {
+        Method::Get => match ctx.shard.execute(Command::Get { key }).await {
             Reply::Read(pinned) if pinned.view.seg.backend.remote().is_some() => {
-                remote::redirect_read(ctx, &key, pinned)
+                // The key again, from the query (it went with the command; a remote copy is
+                // the rare case, so the common one copies nothing).
+                match object_key(req, ctx, "key") {
+                    Ok(key) => remote::redirect_read(ctx, &key, pinned),
+                    Err(r) => r,
+                }
             }
             Reply::Read(pinned) => {
                 let (rank, len) = (pinned.view.seg.rank, pinned.view.len);

@@ -26,7 +26,7 @@ use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::store::segment::{Medium, Segment, segment_name};
+use crate::shards::store::segment::{Medium, Segment};
 use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
 use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
 
@@ -153,7 +153,6 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
         return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "No grant key");
     };
     grant.disarm();
-    let me = self_url(&ctx.shard.cluster);
     let mut hops: Vec<&BlobView> = grant.blobs.iter().collect();
     // Remote hops first (stable: placement order), this process's last.
     hops.sort_by_key(|b| b.seg.backend.remote().is_none());
@@ -177,18 +176,15 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
         };
         let n = next.as_deref().unwrap_or("");
         let text = g.sign(&gk, key, n.as_bytes());
-        let base = b
-            .seg
-            .backend
-            .remote()
-            .map_or(me.as_str(), |r| r.url.as_str());
-        next = Some(object_url(base, key, &text, next.as_deref()));
+        let url = match b.seg.backend.remote() {
+            Some(r) => object_url(&r.url, key, &text, next.as_deref()),
+            // A copy on this process's own rank: the chain's last hop is here.
+            None => object_url(&self_url(&ctx.shard.cluster), key, &text, next.as_deref()),
+        };
+        next = Some(url);
     }
     let location = next.expect("a grant has blobs");
-    let mut r = redirect(ctx, location);
-    // The body (if the client sends it anyway) is not for us.
-    r.close = false;
-    r
+    redirect(ctx, location)
 }
 
 /// The grant of a request, checked against this process's key, the object key and `next`;
@@ -219,9 +215,7 @@ fn check(
     let medium = Medium::ALL[grant.medium as usize];
     let seg = ctx
         .shard
-        .cluster
-        .segments
-        .find(&segment_name(grant.rank, medium))
+        .mounted_segment(grant.rank, medium)
         .filter(|s| s.backend.remote().is_none() && s.backend.file().is_none());
     let Some(seg) = seg else {
         return Err(forbidden(

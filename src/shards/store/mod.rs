@@ -495,6 +495,16 @@ impl Store {
 
     /// Adopts mounted segments this shard has not seen yet.
     /// One atomic load while nothing was mounted or unmounted.
+    /// The mounted segment of `rank` and `medium`, from the cached view (refreshed first).
+    pub fn mounted(&mut self, rank: u32, medium: Medium) -> Option<Arc<Segment>> {
+        self.refresh_segments();
+        self.view
+            .segments()
+            .iter()
+            .find(|s| s.rank == rank && s.medium == medium)
+            .cloned()
+    }
+
     fn refresh_segments(&mut self) {
         if !self.view.refresh(&self.table) {
             return;
