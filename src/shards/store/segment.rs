@@ -13,6 +13,8 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Mutex, RwLock};
 
+use crossbeam_utils::CachePadded;
+
 use super::alloc::RangeAlloc;
 pub use super::remote::RemoteRank;
 use super::remote::remote_bytes;
@@ -180,8 +182,10 @@ pub struct Segment {
     /// segment for a put reads an atomic instead of taking the pool lock.
     pool_free: AtomicU64,
     /// Bytes allocated to blobs, per shard and node part (`[shard * parts + part]`, one part
-    /// without placement; each written only by its shard).
-    used_by_shard: Box<[AtomicU64]>,
+    /// without placement; each written only by its shard). Each counter on its own cache line:
+    /// two shards writing neighbouring counters on every put would bounce one line between
+    /// their cores (false sharing), which the shard-scaling bench showed.
+    used_by_shard: Box<[CachePadded<AtomicU64>]>,
     /// NUMA placement ([`Segment::place_on_nodes`]): the node parts, by offset (empty: none),
     /// and each shard's own part.
     parts: Box<[NodePart]>,
@@ -225,7 +229,9 @@ impl Segment {
             backend,
             pool: Mutex::new(vec![RangeAlloc::new(0, capacity, PAGE_BYTES)]), // LOCK-OK: see `pool`
             pool_free: AtomicU64::new(capacity),
-            used_by_shard: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            used_by_shard: (0..shards)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
             parts: Box::new([]),
             shard_part: Box::new([]),
             status: AtomicU8::new(SegmentStatus::Ok as u8),

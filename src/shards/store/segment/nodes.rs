@@ -46,7 +46,7 @@ impl Segment {
             .collect();
         self.pool = Mutex::new(pools); // LOCK-OK: the pool's own lock, see `Segment::pool`
         self.used_by_shard = (0..shards * parts.len().max(1))
-            .map(|_| AtomicU64::new(0))
+            .map(|_| crossbeam_utils::CachePadded::new(AtomicU64::new(0)))
             .collect();
         self.parts = parts.into();
         self
