@@ -125,7 +125,7 @@ impl Shard {
         match buf {
             Ok(buf) => {
                 let sum = checksum(buf.as_slice());
-                match self.ssd.write(&dst.seg, dst.offset, buf).await.0 {
+                match self.ssd.write(dst.seg.arc(), dst.offset, buf).await.0 {
                     Ok(()) => (IoOutcome::Done, sum),
                     Err(_) => (IoOutcome::Failed, 0),
                 }
@@ -146,7 +146,7 @@ impl Shard {
             unsafe { store::ssd::IoBuffer::segment_view(dst.seg.clone(), dst.offset, len, false) };
         match buf {
             Ok(buf) => {
-                let (res, buf) = self.ssd.read(&src.seg, src.offset, buf).await;
+                let (res, buf) = self.ssd.read(src.seg.arc(), src.offset, buf).await;
                 read_outcome(&res, &buf, sum)
             }
             Err(e) => {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use super::store::remote::RemoteRank;
-use super::store::segment::{Backend, Medium, Segment, SegmentStatus, segment_name};
+use super::store::segment::{Backend, Medium, SegRef, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
 
 /// Traffic a local service reports with each heartbeat (since its start).
@@ -268,7 +268,7 @@ impl Shard {
     /// The mounted segment of `rank` and `medium`, from this shard's cached view of the
     /// segment table: one atomic load while nothing was mounted or unmounted, no lock (a
     /// local service looks it up for every grant-carrying request).
-    pub fn mounted_segment(&self, rank: u32, medium: Medium) -> Option<Arc<Segment>> {
+    pub fn mounted_segment(&self, rank: u32, medium: Medium) -> Option<Arc<SegRef>> {
         self.store.borrow_mut().mounted(rank, medium)
     }
 

@@ -161,7 +161,10 @@ impl Shard {
         };
         let len = src_view.len as usize;
         let buf = store::ssd::IoBuffer::owned(Vec::with_capacity(len), false);
-        let (res, buf) = self.ssd.read(&src_view.seg, src_view.offset, buf).await;
+        let (res, buf) = self
+            .ssd
+            .read(src_view.seg.arc(), src_view.offset, buf)
+            .await;
         let outcome = read_outcome(&res, &buf, *sum);
         self.store.borrow_mut().finish_direct_read(&job, outcome);
         self.after_store();

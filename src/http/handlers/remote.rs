@@ -26,7 +26,7 @@ use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::store::segment::{Medium, Segment};
+use crate::shards::store::segment::{Medium, SegRef, Segment};
 use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
 use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
 
@@ -194,7 +194,7 @@ fn check(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     text: &[u8],
-) -> Result<(Grant, Arc<Segment>, Option<String>), Response> {
+) -> Result<(Grant, Arc<SegRef>, Option<String>), Response> {
     let next = optional(req, ctx, "next")?.map(|n| String::from_utf8_lossy(&n).into_owned());
     let Some(gk) = grant_key(ctx) else {
         return Err(forbidden(ctx, GrantError::NoKey.message()));
@@ -237,7 +237,7 @@ fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
     ctx.protocol_error(Status::FORBIDDEN, message)
 }
 
-fn view(seg: Arc<Segment>, grant: &Grant) -> BlobView {
+fn view(seg: Arc<SegRef>, grant: &Grant) -> BlobView {
     BlobView {
         seg,
         offset: grant.offset,

@@ -18,7 +18,7 @@ impl Store {
     pub(super) fn view(&self, blob: u32, len: u64) -> BlobView {
         let b = &self.blobs[blob as usize];
         BlobView {
-            seg: self.seg(b.seg).seg.clone(),
+            seg: self.seg(b.seg).local.clone(),
             offset: b.offset,
             len,
             handle: self.handle(blob),

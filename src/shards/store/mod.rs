@@ -88,7 +88,7 @@ use crate::common::event::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
 use lru::{Lru, NIL};
-use segment::{Medium, Segment, SegmentId, SegmentTable, SegmentView, ShardSegment};
+use segment::{Medium, SegmentId, SegmentTable, SegmentView, ShardSegment};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -115,7 +115,7 @@ pub struct ObjHandle {
 /// Where a blob's bytes are, for the shard that reads or writes them.
 #[derive(Clone)]
 pub struct BlobView {
-    pub seg: Arc<Segment>,
+    pub seg: Arc<segment::SegRef>,
     pub offset: u64,
     /// The object's size (the blob may be larger: allocations are page-rounded).
     pub len: u64,
@@ -496,13 +496,18 @@ impl Store {
     /// Adopts mounted segments this shard has not seen yet.
     /// One atomic load while nothing was mounted or unmounted.
     /// The mounted segment of `rank` and `medium`, from the cached view (refreshed first).
-    pub fn mounted(&mut self, rank: u32, medium: Medium) -> Option<Arc<Segment>> {
+    pub fn mounted(&mut self, rank: u32, medium: Medium) -> Option<Arc<segment::SegRef>> {
         self.refresh_segments();
-        self.view
+        let id = self
+            .view
             .segments()
             .iter()
-            .find(|s| s.rank == rank && s.medium == medium)
-            .cloned()
+            .find(|s| s.rank == rank && s.medium == medium)?
+            .id;
+        self.segs
+            .get(id as usize)?
+            .as_ref()
+            .map(|s| s.local.clone())
     }
 
     fn refresh_segments(&mut self) {

@@ -433,9 +433,32 @@ impl SegmentView {
     }
 }
 
+/// One shard's handle on a segment, for the blob views it hands out. A view holds the
+/// segment alive; were it an `Arc<Segment>` clone, every put and get on every shard would
+/// increment and decrement the one shared reference count, a cache line bounced between the
+/// shards' cores on each request. Each shard's views count on the shard's own `SegRef`
+/// instead (which holds the segment once).
+pub struct SegRef(Arc<Segment>);
+
+impl SegRef {
+    /// The segment itself, for what outlives or leaves the shard's view (I/O jobs, tables).
+    pub fn arc(&self) -> &Arc<Segment> {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SegRef {
+    type Target = Segment;
+    fn deref(&self) -> &Segment {
+        &self.0
+    }
+}
+
 /// One shard's share of one segment: the runs it holds and the free space inside them.
 pub struct ShardSegment {
     pub seg: Arc<Segment>,
+    /// What this shard's blob views hold ([`SegRef`]).
+    pub local: Arc<SegRef>,
     shard: usize,
     /// Runs held: start → length.
     runs: BTreeMap<u64, u64>,
@@ -448,6 +471,7 @@ pub struct ShardSegment {
 impl ShardSegment {
     pub fn new(seg: Arc<Segment>, shard: usize) -> ShardSegment {
         ShardSegment {
+            local: Arc::new(SegRef(seg.clone())),
             seg,
             shard,
             runs: BTreeMap::new(),

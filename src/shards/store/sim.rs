@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::shards::Reply;
-use segment::SegmentStatus;
+use segment::{Segment, SegmentStatus};
 use testing::TestStore;
 
 /// splitmix64: small, fast, and the same everywhere.

@@ -31,7 +31,7 @@ use std::rc::Rc;
 
 mod pool;
 
-use super::segment::{Segment, SegmentId};
+use super::segment::{SegRef, Segment, SegmentId};
 use crate::common::clock::Clock;
 use crate::metrics::Counter;
 use crate::metrics::window::RateWindow;
@@ -50,7 +50,7 @@ pub struct IoBuffer {
 
 enum Owner {
     Vec(#[allow(dead_code)] Vec<u8>),
-    Segment(#[allow(dead_code)] Arc<Segment>),
+    Segment(#[allow(dead_code)] Arc<SegRef>),
 }
 
 // SAFETY: the pointer is into memory the buffer keeps alive (its Vec or its segment's mapping).
@@ -76,7 +76,7 @@ impl IoBuffer {
     /// The range belongs to a blob the caller keeps pinned (for writes to the file) or owns
     /// (ALLOCATED, for reads from the file) until the I/O completes.
     pub unsafe fn segment_view(
-        seg: Arc<Segment>,
+        seg: Arc<SegRef>,
         offset: u64,
         len: usize,
         init: bool,
