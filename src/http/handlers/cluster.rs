@@ -88,7 +88,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if crate::http::client::authority(url).is_err() {
         return ctx.protocol_error(
             Status::BAD_REQUEST,
-            "Invalid 'url': expected http://host:port",
+            "Invalid 'url': expected http://host:port or https://host:port",
         );
     }
     let Some(incarnation) = field_u64(&v, "incarnation") else {
