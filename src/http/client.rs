@@ -188,6 +188,11 @@ pub fn install_tls(config: Arc<rustls::ClientConfig>) {
     let _ = TLS.set(TlsConnector::from(config));
 }
 
+/// Whether calls to `https://` peers can be made (a CA was configured).
+pub fn tls_ready() -> bool {
+    TLS.get().is_some()
+}
+
 /// In the error of a call whose TLS peer was not trusted (its certificate does not chain to
 /// our CA or does not name its host) or did not trust us (it refused our certificate): a
 /// refusal that retrying does not fix.

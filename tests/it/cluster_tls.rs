@@ -252,3 +252,29 @@ fn a_local_service_and_a_meta_that_do_not_trust_each_other_are_refused() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(pki.segments(&meta).is_empty());
 }
+
+#[test]
+fn a_meta_without_a_ca_refuses_a_local_service_that_listens_with_tls() {
+    let pki = Pki::new();
+    let meta = ServerBuilder::new(Driver::Uring)
+        .set("ock.mmc.embedded.ranks", "0")
+        .start();
+    let local = pki
+        .local(
+            &meta,
+            &[("ock.mmc.meta_service_url", &format!("http://{}", meta.addr))],
+        )
+        .start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !local.log().contains("has no CA to verify it") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        local.log().contains("has no CA to verify it"),
+        "{}",
+        local.log()
+    );
+    let segs = meta.client().get("/get_all_segments");
+    assert_eq!(segs.status, 200);
+    assert!(segs.text().trim().is_empty(), "{}", segs.text());
+}
