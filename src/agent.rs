@@ -44,7 +44,12 @@ struct Membership {
 fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
     let configured = &cluster.config.cluster.local_advertise_url;
     if configured.is_empty() {
-        format!("http://{listen}")
+        let scheme = if cluster.config.tls.enable {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{listen}")
     } else {
         configured.clone()
     }
@@ -151,6 +156,12 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         .await;
         let a = match answer {
             Ok(a) => a,
+            // A certificate refused on either side does not fix itself, like a wrong secret.
+            Err(e) if e.contains(client::UNTRUSTED) => {
+                return Err(Fatal::Refused(format!(
+                    "the meta service at {meta} and this local service do not trust each other's TLS certificates (ock.mmc.cluster.tls.ca.path, cert.path): not joining: {e}"
+                )));
+            }
             Err(e) => {
                 log::debug!("join: {e}");
                 continue;
@@ -211,11 +222,12 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
     Err(Fatal::Retry)
 }
 
-/// `http://host:port` of a URL.
+/// `http[s]://host:port` of a URL.
 fn base_of(url: &str) -> Option<String> {
-    let rest = url.strip_prefix("http://")?;
+    let (scheme, rest) = url.split_once("://")?;
     let host = rest.split('/').next()?;
-    (!host.is_empty()).then(|| format!("http://{host}"))
+    let known = scheme == "http" || scheme == "https";
+    (known && !host.is_empty()).then(|| format!("{scheme}://{host}"))
 }
 
 /// Mounts this host's segments as `rank` (kept when already mounted under it; a new rank

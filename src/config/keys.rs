@@ -51,11 +51,13 @@ fn token(v: &str) -> Result<String, String> {
     Ok(v.to_string())
 }
 
-/// An `http://host:port` URL (no path), as meta and local services address each other.
+/// An `http://host:port` or `https://host:port` URL (no path), as meta and local services
+/// address each other.
 fn meta_url(v: &str) -> Result<String, String> {
-    let rest = v
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{v:?}: expected http://host:port"))?;
+    let (scheme, rest) = v
+        .split_once("://")
+        .filter(|(s, _)| *s == "http" || *s == "https")
+        .ok_or_else(|| format!("{v:?}: expected http://host:port or https://host:port"))?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let ok = !rest.is_empty()
         && !rest.contains('/')
@@ -63,9 +65,11 @@ fn meta_url(v: &str) -> Result<String, String> {
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
     if ok {
-        Ok(format!("http://{rest}"))
+        Ok(format!("{scheme}://{rest}"))
     } else {
-        Err(format!("{v:?}: expected http://host:port"))
+        Err(format!(
+            "{v:?}: expected http://host:port or https://host:port"
+        ))
     }
 }
 
@@ -302,7 +306,7 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.meta_service_url",
         "",
-        "Local service (--role local): the meta service to join, http://host:port; a comma-separated list is tried in order.",
+        "Local service (--role local): the meta service to join, http://host:port (https:// for one listening with TLS: see ock.mmc.cluster.tls.*); a comma-separated list is tried in order.",
         |c, v| {
             c.cluster.meta_urls = v
                 .split(',')
@@ -326,7 +330,7 @@ pub static KEYS: &[KeySpec] = &[
     key!(
         "ock.mmc.local_service.advertise_url",
         "",
-        "Local service: the URL clients are redirected to for its bytes, http://host:port; empty: http:// and the listen address.",
+        "Local service: the URL clients are redirected to for its bytes, http://host:port; empty: the listen address, https:// when it listens with TLS.",
         |c, v| {
             c.cluster.local_advertise_url = match v.trim() {
                 "" => String::new(),
@@ -357,6 +361,24 @@ pub static KEYS: &[KeySpec] = &[
         "10000",
         "How long a grant in a redirect to a local service stays valid (a read's also ends with its lease; a write's at most ock.mmc.store.alloc_timeout_ms - 500, so the allocation outlives it).",
         |c, v| c.cluster.grant_ttl_ms = parse_u64_in(v, 100, 3_600_000)?
+    ),
+    key!(
+        "ock.mmc.cluster.tls.ca.path",
+        "",
+        "PEM CA certificate(s) an https:// peer's server certificate must chain to (the meta service a local service joins; a local service the meta calls); empty: ock.mmc.metrics.tls.ca.path.",
+        |c, v| c.cluster.tls.ca_path = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.cluster.tls.cert.path",
+        "",
+        "PEM client certificate chain presented to https:// peers (they require one); empty: ock.mmc.metrics.tls.cert.path, this service's own server certificate.",
+        |c, v| c.cluster.tls.cert_path = v.trim().to_string()
+    ),
+    key!(
+        "ock.mmc.cluster.tls.key.path",
+        "",
+        "PEM private key of ock.mmc.cluster.tls.cert.path; empty: ock.mmc.metrics.tls.key.path.",
+        |c, v| c.cluster.tls.key_path = v.trim().to_string()
     ),
     key!(
         "ock.mmc.local_service.dram.size",

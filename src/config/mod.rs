@@ -14,7 +14,7 @@ use std::path::Path;
 
 use keys::BODY_TIMEOUT_MARGIN_MS;
 pub use keys::{KEYS, KeySpec, REDACTED};
-pub use services::{KvEncoding, KvEventsConfig, TlsConfig};
+pub use services::{ClusterTls, KvEncoding, KvEventsConfig, TlsConfig};
 pub use values::HostPort;
 
 use crate::common::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES};
@@ -74,6 +74,9 @@ pub struct ClusterConfig {
     pub token: String,
     /// How long a grant in a redirect stays valid.
     pub grant_ttl_ms: u64,
+    /// TLS between the roles (`ock.mmc.cluster.tls.*`, as set; empty: the
+    /// `ock.mmc.metrics.tls.*` file). [`Config::cluster_tls`] resolves them.
+    pub tls: ClusterTls,
 }
 
 #[derive(Clone, Debug)]
@@ -251,6 +254,7 @@ impl Config {
                 heartbeat_timeout_ms: 0,
                 token: String::new(),
                 grant_ttl_ms: 0,
+                tls: ClusterTls::default(),
             },
             metrics: MetricsConfig {
                 per_rank: false,
@@ -353,6 +357,7 @@ impl Config {
                 }
             }
         }
+        self.validate_cluster_tls()?;
         let cl = &self.cluster;
         if cl.heartbeat_timeout_ms < 2 * cl.heartbeat_interval_ms {
             return Err(ConfigError::Conflict(format!(
@@ -524,6 +529,7 @@ const LOCAL_SERVICE_KEYS: &[&str] = &[
     "ock.mmc.segment.",
     "ock.mmc.numa.",
     "ock.mmc.metrics.window_secs",
+    "ock.mmc.metrics.tls.",
     "ock.mmc.log.",
 ];
 

@@ -2,6 +2,8 @@
 //! imports none of the layers that use them: mTLS for the HTTP service (the rustls server
 //! configuration is built from them in `http::tls`) and the KV-event publisher.
 
+use super::{Config, ConfigError, Role};
+
 /// `ock.mmc.metrics.tls.*`.
 #[derive(Clone, Debug, Default)]
 pub struct TlsConfig {
@@ -10,6 +12,67 @@ pub struct TlsConfig {
     pub cert_path: String,
     pub key_path: String,
     pub crl_path: String,
+}
+
+/// TLS between the cluster's roles (`ock.mmc.cluster.tls.*`): the files this process's
+/// cluster client uses for `https://` peers (a meta service, a local service listening with
+/// TLS): the CA a peer's server certificate must chain to, and the client certificate and
+/// key it presents (a peer listening with TLS requires one). Each, unset, is the
+/// `ock.mmc.metrics.tls.*` file of the same role ([`Config::cluster_tls`]): one CA and one
+/// certificate per host serve both directions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterTls {
+    pub ca_path: String,
+    pub cert_path: String,
+    pub key_path: String,
+}
+
+impl Config {
+    /// The files the cluster client uses for `https://` peers, each key falling back to its
+    /// `ock.mmc.metrics.tls.*` counterpart; `None` without a CA (no `https://` peer then).
+    pub fn cluster_tls(&self) -> Option<ClusterTls> {
+        let pick = |own: &str, server: &str| if own.is_empty() { server } else { own }.to_string();
+        let own = &self.cluster.tls;
+        let tls = ClusterTls {
+            ca_path: pick(&own.ca_path, &self.tls.ca_path),
+            cert_path: pick(&own.cert_path, &self.tls.cert_path),
+            key_path: pick(&own.key_path, &self.tls.key_path),
+        };
+        (!tls.ca_path.is_empty()).then_some(tls)
+    }
+
+    /// An `https://` meta service needs a CA to verify it; a certificate goes with its key;
+    /// a local service listening with TLS advertises an `https://` URL.
+    pub(super) fn validate_cluster_tls(&self) -> Result<(), ConfigError> {
+        let conflict = |m: String| Err(ConfigError::Conflict(m));
+        let https_meta = self
+            .cluster
+            .meta_urls
+            .iter()
+            .find(|u| u.starts_with("https://"));
+        if self.cluster.role == Role::Local
+            && let Some(u) = https_meta
+            && self.cluster_tls().is_none()
+        {
+            return conflict(format!(
+                "ock.mmc.meta_service_url {u} is https:// but no CA is set to verify it: set ock.mmc.cluster.tls.ca.path (or ock.mmc.metrics.tls.ca.path)"
+            ));
+        }
+        if let Some(t) = self.cluster_tls()
+            && t.cert_path.is_empty() != t.key_path.is_empty()
+        {
+            return conflict(
+                "ock.mmc.cluster.tls.cert.path and ock.mmc.cluster.tls.key.path go together: set both or neither".to_string(),
+            );
+        }
+        let advertised = &self.cluster.local_advertise_url;
+        if self.tls.enable && advertised.starts_with("http://") {
+            return conflict(format!(
+                "ock.mmc.local_service.advertise_url {advertised} is http:// but this service listens with TLS (ock.mmc.metrics.tls.enable): advertise https://"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `ock.mmc.kv_events.encoding`: which of vLLM's two wire generations batches are sent in.
@@ -59,4 +122,74 @@ pub struct KvEventsConfig {
     pub data_parallel_rank: i64,
     pub replay_batches: u64,
     pub block_size: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_tls_falls_back_to_the_server_files_and_is_checked() {
+        let mut c = Config::defaults();
+        assert_eq!(c.cluster_tls(), None, "no CA: no https:// peer");
+        c.set("ock.mmc.metrics.tls.ca.path", "/pki/ca.pem").unwrap();
+        c.set("ock.mmc.metrics.tls.cert.path", "/pki/node.pem")
+            .unwrap();
+        c.set("ock.mmc.metrics.tls.key.path", "/pki/node.key")
+            .unwrap();
+        c.set("ock.mmc.cluster.tls.ca.path", "/pki/cluster-ca.pem")
+            .unwrap();
+        let t = c.cluster_tls().unwrap();
+        assert_eq!(
+            (
+                t.ca_path.as_str(),
+                t.cert_path.as_str(),
+                t.key_path.as_str()
+            ),
+            ("/pki/cluster-ca.pem", "/pki/node.pem", "/pki/node.key")
+        );
+        c.validate().unwrap();
+        c.set("ock.mmc.cluster.tls.cert.path", "/pki/client.pem")
+            .unwrap();
+        c.set("ock.mmc.metrics.tls.key.path", "").unwrap();
+        assert!(c.validate().is_err(), "a certificate without its key");
+
+        let mut local = Config::defaults();
+        local.cluster.role = Role::Local;
+        local
+            .set("ock.mmc.meta_service_url", "https://10.0.0.1:8000/")
+            .unwrap();
+        assert_eq!(local.cluster.meta_urls, ["https://10.0.0.1:8000"]);
+        let e = local.validate().unwrap_err().to_string();
+        assert!(e.contains("ock.mmc.cluster.tls.ca.path"), "{e}");
+        local
+            .set("ock.mmc.cluster.tls.ca.path", "/pki/ca.pem")
+            .unwrap();
+        local.validate().unwrap();
+        assert!(local.set("ock.mmc.meta_service_url", "ftp://a:1").is_err());
+
+        let mut tls = Config::defaults();
+        for (k, v) in [
+            ("ock.mmc.metrics.tls.enable", "true"),
+            ("ock.mmc.metrics.tls.ca.path", "/pki/ca.pem"),
+            ("ock.mmc.metrics.tls.cert.path", "/pki/node.pem"),
+            ("ock.mmc.metrics.tls.key.path", "/pki/node.key"),
+            (
+                "ock.mmc.local_service.advertise_url",
+                "http://10.0.0.2:9000",
+            ),
+        ] {
+            tls.set(k, v).unwrap();
+        }
+        assert!(
+            tls.validate().is_err(),
+            "TLS listener advertised as http://"
+        );
+        tls.set(
+            "ock.mmc.local_service.advertise_url",
+            "https://10.0.0.2:9000",
+        )
+        .unwrap();
+        tls.validate().unwrap();
+    }
 }

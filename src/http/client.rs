@@ -1,12 +1,19 @@
 //! A small HTTP/1.1 client for the cluster's own messages (join, heartbeat, commit, a
 //! replicated put's next hop): one request per connection, `Content-Length` bodies, bounded
 //! in time. Runs on any monoio runtime (a shard, or a local service's agent thread).
+//! `https://` peers are reached over rustls ([`install_tls`]: the CA they must chain to, the
+//! client certificate presented); a peer that is not trusted, or does not trust us, fails
+//! the call with [`UNTRUSTED`] in its error.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use monoio::BufResult;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
+use monoio_rustls::{ClientTlsStream, TlsConnector};
+use rustls_pki_types::ServerName;
 
 /// An answer: status and body.
 #[derive(Debug)]
@@ -21,12 +28,21 @@ pub struct Answer {
 /// an object).
 const MAX_ANSWER_BYTES: usize = 256 << 20;
 
-/// `http://host:port[/...]` → (host:port, socket address). Only literal addresses and names
+/// `http://…` or `https://…` → (whether TLS, the rest).
+fn split_scheme(url: &str) -> Result<(bool, &str), String> {
+    if let Some(rest) = url.strip_prefix("http://") {
+        Ok((false, rest))
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        Ok((true, rest))
+    } else {
+        Err(format!("{url}: not an http:// or https:// URL"))
+    }
+}
+
+/// `http[s]://host:port[/...]` → (host:port, socket address). Only literal addresses and names
 /// the resolver answers from its files are expected here (configured URLs).
 pub fn authority(url: &str) -> Result<(String, SocketAddr), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let (_, rest) = split_scheme(url)?;
     let hostport = rest.split('/').next().unwrap_or_default();
     let addr = hostport
         .to_socket_addrs()
@@ -62,11 +78,9 @@ pub async fn request_url(
     body: Vec<u8>,
     timeout: Duration,
 ) -> Result<Answer, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: not an http:// URL"))?;
+    let (_, rest) = split_scheme(url)?;
     let split = rest.find('/').unwrap_or(rest.len());
-    let base = &url[..7 + split];
+    let base = &url[..url.len() - rest.len() + split];
     let target = if split == rest.len() {
         "/"
     } else {
@@ -86,11 +100,11 @@ const MAX_IDLE: usize = 16;
 thread_local! {
     /// This thread's idle keep-alive connections, by peer: a commit or heartbeat reuses one
     /// instead of paying a connect and an accept on both sides.
-    static IDLE: std::cell::RefCell<Vec<(SocketAddr, TcpStream)>> =
+    static IDLE: std::cell::RefCell<Vec<(SocketAddr, Conn)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn take_idle(addr: SocketAddr) -> Option<TcpStream> {
+fn take_idle(addr: SocketAddr) -> Option<Conn> {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         let i = idle.iter().rposition(|(a, _)| *a == addr)?;
@@ -98,7 +112,7 @@ fn take_idle(addr: SocketAddr) -> Option<TcpStream> {
     })
 }
 
-fn give_idle(addr: SocketAddr, stream: TcpStream) {
+fn give_idle(addr: SocketAddr, stream: Conn) {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         if idle.len() >= MAX_IDLE {
@@ -111,7 +125,7 @@ fn give_idle(addr: SocketAddr, stream: TcpStream) {
 /// How one exchange on a connection ended.
 enum Outcome {
     /// An answer; the connection may be reused when `keep` is set.
-    Answered(Answer, TcpStream, bool),
+    Answered(Answer, Conn, bool),
     /// The connection was closed before any byte of an answer (an idle pooled connection
     /// the peer had closed): safe to send again on a fresh one.
     Stale,
@@ -153,10 +167,7 @@ async fn exchange(
             Outcome::Stale => {}
         }
     }
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("{what}: {e}"))?;
-    let _ = stream.set_nodelay(true);
+    let stream = connect(base, &host, addr, &what).await?;
     match once(stream, head.into_bytes(), body, &what).await {
         Outcome::Answered(a, stream, keep) => {
             if keep && pooled {
@@ -169,8 +180,80 @@ async fn exchange(
     }
 }
 
+/// The CA and client certificate of calls to `https://` peers, installed once at start.
+static TLS: OnceLock<TlsConnector> = OnceLock::new();
+
+/// Installs the TLS client configuration (`http::tls::client_config`); the first one stays.
+pub fn install_tls(config: Arc<rustls::ClientConfig>) {
+    let _ = TLS.set(TlsConnector::from(config));
+}
+
+/// Whether calls to `https://` peers can be made (a CA was configured).
+pub fn tls_ready() -> bool {
+    TLS.get().is_some()
+}
+
+/// In the error of a call whose TLS peer was not trusted (its certificate does not chain to
+/// our CA or does not name its host) or did not trust us (it refused our certificate): a
+/// refusal that retrying does not fix.
+pub const UNTRUSTED: &str = "TLS peer not trusted or refused us";
+
+/// A connection to a peer: plain, or TLS for an `https://` URL.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<ClientTlsStream<TcpStream>>),
+}
+
+impl Conn {
+    async fn write_all(&mut self, buf: Vec<u8>) -> BufResult<usize, Vec<u8>> {
+        match self {
+            Conn::Plain(s) => s.write_all(buf).await,
+            Conn::Tls(s) => s.write_all(buf).await,
+        }
+    }
+
+    async fn read(&mut self, buf: Vec<u8>) -> BufResult<usize, Vec<u8>> {
+        match self {
+            Conn::Plain(s) => s.read(buf).await,
+            Conn::Tls(s) => s.read(buf).await,
+        }
+    }
+}
+
+/// A rustls error under an I/O error: the TLS peer's verdict (a certificate refused on
+/// either side), not a network failure.
+fn tls_refusal(e: &std::io::Error) -> Option<&rustls::Error> {
+    e.get_ref()?.downcast_ref::<rustls::Error>()
+}
+
+/// Connects to `addr` (`base`'s `host`), over TLS when `base` is `https://`.
+async fn connect(base: &str, host: &str, addr: SocketAddr, what: &str) -> Result<Conn, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{what}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    if !split_scheme(base)?.0 {
+        return Ok(Conn::Plain(stream));
+    }
+    let connector = TLS.get().ok_or_else(|| {
+        format!("{what}: an https:// peer but no CA to verify it (set ock.mmc.cluster.tls.ca.path)")
+    })?;
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(name.to_string())
+        .map_err(|e| format!("{what}: {name:?} is no TLS server name: {e}"))?;
+    match connector.connect(name, stream).await {
+        Ok(s) => Ok(Conn::Tls(Box::new(s))),
+        Err(monoio_rustls::TlsError::Rustls(e)) => Err(format!("{what}: {UNTRUSTED}: {e}")),
+        Err(monoio_rustls::TlsError::Io(e)) => match tls_refusal(&e) {
+            Some(r) => Err(format!("{what}: {UNTRUSTED}: {r}")),
+            None => Err(format!("{what}: TLS handshake: {e}")),
+        },
+    }
+}
+
 /// Sends one request on `stream` and reads its answer.
-async fn once(mut stream: TcpStream, head: Vec<u8>, body: Vec<u8>, what: &str) -> Outcome {
+async fn once(mut stream: Conn, head: Vec<u8>, body: Vec<u8>, what: &str) -> Outcome {
     let mut request = head;
     if body.len() <= POOLED_BODY_MAX {
         request.extend_from_slice(&body);
@@ -196,6 +279,10 @@ async fn once(mut stream: TcpStream, head: Vec<u8>, body: Vec<u8>, what: &str) -
         let spare = Vec::with_capacity(64 << 10);
         let (res, chunk) = stream.read(spare).await;
         match res {
+            // A TLS peer that refused our certificate says so in the first read.
+            Err(ref e) if let Some(r) = tls_refusal(e) => {
+                return Outcome::Failed(format!("{what}: {UNTRUSTED}: {r}"));
+            }
             Ok(0) | Err(_) if buf.is_empty() => return Outcome::Stale,
             Ok(0) => {
                 return match parse_at_eof(&buf) {

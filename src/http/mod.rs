@@ -40,13 +40,17 @@ use response::{Envelope, Response};
 
 /// What the front end builds once from the configuration, before the shards start: the mTLS
 /// server configuration (`tls.rs`; an unusable file stops the start) and the OpenAPI document
-/// (`openapi.rs`). The cluster carries both to every shard.
+/// (`openapi.rs`). The cluster carries both to every shard. The cluster client's TLS towards
+/// `https://` peers (`ock.mmc.cluster.tls.*`) is built here too and installed in `client.rs`.
 pub fn front_assets(config: &Config) -> Result<crate::shards::FrontAssets, String> {
     let tls = if config.tls.enable {
         Some(tls::server_config(&config.tls)?)
     } else {
         None
     };
+    if let Some(cluster_tls) = config.cluster_tls() {
+        client::install_tls(tls::client_config(&cluster_tls)?);
+    }
     Ok(crate::shards::FrontAssets {
         tls,
         openapi: openapi::document(config).into(),

@@ -13,12 +13,13 @@ pub mod process;
 pub mod requests;
 pub mod store;
 pub mod trace;
+pub mod view;
 pub mod window;
 
 pub use counter::{Counter, Gauge};
 
 /// Statistics of one shard's HTTP front end and mailbox. Lives in the shard's
-/// [`crate::shards::RemoteShard`], so any thread can read it.
+/// `RemoteShard` (`src/shards`), so any thread can read it.
 #[derive(Default, Debug)]
 pub struct ShardStats {
     pub http_requests: Counter,

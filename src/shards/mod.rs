@@ -13,6 +13,7 @@
 mod apply;
 mod cluster;
 pub mod command;
+mod figures;
 mod io_jobs;
 pub mod load;
 mod mailbox;

@@ -42,9 +42,18 @@ fn segments(meta: &Server) -> Vec<String> {
 
 /// Waits (bounded) until the meta lists `n` segments.
 fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
+    wait_listing(n, limit, || segments(meta))
+}
+
+/// Waits (bounded) until `list` returns `n` segments.
+pub(super) fn wait_listing(
+    n: usize,
+    limit: Duration,
+    list: impl Fn() -> Vec<String>,
+) -> Vec<String> {
     let deadline = Instant::now() + limit;
     loop {
-        let s = segments(meta);
+        let s = list();
         if s.len() == n {
             return s;
         }

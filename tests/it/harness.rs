@@ -530,3 +530,38 @@ pub fn pct(bytes: &[u8]) -> String {
     }
     s
 }
+
+/// A test certificate authority: its parameters and key (sign leaves with
+/// `rcgen::Issuer::from_params`).
+pub fn test_ca(name: &str) -> (rcgen::CertificateParams, rcgen::KeyPair) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    (p, key)
+}
+
+/// A certificate for `names` (the first is its common name) signed by `issuer`, for the
+/// extended key `uses`: (certificate PEM, key PEM).
+pub fn test_leaf(
+    issuer: &rcgen::Issuer<'_, &rcgen::KeyPair>,
+    names: &[&str],
+    serial: u64,
+    uses: Vec<rcgen::ExtendedKeyUsagePurpose>,
+) -> (String, String) {
+    use rcgen::{CertificateParams, DnType, KeyPair, SerialNumber};
+    let key = KeyPair::generate().unwrap();
+    let mut p =
+        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    p.serial_number = Some(SerialNumber::from(serial));
+    p.distinguished_name.push(DnType::CommonName, names[0]);
+    p.extended_key_usages = uses;
+    let cert = p.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, Issuer,
-    KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams, SerialNumber, date_time_ymd,
+    CertificateRevocationListParams, Issuer, KeyIdMethod, KeyPair, RevokedCertParams, SerialNumber,
+    date_time_ymd,
 };
 
 use crate::both_drivers;
-use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder, rss_kib};
+use crate::harness::{Client, Driver, SERVER_BIN, ServerBuilder, rss_kib, test_ca, test_leaf};
 use crate::store::temp_dir;
 
 both_drivers!(
@@ -357,46 +357,28 @@ struct Pki {
     dir: std::path::PathBuf,
 }
 
-fn ca(name: &str) -> (CertificateParams, KeyPair) {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    (p, key)
-}
-
+/// A certificate for `names` from `issuer`, for client or server use.
 fn leaf(
     issuer: &Issuer<'_, &KeyPair>,
     names: &[&str],
     serial: u64,
     client: bool,
 ) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p =
-        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    p.serial_number = Some(SerialNumber::from(serial));
-    p.distinguished_name.push(DnType::CommonName, names[0]);
-    p.extended_key_usages = vec![if client {
+    let usage = if client {
         rcgen::ExtendedKeyUsagePurpose::ClientAuth
     } else {
         rcgen::ExtendedKeyUsagePurpose::ServerAuth
-    }];
-    let cert = p.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
+    };
+    test_leaf(issuer, names, serial, vec![usage])
 }
 
 impl Pki {
     fn new() -> Pki {
         let dir = temp_dir("pki");
-        let (ca_params, ca_key) = ca("mmc test CA");
+        let (ca_params, ca_key) = test_ca("mmc test CA");
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::from_params(&ca_params, &ca_key);
-        let (other_params, other_key) = ca("another CA");
+        let (other_params, other_key) = test_ca("another CA");
         let other_issuer = Issuer::from_params(&other_params, &other_key);
         let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
         write("ca.pem", &ca_cert.pem());

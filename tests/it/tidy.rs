@@ -31,6 +31,7 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
     ("config", "server", "config imports no other layer"),
     ("metrics", "http", "metrics read what they are handed"),
     ("metrics", "server", "metrics read what they are handed"),
+    ("metrics", "shards", "metrics read what they are handed"),
     ("kv_events", "http", "kv_events read what they are handed"),
     ("kv_events", "server", "kv_events read what they are handed"),
     ("kv_events", "shards", "kv_events read what they are handed"),

@@ -88,7 +88,13 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if crate::http::client::authority(url).is_err() {
         return ctx.protocol_error(
             Status::BAD_REQUEST,
-            "Invalid 'url': expected http://host:port",
+            "Invalid 'url': expected http://host:port or https://host:port",
+        );
+    }
+    if url.starts_with("https://") && !crate::http::client::tls_ready() {
+        return ctx.protocol_error(
+            Status::BAD_REQUEST,
+            "Invalid 'url': https:// but this meta service has no CA to verify it (ock.mmc.cluster.tls.ca.path)",
         );
     }
     let Some(incarnation) = field_u64(&v, "incarnation") else {

@@ -37,12 +37,17 @@ const HOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// address, else the listen address.
 pub(super) fn self_url(cluster: &Cluster) -> String {
     let a = cluster.config.advertise_address.trim();
-    if a.starts_with("http://") {
+    let scheme = if cluster.config.tls.enable {
+        "https"
+    } else {
+        "http"
+    };
+    if a.starts_with("http://") || a.starts_with("https://") {
         a.trim_end_matches('/').to_string()
     } else if !a.is_empty() {
-        format!("http://{a}")
+        format!("{scheme}://{a}")
     } else {
-        format!("http://{}", cluster.config.listen)
+        format!("{scheme}://{}", cluster.config.listen)
     }
 }
 

@@ -7,7 +7,7 @@ use super::ranks;
 use super::writer::Out;
 use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
-use crate::shards::Cluster;
+use crate::metrics::view::Source;
 
 type ViewField = fn(&client::OpView) -> Sample;
 
@@ -23,12 +23,11 @@ enum Sample {
 /// metrics without a value as 0 placeholders). A rank with no mounted segment has no series:
 /// they go with its last segment. `memcache_metric_stale` is 1 for a rank with no traffic in
 /// the window (`ock.mmc.metrics.window_secs`): its window figures are not fresh data.
-pub(super) fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
+pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
     let mounted = ranks(cluster);
     // Remote ranks lost (no report past the heartbeat timeout): stale until they rejoin.
     let lost: Vec<u32> = cluster
-        .ranks
-        .lost()
+        .lost_ranks()
         .into_iter()
         .filter(|r| !mounted.contains(r))
         .collect();
@@ -57,9 +56,9 @@ pub(super) fn render_client(cluster: &Cluster, o: &mut Out<'_>) {
 }
 
 /// The merged views of every mounted rank's operations, empty ones included, by rank.
-fn client_views(cluster: &Cluster, mounted: &[u32]) -> Vec<client::OpView> {
+fn client_views(cluster: &dyn Source, mounted: &[u32]) -> Vec<client::OpView> {
     let mut acc = HashMap::new();
-    for s in cluster.shards.iter() {
+    for s in cluster.shards() {
         s.client.merge_into(&mut acc);
     }
     let mut recorded: HashMap<(u32, ClientOp), client::OpView> = client::finish(acc)
@@ -184,7 +183,7 @@ type DiskIoField = fn(&DiskIo) -> u64;
 /// rank without SSD keeps its series as placeholders (the contract keeps metrics without a
 /// value as 0): no disk capacity, use or count, its memory (DRAM) figures, and one per-disk
 /// series with an empty `disk_path` and value 0.
-pub(super) fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
+pub(super) fn render_ubs_io(cluster: &dyn Source, o: &mut Out<'_>) {
     let ranks = rank_io(cluster);
     for &(name, help, f) in PER_RANK {
         o.family(name, help, "gauge");
@@ -202,40 +201,42 @@ pub(super) fn render_ubs_io(cluster: &Cluster, o: &mut Out<'_>) {
 }
 
 /// The figures of every rank with mounted segments, ascending.
-fn rank_io(cluster: &Cluster) -> Vec<RankIo> {
-    let segs = cluster.segments.snapshot();
-    let of_rank = |r: u32, m: Medium| segs.iter().filter(move |s| s.rank == r && s.medium == m);
+fn rank_io(cluster: &dyn Source) -> Vec<RankIo> {
+    let segs = cluster.segments();
+    let of_rank = |r: u32, m: Medium| {
+        segs.iter()
+            .filter(move |s| s.rank() == r && s.medium() == m)
+    };
     ranks(cluster)
         .iter()
         .map(|&r| RankIo {
             rank: r.to_string(),
-            disk_capacity: of_rank(r, Medium::Ssd).map(|s| s.capacity).sum(),
+            disk_capacity: of_rank(r, Medium::Ssd).map(|s| s.capacity()).sum(),
             disk_used: of_rank(r, Medium::Ssd).map(|s| s.used_bytes()).sum(),
-            mem_capacity: of_rank(r, Medium::Dram).map(|s| s.capacity).sum(),
+            mem_capacity: of_rank(r, Medium::Dram).map(|s| s.capacity()).sum(),
             mem_used: of_rank(r, Medium::Dram).map(|s| s.used_bytes()).sum(),
             disks: of_rank(r, Medium::Ssd).count() as u64,
             faulty: of_rank(r, Medium::Ssd)
-                .filter(|s| s.backend.file().is_some_and(|f| f.status() != 0))
+                .filter(|s| s.disk().is_some_and(|f| f.status() != 0))
                 .count() as u64,
         })
         .collect()
 }
 
 /// Every SSD directory's figures, and a placeholder for each rank without one, by rank.
-fn disk_io(cluster: &Cluster, ranks: &[RankIo]) -> Vec<DiskIo> {
-    let window = cluster.config.metrics.window_secs.max(1);
-    let now_secs = cluster.clock.now_secs();
+fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
+    let window = cluster.config().metrics.window_secs.max(1);
+    let now_secs = cluster.clock().now_secs();
     let mut disks: Vec<DiskIo> = cluster
-        .segments
-        .snapshot()
+        .segments()
         .iter()
         .filter_map(|s| {
-            let f = s.backend.file()?;
+            let f = s.disk()?;
             let (read, written) = f.window_bytes(now_secs, window);
             Some(DiskIo {
-                rank: s.rank.to_string(),
-                path: f.dir.clone(),
-                status: f.status() as u64,
+                rank: s.rank().to_string(),
+                path: f.dir().to_string(),
+                status: f.status(),
                 read_bps: read / window,
                 write_bps: written / window,
             })

@@ -9,7 +9,7 @@ use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::ShardStats;
 use crate::metrics::requests::{self, ReqOp};
 use crate::metrics::store::{Op, OpCounters, TierCounters};
-use crate::shards::Cluster;
+use crate::metrics::view::{SegmentFigures, Source};
 
 /// The `CamelCase` name of an operation in HELP texts (`BatchGet`).
 fn camel(op: Op) -> String {
@@ -95,30 +95,30 @@ pub(super) const TIER_FAMILIES: &[(&str, &str, &str, &str, TierField)] = &[
     ),
 ];
 
-pub(super) fn tier_total(cluster: &Cluster, f: TierField) -> u64 {
+pub(super) fn tier_total(cluster: &dyn Source, f: TierField) -> u64 {
     sum_i(cluster, |s| f(&s.store_stats.tier))
 }
 
-pub(super) fn tier_rank(cluster: &Cluster, rank: u32, f: TierField) -> u64 {
+pub(super) fn tier_rank(cluster: &dyn Source, rank: u32, f: TierField) -> u64 {
     sum_i(cluster, |s| f(&s.store_stats.tier_by_rank[rank as usize]))
 }
 
 /// Whether eviction work is in progress anywhere: a pass running, or flushes it started.
-fn evict_running(cluster: &Cluster) -> u64 {
-    let running = cluster.shards.iter().any(|s| {
+fn evict_running(cluster: &dyn Source) -> u64 {
+    let running = cluster.shards().any(|s| {
         s.store_stats.evict_running.get() > 0 || s.store_stats.flush_in_flight_bytes.get() > 0
     });
     running as u64
 }
 
 /// Segment and medium capacity and use.
-pub(super) fn render_capacity(cluster: &Cluster, o: &mut Out<'_>) {
-    let segs = cluster.segments.snapshot();
+pub(super) fn render_capacity(cluster: &dyn Source, o: &mut Out<'_>) {
+    let segs = cluster.segments();
     let per_segment: [(&str, &str, SegmentField); 2] = [
         (
             "memcache_segment_capacity_bytes",
             "Segment total capacity in bytes",
-            |s| s.capacity,
+            |s| s.capacity(),
         ),
         (
             "memcache_segment_allocated_bytes",
@@ -129,7 +129,7 @@ pub(super) fn render_capacity(cluster: &Cluster, o: &mut Out<'_>) {
     for (name, help, f) in per_segment {
         o.family(name, help, "gauge");
         for s in segs.iter() {
-            o.int(name, &[("segment", &s.name)], f(s));
+            o.int(name, &[("segment", s.name())], f(s));
         }
     }
     // SSD is shown only when it has capacity or use.
@@ -158,14 +158,14 @@ pub(super) fn render_capacity(cluster: &Cluster, o: &mut Out<'_>) {
     }
 }
 
-type SegmentField = fn(&crate::shards::store::segment::Segment) -> u64;
+type SegmentField = fn(&dyn SegmentFigures) -> u64;
 
 /// A (capacity, used) pair to one of its figures.
 type MediumField = fn((u64, u64)) -> u64;
 
 /// The business-call counters: requests, successes, failures (and not-found results) per
 /// operation, in total and per rank.
-pub(super) fn render_business(cluster: &Cluster, o: &mut Out<'_>, per_rank: &[u32]) {
+pub(super) fn render_business(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
     for op in Op::ALL {
         let i = op as usize;
         let name = camel(op);
@@ -210,7 +210,7 @@ pub(super) fn render_business(cluster: &Cluster, o: &mut Out<'_>, per_rank: &[u3
 }
 
 /// Eviction, flush, rewarm and hit counters, in total and per rank; stored keys.
-pub(super) fn render_tiers(cluster: &Cluster, o: &mut Out<'_>, per_rank: &[u32]) {
+pub(super) fn render_tiers(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
     for (idx, &(metric, _, help, kind, f)) in TIER_FAMILIES.iter().enumerate() {
         o.family(metric, help, kind);
         o.int(metric, &[], tier_total(cluster, f));
@@ -238,13 +238,13 @@ pub(super) fn render_tiers(cluster: &Cluster, o: &mut Out<'_>, per_rank: &[u32])
     );
 }
 
-type ClusterField = fn(&Cluster) -> u64;
+type ClusterField = fn(&dyn Source) -> u64;
 
 /// One-sample families: (metric, HELP, type, value).
 type Single = (&'static str, &'static str, &'static str, ClusterField);
 
-fn kv(c: &Cluster) -> &KvEventStats {
-    &c.kv_stats
+fn kv(c: &dyn Source) -> &KvEventStats {
+    c.kv_stats()
 }
 
 /// The KV-event families after the by-type and by-medium ones, in output order.
@@ -283,7 +283,7 @@ const KV_SINGLES: &[Single] = &[
         "memcache_kv_events_queue_capacity",
         "Configured KV cache event soft queue capacity",
         "gauge",
-        |c| c.config.kv_events.queue_capacity,
+        |c| c.config().kv_events.queue_capacity,
     ),
     (
         "memcache_kv_events_publisher_active",
@@ -303,15 +303,15 @@ const KV_SINGLES: &[Single] = &[
     ),
 ];
 
-fn singles(cluster: &Cluster, o: &mut Out<'_>, table: &[Single]) {
+fn singles(cluster: &dyn Source, o: &mut Out<'_>, table: &[Single]) {
     for &(name, help, kind, f) in table {
         o.single(name, help, kind, f(cluster));
     }
 }
 
 /// The KV-event publisher's families.
-pub(super) fn render_kv_events(cluster: &Cluster, o: &mut Out<'_>) {
-    let kv = &cluster.kv_stats;
+pub(super) fn render_kv_events(cluster: &dyn Source, o: &mut Out<'_>) {
+    let kv = cluster.kv_stats();
     o.single(
         "memcache_kv_events_published_total",
         "Total KV cache events published",
@@ -340,12 +340,12 @@ pub(super) fn render_kv_events(cluster: &Cluster, o: &mut Out<'_>) {
     singles(cluster, o, KV_SINGLES);
 }
 
-fn st(c: &Cluster, f: fn(&ShardStats) -> u64) -> u64 {
-    sum(c, |s| f(&s.stats))
+fn st(c: &dyn Source, f: fn(&ShardStats) -> u64) -> u64 {
+    sum(c, |s| f(s.stats))
 }
 
-fn st_i(c: &Cluster, f: fn(&ShardStats) -> i64) -> u64 {
-    sum_i(c, |s| f(&s.stats))
+fn st_i(c: &dyn Source, f: fn(&ShardStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.stats))
 }
 
 /// The HTTP front end's families after `memcache_http_responses_total`, in output order.
@@ -417,12 +417,12 @@ const SERVER_SINGLES: &[Single] = &[
         "memcache_uptime_seconds",
         "Seconds since the server started",
         "gauge",
-        |c| c.clock.now_secs(),
+        |c| c.clock().now_secs(),
     ),
 ];
 
 /// The HTTP front end and shard messaging.
-pub(super) fn render_server(cluster: &Cluster, o: &mut Out<'_>) {
+pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
     o.single(
         "memcache_http_requests_total",
         "HTTP requests answered",
@@ -441,26 +441,22 @@ pub(super) fn render_server(cluster: &Cluster, o: &mut Out<'_>) {
 
 /// The HA view: which role this node has now (one series per role, 1 for the current one)
 /// and the view_version. Standalone nodes report `leader` and 0.
-fn render_ha(cluster: &Cluster, o: &mut Out<'_>) {
-    let ha = cluster.ha.snapshot();
+fn render_ha(cluster: &dyn Source, o: &mut Out<'_>) {
+    let ha = cluster.ha();
     let name = "memcache_ha_role";
     o.family(
         name,
         "This meta's HA role: 1 for the current one (leader, standby or unknown)",
         "gauge",
     );
-    for role in [
-        crate::ha::Role::Leader,
-        crate::ha::Role::Standby,
-        crate::ha::Role::Unknown,
-    ] {
-        o.int(name, &[("role", role.as_str())], u64::from(ha.role == role));
+    for (role, now) in ha.roles {
+        o.int(name, &[("role", role)], u64::from(now));
     }
     o.single(
         "memcache_ha_serving",
         "1 when this meta is the leader and serving (HA off: always 1)",
         "gauge",
-        u64::from(cluster.ha.serving()),
+        u64::from(ha.serving),
     );
     o.single(
         "memcache_ha_view_version",
@@ -472,7 +468,7 @@ fn render_ha(cluster: &Cluster, o: &mut Out<'_>) {
 
 /// `memcache_http_request_duration_seconds`: every operation's histogram, summed over shards,
 /// zeros included (the series exist from the start).
-pub(super) fn render_request_durations(cluster: &Cluster, o: &mut Out<'_>) {
+pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
     let name = "memcache_http_request_duration_seconds";
     o.family(
         name,
@@ -482,7 +478,7 @@ pub(super) fn render_request_durations(cluster: &Cluster, o: &mut Out<'_>) {
     let les: Vec<&str> = requests::BOUNDS.iter().map(|&(_, le)| le).collect();
     for op in ReqOp::ALL {
         let mut m = requests::Merged::default();
-        for s in cluster.shards.iter() {
+        for s in cluster.shards() {
             s.stats.request_durations.add_to(op, &mut m);
         }
         let sum = m.sum_ns as f64 / 1e9;

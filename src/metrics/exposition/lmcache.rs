@@ -5,7 +5,7 @@ use super::{medium_usage, sum, sum_i};
 use crate::common::medium::Medium;
 use crate::metrics::bus::{BusStats, SUBSCRIBERS, TierStats};
 use crate::metrics::hist::BucketHistogram;
-use crate::shards::Cluster;
+use crate::metrics::view::Source;
 
 type Labels = &'static [(&'static str, &'static str)];
 
@@ -13,16 +13,16 @@ type Labels = &'static [(&'static str, &'static str)];
 const SSD: Labels = &[("l2_name", Medium::Ssd.lower())];
 const SSD_IDX: Labels = &[("l2_name", Medium::Ssd.lower()), ("adapter_index", "0")];
 
-fn t(c: &Cluster, f: fn(&TierStats) -> u64) -> u64 {
-    sum(c, |s| f(&s.tier_stats))
+fn t(c: &dyn Source, f: fn(&TierStats) -> u64) -> u64 {
+    sum(c, |s| f(s.tier_stats))
 }
 
-fn ti(c: &Cluster, f: fn(&TierStats) -> i64) -> u64 {
-    sum_i(c, |s| f(&s.tier_stats))
+fn ti(c: &dyn Source, f: fn(&TierStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.tier_stats))
 }
 
 /// Renders the LMCache families.
-pub(super) fn render_tiers_and_bus(cluster: &Cluster, o: &mut Out<'_>) {
+pub(super) fn render_tiers_and_bus(cluster: &dyn Source, o: &mut Out<'_>) {
     render_usage(cluster, o);
     render_tasks(cluster, o);
     render_histograms(cluster, o);
@@ -30,7 +30,7 @@ pub(super) fn render_tiers_and_bus(cluster: &Cluster, o: &mut Out<'_>) {
 }
 
 /// L1 and L2 usage.
-fn render_usage(cluster: &Cluster, o: &mut Out<'_>) {
+fn render_usage(cluster: &dyn Source, o: &mut Out<'_>) {
     let (hbm_c, hbm_u) = medium_usage(cluster, Medium::Hbm);
     let (dram_c, dram_u) = medium_usage(cluster, Medium::Dram);
     let (ssd_c, ssd_u) = medium_usage(cluster, Medium::Ssd);
@@ -62,7 +62,7 @@ type Task = (
     &'static str,
     &'static str,
     Labels,
-    fn(&Cluster) -> u64,
+    fn(&dyn Source) -> u64,
 );
 
 const TASKS: &[Task] = &[
@@ -159,7 +159,7 @@ const TASKS: &[Task] = &[
     ),
 ];
 
-fn render_tasks(cluster: &Cluster, o: &mut Out<'_>) {
+fn render_tasks(cluster: &dyn Source, o: &mut Out<'_>) {
     for &(name, help, kind, labels, f) in TASKS {
         o.family(name, help, kind);
         o.int(name, labels, f(cluster));
@@ -196,13 +196,13 @@ const HISTOGRAMS: &[(&str, &str, Labels, H)] = &[
     ),
 ];
 
-fn render_histograms(cluster: &Cluster, o: &mut Out<'_>) {
+fn render_histograms(cluster: &dyn Source, o: &mut Out<'_>) {
     for &(name, help, labels, h) in HISTOGRAMS {
-        let bounds = h(&cluster.shards[0].tier_stats).bounds;
+        let bounds = h(cluster.shard(0).tier_stats).bounds;
         let mut counts = vec![0u64; bounds.len() + 1];
         let mut total = 0.0;
-        for s in cluster.shards.iter() {
-            h(&s.tier_stats).add_to(&mut counts, &mut total);
+        for s in cluster.shards() {
+            h(s.tier_stats).add_to(&mut counts, &mut total);
         }
         let les: Vec<String> = bounds.iter().map(|b| format!("{b}")).collect();
         let les: Vec<&str> = les.iter().map(String::as_str).collect();
@@ -212,18 +212,17 @@ fn render_histograms(cluster: &Cluster, o: &mut Out<'_>) {
 }
 
 /// The event bus watching itself.
-fn render_bus(cluster: &Cluster, o: &mut Out<'_>) {
-    let b = |f: fn(&BusStats) -> u64| sum(cluster, |s| f(&s.bus_stats));
+fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
+    let b = |f: fn(&BusStats) -> u64| sum(cluster, |s| f(s.bus_stats));
     o.single(
         "lmcache_mp_event_bus_queue_depth",
         "Events waiting in the event bus queues",
         "gauge",
         sum_i(cluster, |s| s.bus_stats.queue_depth.get()),
     );
-    let now_ms = cluster.clock.now_ms() as i64;
+    let now_ms = cluster.clock().now_ms() as i64;
     let oldest = cluster
-        .shards
-        .iter()
+        .shards()
         .map(|s| s.bus_stats.oldest_ms.get())
         .filter(|&t| t > 0)
         .min();
@@ -259,7 +258,7 @@ fn render_bus(cluster: &Cluster, o: &mut Out<'_>) {
     for (i, name) in SUBSCRIBERS.iter().enumerate() {
         // Only subscribers that are installed have series (the test subscriber is not, in
         // production).
-        if !cluster.shards.iter().any(|s| s.bus_stats.is_installed(i)) {
+        if !cluster.shards().any(|s| s.bus_stats.is_installed(i)) {
             continue;
         }
         let n = sum(cluster, |s| s.bus_stats.subscriber_panics[i].get());

@@ -24,12 +24,12 @@ use std::collections::BTreeSet;
 use super::store::MAX_RANKS;
 use super::trace;
 use crate::common::medium::Medium;
-use crate::shards::Cluster;
+use crate::metrics::view::{ShardFigures, Source};
 pub use summary::render_summary;
 use writer::Out;
 
 /// Renders `/metrics`.
-pub fn render_metrics(cluster: &Cluster, buf: &mut Vec<u8>) {
+pub fn render_metrics(cluster: &dyn Source, buf: &mut Vec<u8>) {
     let mut o = Out { buf };
     let per_rank = per_rank_ranks(cluster);
     families::render_capacity(cluster, &mut o);
@@ -47,33 +47,33 @@ pub fn render_metrics(cluster: &Cluster, buf: &mut Vec<u8>) {
 
 /// Renders the ptracer table (`filter` picks rows).
 pub fn render_ptracer(
-    cluster: &Cluster,
+    cluster: &dyn Source,
     unix_secs: u64,
     filter: impl Fn(trace::Tp) -> bool,
 ) -> String {
-    let points = trace::snapshot(cluster.shards.iter().map(|s| &*s.tracer));
+    let points = trace::snapshot(cluster.shards().map(|s| s.tracer));
     trace::render(&points, &trace::format_time(unix_secs), filter)
 }
 
 /// Sums over shards.
-fn sum(cluster: &Cluster, f: impl Fn(&crate::shards::RemoteShard) -> u64) -> u64 {
-    cluster.shards.iter().map(f).sum()
+fn sum(cluster: &dyn Source, f: impl Fn(ShardFigures<'_>) -> u64) -> u64 {
+    cluster.shards().map(f).sum()
 }
 
 /// Sums a gauge over shards (never below 0).
-fn sum_i(cluster: &Cluster, f: impl Fn(&crate::shards::RemoteShard) -> i64) -> u64 {
-    cluster.shards.iter().map(f).sum::<i64>().max(0) as u64
+fn sum_i(cluster: &dyn Source, f: impl Fn(ShardFigures<'_>) -> i64) -> u64 {
+    cluster.shards().map(f).sum::<i64>().max(0) as u64
 }
 
 /// Ranks with mounted segments, ascending.
-fn ranks(cluster: &Cluster) -> Vec<u32> {
-    let set: BTreeSet<u32> = cluster.segments.snapshot().iter().map(|s| s.rank).collect();
+fn ranks(cluster: &dyn Source) -> Vec<u32> {
+    let set: BTreeSet<u32> = cluster.segments().iter().map(|s| s.rank()).collect();
     set.into_iter().collect()
 }
 
 /// Per-rank series are kept for ranks below [`MAX_RANKS`].
-fn per_rank_ranks(cluster: &Cluster) -> Vec<u32> {
-    if !cluster.config.metrics.per_rank {
+fn per_rank_ranks(cluster: &dyn Source) -> Vec<u32> {
+    if !cluster.config().metrics.per_rank {
         return Vec::new();
     }
     ranks(cluster)
@@ -83,11 +83,10 @@ fn per_rank_ranks(cluster: &Cluster) -> Vec<u32> {
 }
 
 /// (capacity, used) of a medium.
-pub fn medium_usage(cluster: &Cluster, m: Medium) -> (u64, u64) {
+pub fn medium_usage(cluster: &dyn Source, m: Medium) -> (u64, u64) {
     cluster
-        .segments
-        .snapshot()
+        .segments()
         .iter()
-        .filter(|s| s.medium == m)
-        .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
+        .filter(|s| s.medium() == m)
+        .fold((0, 0), |(c, u), s| (c + s.capacity(), u + s.used_bytes()))
 }

@@ -2,13 +2,13 @@
 //! allocated bytes per node part. Exported only while some segment is placed on nodes.
 
 use super::writer::Out;
-use crate::shards::Cluster;
-use crate::shards::store::segment::Segment;
+use crate::metrics::view::SegmentFigures;
+use crate::metrics::view::Source;
 
-type PartField = fn(&Segment, usize) -> u64;
+type PartField = fn(&dyn SegmentFigures, usize) -> u64;
 
-pub(super) fn render_numa(cluster: &Cluster, o: &mut Out<'_>) {
-    let segs = cluster.segments.snapshot();
+pub(super) fn render_numa(cluster: &dyn Source, o: &mut Out<'_>) {
+    let segs = cluster.segments();
     if segs.iter().all(|s| s.node_parts().is_empty()) {
         return;
     }
@@ -29,7 +29,7 @@ pub(super) fn render_numa(cluster: &Cluster, o: &mut Out<'_>) {
         for s in segs.iter() {
             for (i, p) in s.node_parts().iter().enumerate() {
                 let node = itoa::Buffer::new().format(p.node).to_string();
-                o.int(name, &[("segment", &s.name), ("node", &node)], f(s, i));
+                o.int(name, &[("segment", s.name()), ("node", &node)], f(s, i));
             }
         }
     }

@@ -1,0 +1,109 @@
+//! What a scrape reads, as the exposition sees it: metrics read what they are handed.
+//!
+//! The server's cluster implements [`Source`] (in `src/shards/figures.rs`); the exposition
+//! knows only this view, never the shards' types. Everything here is a reference to figures
+//! the shards keep anyway, or a snapshot the scrape took before: handing the view allocates
+//! nothing (a segment snapshot is the table's `Arc`, coerced to [`SegmentList`]).
+
+use std::sync::Arc;
+
+use super::ShardStats;
+use super::bus::{BusStats, TierStats};
+use super::client::ClientStats;
+use super::store::StoreStats;
+use super::trace::Tracer;
+use crate::common::clock::Clock;
+use crate::common::medium::Medium;
+use crate::config::Config;
+use crate::kv_events::KvEventStats;
+use crate::numa::NodePart;
+
+/// The figures one scrape reads.
+pub trait Source {
+    fn config(&self) -> &Config;
+    fn clock(&self) -> &Clock;
+    fn shard_count(&self) -> usize;
+    /// Shard `i`'s figures (`i < shard_count()`).
+    fn shard(&self, i: usize) -> ShardFigures<'_>;
+    /// The mounted segments, in listing order (one consistent snapshot per call).
+    fn segments(&self) -> Arc<dyn SegmentList>;
+    /// Remote ranks declared lost (no report past the heartbeat timeout), ascending.
+    fn lost_ranks(&self) -> Vec<u32>;
+    fn kv_stats(&self) -> &KvEventStats;
+    fn ha(&self) -> HaFigures;
+}
+
+impl dyn Source + '_ {
+    /// Every shard's figures, in shard order.
+    pub fn shards(&self) -> impl Iterator<Item = ShardFigures<'_>> + Clone {
+        (0..self.shard_count()).map(|i| self.shard(i))
+    }
+}
+
+/// One shard's statistics (each written by that shard only).
+#[derive(Clone, Copy)]
+pub struct ShardFigures<'a> {
+    pub stats: &'a ShardStats,
+    pub store_stats: &'a StoreStats,
+    pub tracer: &'a Tracer,
+    pub client: &'a ClientStats,
+    pub bus_stats: &'a BusStats,
+    pub tier_stats: &'a TierStats,
+}
+
+/// The HA facts a scrape shows.
+pub struct HaFigures {
+    /// Every role's label, in output order, and whether it is this node's now.
+    pub roles: [(&'static str, bool); 3],
+    /// The leader, serving (HA off: always).
+    pub serving: bool,
+    pub view_version: u64,
+}
+
+/// One mounted segment's figures.
+pub trait SegmentFigures {
+    /// `rank-<r>-<medium>`.
+    fn name(&self) -> &str;
+    fn rank(&self) -> u32;
+    fn medium(&self) -> Medium;
+    fn capacity(&self) -> u64;
+    fn used_bytes(&self) -> u64;
+    /// The NUMA node parts, by offset (empty without placement).
+    fn node_parts(&self) -> &[NodePart];
+    /// Bytes allocated to blobs in node part `part`.
+    fn used_in_part(&self, part: usize) -> u64;
+    /// The SSD file behind the segment, if it is one.
+    fn disk(&self) -> Option<&dyn DiskFigures>;
+}
+
+/// An SSD segment's file.
+pub trait DiskFigures {
+    /// Its directory.
+    fn dir(&self) -> &str;
+    /// 0 normal, else an errno.
+    fn status(&self) -> u64;
+    /// (bytes read, bytes written) in the `secs` seconds up to `now_secs`.
+    fn window_bytes(&self, now_secs: u64, secs: u64) -> (u64, u64);
+}
+
+/// A snapshot of the mounted segments.
+pub trait SegmentList {
+    fn count(&self) -> usize;
+    fn at(&self, i: usize) -> &dyn SegmentFigures;
+}
+
+impl<T: SegmentFigures> SegmentList for Vec<Arc<T>> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn at(&self, i: usize) -> &dyn SegmentFigures {
+        &*self[i]
+    }
+}
+
+impl dyn SegmentList + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = &dyn SegmentFigures> + Clone {
+        (0..self.count()).map(|i| self.at(i))
+    }
+}
