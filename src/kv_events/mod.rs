@@ -10,14 +10,26 @@
 //!
 //! The batch is encoded in one of vLLM's two wire generations ([`KvEncoding`], see
 //! [`encode`]): real consumers decode with typed decoders, so each accepts exactly one of them.
+//!
+//! **Leadership epochs** (HA, [`leadership`]): only the leader publishes. The queue carries the
+//! current leadership *epoch*; while this node does not lead, shards produce nothing and the
+//! publisher sends nothing (its sockets stay bound). When the node wins a leadership,
+//! [`KvQueue::begin_epoch`] queues an epoch marker ahead of every event of that leadership;
+//! the publisher then starts the stream over: sequence numbers from 0 again, the replay buffer
+//! emptied, and the epoch's first batch (`seq` 0) opens with an `AllBlocksCleared`, followed by
+//! a `BlockStored` for every block the new leader holds. With HA off there is one epoch, 0,
+//! for the process's life, and no marker.
 
 pub mod encode;
+pub mod leadership;
 pub mod stats;
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -54,9 +66,27 @@ impl KvEvent {
     }
 }
 
+/// What travels from the shards to the publisher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queued {
+    /// An event produced during leadership epoch `.0`.
+    Event(u32, KvEvent),
+    /// Leadership epoch `.0` begins here: the stream starts over.
+    Epoch(u32),
+}
+
+/// The leadership word: the current epoch (upper bits) and whether this node publishes in it
+/// (bit 0).
+fn leadership_word(epoch: u32, active: bool) -> u64 {
+    ((epoch as u64) << 1) | active as u64
+}
+
 /// The shards' side: a bounded, never-blocking queue to the publisher.
 pub struct KvQueue {
-    queue: SegQueue<KvEvent>,
+    queue: SegQueue<Queued>,
+    /// [`leadership_word`]: epoch 0 active with HA off; with HA on, inactive until this node
+    /// wins a leadership.
+    leadership: AtomicU64,
     size: AtomicUsize,
     soft: usize,
     hard: usize,
@@ -88,7 +118,46 @@ impl KvQueue {
             // SAFETY: `fd` is a fresh descriptor owned by nobody else.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             stop: AtomicBool::new(false),
+            leadership: AtomicU64::new(leadership_word(0, true)),
         })
+    }
+
+    /// Less than half the soft capacity is queued: a producer of a long burst (a new
+    /// leader's re-announcement) waits for this between events.
+    pub fn has_room_for_burst(&self) -> bool {
+        self.size.load(Relaxed) < self.soft / 2
+    }
+
+    /// The current epoch and whether this node publishes in it.
+    pub fn leadership(&self) -> (u32, bool) {
+        let w = self.leadership.load(Acquire);
+        ((w >> 1) as u32, w & 1 == 1)
+    }
+
+    /// This node does not lead (any more): shards stop producing, and the publisher drops what
+    /// is still queued or batched instead of sending it. Idempotent.
+    pub fn end_epoch(&self) {
+        let (epoch, active) = self.leadership();
+        if active {
+            self.leadership
+                .store(leadership_word(epoch, false), Release);
+            self.signal(usize::MAX);
+        }
+    }
+
+    /// This node won a leadership: a new epoch begins. Its marker is queued before the epoch
+    /// becomes active, so every event of the epoch follows it; it is never dropped (it does
+    /// not count against the queue's limits). Returns the new epoch.
+    pub fn begin_epoch(&self) -> u32 {
+        let (epoch, _) = self.leadership();
+        let next = epoch.wrapping_add(1);
+        self.stats.count(usize::MAX, |c| &c.produced);
+        let before = self.size.fetch_add(1, Relaxed);
+        self.queue.push(Queued::Epoch(next));
+        self.stats.queue_size.store((before + 1) as u64, Relaxed);
+        self.leadership.store(leadership_word(next, true), Release);
+        self.signal(usize::MAX);
+        next
     }
 
     fn signal(&self, shard: usize) {
@@ -99,8 +168,13 @@ impl KvQueue {
     }
 
     /// Turns a store event into a KV event and queues it. Never blocks; counts what it drops
-    /// or skips in `shard`'s own counters.
+    /// or skips in `shard`'s own counters. While this node does not lead (HA), nothing is
+    /// produced.
     pub fn produce(&self, shard: usize, ev: &Event) {
+        let (epoch, active) = self.leadership();
+        if !active {
+            return;
+        }
         let kv = match *ev {
             Event::Stored { chunk, medium, .. } | Event::Removed { chunk, medium, .. } => {
                 let Some(hash) = chunk else {
@@ -132,14 +206,14 @@ impl KvQueue {
             }
             return;
         }
-        self.queue.push(kv);
+        self.queue.push(Queued::Event(epoch, kv));
         self.stats.queue_size.store((before + 1) as u64, Relaxed);
         if before == 0 || before + 1 == self.batch_max {
             self.signal(shard);
         }
     }
 
-    fn pop(&self) -> Option<KvEvent> {
+    fn pop(&self) -> Option<Queued> {
         let e = self.queue.pop()?;
         let left = self.size.fetch_sub(1, Relaxed) - 1;
         self.stats.queue_size.store(left as u64, Relaxed);
@@ -288,6 +362,8 @@ struct Publisher {
     stats: Arc<KvEventStats>,
     sockets: Sockets,
     next_seq: u64,
+    /// The leadership epoch being published (events of another are dropped).
+    epoch: u32,
     /// The last published batches: (seq, payload).
     replay_buffer: VecDeque<(u64, Vec<u8>)>,
     batch: Vec<KvEvent>,
@@ -308,6 +384,7 @@ impl Publisher {
             stats,
             sockets,
             next_seq: 0,
+            epoch: 0,
             replay_buffer: VecDeque::new(),
             payload: Vec::new(),
         }
@@ -349,9 +426,31 @@ impl Publisher {
             }
             let due = first_at.is_some_and(|t| t.elapsed() >= delay);
             let stopping = self.queue.stop.load(Relaxed);
+            let (epoch, leading) = self.queue.leadership();
+            if !leading && epoch == self.epoch {
+                // The epoch being published ended (this node does not lead any more): what is
+                // left of it is not sent. A new epoch's marker ends the discarding.
+                self.discard_batch();
+                while let Some(q) = self.queue.pop() {
+                    match q {
+                        Queued::Epoch(e) => {
+                            self.start_epoch(e);
+                            break;
+                        }
+                        Queued::Event(..) => self.stats.discarded_not_leader.inc(),
+                    }
+                }
+                if self.batch.is_empty() {
+                    first_at = None;
+                }
+            }
             if due || stopping || queued + self.batch.len() >= max {
-                while let Some(e) = self.queue.pop() {
-                    self.batch.push(e);
+                while let Some(q) = self.queue.pop() {
+                    match q {
+                        Queued::Epoch(e) => self.start_epoch(e),
+                        Queued::Event(e, ev) if e == self.epoch => self.batch.push(ev),
+                        Queued::Event(..) => self.stats.discarded_not_leader.inc(),
+                    }
                     if self.batch.len() >= max {
                         self.publish();
                     }
@@ -368,6 +467,31 @@ impl Publisher {
                 return;
             }
         }
+    }
+
+    /// Drops the batch being built (its events were never sent).
+    fn discard_batch(&mut self) {
+        self.stats.discarded_not_leader.add(
+            self.batch
+                .iter()
+                .filter(|e| **e != KvEvent::Cleared)
+                .count() as u64,
+        );
+        self.batch.clear();
+    }
+
+    /// Epoch `epoch` begins: the stream starts over (sequence 0, an empty replay buffer), and
+    /// its first event is an `AllBlocksCleared`: a router drops what it believed this
+    /// publisher held, and the `BlockStored`s that follow re-announce what the new leader
+    /// holds.
+    fn start_epoch(&mut self, epoch: u32) {
+        self.discard_batch();
+        self.epoch = epoch;
+        self.next_seq = 0;
+        self.replay_buffer.clear();
+        self.batch.push(KvEvent::Cleared);
+        self.stats.epochs.inc();
+        log::info!("KV events: leadership epoch {epoch} begins (sequence 0, AllBlocksCleared)");
     }
 
     fn publish(&mut self) {
@@ -530,6 +654,181 @@ mod tests {
         assert!(
             batches <= 2000 / 10,
             "events are batched: {batches} batches"
+        );
+    }
+
+    /// The events of one positional batch: ("stored" | "removed" | "cleared", hash).
+    fn batch_events(payload: &[u8]) -> Vec<(String, u64)> {
+        use encode::V;
+        let V::A(batch) = encode::decode_value(payload) else {
+            panic!("not an array")
+        };
+        let V::A(events) = &batch[1] else {
+            panic!("no events")
+        };
+        events
+            .iter()
+            .map(|e| {
+                let V::A(f) = e else { panic!("{e:?}") };
+                let V::S(tag) = &f[0] else { panic!("{e:?}") };
+                let hash = match f.get(1) {
+                    Some(V::A(h)) => match h[0] {
+                        V::U(h) => h,
+                        _ => panic!("{e:?}"),
+                    },
+                    _ => 0,
+                };
+                (tag.clone(), hash)
+            })
+            .collect()
+    }
+
+    /// A follower of the publisher: SUB on `pub_ep`, REQ on `replay_ep`.
+    struct Follower {
+        _ctx: zmq::Context,
+        sub: zmq::Socket,
+        replay: zmq::Socket,
+    }
+
+    impl Follower {
+        fn new(pub_ep: &str, replay_ep: &str) -> Follower {
+            let ctx = zmq::Context::new();
+            let sub = ctx.socket(zmq::SUB).unwrap();
+            sub.set_subscribe(b"").unwrap();
+            sub.set_rcvtimeo(5000).unwrap();
+            sub.connect(pub_ep).unwrap();
+            let replay = ctx.socket(zmq::REQ).unwrap();
+            replay.set_rcvtimeo(5000).unwrap();
+            replay.connect(replay_ep).unwrap();
+            Follower {
+                _ctx: ctx,
+                sub,
+                replay,
+            }
+        }
+
+        /// The next published batch: (seq, events).
+        fn next(&self) -> (u64, Vec<(String, u64)>) {
+            let f = self.sub.recv_multipart(0).expect("a batch within 5 s");
+            let seq = u64::from_be_bytes(f[1].as_slice().try_into().unwrap());
+            (seq, batch_events(&f[2]))
+        }
+
+        /// Nothing arrives within `ms`.
+        fn quiet(&self, ms: i64) -> bool {
+            self.sub.poll(zmq::POLLIN, ms).unwrap() == 0
+        }
+
+        /// Every kept batch from `start`, as vLLM's replay client reads them.
+        fn replay(&self, start: u64) -> Vec<(u64, Vec<(String, u64)>)> {
+            self.replay.send(&start.to_be_bytes()[..], 0).unwrap();
+            let mut out = Vec::new();
+            loop {
+                let f = self.replay.recv_multipart(0).expect("a replay answer");
+                let seq = u64::from_be_bytes(f[0].as_slice().try_into().unwrap());
+                if seq == u64::MAX {
+                    assert!(f[1].is_empty());
+                    return out;
+                }
+                out.push((seq, batch_events(&f[1])));
+                // REQ takes one reply per request: the server sends the batches as separate
+                // messages, so ask again from the next one.
+                self.replay.send(&(seq + 1).to_be_bytes()[..], 0).unwrap();
+            }
+        }
+    }
+
+    fn stored(hash: u64) -> Event {
+        Event::Stored {
+            chunk: Some(hash),
+            medium: Medium::Dram,
+            size: 1,
+        }
+    }
+
+    fn ev(tag: &str, hash: u64) -> (String, u64) {
+        (tag.to_string(), hash)
+    }
+
+    fn free_tcp() -> String {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("tcp://127.0.0.1:{port}")
+    }
+
+    /// HA: nothing is published outside a leadership; each leadership starts the stream over
+    /// (sequence 0, an `AllBlocksCleared` first, a fresh replay buffer); events queued when a
+    /// leadership ends are not sent.
+    #[test]
+    fn each_leadership_is_an_epoch_that_starts_with_all_blocks_cleared() {
+        let mut c = cfg(1000, 1000);
+        c.endpoint = free_tcp();
+        c.replay_endpoint = free_tcp();
+        c.replay_batches = 100;
+        c.batch_max_events = 64;
+        c.batch_max_delay_ms = 5;
+        let stats = Arc::new(KvEventStats::default());
+        let p = KvPublisher::start(c.clone(), stats.clone()).unwrap();
+        let q = p.queue.clone();
+        // HA on: idle until a leadership is won.
+        q.end_epoch();
+        assert_eq!(q.leadership(), (0, false));
+        let f = Follower::new(&c.endpoint, &c.replay_endpoint);
+        // Let the subscription reach the publisher (nothing is sent meanwhile to probe it).
+        std::thread::sleep(Duration::from_millis(300));
+        q.produce(0, &stored(1));
+        assert!(f.quiet(200), "a standby publishes nothing");
+        assert_eq!(stats.published_batches.get(), 0);
+
+        // Won: epoch 1, batch 0 = AllBlocksCleared, then what the leadership stores.
+        assert_eq!(q.begin_epoch(), 1);
+        q.produce(0, &stored(2));
+        q.produce(0, &stored(3));
+        let mut got = Vec::new();
+        let (seq, events) = f.next();
+        assert_eq!(seq, 0);
+        got.extend(events);
+        while got.len() < 3 {
+            got.extend(f.next().1);
+        }
+        assert_eq!(
+            got,
+            vec![
+                ev("AllBlocksCleared", 0),
+                ev("BlockStored", 2),
+                ev("BlockStored", 3)
+            ]
+        );
+
+        // Lost: what is queued then is not sent.
+        q.end_epoch();
+        q.produce(0, &stored(4));
+        assert!(f.quiet(200), "nothing after the leadership ended");
+
+        // Won again: the stream starts over, and the replay buffer holds only this epoch.
+        assert_eq!(q.begin_epoch(), 2);
+        q.produce(0, &stored(5));
+        let mut got = Vec::new();
+        let (seq, events) = f.next();
+        assert_eq!(seq, 0, "a new epoch restarts the sequence");
+        got.extend(events);
+        while got.len() < 2 {
+            got.extend(f.next().1);
+        }
+        assert_eq!(got, vec![ev("AllBlocksCleared", 0), ev("BlockStored", 5)]);
+        let replayed: Vec<_> = f.replay(0).into_iter().flat_map(|(_, e)| e).collect();
+        assert_eq!(replayed, got, "replay from 0 is this epoch from its start");
+        p.stop();
+        assert_eq!(stats.epochs.get(), 2);
+        assert_eq!(
+            stats.produced(),
+            stats.published_events.get()
+                + stats.dropped_events()
+                + stats.discarded_not_leader.get(),
+            "every produced event is published, dropped or discarded"
         );
     }
 
