@@ -8,6 +8,7 @@ mod cluster;
 mod foundation;
 mod framing;
 mod ha;
+mod ha_kv;
 mod latency_histograms;
 mod lifecycle;
 mod metrics_contract;
