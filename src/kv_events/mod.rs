@@ -134,6 +134,12 @@ impl KvQueue {
         ((w >> 1) as u32, w & 1 == 1)
     }
 
+    /// Epoch `e` has ended: it is the current one and inactive, or a later one began.
+    fn epoch_over(&self, e: u32) -> bool {
+        let (now, active) = self.leadership();
+        (now == e && !active) || (now.wrapping_sub(e) as i32) > 0
+    }
+
     /// This node does not lead (any more): shards stop producing, and the publisher drops what
     /// is still queued or batched instead of sending it. Idempotent.
     pub fn end_epoch(&self) {
@@ -426,16 +432,19 @@ impl Publisher {
             }
             let due = first_at.is_some_and(|t| t.elapsed() >= delay);
             let stopping = self.queue.stop.load(Relaxed);
-            let (epoch, leading) = self.queue.leadership();
-            if !leading && epoch == self.epoch {
-                // The epoch being published ended (this node does not lead any more): what is
-                // left of it is not sent. A new epoch's marker ends the discarding.
+            let (_, leading) = self.queue.leadership();
+            if !leading {
+                // This node does not lead: what is left of an ended leadership is not sent.
+                // A marker of a leadership that is beginning ends the discarding.
                 self.discard_batch();
                 while let Some(q) = self.queue.pop() {
                     match q {
                         Queued::Epoch(e) => {
                             self.start_epoch(e);
-                            break;
+                            if !self.queue.epoch_over(e) {
+                                break;
+                            }
+                            self.discard_batch();
                         }
                         Queued::Event(..) => self.stats.discarded_not_leader.inc(),
                     }
@@ -446,9 +455,18 @@ impl Publisher {
             }
             if due || stopping || queued + self.batch.len() >= max {
                 while let Some(q) = self.queue.pop() {
+                    // An epoch that ended meanwhile (its end and the next begin both came
+                    // between two looks at the word) sends nothing.
                     match q {
-                        Queued::Epoch(e) => self.start_epoch(e),
-                        Queued::Event(e, ev) if e == self.epoch => self.batch.push(ev),
+                        Queued::Epoch(e) => {
+                            self.start_epoch(e);
+                            if self.queue.epoch_over(e) {
+                                self.discard_batch();
+                            }
+                        }
+                        Queued::Event(e, ev) if e == self.epoch && !self.queue.epoch_over(e) => {
+                            self.batch.push(ev)
+                        }
                         Queued::Event(..) => self.stats.discarded_not_leader.inc(),
                     }
                     if self.batch.len() >= max {
@@ -471,12 +489,7 @@ impl Publisher {
 
     /// Drops the batch being built (its events were never sent).
     fn discard_batch(&mut self) {
-        self.stats.discarded_not_leader.add(
-            self.batch
-                .iter()
-                .filter(|e| **e != KvEvent::Cleared)
-                .count() as u64,
-        );
+        self.stats.discarded_not_leader.add(self.batch.len() as u64);
         self.batch.clear();
     }
 
@@ -829,6 +842,51 @@ mod tests {
                 + stats.dropped_events()
                 + stats.discarded_not_leader.get(),
             "every produced event is published, dropped or discarded"
+        );
+    }
+
+    /// Events queued (not yet due) when the leadership ends are dropped, not sent; so is a
+    /// whole epoch that began and ended before the publisher looked.
+    #[test]
+    fn what_an_ended_leadership_left_queued_is_not_sent() {
+        let mut c = cfg(1000, 1000);
+        c.endpoint = free_tcp();
+        c.batch_max_events = 64;
+        c.batch_max_delay_ms = 400;
+        let stats = Arc::new(KvEventStats::default());
+        let p = KvPublisher::start(c.clone(), stats.clone()).unwrap();
+        let q = p.queue.clone();
+        q.end_epoch();
+        let f = Follower::new(&c.endpoint, &free_tcp());
+        std::thread::sleep(Duration::from_millis(300));
+        // Epoch 1 begins and ends with three events queued, before its batch is due.
+        q.begin_epoch();
+        for h in 1..=3 {
+            q.produce(0, &stored(h));
+        }
+        q.end_epoch();
+        // Epoch 2 begins and ends at once; epoch 3 is the live one.
+        q.begin_epoch();
+        q.produce(0, &stored(4));
+        q.end_epoch();
+        assert_eq!(q.begin_epoch(), 3);
+        q.produce(0, &stored(5));
+        let (seq, events) = f.next();
+        assert_eq!(seq, 0);
+        assert_eq!(
+            events,
+            vec![ev("AllBlocksCleared", 0), ev("BlockStored", 5)]
+        );
+        assert!(f.quiet(600), "nothing else is sent");
+        p.stop();
+        assert_eq!(stats.published_batches.get(), 1);
+        // Four events and two epoch openings were never sent.
+        assert_eq!(stats.discarded_not_leader.get(), 6);
+        assert_eq!(
+            stats.produced(),
+            stats.published_events.get()
+                + stats.dropped_events()
+                + stats.discarded_not_leader.get()
         );
     }
 
