@@ -188,7 +188,7 @@ impl Server {
             let _ = cluster.kv_queue.set(p.queue.clone());
             // With HA on, only the leader publishes: idle until this node wins a leadership.
             if cluster.config.ha.enable {
-                crate::kv_events::leadership::follow(&cluster, &p.queue);
+                crate::ha::kv_events::follow_leadership(&cluster, &p.queue);
             }
             Some(p)
         } else {

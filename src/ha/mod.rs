@@ -11,6 +11,7 @@
 
 pub mod election;
 pub mod etcd;
+pub mod kv_events;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

@@ -16,16 +16,13 @@
 //! - **Discovery.** The leader writes `<prefix>kv_events` in the transaction that makes it
 //!   leader, under the election key's lease ([`etcd_value`]): a router reads or watches that
 //!   key; `GET /kv_events/publisher` answers the same on the leader (a standby redirects there).
-
-use std::sync::{Arc, Weak};
-use std::time::Instant;
+//!
+//! This module holds what the publisher advertises; the wiring to the HA view and the shards
+//! (which `kv_events` does not import) is `ha/kv_events.rs`.
 
 use serde_json::json;
 
-use super::KvQueue;
 use crate::config::Config;
-use crate::ha::{Role, ShardMsg};
-use crate::shards::Cluster;
 
 /// Where routers subscribe to this node's publisher.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,58 +90,6 @@ fn url_host(url: &str) -> Option<&str> {
         authority.rsplit_once(':').map_or(authority, |(h, _)| h)
     };
     (!host.is_empty()).then_some(host)
-}
-
-/// Makes the publisher follow the leadership (HA on; before the HA threads start): idle now,
-/// an epoch per leadership won, ended with it.
-pub fn follow(cluster: &Arc<Cluster>, queue: &Arc<KvQueue>) {
-    queue.end_epoch();
-    let q = queue.clone();
-    cluster.ha.subscribe(Box::new(move |previous, next| {
-        if previous.role == Role::Leader && next.role != Role::Leader {
-            q.end_epoch();
-        }
-    }));
-    let q = queue.clone();
-    // Weak: the step lives in the cluster's own HA view.
-    let weak: Weak<Cluster> = Arc::downgrade(cluster);
-    cluster
-        .ha
-        .add_epoch_step(Box::new(move |view_version, deadline| {
-            let epoch = q.begin_epoch();
-            let Some(cluster) = weak.upgrade() else {
-                return Ok(());
-            };
-            let announced = announce(&cluster, deadline);
-            log::info!(
-                "KV events: epoch {epoch} for view_version {view_version}: what this node holds is re-announced"
-            );
-            announced
-        }));
-}
-
-/// Every shard queues a `BlockStored` for each block it holds; waits for all of them.
-fn announce(cluster: &Cluster, deadline: Instant) -> Result<(), String> {
-    let ha = &cluster.ha;
-    let (ack_tx, ack_rx) = flume::unbounded();
-    let mut expected = 0;
-    for s in 0..ha.shard_count() {
-        if ha.send_to_shard(
-            s,
-            ShardMsg::Announce {
-                ack: ack_tx.clone(),
-            },
-        ) {
-            expected += 1;
-        }
-    }
-    for _ in 0..expected {
-        let left = deadline.saturating_duration_since(Instant::now());
-        ack_rx
-            .recv_timeout(left)
-            .map_err(|_| "the shards did not re-announce their KV blocks in time".to_string())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
