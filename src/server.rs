@@ -186,6 +186,10 @@ impl Server {
                 cluster.kv_stats.clone(),
             )?;
             let _ = cluster.kv_queue.set(p.queue.clone());
+            // With HA on, only the leader publishes: idle until this node wins a leadership.
+            if cluster.config.ha.enable {
+                crate::ha::kv_events::follow_leadership(&cluster, &p.queue);
+            }
             Some(p)
         } else {
             None

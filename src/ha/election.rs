@@ -16,8 +16,9 @@
 //! - **Follow**: read the election key every poll interval (TTL/4, at most 1 s); when it is
 //!   gone, campaign. A follower that cannot read it for a TTL reports `unknown` (its view of
 //!   the leader is stale).
-//! - **Become leader**: `starting` (not serving) while the `/metadata` entries are loaded from
-//!   etcd into the shards, then `serving`.
+//! - **Become leader**: `starting` (not serving) while the epoch steps run (the KV-event
+//!   epoch), the `/metadata` entries are loaded from etcd into the shards and the recovery
+//!   steps run, then `serving`.
 //! - **Stop** (SIGTERM): a leader revokes its lease, so a standby takes over at its next poll.
 
 use std::sync::Arc;
@@ -108,6 +109,9 @@ struct Elector {
     incarnation: String,
     /// This process led before (its store holds objects of that leadership).
     led_before: bool,
+    /// The value of `<prefix>kv_events` this node writes when it wins (KV events on): where
+    /// routers subscribe to its publisher (`kv_events::leadership`).
+    kv_events: Option<String>,
 }
 
 /// How long before the lease's earliest possible expiry a leader stops serving: a fifth of the
@@ -140,7 +144,6 @@ impl Elector {
         Elector {
             key: cfg.election_key(),
             etcd: Etcd::new(cfg.etcd_endpoints.clone()),
-            cluster,
             cfg,
             stop,
             ttl,
@@ -149,6 +152,8 @@ impl Elector {
             view_version: 0,
             incarnation: incarnation(),
             led_before: false,
+            kv_events: crate::kv_events::leadership::etcd_value(&cluster.config),
+            cluster,
         }
     }
 
@@ -270,17 +275,26 @@ impl Elector {
         let ttl = Duration::from_secs(granted.max(1));
         let key = b64(&self.key);
         let last = b64(&self.cfg.last_leader_key());
+        let mut success = vec![
+            json!({"request_range": {"key": last}}),
+            json!({"request_put": {
+                "key": key,
+                "value": b64(self.cfg.advertise_url.as_bytes()),
+                "lease": lease.to_string(),
+            }}),
+            json!({"request_put": {"key": last, "value": b64(self.incarnation.as_bytes())}}),
+        ];
+        // The KV-event publisher's key: same transaction, same lease, same revision.
+        if let Some(value) = &self.kv_events {
+            success.push(json!({"request_put": {
+                "key": b64(&self.cfg.kv_events_key()),
+                "value": b64(value.as_bytes()),
+                "lease": lease.to_string(),
+            }}));
+        }
         let txn = json!({
             "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            "success": [
-                {"request_range": {"key": last}},
-                {"request_put": {
-                    "key": key,
-                    "value": b64(self.cfg.advertise_url.as_bytes()),
-                    "lease": lease.to_string(),
-                }},
-                {"request_put": {"key": last, "value": b64(self.incarnation.as_bytes())}},
-            ],
+            "success": success,
             "failure": [{"request_range": {"key": key}}],
         });
         match self.etcd.txn(&txn, deadline) {
@@ -348,6 +362,13 @@ impl Elector {
             }
         }
         self.led_before = true;
+        // Before anything of this leadership changes the store: the KV-event epoch begins,
+        // with what this node holds re-announced (`kv_events::leadership`).
+        if let Err(e) = self.cluster.ha.start_epoch(view, l.step_down_at) {
+            log::warn!("HA: {e}; resigning");
+            self.resign(&l, "the KV-event epoch could not start");
+            return Phase::Follow;
+        }
         let loaded = self.load_metadata(&mut l).and_then(|n| {
             self.cluster.ha.recover(view, l.step_down_at)?;
             Ok(n)

@@ -11,6 +11,7 @@
 
 pub mod election;
 pub mod etcd;
+pub mod kv_events;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -104,6 +105,14 @@ impl HaConfig {
         format!("{}last_leader", self.prefix).into_bytes()
     }
 
+    /// Beside the election key, while KV events are on: the leader's KV-event publisher
+    /// (`kv_events::leadership`), written in the same transaction and under the same lease as
+    /// the election key, so the two appear and vanish together and share their create
+    /// revision (the `view_version`).
+    pub fn kv_events_key(&self) -> Vec<u8> {
+        format!("{}kv_events", self.prefix).into_bytes()
+    }
+
     /// Where the `/metadata` entry `key` lives in etcd.
     pub fn metadata_key(&self, key: &[u8]) -> Vec<u8> {
         let mut k = self.metadata_prefix();
@@ -172,6 +181,8 @@ pub enum ShardMsg {
         entries: Vec<(Box<[u8]>, Bytes)>,
         ack: flume::Sender<()>,
     },
+    /// A new KV-event epoch began: queue a `BlockStored` for every block this shard holds.
+    Announce { ack: flume::Sender<()> },
 }
 
 /// A leader-change listener: called on the election thread with the previous and the new
@@ -208,6 +219,7 @@ pub struct HaView {
     /// Counts published changes (a poller can compare it instead of subscribing).
     generation: AtomicU64,
     listeners: Mutex<Vec<HaListener>>,
+    epoch_steps: Mutex<Vec<RecoveryStep>>,
     recovery: Mutex<Vec<RecoveryStep>>,
     config: Option<HaConfig>,
     to_shards: Vec<flume::Sender<ShardMsg>>,
@@ -234,6 +246,7 @@ impl HaView {
             fence: AtomicI64::new(0),
             generation: AtomicU64::new(0),
             listeners: Mutex::new(Vec::new()),
+            epoch_steps: Mutex::new(Vec::new()),
             recovery: Mutex::new(Vec::new()),
             config: None,
             to_shards: Vec::new(),
@@ -259,6 +272,7 @@ impl HaView {
             fence: AtomicI64::new(0),
             generation: AtomicU64::new(0),
             listeners: Mutex::new(Vec::new()),
+            epoch_steps: Mutex::new(Vec::new()),
             recovery: Mutex::new(Vec::new()),
             config: Some(config),
             to_shards,
@@ -332,6 +346,35 @@ impl HaView {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(step);
+    }
+
+    /// Registers a step run the moment a leadership is won, before anything of the new
+    /// leadership can change the store: after the purge of stale objects, before the
+    /// `/metadata` load and before every [`RecoveryStep`] (the catalog hand-over). The KV-event
+    /// epoch starts here, so its `AllBlocksCleared` precedes every `BlockStored` of the
+    /// leadership. Same signature and contract as a recovery step.
+    pub fn add_epoch_step(&self, step: RecoveryStep) {
+        self.epoch_steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(step);
+    }
+
+    /// Runs the epoch steps in registration order (election thread only).
+    pub(crate) fn start_epoch(
+        &self,
+        view_version: u64,
+        deadline: std::time::Instant,
+    ) -> Result<(), String> {
+        for step in self
+            .epoch_steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            step(view_version, deadline)?;
+        }
+        Ok(())
     }
 
     /// Runs the recovery steps in registration order (election thread only).

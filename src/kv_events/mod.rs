@@ -10,14 +10,26 @@
 //!
 //! The batch is encoded in one of vLLM's two wire generations ([`KvEncoding`], see
 //! [`encode`]): real consumers decode with typed decoders, so each accepts exactly one of them.
+//!
+//! **Leadership epochs** (HA, [`leadership`]): only the leader publishes. The queue carries the
+//! current leadership *epoch*; while this node does not lead, shards produce nothing and the
+//! publisher sends nothing (its sockets stay bound). When the node wins a leadership,
+//! [`KvQueue::begin_epoch`] queues an epoch marker ahead of every event of that leadership;
+//! the publisher then starts the stream over: sequence numbers from 0 again, the replay buffer
+//! emptied, and the epoch's first batch (`seq` 0) opens with an `AllBlocksCleared`, followed by
+//! a `BlockStored` for every block the new leader holds. With HA off there is one epoch, 0,
+//! for the process's life, and no marker.
 
 pub mod encode;
+pub mod leadership;
 pub mod stats;
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -54,9 +66,27 @@ impl KvEvent {
     }
 }
 
+/// What travels from the shards to the publisher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queued {
+    /// An event produced during leadership epoch `.0`.
+    Event(u32, KvEvent),
+    /// Leadership epoch `.0` begins here: the stream starts over.
+    Epoch(u32),
+}
+
+/// The leadership word: the current epoch (upper bits) and whether this node publishes in it
+/// (bit 0).
+fn leadership_word(epoch: u32, active: bool) -> u64 {
+    ((epoch as u64) << 1) | active as u64
+}
+
 /// The shards' side: a bounded, never-blocking queue to the publisher.
 pub struct KvQueue {
-    queue: SegQueue<KvEvent>,
+    queue: SegQueue<Queued>,
+    /// [`leadership_word`]: epoch 0 active with HA off; with HA on, inactive until this node
+    /// wins a leadership.
+    leadership: AtomicU64,
     size: AtomicUsize,
     soft: usize,
     hard: usize,
@@ -88,7 +118,52 @@ impl KvQueue {
             // SAFETY: `fd` is a fresh descriptor owned by nobody else.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             stop: AtomicBool::new(false),
+            leadership: AtomicU64::new(leadership_word(0, true)),
         })
+    }
+
+    /// Less than half the soft capacity is queued: a producer of a long burst (a new
+    /// leader's re-announcement) waits for this between events.
+    pub fn has_room_for_burst(&self) -> bool {
+        self.size.load(Relaxed) < self.soft / 2
+    }
+
+    /// The current epoch and whether this node publishes in it.
+    pub fn leadership(&self) -> (u32, bool) {
+        let w = self.leadership.load(Acquire);
+        ((w >> 1) as u32, w & 1 == 1)
+    }
+
+    /// Epoch `e` has ended: it is the current one and inactive, or a later one began.
+    fn epoch_over(&self, e: u32) -> bool {
+        let (now, active) = self.leadership();
+        (now == e && !active) || (now.wrapping_sub(e) as i32) > 0
+    }
+
+    /// This node does not lead (any more): shards stop producing, and the publisher drops what
+    /// is still queued or batched instead of sending it. Idempotent.
+    pub fn end_epoch(&self) {
+        let (epoch, active) = self.leadership();
+        if active {
+            self.leadership
+                .store(leadership_word(epoch, false), Release);
+            self.signal(usize::MAX);
+        }
+    }
+
+    /// This node won a leadership: a new epoch begins. Its marker is queued before the epoch
+    /// becomes active, so every event of the epoch follows it; it is never dropped (it does
+    /// not count against the queue's limits). Returns the new epoch.
+    pub fn begin_epoch(&self) -> u32 {
+        let (epoch, _) = self.leadership();
+        let next = epoch.wrapping_add(1);
+        self.stats.count(usize::MAX, |c| &c.produced);
+        let before = self.size.fetch_add(1, Relaxed);
+        self.queue.push(Queued::Epoch(next));
+        self.stats.queue_size.store((before + 1) as u64, Relaxed);
+        self.leadership.store(leadership_word(next, true), Release);
+        self.signal(usize::MAX);
+        next
     }
 
     fn signal(&self, shard: usize) {
@@ -99,8 +174,13 @@ impl KvQueue {
     }
 
     /// Turns a store event into a KV event and queues it. Never blocks; counts what it drops
-    /// or skips in `shard`'s own counters.
+    /// or skips in `shard`'s own counters. While this node does not lead (HA), nothing is
+    /// produced.
     pub fn produce(&self, shard: usize, ev: &Event) {
+        let (epoch, active) = self.leadership();
+        if !active {
+            return;
+        }
         let kv = match *ev {
             Event::Stored { chunk, medium, .. } | Event::Removed { chunk, medium, .. } => {
                 let Some(hash) = chunk else {
@@ -132,14 +212,14 @@ impl KvQueue {
             }
             return;
         }
-        self.queue.push(kv);
+        self.queue.push(Queued::Event(epoch, kv));
         self.stats.queue_size.store((before + 1) as u64, Relaxed);
         if before == 0 || before + 1 == self.batch_max {
             self.signal(shard);
         }
     }
 
-    fn pop(&self) -> Option<KvEvent> {
+    fn pop(&self) -> Option<Queued> {
         let e = self.queue.pop()?;
         let left = self.size.fetch_sub(1, Relaxed) - 1;
         self.stats.queue_size.store(left as u64, Relaxed);
@@ -288,6 +368,8 @@ struct Publisher {
     stats: Arc<KvEventStats>,
     sockets: Sockets,
     next_seq: u64,
+    /// The leadership epoch being published (events of another are dropped).
+    epoch: u32,
     /// The last published batches: (seq, payload).
     replay_buffer: VecDeque<(u64, Vec<u8>)>,
     batch: Vec<KvEvent>,
@@ -308,6 +390,7 @@ impl Publisher {
             stats,
             sockets,
             next_seq: 0,
+            epoch: 0,
             replay_buffer: VecDeque::new(),
             payload: Vec::new(),
         }
@@ -349,9 +432,43 @@ impl Publisher {
             }
             let due = first_at.is_some_and(|t| t.elapsed() >= delay);
             let stopping = self.queue.stop.load(Relaxed);
+            let (_, leading) = self.queue.leadership();
+            if !leading {
+                // This node does not lead: what is left of an ended leadership is not sent.
+                // A marker of a leadership that is beginning ends the discarding.
+                self.discard_batch();
+                while let Some(q) = self.queue.pop() {
+                    match q {
+                        Queued::Epoch(e) => {
+                            self.start_epoch(e);
+                            if !self.queue.epoch_over(e) {
+                                break;
+                            }
+                            self.discard_batch();
+                        }
+                        Queued::Event(..) => self.stats.discarded_not_leader.inc(),
+                    }
+                }
+                if self.batch.is_empty() {
+                    first_at = None;
+                }
+            }
             if due || stopping || queued + self.batch.len() >= max {
-                while let Some(e) = self.queue.pop() {
-                    self.batch.push(e);
+                while let Some(q) = self.queue.pop() {
+                    // An epoch that ended meanwhile (its end and the next begin both came
+                    // between two looks at the word) sends nothing.
+                    match q {
+                        Queued::Epoch(e) => {
+                            self.start_epoch(e);
+                            if self.queue.epoch_over(e) {
+                                self.discard_batch();
+                            }
+                        }
+                        Queued::Event(e, ev) if e == self.epoch && !self.queue.epoch_over(e) => {
+                            self.batch.push(ev)
+                        }
+                        Queued::Event(..) => self.stats.discarded_not_leader.inc(),
+                    }
                     if self.batch.len() >= max {
                         self.publish();
                     }
@@ -368,6 +485,26 @@ impl Publisher {
                 return;
             }
         }
+    }
+
+    /// Drops the batch being built (its events were never sent).
+    fn discard_batch(&mut self) {
+        self.stats.discarded_not_leader.add(self.batch.len() as u64);
+        self.batch.clear();
+    }
+
+    /// Epoch `epoch` begins: the stream starts over (sequence 0, an empty replay buffer), and
+    /// its first event is an `AllBlocksCleared`: a router drops what it believed this
+    /// publisher held, and the `BlockStored`s that follow re-announce what the new leader
+    /// holds.
+    fn start_epoch(&mut self, epoch: u32) {
+        self.discard_batch();
+        self.epoch = epoch;
+        self.next_seq = 0;
+        self.replay_buffer.clear();
+        self.batch.push(KvEvent::Cleared);
+        self.stats.epochs.inc();
+        log::info!("KV events: leadership epoch {epoch} begins (sequence 0, AllBlocksCleared)");
     }
 
     fn publish(&mut self) {
@@ -435,155 +572,4 @@ impl Publisher {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(soft: u64, hard: u64) -> KvEventsConfig {
-        KvEventsConfig {
-            enable: true,
-            encoding: KvEncoding::Array,
-            endpoint: "inproc://t".into(),
-            replay_endpoint: String::new(),
-            topic: String::new(),
-            queue_capacity: soft,
-            hard_capacity: hard,
-            batch_max_events: 4,
-            batch_max_delay_ms: 1,
-            data_parallel_rank: 0,
-            replay_batches: 0,
-            block_size: 256,
-        }
-    }
-
-    /// The eventfd's counter: how many signals since the last read.
-    fn signals(q: &KvQueue) -> u64 {
-        let mut counter = [0u8; 8];
-        // SAFETY: reading 8 bytes from our non-blocking eventfd into a local buffer.
-        let n = unsafe { libc::read(q.wake.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
-        if n == 8 {
-            u64::from_ne_bytes(counter)
-        } else {
-            0
-        }
-    }
-
-    #[test]
-    fn producers_signal_when_the_queue_leaves_empty_or_fills_a_batch() {
-        let stats = Arc::new(KvEventStats::default());
-        let q = KvQueue::new(&cfg(100, 100), stats.clone()).unwrap();
-        let ev = Event::Stored {
-            chunk: Some(7),
-            medium: Medium::Hbm,
-            size: 1,
-        };
-        for _ in 0..10 {
-            q.produce(0, &ev);
-        }
-        // Batches of 4: the first event and the fourth signal, the others do not.
-        assert_eq!(signals(&q), 2);
-        while q.pop().is_some() {}
-        q.produce(0, &ev);
-        assert_eq!(signals(&q), 1, "an empty queue signals again");
-        assert_eq!(stats.wakeups(), 3);
-    }
-
-    #[test]
-    fn a_steady_stream_wakes_the_publisher_about_once_per_batch() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut c = cfg(100_000, 100_000);
-        c.endpoint = format!("tcp://127.0.0.1:{port}");
-        c.batch_max_events = 64;
-        c.batch_max_delay_ms = 5;
-        let stats = Arc::new(KvEventStats::default());
-        let p = KvPublisher::start(c, stats.clone()).unwrap();
-        // 2000 events over about 200 ms: 10 per millisecond, so a 5 ms batch delay sees about
-        // 50 events; with a wake-up per event this would be ~2000.
-        for i in 0..2000u64 {
-            p.queue.produce(
-                0,
-                &Event::Removed {
-                    chunk: Some(i),
-                    medium: Medium::Dram,
-                    size: 1,
-                },
-            );
-            if i % 10 == 9 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while stats.published_events.get() < 2000 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        p.stop();
-        assert_eq!(stats.published_events.get(), 2000, "every event is sent");
-        let batches = stats.published_batches.get();
-        let wakeups = stats.wakeups();
-        assert!(
-            wakeups <= 2 * batches + 10,
-            "{wakeups} wake-ups for {batches} batches"
-        );
-        assert!(
-            batches <= 2000 / 10,
-            "events are batched: {batches} batches"
-        );
-    }
-
-    #[test]
-    fn stored_events_drop_first_and_every_drop_is_counted() {
-        let stats = Arc::new(KvEventStats::default());
-        let q = KvQueue::new(&cfg(2, 3), stats.clone()).unwrap();
-        let stored = Event::Stored {
-            chunk: Some(1),
-            medium: Medium::Dram,
-            size: 1,
-        };
-        let removed = Event::Removed {
-            chunk: Some(1),
-            medium: Medium::Dram,
-            size: 1,
-        };
-        q.produce(0, &stored);
-        q.produce(0, &stored);
-        q.produce(0, &stored); // over the soft limit: dropped
-        q.produce(0, &removed); // high priority: fits under the hard limit
-        q.produce(0, &removed); // over the hard limit: dropped
-        q.produce(
-            0,
-            &Event::Stored {
-                chunk: None,
-                medium: Medium::Dram,
-                size: 1,
-            },
-        ); // unparsed
-        q.produce(
-            0,
-            &Event::Read {
-                medium: Medium::Dram,
-                bytes: 1,
-            },
-        ); // not a KV event
-        let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
-        assert_eq!(stats.produced(), 5);
-        assert_eq!(
-            (
-                stats.dropped_events(),
-                stats.dropped_stored(),
-                stats.dropped_high_priority()
-            ),
-            (2, 1, 1)
-        );
-        assert_eq!(stats.skipped_unparsed_keys(), 1);
-        assert_eq!(g(&stats.queue_size), 3);
-        let mut popped = 0;
-        while q.pop().is_some() {
-            popped += 1;
-        }
-        assert_eq!(popped, 3);
-        assert_eq!(stats.produced(), popped + stats.dropped_events());
-    }
-}
+mod tests;

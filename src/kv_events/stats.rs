@@ -75,6 +75,10 @@ pub struct KvEventStats {
     pub queue_capacity: AtomicU64,
     /// Sequence number of the last batch sent (0 before the first).
     pub last_sequence: AtomicU64,
+    /// Written only by the publisher thread (not exported): leadership epochs begun, and
+    /// events of an ended leadership that were not sent.
+    pub epochs: Counter,
+    pub discarded_not_leader: Counter,
 }
 
 impl Default for KvEventStats {
@@ -109,6 +113,8 @@ impl KvEventStats {
             queue_size: AtomicU64::new(0),
             queue_capacity: AtomicU64::new(0),
             last_sequence: AtomicU64::new(0),
+            epochs: Counter::default(),
+            discarded_not_leader: Counter::default(),
         }
     }
 
@@ -128,8 +134,9 @@ impl KvEventStats {
     }
 
     summed!(
-        /// Events produced; `published + dropped + queue_size == produced` at every quiescent
-        /// moment.
+        /// Events produced; `published + dropped + discarded_not_leader + queue_size ==
+        /// produced` at every quiescent moment (an epoch's opening `AllBlocksCleared` counts
+        /// as produced and published).
         produced,
         dropped_stored,
         dropped_high_priority,

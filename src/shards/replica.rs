@@ -43,6 +43,32 @@ impl Shard {
         }))
     }
 
+    /// Queues a KV-event `BlockStored` for every block this shard's store holds (a new
+    /// leadership's re-announcement, right after its epoch's `AllBlocksCleared`). Straight to
+    /// the KV queue: these are no new writes, so the event bus and its metrics do not see them.
+    /// Paced: past half the queue's soft capacity it waits for the publisher to drain, so a
+    /// large store is re-announced whole instead of overflowing the queue (stored events are
+    /// the first dropped).
+    async fn announce_held_blocks(&self) {
+        let Some(kv) = self.cluster.kv_queue.get().cloned() else {
+            return;
+        };
+        let held = self.store.borrow().held_blocks();
+        for (chunk, medium, size) in held {
+            while !kv.has_room_for_burst() && !self.cluster.is_shutting_down() {
+                monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            kv.produce(
+                self.id,
+                &crate::common::event::Event::Stored {
+                    chunk: Some(chunk),
+                    medium,
+                    size,
+                },
+            );
+        }
+    }
+
     /// The applier: applies what the HA threads send this shard, in order. Runs for the
     /// shard's life (HA on only).
     pub async fn ha_applier(self: Rc<Self>) {
@@ -85,6 +111,10 @@ impl Shard {
                 }
                 ShardMsg::Purge { ack } => {
                     let _ = self.try_apply(super::Command::RemoveAll);
+                    let _ = ack.send(());
+                }
+                ShardMsg::Announce { ack } => {
+                    self.announce_held_blocks().await;
                     let _ = ack.send(());
                 }
                 ShardMsg::Load { entries, ack } => {

@@ -15,9 +15,9 @@ use crate::both_drivers;
 use crate::harness::{Driver, Server, ServerBuilder};
 
 /// The lease TTL the tests run with (etcd's minimum is 2 s).
-const TTL_MS: u64 = 2000;
+pub(super) const TTL_MS: u64 = 2000;
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -26,7 +26,7 @@ fn free_port() -> u16 {
 }
 
 /// A single-member etcd on loopback; killed (and its directory removed) when dropped.
-struct Etcd {
+pub(super) struct Etcd {
     child: Option<Child>,
     dir: PathBuf,
     client_port: u16,
@@ -35,7 +35,7 @@ struct Etcd {
 
 impl Etcd {
     /// `None` (with a message) when etcd is not installed and not required.
-    fn start(name: &str) -> Option<Etcd> {
+    pub(super) fn start(name: &str) -> Option<Etcd> {
         let installed = Command::new("etcd")
             .arg("--version")
             .stdout(Stdio::null())
@@ -66,13 +66,13 @@ impl Etcd {
         Some(e)
     }
 
-    fn endpoint(&self) -> String {
+    pub(super) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
     /// Starts (or restarts, on the same ports and data) the etcd process and waits until it
     /// answers.
-    fn launch(&mut self) {
+    pub(super) fn launch(&mut self) {
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new("etcd")
@@ -108,7 +108,7 @@ impl Etcd {
         unsafe { libc::kill(self.pid(), sig) };
     }
 
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -165,11 +165,11 @@ fn meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
         .start()
 }
 
-fn url(addr: SocketAddr) -> String {
+pub(super) fn url(addr: SocketAddr) -> String {
     format!("http://{addr}")
 }
 
-fn health(addr: SocketAddr) -> serde_json::Value {
+pub(super) fn health(addr: SocketAddr) -> serde_json::Value {
     let mut c = crate::harness::Client::connect(addr);
     let r = c.get("/health");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -177,7 +177,7 @@ fn health(addr: SocketAddr) -> serde_json::Value {
 }
 
 /// Polls `/health` of `addr` until `want` holds (bounded).
-fn wait_health(
+pub(super) fn wait_health(
     addr: SocketAddr,
     limit: Duration,
     what: &str,
@@ -197,7 +197,7 @@ fn wait_health(
     }
 }
 
-fn is_serving_leader(h: &serde_json::Value) -> bool {
+pub(super) fn is_serving_leader(h: &serde_json::Value) -> bool {
     h["role"] == "leader" && h["ha_state"] == "serving"
 }
 
@@ -335,7 +335,7 @@ fn election_and_standby_redirects(driver: Driver) {
     drop(leader);
 }
 
-fn wait_gone(addr: SocketAddr) {
+pub(super) fn wait_gone(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while TcpStream::connect(addr).is_ok() {
         assert!(Instant::now() < deadline, "{addr} still accepts");

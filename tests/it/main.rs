@@ -9,6 +9,7 @@ mod cluster_tls;
 mod foundation;
 mod framing;
 mod ha;
+mod ha_kv;
 mod latency_histograms;
 mod lifecycle;
 mod metrics_contract;

@@ -297,6 +297,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::MetricsPtracer => scrape::ptracer(ctx, false),
         Route::AllocFreeLatency => scrape::ptracer(ctx, true),
         Route::KvEventsStatus => scrape::kv_events_status(ctx),
+        Route::KvEventsPublisher => scrape::kv_events_publisher(ctx),
         Route::Ui => meta::ui(),
         Route::ClusterJoin => cluster::join(req, ctx).await,
         Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,

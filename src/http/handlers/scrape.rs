@@ -60,6 +60,35 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
     Response::json_scratch(Status::OK)
 }
 
+/// `/kv_events/publisher`: where routers subscribe to the current leader's KV events (the
+/// same facts as the etcd key `<prefix>kv_events`). Answered by the serving leader; a standby
+/// redirects here like any leader route.
+pub fn kv_events_publisher(ctx: &mut Ctx<'_>) -> Response {
+    let cluster = &ctx.shard.cluster;
+    let kv = &cluster.config.kv_events;
+    let a = crate::kv_events::leadership::advertised(&cluster.config);
+    let ha = cluster.ha.snapshot();
+    ctx.scratch.clear();
+    let mut w = JsonWriter::new(ctx.scratch);
+    w.begin_object();
+    w.field_bool("enabled", kv.enable);
+    let on = |s: &str| {
+        if kv.enable {
+            s.to_string()
+        } else {
+            String::new()
+        }
+    };
+    w.field_str("endpoint", on(&a.endpoint).as_bytes());
+    w.field_str("replay_endpoint", on(&a.replay_endpoint).as_bytes());
+    w.field_str("topic", kv.topic.as_bytes());
+    w.field_str("encoding", kv.encoding.name().as_bytes());
+    w.field_str("leader_address", ha.leader_address_str().as_bytes());
+    w.field_u64("view_version", ha.view_version);
+    w.end_object();
+    Response::json_scratch(Status::OK)
+}
+
 /// The ptracer table; `alloc_free_only`: just the alloc and remove rows.
 pub fn ptracer(ctx: &mut Ctx<'_>, alloc_free_only: bool) -> Response {
     let now = ctx.shard.clock.unix_secs();

@@ -52,6 +52,7 @@
 //! simulation; `testing.rs` the store builder of the tests and the simulation.
 
 pub mod alloc;
+mod announce;
 mod check;
 mod evacuate;
 mod evict;
