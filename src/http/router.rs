@@ -48,6 +48,7 @@ pub enum Route {
     ClusterHeartbeat,
     ClusterCommit,
     ClusterLeave,
+    ClusterMove,
 }
 
 pub struct RouteSpec {
@@ -163,6 +164,7 @@ pub static ROUTES: &[RouteSpec] = &[
     post("/cluster/v1/heartbeat", Route::ClusterHeartbeat),
     post("/cluster/v1/commit", Route::ClusterCommit),
     post("/cluster/v1/leave", Route::ClusterLeave),
+    post("/cluster/v1/move", Route::ClusterMove),
 ];
 
 impl Route {
@@ -200,6 +202,7 @@ impl Route {
                 | Route::ClusterHeartbeat
                 | Route::ClusterCommit
                 | Route::ClusterLeave
+                | Route::ClusterMove
         )
     }
 
@@ -213,6 +216,7 @@ impl Route {
                 | Route::Role
                 | Route::OpenApi
                 | Route::Objects
+                | Route::ClusterMove
         ) || self.is_metrics()
     }
 
@@ -276,6 +280,7 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/cluster/v1/heartbeat" => Route::ClusterHeartbeat,
         b"/cluster/v1/commit" => Route::ClusterCommit,
         b"/cluster/v1/leave" => Route::ClusterLeave,
+        b"/cluster/v1/move" => Route::ClusterMove,
         _ => return None,
     })
 }

@@ -110,21 +110,21 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .and_then(Medium::parse);
         let size = field_u64(s, "size");
         match (medium, size) {
-            (Some(m), Some(size)) if m.is_memory() && !segments.iter().any(|&(x, _)| x == m) => {
+            (Some(m), Some(size)) if !segments.iter().any(|&(x, _)| x == m) => {
                 segments.push((m, size))
             }
             _ => {
                 return ctx.protocol_error(
                     Status::BAD_REQUEST,
-                    "Invalid 'segments': expected [{\"medium\": \"DRAM\"|\"HBM\", \"size\": bytes}], one per medium",
+                    "Invalid 'segments': expected [{\"medium\": \"DRAM\"|\"HBM\"|\"SSD\", \"size\": bytes}], one per medium",
                 );
             }
         }
     }
-    if segments.is_empty() {
+    if !segments.iter().any(|&(m, _)| m.is_memory()) {
         return ctx.protocol_error(
             Status::BAD_REQUEST,
-            "Invalid 'segments': a local service lends at least one segment",
+            "Invalid 'segments': a local service lends at least one memory segment",
         );
     }
     let cluster = ctx.shard.cluster.clone();

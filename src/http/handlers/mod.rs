@@ -11,6 +11,7 @@ mod memory;
 mod meta;
 mod objects;
 mod remote;
+pub use remote::HttpRemoteTier;
 mod scrape;
 mod segments;
 
@@ -302,6 +303,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
         Route::ClusterLeave => cluster::leave(req, ctx).await,
+        Route::ClusterMove => remote::cluster_move(req, ctx).await,
     }
 }
 

@@ -27,8 +27,8 @@ use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
 use crate::shards::store::segment::{Medium, Segment};
-use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
-use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
+use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
+use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
 
 /// How long a hop waits for the next hop or the meta service's commit.
 const HOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -106,6 +106,7 @@ fn grant_url(
         obj_id: 0,
         obj_generation: 0,
         expires_ms: unix_ms() + ttl_ms,
+        sum: v.sum,
     };
     let text = grant.sign(&gk, key, b"");
     Some(object_url(&remote.url, key, &text, None))
@@ -173,6 +174,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
             obj_id: grant.obj.id,
             obj_generation: grant.obj.generation,
             expires_ms: expires,
+            sum: 0,
         };
         let n = next.as_deref().unwrap_or("");
         let text = g.sign(&gk, key, n.as_bytes());
@@ -209,14 +211,27 @@ fn check(
     )
     .map_err(|e| forbidden(ctx, e.message()))?;
     let wants_write = req.head.method == Method::Put;
-    if grant.op.is_write() != wants_write {
+    if grant.op == GrantOp::Move || grant.op.is_write() != wants_write {
         return Err(forbidden(ctx, "Invalid grant: not for this operation"));
     }
+    // Reads are served from memory or this process's SSD file; writes go to memory only
+    // (the meta places puts and moves on memory; SSD is reached by flushes).
+    let seg = granted_segment(ctx, &grant, !wants_write)?;
+    Ok((grant, seg, next))
+}
+
+/// The segment a grant names, in this process (memory, or an SSD file when `file_ok`), with
+/// the granted range inside it.
+fn granted_segment(
+    ctx: &mut Ctx<'_>,
+    grant: &Grant,
+    file_ok: bool,
+) -> Result<Arc<Segment>, Response> {
     let medium = Medium::ALL[grant.medium as usize];
     let seg = ctx
         .shard
         .mounted_segment(grant.rank, medium)
-        .filter(|s| s.backend.remote().is_none() && s.backend.file().is_none());
+        .filter(|s| s.backend.remote().is_none() && (file_ok || s.backend.file().is_none()));
     let Some(seg) = seg else {
         return Err(forbidden(
             ctx,
@@ -230,7 +245,7 @@ fn check(
     {
         return Err(forbidden(ctx, "Invalid grant: outside its segment"));
     }
-    Ok((grant, seg, next))
+    Ok(seg)
 }
 
 fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
@@ -246,12 +261,15 @@ fn view(seg: Arc<Segment>, grant: &Grant) -> BlobView {
             id: u32::MAX,
             tag: 0,
         },
+        sum: grant.sum,
     }
 }
 
 /// `GET`/`HEAD /api/v1/objects?key=K&grant=G`: the bytes of a blob this process holds, under
-/// the meta service's read grant (the meta's lease keeps the range from being reused).
-pub(super) fn grant_get(
+/// the meta service's read grant (the meta's lease keeps the range from being reused). A blob
+/// on this process's SSD is read through the shard's I/O path and served only when its bytes
+/// match the checksum the grant carries.
+pub(super) async fn grant_get(
     req: &Request<'_>,
     ctx: &mut Ctx<'_>,
     key: &[u8],
@@ -271,6 +289,26 @@ pub(super) fn grant_get(
     }
     let rank = grant.rank;
     let size = grant.size;
+    if seg.backend.file().is_some() {
+        return match ctx
+            .shard
+            .read_ssd_checked(&seg, grant.offset, size, grant.sum)
+            .await
+        {
+            Ok(bytes) => sending(
+                Response::new(
+                    Status::OK,
+                    ContentType::OctetStream,
+                    Body::Bytes(bytes.into()),
+                ),
+                rank,
+                size,
+                start,
+            ),
+            Err(IoOutcome::Damaged) => ctx.business_error(DAMAGED_ON_SSD),
+            Err(_) => ctx.business_error("I/O error while reading the object from SSD"),
+        };
+    }
     let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.cluster.clone());
     let resp = Response::new(
         Status::OK,
@@ -512,4 +550,171 @@ pub(super) async fn cluster_commit(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Resp
         Err(e) => return forbidden(ctx, e.message()),
     };
     commit_here(ctx, key, &grant, ok).await
+}
+
+/// The two grants of a tier move on a remote rank: `from` signed alone, `to` signed with
+/// `from`'s text as its next hop, so neither can be paired with another blob's.
+fn move_grants(
+    gk: &crate::grant::GrantKey,
+    from: &BlobView,
+    to: &BlobView,
+    ttl_ms: u64,
+) -> (String, String) {
+    let expires_ms = unix_ms() + ttl_ms;
+    let grant = |v: &BlobView, sum: u64| Grant {
+        op: GrantOp::Move,
+        rank: v.seg.rank,
+        medium: v.seg.medium as u8,
+        offset: v.offset,
+        len: v.len,
+        size: v.len,
+        obj_id: 0,
+        obj_generation: 0,
+        expires_ms,
+        sum,
+    };
+    let from_text = grant(from, from.sum).sign(gk, b"", b"");
+    let to_text = grant(to, 0).sign(gk, b"", from_text.as_bytes());
+    (from_text, to_text)
+}
+
+/// The meta service's side of a remote rank's tier moves: `POST /cluster/v1/move` on the
+/// rank's local service, with the cluster token, and its answer read back.
+pub struct HttpRemoteTier;
+
+impl crate::shards::RemoteTier for HttpRemoteTier {
+    fn copy<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        from: &'a BlobView,
+        to: &'a BlobView,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (IoOutcome, u64)> + 'a>> {
+        Box::pin(async move {
+            let (Some(remote), Some(gk)) = (from.seg.backend.remote(), cluster.grant_key.get())
+            else {
+                return (IoOutcome::Failed, 0);
+            };
+            let (f, t) = move_grants(&gk, from, to, cluster.config.grant_ttl_ms());
+            let target = format!("/cluster/v1/move?from={f}&to={t}");
+            let token = cluster.config.cluster.token.as_str();
+            let answer = client::request(
+                &remote.url,
+                "POST",
+                &target,
+                Some(token),
+                Vec::new(),
+                HOP_TIMEOUT,
+            )
+            .await;
+            let a = match answer {
+                Ok(a) if a.status == 200 => a,
+                Ok(a) => {
+                    log::warn!(
+                        "rank {}: a tier move was refused ({}): {}",
+                        from.seg.rank,
+                        a.status,
+                        String::from_utf8_lossy(&a.body)
+                    );
+                    return (IoOutcome::Failed, 0);
+                }
+                Err(e) => {
+                    log::warn!("rank {}: a tier move failed: {e}", from.seg.rank);
+                    return (IoOutcome::Failed, 0);
+                }
+            };
+            let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap_or_default();
+            if v.get("success").and_then(|s| s.as_bool()) == Some(true) {
+                let sum = v.get("checksum").and_then(|s| s.as_u64()).unwrap_or(0);
+                (IoOutcome::Done, sum)
+            } else if v.get("damaged").and_then(|d| d.as_bool()) == Some(true) {
+                (IoOutcome::Damaged, 0)
+            } else {
+                (IoOutcome::Failed, 0)
+            }
+        })
+    }
+}
+
+/// `POST /cluster/v1/move?from=G1&to=G2` on a local service: copies the `from` blob into the
+/// `to` blob, both its own (a DRAM blob into its SSD file, answering the checksum of the
+/// bytes written, or an SSD blob into DRAM, checked against the checksum `from` carries).
+/// The meta service allocated `to` and holds both blobs while the copy runs.
+pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    if ctx.shard.cluster.config.cluster.role != crate::config::Role::Local {
+        return forbidden(
+            ctx,
+            "Only a local service moves blobs between its own tiers",
+        );
+    }
+    let from_text = match super::required(req, ctx, "from") {
+        Ok(t) => String::from_utf8_lossy(&t).into_owned(),
+        Err(r) => return r,
+    };
+    let to_text = match super::required(req, ctx, "to") {
+        Ok(t) => String::from_utf8_lossy(&t).into_owned(),
+        Err(r) => return r,
+    };
+    let Some(gk) = grant_key(ctx) else {
+        return forbidden(ctx, GrantError::NoKey.message());
+    };
+    let now = unix_ms();
+    let from = Grant::verify(&gk, &from_text, b"", b"", now);
+    let to = Grant::verify(&gk, &to_text, b"", from_text.as_bytes(), now);
+    let (from, to) = match (from, to) {
+        (Ok(f), Ok(t)) if f.op == GrantOp::Move && t.op == GrantOp::Move => (f, t),
+        (Err(e), _) | (_, Err(e)) => return forbidden(ctx, e.message()),
+        _ => return forbidden(ctx, "Invalid grant: not for this operation"),
+    };
+    if from.rank != to.rank || from.size != to.size {
+        return forbidden(ctx, "Invalid grant: the two blobs do not match");
+    }
+    let src = match granted_segment(ctx, &from, true) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let dst = match granted_segment(ctx, &to, true) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let (src_file, dst_file) = (src.backend.file().is_some(), dst.backend.file().is_some());
+    let (src_view, dst_view) = (view(src, &from), view(dst, &to));
+    let (outcome, sum) = match (src_file, dst_file) {
+        (false, true) => ctx.shard.flush_io(&src_view, &dst_view).await,
+        (true, false) if dst_view.seg.backend.host_region().is_some() => {
+            (ctx.shard.rewarm_io(&src_view, &dst_view, from.sum).await, 0)
+        }
+        _ => {
+            return ctx.protocol_error(
+                Status::BAD_REQUEST,
+                "A move copies between a memory segment and an SSD segment",
+            );
+        }
+    };
+    match outcome {
+        IoOutcome::Done => {
+            ctx.scratch.clear();
+            let mut w = JsonWriter::new(ctx.scratch);
+            w.begin_object();
+            w.field_bool("success", true);
+            w.field_u64("checksum", sum);
+            w.end_object();
+            Response::json_scratch(Status::OK)
+        }
+        IoOutcome::Damaged => {
+            if let Some(f) = src_view.seg.backend.file() {
+                f.record_damaged(ctx.shard.id, "checksum mismatch or short read");
+            }
+            ctx.scratch.clear();
+            let mut w = JsonWriter::new(ctx.scratch);
+            w.begin_object();
+            w.field_bool("success", false);
+            w.field_bool("damaged", true);
+            w.field_str("error_message", DAMAGED_ON_SSD.as_bytes());
+            w.end_object();
+            let mut r = Response::json_scratch(Status::OK);
+            r.failed = true;
+            r
+        }
+        IoOutcome::Failed => ctx.business_error("I/O error while moving the blob between tiers"),
+    }
 }

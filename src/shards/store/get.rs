@@ -127,6 +127,12 @@ impl Store {
         self.stats.record(Op::Get, outcome, Some(src_view.seg.rank));
     }
 
+    /// A direct read of a remote rank's SSD copy was handed to its local service (the reader
+    /// follows a read grant there): counted as a get; its pin goes with the reader's reply.
+    pub fn count_remote_direct_read(&mut self, rank: u32) {
+        self.stats.record(Op::Get, Outcome::Success, Some(rank));
+    }
+
     /// Drops an SSD copy whose bytes came back damaged (short, or not matching their
     /// checksum), and its object when that was the last readable copy. Removal events are
     /// published as for any removal (a KV `BlockRemoved` for the SSD tier).
