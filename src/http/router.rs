@@ -49,6 +49,7 @@ pub enum Route {
     ClusterCommit,
     ClusterLeave,
     ClusterMove,
+    ClusterDamaged,
 }
 
 pub struct RouteSpec {
@@ -165,6 +166,7 @@ pub static ROUTES: &[RouteSpec] = &[
     post("/cluster/v1/commit", Route::ClusterCommit),
     post("/cluster/v1/leave", Route::ClusterLeave),
     post("/cluster/v1/move", Route::ClusterMove),
+    post("/cluster/v1/damaged", Route::ClusterDamaged),
 ];
 
 impl Route {
@@ -203,6 +205,7 @@ impl Route {
                 | Route::ClusterCommit
                 | Route::ClusterLeave
                 | Route::ClusterMove
+                | Route::ClusterDamaged
         )
     }
 
@@ -281,6 +284,7 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/cluster/v1/commit" => Route::ClusterCommit,
         b"/cluster/v1/leave" => Route::ClusterLeave,
         b"/cluster/v1/move" => Route::ClusterMove,
+        b"/cluster/v1/damaged" => Route::ClusterDamaged,
         _ => return None,
     })
 }

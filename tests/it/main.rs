@@ -5,6 +5,7 @@ mod harness;
 
 mod batches;
 mod cluster;
+mod cluster_ssd;
 mod foundation;
 mod framing;
 mod ha;

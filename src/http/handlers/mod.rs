@@ -304,6 +304,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
         Route::ClusterLeave => cluster::leave(req, ctx).await,
         Route::ClusterMove => remote::cluster_move(req, ctx).await,
+        Route::ClusterDamaged => remote::cluster_damaged(req, ctx).await,
     }
 }
 

@@ -305,7 +305,12 @@ pub(super) async fn grant_get(
                 size,
                 start,
             ),
-            Err(IoOutcome::Damaged) => ctx.business_error(DAMAGED_ON_SSD),
+            Err(IoOutcome::Damaged) => {
+                // The meta drops its listing of the copy before the reader hears of it, so
+                // its next read of the key finds the object gone, not the same damage.
+                report_damaged(ctx, key, text).await;
+                ctx.business_error(DAMAGED_ON_SSD)
+            }
             Err(_) => ctx.business_error("I/O error while reading the object from SSD"),
         };
     }
@@ -716,5 +721,75 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             r
         }
         IoOutcome::Failed => ctx.business_error("I/O error while moving the blob between tiers"),
+    }
+}
+
+/// Tells the meta service that the SSD copy a read grant named is damaged
+/// (`POST /cluster/v1/damaged`, with the cluster token and the grant as proof).
+async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) {
+    let cluster = ctx.shard.cluster.clone();
+    let Some(meta) = cluster.local.meta_url() else {
+        return;
+    };
+    let target = format!(
+        "/cluster/v1/damaged?key={}&grant={}",
+        encode_query(key),
+        String::from_utf8_lossy(grant)
+    );
+    let token = cluster.config.cluster.token.as_str();
+    match client::request(&meta, "POST", &target, Some(token), Vec::new(), HOP_TIMEOUT).await {
+        Ok(a) if a.status == 200 => {}
+        Ok(a) => log::warn!(
+            "the meta service refused a damaged-copy report: {}",
+            a.status
+        ),
+        Err(e) => log::warn!("reporting a damaged SSD copy to the meta service failed: {e}"),
+    }
+}
+
+/// `POST /cluster/v1/damaged?key=K&grant=G` on the meta service: a local service found the
+/// SSD copy it was serving under this read grant damaged; the copy is dropped (the object
+/// with it when it was the last one), as a damaged read here drops it.
+pub(super) async fn cluster_damaged(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
+    if ctx.shard.cluster.config.cluster.role != crate::config::Role::Meta {
+        return forbidden(ctx, "Only a meta service drops copies");
+    }
+    let key = match super::object_key(req, ctx, "key") {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let text = match super::required(req, ctx, "grant") {
+        Ok(t) => t.into_owned(),
+        Err(r) => return r,
+    };
+    let Some(gk) = grant_key(ctx) else {
+        return forbidden(ctx, GrantError::NoKey.message());
+    };
+    // The report may come just after the read's grant expired: its MAC is the proof.
+    let grant = match Grant::verify(&gk, std::str::from_utf8(&text).unwrap_or(""), &key, b"", 0) {
+        Ok(g) if g.op == GrantOp::Read && g.medium == Medium::Ssd as u8 => g,
+        Ok(_) => return forbidden(ctx, "Invalid grant: not a read of an SSD copy"),
+        Err(e) => return forbidden(ctx, e.message()),
+    };
+    let cmd = Command::DropDamaged {
+        key,
+        rank: grant.rank,
+        medium: Medium::Ssd,
+        offset: grant.offset,
+    };
+    match ctx.shard.execute(cmd).await {
+        Reply::Done => {
+            log::warn!(
+                "rank {}: an SSD copy was found damaged by its local service and dropped",
+                grant.rank
+            );
+            ctx.scratch.clear();
+            let mut w = JsonWriter::new(ctx.scratch);
+            w.begin_object();
+            w.field_bool("success", true);
+            w.end_object();
+            Response::json_scratch(Status::OK)
+        }
+        other => ctx.reply_error(other, "Key not found"),
     }
 }
