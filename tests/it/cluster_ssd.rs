@@ -205,10 +205,15 @@ fn a_local_services_ssd_is_listed_counted_and_takes_its_demoted_blobs() {
             local(&meta, "8MB", Some(&dir), driver),
             &["dram", "ssd"],
         );
-        assert!(
-            ssd_file(&dir, rank).exists(),
-            "the local service made its SSD file"
-        );
+        // The local service makes its file once the meta answered its join.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !ssd_file(&dir, rank).exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the local service made no SSD file"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         // Listed and counted with the rank's other segments.
         assert_eq!(
             segment_capacity(&meta, &format!("rank-{rank}-ssd")),
