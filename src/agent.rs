@@ -287,7 +287,7 @@ impl Beat {
 /// One report.
 async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
-    let body = json!({
+    let mut body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
         "gets": gets,
@@ -295,6 +295,18 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "puts": puts,
         "put_bytes": put_bytes,
     });
+    // The SSD file's figures, for the meta's per-disk series and its fault state.
+    let window = cluster.config.metrics.window_secs.max(1);
+    let now_secs = cluster.clock.now_secs();
+    for seg in cluster.segments.snapshot().iter() {
+        if let Some(f) = seg.backend.file() {
+            let (read, written) = f.window_bytes(now_secs, window);
+            body["ssd_path"] = json!(f.dir);
+            body["ssd_status"] = json!(f.status());
+            body["ssd_read_bps"] = json!(read / window);
+            body["ssd_write_bps"] = json!(written / window);
+        }
+    }
     match tell(
         cluster,
         &m.meta,

@@ -252,6 +252,20 @@ fn a_local_services_ssd_is_listed_counted_and_takes_its_demoted_blobs() {
             std::fs::metadata(ssd_file(&dir, rank)).unwrap().len() >= 1 << 20,
             "the bytes are in the local service's file"
         );
+        // The per-disk series carry the local service's directory and figures (reported with
+        // its heartbeats).
+        let disk = format!(
+            "memcache_ubs_io_disk_write_bandwidth_bytes_per_sec{{rank=\"{rank}\",disk_path=\"{}\"}}",
+            dir.display()
+        );
+        crate::store::eventually("the rank's disk figures are reported", || {
+            metric(&meta, &disk).is_some_and(|v| v.parse::<f64>().unwrap_or(0.0) > 0.0)
+        });
+        let status = format!(
+            "memcache_ubs_io_disk_status{{rank=\"{rank}\",disk_path=\"{}\"}}",
+            dir.display()
+        );
+        assert_eq!(metric(&meta, &status).as_deref(), Some("0"));
         // Every object reads back intact through the meta: one held on SSD only is rewarmed
         // into the rank's DRAM first, then served by the local service.
         for i in 0..n {

@@ -191,7 +191,8 @@ fn member_message(
 }
 
 /// `POST /cluster/v1/heartbeat`: `{"rank", "incarnation", "gets", "get_bytes", "puts",
-/// "put_bytes"}`; 409 when the meta does not know this incarnation (join again).
+/// "put_bytes"[, "ssd_path", "ssd_status", "ssd_read_bps", "ssd_write_bps"]}`; 409 when the
+/// meta does not know this incarnation (join again).
 pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let (v, rank, incarnation) = match member_message(req, ctx, "heartbeat") {
         Ok(m) => m,
@@ -202,13 +203,30 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         get_bytes: field_u64(&v, "get_bytes").unwrap_or(0),
         puts: field_u64(&v, "puts").unwrap_or(0),
         put_bytes: field_u64(&v, "put_bytes").unwrap_or(0),
+        ssd_path: v
+            .get("ssd_path")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        ssd_status: field_u64(&v, "ssd_status").unwrap_or(0).min(255) as u8,
+        ssd_read_bps: field_u64(&v, "ssd_read_bps").unwrap_or(0),
+        ssd_write_bps: field_u64(&v, "ssd_write_bps").unwrap_or(0),
     };
-    if ctx
-        .shard
-        .cluster
+    let status = report.ssd_status;
+    let cluster = ctx.shard.cluster.clone();
+    if cluster
         .ranks
         .heartbeat(rank, incarnation, report, Instant::now())
     {
+        // A faulted remote SSD takes no flushes until its file takes writes again (its
+        // local service probes it, as a meta service probes its own).
+        for seg in cluster.remote_segments_of(rank) {
+            if seg.medium == Medium::Ssd
+                && let Some(r) = seg.backend.remote()
+            {
+                r.set_disk_status(status);
+            }
+        }
         json_answer(ctx, json!({"success": true}))
     } else {
         ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again")

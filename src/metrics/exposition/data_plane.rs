@@ -215,7 +215,10 @@ fn rank_io(cluster: &Cluster) -> Vec<RankIo> {
             mem_used: of_rank(r, Medium::Dram).map(|s| s.used_bytes()).sum(),
             disks: of_rank(r, Medium::Ssd).count() as u64,
             faulty: of_rank(r, Medium::Ssd)
-                .filter(|s| s.backend.file().is_some_and(|f| f.status() != 0))
+                .filter(|s| {
+                    s.backend.file().is_some_and(|f| f.status() != 0)
+                        || s.backend.remote().is_some_and(|r| r.disk_status() != 0)
+                })
                 .count() as u64,
         })
         .collect()
@@ -230,6 +233,17 @@ fn disk_io(cluster: &Cluster, ranks: &[RankIo]) -> Vec<DiskIo> {
         .snapshot()
         .iter()
         .filter_map(|s| {
+            if s.medium == Medium::Ssd && s.backend.remote().is_some() {
+                // A remote rank's disk: the figures its local service last reported.
+                let r = cluster.ranks.report(s.rank).unwrap_or_default();
+                return Some(DiskIo {
+                    rank: s.rank.to_string(),
+                    path: r.ssd_path,
+                    status: r.ssd_status as u64,
+                    read_bps: r.ssd_read_bps,
+                    write_bps: r.ssd_write_bps,
+                });
+            }
             let f = s.backend.file()?;
             let (read, written) = f.window_bytes(now_secs, window);
             Some(DiskIo {
