@@ -296,6 +296,54 @@ fn a_local_services_ssd_is_listed_counted_and_takes_its_demoted_blobs() {
 }
 
 #[test]
+fn a_faulted_remote_ssd_takes_no_flushes_and_memory_evicts_by_deleting() {
+    let dir = temp_dir("cluster-ssd-fault");
+    let meta = meta(&[("ock.mmc.lease_ms", "100")]);
+    // Every write to the local service's SSD file fails (probes too).
+    let b = local(&meta, "8MB", Some(&dir), Driver::Uring).env("MMC_FAULT_SSD_WRITE", "eio");
+    let (_local, rank) = join(&meta, b, &["dram", "ssd"]);
+    let n = 24;
+    for i in 0..n {
+        put(&meta, &format!("f-{i}"), &object(i, 1 << 20));
+    }
+    let faults = format!("memcache_ubs_io_fault_disk_num{{rank=\"{rank}\"}}");
+    crate::store::eventually("the remote disk is counted faulty", || {
+        metric(&meta, &faults).as_deref() == Some("1")
+    });
+    let status = format!(
+        "memcache_ubs_io_disk_status{{rank=\"{rank}\",disk_path=\"{}\"}}",
+        dir.display()
+    );
+    assert_eq!(metric(&meta, &status).as_deref(), Some("5"), "EIO");
+    // Nothing went to the faulted SSD: older objects were evicted by deleting, the newest
+    // read back intact, no wrong bytes anywhere.
+    let ssd = meta
+        .client()
+        .get(&format!("/query_segment?segment=rank-{rank}-ssd"))
+        .json();
+    assert_eq!(ssd["used_bytes"], 0, "{ssd}");
+    let mut found = 0;
+    for i in 0..n {
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key=f-{i}"), None);
+        if r.status == 200 && r.content_type() == "application/octet-stream" {
+            assert!(r.body == object(i, 1 << 20), "f-{i} intact");
+            found += 1;
+        } else {
+            r.assert_error(200, "Key not found");
+        }
+    }
+    assert!(found >= 4, "the newest objects stayed in DRAM ({found})");
+    let r = follow(
+        &meta,
+        "GET",
+        &format!("/api/v1/objects?key=f-{}", n - 1),
+        None,
+    );
+    assert!(r.body == object(n - 1, 1 << 20));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_damaged_remote_ssd_file_is_never_served() {
     let dir = temp_dir("cluster-ssd-damage");
     // Long leases: copies read once stay in DRAM, so a read of an SSD copy finds no room to

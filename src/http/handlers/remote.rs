@@ -634,6 +634,16 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
             } else if v.get("damaged").and_then(|d| d.as_bool()) == Some(true) {
                 (IoOutcome::Damaged, 0)
             } else {
+                let status = v.get("disk_status").and_then(|s| s.as_u64()).unwrap_or(0);
+                if status != 0 {
+                    for seg in [&from.seg, &to.seg] {
+                        if seg.medium == Medium::Ssd
+                            && let Some(r) = seg.backend.remote()
+                        {
+                            r.set_disk_status(status.min(255) as u8);
+                        }
+                    }
+                }
                 (IoOutcome::Failed, 0)
             }
         })
@@ -720,7 +730,27 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             r.failed = true;
             r
         }
-        IoOutcome::Failed => ctx.business_error("I/O error while moving the blob between tiers"),
+        IoOutcome::Failed => {
+            // The SSD file's status goes with the failure, so the meta stops flushing to a
+            // faulted file at once instead of at the next heartbeat.
+            let status = [&src_view, &dst_view]
+                .iter()
+                .find_map(|v| v.seg.backend.file().map(|f| f.status()))
+                .unwrap_or(0);
+            ctx.scratch.clear();
+            let mut w = JsonWriter::new(ctx.scratch);
+            w.begin_object();
+            w.field_bool("success", false);
+            w.field_u64("disk_status", status as u64);
+            w.field_str(
+                "error_message",
+                b"I/O error while moving the blob between tiers",
+            );
+            w.end_object();
+            let mut r = Response::json_scratch(Status::OK);
+            r.failed = true;
+            r
+        }
     }
 }
 
