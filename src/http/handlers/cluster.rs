@@ -303,7 +303,8 @@ async fn copy(ctx: &mut Ctx<'_>, m: &Move) -> bool {
     };
     let timeout = Duration::from_secs(10);
     let bytes = match client::request_url(&from, "GET", Vec::new(), timeout).await {
-        Ok(a) if a.status == 200 && a.body.len() as u64 == m.from.len => a.body,
+        // Object bytes only: a damaged SSD copy answers an error envelope, never moved.
+        Ok(a) if a.status == 200 && a.octet_stream && a.body.len() as u64 == m.from.len => a.body,
         Ok(a) => {
             log::warn!(
                 "moving {:?}: its rank answered {}",

@@ -123,7 +123,7 @@ pub(super) async fn fetch(
     let size = pinned.view.len as usize;
     drop(pinned);
     match client::request_url(&url, "GET", Vec::new(), HOP_TIMEOUT).await {
-        Ok(a) if a.status == 200 && a.body.len() == size => Some(a.body.into()),
+        Ok(a) if a.status == 200 && a.octet_stream && a.body.len() == size => Some(a.body.into()),
         Ok(a) => {
             log::warn!("a local service answered {} to a batch read", a.status);
             None
