@@ -56,18 +56,15 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
             else {
                 return (IoOutcome::Failed, 0);
             };
-            let (f, t) = move_grants(&gk, from, to, cluster.config.grant_ttl_ms());
+            let ttl = cluster.config.grant_ttl_ms();
+            let (f, t) = move_grants(&gk, from, to, ttl);
+            // The local service starts no copy past the grants' expiry; one started just
+            // before it gets another HOP_TIMEOUT to end before the destination is let go.
+            let wait = std::time::Duration::from_millis(ttl) + HOP_TIMEOUT;
             let target = format!("/cluster/v1/move?from={f}&to={t}");
             let token = cluster.config.cluster.token.as_str();
-            let answer = client::request(
-                &remote.url,
-                "POST",
-                &target,
-                Some(token),
-                Vec::new(),
-                HOP_TIMEOUT,
-            )
-            .await;
+            let answer =
+                client::request(&remote.url, "POST", &target, Some(token), Vec::new(), wait).await;
             let a = match answer {
                 Ok(a) if a.status == 200 => a,
                 Ok(a) => {
