@@ -221,7 +221,9 @@ pub(super) async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) 
         String::from_utf8_lossy(grant)
     );
     let token = cluster.config.cluster.token.as_str();
-    match client::request(&meta, "POST", &target, Some(token), Vec::new(), HOP_TIMEOUT).await {
+    // Short: the reader waits for it (an unreachable meta only delays the error it gets).
+    let timeout = std::time::Duration::from_secs(2);
+    match client::request(&meta, "POST", &target, Some(token), Vec::new(), timeout).await {
         Ok(a) if a.status == 200 => {}
         Ok(a) => log::warn!(
             "the meta service refused a damaged-copy report: {}",
