@@ -55,15 +55,28 @@ fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
     }
 }
 
+/// The segments this host lends: DRAM and HBM of their configured sizes (when above 0), and
+/// an SSD segment when `ock.mmc.ssd.enable` is set.
 fn lent(cluster: &Cluster) -> Vec<(Medium, u64)> {
     let store = &cluster.config.store;
     [
         (Medium::Dram, store.dram_bytes),
         (Medium::Hbm, store.hbm_bytes),
+        (
+            Medium::Ssd,
+            if store.ssd_enable { store.ssd_bytes } else { 0 },
+        ),
     ]
     .into_iter()
     .filter(|&(_, size)| size > 0)
     .collect()
+}
+
+/// The directory of rank `rank`'s SSD file (`ock.mmc.ssd.path`, rank r takes directory r mod
+/// count, as embedded ranks do).
+fn ssd_dir(cluster: &Cluster, rank: u32) -> Option<&str> {
+    let dirs = &cluster.config.store.ssd_dirs;
+    (!dirs.is_empty()).then(|| dirs[rank as usize % dirs.len()].as_str())
 }
 
 async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
@@ -231,7 +244,8 @@ fn base_of(url: &str) -> Option<String> {
 }
 
 /// Mounts this host's segments as `rank` (kept when already mounted under it; a new rank
-/// replaces them: the meta forgot the old copies).
+/// replaces them: the meta forgot the old copies). Runs on the agent's thread, never a
+/// shard's: the SSD file's creation (open with truncate, `set_len`) blocks here only.
 fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
     let table = &cluster.segments;
     for s in table.snapshot().iter() {
@@ -248,7 +262,7 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
             rank,
             medium,
             size,
-            None,
+            ssd_dir(cluster, rank),
             cluster.shard_count(),
             cluster.config.store.run_bytes,
         )?;
@@ -285,7 +299,7 @@ impl Beat {
 /// One report.
 async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
-    let body = json!({
+    let mut body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
         "gets": gets,
@@ -293,6 +307,18 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "puts": puts,
         "put_bytes": put_bytes,
     });
+    // The SSD file's figures, for the meta's per-disk series and its fault state.
+    let window = cluster.config.metrics.window_secs.max(1);
+    let now_secs = cluster.clock.now_secs();
+    for seg in cluster.segments.snapshot().iter() {
+        if let Some(f) = seg.backend.file() {
+            let (read, written) = f.window_bytes(now_secs, window);
+            body["ssd_path"] = json!(f.dir);
+            body["ssd_status"] = json!(f.status());
+            body["ssd_read_bps"] = json!(read / window);
+            body["ssd_write_bps"] = json!(written / window);
+        }
+    }
     match tell(
         cluster,
         &m.meta,

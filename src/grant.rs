@@ -2,9 +2,10 @@
 //! rank, carried in a redirect's `Location` so the bytes go between the client and the local
 //! service that holds them.
 //!
-//! A grant is the query parameter `grant=<fields>.<mac>`: nine decimal fields separated by
+//! A grant is the query parameter `grant=<fields>.<mac>`: ten decimal fields separated by
 //! dots — operation, rank, medium, offset, allocated length, object size, object slot, object
-//! generation, expiry (Unix milliseconds) — and the first 16 bytes of an HMAC-SHA256 over the
+//! generation, expiry (Unix milliseconds), checksum (the xxh3-64 an SSD blob's bytes must
+//! match when read; 0 otherwise) — and the first 16 bytes of an HMAC-SHA256 over the
 //! object's key, the fields and the next hop's URL (a replicated put's chain), in hex. Only
 //! the meta service and its local services hold the key (handed to a local service when it
 //! joins, over the cluster-token-authenticated join), so a grant cannot be forged or altered:
@@ -27,6 +28,9 @@ pub enum GrantOp {
     Write = 2,
     /// Read the blob.
     Read = 3,
+    /// One half of a tier move on a local service (`POST /cluster/v1/move`): the source or
+    /// the destination blob of a copy between its own segments. Never serves an object request.
+    Move = 4,
 }
 
 impl GrantOp {
@@ -35,12 +39,13 @@ impl GrantOp {
             1 => Some(GrantOp::WriteCommit),
             2 => Some(GrantOp::Write),
             3 => Some(GrantOp::Read),
+            4 => Some(GrantOp::Move),
             _ => None,
         }
     }
 
     pub fn is_write(self) -> bool {
-        self != GrantOp::Read
+        matches!(self, GrantOp::WriteCommit | GrantOp::Write)
     }
 }
 
@@ -49,7 +54,7 @@ impl GrantOp {
 pub struct Grant {
     pub op: GrantOp,
     pub rank: u32,
-    /// `Medium as u8` (0 HBM, 1 DRAM).
+    /// `Medium as u8` (0 HBM, 1 DRAM, 2 SSD).
     pub medium: u8,
     pub offset: u64,
     /// The blob's allocated length (page-rounded).
@@ -60,12 +65,15 @@ pub struct Grant {
     pub obj_generation: u64,
     /// Unix time in milliseconds after which the grant is refused.
     pub expires_ms: u64,
+    /// For an SSD blob read (or moved from): the checksum its bytes were flushed with; the
+    /// local service serves nothing that does not match it. 0 for memory blobs.
+    pub sum: u64,
 }
 
 /// Why a grant was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum GrantError {
-    /// Not nine numbers and a MAC.
+    /// Not ten numbers and a MAC.
     Malformed,
     /// The MAC does not match: forged, or altered (key, fields or next hop).
     BadMac,
@@ -152,7 +160,7 @@ impl GrantKeyCell {
 impl Grant {
     fn fields(&self) -> String {
         format!(
-            "{}.{}.{}.{}.{}.{}.{}.{}.{}",
+            "{}.{}.{}.{}.{}.{}.{}.{}.{}.{}",
             self.op as u8,
             self.rank,
             self.medium,
@@ -161,7 +169,8 @@ impl Grant {
             self.size,
             self.obj_id,
             self.obj_generation,
-            self.expires_ms
+            self.expires_ms,
+            self.sum
         )
     }
 
@@ -227,6 +236,7 @@ fn parse_fields(fields: &str) -> Option<Grant> {
         obj_id: u32::try_from(next()?).ok()?,
         obj_generation: next()?,
         expires_ms: next()?,
+        sum: next()?,
     };
     if it.next().is_some() || grant.size > grant.len {
         return None;
@@ -282,6 +292,7 @@ mod tests {
             obj_id: 7,
             obj_generation: 42,
             expires_ms: 2_000_000,
+            sum: 99,
         }
     }
 
@@ -312,8 +323,13 @@ mod tests {
             Grant::verify(&GrantKey::random(), &text, b"k1", b"http://h:1/x", 0),
             Err(GrantError::BadMac)
         );
-        // Another rank, offset or operation in the fields.
-        for (from, to) in [("1.2.1.", "1.3.1."), (".8192.", ".4096."), ("1.2.", "3.2.")] {
+        // Another rank, offset, operation or checksum in the fields.
+        for (from, to) in [
+            ("1.2.1.", "1.3.1."),
+            (".8192.", ".4096."),
+            ("1.2.", "3.2."),
+            (".2000000.99.", ".2000000.98."),
+        ] {
             let altered = text.replacen(from, to, 1);
             assert_ne!(altered, text);
             assert_eq!(

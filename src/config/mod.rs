@@ -376,11 +376,6 @@ impl Config {
                     "a local service lends memory: set ock.mmc.local_service.dram.size or hbm.size above 0".to_string(),
                 ));
             }
-            if self.store.ssd_enable {
-                return Err(ConfigError::Conflict(
-                    "ock.mmc.ssd.enable is not supported on a local service yet: the SSD tier lives on the meta service's embedded ranks".to_string(),
-                ));
-            }
         }
         if self.kv_events.hard_capacity < self.kv_events.queue_capacity {
             return Err(ConfigError::Conflict(format!(
@@ -525,6 +520,7 @@ const LOCAL_SERVICE_KEYS: &[&str] = &[
     "ock.mmc.io.",
     "ock.mmc.meta_service_url",
     "ock.mmc.local_service.",
+    "ock.mmc.ssd.",
     "ock.mmc.cluster.",
     "ock.mmc.segment.",
     "ock.mmc.numa.",

@@ -22,6 +22,9 @@ pub struct Answer {
     pub body: Vec<u8>,
     /// The `Location` header (a redirect).
     pub location: Option<String>,
+    /// The body is object bytes (`Content-Type: application/octet-stream`), not an error
+    /// envelope (a business error is a 200 too).
+    pub octet_stream: bool,
 }
 
 /// The largest answer read (cluster answers are small JSON documents; a batch read fetches
@@ -316,6 +319,8 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
     let length = header("content-length")
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
     let location = header("location").map(|v| String::from_utf8_lossy(v).into_owned());
+    let octet_stream =
+        header("content-type").is_some_and(|v| v.eq_ignore_ascii_case(b"application/octet-stream"));
     let keep = resp.version == Some(1)
         && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"));
     match length {
@@ -324,6 +329,7 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
                 status,
                 body: buf[head_len..head_len + n].to_vec(),
                 location,
+                octet_stream,
             },
             keep && buf.len() == head_len + n,
         ))),
@@ -333,6 +339,7 @@ fn parse(buf: &[u8]) -> Result<Option<(Answer, bool)>, String> {
                 status,
                 body: Vec::new(),
                 location,
+                octet_stream,
             },
             keep,
         ))),
@@ -349,6 +356,7 @@ fn parse_at_eof(buf: &[u8]) -> Option<Answer> {
             status: resp.code.unwrap_or(0),
             body: buf[n..].to_vec(),
             location: None,
+            octet_stream: false,
         }),
         _ => None,
     }

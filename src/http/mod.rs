@@ -54,6 +54,7 @@ pub fn front_assets(config: &Config) -> Result<crate::shards::FrontAssets, Strin
     Ok(crate::shards::FrontAssets {
         tls,
         openapi: openapi::document(config).into(),
+        remote_tier: Some(std::sync::Arc::new(handlers::HttpRemoteTier)),
     })
 }
 

@@ -49,6 +49,8 @@ pub enum Route {
     ClusterHeartbeat,
     ClusterCommit,
     ClusterLeave,
+    ClusterMove,
+    ClusterDamaged,
 }
 
 pub struct RouteSpec {
@@ -165,6 +167,8 @@ pub static ROUTES: &[RouteSpec] = &[
     post("/cluster/v1/heartbeat", Route::ClusterHeartbeat),
     post("/cluster/v1/commit", Route::ClusterCommit),
     post("/cluster/v1/leave", Route::ClusterLeave),
+    post("/cluster/v1/move", Route::ClusterMove),
+    post("/cluster/v1/damaged", Route::ClusterDamaged),
 ];
 
 impl Route {
@@ -202,6 +206,8 @@ impl Route {
                 | Route::ClusterHeartbeat
                 | Route::ClusterCommit
                 | Route::ClusterLeave
+                | Route::ClusterMove
+                | Route::ClusterDamaged
         )
     }
 
@@ -215,6 +221,7 @@ impl Route {
                 | Route::Role
                 | Route::OpenApi
                 | Route::Objects
+                | Route::ClusterMove
         ) || self.is_metrics()
     }
 
@@ -279,6 +286,8 @@ pub fn lookup(path: &[u8]) -> Option<Route> {
         b"/cluster/v1/heartbeat" => Route::ClusterHeartbeat,
         b"/cluster/v1/commit" => Route::ClusterCommit,
         b"/cluster/v1/leave" => Route::ClusterLeave,
+        b"/cluster/v1/move" => Route::ClusterMove,
+        b"/cluster/v1/damaged" => Route::ClusterDamaged,
         _ => return None,
     })
 }

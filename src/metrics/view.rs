@@ -31,6 +31,9 @@ pub trait Source {
     fn lost_ranks(&self) -> Vec<u32>;
     fn kv_stats(&self) -> &KvEventStats;
     fn ha(&self) -> HaFigures;
+    /// The SSD figures the local service of remote rank `rank` last reported (default
+    /// while it is not live).
+    fn remote_disk(&self, rank: u32) -> RemoteDiskFigures;
 }
 
 impl dyn Source + '_ {
@@ -74,6 +77,18 @@ pub trait SegmentFigures {
     fn used_in_part(&self, part: usize) -> u64;
     /// The SSD file behind the segment, if it is one.
     fn disk(&self) -> Option<&dyn DiskFigures>;
+    /// For a remote rank's SSD segment, the status of its file its local service last
+    /// reported (0 normal, else an errno); `None` for every other segment.
+    fn remote_disk_status(&self) -> Option<u64>;
+}
+
+/// A remote rank's SSD as its local service last reported it (`Source::remote_disk`).
+#[derive(Default)]
+pub struct RemoteDiskFigures {
+    pub path: String,
+    pub status: u64,
+    pub read_bps: u64,
+    pub write_bps: u64,
 }
 
 /// An SSD segment's file.

@@ -62,6 +62,22 @@ impl Shard {
                 self.store.borrow_mut().finish_move(dst, ok);
                 Applied::Now(Reply::Done)
             }
+            Command::DropDamaged {
+                key,
+                rank,
+                medium,
+                offset,
+            } => Applied::Now(
+                if self
+                    .store
+                    .borrow_mut()
+                    .drop_damaged_at(&key, rank, medium, offset)
+                {
+                    Reply::Done
+                } else {
+                    Reply::NotFound
+                },
+            ),
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => self.apply_uncounted(*inner),
         };

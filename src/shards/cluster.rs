@@ -82,6 +82,25 @@ pub struct FrontAssets {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The OpenAPI document for this configuration, built once at start and served as is.
     pub openapi: bytes::Bytes,
+    /// How a remote rank's blobs move between its tiers ([`RemoteTier`]).
+    pub remote_tier: Option<Arc<dyn RemoteTier>>,
+}
+
+/// How the meta service has a remote rank's local service copy a blob between two of its own
+/// segments: a flush of its DRAM blob to its SSD, a rewarm of its SSD blob into its DRAM. The
+/// store allocates the destination and keeps both blobs pinned while the copy runs, as for a
+/// flush or rewarm here; the HTTP front end implements the message (it knows the protocol),
+/// shards only call it.
+pub trait RemoteTier: Send + Sync {
+    /// Copies the bytes of `from` into `to` (both on one remote rank): how it ended and, for
+    /// a copy into SSD, the checksum of the bytes written. A copy from SSD is checked against
+    /// `from.sum` by the local service (`IoOutcome::Damaged` when they do not match).
+    fn copy<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        from: &'a store::BlobView,
+        to: &'a store::BlobView,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (store::IoOutcome, u64)> + 'a>>;
 }
 
 /// Process-wide state shared by all shards. Immutable after start except for the atomics and
@@ -116,6 +135,9 @@ pub struct Cluster {
     /// The key grants are signed with: the meta's own (random at start), or the one a local
     /// service received when it joined.
     pub grant_key: crate::grant::GrantKeyCell,
+    /// A meta service's way of moving a remote rank's blobs between its tiers
+    /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
+    pub remote_tier: Option<Arc<dyn RemoteTier>>,
 }
 
 impl Cluster {
@@ -154,7 +176,11 @@ impl Cluster {
         }
         let clock = Clock::start();
         let window = config.metrics.window_secs;
-        let FrontAssets { tls, openapi } = front;
+        let FrontAssets {
+            tls,
+            openapi,
+            remote_tier,
+        } = front;
         Ok(Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
@@ -173,6 +199,7 @@ impl Cluster {
             ranks: super::ranks::RankRegistry::default(),
             local: super::ranks::LocalIdentity::new(),
             grant_key,
+            remote_tier,
         }))
     }
 

@@ -89,6 +89,15 @@ pub enum Command {
         dst: BlobHandle,
         ok: bool,
     },
+    /// A remote rank's local service found the SSD copy of `key` at `offset` of its
+    /// `rank`/`medium` segment damaged: the copy is dropped (the object with it when it was
+    /// the last one).
+    DropDamaged {
+        key: Box<[u8]>,
+        rank: u32,
+        medium: Medium,
+        offset: u64,
+    },
     /// Per shard: drop every blob on the segment of a lost remote rank (its bytes are gone);
     /// objects with no copy elsewhere are removed.
     DropSegment {
@@ -119,7 +128,8 @@ impl Command {
             | Command::Exist { key }
             | Command::Query { key }
             | Command::Remove { key }
-            | Command::FinishMove { key, .. } => Some(key),
+            | Command::FinishMove { key, .. }
+            | Command::DropDamaged { key, .. } => Some(key),
             Command::RemoveAll
             | Command::ListKeys { .. }
             | Command::EvictNamed { .. }

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::ha::Role;
 use crate::kv_events::KvEventStats;
 use crate::metrics::view::{
-    DiskFigures, HaFigures, SegmentFigures, SegmentList, ShardFigures, Source,
+    DiskFigures, HaFigures, RemoteDiskFigures, SegmentFigures, SegmentList, ShardFigures, Source,
 };
 use crate::numa::NodePart;
 
@@ -45,6 +45,16 @@ impl Source for Cluster {
 
     fn segments(&self) -> Arc<dyn SegmentList> {
         self.segments.snapshot()
+    }
+
+    fn remote_disk(&self, rank: u32) -> RemoteDiskFigures {
+        let r = self.ranks.report(rank).unwrap_or_default();
+        RemoteDiskFigures {
+            path: r.ssd_path,
+            status: r.ssd_status as u64,
+            read_bps: r.ssd_read_bps,
+            write_bps: r.ssd_write_bps,
+        }
     }
 
     fn lost_ranks(&self) -> Vec<u32> {
@@ -97,6 +107,13 @@ impl SegmentFigures for Segment {
 
     fn disk(&self) -> Option<&dyn DiskFigures> {
         self.backend.file().map(|f| f as &dyn DiskFigures)
+    }
+
+    fn remote_disk_status(&self) -> Option<u64> {
+        self.backend
+            .remote()
+            .filter(|_| self.medium == Medium::Ssd)
+            .map(|r| r.disk_status() as u64)
     }
 }
 

@@ -9,7 +9,7 @@ use super::store::{self, IoJob, IoOutcome};
 use crate::metrics::trace::Tp;
 
 /// The answer to a read whose SSD copy came back damaged (and was dropped).
-pub(super) const DAMAGED_ON_SSD: &str =
+pub const DAMAGED_ON_SSD: &str =
     "The object's copy on SSD is damaged (checksum mismatch or short read) and was dropped";
 
 /// How a read from SSD ended: a short read or bytes not matching `sum` mean the copy is
@@ -96,6 +96,20 @@ impl Shard {
     /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
     /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs).
     pub(super) async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
+        if let IoJob::Flush {
+            src_view, dst_view, ..
+        }
+        | IoJob::Rewarm {
+            src_view, dst_view, ..
+        } = job
+            && src_view.seg.backend.remote().is_some()
+        {
+            // A remote rank's tier move: its local service copies between its own segments.
+            return match &self.cluster.remote_tier {
+                Some(t) => t.copy(&self.cluster, src_view, dst_view).await,
+                None => (IoOutcome::Failed, 0),
+            };
+        }
         match job {
             IoJob::Flush {
                 src_view, dst_view, ..
@@ -110,8 +124,9 @@ impl Shard {
         }
     }
 
-    /// Writes a memory blob to its SSD blob; returns the checksum of the bytes written.
-    async fn flush_io(&self, src: &store::BlobView, dst: &store::BlobView) -> (IoOutcome, u64) {
+    /// Writes a memory blob to its SSD blob; returns the checksum of the bytes written. Also
+    /// a local service's half of a remote flush (`POST /cluster/v1/move`).
+    pub async fn flush_io(&self, src: &store::BlobView, dst: &store::BlobView) -> (IoOutcome, u64) {
         use store::ssd::{IoBuffer, checksum};
         let len = src.len as usize;
         let buf = if src.seg.backend.host_region().is_some() {
@@ -137,8 +152,14 @@ impl Shard {
         }
     }
 
-    /// Reads an SSD blob back into its DRAM blob, checking the bytes against `sum`.
-    async fn rewarm_io(&self, src: &store::BlobView, dst: &store::BlobView, sum: u64) -> IoOutcome {
+    /// Reads an SSD blob back into its DRAM blob, checking the bytes against `sum`. Also a
+    /// local service's half of a remote rewarm.
+    pub async fn rewarm_io(
+        &self,
+        src: &store::BlobView,
+        dst: &store::BlobView,
+        sum: u64,
+    ) -> IoOutcome {
         let len = src.len as usize;
         // SAFETY: the DRAM blob is ALLOCATED for this rewarm and pinned until `finish_rewarm`;
         // nobody else reads or writes it.
@@ -152,6 +173,30 @@ impl Shard {
             Err(e) => {
                 log::error!("rewarm: {} is not host memory: {e}", dst.seg.name);
                 IoOutcome::Failed
+            }
+        }
+    }
+
+    /// Reads `len` bytes of an SSD segment at `offset` through this shard's I/O path and
+    /// checks them against `sum` (a local service serving its SSD blob under a read grant).
+    pub async fn read_ssd_checked(
+        &self,
+        seg: &std::sync::Arc<store::segment::Segment>,
+        offset: u64,
+        len: u64,
+        sum: u64,
+    ) -> Result<Vec<u8>, IoOutcome> {
+        let buf = store::ssd::IoBuffer::owned(Vec::with_capacity(len as usize), false);
+        let (res, buf) = self.ssd.read(seg, offset, buf).await;
+        match read_outcome(&res, &buf, sum) {
+            IoOutcome::Done => Ok(buf.into_vec()),
+            outcome => {
+                if outcome == IoOutcome::Damaged
+                    && let Some(f) = seg.backend.file()
+                {
+                    f.record_damaged(self.id, "checksum mismatch or short read");
+                }
+                Err(outcome)
             }
         }
     }

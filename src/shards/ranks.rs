@@ -23,13 +23,21 @@ use super::store::remote::RemoteRank;
 use super::store::segment::{Backend, Medium, SegRef, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
 
-/// Traffic a local service reports with each heartbeat (since its start).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Traffic a local service reports with each heartbeat (since its start), and its SSD
+/// file's figures when it lends one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RankReport {
     pub gets: u64,
     pub get_bytes: u64,
     pub puts: u64,
     pub put_bytes: u64,
+    /// The SSD directory (`disk_path`), empty without an SSD segment.
+    pub ssd_path: String,
+    /// The SSD file's status: 0 normal, else an errno (a faulted file).
+    pub ssd_status: u8,
+    /// Bytes read from and written to the SSD file per second over the metrics window.
+    pub ssd_read_bps: u64,
+    pub ssd_write_bps: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,6 +210,14 @@ impl RankRegistry {
             .collect()
     }
 
+    /// The last report of a live rank.
+    pub fn report(&self, rank: u32) -> Option<RankReport> {
+        self.lock()
+            .get(&rank)
+            .filter(|e| e.state == RankState::Live)
+            .map(|e| e.report.clone())
+    }
+
     pub fn entries(&self) -> Vec<(u32, RankEntry)> {
         self.lock().iter().map(|(&r, e)| (r, e.clone())).collect()
     }
@@ -286,9 +302,7 @@ impl Shard {
                 rank,
                 medium,
                 size,
-                Backend::Remote(RemoteRank {
-                    url: url.to_string(),
-                }),
+                Backend::Remote(RemoteRank::new(url.to_string())),
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
             )?;

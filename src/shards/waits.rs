@@ -159,6 +159,17 @@ impl Shard {
         let IoJob::ReadSsd { src_view, sum, .. } = &job else {
             unreachable!()
         };
+        if src_view.seg.backend.remote().is_some() {
+            // A remote rank's SSD copy: its local service reads it under a read grant (and
+            // checks it against the checksum the grant carries). The direct read's pin and
+            // lease go with the reply, as a memory copy's do.
+            let view = src_view.clone();
+            self.store
+                .borrow_mut()
+                .count_remote_direct_read(view.seg.rank);
+            self.after_store();
+            return self.pinned(view);
+        }
         let len = src_view.len as usize;
         let buf = store::ssd::IoBuffer::owned(Vec::with_capacity(len), false);
         let (res, buf) = self

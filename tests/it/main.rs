@@ -5,6 +5,7 @@ mod harness;
 
 mod batches;
 mod cluster;
+mod cluster_ssd;
 mod cluster_tls;
 mod foundation;
 mod framing;

@@ -116,21 +116,21 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .and_then(Medium::parse);
         let size = field_u64(s, "size");
         match (medium, size) {
-            (Some(m), Some(size)) if m.is_memory() && !segments.iter().any(|&(x, _)| x == m) => {
+            (Some(m), Some(size)) if !segments.iter().any(|&(x, _)| x == m) => {
                 segments.push((m, size))
             }
             _ => {
                 return ctx.protocol_error(
                     Status::BAD_REQUEST,
-                    "Invalid 'segments': expected [{\"medium\": \"DRAM\"|\"HBM\", \"size\": bytes}], one per medium",
+                    "Invalid 'segments': expected [{\"medium\": \"DRAM\"|\"HBM\"|\"SSD\", \"size\": bytes}], one per medium",
                 );
             }
         }
     }
-    if segments.is_empty() {
+    if !segments.iter().any(|&(m, _)| m.is_memory()) {
         return ctx.protocol_error(
             Status::BAD_REQUEST,
-            "Invalid 'segments': a local service lends at least one segment",
+            "Invalid 'segments': a local service lends at least one memory segment",
         );
     }
     let cluster = ctx.shard.cluster.clone();
@@ -197,7 +197,8 @@ fn member_message(
 }
 
 /// `POST /cluster/v1/heartbeat`: `{"rank", "incarnation", "gets", "get_bytes", "puts",
-/// "put_bytes"}`; 409 when the meta does not know this incarnation (join again).
+/// "put_bytes"[, "ssd_path", "ssd_status", "ssd_read_bps", "ssd_write_bps"]}`; 409 when the
+/// meta does not know this incarnation (join again).
 pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let (v, rank, incarnation) = match member_message(req, ctx, "heartbeat") {
         Ok(m) => m,
@@ -208,13 +209,30 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         get_bytes: field_u64(&v, "get_bytes").unwrap_or(0),
         puts: field_u64(&v, "puts").unwrap_or(0),
         put_bytes: field_u64(&v, "put_bytes").unwrap_or(0),
+        ssd_path: v
+            .get("ssd_path")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        ssd_status: field_u64(&v, "ssd_status").unwrap_or(0).min(255) as u8,
+        ssd_read_bps: field_u64(&v, "ssd_read_bps").unwrap_or(0),
+        ssd_write_bps: field_u64(&v, "ssd_write_bps").unwrap_or(0),
     };
-    if ctx
-        .shard
-        .cluster
+    let status = report.ssd_status;
+    let cluster = ctx.shard.cluster.clone();
+    if cluster
         .ranks
         .heartbeat(rank, incarnation, report, Instant::now())
     {
+        // A faulted remote SSD takes no flushes until its file takes writes again (its
+        // local service probes it, as a meta service probes its own).
+        for seg in cluster.remote_segments_of(rank) {
+            if seg.medium == Medium::Ssd
+                && let Some(r) = seg.backend.remote()
+            {
+                r.set_disk_status(status);
+            }
+        }
         json_answer(ctx, json!({"success": true}))
     } else {
         ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again")
@@ -291,7 +309,8 @@ async fn copy(ctx: &mut Ctx<'_>, m: &Move) -> bool {
     };
     let timeout = Duration::from_secs(10);
     let bytes = match client::request_url(&from, "GET", Vec::new(), timeout).await {
-        Ok(a) if a.status == 200 && a.body.len() as u64 == m.from.len => a.body,
+        // Object bytes only: a damaged SSD copy answers an error envelope, never moved.
+        Ok(a) if a.status == 200 && a.octet_stream && a.body.len() as u64 == m.from.len => a.body,
         Ok(a) => {
             log::warn!(
                 "moving {:?}: its rank answered {}",

@@ -11,6 +11,8 @@ mod memory;
 mod meta;
 mod objects;
 mod remote;
+mod tier;
+pub use tier::HttpRemoteTier;
 mod scrape;
 mod segments;
 
@@ -303,6 +305,8 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
         Route::ClusterLeave => cluster::leave(req, ctx).await,
+        Route::ClusterMove => tier::cluster_move(req, ctx).await,
+        Route::ClusterDamaged => tier::cluster_damaged(req, ctx).await,
     }
 }
 

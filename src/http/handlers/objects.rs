@@ -190,7 +190,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         match optional(req, ctx, "grant") {
             Err(r) => return r,
             Ok(Some(text)) if req.head.method != Method::Delete => {
-                return remote::grant_get(req, ctx, &key, &text, start);
+                return remote::grant_get(req, ctx, &key, &text, start).await;
             }
             Ok(_) if is_local_service(ctx) => return remote::needs_grant(ctx),
             Ok(_) => {}

@@ -27,11 +27,11 @@ use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
 use crate::shards::store::segment::{Medium, SegRef, Segment};
-use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
-use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
+use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
+use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
 
 /// How long a hop waits for the next hop or the meta service's commit.
-const HOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const HOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// This process's own data-plane URL, as the meta puts it in a chain: the advertised
 /// address, else the listen address.
@@ -75,7 +75,7 @@ fn redirect(ctx: &mut Ctx<'_>, location: String) -> Response {
     r
 }
 
-fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
+pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
     ctx.shard.cluster.grant_key.get()
 }
 
@@ -111,6 +111,7 @@ fn grant_url(
         obj_id: 0,
         obj_generation: 0,
         expires_ms: unix_ms() + ttl_ms,
+        sum: v.sum,
     };
     let text = grant.sign(&gk, key, b"");
     Some(object_url(&remote.url, key, &text, None))
@@ -127,7 +128,7 @@ pub(super) async fn fetch(
     let size = pinned.view.len as usize;
     drop(pinned);
     match client::request_url(&url, "GET", Vec::new(), HOP_TIMEOUT).await {
-        Ok(a) if a.status == 200 && a.body.len() == size => Some(a.body.into()),
+        Ok(a) if a.status == 200 && a.octet_stream && a.body.len() == size => Some(a.body.into()),
         Ok(a) => {
             log::warn!("a local service answered {} to a batch read", a.status);
             None
@@ -178,6 +179,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
             obj_id: grant.obj.id,
             obj_generation: grant.obj.generation,
             expires_ms: expires,
+            sum: 0,
         };
         let n = next.as_deref().unwrap_or("");
         let text = g.sign(&gk, key, n.as_bytes());
@@ -214,14 +216,27 @@ fn check(
     )
     .map_err(|e| forbidden(ctx, e.message()))?;
     let wants_write = req.head.method == Method::Put;
-    if grant.op.is_write() != wants_write {
+    if grant.op == GrantOp::Move || grant.op.is_write() != wants_write {
         return Err(forbidden(ctx, "Invalid grant: not for this operation"));
     }
+    // Reads are served from memory or this process's SSD file; writes go to memory only
+    // (the meta places puts and moves on memory; SSD is reached by flushes).
+    let seg = granted_segment(ctx, &grant, !wants_write)?;
+    Ok((grant, seg, next))
+}
+
+/// The segment a grant names, in this process (memory, or an SSD file when `file_ok`), with
+/// the granted range inside it.
+pub(super) fn granted_segment(
+    ctx: &mut Ctx<'_>,
+    grant: &Grant,
+    file_ok: bool,
+) -> Result<Arc<SegRef>, Response> {
     let medium = Medium::ALL[grant.medium as usize];
     let seg = ctx
         .shard
         .mounted_segment(grant.rank, medium)
-        .filter(|s| s.backend.remote().is_none() && s.backend.file().is_none());
+        .filter(|s| s.backend.remote().is_none() && (file_ok || s.backend.file().is_none()));
     let Some(seg) = seg else {
         return Err(forbidden(
             ctx,
@@ -235,14 +250,14 @@ fn check(
     {
         return Err(forbidden(ctx, "Invalid grant: outside its segment"));
     }
-    Ok((grant, seg, next))
+    Ok(seg)
 }
 
-fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
+pub(super) fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
     ctx.protocol_error(Status::FORBIDDEN, message)
 }
 
-fn view(seg: Arc<SegRef>, grant: &Grant) -> BlobView {
+pub(super) fn view(seg: Arc<SegRef>, grant: &Grant) -> BlobView {
     BlobView {
         seg,
         offset: grant.offset,
@@ -251,12 +266,15 @@ fn view(seg: Arc<SegRef>, grant: &Grant) -> BlobView {
             id: u32::MAX,
             tag: 0,
         },
+        sum: grant.sum,
     }
 }
 
 /// `GET`/`HEAD /api/v1/objects?key=K&grant=G`: the bytes of a blob this process holds, under
-/// the meta service's read grant (the meta's lease keeps the range from being reused).
-pub(super) fn grant_get(
+/// the meta service's read grant (the meta's lease keeps the range from being reused). A blob
+/// on this process's SSD is read through the shard's I/O path and served only when its bytes
+/// match the checksum the grant carries.
+pub(super) async fn grant_get(
     req: &Request<'_>,
     ctx: &mut Ctx<'_>,
     key: &[u8],
@@ -276,6 +294,31 @@ pub(super) fn grant_get(
     }
     let rank = grant.rank;
     let size = grant.size;
+    if seg.backend.file().is_some() {
+        return match ctx
+            .shard
+            .read_ssd_checked(seg.arc(), grant.offset, size, grant.sum)
+            .await
+        {
+            Ok(bytes) => sending(
+                Response::new(
+                    Status::OK,
+                    ContentType::OctetStream,
+                    Body::Bytes(bytes.into()),
+                ),
+                rank,
+                size,
+                start,
+            ),
+            Err(IoOutcome::Damaged) => {
+                // The meta drops its listing of the copy before the reader hears of it, so
+                // its next read of the key finds the object gone, not the same damage.
+                super::tier::report_damaged(ctx, key, text).await;
+                ctx.business_error(DAMAGED_ON_SSD)
+            }
+            Err(_) => ctx.business_error("I/O error while reading the object from SSD"),
+        };
+    }
     let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.cluster.clone());
     let resp = Response::new(
         Status::OK,

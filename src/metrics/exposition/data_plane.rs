@@ -217,7 +217,10 @@ fn rank_io(cluster: &dyn Source) -> Vec<RankIo> {
             mem_used: of_rank(r, Medium::Dram).map(|s| s.used_bytes()).sum(),
             disks: of_rank(r, Medium::Ssd).count() as u64,
             faulty: of_rank(r, Medium::Ssd)
-                .filter(|s| s.disk().is_some_and(|f| f.status() != 0))
+                .filter(|s| {
+                    s.disk().is_some_and(|f| f.status() != 0)
+                        || s.remote_disk_status().is_some_and(|st| st != 0)
+                })
                 .count() as u64,
         })
         .collect()
@@ -231,6 +234,17 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
         .segments()
         .iter()
         .filter_map(|s| {
+            if s.remote_disk_status().is_some() {
+                // A remote rank's disk: the figures its local service last reported.
+                let r = cluster.remote_disk(s.rank());
+                return Some(DiskIo {
+                    rank: s.rank().to_string(),
+                    path: r.path,
+                    status: r.status,
+                    read_bps: r.read_bps,
+                    write_bps: r.write_bps,
+                });
+            }
             let f = s.disk()?;
             let (read, written) = f.window_bytes(now_secs, window);
             Some(DiskIo {

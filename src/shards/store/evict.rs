@@ -175,21 +175,22 @@ impl Store {
             (b.obj, b.medium, b.rank)
         };
         let size = self.objects[obj as usize].size;
-        // A remote rank's bytes are on its local service: they cannot be copied down from
-        // here, so its blobs are evicted by dropping them.
-        let remote = self
-            .seg(self.blobs[id as usize].seg)
-            .seg
-            .backend
-            .remote()
-            .is_some();
-        let mut tier = medium.lower_tier().filter(|_| !remote);
+        // A remote rank's bytes are on its local service: they cannot be copied here. Its
+        // DRAM blobs go down to the same rank's SSD (the local service copies them between
+        // its own segments under the flush job); its other blobs are evicted by dropping.
+        let remote = self.is_remote_blob(id);
+        let mut tier = medium.lower_tier().filter(|&t| !remote || t == Medium::Ssd);
         while let Some(t) = tier {
             if self.has_readable_on(obj, t) {
                 self.detach_blob(id, now);
                 return true;
             }
-            if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
+            let placed = if remote {
+                self.alloc_demoted_remote(size, rank, now)
+            } else {
+                self.alloc_demoted(t, size, rank, now)
+            };
+            if let Some((seg, off, alen)) = placed {
                 if !t.is_memory() {
                     self.start_flush(id, seg, off, alen, now);
                     return true;
@@ -246,6 +247,31 @@ impl Store {
         }
         if medium == Medium::Ssd && self.evict_forced(medium, size, now) {
             return self.alloc_blob(medium, size, &[], Some(rank));
+        }
+        None
+    }
+
+    /// Room on a remote rank's own SSD for its demoted DRAM blob: watermark eviction of the
+    /// SSD tier, the allocation, then forced eviction (SSD eviction deletes).
+    fn alloc_demoted_remote(
+        &mut self,
+        size: u64,
+        rank: u32,
+        now: u64,
+    ) -> Option<(SegmentId, u64, u64)> {
+        let on_rank =
+            self.segs.iter().flatten().any(|s| {
+                s.seg.medium == Medium::Ssd && s.seg.rank == rank && s.seg.is_allocatable()
+            });
+        if !on_rank {
+            return None;
+        }
+        self.evict_for(Medium::Ssd, size, now);
+        if let Some(p) = self.alloc_on_rank(Medium::Ssd, size, rank) {
+            return Some(p);
+        }
+        if self.evict_forced(Medium::Ssd, size, now) {
+            return self.alloc_on_rank(Medium::Ssd, size, rank);
         }
         None
     }

@@ -127,6 +127,30 @@ impl Store {
         self.stats.record(Op::Get, outcome, Some(src_view.seg.rank));
     }
 
+    /// A direct read of a remote rank's SSD copy was handed to its local service (the reader
+    /// follows a read grant there): counted as a get; its pin goes with the reader's reply.
+    pub fn count_remote_direct_read(&mut self, rank: u32) {
+        self.stats.record(Op::Get, Outcome::Success, Some(rank));
+    }
+
+    /// A remote rank's local service read the SSD copy of `key` at `offset` of its `rank`'s
+    /// `medium` segment and found it damaged: the copy is dropped as a damaged read here
+    /// drops it. False when no such copy is listed (dropped already, or replaced).
+    pub fn drop_damaged_at(&mut self, key: &[u8], rank: u32, medium: Medium, offset: u64) -> bool {
+        let Some(obj) = self.find(key) else {
+            return false;
+        };
+        let blob = self.objects[obj as usize].blobs.iter().copied().find(|&b| {
+            let r = &self.blobs[b as usize];
+            r.rank == rank && r.medium == medium && r.offset == offset && medium == Medium::Ssd
+        });
+        let Some(b) = blob else {
+            return false;
+        };
+        self.drop_damaged(self.handle(b));
+        true
+    }
+
     /// Drops an SSD copy whose bytes came back damaged (short, or not matching their
     /// checksum), and its object when that was the last readable copy. Removal events are
     /// published as for any removal (a KV `BlockRemoved` for the SSD tier).

@@ -22,6 +22,7 @@ impl Store {
             offset: b.offset,
             len,
             handle: self.handle(blob),
+            sum: b.sum,
         }
     }
 

@@ -121,6 +121,9 @@ pub struct BlobView {
     /// The object's size (the blob may be larger: allocations are page-rounded).
     pub len: u64,
     pub handle: BlobHandle,
+    /// An SSD blob's checksum (0 for memory blobs and blobs still being written): what a
+    /// remote rank's local service checks the bytes it reads against.
+    pub sum: u64,
 }
 
 impl std::fmt::Debug for BlobView {

@@ -111,8 +111,8 @@ fn memory_backend(medium: Medium, size: u64, name: &str) -> Result<Backend, Stri
     }
 }
 
-/// A remote rank's segment: no memory or file here, its bytes are on the rank's local
-/// service (`backend` is a [`Backend::Remote`]).
+/// A remote rank's segment (memory or SSD): no memory or file here, its bytes are on the
+/// rank's local service (`backend` is a [`Backend::Remote`]).
 pub fn build_remote_segment(
     table: &SegmentTable,
     rank: u32,
@@ -123,12 +123,6 @@ pub fn build_remote_segment(
     run_bytes: u64,
 ) -> Result<Arc<Segment>, String> {
     check_size(size)?;
-    if !medium.is_memory() {
-        return Err(format!(
-            "{}: a remote rank lends memory segments only",
-            super::segment::segment_name(rank, medium)
-        ));
-    }
     debug_assert!(backend.remote().is_some());
     Ok(new_segment(
         table, rank, medium, size, backend, shards, run_bytes,

@@ -131,7 +131,7 @@ impl Store {
         self.evict_for(medium, size * replicas as u64, now);
         let placed = match self.place_replicas(medium, size, replicas, prefer_rank, now) {
             Ok(p) => p,
-            Err(step) => return step,
+            Err(step) => return *step,
         };
         let remote = placed
             .iter()
@@ -203,7 +203,7 @@ impl Store {
         replicas: usize,
         prefer_rank: Option<u32>,
         now: u64,
-    ) -> Result<Placed, AllocStep> {
+    ) -> Result<Placed, Box<AllocStep>> {
         let mut placed: Placed = SmallVec::new();
         let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
         while placed.len() < replicas {
@@ -220,12 +220,12 @@ impl Store {
                 self.segs[seg as usize].as_mut().unwrap().free(off, len);
             }
             if self.flushes_in_flight > 0 {
-                return Err(AllocStep::WaitForFlush);
+                return Err(Box::new(AllocStep::WaitForFlush));
             }
             self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return Err(AllocStep::Refused(Cow::Owned(format!(
+            return Err(Box::new(AllocStep::Refused(Cow::Owned(format!(
                 "No space on {medium} for {size} bytes, even after eviction"
-            ))));
+            )))));
         }
         Ok(placed)
     }

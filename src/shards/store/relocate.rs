@@ -5,6 +5,7 @@
 //! nothing reads or frees it; the old copy stays readable until the segment is dropped.
 
 use super::*;
+use segment::SegmentStatus;
 
 /// One object to move: its key, where its bytes are now and where they go.
 #[derive(Debug)]
@@ -16,8 +17,8 @@ pub struct Move {
 
 impl Store {
     /// Up to `max` objects of this shard whose only readable copy is on `seg`, each with a
-    /// new blob allocated on another rank (same medium, else the memory tier below; remote
-    /// ranks allowed). Objects with a move in flight or with no room anywhere are skipped,
+    /// new blob allocated on another rank (same medium, else the memory tier below; DRAM for
+    /// an SSD copy; remote ranks allowed). Objects with a move in flight or with no room anywhere are skipped,
     /// so calling again until it returns nothing terminates.
     pub fn begin_moves(&mut self, seg: SegmentId, max: usize) -> Vec<Move> {
         let now = self.now_ms();
@@ -35,13 +36,25 @@ impl Store {
             if self.doomed(obj) {
                 continue;
             }
-            // Another copy (readable, or one being written by a move) makes this one free.
-            if self.objects[obj as usize].blobs.iter().any(|&o| o != id) {
+            // Another copy (readable, or one being written by a move) makes this one free,
+            // unless it is on a segment leaving too (a rank's DRAM and SSD copies of one
+            // object leave together).
+            let elsewhere = self.objects[obj as usize].blobs.iter().any(|&o| {
+                o != id
+                    && self.seg(self.blobs[o as usize].seg).seg.status()
+                        != SegmentStatus::GracefullyUnmounting
+            });
+            if elsewhere {
                 continue;
             }
             let (medium, rank) = (self.blobs[id as usize].medium, self.blobs[id as usize].rank);
             let size = self.objects[obj as usize].size;
-            let targets = [Some(medium), medium.lower_tier().filter(|m| m.is_memory())];
+            // An SSD copy moves into memory (DRAM) elsewhere: the drain writes the bytes it
+            // fetched straight into memory or to a local service, never into a file.
+            let targets = match medium {
+                Medium::Ssd => [Some(Medium::Dram), None],
+                m => [Some(m), m.lower_tier().filter(|m| m.is_memory())],
+            };
             let placed = targets
                 .into_iter()
                 .flatten()

@@ -261,9 +261,12 @@ impl Segment {
     }
 
     /// Accepts new blobs (mounted and not being drained or unmounted; for SSD, its file not
-    /// faulted by a failed write).
+    /// faulted by a failed write, here or as a remote rank's last report says).
     pub fn is_allocatable(&self) -> bool {
-        self.status() == SegmentStatus::Ok && !self.backend.file().is_some_and(|f| f.faulted())
+        self.status() == SegmentStatus::Ok
+            && !self.backend.file().is_some_and(|f| f.faulted())
+            && !(self.medium == Medium::Ssd
+                && self.backend.remote().is_some_and(|r| r.disk_status() != 0))
     }
 
     fn add_used(&self, shard: usize, offset: u64, delta: i64) {

@@ -284,3 +284,109 @@ fn chunk_index_finds_every_object_of_a_chunk() {
     assert!(named(&s, "0xa1").is_empty());
     s.check();
 }
+
+/// A committed put of `size` bytes on DRAM, preferring `rank`; the rank it landed on.
+fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
+    let step = s.alloc_preferring(
+        key.as_bytes().into(),
+        size,
+        Some(Medium::Dram),
+        1,
+        0,
+        Some(rank),
+    );
+    let AllocStep::Granted { obj, blobs, .. } = step else {
+        panic!("alloc refused: {step:?}");
+    };
+    let landed = blobs[0].seg.rank;
+    assert!(matches!(s.commit(obj, true), Reply::Done));
+    landed
+}
+
+#[test]
+fn a_remote_ranks_dram_goes_down_to_its_own_ssd_and_is_rewarmed_there() {
+    let dir = std::env::temp_dir().join(format!("mmc-store-remote-ssd-{}", std::process::id()));
+    let mut s = TestStore::new()
+        .ssd_dir(dir.to_str().unwrap())
+        .segment(0, Medium::Ssd, 16 << 20)
+        .remote_segment(1, Medium::Dram, 4 << 20)
+        .remote_segment(1, Medium::Ssd, 16 << 20)
+        .remote_segment(2, Medium::Ssd, 16 << 20)
+        .config(|c| c.lease_ms = 0)
+        .build();
+    for i in 0..4 {
+        assert_eq!(put_on(&mut s, &format!("r{i}"), 1 << 20, 1), 1);
+    }
+    // The fourth put crossed the high watermark: the oldest blob is flushed, and only to
+    // rank 1's own SSD (its local service copies it), never to this process's or rank 2's.
+    let jobs = s.take_jobs();
+    assert!(!jobs.is_empty(), "a flush was started");
+    for job in &jobs {
+        let IoJob::Flush {
+            src_view, dst_view, ..
+        } = job
+        else {
+            panic!("{job:?}");
+        };
+        assert_eq!((src_view.seg.rank, src_view.seg.medium), (1, Medium::Dram));
+        assert_eq!((dst_view.seg.rank, dst_view.seg.medium), (1, Medium::Ssd));
+        assert!(dst_view.seg.backend.remote().is_some());
+    }
+    // The flush lands with the checksum the local service answered: the SSD copy replaces
+    // the DRAM one and carries it.
+    let IoJob::Flush {
+        dst_view: flushed, ..
+    } = &jobs[0]
+    else {
+        unreachable!()
+    };
+    let flushed_offset = flushed.offset;
+    for job in &jobs {
+        s.finish_flush(job, true, 0xC0FFEE, 10);
+    }
+    let obj = s.find(b"r0").unwrap();
+    let media: Vec<Medium> = s.objects[obj as usize]
+        .blobs
+        .iter()
+        .map(|&b| s.blobs[b as usize].medium)
+        .collect();
+    assert_eq!(media, [Medium::Ssd]);
+    // A read rewarms it into rank 1's DRAM, checked against that checksum there.
+    let GetStep::Rewarm(job) = s.get(b"r0") else {
+        panic!("a read of an SSD-only object rewarms it");
+    };
+    let IoJob::Rewarm {
+        src_view,
+        dst_view,
+        sum,
+        ..
+    } = &job
+    else {
+        panic!("{job:?}");
+    };
+    assert_eq!(*sum, 0xC0FFEE);
+    assert_eq!(src_view.offset, flushed_offset);
+    assert_eq!((dst_view.seg.rank, dst_view.seg.medium), (1, Medium::Dram));
+    // Damaged on the remote SSD: the copy and the object are dropped.
+    s.finish_rewarm(&job, IoOutcome::Damaged, 10);
+    assert!(s.find(b"r0").is_none());
+    s.check();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn this_processs_dram_never_goes_down_to_a_remote_ssd() {
+    let mut s = TestStore::new()
+        .segment(0, Medium::Dram, 4 << 20)
+        .remote_segment(1, Medium::Ssd, 16 << 20)
+        .config(|c| c.lease_ms = 0)
+        .build();
+    for i in 0..6 {
+        assert_eq!(put_on(&mut s, &format!("l{i}"), 1 << 20, 0), 0);
+    }
+    // No SSD of its own: eviction deletes, no flush goes to another host's file.
+    assert!(s.take_jobs().is_empty());
+    assert!(s.find(b"l0").is_none());
+    assert!(s.find(b"l5").is_some());
+    s.check();
+}

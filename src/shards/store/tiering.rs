@@ -14,12 +14,56 @@ impl Store {
             .is_some_and(|f| f.faulted())
     }
 
-    /// Whether some SSD segment takes flushes (mounted, not faulted).
+    /// Whether some SSD segment of this process takes flushes (mounted, not faulted). A
+    /// remote rank's SSD takes only that rank's own blobs ([`Store::alloc_on_rank`]).
     pub(super) fn ssd_takes_flushes(&self) -> bool {
-        self.segs
-            .iter()
-            .flatten()
-            .any(|s| s.seg.medium == Medium::Ssd && s.seg.is_allocatable())
+        self.segs.iter().flatten().any(|s| {
+            s.seg.medium == Medium::Ssd
+                && s.seg.is_allocatable()
+                && s.seg.backend.remote().is_none()
+        })
+    }
+
+    /// Whether blob `id` is on a remote rank (its bytes on that rank's local service).
+    pub(super) fn is_remote_blob(&self, id: u32) -> bool {
+        self.seg(self.blobs[id as usize].seg)
+            .seg
+            .backend
+            .remote()
+            .is_some()
+    }
+
+    /// Allocates `len` bytes on `rank`'s segment of `medium` (a remote rank's tier moves stay
+    /// on that rank: its local service copies between its own segments).
+    pub(super) fn alloc_on_rank(
+        &mut self,
+        medium: Medium,
+        len: u64,
+        rank: u32,
+    ) -> Option<(SegmentId, u64, u64)> {
+        self.refresh_segments();
+        let id = self.segs.iter().flatten().find_map(|s| {
+            (s.seg.medium == medium && s.seg.rank == rank && s.seg.is_allocatable())
+                .then_some(s.seg.id)
+        })?;
+        let ss = self.segs[id as usize].as_mut()?;
+        let (offset, rounded) = ss.alloc(len)?;
+        Some((id, offset, rounded))
+    }
+
+    /// Room for a rewarm into DRAM: on this process's DRAM for a local SSD copy, on the same
+    /// rank's DRAM for a remote rank's (its local service copies file to memory itself).
+    fn alloc_rewarm(
+        &mut self,
+        size: u64,
+        rank: u32,
+        remote: bool,
+    ) -> Option<(SegmentId, u64, u64)> {
+        if remote {
+            self.alloc_on_rank(Medium::Dram, size, rank)
+        } else {
+            self.alloc_blob(Medium::Dram, size, &[], Some(rank))
+        }
     }
 
     /// Allocates a DRAM blob for an SSD blob and returns the job that copies it.
@@ -35,15 +79,16 @@ impl Store {
         // With the SSD tier faulted, evicting from DRAM deletes: a rewarm then takes only
         // the room DRAM has (the SSD copy can be read directly), never another object's.
         let faulted = self.ssd_faulted(ssd_blob);
+        let remote = self.is_remote_blob(ssd_blob);
         if !faulted {
             self.evict_for(Medium::Dram, size, now);
         }
-        let placed = match self.alloc_blob(Medium::Dram, size, &[], Some(rank)) {
+        let placed = match self.alloc_rewarm(size, rank, remote) {
             Some(p) => p,
             None if faulted => return None,
             None => {
                 self.evict_forced(Medium::Dram, size, now);
-                self.alloc_blob(Medium::Dram, size, &[], Some(rank))?
+                self.alloc_rewarm(size, rank, remote)?
             }
         };
         let (seg, offset, len) = placed;
