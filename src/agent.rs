@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::grant::GrantKey;
-use crate::http::client;
+use crate::http::{catalog_wire, client};
 use crate::shards::Cluster;
 use crate::shards::store::segment::{Medium, segment_name};
 
@@ -130,11 +130,27 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         .iter()
         .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
         .collect();
+    // The catalog of what this service holds goes with the join: a meta that does not know
+    // this membership (a new HA leader, a restarted meta) adopts it. It asks for the rank its
+    // memory is mounted under, so the blobs keep their places.
+    let catalog: Vec<Value> = cluster
+        .local
+        .catalog()
+        .entries()
+        .iter()
+        .map(catalog_wire::entry_json)
+        .collect();
+    let rank = cluster.config.cluster.local_rank.or_else(|| {
+        (!catalog.is_empty())
+            .then(|| cluster.local.rank())
+            .flatten()
+    });
     let body = json!({
-        "rank": cluster.config.cluster.local_rank,
+        "rank": rank,
         "url": url,
         "incarnation": incarnation,
         "segments": segments,
+        "catalog": catalog,
     });
     let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
     let mut i = 0;
@@ -201,6 +217,8 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         }
         cluster.grant_key.set(key);
         cluster.local.set(rank, meta.clone());
+        // A new membership's freed log starts at sequence 0.
+        cluster.local.catalog().reset_ack();
         log::info!("joined the meta service at {meta} as rank {rank} (serving at {url})");
         return Ok(Membership {
             meta: meta.clone(),
@@ -225,6 +243,8 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
     for s in table.snapshot().iter() {
         if s.rank != rank {
             table.remove(&s.name);
+            // Its memory goes with it: nothing it held is this service's any more.
+            cluster.local.catalog().clear();
         }
     }
     for (medium, size) in lent(cluster) {
@@ -273,6 +293,10 @@ impl Beat {
 /// One report.
 async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
+    let (ack, mark) = {
+        let c = cluster.local.catalog();
+        (c.acked(), c.mark())
+    };
     let body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
@@ -280,6 +304,7 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "get_bytes": get_bytes,
         "puts": puts,
         "put_bytes": put_bytes,
+        "catalog_ack": ack,
     });
     match tell(
         cluster,
@@ -290,7 +315,14 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
     )
     .await
     {
-        Ok(a) if a.status == 200 => Beat::Heard,
+        Ok(a) if a.status == 200 => {
+            // The blobs the meta freed since the last acknowledged sequence.
+            let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+            if let Some(news) = catalog_wire::parse_news(&v) {
+                cluster.local.catalog().apply(news, mark);
+            }
+            Beat::Heard
+        }
         Ok(a) if a.status == 409 => Beat::Forgotten,
         Ok(a) if a.status == 307 || a.status == 503 => Beat::NotLeader,
         Ok(a) => {

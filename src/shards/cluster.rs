@@ -116,6 +116,8 @@ pub struct Cluster {
     /// The key grants are signed with: the meta's own (random at start), or the one a local
     /// service received when it joined.
     pub grant_key: crate::grant::GrantKeyCell,
+    /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
+    pub freed_logs: super::catalog::FreedLogs,
 }
 
 impl Cluster {
@@ -173,6 +175,7 @@ impl Cluster {
             ranks: super::ranks::RankRegistry::default(),
             local: super::ranks::LocalIdentity::new(),
             grant_key,
+            freed_logs: Default::default(),
         }))
     }
 

@@ -223,6 +223,10 @@ pub struct LocalIdentity {
     /// A graceful stop began: the agent leaves the meta service, then sets `left`.
     pub leaving: AtomicBool,
     pub left: AtomicBool,
+    /// The blobs this local service holds, handed to a meta that does not know them when it
+    /// joins (`shards/catalog.rs`).
+    // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
+    pub catalog: Mutex<super::catalog::Catalog>,
 }
 
 impl LocalIdentity {
@@ -232,6 +236,7 @@ impl LocalIdentity {
             meta_url: ArcSwapOption::empty(),
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
+            catalog: Mutex::new(Default::default()),
         }
     }
 
@@ -249,6 +254,10 @@ impl LocalIdentity {
 
     pub fn meta_url(&self) -> Option<Arc<String>> {
         self.meta_url.load_full()
+    }
+
+    pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::catalog::Catalog> {
+        self.catalog.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -278,6 +287,7 @@ impl Shard {
         rank: u32,
         url: &str,
         segments: &[(Medium, u64)],
+        adopting: bool,
     ) -> Result<(), String> {
         let cluster = &self.cluster;
         for &(medium, size) in segments {
@@ -292,6 +302,10 @@ impl Shard {
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
             )?;
+            if adopting {
+                // Not allocatable until the rank's catalog is adopted (the join sets it OK).
+                seg.set_status(SegmentStatus::Undefined);
+            }
             cluster.segments.insert(seg)?;
             log::info!(
                 "mounted remote segment {} ({size} bytes) at {url}",

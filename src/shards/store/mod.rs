@@ -51,6 +51,7 @@
 //! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded
 //! simulation; `testing.rs` the store builder of the tests and the simulation.
 
+mod adopt;
 pub mod alloc;
 mod check;
 mod evacuate;
@@ -142,6 +143,10 @@ struct Object {
     /// A rewarm from SSD is in flight; other readers wait for it.
     rewarming: bool,
     chunk: Option<u64>,
+    /// The object's version across leaders (the catalog hand-over's conflict order): the
+    /// leadership that created it and its generation there. For an object created here,
+    /// `(view, generation)`; for an adopted one, what its local service's catalog said.
+    stamp: crate::shards::catalog::Stamp,
 }
 
 struct BlobRec {
@@ -400,6 +405,11 @@ pub struct Store {
     stats: Arc<StoreStats>,
     tracer: Arc<Tracer>,
     clock: StoreClock,
+    /// The `view_version` of the leadership new objects are stamped with (0 without HA).
+    stamp_view: u64,
+    /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
+    /// freed logs: their local services drop them from their catalogs).
+    freed_remote: Vec<(u32, crate::shards::catalog::Freed)>,
 }
 
 /// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
@@ -433,7 +443,8 @@ impl Store {
             uncommitted: HashMap::default(),
             orphaned: HashMap::default(),
             lru: Lru::new(Medium::ALL.len()),
-            next_tag: 1,
+            // Generations unique in the process (the catalog tells objects apart by them).
+            next_tag: 1 + ((shard as u64) << 48),
             zombies: Vec::new(),
             jobs: Vec::new(),
             events: Vec::new(),
@@ -444,6 +455,8 @@ impl Store {
             stats,
             tracer,
             clock: StoreClock::Real(clock),
+            stamp_view: 0,
+            freed_remote: Vec::new(),
         };
         s.refresh_segments();
         s

@@ -7,6 +7,7 @@ use super::*;
 /// the configuration tests share unless they change it.
 pub(super) struct TestStore {
     segments: Vec<(u32, Medium, u64)>,
+    remote: Vec<(u32, Medium, u64)>,
     ssd_dir: Option<String>,
     cfg: StoreConfig,
 }
@@ -15,6 +16,7 @@ impl TestStore {
     pub(super) fn new() -> TestStore {
         TestStore {
             segments: Vec::new(),
+            remote: Vec::new(),
             ssd_dir: None,
             cfg: StoreConfig {
                 lease_ms: 2000,
@@ -28,6 +30,12 @@ impl TestStore {
     /// Mounts a segment of `size` bytes (runs of 1 MiB).
     pub(super) fn segment(mut self, rank: u32, medium: Medium, size: u64) -> TestStore {
         self.segments.push((rank, medium, size));
+        self
+    }
+
+    /// Mounts a remote rank's segment (its bytes on a local service elsewhere).
+    pub(super) fn remote(mut self, rank: u32, medium: Medium, size: u64) -> TestStore {
+        self.remote.push((rank, medium, size));
         self
     }
 
@@ -55,6 +63,14 @@ impl TestStore {
                 1 << 20,
             )
             .expect("a segment");
+            table.insert(seg).expect("mounted");
+        }
+        for (rank, medium, size) in self.remote {
+            let backend = segment::Backend::Remote(segment::RemoteRank {
+                url: "http://127.0.0.1:1".into(),
+            });
+            let seg = mount::build_remote_segment(&table, rank, medium, size, backend, 1, 1 << 20)
+                .expect("a remote segment");
             table.insert(seg).expect("mounted");
         }
         let stats = Arc::new(StoreStats::default());
