@@ -27,7 +27,7 @@ use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
 use crate::shards::catalog::{Entry, Freed, Stamp};
-use crate::shards::store::segment::{Medium, Segment};
+use crate::shards::store::segment::{Medium, PAGE_BYTES, Segment};
 use crate::shards::store::{BlobHandle, BlobView, ObjHandle};
 use crate::shards::{Cluster, Command, PinnedBlob, Reply, WriteGrant};
 
@@ -390,7 +390,9 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
         key: key.into(),
         medium: Medium::ALL[grant.medium as usize],
         offset: grant.offset,
-        len: grant.len,
+        // What the meta allocated for it: the size in whole pages (a grant's `len` is the
+        // size; the store allocates page-rounded ranges, an empty object one page).
+        len: grant.len.max(1).div_ceil(PAGE_BYTES) * PAGE_BYTES,
         size: grant.size,
         stamp: grant_stamp(grant),
     });

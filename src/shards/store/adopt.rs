@@ -48,8 +48,11 @@ impl Store {
     /// replicas on two ranks); with an older stamp it is replaced, with a newer one the entry
     /// is refused. Returns the entries refused (their blobs are not this meta's: the caller
     /// logs them as freed so their local services drop them).
-    pub fn adopt(&mut self, entries: Vec<Adopted>) -> Vec<Adopted> {
+    pub fn adopt(&mut self, mut entries: Vec<Adopted>) -> Vec<Adopted> {
         let now = self.now_ms();
+        // Newest first: an older version of a key in the same batch is refused outright
+        // instead of adopted and then replaced (which would leave it leased a while).
+        entries.sort_by(|a, b| b.entry.stamp.cmp(&a.entry.stamp));
         self.refresh_segments();
         if self.purge.is_some() {
             self.continue_purge();
