@@ -52,7 +52,7 @@ impl Store {
         let now = self.now_ms();
         // Newest first: an older version of a key in the same batch is refused outright
         // instead of adopted and then replaced (which would leave it leased a while).
-        entries.sort_by(|a, b| b.entry.stamp.cmp(&a.entry.stamp));
+        entries.sort_by_key(|a| std::cmp::Reverse(a.entry.stamp));
         self.refresh_segments();
         if self.purge.is_some() {
             self.continue_purge();
