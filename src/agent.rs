@@ -18,6 +18,9 @@ use crate::shards::store::segment::{Medium, segment_name};
 
 /// How long a join, heartbeat or leave waits for the meta service.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Catalog entries a join carries at most (about 100 bytes of JSON each with short keys: well
+/// under the meta's default `ock.mmc.http.max_body_bytes` of 64 MB).
+const MAX_HANDED_OVER: usize = 400_000;
 /// Pause between two join attempts while no meta service answers.
 const JOIN_RETRY: Duration = Duration::from_millis(300);
 
@@ -133,13 +136,17 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
     // The catalog of what this service holds goes with the join: a meta that does not know
     // this membership (a new HA leader, a restarted meta) adopts it. It asks for the rank its
     // memory is mounted under, so the blobs keep their places.
-    let catalog: Vec<Value> = cluster
-        .local
-        .catalog()
-        .entries()
-        .iter()
-        .map(catalog_wire::entry_json)
-        .collect();
+    let mut entries = cluster.local.catalog().entries();
+    if entries.len() > MAX_HANDED_OVER {
+        // One JSON body: what fits under the meta's default body limit, newest first.
+        log::error!(
+            "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
+            entries.len()
+        );
+        entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
+        entries.truncate(MAX_HANDED_OVER);
+    }
+    let catalog: Vec<Value> = entries.iter().map(catalog_wire::entry_json).collect();
     let rank = cluster.config.cluster.local_rank.or_else(|| {
         (!catalog.is_empty())
             .then(|| cluster.local.rank())
@@ -182,6 +189,15 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
                     candidates.insert(i, leader);
                 }
                 continue;
+            }
+            413 => {
+                // The catalog does not fit the meta's body limit: join without it (what this
+                // service held is not handed over; its memory is reused from now on).
+                log::error!(
+                    "the meta service at {meta} refused the join's catalog as too large: joining without it"
+                );
+                cluster.local.catalog().clear();
+                return Err(Fatal::Retry);
             }
             401 => {
                 return Err(Fatal::Refused(format!(

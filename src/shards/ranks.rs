@@ -48,6 +48,10 @@ pub struct RankEntry {
     pub state: RankState,
     pub segments: Vec<(Medium, u64)>,
     pub report: RankReport,
+    /// The leadership (`view_version`, 0 without HA) the rank joined under: a membership from
+    /// an earlier leadership of this meta is stale (the rank must join again, with its
+    /// catalog, since another leader may have changed what it holds meanwhile).
+    pub view: u64,
 }
 
 /// What a join decided.
@@ -84,6 +88,7 @@ impl RankRegistry {
     /// one at or above `first_free` (the embedded ranks come first).
     pub fn join(
         &self,
+        view: u64,
         wanted: Option<u32>,
         url: &str,
         incarnation: u64,
@@ -122,7 +127,9 @@ impl RankRegistry {
             }
         };
         let replaced = match ranks.get(&rank) {
-            Some(e) if e.state == RankState::Live && e.incarnation == incarnation => {
+            Some(e)
+                if e.state == RankState::Live && e.incarnation == incarnation && e.view == view =>
+            {
                 // The same service asking again (its answer was lost): nothing changes.
                 return Ok(Joined {
                     rank,
@@ -130,7 +137,7 @@ impl RankRegistry {
                     fresh: false,
                 });
             }
-            Some(e) if e.state == RankState::Live && wanted.is_none() => {
+            Some(e) if e.state == RankState::Live && e.view == view && wanted.is_none() => {
                 return Err(format!("rank {rank} is taken by {}", e.url));
             }
             Some(e) => e.state == RankState::Live,
@@ -145,6 +152,7 @@ impl RankRegistry {
                 state: RankState::Live,
                 segments,
                 report: RankReport::default(),
+                view,
             },
         );
         Ok(Joined {
@@ -154,12 +162,21 @@ impl RankRegistry {
         })
     }
 
-    /// A heartbeat: false when the rank is unknown, lost or another incarnation (the local
-    /// service must join again).
-    pub fn heartbeat(&self, rank: u32, incarnation: u64, report: RankReport, now: Instant) -> bool {
+    /// A heartbeat: false when the rank is unknown, lost, another incarnation or joined under
+    /// another leadership (the local service must join again).
+    pub fn heartbeat(
+        &self,
+        view: u64,
+        rank: u32,
+        incarnation: u64,
+        report: RankReport,
+        now: Instant,
+    ) -> bool {
         let mut ranks = self.lock();
         match ranks.get_mut(&rank) {
-            Some(e) if e.incarnation == incarnation && e.state == RankState::Live => {
+            Some(e)
+                if e.incarnation == incarnation && e.state == RankState::Live && e.view == view =>
+            {
                 e.last_seen = now;
                 e.report = report;
                 true
@@ -372,11 +389,17 @@ mod tests {
     fn ranks_are_assigned_lowest_first_and_kept_by_incarnation() {
         let reg = RankRegistry::default();
         let t = Instant::now();
-        assert_eq!(reg.join(None, "http://a", 1, segs(), 1, t).unwrap().rank, 1);
-        assert_eq!(reg.join(None, "http://b", 2, segs(), 1, t).unwrap().rank, 2);
+        assert_eq!(
+            reg.join(0, None, "http://a", 1, segs(), 1, t).unwrap().rank,
+            1
+        );
+        assert_eq!(
+            reg.join(0, None, "http://b", 2, segs(), 1, t).unwrap().rank,
+            2
+        );
         // The same incarnation again: the same answer, nothing replaced.
         assert_eq!(
-            reg.join(None, "http://a", 1, segs(), 1, t),
+            reg.join(0, None, "http://a", 1, segs(), 1, t),
             Ok(Joined {
                 rank: 1,
                 replaced: false,
@@ -385,35 +408,35 @@ mod tests {
         );
         // A configured rank below the embedded ones is refused; a taken one without a
         // configured rank is not reassigned.
-        assert!(reg.join(Some(0), "http://c", 3, segs(), 1, t).is_err());
+        assert!(reg.join(0, Some(0), "http://c", 3, segs(), 1, t).is_err());
         // A restart of rank 2 (new incarnation, same configured rank) replaces it.
         assert_eq!(
-            reg.join(Some(2), "http://b", 4, segs(), 1, t),
+            reg.join(0, Some(2), "http://b", 4, segs(), 1, t),
             Ok(Joined {
                 rank: 2,
                 replaced: true,
                 fresh: true
             })
         );
-        assert!(!reg.heartbeat(2, 2, RankReport::default(), t));
-        assert!(reg.heartbeat(2, 4, RankReport::default(), t));
+        assert!(!reg.heartbeat(0, 2, 2, RankReport::default(), t));
+        assert!(reg.heartbeat(0, 2, 4, RankReport::default(), t));
     }
 
     #[test]
     fn silent_ranks_are_lost_until_they_join_again() {
         let reg = RankRegistry::default();
         let t = Instant::now();
-        reg.join(None, "http://a", 1, segs(), 0, t).unwrap();
-        reg.join(None, "http://b", 2, segs(), 0, t).unwrap();
+        reg.join(0, None, "http://a", 1, segs(), 0, t).unwrap();
+        reg.join(0, None, "http://b", 2, segs(), 0, t).unwrap();
         let later = t + Duration::from_millis(3500);
-        assert!(reg.heartbeat(1, 2, RankReport::default(), later));
+        assert!(reg.heartbeat(0, 1, 2, RankReport::default(), later));
         assert_eq!(reg.expire(later, Duration::from_millis(3000)), vec![0]);
         assert_eq!(reg.lost(), vec![0]);
         // Lost once: not reported again; its heartbeats are refused (it must rejoin).
         assert!(reg.expire(later, Duration::from_millis(3000)).is_empty());
-        assert!(!reg.heartbeat(0, 1, RankReport::default(), later));
+        assert!(!reg.heartbeat(0, 0, 1, RankReport::default(), later));
         // It comes back (a restart: a new incarnation) under its old number.
-        let back = reg.join(None, "http://a", 3, segs(), 0, later).unwrap();
+        let back = reg.join(0, None, "http://a", 3, segs(), 0, later).unwrap();
         assert_eq!(
             back,
             Joined {
@@ -423,6 +446,12 @@ mod tests {
             }
         );
         assert!(reg.lost().is_empty());
+        // Under a new leadership of this meta the membership is stale: heartbeats are refused
+        // and the same incarnation's join is a fresh one (it brings its catalog).
+        assert!(!reg.heartbeat(8, 0, 3, RankReport::default(), later));
+        let again = reg.join(8, None, "http://a", 3, segs(), 0, later).unwrap();
+        assert!(again.fresh && again.replaced && again.rank == 0);
+        assert!(reg.heartbeat(8, 0, 3, RankReport::default(), later));
         assert!(reg.leave(0, 3));
         assert!(!reg.is_live(0, 3));
     }

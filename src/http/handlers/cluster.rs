@@ -137,7 +137,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
+    let view = cluster.ha.fence().max(0) as u64;
     let joined = match cluster.ranks.join(
+        view,
         wanted,
         url,
         incarnation,
@@ -275,9 +277,10 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         put_bytes: field_u64(&v, "put_bytes").unwrap_or(0),
     };
     let cluster = ctx.shard.cluster.clone();
+    let view = cluster.ha.fence().max(0) as u64;
     if !cluster
         .ranks
-        .heartbeat(rank, incarnation, report, Instant::now())
+        .heartbeat(view, rank, incarnation, report, Instant::now())
     {
         return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again");
     }
