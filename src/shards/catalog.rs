@@ -83,8 +83,9 @@ pub struct BeatNews {
 /// A local service's catalog of the blobs it holds.
 #[derive(Default)]
 pub struct Catalog {
-    /// By (medium, offset): blobs of one segment never overlap.
-    entries: BTreeMap<(Medium, u64), (Entry, u64)>,
+    /// By (medium, offset): blobs of one segment never overlap. With each entry: when it
+    /// was added (see `added`) and whether its put is known committed.
+    entries: BTreeMap<(Medium, u64), (Entry, u64, bool)>,
     /// The last freed-record sequence applied (acknowledged with each heartbeat).
     acked: u64,
     /// Counts additions, so a resync keeps what was added while its list was being taken.
@@ -109,27 +110,49 @@ impl Catalog {
         self.added
     }
 
-    /// A blob written here: it replaces the entries whose ranges it overlaps (they were freed
-    /// on the meta, which reused the range, even if their records have not arrived yet).
+    /// A blob written here whose put is committed (or not this service's to commit: a later
+    /// hop of a chain, a drain's copy): see [`Catalog::add_pending`].
     pub fn add(&mut self, e: Entry) {
+        self.insert(e, true);
+    }
+
+    /// A blob written here whose commit is still on its way: it is not handed over until
+    /// [`Catalog::confirm`] (a leader that died before committing never made it an object).
+    /// Like any addition it replaces the entries whose ranges it overlaps (they were freed on
+    /// the meta, which reused the range, even if their records have not arrived yet).
+    pub fn add_pending(&mut self, e: Entry) {
+        self.insert(e, false);
+    }
+
+    /// The commit of the pending entry at this range with this stamp succeeded.
+    pub fn confirm(&mut self, f: &Freed) {
+        if let Some((e, _, committed)) = self.entries.get_mut(&(f.medium, f.offset))
+            && e.stamp == f.stamp
+        {
+            *committed = true;
+        }
+    }
+
+    fn insert(&mut self, e: Entry, committed: bool) {
         let end = e.offset + e.len.max(1);
         let overlapping: Vec<(Medium, u64)> = self
             .entries
             .range((e.medium, 0)..(e.medium, end))
-            .filter(|(_, (x, _))| x.offset + x.len.max(1) > e.offset)
+            .filter(|(_, (x, _, _))| x.offset + x.len.max(1) > e.offset)
             .map(|(&k, _)| k)
             .collect();
         for k in overlapping {
             self.entries.remove(&k);
         }
         self.added += 1;
-        self.entries.insert((e.medium, e.offset), (e, self.added));
+        self.entries
+            .insert((e.medium, e.offset), (e, self.added, committed));
     }
 
     /// Drops the entry at this range if it has this stamp; true when one was dropped.
     pub fn free(&mut self, f: &Freed) -> bool {
         match self.entries.get(&(f.medium, f.offset)) {
-            Some((e, _)) if e.stamp == f.stamp => {
+            Some((e, _, _)) if e.stamp == f.stamp => {
                 self.entries.remove(&(f.medium, f.offset));
                 true
             }
@@ -152,15 +175,18 @@ impl Catalog {
     /// was sent (entries added since then survive a resync).
     pub fn apply(&mut self, news: BeatNews, mark: u64) {
         if let Some(list) = news.resync {
-            let recent: Vec<Entry> = self
+            let recent: Vec<(Entry, bool)> = self
                 .entries
                 .values()
-                .filter(|(_, at)| *at > mark)
-                .map(|(e, _)| e.clone())
+                .filter(|(_, at, _)| *at > mark)
+                .map(|(e, _, c)| (e.clone(), *c))
                 .collect();
             self.entries.clear();
-            for e in list.into_iter().chain(recent) {
+            for e in list {
                 self.add(e);
+            }
+            for (e, committed) in recent {
+                self.insert(e, committed);
             }
         }
         for (seq, f) in &news.freed {
@@ -171,9 +197,13 @@ impl Catalog {
         self.acked = self.acked.max(news.seq);
     }
 
-    /// The entries, for a join.
+    /// The committed entries, for a join.
     pub fn entries(&self) -> Vec<Entry> {
-        self.entries.values().map(|(e, _)| e.clone()).collect()
+        self.entries
+            .values()
+            .filter(|(_, _, committed)| *committed)
+            .map(|(e, _, _)| e.clone())
+            .collect()
     }
 }
 
@@ -420,6 +450,17 @@ mod tests {
         );
         assert_eq!(keys(&c), ["kept", "new"]);
         assert_eq!(c.acked(), seq);
+    }
+
+    #[test]
+    fn a_pending_put_is_handed_over_only_once_committed() {
+        let mut c = Catalog::default();
+        c.add_pending(entry("p", 0, 4096, 1, 1));
+        assert!(c.entries().is_empty(), "its commit has not been answered");
+        c.confirm(&freed(0, 1, 2));
+        assert!(c.entries().is_empty(), "another stamp confirms nothing");
+        c.confirm(&freed(0, 1, 1));
+        assert_eq!(keys(&c), ["p"]);
     }
 
     #[test]

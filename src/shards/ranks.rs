@@ -86,6 +86,7 @@ impl RankRegistry {
 
     /// Admits a local service: `wanted` is its configured rank, `None` for the lowest free
     /// one at or above `first_free` (the embedded ranks come first).
+    #[allow(clippy::too_many_arguments)] // what a join says, plus the leadership and the time
     pub fn join(
         &self,
         view: u64,

@@ -368,6 +368,12 @@ pub(super) async fn grant_put(
     let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
     if r.status != Status::OK || r.failed {
         catalog_drop(ctx, &grant, cataloged);
+    } else if cataloged {
+        ctx.shard
+            .cluster
+            .local
+            .catalog()
+            .confirm(&catalog_freed(&grant));
     }
     Some(r)
 }
@@ -386,7 +392,7 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
     if cluster.config.cluster.role != crate::config::Role::Local {
         return false;
     }
-    cluster.local.catalog().add(Entry {
+    let entry = Entry {
         key: key.into(),
         medium: Medium::ALL[grant.medium as usize],
         offset: grant.offset,
@@ -395,17 +401,32 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
         len: grant.len.max(1).div_ceil(PAGE_BYTES) * PAGE_BYTES,
         size: grant.size,
         stamp: grant_stamp(grant),
-    });
+    };
+    let mut catalog = cluster.local.catalog();
+    if grant.op == GrantOp::WriteCommit {
+        // Handed over only once the meta answered its commit.
+        catalog.add_pending(entry);
+    } else {
+        catalog.add(entry);
+    }
     true
+}
+
+fn catalog_freed(grant: &Grant) -> Freed {
+    Freed {
+        medium: Medium::ALL[grant.medium as usize],
+        offset: grant.offset,
+        stamp: grant_stamp(grant),
+    }
 }
 
 fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
     if cataloged {
-        ctx.shard.cluster.local.catalog().free(&Freed {
-            medium: Medium::ALL[grant.medium as usize],
-            offset: grant.offset,
-            stamp: grant_stamp(grant),
-        });
+        ctx.shard
+            .cluster
+            .local
+            .catalog()
+            .free(&catalog_freed(grant));
     }
 }
 
