@@ -18,8 +18,8 @@ use crate::shards::store::segment::{Medium, segment_name};
 
 /// How long a join, heartbeat or leave waits for the meta service.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Catalog entries a join carries at most (about 100 bytes of JSON each with short keys: well
-/// under the meta's default `ock.mmc.http.max_body_bytes` of 64 MB).
+/// Catalog entries a hand-over carries at most, in one heartbeat (about 100 bytes of JSON each
+/// with short keys: well under the meta's default `ock.mmc.http.max_body_bytes` of 64 MB).
 const MAX_HANDED_OVER: usize = 400_000;
 /// Pause between two join attempts while no meta service answers.
 const JOIN_RETRY: Duration = Duration::from_millis(300);
@@ -42,6 +42,8 @@ struct Membership {
     meta: String,
     rank: u32,
     interval: Duration,
+    /// The join said a catalog follows: the next heartbeat carries it (until one is answered).
+    hand_over: bool,
 }
 
 fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
@@ -85,7 +87,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
         if cluster.is_shutting_down() {
             return;
         }
-        match &member {
+        match &mut member {
             None => match join(&cluster, &url, incarnation).await {
                 Ok(m) => {
                     last_report = Instant::now();
@@ -100,7 +102,8 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                 Err(Fatal::Retry) => monoio::time::sleep(JOIN_RETRY).await,
             },
             Some(m) => {
-                if last_report.elapsed() >= m.interval {
+                // A catalog to hand over goes at once, so the objects are back soon.
+                if last_report.elapsed() >= m.interval || m.hand_over {
                     last_report = Instant::now();
                     match heartbeat(&cluster, m, incarnation).await {
                         Beat::Heard => last_heard = Instant::now(),
@@ -133,31 +136,22 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         .iter()
         .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
         .collect();
-    // The catalog of what this service holds goes with the join: a meta that does not know
-    // this membership (a new HA leader, a restarted meta) adopts it. It asks for the rank its
-    // memory is mounted under, so the blobs keep their places.
-    let mut entries = cluster.local.catalog().entries();
-    if entries.len() > MAX_HANDED_OVER {
-        // One JSON body: what fits under the meta's default body limit, newest first.
-        log::error!(
-            "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
-            entries.len()
-        );
-        entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
-        entries.truncate(MAX_HANDED_OVER);
-    }
-    let catalog: Vec<Value> = entries.iter().map(catalog_wire::entry_json).collect();
-    let rank = cluster.config.cluster.local_rank.or_else(|| {
-        (!catalog.is_empty())
-            .then(|| cluster.local.rank())
-            .flatten()
-    });
+    // The catalog of what this service holds follows the join, in the first heartbeat (once
+    // this service has the meta's grant key): a meta that does not know this membership (a
+    // new HA leader, a restarted meta) adopts it. It asks for the rank its memory is mounted
+    // under, so the blobs keep their places.
+    let hand_over = !cluster.local.catalog().entries().is_empty();
+    let rank = cluster
+        .config
+        .cluster
+        .local_rank
+        .or_else(|| hand_over.then(|| cluster.local.rank()).flatten());
     let body = json!({
         "rank": rank,
         "url": url,
         "incarnation": incarnation,
         "segments": segments,
-        "catalog": catalog,
+        "catalog_follows": hand_over,
     });
     let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
     let mut i = 0;
@@ -189,15 +183,6 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
                     candidates.insert(i, leader);
                 }
                 continue;
-            }
-            413 => {
-                // The catalog does not fit the meta's body limit: join without it (what this
-                // service held is not handed over; its memory is reused from now on).
-                log::error!(
-                    "the meta service at {meta} refused the join's catalog as too large: joining without it"
-                );
-                cluster.local.catalog().clear();
-                return Err(Fatal::Retry);
             }
             401 => {
                 return Err(Fatal::Refused(format!(
@@ -240,6 +225,7 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
             meta: meta.clone(),
             rank,
             interval: Duration::from_millis(interval.max(10)),
+            hand_over,
         });
     }
     Err(Fatal::Retry)
@@ -306,14 +292,28 @@ impl Beat {
     }
 }
 
+/// The catalog a heartbeat hands over: at most [`MAX_HANDED_OVER`] entries, the newest.
+fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
+    let mut entries = cluster.local.catalog().entries();
+    if entries.len() > MAX_HANDED_OVER {
+        log::error!(
+            "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
+            entries.len()
+        );
+        entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
+        entries.truncate(MAX_HANDED_OVER);
+    }
+    entries.iter().map(catalog_wire::entry_json).collect()
+}
+
 /// One report.
-async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
+async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
     let (ack, mark) = {
         let c = cluster.local.catalog();
         (c.acked(), c.mark())
     };
-    let body = json!({
+    let mut body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
         "gets": gets,
@@ -322,6 +322,9 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "put_bytes": put_bytes,
         "catalog_ack": ack,
     });
+    if m.hand_over {
+        body["catalog"] = Value::Array(catalog_to_hand_over(cluster));
+    }
     match tell(
         cluster,
         &m.meta,
@@ -332,6 +335,7 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
     .await
     {
         Ok(a) if a.status == 200 => {
+            m.hand_over = false;
             // The blobs the meta freed since the last acknowledged sequence.
             let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
             if let Some(news) = catalog_wire::parse_news(&v) {

@@ -52,6 +52,8 @@ pub struct RankEntry {
     /// an earlier leadership of this meta is stale (the rank must join again, with its
     /// catalog, since another leader may have changed what it holds meanwhile).
     pub view: u64,
+    /// Joined fresh saying its catalog follows: its next heartbeat carries it.
+    pub awaiting_catalog: bool,
 }
 
 /// What a join decided.
@@ -154,6 +156,7 @@ impl RankRegistry {
                 segments,
                 report: RankReport::default(),
                 view,
+                awaiting_catalog: false,
             },
         );
         Ok(Joined {
@@ -184,6 +187,20 @@ impl RankRegistry {
             }
             _ => false,
         }
+    }
+
+    /// Whether the rank's next heartbeat is to carry its catalog (set by a join).
+    pub fn await_catalog(&self, rank: u32, awaiting: bool) {
+        if let Some(e) = self.lock().get_mut(&rank) {
+            e.awaiting_catalog = awaiting;
+        }
+    }
+
+    /// True once for a rank whose catalog was awaited (the heartbeat that carries it).
+    pub fn take_awaited_catalog(&self, rank: u32) -> bool {
+        self.lock()
+            .get_mut(&rank)
+            .is_some_and(|e| std::mem::take(&mut e.awaiting_catalog))
     }
 
     /// Marks ranks silent for longer than `timeout` as lost and returns them.

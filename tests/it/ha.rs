@@ -910,3 +910,82 @@ fn failover_keeps_the_objects_of_live_local_services() {
     drop(local);
     drop(standby);
 }
+
+/// Without HA too: a pure meta killed and restarted (same address) takes over the catalog of
+/// its local service when it joins again, so the objects on it read back with their bytes.
+#[test]
+fn a_restarted_meta_takes_the_catalogs_over() {
+    let port = free_port();
+    let start_meta = || {
+        ServerBuilder::new(Driver::Uring)
+            .listen(&format!("127.0.0.1:{port}"))
+            .set("ock.mmc.embedded.ranks", "0")
+            .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+            .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+            .start()
+    };
+    let mut meta = start_meta();
+    let local = ServerBuilder::new(Driver::Uring)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set("ock.mmc.meta_service_url", &url(meta.addr))
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+        .start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = crate::harness::Client::connect(meta.addr).get("/get_all_segments");
+        if r.text().contains("-dram") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no join; log:\n{}", local.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..6 {
+        let r = follow(
+            meta.addr,
+            "PUT",
+            &format!("/api/v1/objects?key=r-{i}"),
+            Some(&blob(i, 3)),
+        );
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    let used = dram_used(meta.addr);
+    let addr = meta.addr;
+    meta.kill9();
+    wait_gone(addr);
+    let meta = start_meta();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = follow(meta.addr, "GET", "/api/v1/objects?key=r-0", None);
+        if r.status == 200 && r.body == blob(0, 3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "r-0 not back ({}); the local's log:\n{}",
+            r.text(),
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..6 {
+        let r = follow(
+            meta.addr,
+            "GET",
+            &format!("/api/v1/objects?key=r-{i}"),
+            None,
+        );
+        assert!(
+            r.status == 200 && r.body == blob(i, 3),
+            "r-{i}: {} {}; the local's log:\n{}",
+            r.status,
+            r.body.len(),
+            local.log()
+        );
+    }
+    assert_eq!(dram_used(meta.addr), used);
+}

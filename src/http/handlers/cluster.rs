@@ -129,12 +129,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Invalid 'segments': a local service lends at least one segment",
         );
     }
-    let Some(catalog) = catalog_wire::parse_entries(v.get("catalog")) else {
-        return ctx.protocol_error(
-            Status::BAD_REQUEST,
-            "Invalid 'catalog': expected [[key_hex, medium, offset, len, size, view, seq]]",
-        );
-    };
+    // The service holds blobs it will list in its first heartbeat (after it has this meta's
+    // grant key, so no adopted object is served before the service can check its grants).
+    let catalog_follows = v.get("catalog_follows").and_then(Value::as_bool) == Some(true);
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
@@ -164,24 +161,14 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         cluster.freed_logs.reset(rank);
     }
     let still = !cluster.remote_segments_of(rank).is_empty();
-    // Segments whose catalog is being adopted take no new blobs until it is.
-    let adopting = joined.fresh && !catalog.is_empty();
+    // Segments whose catalog is awaited take no new blobs until it is adopted.
+    let adopting = joined.fresh && catalog_follows;
     if !still && let Err(e) = ctx.shard.mount_remote(rank, url, &segments, adopting) {
         log::error!("could not mount rank {rank}'s segments: {e}");
         cluster.ranks.leave(rank, incarnation);
         return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
     }
-    if adopting {
-        let offered = catalog.len();
-        let refused = adopt(ctx, rank, catalog).await;
-        for seg in cluster.remote_segments_of(rank) {
-            seg.set_status(SegmentStatus::Ok);
-        }
-        log::info!(
-            "rank {rank}: adopted {} of the {offered} blobs in its catalog",
-            offered - refused
-        );
-    }
+    cluster.ranks.await_catalog(rank, adopting);
     log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
     let key = cluster
         .grant_key
@@ -198,7 +185,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     )
 }
 
-/// Adopts a joining rank's catalog on the owner shards of its keys; returns how many entries
+/// Adopts a rank's catalog on the owner shards of its keys; returns how many entries
 /// were refused (logged as freed for the rank, so its local service drops them).
 async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
     let n = ctx.shard.cluster.shard_count();
@@ -283,6 +270,22 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         .heartbeat(view, rank, incarnation, report, Instant::now())
     {
         return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again");
+    }
+    if cluster.ranks.take_awaited_catalog(rank) {
+        // The first heartbeat after a fresh join with a catalog: take its blobs over.
+        let catalog = catalog_wire::parse_entries(v.get("catalog")).unwrap_or_else(|| {
+            log::error!("rank {rank}: its catalog is malformed; nothing taken over");
+            Vec::new()
+        });
+        let offered = catalog.len();
+        let refused = adopt(ctx, rank, catalog).await;
+        for seg in cluster.remote_segments_of(rank) {
+            seg.set_status(SegmentStatus::Ok);
+        }
+        log::info!(
+            "rank {rank}: adopted {} of the {offered} blobs in its catalog",
+            offered - refused
+        );
     }
     // The blobs freed on this rank since the acknowledged sequence (catalog hand-over).
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
