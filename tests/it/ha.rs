@@ -989,3 +989,102 @@ fn a_restarted_meta_takes_the_catalogs_over() {
     }
     assert_eq!(dram_used(meta.addr), used);
 }
+
+/// Two local services and objects with a copy on each (`replicas=2`): after kill -9 of the
+/// leader each object is one object again on the new leader, with both copies (`/query_key`),
+/// and reads back; so do the single-copy objects of either rank.
+#[test]
+fn replicated_objects_keep_both_copies_across_a_failover() {
+    let Some(etcd) = Etcd::start("replicas") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let settled = |h: &serde_json::Value| {
+        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
+    };
+    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
+    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
+    let (mut leader, standby) = if ha["role"] == "leader" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            ServerBuilder::new(driver)
+                .shards(1)
+                .arg("--role")
+                .arg("local")
+                .set(
+                    "ock.mmc.meta_service_url",
+                    &format!("{},{}", url(leader.addr), url(standby.addr)),
+                )
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.local_service.hbm.size", "0")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    let both_listed = |addr: SocketAddr| {
+        let t = crate::harness::Client::connect(addr)
+            .get("/get_all_segments")
+            .text();
+        t.contains("rank-7-dram") && t.contains("rank-8-dram")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !both_listed(leader.addr) {
+        assert!(Instant::now() < deadline, "the local services never joined");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..6 {
+        let target = match i % 3 {
+            0 => format!("/api/v1/objects?key=rep-{i}&replicas=2"),
+            1 => format!("/api/v1/objects?key=rep-{i}&prefer_rank=7"),
+            _ => format!("/api/v1/objects?key=rep-{i}&prefer_rank=8"),
+        };
+        let r = follow(leader.addr, "PUT", &target, Some(&blob(i, 9)));
+        assert_eq!(r.json()["success"], true, "rep-{i}: {}", r.text());
+    }
+    let used = dram_used(leader.addr);
+    leader.kill9();
+    wait_health(
+        standby.addr,
+        Duration::from_millis(TTL_MS + 4000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let q = crate::harness::Client::connect(standby.addr).get("/query_key?key=rep-0");
+        let copies = q.json()["blobs"].as_array().map_or(0, |b| b.len());
+        let ready = (0..6).all(|i| {
+            follow(
+                standby.addr,
+                "GET",
+                &format!("/api/v1/objects?key=rep-{i}"),
+                None,
+            )
+            .body
+                == blob(i, 9)
+        });
+        if copies == 2 && ready {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rep-0 has {copies} copies on the new leader ({}); logs:\n{}\n{}",
+            q.text(),
+            locals[0].log(),
+            locals[1].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(dram_used(standby.addr), used);
+    drop(locals);
+    drop(standby);
+}

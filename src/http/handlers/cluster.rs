@@ -337,6 +337,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank).await;
     cluster.ranks.leave(rank, incarnation);
+    cluster.freed_logs.reset(rank);
     log::info!("rank {rank} left; {moved} objects moved to other ranks");
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
