@@ -271,7 +271,7 @@ impl LocalIdentity {
             meta_url: ArcSwapOption::empty(),
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
-            catalog: Mutex::new(Default::default()),
+            catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
         }
     }
 
