@@ -17,7 +17,8 @@
 //! answers the next heartbeat with the rank's full list of blobs (a *resync*) instead.
 //!
 //! When the local service joins a meta that does not know it (a new leader, a restarted meta),
-//! it sends its catalog; the meta adopts each entry into the owner shard of its key at exactly
+//! it sends its catalog in its first heartbeat after the join (once it holds the meta's grant
+//! key); the meta adopts each entry into the owner shard of its key at exactly
 //! that range ([`Adopted`]). The same key on two ranks with the same stamp becomes one object
 //! with both copies; with different stamps the newer wins and the older blob is logged as freed
 //! for its rank (the local drops it).
