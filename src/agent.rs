@@ -132,6 +132,10 @@ enum Fatal {
 }
 
 async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membership, Fatal> {
+    // Grants of the meta left behind are void from now on: none is accepted until the join's
+    // answer brings the next meta's key, and bodies still arriving under one stop being written.
+    cluster.grant_key.clear();
+    cluster.local.revoke_writers();
     let segments: Vec<Value> = lent(cluster)
         .iter()
         .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))

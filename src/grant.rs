@@ -151,6 +151,12 @@ impl GrantKeyCell {
     pub fn get(&self) -> Option<Arc<GrantKey>> {
         self.0.load_full()
     }
+
+    /// Forgets the key (a local service joining again): no grant is accepted until the next
+    /// join's answer sets the new one.
+    pub fn clear(&self) {
+        self.0.store(None);
+    }
 }
 
 impl Grant {

@@ -224,7 +224,8 @@ impl WriteGrant {
                 generation: 0,
             },
             blobs,
-            link: Arc::default(),
+            // Revoked when the service joins a meta again (see `LocalIdentity::writers`).
+            link: cluster.local.writer_link(),
             owner: 0,
             cluster,
             armed: false,

@@ -262,6 +262,11 @@ pub struct LocalIdentity {
     /// joins (`shards/catalog.rs`).
     // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
     pub catalog: Mutex<super::catalog::Catalog>,
+    /// Shared by every write under a grant of the current membership: revoked when the
+    /// service joins again, so a body still arriving under the previous meta's grant stops
+    /// writing into a range the next meta may have given to another object (an allocation the
+    /// previous meta never committed is in no catalog, hence free there).
+    writers: arc_swap::ArcSwap<super::store::WriterLink>,
 }
 
 impl LocalIdentity {
@@ -272,6 +277,7 @@ impl LocalIdentity {
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
             catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
+            writers: Default::default(),
         }
     }
 
@@ -289,6 +295,15 @@ impl LocalIdentity {
 
     pub fn meta_url(&self) -> Option<Arc<String>> {
         self.meta_url.load_full()
+    }
+
+    pub fn writer_link(&self) -> Arc<super::store::WriterLink> {
+        self.writers.load_full()
+    }
+
+    /// Stops every write under a grant given so far (a new join begins).
+    pub fn revoke_writers(&self) {
+        self.writers.swap(Arc::default()).revoke();
     }
 
     pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::catalog::Catalog> {

@@ -338,6 +338,14 @@ pub(super) async fn grant_put(
         }
         Filled::Ok => {}
     }
+    if wg.is_revoked() {
+        // This service joined a meta again while the body arrived: the grant's meta is left
+        // behind, and the range may be another object's now. Nothing was written past that.
+        return Some(forbidden(
+            ctx,
+            "Invalid grant: its meta service was left while the body arrived",
+        ));
+    }
     if unix_ms() > grant.expires_ms {
         // Past its expiry the meta may have reclaimed the range: nothing is committed.
         return Some(forbidden(

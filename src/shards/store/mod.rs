@@ -200,7 +200,7 @@ impl WriterLink {
         self.written_bytes.store(w + n, Ordering::Relaxed);
     }
 
-    fn revoke(&self) {
+    pub fn revoke(&self) {
         self.revoked.store(true, Ordering::Release);
     }
 }
