@@ -224,7 +224,8 @@ impl WriteGrant {
                 generation: 0,
             },
             blobs,
-            // Revoked when the service joins a meta again (see `LocalIdentity::writers`).
+            // Revoked when the service joins a meta again (see `LocalIdentity::writers`); shared
+            // by its writers, whose byte counts on it nobody reads (no owner here reclaims).
             link: cluster.local.writer_link(),
             owner: 0,
             cluster,
