@@ -456,6 +456,21 @@ mod tests {
     }
 
     #[test]
+    fn a_new_join_revokes_the_writes_under_earlier_grants() {
+        let me = LocalIdentity::new();
+        let before = me.writer_link();
+        assert!(!before.is_revoked());
+        me.revoke_writers();
+        assert!(
+            before.is_revoked(),
+            "a body under the old meta's grant stops"
+        );
+        let after = me.writer_link();
+        assert!(!after.is_revoked(), "grants of the new membership write");
+        assert!(!Arc::ptr_eq(&before, &after));
+    }
+
+    #[test]
     fn silent_ranks_are_lost_until_they_join_again() {
         let reg = RankRegistry::default();
         let t = Instant::now();
