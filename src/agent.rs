@@ -347,6 +347,17 @@ async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> B
             }
             Beat::Heard
         }
+        Ok(a) if a.status == 413 && m.hand_over => {
+            // The catalog does not fit the meta's body limit: it is not handed over (the meta
+            // takes the next, plain heartbeat as an empty catalog; this memory is reused).
+            log::error!(
+                "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
+                m.meta
+            );
+            m.hand_over = false;
+            cluster.local.catalog().clear();
+            Beat::Heard
+        }
         Ok(a) if a.status == 409 => Beat::Forgotten,
         Ok(a) if a.status == 307 || a.status == 503 => Beat::NotLeader,
         Ok(a) => {
