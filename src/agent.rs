@@ -12,12 +12,15 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::grant::GrantKey;
-use crate::http::client;
+use crate::http::{catalog_wire, client};
 use crate::shards::Cluster;
 use crate::shards::store::segment::{Medium, segment_name};
 
 /// How long a join, heartbeat or leave waits for the meta service.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Catalog entries a hand-over carries at most, in one heartbeat (about 100 bytes of JSON each
+/// with short keys: well under the meta's default `ock.mmc.http.max_body_bytes` of 64 MB).
+const MAX_HANDED_OVER: usize = 400_000;
 /// Pause between two join attempts while no meta service answers.
 const JOIN_RETRY: Duration = Duration::from_millis(300);
 
@@ -39,6 +42,8 @@ struct Membership {
     meta: String,
     rank: u32,
     interval: Duration,
+    /// The join said a catalog follows: the next heartbeat carries it (until one is answered).
+    hand_over: bool,
 }
 
 fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
@@ -100,7 +105,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
         if cluster.is_shutting_down() {
             return;
         }
-        match &member {
+        match &mut member {
             None => match join(&cluster, &url, incarnation).await {
                 Ok(m) => {
                     last_report = Instant::now();
@@ -115,7 +120,8 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                 Err(Fatal::Retry) => monoio::time::sleep(JOIN_RETRY).await,
             },
             Some(m) => {
-                if last_report.elapsed() >= m.interval {
+                // A catalog to hand over goes at once, so the objects are back soon.
+                if last_report.elapsed() >= m.interval || m.hand_over {
                     last_report = Instant::now();
                     match heartbeat(&cluster, m, incarnation).await {
                         Beat::Heard => last_heard = Instant::now(),
@@ -144,15 +150,30 @@ enum Fatal {
 }
 
 async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membership, Fatal> {
+    // Grants of the meta left behind are void from now on: none is accepted until the join's
+    // answer brings the next meta's key, and bodies still arriving under one stop being written.
+    cluster.grant_key.clear();
+    cluster.local.revoke_writers();
     let segments: Vec<Value> = lent(cluster)
         .iter()
         .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
         .collect();
+    // The catalog of what this service holds follows the join, in the first heartbeat (once
+    // this service has the meta's grant key): a meta that does not know this membership (a
+    // new HA leader, a restarted meta) adopts it. It asks for the rank its memory is mounted
+    // under, so the blobs keep their places.
+    let hand_over = !cluster.local.catalog().entries().is_empty();
+    let rank = cluster
+        .config
+        .cluster
+        .local_rank
+        .or_else(|| hand_over.then(|| cluster.local.rank()).flatten());
     let body = json!({
-        "rank": cluster.config.cluster.local_rank,
+        "rank": rank,
         "url": url,
         "incarnation": incarnation,
         "segments": segments,
+        "catalog_follows": hand_over,
     });
     let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
     let mut i = 0;
@@ -225,11 +246,14 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         }
         cluster.grant_key.set(key);
         cluster.local.set(rank, meta.clone());
+        // A new membership's freed log starts at sequence 0.
+        cluster.local.catalog().reset_ack();
         log::info!("joined the meta service at {meta} as rank {rank} (serving at {url})");
         return Ok(Membership {
             meta: meta.clone(),
             rank,
             interval: Duration::from_millis(interval.max(10)),
+            hand_over,
         });
     }
     Err(Fatal::Retry)
@@ -251,6 +275,8 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
     for s in table.snapshot().iter() {
         if s.rank != rank {
             table.remove(&s.name);
+            // Its memory goes with it: nothing it held is this service's any more.
+            cluster.local.catalog().clear();
         }
     }
     for (medium, size) in lent(cluster) {
@@ -296,9 +322,27 @@ impl Beat {
     }
 }
 
+/// The catalog a heartbeat hands over: at most [`MAX_HANDED_OVER`] entries, the newest.
+fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
+    let mut entries = cluster.local.catalog().entries();
+    if entries.len() > MAX_HANDED_OVER {
+        log::error!(
+            "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
+            entries.len()
+        );
+        entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
+        entries.truncate(MAX_HANDED_OVER);
+    }
+    entries.iter().map(catalog_wire::entry_json).collect()
+}
+
 /// One report.
-async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat {
+async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> Beat {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
+    let (ack, mark) = {
+        let c = cluster.local.catalog();
+        (c.acked(), c.mark())
+    };
     let mut body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
@@ -306,6 +350,7 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
         "get_bytes": get_bytes,
         "puts": puts,
         "put_bytes": put_bytes,
+        "catalog_ack": ack,
     });
     // The SSD file's figures, for the meta's per-disk series and its fault state.
     let window = cluster.config.metrics.window_secs.max(1);
@@ -319,6 +364,9 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
             body["ssd_write_bps"] = json!(written / window);
         }
     }
+    if m.hand_over {
+        body["catalog"] = Value::Array(catalog_to_hand_over(cluster));
+    }
     match tell(
         cluster,
         &m.meta,
@@ -328,7 +376,26 @@ async fn heartbeat(cluster: &Cluster, m: &Membership, incarnation: u64) -> Beat 
     )
     .await
     {
-        Ok(a) if a.status == 200 => Beat::Heard,
+        Ok(a) if a.status == 200 => {
+            m.hand_over = false;
+            // The blobs the meta freed since the last acknowledged sequence.
+            let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+            if let Some(news) = catalog_wire::parse_news(&v) {
+                cluster.local.catalog().apply(news, mark);
+            }
+            Beat::Heard
+        }
+        Ok(a) if a.status == 413 && m.hand_over => {
+            // The catalog does not fit the meta's body limit: it is not handed over (the meta
+            // takes the next, plain heartbeat as an empty catalog; this memory is reused).
+            log::error!(
+                "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
+                m.meta
+            );
+            m.hand_over = false;
+            cluster.local.catalog().clear();
+            Beat::Heard
+        }
         Ok(a) if a.status == 409 => Beat::Forgotten,
         Ok(a) if a.status == 307 || a.status == 503 => Beat::NotLeader,
         Ok(a) => {

@@ -2,10 +2,11 @@
 //! rank, carried in a redirect's `Location` so the bytes go between the client and the local
 //! service that holds them.
 //!
-//! A grant is the query parameter `grant=<fields>.<mac>`: ten decimal fields separated by
+//! A grant is the query parameter `grant=<fields>.<mac>`: eleven decimal fields separated by
 //! dots — operation, rank, medium, offset, allocated length, object size, object slot, object
-//! generation, expiry (Unix milliseconds), checksum (the xxh3-64 an SSD blob's bytes must
-//! match when read; 0 otherwise) — and the first 16 bytes of an HMAC-SHA256 over the
+//! generation, the creating leadership's view, expiry (Unix milliseconds), checksum (the
+//! xxh3-64 an SSD blob's bytes must match when read; 0 otherwise) — and the first 16 bytes of
+//! an HMAC-SHA256 over the
 //! object's key, the fields and the next hop's URL (a replicated put's chain), in hex. Only
 //! the meta service and its local services hold the key (handed to a local service when it
 //! joins, over the cluster-token-authenticated join), so a grant cannot be forged or altered:
@@ -62,7 +63,11 @@ pub struct Grant {
     /// The object's size: the bytes a write carries and a read returns.
     pub size: u64,
     pub obj_id: u32,
+    /// The object's generation: with `view`, its stamp in the local service's catalog
+    /// (`shards/catalog.rs`).
     pub obj_generation: u64,
+    /// The `view_version` of the leadership that created the object (0 without HA).
+    pub view: u64,
     /// Unix time in milliseconds after which the grant is refused.
     pub expires_ms: u64,
     /// For an SSD blob read (or moved from): the checksum its bytes were flushed with; the
@@ -155,12 +160,18 @@ impl GrantKeyCell {
     pub fn get(&self) -> Option<Arc<GrantKey>> {
         self.0.load_full()
     }
+
+    /// Forgets the key (a local service joining again): no grant is accepted until the next
+    /// join's answer sets the new one.
+    pub fn clear(&self) {
+        self.0.store(None);
+    }
 }
 
 impl Grant {
     fn fields(&self) -> String {
         format!(
-            "{}.{}.{}.{}.{}.{}.{}.{}.{}.{}",
+            "{}.{}.{}.{}.{}.{}.{}.{}.{}.{}.{}",
             self.op as u8,
             self.rank,
             self.medium,
@@ -169,6 +180,7 @@ impl Grant {
             self.size,
             self.obj_id,
             self.obj_generation,
+            self.view,
             self.expires_ms,
             self.sum
         )
@@ -235,6 +247,7 @@ fn parse_fields(fields: &str) -> Option<Grant> {
         size: next()?,
         obj_id: u32::try_from(next()?).ok()?,
         obj_generation: next()?,
+        view: next()?,
         expires_ms: next()?,
         sum: next()?,
     };
@@ -252,7 +265,7 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -262,7 +275,7 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 {
         return None;
     }
@@ -291,6 +304,7 @@ mod tests {
             size: 10000,
             obj_id: 7,
             obj_generation: 42,
+            view: 3,
             expires_ms: 2_000_000,
             sum: 99,
         }

@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod bodies;
+pub mod catalog_wire;
 pub mod chunked;
 pub mod client;
 pub mod conn;

@@ -31,7 +31,11 @@ impl Shard {
                 replicas,
                 prot,
                 prefer_rank,
-            } => self.apply_alloc(key, size, medium, replicas, prot, prefer_rank),
+            } => {
+                let view = self.cluster.ha.fence().max(0) as u64;
+                self.store.borrow_mut().set_view(view);
+                self.apply_alloc(key, size, medium, replicas, prot, prefer_rank)
+            }
             Command::Commit { obj, ok, .. } => {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
             }
@@ -78,6 +82,12 @@ impl Shard {
                     Reply::NotFound
                 },
             ),
+            Command::Adopt { entries } => {
+                Applied::Now(Reply::Adopted(self.store.borrow_mut().adopt(entries)))
+            }
+            Command::RankBlobs { rank } => {
+                Applied::Now(Reply::Entries(self.store.borrow().rank_blobs(rank)))
+            }
             Command::Many(cmds) => self.apply_many(cmds),
             Command::Uncounted(inner) => self.apply_uncounted(*inner),
         };

@@ -138,6 +138,8 @@ pub struct Cluster {
     /// A meta service's way of moving a remote rank's blobs between its tiers
     /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
     pub remote_tier: Option<Arc<dyn RemoteTier>>,
+    /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
+    pub freed_logs: super::catalog::FreedLogs,
 }
 
 impl Cluster {
@@ -200,6 +202,7 @@ impl Cluster {
             local: super::ranks::LocalIdentity::new(),
             grant_key,
             remote_tier,
+            freed_logs: Default::default(),
         }))
     }
 

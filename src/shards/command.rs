@@ -108,6 +108,15 @@ pub enum Command {
     Forget {
         seg: SegmentId,
     },
+    /// Per shard (sent to the owner of the keys): adopt blobs of a local service's catalog
+    /// (`Reply::Catalog` with the entries refused).
+    Adopt {
+        entries: Vec<super::catalog::Adopted>,
+    },
+    /// Per shard: every blob held on a remote rank (`Reply::Entries`), for a resync.
+    RankBlobs {
+        rank: u32,
+    },
     /// Several commands for the same owner, answered in order.
     Many(Vec<Command>),
     /// A read applied without counting it as a business operation (a HEAD request is not a
@@ -138,6 +147,8 @@ impl Command {
             | Command::DropSegment { .. }
             | Command::BeginMoves { .. }
             | Command::Forget { .. }
+            | Command::Adopt { .. }
+            | Command::RankBlobs { .. }
             | Command::Many(_) => None,
             Command::Uncounted(inner) => inner.key(),
         }
@@ -223,7 +234,9 @@ impl WriteGrant {
                 generation: 0,
             },
             blobs,
-            link: Arc::default(),
+            // Revoked when the service joins a meta again (see `LocalIdentity::writers`); shared
+            // by its writers, whose byte counts on it nobody reads (no owner here reclaims).
+            link: cluster.local.writer_link(),
             owner: 0,
             cluster,
             armed: false,
@@ -286,6 +299,9 @@ pub enum Reply {
     Count(u64),
     /// Objects to move off a leaving rank, their new blobs allocated and pinned.
     Moves(Vec<super::store::relocate::Move>),
+    /// Catalog entries: those refused by an adoption, or a rank's blobs.
+    Adopted(Vec<super::catalog::Adopted>),
+    Entries(Vec<super::catalog::Entry>),
     Many(Vec<Reply>),
 }
 

@@ -34,6 +34,10 @@ impl Shard {
         for job in jobs {
             self.spawn_job(job);
         }
+        if self.store.borrow().has_freed_remote() {
+            let freed = self.store.borrow_mut().take_freed_remote();
+            self.cluster.freed_logs.push(freed);
+        }
         // Swap the store's event buffer with ours, so neither allocates per operation.
         let mut events = std::mem::take(&mut *self.event_buf.borrow_mut());
         self.store.borrow_mut().swap_events(&mut events);

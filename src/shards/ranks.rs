@@ -56,6 +56,12 @@ pub struct RankEntry {
     pub state: RankState,
     pub segments: Vec<(Medium, u64)>,
     pub report: RankReport,
+    /// The leadership (`view_version`, 0 without HA) the rank joined under: a membership from
+    /// an earlier leadership of this meta is stale (the rank must join again, with its
+    /// catalog, since another leader may have changed what it holds meanwhile).
+    pub view: u64,
+    /// Joined fresh saying its catalog follows: its next heartbeat carries it.
+    pub awaiting_catalog: bool,
 }
 
 /// What a join decided.
@@ -90,8 +96,10 @@ impl RankRegistry {
 
     /// Admits a local service: `wanted` is its configured rank, `None` for the lowest free
     /// one at or above `first_free` (the embedded ranks come first).
+    #[allow(clippy::too_many_arguments)] // what a join says, plus the leadership and the time
     pub fn join(
         &self,
+        view: u64,
         wanted: Option<u32>,
         url: &str,
         incarnation: u64,
@@ -130,7 +138,9 @@ impl RankRegistry {
             }
         };
         let replaced = match ranks.get(&rank) {
-            Some(e) if e.state == RankState::Live && e.incarnation == incarnation => {
+            Some(e)
+                if e.state == RankState::Live && e.incarnation == incarnation && e.view == view =>
+            {
                 // The same service asking again (its answer was lost): nothing changes.
                 return Ok(Joined {
                     rank,
@@ -138,7 +148,7 @@ impl RankRegistry {
                     fresh: false,
                 });
             }
-            Some(e) if e.state == RankState::Live && wanted.is_none() => {
+            Some(e) if e.state == RankState::Live && e.view == view && wanted.is_none() => {
                 return Err(format!("rank {rank} is taken by {}", e.url));
             }
             Some(e) => e.state == RankState::Live,
@@ -153,6 +163,8 @@ impl RankRegistry {
                 state: RankState::Live,
                 segments,
                 report: RankReport::default(),
+                view,
+                awaiting_catalog: false,
             },
         );
         Ok(Joined {
@@ -162,18 +174,41 @@ impl RankRegistry {
         })
     }
 
-    /// A heartbeat: false when the rank is unknown, lost or another incarnation (the local
-    /// service must join again).
-    pub fn heartbeat(&self, rank: u32, incarnation: u64, report: RankReport, now: Instant) -> bool {
+    /// A heartbeat: false when the rank is unknown, lost, another incarnation or joined under
+    /// another leadership (the local service must join again).
+    pub fn heartbeat(
+        &self,
+        view: u64,
+        rank: u32,
+        incarnation: u64,
+        report: RankReport,
+        now: Instant,
+    ) -> bool {
         let mut ranks = self.lock();
         match ranks.get_mut(&rank) {
-            Some(e) if e.incarnation == incarnation && e.state == RankState::Live => {
+            Some(e)
+                if e.incarnation == incarnation && e.state == RankState::Live && e.view == view =>
+            {
                 e.last_seen = now;
                 e.report = report;
                 true
             }
             _ => false,
         }
+    }
+
+    /// Whether the rank's next heartbeat is to carry its catalog (set by a join).
+    pub fn await_catalog(&self, rank: u32, awaiting: bool) {
+        if let Some(e) = self.lock().get_mut(&rank) {
+            e.awaiting_catalog = awaiting;
+        }
+    }
+
+    /// True once for a rank whose catalog was awaited (the heartbeat that carries it).
+    pub fn take_awaited_catalog(&self, rank: u32) -> bool {
+        self.lock()
+            .get_mut(&rank)
+            .is_some_and(|e| std::mem::take(&mut e.awaiting_catalog))
     }
 
     /// Marks ranks silent for longer than `timeout` as lost and returns them.
@@ -239,6 +274,15 @@ pub struct LocalIdentity {
     /// A graceful stop began: the agent leaves the meta service, then sets `left`.
     pub leaving: AtomicBool,
     pub left: AtomicBool,
+    /// The blobs this local service holds, handed to a meta that does not know them when it
+    /// joins (`shards/catalog.rs`).
+    // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
+    pub catalog: Mutex<super::catalog::Catalog>,
+    /// Shared by every write under a grant of the current membership: revoked when the
+    /// service joins again, so a body still arriving under the previous meta's grant stops
+    /// writing into a range the next meta may have given to another object (an allocation the
+    /// previous meta never committed is in no catalog, hence free there).
+    writers: arc_swap::ArcSwap<super::store::WriterLink>,
 }
 
 impl LocalIdentity {
@@ -248,6 +292,8 @@ impl LocalIdentity {
             meta_url: ArcSwapOption::empty(),
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
+            catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
+            writers: Default::default(),
         }
     }
 
@@ -265,6 +311,19 @@ impl LocalIdentity {
 
     pub fn meta_url(&self) -> Option<Arc<String>> {
         self.meta_url.load_full()
+    }
+
+    pub fn writer_link(&self) -> Arc<super::store::WriterLink> {
+        self.writers.load_full()
+    }
+
+    /// Stops every write under a grant given so far (a new join begins).
+    pub fn revoke_writers(&self) {
+        self.writers.swap(Arc::default()).revoke();
+    }
+
+    pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::catalog::Catalog> {
+        self.catalog.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -294,6 +353,7 @@ impl Shard {
         rank: u32,
         url: &str,
         segments: &[(Medium, u64)],
+        adopting: bool,
     ) -> Result<(), String> {
         let cluster = &self.cluster;
         for &(medium, size) in segments {
@@ -306,6 +366,10 @@ impl Shard {
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
             )?;
+            if adopting {
+                // Not allocatable until the rank's catalog is adopted (the join sets it OK).
+                seg.set_status(SegmentStatus::Undefined);
+            }
             cluster.segments.insert(seg)?;
             log::info!(
                 "mounted remote segment {} ({size} bytes) at {url}",
@@ -372,11 +436,17 @@ mod tests {
     fn ranks_are_assigned_lowest_first_and_kept_by_incarnation() {
         let reg = RankRegistry::default();
         let t = Instant::now();
-        assert_eq!(reg.join(None, "http://a", 1, segs(), 1, t).unwrap().rank, 1);
-        assert_eq!(reg.join(None, "http://b", 2, segs(), 1, t).unwrap().rank, 2);
+        assert_eq!(
+            reg.join(0, None, "http://a", 1, segs(), 1, t).unwrap().rank,
+            1
+        );
+        assert_eq!(
+            reg.join(0, None, "http://b", 2, segs(), 1, t).unwrap().rank,
+            2
+        );
         // The same incarnation again: the same answer, nothing replaced.
         assert_eq!(
-            reg.join(None, "http://a", 1, segs(), 1, t),
+            reg.join(0, None, "http://a", 1, segs(), 1, t),
             Ok(Joined {
                 rank: 1,
                 replaced: false,
@@ -385,35 +455,50 @@ mod tests {
         );
         // A configured rank below the embedded ones is refused; a taken one without a
         // configured rank is not reassigned.
-        assert!(reg.join(Some(0), "http://c", 3, segs(), 1, t).is_err());
+        assert!(reg.join(0, Some(0), "http://c", 3, segs(), 1, t).is_err());
         // A restart of rank 2 (new incarnation, same configured rank) replaces it.
         assert_eq!(
-            reg.join(Some(2), "http://b", 4, segs(), 1, t),
+            reg.join(0, Some(2), "http://b", 4, segs(), 1, t),
             Ok(Joined {
                 rank: 2,
                 replaced: true,
                 fresh: true
             })
         );
-        assert!(!reg.heartbeat(2, 2, RankReport::default(), t));
-        assert!(reg.heartbeat(2, 4, RankReport::default(), t));
+        assert!(!reg.heartbeat(0, 2, 2, RankReport::default(), t));
+        assert!(reg.heartbeat(0, 2, 4, RankReport::default(), t));
+    }
+
+    #[test]
+    fn a_new_join_revokes_the_writes_under_earlier_grants() {
+        let me = LocalIdentity::new();
+        let before = me.writer_link();
+        assert!(!before.is_revoked());
+        me.revoke_writers();
+        assert!(
+            before.is_revoked(),
+            "a body under the old meta's grant stops"
+        );
+        let after = me.writer_link();
+        assert!(!after.is_revoked(), "grants of the new membership write");
+        assert!(!Arc::ptr_eq(&before, &after));
     }
 
     #[test]
     fn silent_ranks_are_lost_until_they_join_again() {
         let reg = RankRegistry::default();
         let t = Instant::now();
-        reg.join(None, "http://a", 1, segs(), 0, t).unwrap();
-        reg.join(None, "http://b", 2, segs(), 0, t).unwrap();
+        reg.join(0, None, "http://a", 1, segs(), 0, t).unwrap();
+        reg.join(0, None, "http://b", 2, segs(), 0, t).unwrap();
         let later = t + Duration::from_millis(3500);
-        assert!(reg.heartbeat(1, 2, RankReport::default(), later));
+        assert!(reg.heartbeat(0, 1, 2, RankReport::default(), later));
         assert_eq!(reg.expire(later, Duration::from_millis(3000)), vec![0]);
         assert_eq!(reg.lost(), vec![0]);
         // Lost once: not reported again; its heartbeats are refused (it must rejoin).
         assert!(reg.expire(later, Duration::from_millis(3000)).is_empty());
-        assert!(!reg.heartbeat(0, 1, RankReport::default(), later));
+        assert!(!reg.heartbeat(0, 0, 1, RankReport::default(), later));
         // It comes back (a restart: a new incarnation) under its old number.
-        let back = reg.join(None, "http://a", 3, segs(), 0, later).unwrap();
+        let back = reg.join(0, None, "http://a", 3, segs(), 0, later).unwrap();
         assert_eq!(
             back,
             Joined {
@@ -423,6 +508,12 @@ mod tests {
             }
         );
         assert!(reg.lost().is_empty());
+        // Under a new leadership of this meta the membership is stale: heartbeats are refused
+        // and the same incarnation's join is a fresh one (it brings its catalog).
+        assert!(!reg.heartbeat(8, 0, 3, RankReport::default(), later));
+        let again = reg.join(8, None, "http://a", 3, segs(), 0, later).unwrap();
+        assert!(again.fresh && again.replaced && again.rank == 0);
+        assert!(reg.heartbeat(8, 0, 3, RankReport::default(), later));
         assert!(reg.leave(0, 3));
         assert!(!reg.is_live(0, 3));
     }

@@ -594,8 +594,7 @@ fn leader_steps_down_without_etcd_epoll() {
 
 /// A local service given both metas' URLs joins the leader (following the standby's 307),
 /// and after the leader is killed joins the new one by itself: its segment is listed there,
-/// with its capacity, and objects put on it through the new leader read back. (The index of
-/// what it held under the old leader is not handed over yet: those objects are gone.)
+/// with its capacity, and objects put on it through the new leader read back.
 #[test]
 fn local_services_follow_a_new_leader() {
     let Some(etcd) = Etcd::start("cluster") else {
@@ -678,4 +677,414 @@ fn local_services_follow_a_new_leader() {
     let (host, target) = loc.split_at(loc.find('/').unwrap());
     let back = crate::harness::Client::connect(host.parse().unwrap()).get(target);
     assert_eq!(back.body, b"bytes");
+}
+
+/// A pure meta (no embedded ranks) with HA on and fast heartbeats.
+fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
+    ServerBuilder::new(driver)
+        .listen(&format!("127.0.0.1:{port}"))
+        .set("ock.mmc.embedded.ranks", "0")
+        .set("ock.mmc.meta.ha.enable", "true")
+        .set("ock.mmc.meta.ha.etcd_endpoints", &etcd.endpoint())
+        .set(
+            "ock.mmc.meta.ha.advertise_url",
+            &format!("http://127.0.0.1:{port}"),
+        )
+        .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+        .start()
+}
+
+/// A request that follows 307s from host to host (a standby's to the leader, the leader's to
+/// the local service), as `curl -L` does; each hop on a new connection.
+fn follow(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    body: Option<&[u8]>,
+) -> crate::harness::Response {
+    let (mut addr, mut target) = (addr, target.to_string());
+    for _ in 0..4 {
+        let r = crate::harness::Client::connect(addr).request(method, &target, body);
+        if r.status != 307 {
+            return r;
+        }
+        let loc = r.header("location").expect("a 307 has a Location");
+        let rest = loc.strip_prefix("http://").expect("an http URL");
+        let i = rest.find('/').unwrap();
+        addr = rest[..i].parse().unwrap();
+        target = rest[i..].to_string();
+    }
+    panic!("more than 4 redirects for {method} {target}");
+}
+
+fn blob(i: usize, version: u8) -> Vec<u8> {
+    let len = 1000 + (i * 37_003) % (400 << 10);
+    (0..len)
+        .map(|j| (j as u8).wrapping_mul(31) ^ (i as u8) ^ version)
+        .collect()
+}
+
+fn dram_used(addr: SocketAddr) -> u64 {
+    let u = crate::harness::Client::connect(addr)
+        .get("/api/v1/capacity/usage")
+        .json();
+    u["cpu"]["used_bytes"].as_u64().expect("cpu.used_bytes")
+}
+
+/// The failover check: two pure metas, one etcd, one local service. 20 objects put
+/// (half through the standby's 307), one deleted a heartbeat before the kill, one overwritten
+/// just before it; kill -9 of the leader: the standby serves within the TTL + 4 s with a larger
+/// view_version, the local service hands its catalog over, and every object is readable with
+/// its bytes (the deleted one stays deleted, the overwritten one has its newer value), the
+/// `/metadata` entries too, and `cpu.used_bytes` is what it was. The old leader, restarted,
+/// is a standby.
+#[test]
+fn failover_keeps_the_objects_of_live_local_services() {
+    let Some(etcd) = Etcd::start("catalog") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let settled = |h: &serde_json::Value| {
+        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
+    };
+    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
+    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
+    let (mut leader, standby) = if ha["role"] == "leader" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let local = ServerBuilder::new(driver)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set(
+            "ock.mmc.meta_service_url",
+            &format!("{},{}", url(standby.addr), url(leader.addr)),
+        )
+        .set("ock.mmc.local_service.dram.size", "64MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+        .start();
+    let listed = |addr: SocketAddr| {
+        let r = crate::harness::Client::connect(addr).get("/get_all_segments");
+        r.status == 200 && r.text().contains("-dram")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listed(leader.addr) {
+        assert!(
+            Instant::now() < deadline,
+            "the local service never joined the leader; its log:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 20 objects, every other one sent to the standby (307 to the leader, 307 to the local).
+    for i in 0..20 {
+        let to = if i % 2 == 0 {
+            standby.addr
+        } else {
+            leader.addr
+        };
+        let r = follow(
+            to,
+            "PUT",
+            &format!("/api/v1/objects?key=obj-{i}"),
+            Some(&blob(i, 0)),
+        );
+        assert_eq!(r.json()["success"], true, "obj-{i}: {}", r.text());
+    }
+    for i in 0..3 {
+        let r = follow(
+            standby.addr,
+            "PUT",
+            &format!("/metadata?key=meta-{i}"),
+            Some(format!("value-{i}").as_bytes()),
+        );
+        assert_eq!(r.text(), "metadata updated");
+    }
+    // A delete a few heartbeats before the kill: the local service learns it.
+    let r = follow(leader.addr, "DELETE", "/api/v1/objects?key=obj-3", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::thread::sleep(Duration::from_millis(800));
+    // An overwrite just before the kill (its old blob's removal may not have reached the
+    // local service): the newer value must win.
+    let r = follow(leader.addr, "DELETE", "/api/v1/objects?key=obj-4", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=obj-4",
+        Some(&blob(4, 0x5a)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    let used_before = dram_used(leader.addr);
+    assert!(used_before > 0);
+    let before = health(leader.addr)["view_version"].as_u64().unwrap();
+
+    let old_addr = leader.addr;
+    leader.kill9();
+    let killed = Instant::now();
+    wait_gone(old_addr);
+    let h = wait_health(
+        standby.addr,
+        Duration::from_millis(TTL_MS + 4000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let after = h["view_version"].as_u64().unwrap();
+    assert!(after > before, "view_version {before} -> {after}");
+
+    // The local service joins the new leader with its catalog; then every object is back.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = follow(standby.addr, "GET", "/api/v1/objects?key=obj-0", None);
+        if r.status == 200 && r.body == blob(0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "obj-0 not readable through the new leader ({}: {}); the local's log:\n{}",
+            r.status,
+            r.text(),
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("objects readable {:?} after the kill", killed.elapsed());
+    assert_eq!(
+        dram_used(standby.addr),
+        used_before,
+        "cpu.used_bytes after the failover"
+    );
+    for i in 0..20 {
+        let r = follow(
+            standby.addr,
+            "GET",
+            &format!("/api/v1/objects?key=obj-{i}"),
+            None,
+        );
+        match i {
+            3 => r.assert_error(200, "Key not found"),
+            4 => assert!(r.body == blob(4, 0x5a), "obj-4 has its newer value"),
+            _ => {
+                assert_eq!(r.status, 200, "obj-{i}: {}", r.text());
+                assert!(r.body == blob(i, 0), "obj-{i}'s bytes");
+            }
+        }
+    }
+    for i in 0..3 {
+        let r = follow(
+            standby.addr,
+            "GET",
+            &format!("/metadata?key=meta-{i}"),
+            None,
+        );
+        assert_eq!(r.text(), format!("value-{i}"));
+    }
+    // The new leader keeps serving the handed-over objects' neighbours: a new put lands
+    // around them and both read back.
+    let r = follow(
+        standby.addr,
+        "PUT",
+        "/api/v1/objects?key=new",
+        Some(&blob(99, 1)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    assert!(follow(standby.addr, "GET", "/api/v1/objects?key=new", None).body == blob(99, 1));
+    assert!(follow(standby.addr, "GET", "/api/v1/objects?key=obj-19", None).body == blob(19, 0));
+
+    // The old leader, restarted, comes back as a standby of the new one.
+    let back = pure_meta(driver, &etcd, old_addr.port());
+    let bh = wait_health(back.addr, Duration::from_secs(10), "a standby", |h| {
+        h["role"] == "standby" && h["leader_address"] != "unknown"
+    });
+    assert_eq!(bh["leader_address"], url(standby.addr));
+    drop(back);
+    drop(local);
+    drop(standby);
+}
+
+/// Without HA too: a pure meta killed and restarted (same address) takes over the catalog of
+/// its local service when it joins again, so the objects on it read back with their bytes.
+#[test]
+fn a_restarted_meta_takes_the_catalogs_over() {
+    let port = free_port();
+    let start_meta = || {
+        ServerBuilder::new(Driver::Uring)
+            .listen(&format!("127.0.0.1:{port}"))
+            .set("ock.mmc.embedded.ranks", "0")
+            .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+            .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+            .start()
+    };
+    let mut meta = start_meta();
+    let local = ServerBuilder::new(Driver::Uring)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set("ock.mmc.meta_service_url", &url(meta.addr))
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+        .start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = crate::harness::Client::connect(meta.addr).get("/get_all_segments");
+        if r.text().contains("-dram") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no join; log:\n{}", local.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..6 {
+        let r = follow(
+            meta.addr,
+            "PUT",
+            &format!("/api/v1/objects?key=r-{i}"),
+            Some(&blob(i, 3)),
+        );
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    let used = dram_used(meta.addr);
+    let addr = meta.addr;
+    meta.kill9();
+    wait_gone(addr);
+    let meta = start_meta();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = follow(meta.addr, "GET", "/api/v1/objects?key=r-0", None);
+        if r.status == 200 && r.body == blob(0, 3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "r-0 not back ({}); the local's log:\n{}",
+            r.text(),
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..6 {
+        let r = follow(
+            meta.addr,
+            "GET",
+            &format!("/api/v1/objects?key=r-{i}"),
+            None,
+        );
+        assert!(
+            r.status == 200 && r.body == blob(i, 3),
+            "r-{i}: {} {}; the local's log:\n{}",
+            r.status,
+            r.body.len(),
+            local.log()
+        );
+    }
+    assert_eq!(dram_used(meta.addr), used);
+}
+
+/// Two local services and objects with a copy on each (`replicas=2`): after kill -9 of the
+/// leader each object is one object again on the new leader, with both copies (`/query_key`),
+/// and reads back; so do the single-copy objects of either rank.
+#[test]
+fn replicated_objects_keep_both_copies_across_a_failover() {
+    let Some(etcd) = Etcd::start("replicas") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let settled = |h: &serde_json::Value| {
+        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
+    };
+    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
+    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
+    let (mut leader, standby) = if ha["role"] == "leader" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            ServerBuilder::new(driver)
+                .shards(1)
+                .arg("--role")
+                .arg("local")
+                .set(
+                    "ock.mmc.meta_service_url",
+                    &format!("{},{}", url(leader.addr), url(standby.addr)),
+                )
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.local_service.hbm.size", "0")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    let both_listed = |addr: SocketAddr| {
+        let t = crate::harness::Client::connect(addr)
+            .get("/get_all_segments")
+            .text();
+        t.contains("rank-7-dram") && t.contains("rank-8-dram")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !both_listed(leader.addr) {
+        assert!(Instant::now() < deadline, "the local services never joined");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..6 {
+        let target = match i % 3 {
+            0 => format!("/api/v1/objects?key=rep-{i}&replicas=2"),
+            1 => format!("/api/v1/objects?key=rep-{i}&prefer_rank=7"),
+            _ => format!("/api/v1/objects?key=rep-{i}&prefer_rank=8"),
+        };
+        let r = follow(leader.addr, "PUT", &target, Some(&blob(i, 9)));
+        assert_eq!(r.json()["success"], true, "rep-{i}: {}", r.text());
+    }
+    let used = dram_used(leader.addr);
+    leader.kill9();
+    wait_health(
+        standby.addr,
+        Duration::from_millis(TTL_MS + 4000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let q = crate::harness::Client::connect(standby.addr).get("/query_key?key=rep-0");
+        let copies = q.json()["blobs"].as_array().map_or(0, |b| b.len());
+        let ready = (0..6).all(|i| {
+            follow(
+                standby.addr,
+                "GET",
+                &format!("/api/v1/objects?key=rep-{i}"),
+                None,
+            )
+            .body
+                == blob(i, 9)
+        });
+        if copies == 2 && ready {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rep-0 has {copies} copies on the new leader ({}); logs:\n{}\n{}",
+            q.text(),
+            locals[0].log(),
+            locals[1].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(dram_used(standby.addr), used);
+    drop(locals);
+    drop(standby);
 }

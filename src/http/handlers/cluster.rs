@@ -9,8 +9,10 @@ use serde_json::{Value, json};
 
 use super::{Ctx, Request, remote};
 use crate::config::Role;
+use crate::http::catalog_wire;
 use crate::http::client;
 use crate::http::response::{Response, Status};
+use crate::shards::catalog::{Adopted, Entry, Freed, LogAnswer};
 use crate::shards::ranks::{MAX_RANK, RankReport};
 use crate::shards::store::relocate::Move;
 use crate::shards::store::segment::{Medium, Segment, SegmentStatus};
@@ -133,9 +135,14 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Invalid 'segments': a local service lends at least one memory segment",
         );
     }
+    // The service holds blobs it will list in its first heartbeat (after it has this meta's
+    // grant key, so no adopted object is served before the service can check its grants).
+    let catalog_follows = v.get("catalog_follows").and_then(Value::as_bool) == Some(true);
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
+    let view = cluster.ha.fence().max(0) as u64;
     let joined = match cluster.ranks.join(
+        view,
         wanted,
         url,
         incarnation,
@@ -156,13 +163,18 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // A new service, or a restarted one (its memory starts empty): whatever was mounted
         // for this rank before (its old copies) is dropped first.
         ctx.shard.drop_rank(rank).await;
+        // Its catalog says what it holds now: the freed log starts over.
+        cluster.freed_logs.reset(rank);
     }
     let still = !cluster.remote_segments_of(rank).is_empty();
-    if !still && let Err(e) = ctx.shard.mount_remote(rank, url, &segments) {
+    // Segments whose catalog is awaited take no new blobs until it is adopted.
+    let adopting = joined.fresh && catalog_follows;
+    if !still && let Err(e) = ctx.shard.mount_remote(rank, url, &segments, adopting) {
         log::error!("could not mount rank {rank}'s segments: {e}");
         cluster.ranks.leave(rank, incarnation);
         return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
     }
+    cluster.ranks.await_catalog(rank, adopting);
     log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
     let key = cluster
         .grant_key
@@ -178,6 +190,54 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }),
     )
 }
+
+/// Adopts a rank's catalog on the owner shards of its keys; returns how many entries
+/// were refused (logged as freed for the rank, so its local service drops them).
+async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
+    let n = ctx.shard.cluster.shard_count();
+    let mut groups: Vec<Vec<Adopted>> = (0..n).map(|_| Vec::new()).collect();
+    for entry in catalog {
+        groups[ctx.shard.owner_of(&entry.key)].push(Adopted { rank, entry });
+    }
+    let mut refused: Vec<Adopted> = Vec::new();
+    for (owner, entries) in groups.into_iter().enumerate() {
+        if entries.is_empty() {
+            continue;
+        }
+        // A batch per owner, so no shard holds its thread long for one big catalog.
+        let mut rest = entries;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(ADOPT_BATCH));
+            let batch = std::mem::replace(&mut rest, tail);
+            let kept = batch.clone();
+            match ctx
+                .shard
+                .submit(owner, Command::Adopt { entries: batch })
+                .wait()
+                .await
+            {
+                Reply::Adopted(r) => refused.extend(r),
+                _ => refused.extend(kept),
+            }
+        }
+    }
+    let count = refused.len();
+    ctx.shard
+        .cluster
+        .freed_logs
+        .push(refused.into_iter().map(|a| {
+            let f = Freed {
+                medium: a.entry.medium,
+                offset: a.entry.offset,
+                stamp: a.entry.stamp,
+            };
+            (a.rank, f)
+        }));
+    count
+}
+
+/// Catalog entries one adoption command carries.
+const ADOPT_BATCH: usize = 1024;
 
 /// An admitted message from a member: its JSON body and its `rank` and `incarnation`.
 fn member_message(
@@ -220,22 +280,70 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     let status = report.ssd_status;
     let cluster = ctx.shard.cluster.clone();
-    if cluster
+    let view = cluster.ha.fence().max(0) as u64;
+    if !cluster
         .ranks
-        .heartbeat(rank, incarnation, report, Instant::now())
+        .heartbeat(view, rank, incarnation, report, Instant::now())
     {
-        // A faulted remote SSD takes no flushes until its file takes writes again (its
-        // local service probes it, as a meta service probes its own).
-        for seg in cluster.remote_segments_of(rank) {
-            if seg.medium == Medium::Ssd
-                && let Some(r) = seg.backend.remote()
-            {
-                r.set_disk_status(status);
-            }
+        return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again");
+    }
+    // A faulted remote SSD takes no flushes until its file takes writes again (its local
+    // service probes it, as a meta service probes its own).
+    for seg in cluster.remote_segments_of(rank) {
+        if seg.medium == Medium::Ssd
+            && let Some(r) = seg.backend.remote()
+        {
+            r.set_disk_status(status);
         }
-        json_answer(ctx, json!({"success": true}))
-    } else {
-        ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again")
+    }
+    if cluster.ranks.take_awaited_catalog(rank) {
+        // The first heartbeat after a fresh join with a catalog: take its blobs over.
+        let catalog = catalog_wire::parse_entries(v.get("catalog")).unwrap_or_else(|| {
+            log::error!("rank {rank}: its catalog is malformed; nothing taken over");
+            Vec::new()
+        });
+        let offered = catalog.len();
+        let refused = adopt(ctx, rank, catalog).await;
+        for seg in cluster.remote_segments_of(rank) {
+            seg.set_status(SegmentStatus::Ok);
+        }
+        log::info!(
+            "rank {rank}: adopted {} of the {offered} blobs in its catalog",
+            offered - refused
+        );
+    }
+    // The blobs freed on this rank since the acknowledged sequence (catalog hand-over).
+    let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
+    match cluster.freed_logs.answer(rank, ack) {
+        LogAnswer::Records { seq, freed } => {
+            let freed: Vec<Value> = freed
+                .iter()
+                .map(|(s, f)| catalog_wire::freed_json(*s, f))
+                .collect();
+            json_answer(
+                ctx,
+                json!({"success": true, "catalog_seq": seq, "freed": freed}),
+            )
+        }
+        LogAnswer::Resync { seq } => {
+            let replies = ctx.shard.broadcast(|| Command::RankBlobs { rank }).await;
+            let list: Vec<Value> = replies
+                .iter()
+                .flat_map(|r| match r {
+                    Reply::Entries(e) => e.as_slice(),
+                    _ => &[],
+                })
+                .map(catalog_wire::entry_json)
+                .collect();
+            log::warn!(
+                "rank {rank}: its freed log overflowed; resyncing its catalog ({} blobs)",
+                list.len()
+            );
+            json_answer(
+                ctx,
+                json!({"success": true, "catalog_seq": seq, "resync": true, "catalog": list}),
+            )
+        }
     }
 }
 
@@ -254,6 +362,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank).await;
     cluster.ranks.leave(rank, incarnation);
+    cluster.freed_logs.reset(rank);
     log::info!("rank {rank} left; {moved} objects moved to other ranks");
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
@@ -328,7 +437,7 @@ async fn copy(ctx: &mut Ctx<'_>, m: &Move) -> bool {
         // SAFETY: the new blob is ALLOCATED and pinned for this move alone until it ends.
         return unsafe { m.to.seg.backend.write(m.to.offset, &bytes) }.is_ok();
     }
-    let Some(to) = remote::write_grant_url(ctx, &m.key, &m.to) else {
+    let Some(to) = remote::write_grant_url(ctx, &m.key, &m.to, m.stamp) else {
         return false;
     };
     matches!(

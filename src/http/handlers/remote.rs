@@ -26,7 +26,8 @@ use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::store::segment::{Medium, SegRef, Segment};
+use crate::shards::catalog::{Entry, Freed, Stamp};
+use crate::shards::store::segment::{Medium, PAGE_BYTES, SegRef, Segment};
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
 
@@ -82,13 +83,19 @@ pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
 pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
     let config = &ctx.shard.cluster.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
-    grant_url(ctx, key, v, GrantOp::Read, ttl)
+    grant_url(ctx, key, v, GrantOp::Read, ttl, Stamp::default())
 }
 
-/// A write-only grant URL for a blob on a remote rank (a drain's move writes there).
-pub(super) fn write_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
+/// A write-only grant URL for a blob on a remote rank (a drain's move writes there), carrying
+/// the object's stamp for the local service's catalog.
+pub(super) fn write_grant_url(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    v: &BlobView,
+    stamp: Stamp,
+) -> Option<String> {
     let ttl = ctx.shard.cluster.config.grant_ttl_ms();
-    grant_url(ctx, key, v, GrantOp::Write, ttl)
+    grant_url(ctx, key, v, GrantOp::Write, ttl, stamp)
 }
 
 /// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
@@ -98,6 +105,7 @@ fn grant_url(
     v: &BlobView,
     op: GrantOp,
     ttl_ms: u64,
+    stamp: Stamp,
 ) -> Option<String> {
     let remote = v.seg.backend.remote()?;
     let gk = grant_key(ctx)?;
@@ -109,7 +117,8 @@ fn grant_url(
         len: v.len,
         size: v.len,
         obj_id: 0,
-        obj_generation: 0,
+        obj_generation: stamp.seq,
+        view: stamp.view,
         expires_ms: unix_ms() + ttl_ms,
         sum: v.sum,
     };
@@ -163,6 +172,8 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
     // Remote hops first (stable: placement order), this process's last.
     hops.sort_by_key(|b| b.seg.backend.remote().is_none());
     let expires = unix_ms() + ctx.shard.cluster.config.grant_ttl_ms();
+    // The leadership the object was stamped with at its allocation, just now.
+    let view = ctx.shard.cluster.ha.fence().max(0) as u64;
     let mut next: Option<String> = None;
     for (i, b) in hops.iter().enumerate().rev() {
         let g = Grant {
@@ -178,6 +189,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
             size: b.len,
             obj_id: grant.obj.id,
             obj_generation: grant.obj.generation,
+            view,
             expires_ms: expires,
             sum: 0,
         };
@@ -374,6 +386,14 @@ pub(super) async fn grant_put(
         }
         Filled::Ok => {}
     }
+    if wg.is_revoked() {
+        // This service joined a meta again while the body arrived: the grant's meta is left
+        // behind, and the range may be another object's now. Nothing was written past that.
+        return Some(forbidden(
+            ctx,
+            "Invalid grant: its meta service was left while the body arrived",
+        ));
+    }
     if unix_ms() > grant.expires_ms {
         // Past its expiry the meta may have reclaimed the range: nothing is committed.
         return Some(forbidden(
@@ -381,9 +401,13 @@ pub(super) async fn grant_put(
             "Invalid grant: expired while the body arrived",
         ));
     }
+    // In the catalog from now on (a new leader adopts it if the meta changes); dropped again
+    // when the chain or the commit fails, or when the meta later frees the blob.
+    let cataloged = catalog_add(ctx, key, &grant);
     if let Some(n) = &next
         && let Err(why) = forward(&seg, &grant, n).await
     {
+        catalog_drop(ctx, &grant, cataloged);
         return Some(finish_failed(ctx, key, &grant, text, next.as_deref(), why).await);
     }
     let transfer_ns = started.elapsed().as_nanos() as u64;
@@ -397,7 +421,69 @@ pub(super) async fn grant_put(
     if grant.op != GrantOp::WriteCommit {
         return Some(put_success(ctx, key, size));
     }
-    Some(commit(ctx, key, &grant, text, next.as_deref(), true).await)
+    let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
+    if r.status != Status::OK || r.failed {
+        catalog_drop(ctx, &grant, cataloged);
+    } else if cataloged {
+        ctx.shard
+            .cluster
+            .local
+            .catalog()
+            .confirm(&catalog_freed(&grant));
+    }
+    Some(r)
+}
+
+fn grant_stamp(grant: &Grant) -> Stamp {
+    Stamp {
+        view: grant.view,
+        seq: grant.obj_generation,
+    }
+}
+
+/// Adds a blob written under a grant to this local service's catalog; false on a meta (the
+/// last hop of a chain on its own rank keeps no catalog).
+fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
+    let cluster = &ctx.shard.cluster;
+    if cluster.config.cluster.role != crate::config::Role::Local {
+        return false;
+    }
+    let entry = Entry {
+        key: key.into(),
+        medium: Medium::ALL[grant.medium as usize],
+        offset: grant.offset,
+        // What the meta allocated for it: the size in whole pages (a grant's `len` is the
+        // size; the store allocates page-rounded ranges, an empty object one page).
+        len: grant.len.max(1).div_ceil(PAGE_BYTES) * PAGE_BYTES,
+        size: grant.size,
+        stamp: grant_stamp(grant),
+    };
+    let mut catalog = cluster.local.catalog();
+    if grant.op == GrantOp::WriteCommit {
+        // Handed over only once the meta answered its commit.
+        catalog.add_pending(entry);
+    } else {
+        catalog.add(entry);
+    }
+    true
+}
+
+fn catalog_freed(grant: &Grant) -> Freed {
+    Freed {
+        medium: Medium::ALL[grant.medium as usize],
+        offset: grant.offset,
+        stamp: grant_stamp(grant),
+    }
+}
+
+fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
+    if cataloged {
+        ctx.shard
+            .cluster
+            .local
+            .catalog()
+            .free(&catalog_freed(grant));
+    }
 }
 
 /// Sends the bytes just written on to the chain's next hop; the error is the client's message.

@@ -32,6 +32,8 @@ fn move_grants(
         size: v.len,
         obj_id: 0,
         obj_generation: 0,
+        // A move is no write under a stamp: the catalog does not record it.
+        view: 0,
         expires_ms,
         sum,
     };

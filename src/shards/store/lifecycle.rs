@@ -107,6 +107,9 @@ impl Store {
             let b = &self.blobs[id as usize];
             (b.obj, b.lru, b.medium)
         };
+        if obj != NIL {
+            self.note_freed_remote(id, obj);
+        }
         // What the object looked like before this blob left it.
         let (was_on_medium, was_readable) = if obj != NIL {
             (self.has_readable_on(obj, medium), self.object_readable(obj))

@@ -51,6 +51,7 @@
 //! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded
 //! simulation; `testing.rs` the store builder of the tests and the simulation.
 
+mod adopt;
 pub mod alloc;
 mod announce;
 mod check;
@@ -146,6 +147,10 @@ struct Object {
     /// A rewarm from SSD is in flight; other readers wait for it.
     rewarming: bool,
     chunk: Option<u64>,
+    /// The object's version across leaders (the catalog hand-over's conflict order): the
+    /// leadership that created it and its generation there. For an object created here,
+    /// `(view, generation)`; for an adopted one, what its local service's catalog said.
+    stamp: crate::shards::catalog::Stamp,
 }
 
 struct BlobRec {
@@ -199,7 +204,7 @@ impl WriterLink {
         self.written_bytes.store(w + n, Ordering::Relaxed);
     }
 
-    fn revoke(&self) {
+    pub fn revoke(&self) {
         self.revoked.store(true, Ordering::Release);
     }
 }
@@ -404,6 +409,11 @@ pub struct Store {
     stats: Arc<StoreStats>,
     tracer: Arc<Tracer>,
     clock: StoreClock,
+    /// The `view_version` of the leadership new objects are stamped with (0 without HA).
+    stamp_view: u64,
+    /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
+    /// freed logs: their local services drop them from their catalogs).
+    freed_remote: Vec<(u32, crate::shards::catalog::Freed)>,
 }
 
 /// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
@@ -437,7 +447,8 @@ impl Store {
             uncommitted: HashMap::default(),
             orphaned: HashMap::default(),
             lru: Lru::new(Medium::ALL.len()),
-            next_tag: 1,
+            // Generations unique in the process (the catalog tells objects apart by them).
+            next_tag: 1 + ((shard as u64) << 48),
             zombies: Vec::new(),
             jobs: Vec::new(),
             events: Vec::new(),
@@ -448,6 +459,8 @@ impl Store {
             stats,
             tracer,
             clock: StoreClock::Real(clock),
+            stamp_view: 0,
+            freed_remote: Vec::new(),
         };
         s.refresh_segments();
         s

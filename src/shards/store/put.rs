@@ -232,7 +232,7 @@ impl Store {
 
     /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's
     /// link; returns its id and generation.
-    fn insert_object(
+    pub(super) fn insert_object(
         &mut self,
         key: Box<[u8]>,
         size: u64,
@@ -251,6 +251,10 @@ impl Store {
             created_ms: now,
             rewarming: false,
             chunk,
+            stamp: crate::shards::catalog::Stamp {
+                view: self.stamp_view,
+                seq: generation,
+            },
         }) as u32;
         let link = Arc::new(WriterLink::default());
         self.uncommitted.insert(

@@ -13,6 +13,8 @@ pub struct Move {
     pub key: Box<[u8]>,
     pub from: BlobView,
     pub to: BlobView,
+    /// The object's stamp (its new blob's catalog entry on a local service).
+    pub stamp: crate::shards::catalog::Stamp,
 }
 
 impl Store {
@@ -68,6 +70,7 @@ impl Store {
                 key: self.objects[obj as usize].key.clone(),
                 from: self.view(id, size),
                 to: self.view(dst, size),
+                stamp: self.objects[obj as usize].stamp,
             });
         }
         out

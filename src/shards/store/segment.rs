@@ -597,6 +597,28 @@ impl ShardSegment {
         }
     }
 
+    /// Claims exactly `[offset, offset + len)` (page-aligned) from the segment's pool as a run
+    /// of this shard and allocates it whole: a blob adopted from a local service's catalog,
+    /// at the range it already occupies there. False when any of it is not in the pool.
+    pub fn adopt(&mut self, offset: u64, len: u64) -> bool {
+        if offset % PAGE_BYTES != 0 || len == 0 || len % PAGE_BYTES != 0 {
+            return false;
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.seg.capacity)
+        {
+            return false;
+        }
+        if !self.seg.take_run_at(offset, len) {
+            return false;
+        }
+        self.runs.insert(offset, len);
+        self.used += len;
+        self.seg.add_used(self.shard, offset, len as i64);
+        true
+    }
+
     /// Gives every held run back (the shard holds no blobs here any more).
     pub fn release_all(&mut self) {
         debug_assert_eq!(self.used, 0);

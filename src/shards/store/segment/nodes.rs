@@ -23,6 +23,19 @@ impl Segment {
         Some(start)
     }
 
+    /// Takes exactly `[start, start + len)` from the pool (adopting a blob at its range);
+    /// false when it is not all free there.
+    pub(super) fn take_run_at(&self, start: u64, len: u64) -> bool {
+        let mut pools = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let part = self.part_of(start);
+        if !pools[part].covers(start, len) || !pools[part].alloc_at(start, len) {
+            return false;
+        }
+        self.pool_free
+            .store(pools.iter().map(RangeAlloc::free_bytes).sum(), Relaxed);
+        true
+    }
+
     pub(super) fn give_run(&self, start: u64, len: u64) {
         // SAFETY: a whole free run is no blob's range any more.
         unsafe { self.backend.discard(start, len) };

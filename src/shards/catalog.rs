@@ -1,0 +1,474 @@
+//! The catalog hand-over: what lets a new HA leader (or a restarted meta) serve the objects a
+//! live local service holds.
+//!
+//! A local service keeps a [`Catalog`] of the blobs it holds: each entry is a blob's range in
+//! one of its segments (medium, offset, allocated length), the object's key and size, and the
+//! object's *stamp* `(view, seq)`: the `view_version` of the leadership that created the object
+//! and the object's generation there (unique within a meta process; a key always lives on one
+//! shard of a leader, so within one leadership the generations of one key grow with time).
+//! Stamps order the versions of a key across leaders: `(view, seq)` compared as a pair.
+//!
+//! The local learns an entry when it writes a blob under a grant (the grant carries the stamp),
+//! and learns removals from its meta: every blob of a remote rank that the meta detaches
+//! (removed, evicted, overwritten, reclaimed, `remove_all`, a failed commit) is appended to that
+//! rank's [`FreedLog`] with a sequence number, sent in the heartbeat answers and trimmed when
+//! the local acknowledges the sequence it applied, so nothing is lost between beats. A log
+//! that grows past [`LOG_CAPACITY`] records without an acknowledgement overflows: the meta then
+//! answers the next heartbeat with the rank's full list of blobs (a *resync*) instead.
+//!
+//! When the local service joins a meta that does not know it (a new leader, a restarted meta),
+//! it sends its catalog in its first heartbeat after the join (once it holds the meta's grant
+//! key); the meta adopts each entry into the owner shard of its key at exactly
+//! that range ([`Adopted`]). The same key on two ranks with the same stamp becomes one object
+//! with both copies; with different stamps the newer wins and the older blob is logged as freed
+//! for its rank (the local drops it).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::store::segment::Medium;
+
+/// Freed records one rank's log holds unacknowledged before it overflows (then: resync).
+pub const LOG_CAPACITY: usize = 65_536;
+
+/// Freed records sent in one heartbeat answer (the rest follow in the next ones).
+pub const RECORDS_PER_BEAT: usize = 8192;
+
+/// An object's version: the `view_version` of the leadership that created it, and its
+/// generation there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Stamp {
+    pub view: u64,
+    pub seq: u64,
+}
+
+/// One blob a local service holds, as its catalog (and a join) lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub key: Box<[u8]>,
+    pub medium: Medium,
+    pub offset: u64,
+    /// Allocated bytes (page-rounded).
+    pub len: u64,
+    /// The object's size.
+    pub size: u64,
+    pub stamp: Stamp,
+}
+
+/// A blob the meta no longer holds on a rank: the local drops the entry at this range if it
+/// has this stamp (a newer blob at the same range is another entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Freed {
+    pub medium: Medium,
+    pub offset: u64,
+    pub stamp: Stamp,
+}
+
+/// An entry offered for adoption on a meta: the rank it came from.
+#[derive(Clone, Debug)]
+pub struct Adopted {
+    pub rank: u32,
+    pub entry: Entry,
+}
+
+/// What a heartbeat answer tells a local service about its catalog.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct BeatNews {
+    /// The sequence of the last record included: what the local acknowledges next time.
+    pub seq: u64,
+    pub freed: Vec<(u64, Freed)>,
+    /// `Some`: the log overflowed; the catalog is replaced by this list (taken at `seq`).
+    pub resync: Option<Vec<Entry>>,
+}
+
+/// A local service's catalog of the blobs it holds.
+#[derive(Default)]
+pub struct Catalog {
+    /// By (medium, offset): blobs of one segment never overlap. With each entry: when it
+    /// was added (see `added`) and whether its put is known committed.
+    entries: BTreeMap<(Medium, u64), (Entry, u64, bool)>,
+    /// The last freed-record sequence applied (acknowledged with each heartbeat).
+    acked: u64,
+    /// Counts additions, so a resync keeps what was added while its list was being taken.
+    added: u64,
+}
+
+impl Catalog {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The mark to pass to [`Catalog::apply`] for news answering a heartbeat sent now.
+    pub fn mark(&self) -> u64 {
+        self.added
+    }
+
+    /// A blob written here whose put is committed (or not this service's to commit: a later
+    /// hop of a chain, a drain's copy): see [`Catalog::add_pending`].
+    pub fn add(&mut self, e: Entry) {
+        self.insert(e, true);
+    }
+
+    /// A blob written here whose commit is still on its way: it is not handed over until
+    /// [`Catalog::confirm`] (a leader that died before committing never made it an object).
+    /// Like any addition it replaces the entries whose ranges it overlaps (they were freed on
+    /// the meta, which reused the range, even if their records have not arrived yet).
+    pub fn add_pending(&mut self, e: Entry) {
+        self.insert(e, false);
+    }
+
+    /// The commit of the pending entry at this range with this stamp succeeded.
+    pub fn confirm(&mut self, f: &Freed) {
+        if let Some((e, _, committed)) = self.entries.get_mut(&(f.medium, f.offset))
+            && e.stamp == f.stamp
+        {
+            *committed = true;
+        }
+    }
+
+    fn insert(&mut self, e: Entry, committed: bool) {
+        let end = e.offset + e.len.max(1);
+        let overlapping: Vec<(Medium, u64)> = self
+            .entries
+            .range((e.medium, 0)..(e.medium, end))
+            .filter(|(_, (x, _, _))| x.offset + x.len.max(1) > e.offset)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in overlapping {
+            self.entries.remove(&k);
+        }
+        self.added += 1;
+        self.entries
+            .insert((e.medium, e.offset), (e, self.added, committed));
+    }
+
+    /// Drops the entry at this range if it has this stamp; true when one was dropped.
+    pub fn free(&mut self, f: &Freed) -> bool {
+        match self.entries.get(&(f.medium, f.offset)) {
+            Some((e, _, _)) if e.stamp == f.stamp => {
+                self.entries.remove(&(f.medium, f.offset));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops every entry (a new membership whose meta forgot this service's memory).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.acked = 0;
+    }
+
+    /// Forgets acknowledgements (a new membership: the meta's sequence starts again).
+    pub fn reset_ack(&mut self) {
+        self.acked = 0;
+    }
+
+    /// Applies a heartbeat answer's news; `mark` is [`Catalog::mark`] taken when the heartbeat
+    /// was sent (entries added since then survive a resync).
+    pub fn apply(&mut self, news: BeatNews, mark: u64) {
+        if let Some(list) = news.resync {
+            let recent: Vec<(Entry, bool)> = self
+                .entries
+                .values()
+                .filter(|(_, at, _)| *at > mark)
+                .map(|(e, _, c)| (e.clone(), *c))
+                .collect();
+            self.entries.clear();
+            for e in list {
+                self.add(e);
+            }
+            for (e, committed) in recent {
+                self.insert(e, committed);
+            }
+        }
+        for (seq, f) in &news.freed {
+            if *seq > self.acked {
+                self.free(f);
+            }
+        }
+        self.acked = self.acked.max(news.seq);
+    }
+
+    /// The committed entries, for a join.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.entries
+            .values()
+            .filter(|(_, _, committed)| *committed)
+            .map(|(e, _, _)| e.clone())
+            .collect()
+    }
+}
+
+/// One rank's log of freed blobs on the meta.
+#[derive(Default)]
+struct FreedLog {
+    /// Records not acknowledged yet, oldest first, with their sequence numbers.
+    records: VecDeque<(u64, Freed)>,
+    /// The last sequence handed out.
+    seq: u64,
+    /// Records were dropped past [`LOG_CAPACITY`]: the next heartbeat resyncs.
+    overflowed: bool,
+}
+
+/// The meta's freed logs, one per remote rank. Appended by the shards after a command that
+/// detached remote blobs, read by heartbeats (one per rank per interval); never taken by a
+/// request for an object on a local rank.
+#[derive(Default)]
+pub struct FreedLogs {
+    // LOCK-OK: removals of remote blobs and heartbeats only, held for a push or a copy
+    inner: Mutex<HashMap<u32, FreedLog>>,
+}
+
+/// What a heartbeat gets from the log.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LogAnswer {
+    Records {
+        seq: u64,
+        freed: Vec<(u64, Freed)>,
+    },
+    /// The log overflowed: send the rank's full list, taken after this call, as of `seq`.
+    Resync {
+        seq: u64,
+    },
+}
+
+impl FreedLogs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, FreedLog>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends freed blobs of remote ranks.
+    pub fn push(&self, freed: impl IntoIterator<Item = (u32, Freed)>) {
+        let mut logs = self.lock();
+        for (rank, f) in freed {
+            let log = logs.entry(rank).or_default();
+            log.seq += 1;
+            if log.records.len() >= LOG_CAPACITY {
+                log.records.clear();
+                log.overflowed = true;
+            }
+            if !log.overflowed {
+                let seq = log.seq;
+                log.records.push_back((seq, f));
+            }
+        }
+    }
+
+    /// A new membership of `rank` (a join): its log starts over, empty, at sequence 0.
+    pub fn reset(&self, rank: u32) {
+        self.lock().remove(&rank);
+    }
+
+    /// A heartbeat that acknowledged `ack`: the records after it (at most
+    /// [`RECORDS_PER_BEAT`]), or a resync when the log overflowed. Records up to `ack` are
+    /// trimmed.
+    pub fn answer(&self, rank: u32, ack: u64) -> LogAnswer {
+        let mut logs = self.lock();
+        let log = logs.entry(rank).or_default();
+        if log.overflowed {
+            log.overflowed = false;
+            log.records.clear();
+            return LogAnswer::Resync { seq: log.seq };
+        }
+        while log.records.front().is_some_and(|&(s, _)| s <= ack) {
+            log.records.pop_front();
+        }
+        let freed: Vec<(u64, Freed)> = log.records.iter().take(RECORDS_PER_BEAT).copied().collect();
+        // Nothing held past `ack`: everything up to the log's sequence was delivered.
+        let seq = freed.last().map_or(log.seq, |r| r.0);
+        LogAnswer::Records { seq, freed }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, offset: u64, len: u64, view: u64, seq: u64) -> Entry {
+        Entry {
+            key: key.as_bytes().into(),
+            medium: Medium::Dram,
+            offset,
+            len,
+            size: len,
+            stamp: Stamp { view, seq },
+        }
+    }
+
+    fn freed(offset: u64, view: u64, seq: u64) -> Freed {
+        Freed {
+            medium: Medium::Dram,
+            offset,
+            stamp: Stamp { view, seq },
+        }
+    }
+
+    fn keys(c: &Catalog) -> Vec<String> {
+        c.entries()
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.key).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_new_blob_drops_the_entries_it_overlaps() {
+        let mut c = Catalog::default();
+        c.add(entry("a", 0, 8192, 1, 10));
+        c.add(entry("b", 8192, 4096, 1, 11));
+        c.add(entry("c", 12288, 4096, 1, 12));
+        // Reuses a's second page and b: both go; c (adjacent, not overlapping) stays.
+        c.add(entry("d", 4096, 8192, 1, 13));
+        assert_eq!(keys(&c), ["d", "c"]);
+        // Another medium's ranges are separate.
+        let mut h = entry("h", 4096, 4096, 1, 14);
+        h.medium = Medium::Hbm;
+        c.add(h);
+        assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn freed_records_drop_only_the_blob_with_their_stamp() {
+        let mut c = Catalog::default();
+        c.add(entry("a", 0, 4096, 1, 10));
+        // A record for an older blob at the same range (the range was reused): kept.
+        assert!(!c.free(&freed(0, 1, 9)));
+        assert!(
+            !c.free(&freed(0, 0, 10)),
+            "another leadership's generation 10"
+        );
+        assert_eq!(c.len(), 1);
+        assert!(c.free(&freed(0, 1, 10)));
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn the_log_resends_until_acknowledged() {
+        let logs = FreedLogs::default();
+        logs.push([
+            (3, freed(0, 1, 1)),
+            (3, freed(4096, 1, 2)),
+            (4, freed(0, 1, 3)),
+        ]);
+        let LogAnswer::Records { seq, freed: f } = logs.answer(3, 0) else {
+            panic!("no overflow")
+        };
+        assert_eq!((seq, f.len()), (2, 2));
+        // The answer was lost: the same ack gets the same records again.
+        assert_eq!(
+            logs.answer(3, 0),
+            LogAnswer::Records {
+                seq: 2,
+                freed: f.clone()
+            }
+        );
+        // Acknowledged: trimmed; the next answer is empty and keeps the sequence.
+        assert_eq!(
+            logs.answer(3, 2),
+            LogAnswer::Records {
+                seq: 2,
+                freed: vec![]
+            }
+        );
+        logs.push([(3, freed(8192, 1, 4))]);
+        assert_eq!(
+            logs.answer(3, 2),
+            LogAnswer::Records {
+                seq: 3,
+                freed: vec![(3, freed(8192, 1, 4))]
+            }
+        );
+        // Rank 4's log is its own.
+        let LogAnswer::Records { seq, .. } = logs.answer(4, 0) else {
+            panic!()
+        };
+        assert_eq!(seq, 1);
+        // A catalog applying the answers of beats drops exactly the freed blobs, the records
+        // of a lost answer included (resent until acknowledged).
+        let logs = FreedLogs::default();
+        logs.push([(3, freed(0, 1, 1)), (3, freed(4096, 1, 2))]);
+        let mut c = Catalog::default();
+        c.add(entry("a", 0, 4096, 1, 1));
+        c.add(entry("b", 4096, 4096, 1, 2));
+        c.add(entry("c", 8192, 4096, 1, 4));
+        c.add(entry("d", 12288, 4096, 1, 5));
+        let _lost = logs.answer(3, c.acked());
+        logs.push([(3, freed(8192, 1, 4))]);
+        for _ in 0..2 {
+            let LogAnswer::Records { seq, freed } = logs.answer(3, c.acked()) else {
+                panic!()
+            };
+            c.apply(
+                BeatNews {
+                    seq,
+                    freed,
+                    resync: None,
+                },
+                c.mark(),
+            );
+        }
+        assert_eq!(keys(&c), ["d"]);
+        assert_eq!(c.acked(), 3);
+    }
+
+    #[test]
+    fn an_overflowing_log_asks_for_a_resync() {
+        let logs = FreedLogs::default();
+        logs.push((0..LOG_CAPACITY as u64 + 5).map(|i| (7, freed(i * 4096, 1, i))));
+        let LogAnswer::Resync { seq } = logs.answer(7, 0) else {
+            panic!("overflowed")
+        };
+        assert_eq!(seq, LOG_CAPACITY as u64 + 5);
+        // After the resync the log works again from there.
+        logs.push([(7, freed(0, 2, 1))]);
+        assert_eq!(
+            logs.answer(7, seq),
+            LogAnswer::Records {
+                seq: seq + 1,
+                freed: vec![(seq + 1, freed(0, 2, 1))]
+            }
+        );
+        // The local replaces its catalog with the list, keeping what it added meanwhile.
+        let mut c = Catalog::default();
+        c.add(entry("stale", 0, 4096, 1, 1));
+        let mark = c.mark();
+        c.add(entry("new", 40960, 4096, 2, 9));
+        c.apply(
+            BeatNews {
+                seq,
+                freed: vec![],
+                resync: Some(vec![entry("kept", 4096, 4096, 1, 2)]),
+            },
+            mark,
+        );
+        assert_eq!(keys(&c), ["kept", "new"]);
+        assert_eq!(c.acked(), seq);
+    }
+
+    #[test]
+    fn a_pending_put_is_handed_over_only_once_committed() {
+        let mut c = Catalog::default();
+        c.add_pending(entry("p", 0, 4096, 1, 1));
+        assert!(c.entries().is_empty(), "its commit has not been answered");
+        c.confirm(&freed(0, 1, 2));
+        assert!(c.entries().is_empty(), "another stamp confirms nothing");
+        c.confirm(&freed(0, 1, 1));
+        assert_eq!(keys(&c), ["p"]);
+    }
+
+    #[test]
+    fn stamps_order_leaderships_first() {
+        let old = Stamp { view: 5, seq: 900 };
+        let new = Stamp { view: 9, seq: 2 };
+        assert!(new > old);
+        assert!(Stamp { view: 9, seq: 3 } > new);
+    }
+}

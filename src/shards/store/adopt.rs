@@ -1,0 +1,477 @@
+//! The catalog hand-over on the store's side (`shards/catalog.rs`): adopting a local service's
+//! blobs as committed objects at exactly their ranges, listing a rank's blobs for a resync, and
+//! noting the remote blobs this shard detaches for their ranks' freed logs.
+
+use super::*;
+#[cfg(test)]
+use crate::shards::catalog::Stamp;
+use crate::shards::catalog::{Adopted, Entry, Freed};
+
+impl Store {
+    /// Sets the leadership new objects are stamped with (the shard sets it before an alloc).
+    pub fn set_view(&mut self, view: u64) {
+        self.stamp_view = view;
+    }
+
+    /// The remote blobs detached since the last call, by rank.
+    pub fn take_freed_remote(&mut self) -> Vec<(u32, Freed)> {
+        std::mem::take(&mut self.freed_remote)
+    }
+
+    /// Whether blobs of remote ranks were detached since the last [`Store::take_freed_remote`]
+    /// (one length check per command).
+    pub fn has_freed_remote(&self) -> bool {
+        !self.freed_remote.is_empty()
+    }
+
+    pub(super) fn note_freed_remote(&mut self, blob: u32, obj: u32) {
+        let b = &self.blobs[blob as usize];
+        let Some(Some(ss)) = self.segs.get(b.seg as usize) else {
+            return;
+        };
+        if ss.seg.backend.remote().is_none() {
+            return;
+        }
+        let f = Freed {
+            medium: b.medium,
+            offset: b.offset,
+            stamp: self.objects[obj as usize].stamp,
+        };
+        self.freed_remote.push((b.rank, f));
+    }
+
+    /// Adopts blobs a local service holds as committed, readable objects at exactly their
+    /// ranges (a new leader taking over the catalog). Each blob's range is claimed from its
+    /// segment as a run of this shard, so used and free bytes are right; the blob gets a fresh
+    /// lease (reads granted by the previous leader may still be under way) and the object its
+    /// `Stored` event. A key already here with the same stamp gains the copy (an object with
+    /// replicas on two ranks); with an older stamp it is replaced, with a newer one the entry
+    /// is refused. Returns the entries refused (their blobs are not this meta's: the caller
+    /// logs them as freed so their local services drop them).
+    pub fn adopt(&mut self, mut entries: Vec<Adopted>) -> Vec<Adopted> {
+        let now = self.now_ms();
+        // Newest first: an older version of a key in the same batch is refused outright
+        // instead of adopted and then replaced (which would leave it leased a while).
+        entries.sort_by_key(|a| std::cmp::Reverse(a.entry.stamp));
+        self.refresh_segments();
+        if self.purge.is_some() {
+            self.continue_purge();
+        }
+        let mut refused = Vec::new();
+        for a in entries {
+            if !self.adopt_one(&a, now) {
+                refused.push(a);
+            }
+        }
+        refused
+    }
+
+    fn adopt_one(&mut self, a: &Adopted, now: u64) -> bool {
+        let e = &a.entry;
+        let Some(seg) = self
+            .view
+            .segments()
+            .iter()
+            .find(|s| s.rank == a.rank && s.medium == e.medium && s.backend.remote().is_some())
+            .map(|s| s.id)
+        else {
+            return false;
+        };
+        if e.len == 0 || e.len % segment::PAGE_BYTES != 0 || e.size > e.len {
+            return false;
+        }
+        let obj = match self.find(&e.key) {
+            Some(obj) => {
+                let o = &self.objects[obj as usize];
+                if e.stamp < o.stamp {
+                    return false;
+                }
+                if e.stamp > o.stamp {
+                    self.remove_object(obj, now);
+                    None
+                } else {
+                    let on_rank = |off: Option<u64>| {
+                        o.blobs.iter().any(|&b| {
+                            let b = &self.blobs[b as usize];
+                            b.rank == a.rank && off.is_none_or(|x| x == b.offset)
+                        })
+                    };
+                    if on_rank(Some(e.offset)) {
+                        // This very copy is known already (a repeated hand-over).
+                        return true;
+                    }
+                    // The same object: one more copy, on another rank, of the same size.
+                    if on_rank(None) || o.size != e.size || self.uncommitted.contains_key(&obj) {
+                        return false;
+                    }
+                    Some(obj)
+                }
+            }
+            None => None,
+        };
+        let ss = self.segs[seg as usize]
+            .as_mut()
+            .expect("a refreshed segment");
+        if !ss.adopt(e.offset, e.len) {
+            return false;
+        }
+        let obj = match obj {
+            Some(obj) => obj,
+            None => {
+                let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, now, true);
+                self.uncommitted.remove(&obj);
+                self.objects[obj as usize].stamp = e.stamp;
+                obj
+            }
+        };
+        let id = self.insert_blob(obj, seg, e.offset, e.len, BlobState::Allocated, now);
+        self.make_readable(id, now);
+        self.blobs[id as usize].lease_until_ms = now + self.cfg.lease_ms;
+        true
+    }
+
+    /// Every blob of this shard on `rank`'s remote segments (a resync of its catalog):
+    /// readable ones and those being written (a failed commit frees them later, which the
+    /// rank's log then says).
+    pub fn rank_blobs(&self, rank: u32) -> Vec<Entry> {
+        self.blobs
+            .iter()
+            .filter(|(_, b)| b.rank == rank && b.obj != NIL && !self.doomed(b.obj))
+            .filter(|(_, b)| {
+                self.segs
+                    .get(b.seg as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|s| s.seg.backend.remote().is_some())
+            })
+            .map(|(_, b)| {
+                let o = &self.objects[b.obj as usize];
+                Entry {
+                    key: o.key.clone(),
+                    medium: b.medium,
+                    offset: b.offset,
+                    len: b.len,
+                    size: o.size,
+                    stamp: o.stamp,
+                }
+            })
+            .collect()
+    }
+
+    /// An object's stamp (tests).
+    #[cfg(test)]
+    pub fn stamp_of(&self, key: &[u8]) -> Option<Stamp> {
+        self.find(key).map(|o| self.objects[o as usize].stamp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shards::Reply;
+    use crate::shards::catalog::Catalog;
+    use crate::shards::store::testing::TestStore;
+
+    const MB: u64 = 1 << 20;
+
+    fn put(s: &mut Store, key: &str, size: u64, replicas: usize) {
+        let step = s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), replicas, 0);
+        let AllocStep::Granted { obj, .. } = step else {
+            panic!("alloc refused: {step:?}");
+        };
+        assert!(matches!(s.commit(obj, true), Reply::Done));
+    }
+
+    fn remote_store(ranks: &[u32]) -> Store {
+        let mut t = TestStore::new();
+        for &r in ranks {
+            t = t.remote_segment(r, Medium::Dram, 16 * MB);
+        }
+        t.build()
+    }
+
+    fn offered(rank: u32, entries: Vec<Entry>) -> Vec<Adopted> {
+        entries
+            .into_iter()
+            .map(|entry| Adopted { rank, entry })
+            .collect()
+    }
+
+    fn stored_events(s: &mut Store) -> usize {
+        let mut ev = Vec::new();
+        s.swap_events(&mut ev);
+        ev.iter()
+            .filter(|e| matches!(e, Event::Stored { .. }))
+            .count()
+    }
+
+    /// The objects a local service holds after puts and a removal under one leader are the
+    /// objects a new leader serves once it adopts that service's catalog: same ranges, same
+    /// used bytes, a `Stored` event each, new puts placed around them.
+    #[test]
+    fn a_new_leader_adopts_a_catalog_at_its_ranges() {
+        let mut old = remote_store(&[4]);
+        old.set_view(7);
+        for i in 0..20 {
+            put(&mut old, &format!("k{i}"), 1000 + i * 5000, 1);
+        }
+        old.take_freed_remote();
+        assert!(old.remove(b"k3"));
+        // The removal is noted for rank 4's freed log, with the object's stamp.
+        let freed = old.take_freed_remote();
+        assert_eq!(freed.len(), 1);
+        assert_eq!(freed[0].0, 4);
+        assert_eq!(freed[0].1.stamp.view, 7);
+        // The local service's catalog: what it wrote, minus what the log freed.
+        let mut catalog = Catalog::default();
+        let mut all = old.rank_blobs(4);
+        all.push(Entry {
+            key: b"k3".as_slice().into(),
+            medium: freed[0].1.medium,
+            offset: freed[0].1.offset,
+            len: 4096,
+            size: 1015,
+            stamp: freed[0].1.stamp,
+        });
+        for e in all {
+            catalog.add(e);
+        }
+        assert!(catalog.free(&freed[0].1));
+        assert_eq!(catalog.len(), 19);
+        let used_before = old.medium_totals(Medium::Dram).1;
+
+        let mut new = remote_store(&[4]);
+        new.set_view(9);
+        stored_events(&mut new);
+        let refused = new.adopt(offered(4, catalog.entries()));
+        assert!(refused.is_empty(), "{refused:?}");
+        new.check();
+        assert_eq!(new.medium_totals(Medium::Dram).1, used_before);
+        assert_eq!(new.stats.stored_keys.get(), 19);
+        assert_eq!(stored_events(&mut new), 19);
+        assert!(new.find(b"k3").is_none(), "a removal stays removed");
+        for i in (0..20).filter(|&i| i != 3) {
+            let key = format!("k{i}");
+            let GetStep::Ready(v) = new.get(key.as_bytes()) else {
+                panic!("{key} not readable");
+            };
+            let before = old.find(key.as_bytes()).unwrap();
+            let b = old.objects[before as usize].blobs[0];
+            assert_eq!(v.offset, old.blobs[b as usize].offset, "{key} at its range");
+            assert_eq!(v.len, 1000 + i * 5000);
+            new.unpin(v.handle);
+            assert_eq!(new.stamp_of(key.as_bytes()).unwrap().view, 7);
+        }
+        // Adopted blobs carry a fresh lease (reads granted by the old leader).
+        let q = new.query(b"k0").unwrap();
+        assert!(q.blobs[0].lease_ttl_ms > 0);
+        // The same catalog again (a repeated hand-over) changes nothing.
+        assert!(new.adopt(offered(4, catalog.entries())).is_empty());
+        assert_eq!(new.medium_totals(Medium::Dram).1, used_before);
+        // New puts go around the adopted ranges.
+        for i in 0..20 {
+            put(&mut new, &format!("n{i}"), 30_000, 1);
+        }
+        new.check();
+        assert_eq!(new.stamp_of(b"n0").unwrap().view, 9);
+        // Removing an adopted object frees its range and notes it with its old stamp.
+        new.take_freed_remote();
+        new.lease_expire_all();
+        assert!(new.remove(b"k0"));
+        let f = new.take_freed_remote();
+        assert_eq!(f[0].1.stamp, old.stamp_of(b"k0").unwrap());
+        new.check();
+    }
+
+    #[test]
+    fn conflicts_resolve_to_the_newer_stamp_and_replicas_merge() {
+        let e = |key: &str, offset: u64, view: u64, seq: u64| Entry {
+            key: key.as_bytes().into(),
+            medium: Medium::Dram,
+            offset,
+            len: 4096,
+            size: 10,
+            stamp: Stamp { view, seq },
+        };
+        // An overwrite whose old blob's freed record never arrived: both are in the catalog.
+        for order in [[0, 1], [1, 0]] {
+            let mut s = remote_store(&[4]);
+            let versions = [e("k", 0, 5, 10), e("k", 8192, 5, 20)];
+            let refused = s.adopt(offered(
+                4,
+                order.iter().map(|&i| versions[i].clone()).collect(),
+            ));
+            // The older version is refused, or replaced and noted as freed: either way its
+            // local service is told to drop it.
+            let dropped: Vec<u64> = refused
+                .iter()
+                .map(|a| a.entry.stamp.seq)
+                .chain(s.take_freed_remote().iter().map(|(_, f)| f.stamp.seq))
+                .collect();
+            assert_eq!(dropped, [10]);
+            assert_eq!(s.stamp_of(b"k").unwrap().seq, 20);
+            // The replaced copy is freed once its fresh lease ends.
+            s.lease_expire_all();
+            s.tick();
+            assert_eq!(
+                s.medium_totals(Medium::Dram).1,
+                4096,
+                "the older range is free"
+            );
+            s.check();
+        }
+        // A later leadership wins over a larger generation of an earlier one.
+        let mut s = remote_store(&[4, 5]);
+        s.adopt(offered(4, vec![e("k", 0, 5, 900)]));
+        assert!(s.adopt(offered(5, vec![e("k", 0, 6, 1)])).is_empty());
+        assert_eq!(s.stamp_of(b"k").unwrap(), Stamp { view: 6, seq: 1 });
+        assert_eq!(s.query(b"k").unwrap().blobs.len(), 1);
+        // The same stamp on two ranks: one object with both copies.
+        let mut s = remote_store(&[4, 5]);
+        assert!(s.adopt(offered(4, vec![e("r", 4096, 5, 3)])).is_empty());
+        assert!(s.adopt(offered(5, vec![e("r", 12288, 5, 3)])).is_empty());
+        let q = s.query(b"r").unwrap();
+        assert_eq!(q.blobs.len(), 2);
+        assert_eq!(s.stats.stored_keys.get(), 1);
+        s.check();
+        // A range already taken, a rank not mounted, a range past the segment: refused.
+        let mut s = remote_store(&[4]);
+        assert!(s.adopt(offered(4, vec![e("a", 0, 1, 1)])).is_empty());
+        assert_eq!(s.adopt(offered(4, vec![e("b", 0, 1, 2)])).len(), 1);
+        assert_eq!(s.adopt(offered(6, vec![e("c", 0, 1, 3)])).len(), 1);
+        assert_eq!(s.adopt(offered(4, vec![e("d", 16 * MB, 1, 4)])).len(), 1);
+        s.check();
+    }
+
+    /// A seeded run of what a local service sees: puts, deletes and overwrites on the old
+    /// leader, the catalog kept by the grants' stamps and the freed log's beats (some lost,
+    /// some late), then a hand-over to a new leader at a random moment. Every object live on
+    /// the old leader is live on the new one at the same range with the same stamp; only
+    /// removals not yet delivered can come back; once they are, the hand-over is exact.
+    #[test]
+    fn seeded_hand_overs_keep_every_live_object() {
+        use crate::shards::catalog::{BeatNews, FreedLogs, LogAnswer};
+        for seed in 1..=12u64 {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let mut old = remote_store(&[4]);
+            old.set_view(3);
+            let logs = FreedLogs::default();
+            let mut catalog = Catalog::default();
+            let steps = 300 + next(300);
+            for _ in 0..steps {
+                let key = format!("k{}", next(40));
+                match next(10) {
+                    0..=4 => {
+                        if old.find(key.as_bytes()).is_some() {
+                            // An overwrite: delete, then put again.
+                            old.remove(key.as_bytes());
+                        }
+                        let size = 1 + next(100_000);
+                        let step = old.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0);
+                        let AllocStep::Granted { obj, blobs, .. } = step else {
+                            continue;
+                        };
+                        let stamp = old.stamp_of(key.as_bytes()).unwrap();
+                        let e = Entry {
+                            key: key.as_bytes().into(),
+                            medium: Medium::Dram,
+                            offset: blobs[0].offset,
+                            len: size.div_ceil(segment::PAGE_BYTES) * segment::PAGE_BYTES,
+                            size,
+                            stamp,
+                        };
+                        catalog.add_pending(e);
+                        let ok = next(10) != 0;
+                        assert!(matches!(old.commit(obj, ok), Reply::Done));
+                        let f = Freed {
+                            medium: Medium::Dram,
+                            offset: blobs[0].offset,
+                            stamp,
+                        };
+                        if ok {
+                            catalog.confirm(&f);
+                        } else {
+                            catalog.free(&f);
+                        }
+                    }
+                    5..=7 => {
+                        old.remove(key.as_bytes());
+                    }
+                    _ => {
+                        // A heartbeat; one in four answers is lost.
+                        let mark = catalog.mark();
+                        let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked())
+                        else {
+                            panic!("the log does not overflow here");
+                        };
+                        if next(4) != 0 {
+                            catalog.apply(
+                                BeatNews {
+                                    seq,
+                                    freed,
+                                    resync: None,
+                                },
+                                mark,
+                            );
+                        }
+                    }
+                }
+                logs.push(old.take_freed_remote());
+            }
+            old.check();
+            let live: Vec<(String, Stamp, u64)> = (0..40)
+                .map(|i| format!("k{i}"))
+                .filter_map(|k| {
+                    let o = old.find(k.as_bytes())?;
+                    let b = old.objects[o as usize].blobs[0];
+                    Some((
+                        k,
+                        old.objects[o as usize].stamp,
+                        old.blobs[b as usize].offset,
+                    ))
+                })
+                .collect();
+            let hand_over = |catalog: &Catalog| {
+                let mut new = remote_store(&[4]);
+                new.set_view(8);
+                new.adopt(offered(4, catalog.entries()));
+                new.check();
+                for (k, stamp, offset) in &live {
+                    let o = new
+                        .find(k.as_bytes())
+                        .unwrap_or_else(|| panic!("seed {seed}: {k} lost"));
+                    assert_eq!(new.objects[o as usize].stamp, *stamp, "seed {seed}: {k}");
+                    let b = new.objects[o as usize].blobs[0];
+                    assert_eq!(new.blobs[b as usize].offset, *offset, "seed {seed}: {k}");
+                }
+                new
+            };
+            hand_over(&catalog);
+            // Every removal delivered: the new leader holds exactly the live objects.
+            let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
+                panic!()
+            };
+            let mark = catalog.mark();
+            catalog.apply(
+                BeatNews {
+                    seq,
+                    freed,
+                    resync: None,
+                },
+                mark,
+            );
+            let new = hand_over(&catalog);
+            assert_eq!(new.object_count(), live.len(), "seed {seed}");
+            assert_eq!(
+                new.medium_totals(Medium::Dram).1,
+                old.medium_totals(Medium::Dram).1,
+                "seed {seed}"
+            );
+        }
+    }
+}
