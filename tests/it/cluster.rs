@@ -502,3 +502,34 @@ fn a_put_that_waits_for_100_continue_gets_the_redirect_instead() {
         b"small"
     );
 }
+
+/// A replicated put is a chain: the first rank writes its copy and sends the bytes on to the
+/// second (from its segment, without a copy). With the first rank killed, the object is read
+/// from the copy the chain forwarded, byte for byte.
+#[test]
+fn a_replicated_put_forwards_its_bytes_to_the_second_rank() {
+    let meta = meta(&[]);
+    let (a, _) = join(&meta, &[]);
+    let (b, _) = join(&meta, &[]);
+    let mut locals = vec![a, b];
+    // Large enough to go on a connection of its own (not the pooled small-body path).
+    let data: Vec<u8> = (0..(1 << 20) + 3).map(|j| (j * 13 + 5) as u8).collect();
+    let r = meta
+        .client()
+        .request("PUT", "/api/v1/objects?key=chained&replicas=2", Some(&data));
+    assert_eq!(r.status, 307, "{}", r.text());
+    let (first, hop) = split_location(r.header("location").unwrap());
+    assert!(
+        hop.contains("&next="),
+        "the first hop names the next: {hop}"
+    );
+    let done = Client::connect(first).request("PUT", &hop, Some(&data));
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert_eq!(done.json()["success"], true, "{}", done.text());
+    let i = locals.iter().position(|l| l.addr == first).unwrap();
+    locals[i].kill9();
+    wait_segments(&meta, 1, Duration::from_secs(6));
+    let r = follow(&meta, "GET", "/api/v1/objects?key=chained", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.body == data, "the forwarded copy is the bytes put");
+}
