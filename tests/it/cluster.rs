@@ -511,7 +511,7 @@ fn a_replicated_put_forwards_its_bytes_to_the_second_rank() {
     let meta = meta(&[]);
     let (a, _) = join(&meta, &[]);
     let (b, _) = join(&meta, &[]);
-    let mut locals = vec![a, b];
+    let mut locals = [a, b];
     // Large enough to go on a connection of its own (not the pooled small-body path).
     let data: Vec<u8> = (0..(1 << 20) + 3).map(|j| (j * 13 + 5) as u8).collect();
     let r = meta
