@@ -342,11 +342,11 @@ impl Front {
                         }
                         continue;
                     }
-                    let _ = stream.set_nodelay(true);
+                    // TCP_NODELAY is inherited from the listener (`bind_listeners`).
                     let fd = stream.as_raw_fd();
                     match &self.tls {
                         None => {
-                            monoio::spawn(conn::run(self.clone(), stream, fd));
+                            monoio::spawn(conn::run(self.clone(), stream, fd, true));
                         }
                         Some(acceptor) => {
                             monoio::spawn(tls_handshake(
@@ -384,7 +384,7 @@ async fn tls_handshake(
 ) {
     let limit = Duration::from_millis(front.config().http.header_timeout_ms);
     match monoio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => conn::run(front, tls, fd).await,
+        Ok(Ok(tls)) => conn::run(front, tls, fd, false).await,
         Ok(Err(e)) => {
             front.shard.stats().tls_handshake_failures.inc();
             log::debug!("shard {}: TLS handshake refused: {e}", front.shard.id);
