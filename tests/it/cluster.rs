@@ -482,6 +482,10 @@ fn a_put_that_waits_for_100_continue_gets_the_redirect_instead() {
     );
     let r = c.read_response(false);
     assert_eq!(r.status, 307, "{}", r.text());
+    // The body was never asked for, so the meta ends the connection with its answer (which
+    // carries the FIN): the client sees the whole 307, then the end.
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.closed_within(Duration::from_secs(5)));
     let (addr, target) = split_location(r.header("location").unwrap());
     assert_eq!(addr, local.addr);
     // The local service streams the body in after its own go-ahead.
