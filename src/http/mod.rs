@@ -94,6 +94,10 @@ pub struct Front {
     auth: auth::Auth,
     /// mTLS acceptor when `ock.mmc.metrics.tls.enable` is on.
     tls: Option<monoio_rustls::TlsAcceptor>,
+    /// Housekeeping ticks so far, and the tasks waiting for the next one (closed connections
+    /// lingering without a wake-up of their own: `conn::linger_at_ticks`).
+    ticks: Cell<u64>,
+    tick_waiters: RefCell<Vec<std::task::Waker>>,
 }
 
 /// A registered connection; leaving the registry when dropped.
@@ -156,6 +160,8 @@ impl Front {
             accept_canceller: RefCell::new(Canceller::new()),
             auth,
             tls,
+            ticks: Cell::new(0),
+            tick_waiters: RefCell::new(Vec::new()),
         };
         front.refresh_date();
         Rc::new(front)
@@ -287,6 +293,32 @@ impl Front {
         let c = std::mem::take(&mut *self.accept_canceller.borrow_mut());
         *self.accept_canceller.borrow_mut() = c.cancel();
         self.sweep(false);
+        // Lingering connections close now.
+        self.wake_tick_waiters();
+    }
+
+    /// Completes at the next housekeeping tick (or when the drain begins): a wait that
+    /// costs no wake-up of its own.
+    pub fn next_tick(&self) -> impl std::future::Future<Output = ()> + '_ {
+        let start = self.ticks.get();
+        std::future::poll_fn(move |cx| {
+            if self.ticks.get() != start || self.draining.get() {
+                return std::task::Poll::Ready(());
+            }
+            let mut waiters = self.tick_waiters.borrow_mut();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+    }
+
+    fn wake_tick_waiters(&self) {
+        self.ticks.set(self.ticks.get() + 1);
+        let waiters = std::mem::take(&mut *self.tick_waiters.borrow_mut());
+        for w in waiters {
+            w.wake();
+        }
     }
 
     /// Waits until every connection has closed, or `deadline_ms` (clock time) passed; then
@@ -321,6 +353,7 @@ impl Front {
             self.refresh_date();
             self.sweep(false);
             self.shard.tick();
+            self.wake_tick_waiters();
         }
     }
 

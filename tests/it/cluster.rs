@@ -537,3 +537,29 @@ fn a_replicated_put_forwards_its_bytes_to_the_second_rank() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.body == data, "the forwarded copy is the bytes put");
 }
+
+/// A client that sends its body anyway after the meta's early 307 (it did not wait for the
+/// go-ahead) is read off, not reset: its writes complete, then the connection ends.
+#[test]
+fn a_body_sent_after_the_early_redirect_is_read_off_not_reset() {
+    let meta = meta(&[]);
+    let (_local, _) = join(&meta, &[]);
+    let mut c = meta.client();
+    let body = vec![7u8; 1 << 20];
+    c.send(
+        format!(
+            "PUT /api/v1/objects?key=eager HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let r = c.read_response(false);
+    assert_eq!(r.status, 307, "{}", r.text());
+    let started = Instant::now();
+    c.send(&body);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the body was read off"
+    );
+    assert!(c.closed_within(Duration::from_secs(5)));
+}

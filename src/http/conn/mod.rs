@@ -80,7 +80,15 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd, plain: bool)
             return;
         }
         if close {
-            linger(&mut stream, fd, b.rbuf).await;
+            if direct.is_some() && b.rbuf.is_empty() {
+                // Nothing unread: the buffers go now, and the client's end is awaited at
+                // housekeeping ticks (no wake-up for it).
+                drop(b);
+                charge.settle(0);
+                linger_at_ticks(&front, &mut stream, fd).await;
+            } else {
+                linger(&mut stream, fd, b.rbuf).await;
+            }
             return;
         }
         if front.is_draining() && b.rbuf.is_empty() {
@@ -378,11 +386,61 @@ fn cork(fd: RawFd) {
 /// Closes gracefully after an error answer: stop sending, then read and discard what the
 /// client still sends (bounded in bytes and time), so the kernel does not reset the connection
 /// and destroy the answer before the client read it.
-pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, mut buf: Vec<u8>) {
+pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, buf: Vec<u8>) {
     // SAFETY: the fd is open for the lifetime of `stream`.
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
     let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
-    let mut discarded = 0;
+    linger_until(stream, buf, deadline, 0).await;
+}
+
+/// [`linger`] on a plain socket with nothing unread, whose client is expected to close
+/// rather than send (a refused `Expect: 100-continue` put, an error answer): instead of a
+/// read that wakes the shard when the client's FIN arrives, the socket is looked at without
+/// blocking now and at each housekeeping tick (which wakes the shard anyway) until the
+/// client closed or `LINGER_MS` passed. A client that sends after all is read off at once,
+/// as by [`linger`]. Ends early when the server drains.
+async fn linger_at_ticks<S: Io>(front: &Front, stream: &mut S, fd: RawFd) {
+    // SAFETY: the fd is open for the lifetime of `stream`.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut chunk = [0u8; 1024];
+    loop {
+        // SAFETY: the fd is open; `chunk` is writable for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                chunk.as_mut_ptr().cast(),
+                chunk.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n == 0 {
+            return; // the client closed
+        }
+        if n > 0 {
+            // It is sending: read the rest off as it comes.
+            linger_until(stream, Vec::new(), deadline, n as usize).await;
+            return;
+        }
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if e != Some(libc::EAGAIN) && e != Some(libc::EINTR) {
+            return;
+        }
+        if front.is_draining() || std::time::Instant::now() >= deadline {
+            return;
+        }
+        front.next_tick().await;
+    }
+}
+
+/// Reads and discards until the client closes, `LINGER_DISCARD_BYTES` (counting
+/// `discarded`) or `deadline`.
+async fn linger_until<S: Io>(
+    stream: &mut S,
+    mut buf: Vec<u8>,
+    deadline: std::time::Instant,
+    mut discarded: usize,
+) {
     buf.clear();
     buf.reserve(16 * 1024);
     while discarded < LINGER_DISCARD_BYTES {
