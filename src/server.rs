@@ -82,6 +82,8 @@ fn bind_listeners(addr: SocketAddr, count: usize) -> Result<Vec<std::net::TcpLis
         s.set_reuse_address(true).map_err(bind_err)?;
         s.set_reuse_port(true).map_err(bind_err)?;
         s.set_nonblocking(true).map_err(bind_err)?;
+        // Accepted connections inherit it (Linux): no setsockopt per connection.
+        s.set_tcp_nodelay(true).map_err(bind_err)?;
         if addr.is_ipv6() {
             s.set_only_v6(true).map_err(bind_err)?;
         }

@@ -7,9 +7,10 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use monoio::BufResult;
+use monoio::buf::IoBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use monoio_rustls::{ClientTlsStream, TlsConnector};
@@ -42,27 +43,64 @@ fn split_scheme(url: &str) -> Result<(bool, &str), String> {
     }
 }
 
-/// `http[s]://host:port[/...]` → (host:port, socket address). Only literal addresses and names
-/// the resolver answers from its files are expected here (configured URLs).
+/// `http[s]://host:port[/...]` → (host:port, socket address). A literal address is parsed; a
+/// host name is looked up (a blocking call) at most once per [`RESOLVED_TTL`] per thread.
 pub fn authority(url: &str) -> Result<(String, SocketAddr), String> {
     let (_, rest) = split_scheme(url)?;
     let hostport = rest.split('/').next().unwrap_or_default();
+    Ok((hostport.to_string(), resolve(hostport)?))
+}
+
+/// How long a host name's address is used before it is looked up again.
+const RESOLVED_TTL: Duration = Duration::from_secs(30);
+
+/// Host names whose addresses a thread keeps.
+const RESOLVED_MAX: usize = 32;
+
+thread_local! {
+    /// This thread's resolved host names: (host:port, address, when looked up).
+    static RESOLVED: std::cell::RefCell<Vec<(String, SocketAddr, Instant)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn resolve(hostport: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = hostport.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let now = Instant::now();
+    let cached = RESOLVED.with(|r| {
+        r.borrow()
+            .iter()
+            .find(|(h, _, at)| h == hostport && now.duration_since(*at) < RESOLVED_TTL)
+            .map(|&(_, addr, _)| addr)
+    });
+    if let Some(addr) = cached {
+        return Ok(addr);
+    }
     let addr = hostport
         .to_socket_addrs()
         .map_err(|e| format!("{hostport}: {e}"))?
         .next()
         .ok_or_else(|| format!("{hostport}: no address"))?;
-    Ok((hostport.to_string(), addr))
+    RESOLVED.with(|r| {
+        let mut r = r.borrow_mut();
+        r.retain(|(h, _, at)| h != hostport && now.duration_since(*at) < RESOLVED_TTL);
+        if r.len() >= RESOLVED_MAX {
+            r.remove(0);
+        }
+        r.push((hostport.to_string(), addr, now));
+    });
+    Ok(addr)
 }
 
 /// Sends one request to `base` (`http://host:port`) for `target` (path and query) and reads
 /// the answer, all within `timeout`.
-pub async fn request(
+pub async fn request<B: IoBuf>(
     base: &str,
     method: &str,
     target: &str,
     bearer: Option<&str>,
-    body: Vec<u8>,
+    body: B,
     timeout: Duration,
 ) -> Result<Answer, String> {
     match monoio::time::timeout(timeout, exchange(base, method, target, bearer, body)).await {
@@ -75,10 +113,10 @@ pub async fn request(
 }
 
 /// [`request`] to a full URL (`http://host:port/path?query`).
-pub async fn request_url(
+pub async fn request_url<B: IoBuf>(
     url: &str,
     method: &str,
-    body: Vec<u8>,
+    body: B,
     timeout: Duration,
 ) -> Result<Answer, String> {
     let (_, rest) = split_scheme(url)?;
@@ -135,19 +173,18 @@ enum Outcome {
     Failed(String),
 }
 
-async fn exchange(
+async fn exchange<B: IoBuf>(
     base: &str,
     method: &str,
     target: &str,
     bearer: Option<&str>,
-    body: Vec<u8>,
+    body: B,
 ) -> Result<Answer, String> {
     let (host, addr) = authority(base)?;
-    let pooled = body.len() <= POOLED_BODY_MAX;
-    let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let len = body.bytes_init();
+    let pooled = len <= POOLED_BODY_MAX;
+    let mut head =
+        format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len}\r\n");
     if !pooled {
         head.push_str("Connection: close\r\n");
     }
@@ -158,8 +195,17 @@ async fn exchange(
     }
     head.push_str("\r\n");
     let what = format!("{method} {base}{target}");
+    // A small body goes in the head's write; a large one is written from where it is.
+    let mut request = head.into_bytes();
+    let large = if pooled {
+        // SAFETY: an `IoBuf` is readable for `bytes_init()` bytes from `read_ptr()`.
+        request.extend_from_slice(unsafe { std::slice::from_raw_parts(body.read_ptr(), len) });
+        None
+    } else {
+        Some(body)
+    };
     if pooled && let Some(stream) = take_idle(addr) {
-        match once(stream, head.clone().into_bytes(), body.clone(), &what).await {
+        match once(stream, request.clone(), None::<B>, &what).await {
             Outcome::Answered(a, stream, keep) => {
                 if keep {
                     give_idle(addr, stream);
@@ -171,7 +217,7 @@ async fn exchange(
         }
     }
     let stream = connect(base, &host, addr, &what).await?;
-    match once(stream, head.into_bytes(), body, &what).await {
+    match once(stream, request, large, &what).await {
         Outcome::Answered(a, stream, keep) => {
             if keep && pooled {
                 give_idle(addr, stream);
@@ -208,7 +254,7 @@ enum Conn {
 }
 
 impl Conn {
-    async fn write_all(&mut self, buf: Vec<u8>) -> BufResult<usize, Vec<u8>> {
+    async fn write_all<B: IoBuf>(&mut self, buf: B) -> BufResult<usize, B> {
         match self {
             Conn::Plain(s) => s.write_all(buf).await,
             Conn::Tls(s) => s.write_all(buf).await,
@@ -255,16 +301,18 @@ async fn connect(base: &str, host: &str, addr: SocketAddr, what: &str) -> Result
     }
 }
 
-/// Sends one request on `stream` and reads its answer.
-async fn once(mut stream: Conn, head: Vec<u8>, body: Vec<u8>, what: &str) -> Outcome {
-    let mut request = head;
-    if body.len() <= POOLED_BODY_MAX {
-        request.extend_from_slice(&body);
-    }
+/// Sends one request on `stream` (its head with any small body, then a `large` body) and
+/// reads its answer.
+async fn once<B: IoBuf>(
+    mut stream: Conn,
+    request: Vec<u8>,
+    large: Option<B>,
+    what: &str,
+) -> Outcome {
     if stream.write_all(request).await.0.is_err() {
         return Outcome::Stale;
     }
-    if body.len() > POOLED_BODY_MAX
+    if let Some(body) = large
         && let Err(e) = stream.write_all(body).await.0
     {
         return Outcome::Failed(format!("{what}: {e}"));
@@ -390,5 +438,31 @@ mod tests {
         assert!(parse(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().is_some());
         assert!(parse(b"garbage\r\n\r\n").is_err());
         assert_eq!(encode_query(b"a b/c~"), "a%20b%2Fc~");
+    }
+
+    #[test]
+    fn host_names_are_resolved_once_and_literals_parsed() {
+        let (host, addr) = authority("http://127.0.0.1:9/x").unwrap();
+        assert_eq!((host.as_str(), addr.port()), ("127.0.0.1:9", 9));
+        assert!(authority("https://127.0.0.1:9").is_err());
+        let (_, a) = authority("http://localhost:7").unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 7);
+        let cached = RESOLVED.with(|r| {
+            r.borrow()
+                .iter()
+                .filter(|(h, ..)| h == "localhost:7")
+                .count()
+        });
+        assert_eq!(cached, 1);
+        let (_, b) = authority("http://localhost:7/y").unwrap();
+        assert_eq!(a, b);
+        let cached = RESOLVED.with(|r| {
+            r.borrow()
+                .iter()
+                .filter(|(h, ..)| h == "localhost:7")
+                .count()
+        });
+        assert_eq!(cached, 1, "a second call uses the cached address");
+        assert!(RESOLVED.with(|r| r.borrow().iter().all(|(h, ..)| h != "127.0.0.1:9")));
     }
 }

@@ -100,6 +100,10 @@ pub struct Front {
     auth: auth::Auth,
     /// mTLS acceptor when `ock.mmc.metrics.tls.enable` is on.
     tls: Option<monoio_rustls::TlsAcceptor>,
+    /// Housekeeping ticks so far, and the tasks waiting for the next one (closed connections
+    /// lingering without a wake-up of their own: `conn::linger_at_ticks`).
+    ticks: Cell<u64>,
+    tick_waiters: RefCell<Vec<std::task::Waker>>,
 }
 
 /// A registered connection; leaving the registry when dropped.
@@ -162,6 +166,8 @@ impl Front {
             accept_canceller: RefCell::new(Canceller::new()),
             auth,
             tls,
+            ticks: Cell::new(0),
+            tick_waiters: RefCell::new(Vec::new()),
         };
         front.refresh_date();
         Rc::new(front)
@@ -293,6 +299,32 @@ impl Front {
         let c = std::mem::take(&mut *self.accept_canceller.borrow_mut());
         *self.accept_canceller.borrow_mut() = c.cancel();
         self.sweep(false);
+        // Lingering connections close now.
+        self.wake_tick_waiters();
+    }
+
+    /// Completes at the next housekeeping tick (or when the drain begins): a wait that
+    /// costs no wake-up of its own.
+    pub fn next_tick(&self) -> impl std::future::Future<Output = ()> + '_ {
+        let start = self.ticks.get();
+        std::future::poll_fn(move |cx| {
+            if self.ticks.get() != start || self.draining.get() {
+                return std::task::Poll::Ready(());
+            }
+            let mut waiters = self.tick_waiters.borrow_mut();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+    }
+
+    fn wake_tick_waiters(&self) {
+        self.ticks.set(self.ticks.get() + 1);
+        let waiters = std::mem::take(&mut *self.tick_waiters.borrow_mut());
+        for w in waiters {
+            w.wake();
+        }
     }
 
     /// Waits until every connection has closed, or `deadline_ms` (clock time) passed; then
@@ -327,6 +359,7 @@ impl Front {
             self.refresh_date();
             self.sweep(false);
             self.shard.tick();
+            self.wake_tick_waiters();
         }
     }
 
@@ -348,11 +381,11 @@ impl Front {
                         }
                         continue;
                     }
-                    let _ = stream.set_nodelay(true);
+                    // TCP_NODELAY is inherited from the listener (`bind_listeners`).
                     let fd = stream.as_raw_fd();
                     match &self.tls {
                         None => {
-                            monoio::spawn(conn::run(self.clone(), stream, fd));
+                            monoio::spawn(conn::run(self.clone(), stream, fd, true));
                         }
                         Some(acceptor) => {
                             monoio::spawn(tls_handshake(
@@ -390,7 +423,7 @@ async fn tls_handshake(
 ) {
     let limit = Duration::from_millis(front.config().http.header_timeout_ms);
     match monoio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => conn::run(front, tls, fd).await,
+        Ok(Ok(tls)) => conn::run(front, tls, fd, false).await,
         Ok(Err(e)) => {
             front.shard.stats().tls_handshake_failures.inc();
             log::debug!("shard {}: TLS handshake refused: {e}", front.shard.id);

@@ -83,6 +83,9 @@ pub struct RankRegistry {
     /// never by a data-plane request.
     // LOCK-OK: membership changes and reports only, never per request
     inner: Mutex<BTreeMap<u32, RankEntry>>,
+    /// Whether this meta's listen address is a loopback one (resolved once: a host name is
+    /// not looked up again on a shard for every join and heartbeat).
+    loopback: std::sync::OnceLock<bool>,
 }
 
 /// The highest rank a local service may take (ranks are 42-bit-shifted in gvas; this keeps
@@ -90,6 +93,17 @@ pub struct RankRegistry {
 pub const MAX_RANK: u32 = 1 << 20;
 
 impl RankRegistry {
+    /// Whether `listen` (this meta's listen address) is a loopback address, resolved on the
+    /// first call only.
+    pub fn listens_on_loopback(&self, listen: &crate::config::HostPort) -> bool {
+        *self.loopback.get_or_init(|| {
+            listen
+                .resolve()
+                .map(|a| a.ip().is_loopback())
+                .unwrap_or(false)
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, RankEntry>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

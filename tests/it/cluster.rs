@@ -491,6 +491,10 @@ fn a_put_that_waits_for_100_continue_gets_the_redirect_instead() {
     );
     let r = c.read_response(false);
     assert_eq!(r.status, 307, "{}", r.text());
+    // The body was never asked for, so the meta ends the connection with its answer (which
+    // carries the FIN): the client sees the whole 307, then the end.
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.closed_within(Duration::from_secs(5)));
     let (addr, target) = split_location(r.header("location").unwrap());
     assert_eq!(addr, local.addr);
     // The local service streams the body in after its own go-ahead.
@@ -510,4 +514,61 @@ fn a_put_that_waits_for_100_continue_gets_the_redirect_instead() {
         follow(&meta, "GET", "/api/v1/objects?key=small", None).body,
         b"small"
     );
+}
+
+/// A replicated put is a chain: the first rank writes its copy and sends the bytes on to the
+/// second (from its segment, without a copy). With the first rank killed, the object is read
+/// from the copy the chain forwarded, byte for byte.
+#[test]
+fn a_replicated_put_forwards_its_bytes_to_the_second_rank() {
+    let meta = meta(&[]);
+    let (a, _) = join(&meta, &[]);
+    let (b, _) = join(&meta, &[]);
+    let mut locals = [a, b];
+    // Large enough to go on a connection of its own (not the pooled small-body path).
+    let data: Vec<u8> = (0..(1 << 20) + 3).map(|j| (j * 13 + 5) as u8).collect();
+    let r = meta
+        .client()
+        .request("PUT", "/api/v1/objects?key=chained&replicas=2", Some(&data));
+    assert_eq!(r.status, 307, "{}", r.text());
+    let (first, hop) = split_location(r.header("location").unwrap());
+    assert!(
+        hop.contains("&next="),
+        "the first hop names the next: {hop}"
+    );
+    let done = Client::connect(first).request("PUT", &hop, Some(&data));
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert_eq!(done.json()["success"], true, "{}", done.text());
+    let i = locals.iter().position(|l| l.addr == first).unwrap();
+    locals[i].kill9();
+    wait_segments(&meta, 1, Duration::from_secs(6));
+    let r = follow(&meta, "GET", "/api/v1/objects?key=chained", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.body == data, "the forwarded copy is the bytes put");
+}
+
+/// A client that sends its body anyway after the meta's early 307 (it did not wait for the
+/// go-ahead) is read off, not reset: its writes complete, then the connection ends.
+#[test]
+fn a_body_sent_after_the_early_redirect_is_read_off_not_reset() {
+    let meta = meta(&[]);
+    let (_local, _) = join(&meta, &[]);
+    let mut c = meta.client();
+    let body = vec![7u8; 1 << 20];
+    c.send(
+        format!(
+            "PUT /api/v1/objects?key=eager HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let r = c.read_response(false);
+    assert_eq!(r.status, 307, "{}", r.text());
+    let started = Instant::now();
+    c.send(&body);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the body was read off"
+    );
+    assert!(c.closed_within(Duration::from_secs(5)));
 }

@@ -47,8 +47,10 @@ struct Bufs {
 }
 
 /// Serves one connection. `fd` is the socket under `stream` (the housekeeping tick shuts it
-/// down to end idle or stalled connections).
-pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
+/// down to end idle or stalled connections); `plain` when `stream` is the socket itself (no
+/// TLS), so answers may be written to `fd` directly.
+pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd, plain: bool) {
+    let direct = plain.then_some(fd);
     let conn = front.register(fd);
     let mut b = Bufs {
         rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
@@ -69,11 +71,24 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
         if start > 0 {
             b.rbuf.drain(..start);
         }
-        if !b.wbuf.is_empty() && !flush(&mut stream, &mut b.wbuf).await {
+        // Closing: the last answer and the FIN `linger` sends go out as one segment (held
+        // back by MSG_MORE on a direct write, else by the socket's cork).
+        if close && direct.is_none() {
+            cork(fd);
+        }
+        if !b.wbuf.is_empty() && !flush_answers(&mut stream, direct, close, &mut b.wbuf).await {
             return;
         }
         if close {
-            linger(&mut stream, fd, b.rbuf).await;
+            if direct.is_some() && b.rbuf.is_empty() {
+                // Nothing unread: the buffers go now, and the client's end is awaited at
+                // housekeeping ticks (no wake-up for it).
+                drop(b);
+                charge.settle(0);
+                linger_at_ticks(&front, &mut stream, fd).await;
+            } else {
+                linger(&mut stream, fd, b.rbuf).await;
+            }
             return;
         }
         if front.is_draining() && b.rbuf.is_empty() {
@@ -82,7 +97,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd) {
         // The client waits for our go-ahead before sending a body it announced.
         if !b.continue_sent && wants_continue(&b.pending) {
             b.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if !flush(&mut stream, &mut b.wbuf).await {
+            if !flush_answers(&mut stream, direct, false, &mut b.wbuf).await {
                 return;
             }
             b.continue_sent = true;
@@ -313,14 +328,119 @@ pub(super) async fn flush<S: Io>(stream: &mut S, wbuf: &mut Vec<u8>) -> bool {
     res.is_ok()
 }
 
+/// Writes the answers in `wbuf` before the connection reads again. On a plain socket
+/// (`direct`) they are first offered to the socket with one non-blocking `send`, which takes
+/// them whole when its buffer has room (the usual case: answers are small); the rest, if any,
+/// goes through the runtime as usual. One system call instead of a ring submission and a
+/// second trip through the loop before the next read is queued. `last`: the connection
+/// closes after them (`linger` shuts the write side down at once), so their final partial
+/// segment waits for the FIN and carries it.
+async fn flush_answers<S: Io>(
+    stream: &mut S,
+    direct: Option<RawFd>,
+    last: bool,
+    wbuf: &mut Vec<u8>,
+) -> bool {
+    if let Some(fd) = direct {
+        let mut flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        if last {
+            flags |= libc::MSG_MORE;
+        }
+        // SAFETY: `fd` is the open socket under `stream`; the buffer is valid for its length.
+        let n = unsafe { libc::send(fd, wbuf.as_ptr().cast(), wbuf.len(), flags) };
+        if n >= 0 {
+            let n = n as usize;
+            if n == wbuf.len() {
+                wbuf.clear();
+                return true;
+            }
+            wbuf.drain(..n);
+        } else {
+            let e = std::io::Error::last_os_error().raw_os_error();
+            if e != Some(libc::EAGAIN) && e != Some(libc::EINTR) {
+                return false;
+            }
+        }
+    }
+    flush(stream, wbuf).await
+}
+
+/// Holds back a partial segment until the socket's write side is shut down (`linger`), so a
+/// connection's last answer carries its FIN: one segment for the client to receive and
+/// acknowledge instead of two (a refused `Expect: 100-continue` put's 307, an error that
+/// closes). Best effort: without it the FIN follows in a segment of its own.
+fn cork(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: the fd is the open socket of the connection; the option is an int.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// Closes gracefully after an error answer: stop sending, then read and discard what the
 /// client still sends (bounded in bytes and time), so the kernel does not reset the connection
 /// and destroy the answer before the client read it.
-pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, mut buf: Vec<u8>) {
+pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, buf: Vec<u8>) {
     // SAFETY: the fd is open for the lifetime of `stream`.
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
     let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
-    let mut discarded = 0;
+    linger_until(stream, buf, deadline, 0).await;
+}
+
+/// [`linger`] on a plain socket with nothing unread, whose client is expected to close
+/// rather than send (a refused `Expect: 100-continue` put, an error answer): instead of a
+/// read that wakes the shard when the client's FIN arrives, the socket is looked at without
+/// blocking now and at each housekeeping tick (which wakes the shard anyway) until the
+/// client closed or `LINGER_MS` passed. A client that sends after all is read off at once,
+/// as by [`linger`]. Ends early when the server drains.
+async fn linger_at_ticks<S: Io>(front: &Front, stream: &mut S, fd: RawFd) {
+    // SAFETY: the fd is open for the lifetime of `stream`.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+    let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut chunk = [0u8; 1024];
+    loop {
+        // SAFETY: the fd is open; `chunk` is writable for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                chunk.as_mut_ptr().cast(),
+                chunk.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n == 0 {
+            return; // the client closed
+        }
+        if n > 0 {
+            // It is sending: read the rest off as it comes.
+            linger_until(stream, Vec::new(), deadline, n as usize).await;
+            return;
+        }
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if e != Some(libc::EAGAIN) && e != Some(libc::EINTR) {
+            return;
+        }
+        if front.is_draining() || std::time::Instant::now() >= deadline {
+            return;
+        }
+        front.next_tick().await;
+    }
+}
+
+/// Reads and discards until the client closes, `LINGER_DISCARD_BYTES` (counting
+/// `discarded`) or `deadline`.
+async fn linger_until<S: Io>(
+    stream: &mut S,
+    mut buf: Vec<u8>,
+    deadline: std::time::Instant,
+    mut discarded: usize,
+) {
     buf.clear();
     buf.reserve(16 * 1024);
     while discarded < LINGER_DISCARD_BYTES {

@@ -33,11 +33,7 @@ fn admits(ctx: &mut Ctx<'_>) -> Result<(), Response> {
             "This is a local service: local services join a meta service",
         ));
     }
-    let loopback = config
-        .listen
-        .resolve()
-        .map(|a| a.ip().is_loopback())
-        .unwrap_or(false);
+    let loopback = ctx.shard.cluster.ranks.listens_on_loopback(&config.listen);
     if !loopback && config.cluster.token.is_empty() {
         return Err(ctx.protocol_error(
             Status::FORBIDDEN,

@@ -619,23 +619,36 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Reply::Read(p) => Some(p.view.seg.rank),
         _ => None,
     });
-    let mut bytes = 0;
-    for (r, key) in replies.into_iter().zip(&keys) {
-        match r {
+    // A batch spans ranks: remote copies are fetched from their local services under read
+    // grants (one redirect cannot name several hosts), concurrently, before the answer.
+    let mut fetches = Vec::new();
+    let replies: Vec<Result<Reply, Option<usize>>> = replies
+        .into_iter()
+        .zip(&keys)
+        .map(|(r, key)| match r {
             Reply::Read(p) if p.view.seg.backend.remote().is_some() => {
-                // A batch spans ranks: a remote copy is fetched from its local service
-                // under a read grant (one redirect cannot name several hosts).
-                match remote::fetch(ctx, key, p).await {
-                    Some(b) => {
-                        bytes += b.len() as u64;
-                        parts.push(Part::Bytes(Bytes::copy_from_slice(
-                            &(b.len() as u64).to_be_bytes(),
-                        )));
-                        parts.push(Part::Bytes(b));
-                    }
-                    None => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
-                }
+                Err(remote::fetch_url(ctx, key, p).map(|f| {
+                    fetches.push(f);
+                    fetches.len() - 1
+                }))
             }
+            r => Ok(r),
+        })
+        .collect();
+    let mut fetched = remote::fetch_all(fetches).await;
+    let mut bytes = 0;
+    for r in replies {
+        let r = match r {
+            Ok(r) => r,
+            Err(i) => match i.and_then(|i| fetched[i].take()) {
+                Some(b) => Reply::Value(b),
+                None => {
+                    parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes())));
+                    continue;
+                }
+            },
+        };
+        match r {
             Reply::Read(p) => {
                 bytes += p.view.len;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(

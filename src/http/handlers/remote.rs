@@ -28,6 +28,7 @@ use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
 use crate::shards::catalog::{Entry, Freed, Stamp};
 use crate::shards::store::segment::{Medium, PAGE_BYTES, SegRef, Segment};
+use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
 
@@ -126,16 +127,42 @@ fn grant_url(
     Some(object_url(&remote.url, key, &text, None))
 }
 
-/// A remote copy's bytes fetched here (a batch_get that spans ranks); `None` when its local
-/// service did not deliver them.
-pub(super) async fn fetch(
+/// Remote copies fetched at once by a batch_get, at most.
+const FETCH_CONCURRENCY: usize = 8;
+
+/// Where a remote copy's bytes are fetched from (a batch_get that spans ranks): its local
+/// service's URL under a read grant, and its size; `None` without a grant key. The pin is
+/// released here (the read's lease keeps the range).
+pub(super) fn fetch_url(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     pinned: PinnedBlob,
-) -> Option<bytes::Bytes> {
+) -> Option<(String, usize)> {
     let url = read_grant_url(ctx, key, &pinned.view)?;
-    let size = pinned.view.len as usize;
-    drop(pinned);
+    Some((url, pinned.view.len as usize))
+}
+
+/// The bytes of remote copies ([`fetch_url`]), in order, fetched concurrently (at most
+/// [`FETCH_CONCURRENCY`] at a time, so the ranks of a batch are read side by side); `None`
+/// for a copy its local service did not deliver.
+pub(super) async fn fetch_all(fetches: Vec<(String, usize)>) -> Vec<Option<bytes::Bytes>> {
+    let mut out = Vec::with_capacity(fetches.len());
+    let mut running = std::collections::VecDeque::with_capacity(FETCH_CONCURRENCY);
+    let mut fetches = fetches.into_iter();
+    loop {
+        while running.len() < FETCH_CONCURRENCY
+            && let Some((url, size)) = fetches.next()
+        {
+            running.push_back(monoio::spawn(fetch_one(url, size)));
+        }
+        match running.pop_front() {
+            Some(task) => out.push(task.await),
+            None => return out,
+        }
+    }
+}
+
+async fn fetch_one(url: String, size: usize) -> Option<bytes::Bytes> {
     match client::request_url(&url, "GET", Vec::new(), HOP_TIMEOUT).await {
         Ok(a) if a.status == 200 && a.octet_stream && a.body.len() == size => Some(a.body.into()),
         Ok(a) => {
@@ -487,15 +514,30 @@ fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
 }
 
 /// Sends the bytes just written on to the chain's next hop; the error is the client's message.
-async fn forward(seg: &Segment, grant: &Grant, next: &str) -> Result<(), &'static str> {
-    let bytes = read_back(seg, grant.offset, grant.size).map_err(|e| {
+/// From host memory they go to the socket from where they are; from device memory through a
+/// copy.
+async fn forward(seg: &Arc<SegRef>, grant: &Grant, next: &str) -> Result<(), &'static str> {
+    let read_failed = |e: std::io::Error| {
         log::error!(
             "reading back {} bytes for a replica failed: {e}",
             grant.size
         );
         "Write failed"
-    })?;
-    match client::request_url(next, "PUT", bytes, HOP_TIMEOUT).await {
+    };
+    let sent = if seg.backend.host_region().is_some() {
+        // SAFETY: the range is this hop's granted blob, written by it just now and not
+        // written again: the meta keeps it allocated for the grant's writer until the commit,
+        // which comes after this write. The view keeps the segment mapped while the kernel
+        // reads it, even past an abandoned write.
+        let view =
+            unsafe { IoBuffer::segment_view(seg.clone(), grant.offset, grant.size as usize, true) }
+                .map_err(read_failed)?;
+        client::request_url(next, "PUT", view, HOP_TIMEOUT).await
+    } else {
+        let bytes = read_back(seg, grant.offset, grant.size).map_err(read_failed)?;
+        client::request_url(next, "PUT", bytes, HOP_TIMEOUT).await
+    };
+    match sent {
         Ok(a) if a.status == 200 && !body_failed(&a.body) => Ok(()),
         Ok(a) => {
             log::warn!("replica hop {next} answered {}", a.status);
