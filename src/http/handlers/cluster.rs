@@ -170,7 +170,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         cluster.ranks.leave(rank, incarnation);
         return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
     }
-    cluster.ranks.await_catalog(rank, adopting);
+    if joined.fresh {
+        // (A repeated join whose answer was lost leaves an awaited catalog awaited.)
+        cluster.ranks.await_catalog(rank, adopting);
+    }
     log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
     let key = cluster
         .grant_key

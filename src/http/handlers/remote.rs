@@ -81,6 +81,19 @@ pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
     ctx.shard.cluster.grant_key.get()
 }
 
+/// How long a grant request waits for this local service's join to finish: the meta mounts
+/// a rank's segments (and may redirect clients to it) as it answers the join, a moment before
+/// the service has read that answer and holds the grant key.
+const JOIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits (at most [`JOIN_WAIT`]) until this process holds a grant key.
+async fn joined(ctx: &Ctx<'_>) {
+    let deadline = Instant::now() + JOIN_WAIT;
+    while grant_key(ctx).is_none() && Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
     let config = &ctx.shard.cluster.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
@@ -320,6 +333,7 @@ pub(super) async fn grant_get(
     text: &[u8],
     start: Instant,
 ) -> Response {
+    joined(ctx).await;
     let (grant, seg, _) = match check(req, ctx, key, text) {
         Ok(c) => c,
         Err(r) => return r,
@@ -387,6 +401,7 @@ pub(super) async fn grant_put(
     text: &[u8],
     fill: impl AsyncFnOnce(Option<&WriteGrant>) -> Filled,
 ) -> Option<Response> {
+    joined(ctx).await;
     let (grant, seg, next) = match check(req, ctx, key, text) {
         Ok(c) => c,
         Err(r) => return consumed(ctx, fill, r).await,
