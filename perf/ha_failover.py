@@ -8,7 +8,10 @@ objects of SIZE bytes on the local service through the leader, checks they read 
 kill -9s the leader and records, from the kill:
 
 - `killed_to_serving_s`: until the other meta's /health says leader/serving;
-- `killed_to_all_readable_s`: until every object reads back (same bytes) through it;
+- `killed_to_adopted_s`: until its `cpu.used_bytes` (`/api/v1/capacity/usage`) is what the old
+  leader's was: the local service's catalog handed over and adopted;
+- `killed_to_all_readable_s`: until every object reads back (same bytes) through it (this
+  includes the client reading them all, one at a time through the 307s: ~0.5 ms each);
 - the lease TTL in force: the configured `lease_ttl_ms` and the TTL etcd granted the election
   key's lease (whole seconds, read with /v3/lease/timetolive).
 
@@ -228,6 +231,7 @@ def main():
             if status != 200 or data != body:
                 sys.exit("get %s before the failover: %d" % (key, status))
         before = h.json(laddr, "/health")[1]["view_version"]
+        used_before = h.json(laddr, "/api/v1/capacity/usage")[1]["cpu"]["used_bytes"]
         lease = etcd_call(etcd_port, "/v3/kv/range",
                           {"key": base64.b64encode(b"/mmc/leader").decode()})["kvs"][0]["lease"]
         granted = int(etcd_call(etcd_port, "/v3/lease/timetolive", {"ID": lease})["grantedTTL"])
@@ -242,6 +246,15 @@ def main():
             return status == 200 and j["role"] == "leader" and j["ha_state"] == "serving" and j
         j = wait("the standby to serve", 30, serving, 0.005)
         t_serving = time.monotonic() - killed
+
+        def adopted():
+            status, u = h.json(saddr, "/api/v1/capacity/usage")
+            return status == 200 and u["cpu"]["used_bytes"] == used_before
+        try:
+            wait("the catalog to be adopted", a.timeout, adopted, 0.005)
+            t_adopted = time.monotonic() - killed
+        except SystemExit:
+            t_adopted = None
 
         left = dict(bodies)
         t_all = None
@@ -263,6 +276,7 @@ def main():
             "lease_ttl_ms": a.ttl_ms, "lease_granted_ttl_s": granted,
             "view_version_before": before, "view_version_after": j["view_version"],
             "killed_to_serving_s": round(t_serving, 3),
+            "killed_to_adopted_s": None if t_adopted is None else round(t_adopted, 3),
             "killed_to_all_readable_s": None if t_all is None else round(t_all, 3),
             "readable_at_timeout": None if t_all is not None else a.count - len(left),
         }))
