@@ -444,7 +444,9 @@ mod tests {
     fn host_names_are_resolved_once_and_literals_parsed() {
         let (host, addr) = authority("http://127.0.0.1:9/x").unwrap();
         assert_eq!((host.as_str(), addr.port()), ("127.0.0.1:9", 9));
-        assert!(authority("https://127.0.0.1:9").is_err());
+        let (host, _) = authority("https://127.0.0.1:9").unwrap();
+        assert_eq!(host, "127.0.0.1:9");
+        assert!(authority("ftp://127.0.0.1:9").is_err());
         let (_, a) = authority("http://localhost:7").unwrap();
         assert!(a.ip().is_loopback() && a.port() == 7);
         let cached = RESOLVED.with(|r| {
