@@ -18,7 +18,7 @@ impl Store {
     /// one slice of least recently used blobs, so the drain is spread over the requests
     /// instead of stalling one of them.
     pub(super) fn evict_for(&mut self, medium: Medium, need: u64, now: u64) {
-        let (cap, used) = self.medium_totals(medium);
+        let (cap, used) = self.watermark_totals(medium, now);
         let m = medium as usize;
         if cap == 0 {
             // Unmounted while draining: nothing left to drain.

@@ -406,6 +406,11 @@ pub struct Store {
     /// Media whose watermark eviction is under way: set when an allocation takes the medium
     /// above the high threshold, cleared when this shard's share is back under the low one.
     draining: [bool; Medium::ALL.len()],
+    /// Per medium, for the watermark check: (the millisecond it was read, capacity, bytes the
+    /// *other* shards use). Re-read at most once per millisecond: reading the other shards'
+    /// used-bytes counters on every put would pull their cache lines (written on each of
+    /// their puts) across cores each time. This shard's own use is always exact.
+    others_used: [Option<(u64, u64, u64)>; Medium::ALL.len()],
     stats: Arc<StoreStats>,
     tracer: Arc<Tracer>,
     clock: StoreClock,
@@ -456,6 +461,7 @@ impl Store {
             readable_objects: 0,
             purge: None,
             draining: [false; Medium::ALL.len()],
+            others_used: [None; Medium::ALL.len()],
             stats,
             tracer,
             clock: StoreClock::Real(clock),
@@ -531,6 +537,7 @@ impl Store {
         if !self.view.refresh(&self.table) {
             return;
         }
+        self.others_used = [None; Medium::ALL.len()];
         for seg in self.view.shared().iter() {
             let i = seg.id as usize;
             if self.segs.len() <= i {

@@ -15,6 +15,22 @@ impl Store {
             .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
     }
 
+    /// [`Store::medium_totals`] for the watermark check at `now`: this shard's use exact, the
+    /// other shards' as read at most once per millisecond (`Store::others_used`).
+    pub(super) fn watermark_totals(&mut self, medium: Medium, now: u64) -> (u64, u64) {
+        let mine = self.my_used(medium);
+        let m = medium as usize;
+        match self.others_used[m] {
+            Some((at, cap, others)) if at == now => (cap, mine + others),
+            _ => {
+                let (cap, used) = self.medium_totals(medium);
+                let others = used.saturating_sub(mine);
+                self.others_used[m] = Some((now, cap, others));
+                (cap, mine + others)
+            }
+        }
+    }
+
     pub(super) fn my_used(&self, medium: Medium) -> u64 {
         self.segs
             .iter()
