@@ -8,8 +8,10 @@
 //! shard of a leader, so within one leadership the generations of one key grow with time).
 //! Stamps order the versions of a key across leaders: `(view, seq)` compared as a pair.
 //!
-//! The local learns an entry when it writes a blob under a grant (the grant carries the stamp),
-//! and learns removals from its meta: every blob of a remote rank that the meta detaches
+//! The local learns an entry when it writes a blob under a grant (the grant carries the stamp)
+//! or copies one between its DRAM and its SSD in a tier move (the copy takes the source entry's
+//! key and stamp, and an SSD copy its checksum; it is handed over once the meta's log says the
+//! move *landed*, i.e. the meta made the copy readable), and learns removals from its meta: every blob of a remote rank that the meta detaches
 //! (removed, evicted, overwritten, reclaimed, `remove_all`, a failed commit) is appended to that
 //! rank's [`FreedLog`] with a sequence number, sent in the heartbeat answers and trimmed when
 //! the local acknowledges the sequence it applied, so nothing is lost between beats. A log
