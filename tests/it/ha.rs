@@ -684,12 +684,10 @@ fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
     pure_meta_with(driver, etcd, port, &[])
 }
 
+/// `pure_meta` with settings of its own (applied last: they win).
 fn pure_meta_with(driver: Driver, etcd: &Etcd, port: u16, extra: &[(&str, &str)]) -> Server {
-    let mut b = ServerBuilder::new(driver);
-    for (k, v) in extra {
-        b = b.set(k, v);
-    }
-    b.listen(&format!("127.0.0.1:{port}"))
+    let mut b = ServerBuilder::new(driver)
+        .listen(&format!("127.0.0.1:{port}"))
         .set("ock.mmc.embedded.ranks", "0")
         .set("ock.mmc.meta.ha.enable", "true")
         .set("ock.mmc.meta.ha.etcd_endpoints", &etcd.endpoint())
@@ -699,8 +697,11 @@ fn pure_meta_with(driver: Driver, etcd: &Etcd, port: u16, extra: &[(&str, &str)]
         )
         .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-        .start()
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500");
+    for (k, v) in extra {
+        b = b.set(k, v);
+    }
+    b.start()
 }
 
 /// The media of `key`'s copies on the meta at `addr` (sorted; empty when unknown).
@@ -729,15 +730,23 @@ fn segment_used(addr: SocketAddr, name: &str) -> u64 {
 /// with the SSD copies and their checksums, so the objects held only on the SSD are there with
 /// the same copies, `cpu.used_bytes` and the SSD's used bytes are what they were, and every
 /// object reads back intact (SSD-only ones rewarmed, checked against the adopted checksum).
+/// Heartbeats every 3 s, and the kill well within one after the last moves landed: the local
+/// service fetches their `landed` records right after each move, not at its next beat (without
+/// that, the objects flushed since the last beat whose DRAM ranges were reused would be known
+/// to the catalog by neither copy).
 #[test]
 fn failover_keeps_the_objects_on_a_local_services_ssd() {
     let Some(etcd) = Etcd::start("catalog-ssd") else {
         return;
     };
     let driver = Driver::Uring;
-    let lease = [("ock.mmc.lease_ms", "100")];
-    let a = pure_meta_with(driver, &etcd, free_port(), &lease);
-    let b = pure_meta_with(driver, &etcd, free_port(), &lease);
+    let extra = [
+        ("ock.mmc.lease_ms", "100"),
+        ("ock.mmc.cluster.heartbeat_interval_ms", "3000"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "6000"),
+    ];
+    let a = pure_meta_with(driver, &etcd, free_port(), &extra);
+    let b = pure_meta_with(driver, &etcd, free_port(), &extra);
     let settled = |h: &serde_json::Value| {
         is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
     };
@@ -762,8 +771,8 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
         .set("ock.mmc.ssd.enable", "true")
         .set("ock.mmc.ssd.path", dir.to_str().unwrap())
         .set("ock.mmc.ssd.size", "64MB")
-        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "3000")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "6000")
         .start();
     let ssd_segment = |addr: SocketAddr| {
         let r = crate::harness::Client::connect(addr).get("/get_all_segments");
@@ -809,8 +818,7 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
     crate::store::eventually("s-0 in DRAM and on SSD", || {
         media_on(leader.addr, "s-0") == ["DRAM", "SSD"]
     });
-    // Settled (no move in flight), and a few heartbeats for the local service to learn
-    // every landed move and freed blob.
+    // Settled (no move in flight); then the kill, sooner than the next regular heartbeat.
     let mut before: Vec<Vec<String>> = Vec::new();
     let mut used_before = (0, 0);
     crate::store::eventually("the tiers settle", || {
@@ -818,14 +826,14 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
             .map(|i| media_on(leader.addr, &format!("s-{i}")))
             .collect();
         let used = (dram_used(leader.addr), segment_used(leader.addr, &ssd));
-        std::thread::sleep(Duration::from_millis(600));
+        std::thread::sleep(Duration::from_millis(50));
         let again = (dram_used(leader.addr), segment_used(leader.addr, &ssd));
         let settled = used == again && m == before;
         before = m;
         used_before = used;
         settled
     });
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(700));
     let ssd_only: Vec<usize> = (0..n).filter(|&i| before[i] == ["SSD"]).collect();
     assert!(ssd_only.len() >= 3, "on SSD only: {ssd_only:?}");
     assert_eq!(before[0], ["DRAM", "SSD"]);

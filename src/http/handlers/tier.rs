@@ -174,7 +174,13 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
                 to.offset,
                 sum,
             );
-            if !named {
+            if named {
+                ctx.shard
+                    .cluster
+                    .local
+                    .moved_at_ms
+                    .store(unix_ms(), std::sync::atomic::Ordering::Relaxed);
+            } else {
                 log::debug!(
                     "rank {}: a tier move's source is not in the catalog; its copy is not handed over",
                     from.rank
