@@ -23,6 +23,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_HANDED_OVER: usize = 400_000;
 /// Pause between two join attempts while no meta service answers.
 const JOIN_RETRY: Duration = Duration::from_millis(300);
+/// How long after a tier move the agent reports (the meta has landed it by then, usually; the
+/// second report is for a meta that was slower): its `landed` record is what lets the catalog
+/// hand the copy over.
+const AFTER_MOVE_MS: [u64; 2] = [50, 400];
 
 /// Starts the agent thread of a local service listening at `listen`.
 pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Result<()> {
@@ -89,6 +93,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let url = advertise_url(&cluster, listen);
     let mut member: Option<Membership> = None;
     let mut last_report = Instant::now() - Duration::from_secs(3600);
+    let mut last_report_ms = 0;
     // The meta is given up after as long without an answer as it waits for our reports: it
     // died or lost its leadership, and the list of meta URLs is tried again (with HA, the new
     // leader admits us; its index of our memory starts empty).
@@ -120,9 +125,17 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                 Err(Fatal::Retry) => monoio::time::sleep(JOIN_RETRY).await,
             },
             Some(m) => {
-                // A catalog to hand over goes at once, so the objects are back soon.
-                if last_report.elapsed() >= m.interval || m.hand_over {
+                // A catalog to hand over goes at once, so the objects are back soon; a tier
+                // move's landing is fetched soon after the move.
+                let moved = cluster.local.moved_at_ms.load(Ordering::Relaxed);
+                let now_ms = crate::grant::unix_ms();
+                let after_move = moved != 0
+                    && AFTER_MOVE_MS
+                        .iter()
+                        .any(|&d| now_ms >= moved + d && last_report_ms < moved + d);
+                if last_report.elapsed() >= m.interval || m.hand_over || after_move {
                     last_report = Instant::now();
+                    last_report_ms = now_ms;
                     match heartbeat(&cluster, m, incarnation).await {
                         Beat::Heard => last_heard = Instant::now(),
                         Beat::Unheard if last_heard.elapsed() <= silence_limit => {}

@@ -8,8 +8,10 @@
 //! shard of a leader, so within one leadership the generations of one key grow with time).
 //! Stamps order the versions of a key across leaders: `(view, seq)` compared as a pair.
 //!
-//! The local learns an entry when it writes a blob under a grant (the grant carries the stamp),
-//! and learns removals from its meta: every blob of a remote rank that the meta detaches
+//! The local learns an entry when it writes a blob under a grant (the grant carries the stamp)
+//! or copies one between its DRAM and its SSD in a tier move (the copy takes the source entry's
+//! key and stamp, and an SSD copy its checksum; it is handed over once the meta's log says the
+//! move *landed*, i.e. the meta made the copy readable), and learns removals from its meta: every blob of a remote rank that the meta detaches
 //! (removed, evicted, overwritten, reclaimed, `remove_all`, a failed commit) is appended to that
 //! rank's [`FreedLog`] with a sequence number, sent in the heartbeat answers and trimmed when
 //! the local acknowledges the sequence it applied, so nothing is lost between beats. A log
@@ -53,15 +55,35 @@ pub struct Entry {
     /// The object's size.
     pub size: u64,
     pub stamp: Stamp,
+    /// An SSD copy's checksum (xxh3 of its bytes, as its tier move answered it); 0 for memory.
+    pub sum: u64,
 }
 
-/// A blob the meta no longer holds on a rank: the local drops the entry at this range if it
-/// has this stamp (a newer blob at the same range is another entry).
+/// A record of a rank's log: a blob the meta no longer holds on that rank (the local drops
+/// the entry at this range if it has this stamp: a newer blob at the same range is another
+/// entry), or, with `landed`, a tier move's destination the meta made readable (the local
+/// confirms its entry, so it is handed over from then on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Freed {
     pub medium: Medium,
     pub offset: u64,
     pub stamp: Stamp,
+    pub landed: bool,
+}
+
+/// How far a catalog entry is known to the meta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Known {
+    /// Committed (or not this service's to commit): handed over.
+    Committed,
+    /// A put whose commit this service awaits: not handed over until confirmed; a freed
+    /// record drops it.
+    Pending,
+    /// A tier move's destination the meta has not reported landed: not handed over until a
+    /// `landed` record confirms it. A freed record does not drop it (the meta frees an
+    /// abandoned destination, and an earlier blob of the same object at the same range has the
+    /// same stamp: either way it stays unconfirmed, so never handed over).
+    Moved,
 }
 
 /// An entry offered for adoption on a meta: the rank it came from.
@@ -85,8 +107,8 @@ pub struct BeatNews {
 #[derive(Default)]
 pub struct Catalog {
     /// By (medium, offset): blobs of one segment never overlap. With each entry: when it
-    /// was added (see `added`) and whether its put is known committed.
-    entries: BTreeMap<(Medium, u64), (Entry, u64, bool)>,
+    /// was added (see `added`) and how far the meta knows it.
+    entries: BTreeMap<(Medium, u64), (Entry, u64, Known)>,
     /// The last freed-record sequence applied (acknowledged with each heartbeat).
     acked: u64,
     /// Counts additions, so a resync keeps what was added while its list was being taken.
@@ -114,7 +136,7 @@ impl Catalog {
     /// A blob written here whose put is committed (or not this service's to commit: a later
     /// hop of a chain, a drain's copy): see [`Catalog::add_pending`].
     pub fn add(&mut self, e: Entry) {
-        self.insert(e, true);
+        self.insert(e, Known::Committed);
     }
 
     /// A blob written here whose commit is still on its way: it is not handed over until
@@ -122,19 +144,54 @@ impl Catalog {
     /// Like any addition it replaces the entries whose ranges it overlaps (they were freed on
     /// the meta, which reused the range, even if their records have not arrived yet).
     pub fn add_pending(&mut self, e: Entry) {
-        self.insert(e, false);
+        self.insert(e, Known::Pending);
     }
 
-    /// The commit of the pending entry at this range with this stamp succeeded.
+    /// A tier move this service just made (`POST /cluster/v1/move`): the blob at
+    /// `(from_medium, from_offset)`, of `size` bytes, was copied to `(medium, offset)`, with
+    /// checksum `sum` for an SSD copy. The copy gets the source entry's key and stamp; it is
+    /// handed over only once the meta's log says the move landed (the meta switched its index
+    /// to it: a leader that died before, or gave the move up, never made it a copy). False
+    /// when no entry of that size is at the source range (nothing to name the copy by).
+    pub fn add_moved(
+        &mut self,
+        from_medium: Medium,
+        from_offset: u64,
+        size: u64,
+        medium: Medium,
+        offset: u64,
+        sum: u64,
+    ) -> bool {
+        let Some((src, _, _)) = self.entries.get(&(from_medium, from_offset)) else {
+            return false;
+        };
+        if src.size != size {
+            return false;
+        }
+        let e = Entry {
+            key: src.key.clone(),
+            medium,
+            offset,
+            len: src.len,
+            size,
+            stamp: src.stamp,
+            sum: if medium == Medium::Ssd { sum } else { 0 },
+        };
+        self.insert(e, Known::Moved);
+        true
+    }
+
+    /// The commit of the pending entry (or the tier move to the entry) at this range with
+    /// this stamp succeeded.
     pub fn confirm(&mut self, f: &Freed) {
-        if let Some((e, _, committed)) = self.entries.get_mut(&(f.medium, f.offset))
+        if let Some((e, _, known)) = self.entries.get_mut(&(f.medium, f.offset))
             && e.stamp == f.stamp
         {
-            *committed = true;
+            *known = Known::Committed;
         }
     }
 
-    fn insert(&mut self, e: Entry, committed: bool) {
+    fn insert(&mut self, e: Entry, known: Known) {
         let end = e.offset + e.len.max(1);
         let overlapping: Vec<(Medium, u64)> = self
             .entries
@@ -147,13 +204,14 @@ impl Catalog {
         }
         self.added += 1;
         self.entries
-            .insert((e.medium, e.offset), (e, self.added, committed));
+            .insert((e.medium, e.offset), (e, self.added, known));
     }
 
-    /// Drops the entry at this range if it has this stamp; true when one was dropped.
+    /// Drops the entry at this range if it has this stamp (an unconfirmed tier move's copy
+    /// excepted: see `Known::Moved`); true when one was dropped.
     pub fn free(&mut self, f: &Freed) -> bool {
         match self.entries.get(&(f.medium, f.offset)) {
-            Some((e, _, _)) if e.stamp == f.stamp => {
+            Some((e, _, known)) if e.stamp == f.stamp && *known != Known::Moved => {
                 self.entries.remove(&(f.medium, f.offset));
                 true
             }
@@ -176,22 +234,27 @@ impl Catalog {
     /// was sent (entries added since then survive a resync).
     pub fn apply(&mut self, news: BeatNews, mark: u64) {
         if let Some(list) = news.resync {
-            let recent: Vec<(Entry, bool)> = self
+            let recent: Vec<(Entry, Known)> = self
                 .entries
                 .values()
                 .filter(|(_, at, _)| *at > mark)
-                .map(|(e, _, c)| (e.clone(), *c))
+                .map(|(e, _, k)| (e.clone(), *k))
                 .collect();
             self.entries.clear();
             for e in list {
                 self.add(e);
             }
-            for (e, committed) in recent {
-                self.insert(e, committed);
+            for (e, known) in recent {
+                self.insert(e, known);
             }
         }
         for (seq, f) in &news.freed {
-            if *seq > self.acked {
+            if *seq <= self.acked {
+                continue;
+            }
+            if f.landed {
+                self.confirm(f);
+            } else {
                 self.free(f);
             }
         }
@@ -202,7 +265,7 @@ impl Catalog {
     pub fn entries(&self) -> Vec<Entry> {
         self.entries
             .values()
-            .filter(|(_, _, committed)| *committed)
+            .filter(|(_, _, known)| *known == Known::Committed)
             .map(|(e, _, _)| e.clone())
             .collect()
     }
@@ -301,6 +364,7 @@ mod tests {
             len,
             size: len,
             stamp: Stamp { view, seq },
+            sum: 0,
         }
     }
 
@@ -309,6 +373,7 @@ mod tests {
             medium: Medium::Dram,
             offset,
             stamp: Stamp { view, seq },
+            landed: false,
         }
     }
 
@@ -462,6 +527,71 @@ mod tests {
         assert!(c.entries().is_empty(), "another stamp confirms nothing");
         c.confirm(&freed(0, 1, 1));
         assert_eq!(keys(&c), ["p"]);
+    }
+
+    /// A tier move's copy (a demotion to SSD here) is named by its source's entry, handed
+    /// over only once the meta's log says the move landed, and dropped by a freed record of
+    /// its SSD range like any entry.
+    #[test]
+    fn a_tier_move_is_handed_over_once_landed() {
+        let mut c = Catalog::default();
+        let mut a = entry("a", 0, 4096, 3, 7);
+        a.size = 100;
+        c.add(a);
+        let ssd = |landed| Freed {
+            medium: Medium::Ssd,
+            offset: 8192,
+            stamp: Stamp { view: 3, seq: 7 },
+            landed,
+        };
+        assert!(
+            !c.add_moved(Medium::Dram, 4096, 100, Medium::Ssd, 0, 1),
+            "no source"
+        );
+        assert!(
+            !c.add_moved(Medium::Dram, 0, 99, Medium::Ssd, 0, 1),
+            "another size"
+        );
+        assert!(c.add_moved(Medium::Dram, 0, 100, Medium::Ssd, 8192, 0xabc));
+        assert_eq!(
+            keys(&c),
+            ["a"],
+            "not landed yet: only the source is handed over"
+        );
+        // A freed record of an earlier copy at that range (same object, same stamp) leaves
+        // the unconfirmed copy alone.
+        assert!(!c.free(&ssd(false)));
+        // The meta's log: the move landed, then the source was detached.
+        c.apply(
+            BeatNews {
+                seq: 2,
+                freed: vec![(1, ssd(true)), (2, freed(0, 3, 7))],
+                resync: None,
+            },
+            c.mark(),
+        );
+        let e = c.entries();
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            (e[0].medium, e[0].offset, e[0].len),
+            (Medium::Ssd, 8192, 4096)
+        );
+        assert_eq!(
+            (e[0].size, e[0].sum, e[0].stamp),
+            (100, 0xabc, Stamp { view: 3, seq: 7 })
+        );
+        assert_eq!(&*e[0].key, b"a");
+        // A rewarm back to DRAM: two copies once landed.
+        assert!(c.add_moved(Medium::Ssd, 8192, 100, Medium::Dram, 4096, 0));
+        let mut dram = freed(4096, 3, 7);
+        dram.landed = true;
+        c.confirm(&dram);
+        assert_eq!(c.entries().len(), 2);
+        assert_eq!(c.entries()[0].sum, 0, "a memory copy has no checksum");
+        // The meta frees the SSD copy (evicted, or the object removed): dropped.
+        assert!(c.free(&ssd(false)));
+        assert_eq!(c.entries().len(), 1);
+        assert_eq!(c.entries()[0].medium, Medium::Dram);
     }
 
     #[test]

@@ -292,6 +292,10 @@ pub struct LocalIdentity {
     /// joins (`shards/catalog.rs`).
     // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
     pub catalog: Mutex<super::catalog::Catalog>,
+    /// When (Unix ms) this service last answered a tier move whose copy awaits its `landed`
+    /// record (0: none): the agent reports soon after, so the catalog learns it within tens of
+    /// milliseconds rather than a heartbeat interval.
+    pub moved_at_ms: std::sync::atomic::AtomicU64,
     /// Shared by every write under a grant of the current membership: revoked when the
     /// service joins again, so a body still arriving under the previous meta's grant stops
     /// writing into a range the next meta may have given to another object (an allocation the
@@ -307,6 +311,7 @@ impl LocalIdentity {
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
             catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
+            moved_at_ms: Default::default(),
             writers: Default::default(),
         }
     }

@@ -681,7 +681,12 @@ fn local_services_follow_a_new_leader() {
 
 /// A pure meta (no embedded ranks) with HA on and fast heartbeats.
 fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
-    ServerBuilder::new(driver)
+    pure_meta_with(driver, etcd, port, &[])
+}
+
+/// `pure_meta` with settings of its own (applied last: they win).
+fn pure_meta_with(driver: Driver, etcd: &Etcd, port: u16, extra: &[(&str, &str)]) -> Server {
+    let mut b = ServerBuilder::new(driver)
         .listen(&format!("127.0.0.1:{port}"))
         .set("ock.mmc.embedded.ranks", "0")
         .set("ock.mmc.meta.ha.enable", "true")
@@ -692,8 +697,194 @@ fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
         )
         .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-        .start()
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500");
+    for (k, v) in extra {
+        b = b.set(k, v);
+    }
+    b.start()
+}
+
+/// The media of `key`'s copies on the meta at `addr` (sorted; empty when unknown).
+fn media_on(addr: SocketAddr, key: &str) -> Vec<String> {
+    let q = crate::harness::Client::connect(addr)
+        .get(&format!("/query_key?key={key}"))
+        .json();
+    if q["success"] == false {
+        return Vec::new();
+    }
+    crate::store::media(&q)
+}
+
+fn segment_used(addr: SocketAddr, name: &str) -> u64 {
+    let q = crate::harness::Client::connect(addr)
+        .get(&format!("/query_segment?segment={name}"))
+        .json();
+    q["used_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name}: {q}"))
+}
+
+/// A local service with SSD (`ock.mmc.ssd.*`) and a small DRAM: objects put through the
+/// leader are demoted to its SSD (its tier moves), one is read back (rewarmed: a DRAM and an
+/// SSD copy on the rank). kill -9 of the leader: the new leader adopts the service's catalog
+/// with the SSD copies and their checksums, so the objects held only on the SSD are there with
+/// the same copies, `cpu.used_bytes` and the SSD's used bytes are what they were, and every
+/// object reads back intact (SSD-only ones rewarmed, checked against the adopted checksum).
+/// Heartbeats every 3 s, and the kill well within one after the last moves landed: the local
+/// service fetches their `landed` records right after each move, not at its next beat (without
+/// that, the objects flushed since the last beat whose DRAM ranges were reused would be known
+/// to the catalog by neither copy).
+#[test]
+fn failover_keeps_the_objects_on_a_local_services_ssd() {
+    let Some(etcd) = Etcd::start("catalog-ssd") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let extra = [
+        ("ock.mmc.lease_ms", "100"),
+        ("ock.mmc.cluster.heartbeat_interval_ms", "3000"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "6000"),
+    ];
+    let a = pure_meta_with(driver, &etcd, free_port(), &extra);
+    let b = pure_meta_with(driver, &etcd, free_port(), &extra);
+    let settled = |h: &serde_json::Value| {
+        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
+    };
+    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
+    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
+    let (mut leader, standby) = if ha["role"] == "leader" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let dir = crate::store::temp_dir("ha-ssd");
+    let local = ServerBuilder::new(driver)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set(
+            "ock.mmc.meta_service_url",
+            &format!("{},{}", url(standby.addr), url(leader.addr)),
+        )
+        .set("ock.mmc.local_service.dram.size", "8MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .set("ock.mmc.ssd.enable", "true")
+        .set("ock.mmc.ssd.path", dir.to_str().unwrap())
+        .set("ock.mmc.ssd.size", "64MB")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "3000")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "6000")
+        .start();
+    let ssd_segment = |addr: SocketAddr| {
+        let r = crate::harness::Client::connect(addr).get("/get_all_segments");
+        r.text()
+            .lines()
+            .find(|l| l.ends_with("-ssd"))
+            .map(str::to_string)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ssd = loop {
+        if let Some(s) = ssd_segment(leader.addr) {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the local service never joined the leader with its SSD; its log:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let data = |i: usize| -> Vec<u8> {
+        (0..1usize << 20)
+            .map(|j| (j * 31 + i * 7 + j / 4096) as u8)
+            .collect()
+    };
+    // 20 objects of 1 MiB through 8 MB of DRAM: the first ones go down to the rank's SSD.
+    let n = 20;
+    for i in 0..n {
+        let r = follow(
+            leader.addr,
+            "PUT",
+            &format!("/api/v1/objects?key=s-{i}"),
+            Some(&data(i)),
+        );
+        assert_eq!(r.json()["success"], true, "s-{i}: {}", r.text());
+    }
+    crate::store::eventually("s-0 and s-1 on SSD only", || {
+        media_on(leader.addr, "s-0") == ["SSD"] && media_on(leader.addr, "s-1") == ["SSD"]
+    });
+    // s-0 read back: rewarmed into the rank's DRAM, so it has a copy on each.
+    let r = follow(leader.addr, "GET", "/api/v1/objects?key=s-0", None);
+    assert!(r.status == 200 && r.body == data(0), "s-0: {}", r.status);
+    crate::store::eventually("s-0 in DRAM and on SSD", || {
+        media_on(leader.addr, "s-0") == ["DRAM", "SSD"]
+    });
+    // Settled (no move in flight); then the kill, sooner than the next regular heartbeat.
+    let mut before: Vec<Vec<String>> = Vec::new();
+    let mut used_before = (0, 0);
+    crate::store::eventually("the tiers settle", || {
+        let m: Vec<Vec<String>> = (0..n)
+            .map(|i| media_on(leader.addr, &format!("s-{i}")))
+            .collect();
+        let used = (dram_used(leader.addr), segment_used(leader.addr, &ssd));
+        std::thread::sleep(Duration::from_millis(50));
+        let again = (dram_used(leader.addr), segment_used(leader.addr, &ssd));
+        let settled = used == again && m == before;
+        before = m;
+        used_before = used;
+        settled
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let ssd_only: Vec<usize> = (0..n).filter(|&i| before[i] == ["SSD"]).collect();
+    assert!(ssd_only.len() >= 3, "on SSD only: {ssd_only:?}");
+    assert_eq!(before[0], ["DRAM", "SSD"]);
+    assert!(used_before.1 >= (ssd_only.len() as u64 + 1) << 20);
+
+    let old_addr = leader.addr;
+    leader.kill9();
+    wait_gone(old_addr);
+    wait_health(
+        standby.addr,
+        Duration::from_millis(TTL_MS + 4000),
+        "the serving leader",
+        is_serving_leader,
+    );
+    // The local service joins the new leader and hands its catalog over: every object has
+    // the copies it had (no read yet: a read of an SSD-only one would rewarm it).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now: Vec<Vec<String>> = (0..n)
+            .map(|i| media_on(standby.addr, &format!("s-{i}")))
+            .collect();
+        if now == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copies after the failover: {now:?}, before: {before:?}; the local's log:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        (dram_used(standby.addr), segment_used(standby.addr, &ssd)),
+        used_before,
+        "cpu.used_bytes and the SSD's used bytes after the failover"
+    );
+    // Every object reads back intact; the SSD-only ones through a rewarm checked against
+    // the adopted checksum.
+    for i in (0..n).rev() {
+        let r = follow(
+            standby.addr,
+            "GET",
+            &format!("/api/v1/objects?key=s-{i}"),
+            None,
+        );
+        assert_eq!(r.status, 200, "s-{i}: {}", r.text());
+        assert!(r.body == data(i), "s-{i}'s bytes");
+    }
+    drop(local);
+    drop(standby);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A request that follows 307s from host to host (a standby's to the leader, the leader's to

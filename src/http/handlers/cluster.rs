@@ -229,6 +229,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
                 medium: a.entry.medium,
                 offset: a.entry.offset,
                 stamp: a.entry.stamp,
+                landed: false,
             };
             (a.rank, f)
         }));
@@ -315,14 +316,18 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
     match cluster.freed_logs.answer(rank, ack) {
         LogAnswer::Records { seq, freed } => {
-            let freed: Vec<Value> = freed
-                .iter()
-                .map(|(s, f)| catalog_wire::freed_json(*s, f))
-                .collect();
-            json_answer(
-                ctx,
-                json!({"success": true, "catalog_seq": seq, "freed": freed}),
-            )
+            // Tier moves landed go in their own list (the local merges both by sequence).
+            let (landed, freed): (Vec<_>, Vec<_>) = freed.iter().partition(|(_, f)| f.landed);
+            let list = |l: Vec<&(u64, Freed)>| -> Vec<Value> {
+                l.iter()
+                    .map(|(s, f)| catalog_wire::freed_json(*s, f))
+                    .collect()
+            };
+            let mut v = json!({"success": true, "catalog_seq": seq, "freed": list(freed)});
+            if !landed.is_empty() {
+                v["landed"] = Value::Array(list(landed));
+            }
+            json_answer(ctx, v)
         }
         LogAnswer::Resync { seq } => {
             let replies = ctx.shard.broadcast(|| Command::RankBlobs { rank }).await;

@@ -499,6 +499,7 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
         len: grant.len.max(1).div_ceil(PAGE_BYTES) * PAGE_BYTES,
         size: grant.size,
         stamp: grant_stamp(grant),
+        sum: 0,
     };
     let mut catalog = cluster.local.catalog();
     if grant.op == GrantOp::WriteCommit {
@@ -515,6 +516,7 @@ fn catalog_freed(grant: &Grant) -> Freed {
         medium: Medium::ALL[grant.medium as usize],
         offset: grant.offset,
         stamp: grant_stamp(grant),
+        landed: false,
     }
 }
 

@@ -32,7 +32,8 @@ fn move_grants(
         size: v.len,
         obj_id: 0,
         obj_generation: 0,
-        // A move is no write under a stamp: the catalog does not record it.
+        // The local service names the copy in its catalog by the source's entry (key and
+        // stamp), not by the grant.
         view: 0,
         expires_ms,
         sum,
@@ -163,6 +164,28 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
     };
     match outcome {
         IoOutcome::Done => {
+            // In the catalog as a copy of the source's entry; handed over once the meta's log
+            // says the move landed (it switched its index to the copy).
+            let named = ctx.shard.cluster.local.catalog().add_moved(
+                Medium::ALL[from.medium as usize],
+                from.offset,
+                from.size,
+                Medium::ALL[to.medium as usize],
+                to.offset,
+                sum,
+            );
+            if named {
+                ctx.shard
+                    .cluster
+                    .local
+                    .moved_at_ms
+                    .store(unix_ms(), std::sync::atomic::Ordering::Relaxed);
+            } else {
+                log::debug!(
+                    "rank {}: a tier move's source is not in the catalog; its copy is not handed over",
+                    from.rank
+                );
+            }
             ctx.scratch.clear();
             let mut w = JsonWriter::new(ctx.scratch);
             w.begin_object();

@@ -25,6 +25,20 @@ impl Store {
     }
 
     pub(super) fn note_freed_remote(&mut self, blob: u32, obj: u32) {
+        self.note_remote(blob, obj, false);
+    }
+
+    /// A tier move's destination on a remote rank just became a readable copy (a flush to
+    /// the rank's SSD, a rewarm into its DRAM): its local service may hand it over from now
+    /// on. Noted before the source's removal, so the log tells them in that order.
+    pub(super) fn note_landed_remote(&mut self, blob: u32) {
+        let obj = self.blobs[blob as usize].obj;
+        if obj != NIL {
+            self.note_remote(blob, obj, true);
+        }
+    }
+
+    fn note_remote(&mut self, blob: u32, obj: u32, landed: bool) {
         let b = &self.blobs[blob as usize];
         let Some(Some(ss)) = self.segs.get(b.seg as usize) else {
             return;
@@ -36,6 +50,7 @@ impl Store {
             medium: b.medium,
             offset: b.offset,
             stamp: self.objects[obj as usize].stamp,
+            landed,
         };
         self.freed_remote.push((b.rank, f));
     }
@@ -46,8 +61,11 @@ impl Store {
     /// lease (reads granted by the previous leader may still be under way) and the object its
     /// `Stored` event. A key already here with the same stamp gains the copy (an object with
     /// replicas on two ranks); with an older stamp it is replaced, with a newer one the entry
-    /// is refused. Returns the entries refused (their blobs are not this meta's: the caller
-    /// logs them as freed so their local services drop them).
+    /// is refused. An SSD entry's blob gets the entry's checksum (its reads are checked
+    /// against it, as for a copy this meta flushed); a DRAM and an SSD copy of one object on
+    /// one rank (a rewarm) are one object with both copies. Returns the entries refused (their
+    /// blobs are not this meta's: the caller logs them as freed so their local services drop
+    /// them).
     pub fn adopt(&mut self, mut entries: Vec<Adopted>) -> Vec<Adopted> {
         let now = self.now_ms();
         // Newest first: an older version of a key in the same batch is refused outright
@@ -93,14 +111,17 @@ impl Store {
                     let on_rank = |off: Option<u64>| {
                         o.blobs.iter().any(|&b| {
                             let b = &self.blobs[b as usize];
-                            b.rank == a.rank && off.is_none_or(|x| x == b.offset)
+                            b.rank == a.rank
+                                && b.medium == e.medium
+                                && off.is_none_or(|x| x == b.offset)
                         })
                     };
                     if on_rank(Some(e.offset)) {
                         // This very copy is known already (a repeated hand-over).
                         return true;
                     }
-                    // The same object: one more copy, on another rank, of the same size.
+                    // The same object: one more copy, on another rank or another medium of
+                    // this one, of the same size.
                     if on_rank(None) || o.size != e.size || self.uncommitted.contains_key(&obj) {
                         return false;
                     }
@@ -125,6 +146,9 @@ impl Store {
             }
         };
         let id = self.insert_blob(obj, seg, e.offset, e.len, BlobState::Allocated, now);
+        if e.medium == Medium::Ssd {
+            self.blobs[id as usize].sum = e.sum;
+        }
         self.make_readable(id, now);
         self.blobs[id as usize].lease_until_ms = now + self.cfg.lease_ms;
         true
@@ -152,6 +176,7 @@ impl Store {
                     len: b.len,
                     size: o.size,
                     stamp: o.stamp,
+                    sum: if b.medium == Medium::Ssd { b.sum } else { 0 },
                 }
             })
             .collect()
@@ -231,6 +256,7 @@ mod tests {
             len: 4096,
             size: 1015,
             stamp: freed[0].1.stamp,
+            sum: 0,
         });
         for e in all {
             catalog.add(e);
@@ -291,6 +317,7 @@ mod tests {
             len: 4096,
             size: 10,
             stamp: Stamp { view, seq },
+            sum: 0,
         };
         // An overwrite whose old blob's freed record never arrived: both are in the catalog.
         for order in [[0, 1], [1, 0]] {
@@ -342,6 +369,174 @@ mod tests {
         s.check();
     }
 
+    /// A remote rank's tier moves are handed over too. The catalog names each move's copy by
+    /// its source entry and hands it over once the meta's log says it landed: a new leader
+    /// then serves an object demoted to the rank's SSD at its range with its checksum (a read
+    /// rewarms it checked against it; a damaged copy is still refused), and an object
+    /// rewarmed into the rank's DRAM as one object with both copies. An SSD copy the meta
+    /// frees is logged with its medium, and its entry dropped.
+    #[test]
+    fn tier_moves_are_handed_over_with_their_checksums() {
+        use crate::shards::catalog::{BeatNews, FreedLogs, LogAnswer};
+        use std::collections::HashMap;
+        let build = || {
+            TestStore::new()
+                .remote_segment(4, Medium::Dram, 4 * MB)
+                .remote_segment(4, Medium::Ssd, 16 * MB)
+                .config(|c| c.lease_ms = 0)
+                .build()
+        };
+        let mut old = build();
+        old.set_view(5);
+        let logs = FreedLogs::default();
+        let mut catalog = Catalog::default();
+        // What the local service sees of the meta's log, one heartbeat.
+        let beat = |old: &mut Store, catalog: &mut Catalog| {
+            logs.push(old.take_freed_remote());
+            let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
+                panic!("no overflow here");
+            };
+            let mark = catalog.mark();
+            catalog.apply(
+                BeatNews {
+                    seq,
+                    freed,
+                    resync: None,
+                },
+                mark,
+            );
+        };
+        // The flushes to the rank's own SSD, which its local service makes (and catalogs)
+        // before the meta lands them with their checksums.
+        fn run_flushes(old: &mut Store, catalog: &mut Catalog, sums: &mut HashMap<u64, u64>) {
+            for job in old.take_jobs() {
+                let IoJob::Flush {
+                    src_view, dst_view, ..
+                } = &job
+                else {
+                    panic!("{job:?}");
+                };
+                let sum = 0xC0FFEE + sums.len() as u64;
+                assert!(catalog.add_moved(
+                    src_view.seg.medium,
+                    src_view.offset,
+                    src_view.len,
+                    dst_view.seg.medium,
+                    dst_view.offset,
+                    sum
+                ));
+                // Not handed over before the meta switched its index to it.
+                let mut handed_over = catalog.entries().into_iter();
+                assert!(
+                    handed_over.all(|e| e.offset != dst_view.offset || e.medium != Medium::Ssd)
+                );
+                old.finish_flush(&job, true, sum, 10);
+                sums.insert(dst_view.offset, sum);
+            }
+        }
+        // Puts past the DRAM's watermark.
+        let mut sums = HashMap::new();
+        for i in 0..8 {
+            let key = format!("r{i}");
+            put(&mut old, &key, MB - 100 * i, 1);
+            let written = old
+                .rank_blobs(4)
+                .into_iter()
+                .find(|e| *e.key == *key.as_bytes());
+            catalog.add(written.unwrap());
+            run_flushes(&mut old, &mut catalog, &mut sums);
+        }
+        assert!(sums.len() >= 3, "{} flushes", sums.len());
+        beat(&mut old, &mut catalog);
+        let on_ssd: Vec<Entry> = catalog
+            .entries()
+            .into_iter()
+            .filter(|e| e.medium == Medium::Ssd)
+            .collect();
+        assert_eq!(on_ssd.len(), sums.len());
+        assert!(on_ssd.iter().all(|e| e.sum == sums[&e.offset]));
+        // A read of the first one rewarms it into the rank's DRAM (DRAM and SSD copies).
+        let first = String::from_utf8(on_ssd[0].key.to_vec()).unwrap();
+        let GetStep::Rewarm(job) = old.get(first.as_bytes()) else {
+            panic!("an SSD-only object is rewarmed");
+        };
+        let IoJob::Rewarm {
+            src_view, dst_view, ..
+        } = &job
+        else {
+            panic!("{job:?}");
+        };
+        assert!(catalog.add_moved(
+            Medium::Ssd,
+            src_view.offset,
+            src_view.len,
+            Medium::Dram,
+            dst_view.offset,
+            0
+        ));
+        old.finish_rewarm(&job, IoOutcome::Done, 10);
+        // (Room for it was made by flushing others.)
+        run_flushes(&mut old, &mut catalog, &mut sums);
+        // The SSD copy of another object is freed (removed): logged with its medium.
+        let removed = on_ssd[1].clone();
+        logs.push(old.take_freed_remote());
+        assert!(old.remove(&removed.key));
+        let f = old.take_freed_remote();
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            (f[0].0, f[0].1.medium, f[0].1.offset, f[0].1.landed),
+            (4, Medium::Ssd, removed.offset, false)
+        );
+        logs.push(f);
+        beat(&mut old, &mut catalog);
+        old.check();
+        let on_rank: usize = old
+            .rank_blobs(4)
+            .iter()
+            .filter(|e| e.medium != Medium::Hbm)
+            .count();
+        assert_eq!(
+            catalog.entries().len(),
+            on_rank,
+            "the catalog follows the meta"
+        );
+
+        let mut new = build();
+        new.set_view(9);
+        let refused = new.adopt(offered(4, catalog.entries()));
+        assert!(refused.is_empty(), "{refused:?}");
+        new.check();
+        for m in [Medium::Dram, Medium::Ssd] {
+            assert_eq!(new.medium_totals(m).1, old.medium_totals(m).1, "{m:?}");
+        }
+        assert_eq!(new.object_count(), old.object_count());
+        assert!(
+            new.find(&removed.key).is_none(),
+            "a freed SSD copy stays freed"
+        );
+        // The rewarmed object: one object, its DRAM and SSD copies on rank 4.
+        let q = new.query(first.as_bytes()).unwrap();
+        let mut media: Vec<Medium> = q.blobs.iter().map(|b| b.medium).collect();
+        media.sort();
+        assert_eq!(media, [Medium::Dram, Medium::Ssd]);
+        assert_eq!(new.stats.stored_keys.get(), old.stats.stored_keys.get());
+        // An SSD-only object: a read rewarms it, checked against the adopted checksum; a
+        // damaged copy is refused (dropped with its object).
+        for e in &on_ssd[2..] {
+            new.lease_expire_all();
+            let GetStep::Rewarm(job) = new.get(&e.key) else {
+                panic!("an adopted SSD-only object is rewarmed");
+            };
+            let IoJob::Rewarm { sum, src_view, .. } = &job else {
+                panic!("{job:?}");
+            };
+            assert_eq!((*sum, src_view.offset), (e.sum, e.offset));
+            new.finish_rewarm(&job, IoOutcome::Damaged, 10);
+            assert!(new.find(&e.key).is_none());
+            new.check();
+        }
+    }
+
     /// A seeded run of what a local service sees: puts, deletes and overwrites on the old
     /// leader, the catalog kept by the grants' stamps and the freed log's beats (some lost,
     /// some late), then a hand-over to a new leader at a random moment. Every object live on
@@ -384,6 +579,7 @@ mod tests {
                             len: size.div_ceil(segment::PAGE_BYTES) * segment::PAGE_BYTES,
                             size,
                             stamp,
+                            sum: 0,
                         };
                         catalog.add_pending(e);
                         let ok = next(10) != 0;
@@ -392,6 +588,7 @@ mod tests {
                             medium: Medium::Dram,
                             offset: blobs[0].offset,
                             stamp,
+                            landed: false,
                         };
                         if ok {
                             catalog.confirm(&f);

@@ -175,6 +175,8 @@ impl Store {
             t.rewarm_bytes_current.add(size as i64);
         });
         self.make_readable(dst, now);
+        // A remote rank's local service hands the copy over once told (catalog hand-over).
+        self.note_landed_remote(dst);
     }
 
     /// A rewarm failed, or its object went away meanwhile: the DRAM copy is dropped (freed
@@ -238,6 +240,9 @@ impl Store {
             });
             self.blobs[dst.id as usize].sum = sum;
             self.make_readable(dst.id, now);
+            // Before the source's removal: a remote rank's local service hands the SSD copy
+            // over from then on (catalog hand-over).
+            self.note_landed_remote(dst.id);
             if src_live && self.blobs[src.id as usize].obj != NIL {
                 self.detach_blob(src.id, now);
             }
