@@ -205,17 +205,24 @@ pub(super) fn is_serving_leader(h: &serde_json::Value) -> bool {
 fn two_metas(driver: Driver, etcd: &Etcd) -> (Server, Server) {
     let a = meta(driver, etcd, free_port());
     let b = meta(driver, etcd, free_port());
+    leader_first(a, b)
+}
+
+/// Waits (bounded) until two metas settled (one serving leader, one standby that knows it);
+/// whether `a` is the leader.
+pub(super) fn a_leads(a: &Server, b: &Server) -> bool {
     let settle = Duration::from_secs(10);
     let settled = |h: &serde_json::Value| {
         is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
     };
     let ha = wait_health(a.addr, settle, "settled", settled);
     wait_health(b.addr, settle, "settled", settled);
-    if ha["role"] == "leader" {
-        (a, b)
-    } else {
-        (b, a)
-    }
+    ha["role"] == "leader"
+}
+
+/// Two metas once settled, leader first.
+pub(super) fn leader_first(a: Server, b: Server) -> (Server, Server) {
+    if a_leads(&a, &b) { (a, b) } else { (b, a) }
 }
 
 fn election_and_standby_redirects(driver: Driver) {
@@ -747,16 +754,7 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
     ];
     let a = pure_meta_with(driver, &etcd, free_port(), &extra);
     let b = pure_meta_with(driver, &etcd, free_port(), &extra);
-    let settled = |h: &serde_json::Value| {
-        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
-    };
-    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
-    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
-    let (mut leader, standby) = if ha["role"] == "leader" {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut leader, standby) = leader_first(a, b);
     let dir = crate::store::temp_dir("ha-ssd");
     let local = ServerBuilder::new(driver)
         .shards(1)
@@ -939,16 +937,7 @@ fn failover_keeps_the_objects_of_live_local_services() {
     let driver = Driver::Uring;
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
-    let settled = |h: &serde_json::Value| {
-        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
-    };
-    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
-    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
-    let (mut leader, standby) = if ha["role"] == "leader" {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut leader, standby) = leader_first(a, b);
     let local = ServerBuilder::new(driver)
         .shards(1)
         .arg("--role")
@@ -1192,16 +1181,7 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
     let driver = Driver::Uring;
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
-    let settled = |h: &serde_json::Value| {
-        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
-    };
-    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
-    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
-    let (mut leader, standby) = if ha["role"] == "leader" {
-        (a, b)
-    } else {
-        (b, a)
-    };
+    let (mut leader, standby) = leader_first(a, b);
     let locals: Vec<Server> = [7, 8]
         .iter()
         .map(|rank| {

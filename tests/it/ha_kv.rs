@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::ha::{Etcd, TTL_MS, free_port, health, is_serving_leader, url, wait_gone, wait_health};
+use super::ha::{
+    Etcd, TTL_MS, a_leads, free_port, health, is_serving_leader, url, wait_gone, wait_health,
+};
 use crate::harness::{Client, Driver, Server, ServerBuilder};
 
 fn tcp(port: u16) -> String {
@@ -311,12 +313,7 @@ fn a_kv_subscriber_follows_the_failover() {
         .collect();
     let a = kv_meta(&etcd, ports[0].0, ports[0].1, ports[0].2);
     let b = kv_meta(&etcd, ports[1].0, ports[1].1, ports[1].2);
-    let settled = |h: &serde_json::Value| {
-        is_serving_leader(h) || (h["role"] == "standby" && h["leader_address"] != "unknown")
-    };
-    let ha = wait_health(a.addr, Duration::from_secs(10), "settled", settled);
-    wait_health(b.addr, Duration::from_secs(10), "settled", settled);
-    let ((mut leader, lp), (standby, sp)) = if ha["role"] == "leader" {
+    let ((mut leader, lp), (standby, sp)) = if a_leads(&a, &b) {
         ((a, ports[0]), (b, ports[1]))
     } else {
         ((b, ports[1]), (a, ports[0]))
