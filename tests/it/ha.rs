@@ -225,6 +225,40 @@ pub(super) fn leader_first(a: Server, b: Server) -> (Server, Server) {
     if a_leads(&a, &b) { (a, b) } else { (b, a) }
 }
 
+/// A local service (one shard, no HBM) that knows both metas, the standby first (its 307
+/// leads the join to the leader); the test adds its own settings.
+pub(super) fn local_of(driver: Driver, standby: &Server, leader: &Server) -> ServerBuilder {
+    ServerBuilder::new(driver)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set(
+            "ock.mmc.meta_service_url",
+            &format!("{},{}", url(standby.addr), url(leader.addr)),
+        )
+        .set("ock.mmc.local_service.hbm.size", "0")
+}
+
+/// Waits (bounded, 10 s) until `meta` lists a segment whose line contains `needle`; returns
+/// that line. `local`'s log is shown when it never does.
+pub(super) fn wait_joined(meta: SocketAddr, needle: &str, local: &Server) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = crate::harness::Client::connect(meta).get("/get_all_segments");
+        if r.status == 200
+            && let Some(line) = r.text().lines().find(|l| l.contains(needle))
+        {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the local service never joined the leader ({needle}); its log:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn election_and_standby_redirects(driver: Driver) {
     let Some(etcd) = Etcd::start("election") else {
         return;
@@ -608,33 +642,13 @@ fn local_services_follow_a_new_leader() {
         return;
     };
     let (mut leader, standby) = two_metas(Driver::Uring, &etcd);
-    let local = ServerBuilder::new(Driver::Uring)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        // The standby first: its 307 leads the join to the leader.
-        .set(
-            "ock.mmc.meta_service_url",
-            &format!("{},{}", url(standby.addr), url(leader.addr)),
-        )
+    let local = local_of(Driver::Uring, &standby, &leader)
         .set("ock.mmc.local_service.rank", "5")
         .set("ock.mmc.local_service.dram.size", "32MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1000")
         .start();
-    let listed = |addr: SocketAddr| {
-        let r = crate::harness::Client::connect(addr).get("/get_all_segments");
-        r.status == 200 && r.text().contains("rank-5-dram")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listed(leader.addr) {
-        assert!(
-            Instant::now() < deadline,
-            "the local service never joined the leader"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(leader.addr, "rank-5-dram", &local);
     leader.kill9();
     wait_health(
         standby.addr,
@@ -642,15 +656,7 @@ fn local_services_follow_a_new_leader() {
         "the new leader",
         is_serving_leader,
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listed(standby.addr) {
-        assert!(
-            Instant::now() < deadline,
-            "the local service did not join the new leader; its log:\n{}",
-            local.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(standby.addr, "rank-5-dram", &local);
     let put = {
         let mut c = crate::harness::Client::connect(standby.addr);
         c.request(
@@ -756,41 +762,15 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
     let b = pure_meta_with(driver, &etcd, free_port(), &extra);
     let (mut leader, standby) = leader_first(a, b);
     let dir = crate::store::temp_dir("ha-ssd");
-    let local = ServerBuilder::new(driver)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        .set(
-            "ock.mmc.meta_service_url",
-            &format!("{},{}", url(standby.addr), url(leader.addr)),
-        )
+    let local = local_of(driver, &standby, &leader)
         .set("ock.mmc.local_service.dram.size", "8MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
         .set("ock.mmc.ssd.enable", "true")
         .set("ock.mmc.ssd.path", dir.to_str().unwrap())
         .set("ock.mmc.ssd.size", "64MB")
         .set("ock.mmc.cluster.heartbeat_interval_ms", "3000")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "6000")
         .start();
-    let ssd_segment = |addr: SocketAddr| {
-        let r = crate::harness::Client::connect(addr).get("/get_all_segments");
-        r.text()
-            .lines()
-            .find(|l| l.ends_with("-ssd"))
-            .map(str::to_string)
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let ssd = loop {
-        if let Some(s) = ssd_segment(leader.addr) {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the local service never joined the leader with its SSD; its log:\n{}",
-            local.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let ssd = wait_joined(leader.addr, "-ssd", &local);
     let data = |i: usize| -> Vec<u8> {
         (0..1usize << 20)
             .map(|j| (j * 31 + i * 7 + j / 4096) as u8)
@@ -938,32 +918,12 @@ fn failover_keeps_the_objects_of_live_local_services() {
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
     let (mut leader, standby) = leader_first(a, b);
-    let local = ServerBuilder::new(driver)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        .set(
-            "ock.mmc.meta_service_url",
-            &format!("{},{}", url(standby.addr), url(leader.addr)),
-        )
+    let local = local_of(driver, &standby, &leader)
         .set("ock.mmc.local_service.dram.size", "64MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
         .start();
-    let listed = |addr: SocketAddr| {
-        let r = crate::harness::Client::connect(addr).get("/get_all_segments");
-        r.status == 200 && r.text().contains("-dram")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listed(leader.addr) {
-        assert!(
-            Instant::now() < deadline,
-            "the local service never joined the leader; its log:\n{}",
-            local.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(leader.addr, "-dram", &local);
 
     // 20 objects, every other one sent to the standby (307 to the leader, 307 to the local).
     for i in 0..20 {

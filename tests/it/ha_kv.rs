@@ -15,7 +15,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
 use super::ha::{
-    Etcd, TTL_MS, a_leads, free_port, health, is_serving_leader, url, wait_gone, wait_health,
+    Etcd, TTL_MS, a_leads, free_port, health, is_serving_leader, local_of, url, wait_gone,
+    wait_health, wait_joined,
 };
 use crate::harness::{Client, Driver, Server, ServerBuilder};
 
@@ -344,29 +345,13 @@ fn a_kv_subscriber_follows_the_failover() {
         Some(format!("{}/kv_events/publisher", url(leader.addr)).as_str())
     );
 
-    let local = ServerBuilder::new(Driver::Uring)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        .set(
-            "ock.mmc.meta_service_url",
-            &format!("{},{}", url(standby.addr), url(leader.addr)),
-        )
+    let local = local_of(Driver::Uring, &standby, &leader)
         .set("ock.mmc.local_service.rank", "5")
         .set("ock.mmc.local_service.dram.size", "32MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1000")
         .start();
-    let listed = |addr: SocketAddr| {
-        let r = Client::connect(addr).get("/get_all_segments");
-        r.status == 200 && r.text().contains("rank-5-dram")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listed(leader.addr) {
-        assert!(Instant::now() < deadline, "the local service never joined");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(leader.addr, "rank-5-dram", &local);
 
     let mut router = Router::connect(named["endpoint"].as_str().unwrap(), "");
     let mut on_standby = Router::connect(&tcp(sp.1), "");
@@ -431,15 +416,7 @@ fn a_kv_subscriber_follows_the_failover() {
     );
 
     // The stream goes on with what the new leader stores.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listed(standby.addr) {
-        assert!(
-            Instant::now() < deadline,
-            "the local service did not join the new leader; its log:\n{}",
-            local.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(standby.addr, "rank-5-dram", &local);
     let after: BTreeSet<u64> = [0xbeef_0001].into();
     let j = put(
         standby.addr,
