@@ -214,6 +214,28 @@ mod tests {
         t.build()
     }
 
+    /// One heartbeat answer of the meta's log for rank 4, applied to `catalog` unless it is
+    /// lost on the way.
+    fn beat_answer(
+        logs: &crate::shards::catalog::FreedLogs,
+        catalog: &mut Catalog,
+        delivered: bool,
+    ) {
+        use crate::shards::catalog::{BeatNews, LogAnswer};
+        let mark = catalog.mark();
+        let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
+            panic!("the log does not overflow here");
+        };
+        if delivered {
+            let news = BeatNews {
+                seq,
+                freed,
+                resync: None,
+            };
+            catalog.apply(news, mark);
+        }
+    }
+
     fn offered(rank: u32, entries: Vec<Entry>) -> Vec<Adopted> {
         entries
             .into_iter()
@@ -377,7 +399,7 @@ mod tests {
     /// frees is logged with its medium, and its entry dropped.
     #[test]
     fn tier_moves_are_handed_over_with_their_checksums() {
-        use crate::shards::catalog::{BeatNews, FreedLogs, LogAnswer};
+        use crate::shards::catalog::FreedLogs;
         use std::collections::HashMap;
         let build = || {
             TestStore::new()
@@ -393,18 +415,7 @@ mod tests {
         // What the local service sees of the meta's log, one heartbeat.
         let beat = |old: &mut Store, catalog: &mut Catalog| {
             logs.push(old.take_freed_remote());
-            let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
-                panic!("no overflow here");
-            };
-            let mark = catalog.mark();
-            catalog.apply(
-                BeatNews {
-                    seq,
-                    freed,
-                    resync: None,
-                },
-                mark,
-            );
+            beat_answer(&logs, catalog, true);
         };
         // The flushes to the rank's own SSD, which its local service makes (and catalogs)
         // before the meta lands them with their checksums.
@@ -544,7 +555,7 @@ mod tests {
     /// removals not yet delivered can come back; once they are, the hand-over is exact.
     #[test]
     fn seeded_hand_overs_keep_every_live_object() {
-        use crate::shards::catalog::{BeatNews, FreedLogs, LogAnswer};
+        use crate::shards::catalog::FreedLogs;
         for seed in 1..=12u64 {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let mut next = move |n: u64| {
@@ -601,21 +612,7 @@ mod tests {
                     }
                     _ => {
                         // A heartbeat; one in four answers is lost.
-                        let mark = catalog.mark();
-                        let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked())
-                        else {
-                            panic!("the log does not overflow here");
-                        };
-                        if next(4) != 0 {
-                            catalog.apply(
-                                BeatNews {
-                                    seq,
-                                    freed,
-                                    resync: None,
-                                },
-                                mark,
-                            );
-                        }
+                        beat_answer(&logs, &mut catalog, next(4) != 0);
                     }
                 }
                 logs.push(old.take_freed_remote());
@@ -650,18 +647,7 @@ mod tests {
             };
             hand_over(&catalog);
             // Every removal delivered: the new leader holds exactly the live objects.
-            let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
-                panic!()
-            };
-            let mark = catalog.mark();
-            catalog.apply(
-                BeatNews {
-                    seq,
-                    freed,
-                    resync: None,
-                },
-                mark,
-            );
+            beat_answer(&logs, &mut catalog, true);
             let new = hand_over(&catalog);
             assert_eq!(new.object_count(), live.len(), "seed {seed}");
             assert_eq!(
