@@ -669,15 +669,22 @@ async fn commit_here(ctx: &mut Ctx<'_>, key: Box<[u8]>, grant: &Grant, ok: bool)
     }
 }
 
+/// The `key` and `grant` parameters of a message a local service sends the meta about one
+/// object (a commit, a damaged copy).
+pub(super) fn key_and_grant(
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+) -> Result<(Box<[u8]>, Vec<u8>), Response> {
+    let key = super::object_key(req, ctx, "key")?;
+    let text = super::required(req, ctx, "grant")?.into_owned();
+    Ok((key, text))
+}
+
 /// `POST /cluster/v1/commit?key=K&grant=G[&next=URL]&ok=1`: a local service's update_state,
 /// authorized by the put's own first-hop grant.
 pub(super) async fn cluster_commit(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let key = match super::object_key(req, ctx, "key") {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let text = match super::required(req, ctx, "grant") {
-        Ok(t) => t.into_owned(),
+    let (key, text) = match key_and_grant(req, ctx) {
+        Ok(kg) => kg,
         Err(r) => return r,
     };
     let next = match optional(req, ctx, "next") {

@@ -265,12 +265,8 @@ pub(super) async fn cluster_damaged(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Res
     if ctx.shard.cluster.config.cluster.role != crate::config::Role::Meta {
         return forbidden(ctx, "Only a meta service drops copies");
     }
-    let key = match super::object_key(req, ctx, "key") {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let text = match super::required(req, ctx, "grant") {
-        Ok(t) => t.into_owned(),
+    let (key, text) = match super::remote::key_and_grant(req, ctx) {
+        Ok(kg) => kg,
         Err(r) => return r,
     };
     let Some(gk) = grant_key(ctx) else {
