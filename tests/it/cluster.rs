@@ -82,14 +82,14 @@ fn join(meta: &Server, extra: &[(&str, &str)]) -> (Server, u32) {
 }
 
 /// `http://host:port/path?query` → (address, target).
-fn split_location(loc: &str) -> (SocketAddr, String) {
+pub(super) fn split_location(loc: &str) -> (SocketAddr, String) {
     let rest = loc.strip_prefix("http://").expect("an http URL");
     let i = rest.find('/').unwrap();
     (rest[..i].parse().unwrap(), rest[i..].to_string())
 }
 
 /// A request to the meta that follows one 307 to the local service, as `curl -L` does.
-fn follow(meta: &Server, method: &str, target: &str, body: Option<&[u8]>) -> Response {
+pub(super) fn follow(meta: &Server, method: &str, target: &str, body: Option<&[u8]>) -> Response {
     let r = meta.client().request(method, target, body);
     if r.status != 307 {
         return r;

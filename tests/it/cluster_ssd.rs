@@ -5,11 +5,11 @@
 //! never serves bytes of a damaged SSD file, and drains, loses and unmounts SSD segments as it
 //! does DRAM ones.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::harness::{Client, Driver, Response, Server, ServerBuilder};
+use crate::cluster::{follow, split_location};
+use crate::harness::{Client, Driver, Server, ServerBuilder};
 use crate::store::{media, temp_dir};
 
 const DAMAGED: &str =
@@ -100,22 +100,6 @@ fn join(meta: &Server, b: ServerBuilder, media: &[&str]) -> (Server, u32) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn split_location(loc: &str) -> (SocketAddr, String) {
-    let rest = loc.strip_prefix("http://").expect("an http URL");
-    let i = rest.find('/').unwrap();
-    (rest[..i].parse().unwrap(), rest[i..].to_string())
-}
-
-/// A request to the meta that follows one 307 to the local service, as `curl -L` does.
-fn follow(meta: &Server, method: &str, target: &str, body: Option<&[u8]>) -> Response {
-    let r = meta.client().request(method, target, body);
-    if r.status != 307 {
-        return r;
-    }
-    let (addr, target) = split_location(r.header("location").expect("a 307 has a Location"));
-    Client::connect(addr).request(method, &target, body)
 }
 
 fn object(i: usize, len: usize) -> Vec<u8> {

@@ -220,6 +220,16 @@ pub(super) fn a_leads(a: &Server, b: &Server) -> bool {
     ha["role"] == "leader"
 }
 
+/// Waits until `standby` serves as leader, within the bound (the lease TTL + 4 s).
+fn wait_new_leader(standby: SocketAddr) -> serde_json::Value {
+    wait_health(
+        standby,
+        Duration::from_millis(TTL_MS + 4000),
+        "the serving leader",
+        is_serving_leader,
+    )
+}
+
 /// Two metas once settled, leader first.
 pub(super) fn leader_first(a: Server, b: Server) -> (Server, Server) {
     if a_leads(&a, &b) { (a, b) } else { (b, a) }
@@ -820,12 +830,7 @@ fn failover_keeps_the_objects_on_a_local_services_ssd() {
     let old_addr = leader.addr;
     leader.kill9();
     wait_gone(old_addr);
-    wait_health(
-        standby.addr,
-        Duration::from_millis(TTL_MS + 4000),
-        "the serving leader",
-        is_serving_leader,
-    );
+    wait_new_leader(standby.addr);
     // The local service joins the new leader and hands its catalog over: every object has
     // the copies it had (no read yet: a read of an SSD-only one would rewarm it).
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -972,12 +977,7 @@ fn failover_keeps_the_objects_of_live_local_services() {
     leader.kill9();
     let killed = Instant::now();
     wait_gone(old_addr);
-    let h = wait_health(
-        standby.addr,
-        Duration::from_millis(TTL_MS + 4000),
-        "the serving leader",
-        is_serving_leader,
-    );
+    let h = wait_new_leader(standby.addr);
     let after = h["view_version"].as_u64().unwrap();
     assert!(after > before, "view_version {before} -> {after}");
 
@@ -1183,12 +1183,7 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
     }
     let used = dram_used(leader.addr);
     leader.kill9();
-    wait_health(
-        standby.addr,
-        Duration::from_millis(TTL_MS + 4000),
-        "the serving leader",
-        is_serving_leader,
-    );
+    wait_new_leader(standby.addr);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let q = crate::harness::Client::connect(standby.addr).get("/query_key?key=rep-0");
