@@ -147,22 +147,25 @@ fn etcd_answers(port: u16) -> bool {
     out.starts_with(b"HTTP/1.1 200")
 }
 
-/// A meta with HA on, listening on `port` and advertising it.
-fn meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
+/// A meta with HA on (etcd at `endpoints`, lease TTL [`TTL_MS`]), listening on `port` and
+/// advertising it; the test adds its own settings.
+pub(super) fn ha_meta(driver: Driver, endpoints: &str, port: u16) -> ServerBuilder {
     ServerBuilder::new(driver)
         .listen(&format!("127.0.0.1:{port}"))
         .set("ock.mmc.meta.ha.enable", "true")
-        // A dead endpoint first: the client moves on to the next one.
-        .set(
-            "ock.mmc.meta.ha.etcd_endpoints",
-            &format!("http://127.0.0.1:{},{}", free_port(), etcd.endpoint()),
-        )
+        .set("ock.mmc.meta.ha.etcd_endpoints", endpoints)
         .set(
             "ock.mmc.meta.ha.advertise_url",
             &format!("http://127.0.0.1:{port}"),
         )
         .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
-        .start()
+}
+
+/// A meta with HA on, listening on `port` and advertising it.
+fn meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
+    // A dead endpoint first: the client moves on to the next one.
+    let endpoints = format!("http://127.0.0.1:{},{}", free_port(), etcd.endpoint());
+    ha_meta(driver, &endpoints, port).start()
 }
 
 pub(super) fn url(addr: SocketAddr) -> String {
@@ -709,16 +712,8 @@ fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
 
 /// `pure_meta` with settings of its own (applied last: they win).
 fn pure_meta_with(driver: Driver, etcd: &Etcd, port: u16, extra: &[(&str, &str)]) -> Server {
-    let mut b = ServerBuilder::new(driver)
-        .listen(&format!("127.0.0.1:{port}"))
+    let mut b = ha_meta(driver, &etcd.endpoint(), port)
         .set("ock.mmc.embedded.ranks", "0")
-        .set("ock.mmc.meta.ha.enable", "true")
-        .set("ock.mmc.meta.ha.etcd_endpoints", &etcd.endpoint())
-        .set(
-            "ock.mmc.meta.ha.advertise_url",
-            &format!("http://127.0.0.1:{port}"),
-        )
-        .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500");
     for (k, v) in extra {

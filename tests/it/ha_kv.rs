@@ -15,10 +15,10 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
 use super::ha::{
-    Etcd, TTL_MS, a_leads, free_port, health, is_serving_leader, local_of, url, wait_gone,
+    Etcd, TTL_MS, a_leads, free_port, ha_meta, health, is_serving_leader, local_of, url, wait_gone,
     wait_health, wait_joined,
 };
-use crate::harness::{Client, Driver, Server, ServerBuilder};
+use crate::harness::{Client, Driver, Server};
 
 fn tcp(port: u16) -> String {
     format!("tcp://127.0.0.1:{port}")
@@ -26,15 +26,7 @@ fn tcp(port: u16) -> String {
 
 /// A meta with HA and KV events on (publisher and replay on their own ports).
 fn kv_meta(etcd: &Etcd, port: u16, pub_port: u16, replay_port: u16) -> Server {
-    ServerBuilder::new(Driver::Uring)
-        .listen(&format!("127.0.0.1:{port}"))
-        .set("ock.mmc.meta.ha.enable", "true")
-        .set("ock.mmc.meta.ha.etcd_endpoints", &etcd.endpoint())
-        .set(
-            "ock.mmc.meta.ha.advertise_url",
-            &format!("http://127.0.0.1:{port}"),
-        )
-        .set("ock.mmc.meta.ha.lease_ttl_ms", &TTL_MS.to_string())
+    ha_meta(Driver::Uring, &etcd.endpoint(), port)
         .set("ock.mmc.kv_events.enable", "true")
         // A wildcard bind: the advertised endpoint names the meta's host instead.
         .set("ock.mmc.kv_events.endpoint", &format!("tcp://*:{pub_port}"))
