@@ -13,9 +13,8 @@
 //! The ratio only means something on an otherwise idle machine with at least two free cores:
 //! on a shared or busy machine the second shard competes for CPU with everything else.
 //!
-//! Recorded (not valid, to be re-measured on a quiet machine): 2026-11-30, the shared 2-core
-//! development machine at a load average of about 10, `MMC_BENCH_SECS=2`: one shard 1.23 M
-//! alloc+commit/s, two shards 1.33 M/s, ratio 1.08.
+//! `MMC_BENCH_ROUNDS` (default 10) one- and two-shard slices alternate; the ratio is the median
+//! of the rounds' ratios. Figures: perf/RESULTS.md ("Issue 12: two shards against one").
 
 #[allow(dead_code)]
 mod common;
@@ -63,8 +62,14 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
 }
 
 /// One shard's alloc + commit rate (objects per second of timed work) over `secs`.
-fn run_shard(table: Arc<SegmentTable>, shard: usize, start: Arc<Barrier>, secs: f64) -> f64 {
-    pin_to(shard);
+fn run_shard(
+    table: Arc<SegmentTable>,
+    shard: usize,
+    core: usize,
+    start: Arc<Barrier>,
+    secs: f64,
+) -> f64 {
+    pin_to(core);
     let mut store = store_of(&table, shard);
     let mut events: Vec<Event> = Vec::new();
     let keys: Vec<Vec<u8>> = (0..BATCH)
@@ -92,8 +97,8 @@ fn run_shard(table: Arc<SegmentTable>, shard: usize, start: Arc<Barrier>, secs: 
     ops as f64 / timed.as_secs_f64()
 }
 
-/// The summed rate of `shards` shards on cores `0..shards`.
-fn measure(shards: usize, secs: f64) -> f64 {
+/// The summed rate of `shards` shards on cores `first..first + shards`.
+fn measure(shards: usize, first: usize, secs: f64) -> f64 {
     let table = Arc::new(SegmentTable::default());
     let seg = build_segment(
         &table,
@@ -110,7 +115,7 @@ fn measure(shards: usize, secs: f64) -> f64 {
     let threads: Vec<_> = (0..shards)
         .map(|s| {
             let (table, start) = (table.clone(), start.clone());
-            std::thread::spawn(move || run_shard(table, s, start, secs))
+            std::thread::spawn(move || run_shard(table, s, first + s, start, secs))
         })
         .collect();
     threads.into_iter().map(|t| t.join().unwrap()).sum()
@@ -123,17 +128,61 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if smoke { 0.05 } else { 5.0 });
+    let rounds: usize = std::env::var("MMC_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(if smoke { 1 } else { 10 });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let one = measure(1, secs);
-    println!("shard_scaling: 1 shard : {:>12.0} alloc+commit/s", one);
     if cores < 2 {
+        let one = measure(1, 0, secs);
+        println!("shard_scaling: 1 shard : {one:>12.0} alloc+commit/s");
         println!("shard_scaling: one core available: no two-shard figure");
         return;
     }
-    let two = measure(2, secs);
-    let ratio = two / one;
-    println!("shard_scaling: 2 shards: {:>12.0} alloc+commit/s", two);
+    // The machine's speed drifts (a VM's more than most): one- and two-shard slices alternate,
+    // each round's ratio compares two neighbours in time, and the figure is their median. The
+    // one-shard slice runs on core 0 and core 1 in turn (one core may serve more interrupts).
+    let slice = secs / rounds as f64;
+    let (mut ones, mut twos, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let core = (round / 2) % 2;
+        let (one, two) = if round % 2 == 0 {
+            let one = measure(1, core, slice);
+            (one, measure(2, 0, slice))
+        } else {
+            let two = measure(2, 0, slice);
+            (measure(1, core, slice), two)
+        };
+        ones.push(one);
+        twos.push(two);
+        ratios.push(two / one);
+    }
     println!(
-        "shard_scaling: ratio {ratio:.2} (target >= 1.80; meaningful on a quiet machine only)"
+        "shard_scaling: 1 shard : {:>12.0} alloc+commit/s (median of {rounds} slices of {slice:.2} s)",
+        median(&mut ones)
     );
+    println!(
+        "shard_scaling: 2 shards: {:>12.0} alloc+commit/s (median)",
+        median(&mut twos)
+    );
+    let spread = format!(
+        "{:.2}-{:.2}",
+        ratios.iter().cloned().fold(f64::INFINITY, f64::min),
+        ratios.iter().cloned().fold(0.0, f64::max)
+    );
+    println!(
+        "shard_scaling: ratio {:.2} (median of the rounds' ratios, {spread}; target >= 1.80; meaningful on a quiet machine only)",
+        median(&mut ratios)
+    );
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }

@@ -15,6 +15,16 @@ impl Store {
             .fold((0, 0), |(c, u), s| (c + s.capacity, u + s.used_bytes()))
     }
 
+    /// The capacity of `medium`'s mounted segments (reads nothing another shard writes).
+    pub fn medium_capacity(&self, medium: Medium) -> u64 {
+        self.view
+            .segments()
+            .iter()
+            .filter(|s| s.medium == medium)
+            .map(|s| s.capacity)
+            .sum()
+    }
+
     /// [`Store::medium_totals`] for the watermark check at `now`: this shard's use exact, the
     /// other shards' as read at most once per millisecond (`Store::others_used`).
     pub(super) fn watermark_totals(&mut self, medium: Medium, now: u64) -> (u64, u64) {
@@ -64,7 +74,7 @@ impl Store {
         remote_ok: bool,
     ) -> Option<(SegmentId, u64, u64)> {
         self.refresh_segments();
-        let mut candidates: Vec<(bool, u64, SegmentId)> = self
+        let mut candidates: SmallVec<[(bool, u64, SegmentId); 8]> = self
             .segs
             .iter()
             .flatten()
@@ -201,7 +211,8 @@ impl Store {
                 format!("Not enough ranks for {replicas} replicas on {medium} ({ranks} available)")
             }));
         }
-        let (capacity, _) = self.medium_totals(medium);
+        // Capacity only: summing used bytes would read every shard's counters on each put.
+        let capacity = self.medium_capacity(medium);
         if size > capacity {
             return Err(Cow::Owned(format!(
                 "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
@@ -311,7 +322,7 @@ impl Store {
     }
 
     pub(super) fn ranks_of(&self, medium: Medium) -> usize {
-        let mut ranks: Vec<u32> = self
+        let mut ranks: SmallVec<[u32; 8]> = self
             .view
             .segments()
             .iter()
