@@ -217,6 +217,47 @@ fn no_source_file_passes_the_line_limit() {
     );
 }
 
+/// The file names ARCHITECTURE.md's code map gives for `rel` (`src/http/conn/framing.rs`): any
+/// of its path's tails in backticks, and for a `mod.rs` also its folder (`conn/`).
+fn code_map_names(rel: &str) -> Vec<String> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let mut names: Vec<String> = (0..parts.len())
+        .map(|i| format!("`{}`", parts[i..].join("/")))
+        .collect();
+    if parts.last() == Some(&"mod.rs") && parts.len() >= 3 {
+        let dir = &parts[..parts.len() - 1];
+        names.extend((0..dir.len()).map(|i| format!("`{}/`", dir[i..].join("/"))));
+    }
+    names
+}
+
+#[test]
+fn every_source_file_is_in_the_code_map() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let start = doc
+        .find("## Code map")
+        .expect("ARCHITECTURE.md has a code map");
+    let map = &doc[start..];
+    let map = &map[..map[3..].find("\n## ").map_or(map.len(), |i| i + 3)];
+    let missing: Vec<String> = src_files()
+        .iter()
+        .map(|p| rel(p))
+        .filter(|r| !code_map_names(r).iter().any(|n| map.contains(n.as_str())))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "files ARCHITECTURE.md's code map does not name (a tail of the path in backticks): {missing:?}"
+    );
+}
+
+#[test]
+fn the_code_map_check_knows_a_missing_file() {
+    assert!(code_map_names("src/http/conn/framing.rs").contains(&"`framing.rs`".to_string()));
+    assert!(code_map_names("src/http/conn/mod.rs").contains(&"`conn/`".to_string()));
+    assert!(!code_map_names("src/http/conn/framing.rs").contains(&"`conn/`".to_string()));
+}
+
 #[test]
 fn no_lock_in_shards_or_metrics_without_its_reason() {
     let mut found = Vec::new();
