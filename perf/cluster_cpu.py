@@ -24,6 +24,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+import cluster_ready  # noqa: E402  (tests/python/cluster_ready.py: standard library only)
+
 
 def cpu_ns(pid):
     total = 0
@@ -147,7 +150,8 @@ def main():
     )
     try:
         deadline = time.time() + 10
-        while b"rank-" not in request(maddr, "GET", "/get_all_segments")[2]:
+        # Listed at once, OK (taking puts) from the local service's first heartbeat on.
+        while not cluster_ready.ready_count(lambda p: request(maddr, "GET", p)[2]):
             if time.time() > deadline:
                 sys.exit("the local service did not join")
             time.sleep(0.05)

@@ -41,6 +41,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+import cluster_ready  # noqa: E402  (tests/python/cluster_ready.py: standard library only)
+
 
 def free_port():
     s = socket.socket()
@@ -216,7 +219,7 @@ def main():
         ])
         procs.append(local)
         wait("the local service to join", 20,
-             lambda: b"rank-" in h.request(laddr, "GET", "/get_all_segments")[2], 0.05)
+             lambda: cluster_ready.ready_count(lambda p: h.request(laddr, "GET", p)[2]), 0.05)
 
         bodies = {}
         for i in range(a.count):

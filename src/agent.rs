@@ -1,5 +1,6 @@
 //! A local service's membership: join the meta service, mount this host's segments under the
-//! rank it gave, report every `heartbeat_interval_ms`, join again when the meta forgot us
+//! rank it gave, report at once (the meta's segments of this rank take puts from that first
+//! report on) and then every `heartbeat_interval_ms`, join again when the meta forgot us
 //! (it restarted, or declared us lost), and leave on a graceful stop.
 //!
 //! Runs on its own thread with a small monoio runtime; shards never wait for it. The bytes
@@ -48,6 +49,9 @@ struct Membership {
     interval: Duration,
     /// The join said a catalog follows: the next heartbeat carries it (until one is answered).
     hand_over: bool,
+    /// No heartbeat sent since the join: the first goes at once, since the meta keeps this
+    /// rank's segments UNDEFINED (no puts, no redirects) until it arrives.
+    first_beat: bool,
 }
 
 fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
@@ -133,7 +137,9 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                     && AFTER_MOVE_MS
                         .iter()
                         .any(|&d| now_ms >= moved + d && last_report_ms < moved + d);
-                if last_report.elapsed() >= m.interval || m.hand_over || after_move {
+                let due = last_report.elapsed() >= m.interval || m.first_beat;
+                if due || m.hand_over || after_move {
+                    m.first_beat = false;
                     last_report = Instant::now();
                     last_report_ms = now_ms;
                     match heartbeat(&cluster, m, incarnation).await {
@@ -267,6 +273,7 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
             rank,
             interval: Duration::from_millis(interval.max(10)),
             hand_over,
+            first_beat: true,
         });
     }
     Err(Fatal::Retry)

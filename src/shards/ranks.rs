@@ -62,6 +62,10 @@ pub struct RankEntry {
     pub view: u64,
     /// Joined fresh saying its catalog follows: its next heartbeat carries it.
     pub awaiting_catalog: bool,
+    /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
+    /// (no put is placed there, nobody is sent there to write) until one does, since only a
+    /// heartbeat proves the local service read the answer and holds the grant key.
+    pub awaiting_beat: bool,
 }
 
 /// What a join decided.
@@ -179,6 +183,7 @@ impl RankRegistry {
                 report: RankReport::default(),
                 view,
                 awaiting_catalog: false,
+                awaiting_beat: true,
             },
         );
         Ok(Joined {
@@ -211,18 +216,24 @@ impl RankRegistry {
         }
     }
 
-    /// Whether the rank's next heartbeat is to carry its catalog (set by a join).
-    pub fn await_catalog(&self, rank: u32, awaiting: bool) {
+    /// A join was answered: the rank's next heartbeat is its first (its segments turn OK
+    /// then). `catalog` says whether that heartbeat carries the rank's catalog (a fresh join;
+    /// `None`, a repeated one, leaves an awaited catalog awaited).
+    pub fn await_first_beat(&self, rank: u32, catalog: Option<bool>) {
         if let Some(e) = self.lock().get_mut(&rank) {
-            e.awaiting_catalog = awaiting;
+            e.awaiting_beat = true;
+            if let Some(c) = catalog {
+                e.awaiting_catalog = c;
+            }
         }
     }
 
-    /// True once for a rank whose catalog was awaited (the heartbeat that carries it).
-    pub fn take_awaited_catalog(&self, rank: u32) -> bool {
-        self.lock()
-            .get_mut(&rank)
-            .is_some_and(|e| std::mem::take(&mut e.awaiting_catalog))
+    /// True once per answered join: the heartbeat that follows it (the rank's segments turn
+    /// OK), with whether the join awaited a catalog (this heartbeat carries it).
+    pub fn take_first_beat(&self, rank: u32) -> Option<bool> {
+        let mut ranks = self.lock();
+        let e = ranks.get_mut(&rank)?;
+        std::mem::take(&mut e.awaiting_beat).then(|| std::mem::take(&mut e.awaiting_catalog))
     }
 
     /// Marks ranks silent for longer than `timeout` as lost and returns them.
@@ -366,13 +377,15 @@ impl Shard {
         self.store.borrow_mut().mounted(rank, medium)
     }
 
-    /// Mounts a remote rank's segments (their bytes on the local service at `url`).
+    /// Mounts a remote rank's segments (their bytes on the local service at `url`), UNDEFINED:
+    /// nothing is placed on them until the rank's first heartbeat (`cluster.rs`) says its
+    /// local service read the join's answer and holds the grant key (and, after a hand-over,
+    /// until its catalog is adopted).
     pub fn mount_remote(
         &self,
         rank: u32,
         url: &str,
         segments: &[(Medium, u64)],
-        adopting: bool,
     ) -> Result<(), String> {
         let cluster = &self.cluster;
         for &(medium, size) in segments {
@@ -385,10 +398,7 @@ impl Shard {
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
             )?;
-            if adopting {
-                // Not allocatable until the rank's catalog is adopted (the join sets it OK).
-                seg.set_status(SegmentStatus::Undefined);
-            }
+            seg.set_status(SegmentStatus::Undefined);
             cluster.segments.insert(seg)?;
             log::info!(
                 "mounted remote segment {} ({size} bytes) at {url}",
@@ -486,6 +496,30 @@ mod tests {
         );
         assert!(!reg.heartbeat(0, 2, 2, RankReport::default(), t));
         assert!(reg.heartbeat(0, 2, 4, RankReport::default(), t));
+    }
+
+    #[test]
+    fn the_first_heartbeat_after_each_join_is_taken_once() {
+        let reg = RankRegistry::default();
+        let t = Instant::now();
+        let r = reg.join(0, None, "http://a", 1, segs(), 0, t).unwrap().rank;
+        reg.await_first_beat(r, Some(true));
+        assert!(reg.heartbeat(0, r, 1, RankReport::default(), t));
+        assert_eq!(
+            reg.take_first_beat(r),
+            Some(true),
+            "with the awaited catalog"
+        );
+        assert!(reg.heartbeat(0, r, 1, RankReport::default(), t));
+        assert_eq!(reg.take_first_beat(r), None, "later heartbeats are plain");
+        // The same service joining again (its answer lost): the next heartbeat is a first one
+        // again; a catalog awaited stays awaited.
+        reg.await_first_beat(r, Some(true));
+        reg.await_first_beat(r, None);
+        assert_eq!(reg.take_first_beat(r), Some(true));
+        reg.await_first_beat(r, Some(false));
+        assert_eq!(reg.take_first_beat(r), Some(false));
+        assert_eq!(reg.take_first_beat(99), None, "an unknown rank");
     }
 
     #[test]

@@ -33,36 +33,53 @@ fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
 fn segments(meta: &Server) -> Vec<String> {
     let r = meta.client().get("/get_all_segments");
     assert_eq!(r.status, 200);
-    r.text()
-        .lines()
+    listed(&r.text())
+}
+
+fn listed(text: &str) -> Vec<String> {
+    text.lines()
         .map(str::to_string)
         .filter(|l| !l.is_empty())
         .collect()
 }
 
-/// Waits (bounded) until the meta lists `n` segments.
-fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
-    wait_listing(n, limit, || segments(meta))
+/// The segments a meta lists once every one is OK (`/api/v1/segments/status`); `None` while
+/// one is not: a joining rank's segments are UNDEFINED, taking no put, until its first
+/// heartbeat. `get` answers the body of a GET of a path on the meta.
+pub(super) fn ready_segments(get: &impl Fn(&str) -> String) -> Option<Vec<String>> {
+    let names = listed(&get("/get_all_segments"));
+    let ok = |name: &String| {
+        let st = get(&format!("/api/v1/segments/status?segment={name}"));
+        serde_json::from_str::<serde_json::Value>(&st)
+            .is_ok_and(|v| v["status_name"] == "OK" && v["status"] == 1)
+    };
+    names.iter().all(ok).then_some(names)
 }
 
-/// Waits (bounded) until `list` returns `n` segments.
-pub(super) fn wait_listing(
-    n: usize,
+/// Waits (bounded by `limit`) until the meta's segments are all OK and `done` holds of them;
+/// returns them, or `None` at the limit. The one wait of every cluster test before it puts.
+pub(super) fn wait_ready(
     limit: Duration,
-    list: impl Fn() -> Vec<String>,
-) -> Vec<String> {
+    get: impl Fn(&str) -> String,
+    done: impl Fn(&[String]) -> bool,
+) -> Option<Vec<String>> {
     let deadline = Instant::now() + limit;
     loop {
-        let s = list();
-        if s.len() == n {
-            return s;
+        if let Some(s) = ready_segments(&get).filter(|s| done(s)) {
+            return Some(s);
         }
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} segments, have {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits (bounded) until the meta lists `n` segments, all OK.
+#[track_caller]
+fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
+    wait_ready(limit, |p| meta.client().get(p).text(), |s| s.len() == n)
+        .unwrap_or_else(|| panic!("expected {n} segments, all OK; have {:?}", segments(meta)))
 }
 
 /// Starts a local service and waits until the meta lists one more segment; returns it and
@@ -571,4 +588,104 @@ fn a_body_sent_after_the_early_redirect_is_read_off_not_reset() {
         "the body was read off"
     );
     assert!(c.closed_within(Duration::from_secs(5)));
+}
+
+/// The status name `/api/v1/segments/status` gives a segment.
+fn status_of(meta: &Server, segment: &str) -> String {
+    let r = meta
+        .client()
+        .get(&format!("/api/v1/segments/status?segment={segment}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["status_name"].as_str().unwrap().to_string()
+}
+
+/// A rank's segments take puts only from the heartbeat after its join's answer: before it,
+/// the local service may not have read the answer and holds no grant key, so a client sent
+/// there would be refused. The test plays the local service itself (the join and heartbeats
+/// by hand; nothing listens at its URL: only the redirect's Location is looked at).
+#[test]
+fn a_joining_rank_takes_puts_only_from_its_first_heartbeat() {
+    let meta = meta(&[]);
+    let url = "http://127.0.0.1:9";
+    // (`rank`: the configured one, `null` for any.)
+    let join = |rank: &str, incarnation: u64| {
+        let body = format!(
+            r#"{{"rank":{rank},"url":"{url}","incarnation":{incarnation},"segments":[{{"medium":"DRAM","size":16777216}}]}}"#
+        );
+        let r = meta
+            .client()
+            .request("POST", "/cluster/v1/join", Some(body.as_bytes()));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["rank"].as_u64().unwrap()
+    };
+    let beat = |rank: u64, incarnation: u64| {
+        let body = format!(r#"{{"rank":{rank},"incarnation":{incarnation}}}"#);
+        let r = meta
+            .client()
+            .request("POST", "/cluster/v1/heartbeat", Some(body.as_bytes()));
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    let put = |key: &str| {
+        meta.client()
+            .request("PUT", &format!("/api/v1/objects?key={key}"), Some(b"x"))
+    };
+    let rank = join("null", 1);
+    let seg = format!("rank-{rank}-dram");
+    // Listed at once, UNDEFINED: the only segment takes no put, the meta sends nobody there.
+    assert_eq!(segments(&meta), std::slice::from_ref(&seg));
+    assert_eq!(status_of(&meta, &seg), "UNDEFINED");
+    put("early").assert_error(200, "No memory segment is mounted");
+    assert_eq!(ready_segments(&|p| meta.client().get(p).text()), None);
+    // The first heartbeat: OK, and a put goes to the rank's local service.
+    beat(rank, 1);
+    assert_eq!(status_of(&meta, &seg), "OK");
+    let r = put("after-beat");
+    assert_eq!(r.status, 307, "{}", r.text());
+    assert!(r.header("location").unwrap().starts_with(url));
+    // Later heartbeats change nothing.
+    beat(rank, 1);
+    assert_eq!(status_of(&meta, &seg), "OK");
+
+    // The same service joining again (it gave up on the meta's answers and dropped its grant
+    // key): UNDEFINED again until the heartbeat after this answer.
+    assert_eq!(join("null", 1), rank);
+    assert_eq!(status_of(&meta, &seg), "UNDEFINED");
+    put("rejoining").assert_error(200, "No memory segment is mounted");
+    beat(rank, 1);
+    assert_eq!(status_of(&meta, &seg), "OK");
+
+    // A restart (a new incarnation) under its configured rank: its fresh segments too.
+    assert_eq!(join(&rank.to_string(), 2), rank);
+    assert_eq!(status_of(&meta, &seg), "UNDEFINED");
+    put("restarted").assert_error(200, "No memory segment is mounted");
+    beat(rank, 2);
+    assert_eq!(status_of(&meta, &seg), "OK");
+    assert_eq!(put("restarted").status, 307);
+}
+
+/// A local service reports at once after its join's answer, not a heartbeat interval later:
+/// with a 5 s interval its segment is OK well within a second of its join.
+#[test]
+fn a_local_service_reports_at_once_after_joining() {
+    let meta = meta(&[
+        ("ock.mmc.cluster.heartbeat_interval_ms", "5000"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "20000"),
+    ]);
+    let _local = local_builder(&meta, &[]).start();
+    let listed_at = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while segments(&meta).is_empty() {
+            assert!(Instant::now() < deadline, "the local service never joined");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Instant::now()
+    };
+    let segs = wait_segments(&meta, 1, Duration::from_secs(10));
+    let took = listed_at.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "{segs:?} OK {took:?} after being listed"
+    );
+    let r = follow(&meta, "PUT", "/api/v1/objects?key=soon", Some(b"soon"));
+    assert_eq!(r.json()["success"], true, "{}", r.text());
 }

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{follow, split_location};
+use crate::cluster::{follow, split_location, wait_ready};
 use crate::harness::{Client, Driver, Server, ServerBuilder};
 use crate::store::{media, temp_dir};
 
@@ -55,51 +55,47 @@ fn segments(meta: &Server) -> Vec<String> {
         .collect()
 }
 
-/// Waits (bounded) until the meta lists exactly `want` (in any order).
+/// Waits (bounded) until the meta lists exactly `want` (in any order), all OK.
 #[track_caller]
 fn wait_segments(meta: &Server, want: &[String], limit: Duration) {
-    let deadline = Instant::now() + limit;
     let mut want = want.to_vec();
     want.sort();
-    loop {
-        let mut s = segments(meta);
+    let same = |s: &[String]| {
+        let mut s = s.to_vec();
         s.sort();
-        if s == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "expected {want:?}, have {s:?}");
-        std::thread::sleep(Duration::from_millis(50));
+        s == want
+    };
+    if wait_ready(limit, |p| meta.client().get(p).text(), same).is_none() {
+        panic!("expected {want:?}, all OK; have {:?}", segments(meta));
     }
 }
 
-/// Starts a local service and waits until the meta lists its segments; returns it and its
-/// rank.
+/// Starts a local service and waits until the meta lists its segments, all OK; returns it
+/// and its rank.
+#[track_caller]
 fn join(meta: &Server, b: ServerBuilder, media: &[&str]) -> (Server, u32) {
     let before = segments(meta);
     let local = b.start();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let after = segments(meta);
-        if after.len() == before.len() + media.len() {
-            let new = after.iter().find(|s| !before.contains(s)).unwrap();
-            let rank: u32 = new
-                .strip_prefix("rank-")
-                .and_then(|r| r.split('-').next())
-                .unwrap()
-                .parse()
-                .unwrap();
-            for m in media {
-                let name = format!("rank-{rank}-{m}");
-                assert!(after.contains(&name), "{name} in {after:?}");
-            }
-            return (local, rank);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the local service did not join: {after:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let grown = |s: &[String]| s.len() == before.len() + media.len();
+    let Some(after) = wait_ready(
+        Duration::from_secs(10),
+        |p| meta.client().get(p).text(),
+        grown,
+    ) else {
+        panic!("the local service did not join: {:?}", segments(meta));
+    };
+    let new = after.iter().find(|s| !before.contains(s)).unwrap();
+    let rank: u32 = new
+        .strip_prefix("rank-")
+        .and_then(|r| r.split('-').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    for m in media {
+        let name = format!("rank-{rank}-{m}");
+        assert!(after.contains(&name), "{name} in {after:?}");
     }
+    (local, rank)
 }
 
 fn object(i: usize, len: usize) -> Vec<u8> {

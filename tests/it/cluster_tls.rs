@@ -109,9 +109,17 @@ impl Pki {
             .collect()
     }
 
-    /// Waits (bounded) until the meta lists `n` segments.
+    /// Waits (bounded) until the meta lists `n` segments, all OK.
     fn wait_segments(&self, meta: &Server, n: usize) -> Vec<String> {
-        crate::cluster::wait_listing(n, Duration::from_secs(10), || self.segments(meta))
+        let get = |p: &str| String::from_utf8(self.get(meta, p)).unwrap();
+        crate::cluster::wait_ready(Duration::from_secs(10), get, |s| s.len() == n).unwrap_or_else(
+            || {
+                panic!(
+                    "expected {n} segments, all OK; have {:?}",
+                    self.segments(meta)
+                )
+            },
+        )
     }
 }
 

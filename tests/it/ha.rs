@@ -252,24 +252,22 @@ pub(super) fn local_of(driver: Driver, standby: &Server, leader: &Server) -> Ser
         .set("ock.mmc.local_service.hbm.size", "0")
 }
 
-/// Waits (bounded, 10 s) until `meta` lists a segment whose line contains `needle`; returns
-/// that line. `local`'s log is shown when it never does.
+/// Waits (bounded, 10 s) until `meta` lists a segment whose line contains `needle`, every
+/// segment it lists OK (a joining rank's take puts from its first heartbeat on); returns that
+/// line. `local`'s log is shown when it never does.
 pub(super) fn wait_joined(meta: SocketAddr, needle: &str, local: &Server) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = crate::harness::Client::connect(meta).get("/get_all_segments");
-        if r.status == 200
-            && let Some(line) = r.text().lines().find(|l| l.contains(needle))
-        {
-            return line.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
+    let ready = crate::cluster::wait_ready(
+        Duration::from_secs(10),
+        |p| crate::harness::Client::connect(meta).get(p).text(),
+        |s| s.iter().any(|l| l.contains(needle)),
+    );
+    let Some(segs) = ready else {
+        panic!(
             "the local service never joined the leader ({needle}); its log:\n{}",
             local.log()
         );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    segs.into_iter().find(|l| l.contains(needle)).unwrap()
 }
 
 fn election_and_standby_redirects(driver: Driver) {
@@ -1070,15 +1068,7 @@ fn a_restarted_meta_takes_the_catalogs_over() {
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
         .start();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = crate::harness::Client::connect(meta.addr).get("/get_all_segments");
-        if r.text().contains("-dram") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no join; log:\n{}", local.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(meta.addr, "-dram", &local);
     for i in 0..6 {
         let r = follow(
             meta.addr,
@@ -1156,16 +1146,8 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
                 .start()
         })
         .collect();
-    let both_listed = |addr: SocketAddr| {
-        let t = crate::harness::Client::connect(addr)
-            .get("/get_all_segments")
-            .text();
-        t.contains("rank-7-dram") && t.contains("rank-8-dram")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !both_listed(leader.addr) {
-        assert!(Instant::now() < deadline, "the local services never joined");
-        std::thread::sleep(Duration::from_millis(50));
+    for (local, rank) in locals.iter().zip([7, 8]) {
+        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
     }
     for i in 0..6 {
         let target = match i % 3 {

@@ -62,6 +62,12 @@ class Server:
         finally:
             conn.close()
 
+    def get(self, path):
+        """The body of a GET of `path`, which must answer 200."""
+        status, _, data = self.request("GET", path)
+        assert status == 200, (path, status, data)
+        return data
+
     def json(self, method, path, body=None):
         status, ctype, data = self.request(method, path, body)
         assert status == 200, (status, data)

@@ -6,13 +6,8 @@ import hashlib
 
 import requests
 
+import cluster_ready
 from conftest import Server, wait_until
-
-
-def segments(meta):
-    status, _, body = meta.request("GET", "/get_all_segments")
-    assert status == 200
-    return [l for l in body.decode().splitlines() if l]
 
 
 def test_requests_follows_redirects_to_local_services():
@@ -30,7 +25,7 @@ def test_requests_follows_redirects_to_local_services():
                     ]
                 )
             )
-        wait_until("both ranks joined", lambda: len(segments(meta)) == 2)
+        wait_until("both ranks joined", lambda: cluster_ready.ready_count(meta.get) == 2)
         base = "http://%s/api/v1/objects" % meta.addr
         blobs = {}
         with requests.Session() as s:

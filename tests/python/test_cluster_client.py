@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+import cluster_ready
 from conftest import Server, free_port, wait_until
 from mmc_client import DistributedObjectStore, LocalConfig, ReplicateConfig, errors
 
@@ -28,12 +29,6 @@ MMCCTL = os.path.join(os.path.dirname(sys.executable), "mmcctl")
 def data_of(tag, size):
     d = hashlib.sha256(tag.encode()).digest() * (size // 32 + 1)
     return d[:size]
-
-
-def segments(meta):
-    status, _, body = meta.request("GET", "/get_all_segments")
-    assert status == 200
-    return [l for l in body.decode().splitlines() if l]
 
 
 def local_service(meta, extra=()):
@@ -52,7 +47,7 @@ class Cluster:
         try:
             for _ in range(2):
                 self.locals.append(local_service(self.meta))
-            wait_until("both ranks joined", lambda: len(segments(self.meta)) == 2)
+            wait_until("both ranks joined", lambda: cluster_ready.ready_count(self.meta.get) == 2)
         except BaseException:
             self.stop()
             raise
@@ -216,7 +211,7 @@ def test_every_method_through_redirects(cluster):
 
 def test_threads_share_a_store_across_ranks(cluster):
     s = make_store("http://%s" % cluster.meta.addr)
-    ranks = [int(n.split("-")[1]) for n in segments(cluster.meta)]
+    ranks = [int(n.split("-")[1]) for n in cluster_ready.segments(cluster.meta.get)]
     failures = []
 
     def work(t):
@@ -283,7 +278,7 @@ def test_mmcctl_url_list_and_remote_segments(cluster):
     p = subprocess.run([MMCCTL, "--url", "%s,http://%s" % (dead, cluster.meta.addr), "segments"],
                        capture_output=True, text=True, timeout=30, env=env)
     assert p.returncode == 0, p.stderr
-    names = segments(cluster.meta)
+    names = cluster_ready.segments(cluster.meta.get)
     assert len(names) == 2
     for name in names:
         assert name in p.stdout
@@ -297,7 +292,7 @@ def rank_addresses(s, meta):
     """{rank: (host, port)} of the local services, learnt by putting a probe on each rank
     (``preferredLocalServiceIDs``) and watching where the meta sends it."""
     out = {}
-    for name in segments(meta):
+    for name in cluster_ready.segments(meta.get):
         rank = int(name.split("-")[1])
         hops = []
         s._client.on_redirect = lambda m, t, h, p: hops.append((h, p))
@@ -355,7 +350,8 @@ def test_a_killed_local_service(cluster):
         # The meta still sent the first get to the dead rank's service: the retry carried it.
         assert hops[0] == ("127.0.0.1", victim.port)
         assert hops[-1] != ("127.0.0.1", victim.port)
-        wait_until("the rank is lost", lambda: len(segments(cluster.meta)) == 1, timeout=15)
+        wait_until("the rank is lost",
+                   lambda: len(cluster_ready.segments(cluster.meta.get)) == 1, timeout=15)
         for k, v in zip(keys, vals):
             assert s.get(k) == v
             assert len(s.get_key_info(k).loc_list()) == 1

@@ -61,7 +61,8 @@ fn field_u64(v: &Value, name: &str) -> Option<u64> {
 
 /// `POST /cluster/v1/join`: `{"rank": R|null, "url": "http://h:p", "incarnation": N,
 /// "segments": [{"medium": "DRAM", "size": BYTES}]}` → `{"rank", "grant_key",
-/// "heartbeat_interval_ms"}`. The rank's segments are mounted as remote ones.
+/// "heartbeat_interval_ms"}`. The rank's segments are mounted as remote ones, UNDEFINED until
+/// its first heartbeat after this answer (`heartbeat`).
 pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if let Err(r) = admits(ctx) {
         return r;
@@ -162,18 +163,29 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // Its catalog says what it holds now: the freed log starts over.
         cluster.freed_logs.reset(rank);
     }
-    let still = !cluster.remote_segments_of(rank).is_empty();
-    // Segments whose catalog is awaited take no new blobs until it is adopted.
-    let adopting = joined.fresh && catalog_follows;
-    if !still && let Err(e) = ctx.shard.mount_remote(rank, url, &segments, adopting) {
-        log::error!("could not mount rank {rank}'s segments: {e}");
-        cluster.ranks.leave(rank, incarnation);
-        return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
+    let mounted = cluster.remote_segments_of(rank);
+    if mounted.is_empty() {
+        // UNDEFINED until the rank's first heartbeat: this answer may reach the service a
+        // moment after a put was placed, and it holds no grant key before it reads it.
+        if let Err(e) = ctx.shard.mount_remote(rank, url, &segments) {
+            log::error!("could not mount rank {rank}'s segments: {e}");
+            cluster.ranks.leave(rank, incarnation);
+            return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
+        }
+    } else {
+        // The same service joining again (its answer was lost, or it gave up on our answers):
+        // it dropped its grant key when it began to, so it takes no new put until the
+        // heartbeat after this answer.
+        for seg in &mounted {
+            if seg.status() == SegmentStatus::Ok {
+                seg.set_status(SegmentStatus::Undefined);
+            }
+        }
     }
-    if joined.fresh {
-        // (A repeated join whose answer was lost leaves an awaited catalog awaited.)
-        cluster.ranks.await_catalog(rank, adopting);
-    }
+    // A fresh membership whose catalog follows takes no new blobs until it is adopted (the
+    // first heartbeat carries it); a repeated join leaves an awaited catalog awaited.
+    let catalog = joined.fresh.then_some(catalog_follows);
+    cluster.ranks.await_first_beat(rank, catalog);
     log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
     let key = cluster
         .grant_key
@@ -296,21 +308,29 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             r.set_disk_status(status);
         }
     }
-    if cluster.ranks.take_awaited_catalog(rank) {
-        // The first heartbeat after a fresh join with a catalog: take its blobs over.
-        let catalog = catalog_wire::parse_entries(v.get("catalog")).unwrap_or_else(|| {
-            log::error!("rank {rank}: its catalog is malformed; nothing taken over");
-            Vec::new()
-        });
-        let offered = catalog.len();
-        let refused = adopt(ctx, rank, catalog).await;
-        for seg in cluster.remote_segments_of(rank) {
-            seg.set_status(SegmentStatus::Ok);
+    if let Some(catalog_awaited) = cluster.ranks.take_first_beat(rank) {
+        if catalog_awaited {
+            // The first heartbeat after a fresh join with a catalog: take its blobs over.
+            let catalog = catalog_wire::parse_entries(v.get("catalog")).unwrap_or_else(|| {
+                log::error!("rank {rank}: its catalog is malformed; nothing taken over");
+                Vec::new()
+            });
+            let offered = catalog.len();
+            let refused = adopt(ctx, rank, catalog).await;
+            log::info!(
+                "rank {rank}: adopted {} of the {offered} blobs in its catalog",
+                offered - refused
+            );
         }
-        log::info!(
-            "rank {rank}: adopted {} of the {offered} blobs in its catalog",
-            offered - refused
-        );
+        // The first heartbeat after a join: the service read the answer and holds the grant
+        // key, so its segments take puts and redirects from now on (one being unmounted or
+        // drained meanwhile keeps that status).
+        for seg in cluster.remote_segments_of(rank) {
+            if seg.status() == SegmentStatus::Undefined {
+                seg.set_status(SegmentStatus::Ok);
+            }
+        }
+        log::info!("rank {rank}: first heartbeat since its join; its segments are OK");
     }
     // The blobs freed on this rank since the acknowledged sequence (catalog hand-over).
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);

@@ -81,9 +81,12 @@ pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
     ctx.shard.cluster.grant_key.get()
 }
 
-/// How long a grant request waits for this local service's join to finish: the meta mounts
-/// a rank's segments (and may redirect clients to it) as it answers the join, a moment before
-/// the service has read that answer and holds the grant key.
+/// How long a grant request waits for this local service's join to finish. A first join no
+/// longer needs it: the meta keeps a joining rank's segments UNDEFINED (no put placed, nobody
+/// sent to write) until the heartbeat that follows its answer. It serves the one case left: a
+/// service that gave up on a meta's answers and joins the same meta again drops its grant key
+/// meanwhile, while that meta still holds its blobs and has given grants on them (reads, and
+/// writes allocated before the join) that stay valid once the same key comes back.
 const JOIN_WAIT: Duration = Duration::from_secs(2);
 
 /// Waits (at most [`JOIN_WAIT`]) until this process holds a grant key.

@@ -252,7 +252,8 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             return r;
         }
     };
-    if seg.status() != SegmentStatus::Ok {
+    // (UNDEFINED: a remote rank's segment before its first heartbeat, unmountable as well.)
+    if !matches!(seg.status(), SegmentStatus::Ok | SegmentStatus::Undefined) {
         stats.record(Op::Unmount, Outcome::Failure, Some(seg.rank));
         return ctx.business_error(&format!("Segment {} is already being unmounted", seg.name));
     }
