@@ -4,12 +4,13 @@
 //! with `POST /cluster/v1/damaged`. Both carry the cluster token; the move's two grants and
 //! the damaged copy's read grant are the meta's signed word for the blobs they name.
 
-use super::remote::{HOP_TIMEOUT, forbidden, grant_key, granted_segment, view};
+use super::remote::{HOP_TIMEOUT, blob_grant, forbidden, grant_key, granted_segment, view};
 use super::{Ctx, Request};
 use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
 use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
+use crate::shards::catalog::Stamp;
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, IoOutcome};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, Reply};
@@ -23,21 +24,10 @@ fn move_grants(
     ttl_ms: u64,
 ) -> (String, String) {
     let expires_ms = unix_ms() + ttl_ms;
-    let grant = |v: &BlobView, sum: u64| Grant {
-        op: GrantOp::Move,
-        rank: v.seg.rank,
-        medium: v.seg.medium as u8,
-        offset: v.offset,
-        len: v.len,
-        size: v.len,
-        obj_id: 0,
-        obj_generation: 0,
-        // The local service names the copy in its catalog by the source's entry (key and
-        // stamp), not by the grant.
-        view: 0,
-        expires_ms,
-        sum,
-    };
+    // The local service names the copy in its catalog by the source's entry (key and stamp),
+    // not by the grant.
+    let grant =
+        |v: &BlobView, sum: u64| blob_grant(GrantOp::Move, v, Stamp::default(), expires_ms, sum);
     let from_text = grant(from, from.sum).sign(gk, b"", b"");
     let to_text = grant(to, 0).sign(gk, b"", from_text.as_bytes());
     (from_text, to_text)
