@@ -1,5 +1,6 @@
-//! A remote rank's SSD: the meta service has the rank's local service move blobs between its
-//! own DRAM and SSD (a flush under eviction, a rewarm for a read) with `POST /cluster/v1/move`,
+//! A remote rank's tiers: the meta service has the rank's local service move blobs between its
+//! own segments (a flush of DRAM to SSD and a demotion of HBM to DRAM under eviction, a rewarm
+//! of SSD to DRAM for a read) with `POST /cluster/v1/move`,
 //! and a local service that finds an SSD copy damaged while serving it has the meta drop it
 //! with `POST /cluster/v1/damaged`. Both carry the cluster token; the move's two grants and
 //! the damaged copy's read grant are the meta's signed word for the blobs they name.
@@ -99,7 +100,8 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
 
 /// `POST /cluster/v1/move?from=G1&to=G2` on a local service: copies the `from` blob into the
 /// `to` blob, both its own (a DRAM blob into its SSD file, answering the checksum of the
-/// bytes written, or an SSD blob into DRAM, checked against the checksum `from` carries).
+/// bytes written; an SSD blob into DRAM, checked against the checksum `from` carries; an HBM
+/// blob into DRAM).
 /// The meta service allocated `to` and holds both blobs while the copy runs.
 pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if ctx.shard.cluster.config.cluster.role != crate::config::Role::Local {
@@ -145,10 +147,15 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
         (true, false) if dst_view.seg.backend.host_region().is_some() => {
             (ctx.shard.rewarm_io(&src_view, &dst_view, from.sum).await, 0)
         }
+        (false, false)
+            if src_view.seg.medium == Medium::Hbm && dst_view.seg.medium == Medium::Dram =>
+        {
+            (demote_io(&src_view, &dst_view), 0)
+        }
         _ => {
             return ctx.protocol_error(
                 Status::BAD_REQUEST,
-                "A move copies between a memory segment and an SSD segment",
+                "A move copies between a memory segment and an SSD segment, or from HBM to DRAM",
             );
         }
     };
@@ -219,6 +226,28 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             let mut r = Response::json_scratch(Status::OK);
             r.failed = true;
             r
+        }
+    }
+}
+
+/// A local service's half of a demotion: copies its HBM blob into its DRAM blob.
+fn demote_io(src: &BlobView, dst: &BlobView) -> IoOutcome {
+    // SAFETY: the meta service keeps the HBM blob readable and unwritten, and the DRAM blob
+    // allocated for this copy alone, until the move's answer (the grants name both).
+    let res = unsafe {
+        src.seg
+            .backend
+            .copy_to(src.offset, &dst.seg.backend, dst.offset, src.len as usize)
+    };
+    match res {
+        Ok(()) => IoOutcome::Done,
+        Err(e) => {
+            log::error!(
+                "moving a blob from {} to {} failed: {e}",
+                src.seg.name,
+                dst.seg.name
+            );
+            IoOutcome::Failed
         }
     }
 }
