@@ -604,3 +604,29 @@ fn a_remote_hbm_blob_is_dropped_when_its_ranks_dram_has_no_room() {
     assert_eq!(used_on(&s, 2, Medium::Dram), 0);
     s.check();
 }
+
+#[test]
+fn a_lost_ranks_leased_blobs_do_not_hold_its_segment_back() {
+    let mut s = remote_hbm_store(8 << 20, |c| c.lease_ms = 60_000);
+    put_at(&mut s, "kept", 1 << 20, Medium::Dram, 1);
+    put_at(&mut s, "removed", 1 << 20, Medium::Dram, 1);
+    for key in [&b"kept"[..], b"removed"] {
+        let GetStep::Ready(v) = s.get(key) else {
+            panic!("readable");
+        };
+        s.unpin(v.handle);
+    }
+    // A leased zombie (removed while read) and a leased live blob.
+    assert!(s.remove(b"removed"));
+    let seg = s
+        .segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.rank == 1 && ss.seg.medium == Medium::Dram)
+        .map(|ss| ss.seg.id)
+        .unwrap();
+    assert!(s.drop_segment(seg), "nothing left on the lost segment");
+    assert!(s.find(b"kept").is_none());
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    s.check();
+}
