@@ -195,7 +195,7 @@ impl Store {
             }
             if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
                 if !t.is_memory() {
-                    self.start_flush(id, seg, off, alen, now);
+                    self.start_move(id, seg, off, alen, false, now);
                     return true;
                 }
                 if self.copy_memory(id, seg, off, size) {
@@ -233,59 +233,44 @@ impl Store {
         let Some((seg, off, alen)) = self.alloc_demoted_remote(t, size, rank, now) else {
             return false;
         };
-        if t.is_memory() {
-            self.start_demote(id, seg, off, alen, forced, now);
-        } else {
-            self.start_flush(id, seg, off, alen, now);
-        }
+        self.start_move(id, seg, off, alen, forced, now);
         true
     }
 
-    /// Starts the demotion of a remote rank's HBM blob `id` into the DRAM range just
-    /// allocated for it on the same rank: as for a flush, the new blob is pinned by the job
-    /// and the source marked `flushing` (kept, readable, until `finish_demote`), but none of
-    /// the SSD tier's counters or events count it (an HBM → DRAM move here counts none).
-    fn start_demote(
-        &mut self,
-        id: u32,
-        seg: SegmentId,
-        off: u64,
-        alen: u64,
-        forced: bool,
-        now: u64,
-    ) {
+    /// Starts the move of blob `id` into the range just allocated for it a tier down: the new
+    /// blob is pinned by the job and the source marked `flushing` (kept, readable) until the
+    /// job ends. Into SSD it is a flush (`finish_flush`, counted in the flush figures); into
+    /// DRAM (a remote rank's HBM blob) a demotion (`finish_demote`), which none of the SSD
+    /// tier's counters or events count, as an HBM → DRAM copy here counts none. `forced`: see
+    /// [`IoJob::Demote`].
+    fn start_move(&mut self, id: u32, seg: SegmentId, off: u64, alen: u64, forced: bool, now: u64) {
         let obj = self.blobs[id as usize].obj;
         let size = self.objects[obj as usize].size;
         let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
         self.blobs[dst as usize].pins = 1;
         self.blobs[id as usize].flushing = true;
-        self.demotes_in_flight += 1;
-        self.jobs.push(IoJob::Demote {
-            src: self.handle(id),
-            dst: self.handle(dst),
-            src_view: self.view(id, size),
-            dst_view: self.view(dst, size),
-            drop_on_failure: forced,
-        });
-    }
-
-    /// Starts the flush of blob `id` into the SSD range just allocated for it: the new blob
-    /// is pinned by the job and the source marked flushing until `finish_flush`.
-    fn start_flush(&mut self, id: u32, seg: SegmentId, off: u64, alen: u64, now: u64) {
-        let obj = self.blobs[id as usize].obj;
-        let size = self.objects[obj as usize].size;
-        let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
-        self.blobs[dst as usize].pins = 1;
-        self.blobs[id as usize].flushing = true;
-        self.flushes_in_flight += 1;
-        self.stats.flush_in_flight_bytes.add(size as i64);
-        self.events.push(Event::FlushStarted { bytes: size });
-        self.jobs.push(IoJob::Flush {
-            src: self.handle(id),
-            dst: self.handle(dst),
-            src_view: self.view(id, size),
-            dst_view: self.view(dst, size),
-        });
+        let (src, src_view) = (self.handle(id), self.view(id, size));
+        let (dst, dst_view) = (self.handle(dst), self.view(dst, size));
+        if dst_view.seg.medium == Medium::Ssd {
+            self.flushes_in_flight += 1;
+            self.stats.flush_in_flight_bytes.add(size as i64);
+            self.events.push(Event::FlushStarted { bytes: size });
+            self.jobs.push(IoJob::Flush {
+                src,
+                dst,
+                src_view,
+                dst_view,
+            });
+        } else {
+            self.demotes_in_flight += 1;
+            self.jobs.push(IoJob::Demote {
+                src,
+                dst,
+                src_view,
+                dst_view,
+                drop_on_failure: forced,
+            });
+        }
     }
 
     /// Room on the tier below for a demoted blob: watermark eviction there first (SSD
