@@ -594,6 +594,37 @@ mod tests {
         assert_eq!(c.entries()[0].medium, Medium::Dram);
     }
 
+    /// A remote rank's HBM → DRAM demotion: the DRAM copy is handed over once landed, and
+    /// the HBM entry goes with the freed record of its range.
+    #[test]
+    fn a_demotion_to_dram_is_handed_over_once_landed() {
+        let mut c = Catalog::default();
+        let mut h = entry("h", 0, 4096, 2, 5);
+        h.medium = Medium::Hbm;
+        c.add(h);
+        assert!(c.add_moved(Medium::Hbm, 0, 4096, Medium::Dram, 8192, 0));
+        assert_eq!(c.entries().len(), 1, "not landed yet");
+        let mut dram = freed(8192, 2, 5);
+        dram.landed = true;
+        let mut hbm = freed(0, 2, 5);
+        hbm.medium = Medium::Hbm;
+        c.apply(
+            BeatNews {
+                seq: 2,
+                freed: vec![(1, dram), (2, hbm)],
+                resync: None,
+            },
+            c.mark(),
+        );
+        let e = c.entries();
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            (e[0].medium, e[0].offset, e[0].sum),
+            (Medium::Dram, 8192, 0)
+        );
+        assert_eq!(&*e[0].key, b"h");
+    }
+
     #[test]
     fn stamps_order_leaderships_first() {
         let old = Stamp { view: 5, seq: 900 };

@@ -87,9 +87,9 @@ pub struct FrontAssets {
 }
 
 /// How the meta service has a remote rank's local service copy a blob between two of its own
-/// segments: a flush of its DRAM blob to its SSD, a rewarm of its SSD blob into its DRAM. The
-/// store allocates the destination and keeps both blobs pinned while the copy runs, as for a
-/// flush or rewarm here; the HTTP front end implements the message (it knows the protocol),
+/// segments: a flush of its DRAM blob to its SSD, a demotion of its HBM blob into its DRAM, a
+/// rewarm of its SSD blob into its DRAM. The store allocates the destination and keeps both
+/// blobs pinned while the copy runs, as for a flush or rewarm here; the HTTP front end implements the message (it knows the protocol),
 /// shards only call it.
 pub trait RemoteTier: Send + Sync {
     /// Copies the bytes of `from` into `to` (both on one remote rank): how it ended and, for

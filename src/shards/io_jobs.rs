@@ -68,6 +68,12 @@ impl Shard {
                     me.store.borrow_mut().finish_rewarm(&job, outcome, micros);
                     me.rewarm_done.notify_all();
                 }
+                IoJob::Demote { .. } => {
+                    let ok = outcome == IoOutcome::Done;
+                    me.store.borrow_mut().finish_demote(&job, ok);
+                    // Its landing frees HBM room an allocation may be waiting for.
+                    me.flush_done.notify_all();
+                }
                 IoJob::ReadSsd { .. } => me.store.borrow_mut().finish_direct_read(&job, outcome),
             }
             me.after_store();
@@ -79,6 +85,7 @@ impl Shard {
     pub(super) async fn timed_job_io(&self, job: &IoJob) -> (IoOutcome, u64, u64) {
         let tp = match job {
             IoJob::Flush { .. } => Tp::Flush,
+            IoJob::Demote { .. } => Tp::Evict,
             IoJob::Rewarm { .. } | IoJob::ReadSsd { .. } => Tp::Rewarm,
         };
         let span = self.remote().tracer.begin(tp);
@@ -98,12 +105,16 @@ impl Shard {
     }
 
     /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
-    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs).
+    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs), and
+    /// a remote rank's tier moves by its local service (a demotion is only ever remote).
     pub(super) async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
         if let IoJob::Flush {
             src_view, dst_view, ..
         }
         | IoJob::Rewarm {
+            src_view, dst_view, ..
+        }
+        | IoJob::Demote {
             src_view, dst_view, ..
         } = job
             && src_view.seg.backend.remote().is_some()
@@ -118,7 +129,7 @@ impl Shard {
             IoJob::Flush {
                 src_view, dst_view, ..
             } => self.flush_io(src_view, dst_view).await,
-            IoJob::ReadSsd { .. } => (IoOutcome::Failed, 0),
+            IoJob::ReadSsd { .. } | IoJob::Demote { .. } => (IoOutcome::Failed, 0),
             IoJob::Rewarm {
                 src_view,
                 dst_view,

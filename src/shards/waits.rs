@@ -130,7 +130,7 @@ impl Shard {
         let (outcome, _, micros) = self.timed_job_io(j).await;
         let rank = match j {
             IoJob::Rewarm { dst_view, .. } => dst_view.seg.rank,
-            IoJob::Flush { .. } | IoJob::ReadSsd { .. } => 0,
+            IoJob::Flush { .. } | IoJob::Demote { .. } | IoJob::ReadSsd { .. } => 0,
         };
         self.store.borrow_mut().finish_rewarm(j, outcome, micros);
         self.after_store();

@@ -15,7 +15,7 @@ use crate::store::{media, temp_dir};
 const DAMAGED: &str =
     "The object's copy on SSD is damaged (checksum mismatch or short read) and was dropped";
 
-fn meta(extra: &[(&str, &str)]) -> Server {
+pub(super) fn meta(extra: &[(&str, &str)]) -> Server {
     meta_with(ServerBuilder::new(Driver::Uring), extra)
 }
 
@@ -28,7 +28,12 @@ fn meta_with(b: ServerBuilder, extra: &[(&str, &str)]) -> Server {
 }
 
 /// A local service lending `dram` of DRAM and, with `ssd` a directory, 64 MB of SSD there.
-fn local(meta: &Server, dram: &str, ssd: Option<&Path>, driver: Driver) -> ServerBuilder {
+pub(super) fn local(
+    meta: &Server,
+    dram: &str,
+    ssd: Option<&Path>,
+    driver: Driver,
+) -> ServerBuilder {
     let mut b = ServerBuilder::new(driver)
         .shards(1)
         .arg("--role")
@@ -73,7 +78,7 @@ fn wait_segments(meta: &Server, want: &[String], limit: Duration) {
 /// Starts a local service and waits until the meta lists its segments, all OK; returns it
 /// and its rank.
 #[track_caller]
-fn join(meta: &Server, b: ServerBuilder, media: &[&str]) -> (Server, u32) {
+pub(super) fn join(meta: &Server, b: ServerBuilder, media: &[&str]) -> (Server, u32) {
     let before = segments(meta);
     let local = b.start();
     let grown = |s: &[String]| s.len() == before.len() + media.len();
@@ -98,13 +103,13 @@ fn join(meta: &Server, b: ServerBuilder, media: &[&str]) -> (Server, u32) {
     (local, rank)
 }
 
-fn object(i: usize, len: usize) -> Vec<u8> {
+pub(super) fn object(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (j * 31 + i * 7 + j / 4096) as u8)
         .collect()
 }
 
-fn put(meta: &Server, key: &str, data: &[u8]) {
+pub(super) fn put(meta: &Server, key: &str, data: &[u8]) {
     let r = follow(
         meta,
         "PUT",
@@ -137,7 +142,7 @@ fn wait_on_ssd_only(meta: &Server, key: &str) {
     }
 }
 
-fn metric(meta: &Server, series: &str) -> Option<String> {
+pub(super) fn metric(meta: &Server, series: &str) -> Option<String> {
     let m = meta.client().get("/metrics").text();
     m.lines().find_map(|l| {
         l.strip_prefix(series)?

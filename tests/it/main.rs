@@ -6,6 +6,7 @@ mod harness;
 mod batches;
 mod cluster;
 mod cluster_ssd;
+mod cluster_tiers;
 mod cluster_tls;
 mod foundation;
 mod framing;

@@ -126,7 +126,21 @@ fn grant_url(
 ) -> Option<String> {
     let remote = v.seg.backend.remote()?;
     let gk = grant_key(ctx)?;
-    let grant = Grant {
+    let grant = blob_grant(op, v, stamp, unix_ms() + ttl_ms, v.sum);
+    let text = grant.sign(&gk, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// A grant of `op` on the blob `v` names (its rank, medium and range; its length is the
+/// object's size), for the object with `stamp`, carrying the checksum `sum`.
+pub(super) fn blob_grant(
+    op: GrantOp,
+    v: &BlobView,
+    stamp: Stamp,
+    expires_ms: u64,
+    sum: u64,
+) -> Grant {
+    Grant {
         op,
         rank: v.seg.rank,
         medium: v.seg.medium as u8,
@@ -136,11 +150,9 @@ fn grant_url(
         obj_id: 0,
         obj_generation: stamp.seq,
         view: stamp.view,
-        expires_ms: unix_ms() + ttl_ms,
-        sum: v.sum,
-    };
-    let text = grant.sign(&gk, key, b"");
-    Some(object_url(&remote.url, key, &text, None))
+        expires_ms,
+        sum,
+    }
 }
 
 /// Remote copies fetched at once by a batch_get, at most.

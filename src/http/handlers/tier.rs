@@ -1,15 +1,17 @@
-//! A remote rank's SSD: the meta service has the rank's local service move blobs between its
-//! own DRAM and SSD (a flush under eviction, a rewarm for a read) with `POST /cluster/v1/move`,
+//! A remote rank's tiers: the meta service has the rank's local service move blobs between its
+//! own segments (a flush of DRAM to SSD and a demotion of HBM to DRAM under eviction, a rewarm
+//! of SSD to DRAM for a read) with `POST /cluster/v1/move`,
 //! and a local service that finds an SSD copy damaged while serving it has the meta drop it
 //! with `POST /cluster/v1/damaged`. Both carry the cluster token; the move's two grants and
 //! the damaged copy's read grant are the meta's signed word for the blobs they name.
 
-use super::remote::{HOP_TIMEOUT, forbidden, grant_key, granted_segment, view};
+use super::remote::{HOP_TIMEOUT, blob_grant, forbidden, grant_key, granted_segment, view};
 use super::{Ctx, Request};
 use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
 use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
+use crate::shards::catalog::Stamp;
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, IoOutcome};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, Reply};
@@ -23,21 +25,10 @@ fn move_grants(
     ttl_ms: u64,
 ) -> (String, String) {
     let expires_ms = unix_ms() + ttl_ms;
-    let grant = |v: &BlobView, sum: u64| Grant {
-        op: GrantOp::Move,
-        rank: v.seg.rank,
-        medium: v.seg.medium as u8,
-        offset: v.offset,
-        len: v.len,
-        size: v.len,
-        obj_id: 0,
-        obj_generation: 0,
-        // The local service names the copy in its catalog by the source's entry (key and
-        // stamp), not by the grant.
-        view: 0,
-        expires_ms,
-        sum,
-    };
+    // The local service names the copy in its catalog by the source's entry (key and stamp),
+    // not by the grant.
+    let grant =
+        |v: &BlobView, sum: u64| blob_grant(GrantOp::Move, v, Stamp::default(), expires_ms, sum);
     let from_text = grant(from, from.sum).sign(gk, b"", b"");
     let to_text = grant(to, 0).sign(gk, b"", from_text.as_bytes());
     (from_text, to_text)
@@ -109,7 +100,8 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
 
 /// `POST /cluster/v1/move?from=G1&to=G2` on a local service: copies the `from` blob into the
 /// `to` blob, both its own (a DRAM blob into its SSD file, answering the checksum of the
-/// bytes written, or an SSD blob into DRAM, checked against the checksum `from` carries).
+/// bytes written; an SSD blob into DRAM, checked against the checksum `from` carries; an HBM
+/// blob into DRAM).
 /// The meta service allocated `to` and holds both blobs while the copy runs.
 pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if ctx.shard.cluster.config.cluster.role != crate::config::Role::Local {
@@ -155,10 +147,15 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
         (true, false) if dst_view.seg.backend.host_region().is_some() => {
             (ctx.shard.rewarm_io(&src_view, &dst_view, from.sum).await, 0)
         }
+        (false, false)
+            if src_view.seg.medium == Medium::Hbm && dst_view.seg.medium == Medium::Dram =>
+        {
+            (demote_io(&src_view, &dst_view), 0)
+        }
         _ => {
             return ctx.protocol_error(
                 Status::BAD_REQUEST,
-                "A move copies between a memory segment and an SSD segment",
+                "A move copies between a memory segment and an SSD segment, or from HBM to DRAM",
             );
         }
     };
@@ -229,6 +226,28 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             let mut r = Response::json_scratch(Status::OK);
             r.failed = true;
             r
+        }
+    }
+}
+
+/// A local service's half of a demotion: copies its HBM blob into its DRAM blob.
+fn demote_io(src: &BlobView, dst: &BlobView) -> IoOutcome {
+    // SAFETY: the meta service keeps the HBM blob readable and unwritten, and the DRAM blob
+    // allocated for this copy alone, until the move's answer (the grants name both).
+    let res = unsafe {
+        src.seg
+            .backend
+            .copy_to(src.offset, &dst.seg.backend, dst.offset, src.len as usize)
+    };
+    match res {
+        Ok(()) => IoOutcome::Done,
+        Err(e) => {
+            log::error!(
+                "moving a blob from {} to {} failed: {e}",
+                src.seg.name,
+                dst.seg.name
+            );
+            IoOutcome::Failed
         }
     }
 }

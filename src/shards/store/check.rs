@@ -127,7 +127,11 @@ impl Store {
             assert_eq!(b.obj, NIL, "zombie {z} is attached");
         }
         let flushing = self.blobs.iter().filter(|(_, b)| b.flushing).count();
-        assert_eq!(flushing, self.flushes_in_flight, "flushes out of step");
+        assert_eq!(
+            flushing,
+            self.flushes_in_flight + self.demotes_in_flight,
+            "flushes and demotions out of step"
+        );
         for (i, b) in self.blobs.iter() {
             if b.obj == NIL {
                 assert!(

@@ -62,6 +62,11 @@ impl Store {
     /// shard holds nothing there any more; else call again.
     pub fn drop_segment(&mut self, seg: SegmentId) -> bool {
         let now = self.now_ms();
+        // A lease keeps a range from being handed out again while a reader may still read it;
+        // this segment's ranges never are, so its blobs (zombies too) are freed once unpinned.
+        for (_, b) in self.blobs.iter_mut().filter(|(_, b)| b.seg == seg) {
+            b.lease_until_ms = 0;
+        }
         let ids: Vec<u32> = self
             .blobs
             .iter()

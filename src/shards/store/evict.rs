@@ -45,7 +45,7 @@ impl Store {
         }
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Evict);
-        let (freed, evicted) = self.evict_lru(medium, now, |freed, n| {
+        let (freed, evicted) = self.evict_lru(medium, now, false, |freed, n| {
             freed >= target
                 || (freed >= 2 * need && (n >= EVICT_SLICE_BLOBS || freed >= EVICT_SLICE_BYTES))
         });
@@ -75,18 +75,20 @@ impl Store {
     /// Eviction when an allocation found no room: evicts least recently used blobs of the
     /// medium one by one until `need` bytes could fit. True when something was evicted.
     pub(super) fn evict_forced(&mut self, medium: Medium, need: u64, now: u64) -> bool {
-        self.evict_lru(medium, now, |freed, _| freed >= need.max(1))
+        self.evict_lru(medium, now, true, |freed, _| freed >= need.max(1))
             .1
             > 0
     }
 
     /// Evicts the medium's least recently used evictable blobs until `done(freed bytes,
     /// blobs evicted)`, looking at no more than [`EVICT_SCAN_LIMIT`] blobs it must skip.
-    /// Returns the bytes freed and the blobs evicted.
+    /// `forced`: an allocation needs the room (see [`Store::evict_blob`]). Returns the bytes
+    /// freed and the blobs evicted.
     pub(super) fn evict_lru(
         &mut self,
         medium: Medium,
         now: u64,
+        forced: bool,
         done: impl Fn(u64, usize) -> bool,
     ) -> (u64, usize) {
         let mut freed = 0;
@@ -115,7 +117,7 @@ impl Store {
                     skipped += 1;
                     continue;
                 }
-                freed += self.evict_blob(v, now);
+                freed += self.evict_blob(v, now, forced);
                 evicted += 1;
             }
         }
@@ -123,8 +125,10 @@ impl Store {
     }
 
     /// Moves one blob down a tier (or drops it where nothing lower has room). Returns the
-    /// bytes this frees on its medium now or when its flush lands.
-    pub(super) fn evict_blob(&mut self, id: u32, now: u64) -> u64 {
+    /// bytes this frees on its medium now or when its flush (or remote demotion) lands.
+    /// `forced`: an allocation needs the room, so a remote demotion that fails drops the
+    /// copy instead of keeping it.
+    pub(super) fn evict_blob(&mut self, id: u32, now: u64, forced: bool) -> u64 {
         let (obj, len) = {
             let b = &self.blobs[id as usize];
             (b.obj, b.len)
@@ -135,17 +139,22 @@ impl Store {
             return len;
         }
         self.record_eviction(id, now);
-        if !self.demote(id, now) {
-            // Nothing lower has room: the copy is dropped, and the object with it if it was
-            // the last one.
-            if self.objects[obj as usize].blobs.len() <= 1 {
-                self.stats.evicted_objects_deleted.inc();
-                self.remove_object(obj, now);
-            } else {
-                self.detach_blob(id, now);
-            }
+        if !self.demote(id, now, forced) {
+            self.drop_evicted(id, now);
         }
         len
+    }
+
+    /// Drops an evicted copy nothing lower had room for, and its object with it if it was
+    /// the last copy.
+    pub(super) fn drop_evicted(&mut self, id: u32, now: u64) {
+        let obj = self.blobs[id as usize].obj;
+        if self.objects[obj as usize].blobs.len() <= 1 {
+            self.stats.evicted_objects_deleted.inc();
+            self.remove_object(obj, now);
+        } else {
+            self.detach_blob(id, now);
+        }
     }
 
     /// Counts an eviction and publishes it (with the object's lifetime and the blob's idle
@@ -169,30 +178,24 @@ impl Store {
     /// that already exists lower down, as after a rewarm, makes the move free). A memory
     /// tier takes a copy now; SSD takes it through a flush job, the blob leaving when the
     /// flush lands. False when no tier below has room.
-    fn demote(&mut self, id: u32, now: u64) -> bool {
+    fn demote(&mut self, id: u32, now: u64, forced: bool) -> bool {
+        if self.is_remote_blob(id) {
+            return self.demote_remote(id, now, forced);
+        }
         let (obj, medium, rank) = {
             let b = &self.blobs[id as usize];
             (b.obj, b.medium, b.rank)
         };
         let size = self.objects[obj as usize].size;
-        // A remote rank's bytes are on its local service: they cannot be copied here. Its
-        // DRAM blobs go down to the same rank's SSD (the local service copies them between
-        // its own segments under the flush job); its other blobs are evicted by dropping.
-        let remote = self.is_remote_blob(id);
-        let mut tier = medium.lower_tier().filter(|&t| !remote || t == Medium::Ssd);
+        let mut tier = medium.lower_tier();
         while let Some(t) = tier {
             if self.has_readable_on(obj, t) {
                 self.detach_blob(id, now);
                 return true;
             }
-            let placed = if remote {
-                self.alloc_demoted_remote(size, rank, now)
-            } else {
-                self.alloc_demoted(t, size, rank, now)
-            };
-            if let Some((seg, off, alen)) = placed {
+            if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
                 if !t.is_memory() {
-                    self.start_flush(id, seg, off, alen, now);
+                    self.start_move(id, seg, off, alen, false, now);
                     return true;
                 }
                 if self.copy_memory(id, seg, off, size) {
@@ -209,23 +212,65 @@ impl Store {
         false
     }
 
-    /// Starts the flush of blob `id` into the SSD range just allocated for it: the new blob
-    /// is pinned by the job and the source marked flushing until `finish_flush`.
-    fn start_flush(&mut self, id: u32, seg: SegmentId, off: u64, alen: u64, now: u64) {
+    /// Moves a remote rank's evicted blob one tier down on the same rank, its local service
+    /// copying between its own segments (the bytes cannot be copied here): a DRAM blob to the
+    /// rank's SSD through a flush job, an HBM blob to the rank's DRAM through a demotion job.
+    /// The blob stays readable where it is until its copy lands. False when that tier of the
+    /// rank has no room (after eviction there).
+    fn demote_remote(&mut self, id: u32, now: u64, forced: bool) -> bool {
+        let (obj, medium, rank) = {
+            let b = &self.blobs[id as usize];
+            (b.obj, b.medium, b.rank)
+        };
+        let Some(t) = medium.lower_tier() else {
+            return false;
+        };
+        if self.has_readable_on(obj, t) {
+            self.detach_blob(id, now);
+            return true;
+        }
+        let size = self.objects[obj as usize].size;
+        let Some((seg, off, alen)) = self.alloc_demoted_remote(t, size, rank, now) else {
+            return false;
+        };
+        self.start_move(id, seg, off, alen, forced, now);
+        true
+    }
+
+    /// Starts the move of blob `id` into the range just allocated for it a tier down: the new
+    /// blob is pinned by the job and the source marked `flushing` (kept, readable) until the
+    /// job ends. Into SSD it is a flush (`finish_flush`, counted in the flush figures); into
+    /// DRAM (a remote rank's HBM blob) a demotion (`finish_demote`), which none of the SSD
+    /// tier's counters or events count, as an HBM → DRAM copy here counts none. `forced`: see
+    /// [`IoJob::Demote`].
+    fn start_move(&mut self, id: u32, seg: SegmentId, off: u64, alen: u64, forced: bool, now: u64) {
         let obj = self.blobs[id as usize].obj;
         let size = self.objects[obj as usize].size;
         let dst = self.insert_blob(obj, seg, off, alen, BlobState::Allocated, now);
         self.blobs[dst as usize].pins = 1;
         self.blobs[id as usize].flushing = true;
-        self.flushes_in_flight += 1;
-        self.stats.flush_in_flight_bytes.add(size as i64);
-        self.events.push(Event::FlushStarted { bytes: size });
-        self.jobs.push(IoJob::Flush {
-            src: self.handle(id),
-            dst: self.handle(dst),
-            src_view: self.view(id, size),
-            dst_view: self.view(dst, size),
-        });
+        let (src, src_view) = (self.handle(id), self.view(id, size));
+        let (dst, dst_view) = (self.handle(dst), self.view(dst, size));
+        if dst_view.seg.medium == Medium::Ssd {
+            self.flushes_in_flight += 1;
+            self.stats.flush_in_flight_bytes.add(size as i64);
+            self.events.push(Event::FlushStarted { bytes: size });
+            self.jobs.push(IoJob::Flush {
+                src,
+                dst,
+                src_view,
+                dst_view,
+            });
+        } else {
+            self.demotes_in_flight += 1;
+            self.jobs.push(IoJob::Demote {
+                src,
+                dst,
+                src_view,
+                dst_view,
+                drop_on_failure: forced,
+            });
+        }
     }
 
     /// Room on the tier below for a demoted blob: watermark eviction there first (SSD
@@ -251,27 +296,29 @@ impl Store {
         None
     }
 
-    /// Room on a remote rank's own SSD for its demoted DRAM blob: watermark eviction of the
-    /// SSD tier, the allocation, then forced eviction (SSD eviction deletes).
+    /// Room on a remote rank's own tier `medium` for its demoted blob: watermark eviction of
+    /// that tier, the allocation, then (SSD only: SSD eviction deletes) forced eviction.
     fn alloc_demoted_remote(
         &mut self,
+        medium: Medium,
         size: u64,
         rank: u32,
         now: u64,
     ) -> Option<(SegmentId, u64, u64)> {
-        let on_rank =
-            self.segs.iter().flatten().any(|s| {
-                s.seg.medium == Medium::Ssd && s.seg.rank == rank && s.seg.is_allocatable()
-            });
+        let on_rank = self
+            .segs
+            .iter()
+            .flatten()
+            .any(|s| s.seg.medium == medium && s.seg.rank == rank && s.seg.is_allocatable());
         if !on_rank {
             return None;
         }
-        self.evict_for(Medium::Ssd, size, now);
-        if let Some(p) = self.alloc_on_rank(Medium::Ssd, size, rank) {
+        self.evict_for(medium, size, now);
+        if let Some(p) = self.alloc_on_rank(medium, size, rank) {
             return Some(p);
         }
-        if self.evict_forced(Medium::Ssd, size, now) {
-            return self.alloc_on_rank(Medium::Ssd, size, rank);
+        if medium == Medium::Ssd && self.evict_forced(medium, size, now) {
+            return self.alloc_on_rank(medium, size, rank);
         }
         None
     }
@@ -287,25 +334,9 @@ impl Store {
         let b = &self.blobs[src as usize];
         let from = &self.seg(b.seg).seg.backend;
         let to = &self.seg(dst_seg).seg.backend;
-        // Straight into the destination when it is host memory, else through a buffer.
-        let res = match to.host_region() {
-            Some(region) if region.check(dst_off, size as usize).is_ok() => {
-                // SAFETY: the destination range was just allocated for this copy; the source
-                // blob is readable and nobody writes it.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(region.ptr(dst_off), size as usize) };
-                // SAFETY: see above.
-                unsafe { from.read(b.offset, dst) }
-            }
-            _ => {
-                let mut buf = vec![0u8; size as usize];
-                // SAFETY: see above.
-                unsafe {
-                    from.read(b.offset, &mut buf)
-                        .and_then(|()| to.write(dst_off, &buf))
-                }
-            }
-        };
+        // SAFETY: the destination range was just allocated for this copy; the source blob is
+        // readable and nobody writes it.
+        let res = unsafe { from.copy_to(b.offset, to, dst_off, size as usize) };
         if let Err(e) = &res {
             log::error!(
                 "moving a blob from {} down a tier failed: {e}",
@@ -334,7 +365,7 @@ impl Store {
                             rec.medium == m && self.is_evictable(rec, now)
                         });
                         if let Some(b) = blob {
-                            self.evict_blob(b, now);
+                            self.evict_blob(b, now, false);
                             removals += 1;
                             if !self.objects.contains(obj as usize) {
                                 break;

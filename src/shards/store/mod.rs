@@ -5,8 +5,8 @@
 //! so that pins, leases and asynchronous operations can refer to a blob by a stable handle
 //! even after its object is gone. Everything here runs on the owner shard's thread; bytes
 //! are touched only through segment [`Backend`](segment::Backend)s. The store never awaits: work that needs I/O
-//! (a flush to SSD, a rewarm from SSD) is handed to the shard as a job and finished by
-//! `finish_flush` / `finish_rewarm`.
+//! (a flush to SSD, a rewarm from SSD, a remote rank's HBM → DRAM demotion) is handed to the
+//! shard as a job and finished by `finish_flush` / `finish_rewarm` / `finish_demote`.
 //!
 //! Blob states follow upstream: ALLOCATED (0) → READABLE (1) → REMOVING (2) → gone; a failed
 //! write goes ALLOCATED → REMOVING. A read takes a lease (`ock.mmc.lease_ms`) and, while the
@@ -22,9 +22,10 @@
 //! # A blob's life (`lifecycle.rs`)
 //!
 //! ```text
-//!  alloc / start_rewarm / evict_blob (to SSD)
+//!  alloc / start_rewarm / evict_blob (to SSD, or to a remote rank's DRAM)
 //!        │  ALLOCATED, attached, pinned by its writer or job
 //!        ├── commit(ok) / finish_rewarm(Done) / finish_flush(ok) ──▶ READABLE, in the LRU
+//!        │   / finish_demote(ok)
 //!        │                                                             │
 //!        └── abort / I/O failure / object removed ──┐                  │ remove, evict,
 //!                                                   ▼                  │ evacuate, damage
@@ -168,7 +169,9 @@ struct BlobRec {
     lru: u32,
     tag: u64,
     since_ms: u64,
-    /// A flush of this blob to SSD is in flight.
+    /// A tier move out of this blob is in flight: a flush to SSD, or (a remote rank's HBM
+    /// blob) its demotion to the rank's DRAM. It stays readable, is not evicted again, and is
+    /// not freed before the move ends.
     flushing: bool,
     /// Made by a rewarm: the object bytes it counts in `rewarm_bytes_current` while it lives
     /// (the object's size, as `rewarm_bytes_total` counts it, not the page-rounded `len`).
@@ -259,6 +262,17 @@ pub enum IoJob {
         src_view: BlobView,
         dst_view: BlobView,
         sum: u64,
+    },
+    /// Copy a remote rank's HBM blob into a DRAM blob (ALLOCATED) of the same rank, by that
+    /// rank's local service, and swap them (an eviction's demotion). `drop_on_failure`: the
+    /// eviction was for an allocation that needs the room, so a failed copy drops the HBM
+    /// blob (as eviction with nowhere to go does) instead of keeping it.
+    Demote {
+        src: BlobHandle,
+        dst: BlobHandle,
+        src_view: BlobView,
+        dst_view: BlobView,
+        drop_on_failure: bool,
     },
     /// Read an SSD blob straight into a buffer for one reader (DRAM had no room to rewarm,
     /// or the reader waited too long); the bytes must match `sum`.
@@ -399,6 +413,8 @@ pub struct Store {
     jobs: Vec<IoJob>,
     events: Vec<Event>,
     flushes_in_flight: usize,
+    /// Remote HBM → DRAM demotions in flight ([`IoJob::Demote`]).
+    demotes_in_flight: usize,
     /// Live objects with a readable copy: this shard's share of `stored_keys`.
     readable_objects: u64,
     /// A `remove_all` whose objects are still being freed.
@@ -458,6 +474,7 @@ impl Store {
             jobs: Vec::new(),
             events: Vec::new(),
             flushes_in_flight: 0,
+            demotes_in_flight: 0,
             readable_objects: 0,
             purge: None,
             draining: [false; Medium::ALL.len()],

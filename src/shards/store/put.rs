@@ -246,7 +246,8 @@ impl Store {
             for (seg, off, len) in placed {
                 self.segs[seg as usize].as_mut().unwrap().free(off, len);
             }
-            if self.flushes_in_flight > 0 {
+            if self.flushes_in_flight + self.demotes_in_flight > 0 {
+                // Their landing frees the sources' room.
                 return Err(Box::new(AllocStep::WaitForFlush));
             }
             self.stats.record(Op::Alloc, Outcome::Failure, None);

@@ -80,6 +80,38 @@ impl Backend {
         }
     }
 
+    /// Copies `len` bytes at `offset` into `to` at `to_offset` (memory backends only): straight
+    /// into the destination when it is host memory, else through a buffer. An HBM blob's move
+    /// down to DRAM, here or on a local service (`POST /cluster/v1/move`).
+    ///
+    /// # Safety
+    /// The source range belongs to a readable blob nobody writes; the destination range was
+    /// allocated for this copy and nobody else reads or writes it.
+    pub unsafe fn copy_to(
+        &self,
+        offset: u64,
+        to: &Backend,
+        to_offset: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        match to.host_region() {
+            Some(region) if region.check(to_offset, len).is_ok() => {
+                // SAFETY: the caller's word for both ranges.
+                let dst = unsafe { std::slice::from_raw_parts_mut(region.ptr(to_offset), len) };
+                // SAFETY: as above.
+                unsafe { self.read(offset, dst) }
+            }
+            _ => {
+                let mut buf = vec![0u8; len];
+                // SAFETY: as above.
+                unsafe {
+                    self.read(offset, &mut buf)
+                        .and_then(|()| to.write(to_offset, &buf))
+                }
+            }
+        }
+    }
+
     /// Lets the backend release what backs a freed range.
     ///
     /// # Safety

@@ -282,6 +282,10 @@ impl Sim {
                     self.on_get(step, key);
                 }
             }
+            IoJob::Demote { .. } => {
+                self.store.finish_demote(&job, outcome == IoOutcome::Done);
+                self.seen.flushes += 1;
+            }
             IoJob::ReadSsd { .. } => {
                 self.store.finish_direct_read(&job, outcome);
                 self.seen.direct_reads += 1;

@@ -287,14 +287,12 @@ fn chunk_index_finds_every_object_of_a_chunk() {
 
 /// A committed put of `size` bytes on DRAM, preferring `rank`; the rank it landed on.
 fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
-    let step = s.alloc_preferring(
-        key.as_bytes().into(),
-        size,
-        Some(Medium::Dram),
-        1,
-        0,
-        Some(rank),
-    );
+    put_at(s, key, size, Medium::Dram, rank)
+}
+
+/// A committed put of `size` bytes on `medium`, preferring `rank`; the rank it landed on.
+fn put_at(s: &mut Store, key: &str, size: u64, medium: Medium, rank: u32) -> u32 {
+    let step = s.alloc_preferring(key.as_bytes().into(), size, Some(medium), 1, 0, Some(rank));
     let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
@@ -388,5 +386,247 @@ fn this_processs_dram_never_goes_down_to_a_remote_ssd() {
     assert!(s.take_jobs().is_empty());
     assert!(s.find(b"l0").is_none());
     assert!(s.find(b"l5").is_some());
+    s.check();
+}
+
+/// The media of `key`'s copies (readable or being written), in blob order.
+fn media_of(s: &Store, key: &str) -> Vec<(Medium, BlobState)> {
+    let Some(obj) = s.find(key.as_bytes()) else {
+        return Vec::new();
+    };
+    s.objects[obj as usize]
+        .blobs
+        .iter()
+        .map(|&b| (s.blobs[b as usize].medium, s.blobs[b as usize].state))
+        .collect()
+}
+
+fn used_on(s: &Store, rank: u32, medium: Medium) -> u64 {
+    s.segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.rank == rank && ss.seg.medium == medium)
+        .map(|ss| ss.used())
+        .unwrap()
+}
+
+/// A remote rank's HBM, rank 1's DRAM and rank 2's DRAM, and this process's DRAM.
+fn remote_hbm_store(rank1_dram: u64, f: impl FnOnce(&mut StoreConfig)) -> Store {
+    TestStore::new()
+        .segment(0, Medium::Dram, 16 << 20)
+        .remote_segment(1, Medium::Hbm, 4 << 20)
+        .remote_segment(1, Medium::Dram, rank1_dram)
+        .remote_segment(2, Medium::Dram, 16 << 20)
+        .config(f)
+        .build()
+}
+
+#[test]
+fn a_remote_ranks_hbm_goes_down_to_its_own_dram_through_a_demotion_job() {
+    let mut s = remote_hbm_store(8 << 20, |c| c.lease_ms = 60_000);
+    for i in 0..3 {
+        assert_eq!(put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 1), 1);
+    }
+    // h0 is read (leased): eviction must not move it.
+    let GetStep::Ready(v) = s.get(b"h0") else {
+        panic!("h0 readable");
+    };
+    s.unpin(v.handle);
+    let mut events = Vec::new();
+    s.swap_events(&mut events);
+    events.clear();
+    assert_eq!(put_at(&mut s, "h3", 1 << 20, Medium::Hbm, 1), 1);
+    // The fourth put crossed the high watermark: the least recently used unleased blob (h1)
+    // is demoted, and only to rank 1's own DRAM (its local service copies it), never to this
+    // process's DRAM or rank 2's.
+    let jobs = s.take_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let IoJob::Demote {
+        src_view,
+        dst_view,
+        drop_on_failure,
+        ..
+    } = &jobs[0]
+    else {
+        panic!("{:?}", jobs[0]);
+    };
+    assert_eq!((src_view.seg.rank, src_view.seg.medium), (1, Medium::Hbm));
+    assert_eq!((dst_view.seg.rank, dst_view.seg.medium), (1, Medium::Dram));
+    assert!(dst_view.seg.backend.remote().is_some());
+    assert_eq!(dst_view.len, 1 << 20);
+    assert!(
+        !drop_on_failure,
+        "a watermark eviction keeps the copy on failure"
+    );
+    assert_eq!(media_of(&s, "h0"), [(Medium::Hbm, BlobState::Readable)]);
+    // Until the copy lands the object is read from HBM; no flush is counted for it.
+    assert_eq!(
+        media_of(&s, "h1"),
+        [
+            (Medium::Hbm, BlobState::Readable),
+            (Medium::Dram, BlobState::Allocated)
+        ]
+    );
+    let GetStep::Ready(v) = s.get(b"h1") else {
+        panic!("h1 readable while it moves");
+    };
+    assert_eq!(v.seg.medium, Medium::Hbm);
+    s.unpin(v.handle);
+    assert_eq!(s.stats.flush_in_flight_bytes.get(), 0);
+    s.check();
+    // The copy landed: the DRAM copy replaces the HBM one, counted as a demotion here is.
+    s.finish_demote(&jobs[0], true);
+    assert_eq!(media_of(&s, "h1"), [(Medium::Dram, BlobState::Readable)]);
+    assert_eq!(s.stats.demoted_blobs.get(), 1);
+    assert_eq!(s.stats.tier_by_rank[1].evict.get(), 1);
+    assert_eq!(s.stats.tier.flush_blobs.get(), 0);
+    assert_eq!(used_on(&s, 0, Medium::Dram), 0);
+    assert_eq!(used_on(&s, 2, Medium::Dram), 0);
+    assert_eq!(used_on(&s, 1, Medium::Dram), 1 << 20);
+    s.swap_events(&mut events);
+    let moved: Vec<&Event> = events
+        .iter()
+        .filter(|e| {
+            !matches!(
+                e,
+                Event::Read { .. }
+                    | Event::Stored {
+                        medium: Medium::Hbm,
+                        ..
+                    }
+            )
+        })
+        .collect();
+    assert!(
+        matches!(
+            moved[..],
+            [
+                Event::Evicted {
+                    medium: Medium::Hbm,
+                    ..
+                },
+                Event::Stored {
+                    medium: Medium::Dram,
+                    ..
+                },
+                Event::Removed {
+                    medium: Medium::Hbm,
+                    ..
+                }
+            ]
+        ),
+        "{moved:?}"
+    );
+    // The rank's local service learns that its DRAM copy landed before the HBM one went.
+    let freed = s.take_freed_remote();
+    let f: Vec<(u32, Medium, bool)> = freed
+        .iter()
+        .map(|(r, f)| (*r, f.medium, f.landed))
+        .collect();
+    assert_eq!(f, [(1, Medium::Dram, true), (1, Medium::Hbm, false)]);
+    s.check();
+}
+
+#[test]
+fn a_failed_remote_demotion_keeps_the_hbm_copy_unless_the_room_was_needed() {
+    // Watermark eviction: the copy stays where it was.
+    let mut s = remote_hbm_store(8 << 20, |c| c.lease_ms = 0);
+    for i in 0..4 {
+        put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 1);
+    }
+    let jobs = s.take_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    s.finish_demote(&jobs[0], false);
+    assert_eq!(media_of(&s, "h0"), [(Medium::Hbm, BlobState::Readable)]);
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    assert_eq!(s.stats.demoted_blobs.get(), 0);
+    s.check();
+
+    // Full: the allocation that found no room forces the eviction (after the watermark's,
+    // which moved some first) and waits for the demotions; a failed forced one drops its
+    // copy (the object with it), as eviction with nowhere to go does.
+    let mut s = remote_hbm_store(8 << 20, |c| {
+        c.lease_ms = 0;
+        c.high_percent = 100;
+        c.low_percent = 99;
+    });
+    for i in 0..4 {
+        put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 1);
+    }
+    assert!(s.take_jobs().is_empty());
+    let step = s.alloc_preferring(b"h4"[..].into(), 1 << 20, Some(Medium::Hbm), 1, 0, Some(1));
+    assert!(matches!(step, AllocStep::WaitForFlush), "{step:?}");
+    let jobs = s.take_jobs();
+    let forced = jobs
+        .iter()
+        .filter(|j| {
+            matches!(
+                j,
+                IoJob::Demote {
+                    drop_on_failure: true,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(forced >= 1, "{jobs:?}");
+    for job in &jobs {
+        s.finish_demote(job, false);
+    }
+    let left = (0..4).filter(|i| s.find(format!("h{i}").as_bytes()).is_some());
+    assert_eq!(left.count(), 4 - forced, "the forced ones were dropped");
+    assert_eq!(s.stats.evicted_objects_deleted.get(), forced as u64);
+    assert_eq!(s.stats.demoted_blobs.get(), 0);
+    assert_eq!(put_at(&mut s, "h4", 1 << 20, Medium::Hbm, 1), 1);
+    s.check();
+}
+
+#[test]
+fn a_remote_hbm_blob_is_dropped_when_its_ranks_dram_has_no_room() {
+    // Rank 1's DRAM holds one blob, read (leased) so its eviction cannot make room.
+    let mut s = remote_hbm_store(1 << 20, |c| c.lease_ms = 60_000);
+    put_at(&mut s, "d", 1 << 20, Medium::Dram, 1);
+    let GetStep::Ready(v) = s.get(b"d") else {
+        panic!("d readable");
+    };
+    s.unpin(v.handle);
+    for i in 0..4 {
+        put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 1);
+    }
+    // Nothing moves to another rank's DRAM or this process's: the copy is dropped.
+    assert!(s.take_jobs().is_empty());
+    assert!(s.find(b"h0").is_none());
+    assert!(s.find(b"h3").is_some());
+    assert!(s.find(b"d").is_some());
+    assert_eq!(s.stats.demoted_blobs.get(), 0);
+    assert!(s.stats.evicted_objects_deleted.get() >= 1);
+    assert_eq!(used_on(&s, 0, Medium::Dram), 0);
+    assert_eq!(used_on(&s, 2, Medium::Dram), 0);
+    s.check();
+}
+
+#[test]
+fn a_lost_ranks_leased_blobs_do_not_hold_its_segment_back() {
+    let mut s = remote_hbm_store(8 << 20, |c| c.lease_ms = 60_000);
+    put_at(&mut s, "kept", 1 << 20, Medium::Dram, 1);
+    put_at(&mut s, "removed", 1 << 20, Medium::Dram, 1);
+    for key in [&b"kept"[..], b"removed"] {
+        let GetStep::Ready(v) = s.get(key) else {
+            panic!("readable");
+        };
+        s.unpin(v.handle);
+    }
+    // A leased zombie (removed while read) and a leased live blob.
+    assert!(s.remove(b"removed"));
+    let seg = s
+        .segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.rank == 1 && ss.seg.medium == Medium::Dram)
+        .map(|ss| ss.seg.id)
+        .unwrap();
+    assert!(s.drop_segment(seg), "nothing left on the lost segment");
+    assert!(s.find(b"kept").is_none());
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
     s.check();
 }

@@ -257,6 +257,60 @@ impl Store {
         self.reap_zombies(now);
     }
 
+    /// Finishes a remote rank's HBM → DRAM demotion (its local service's copy ended `ok`):
+    /// the DRAM copy becomes readable and the HBM copy goes, counted as a demotion here is
+    /// (`demoted_blobs`; the object's `Stored` on DRAM and `Removed` from HBM). On failure
+    /// the DRAM blob is let go and the HBM copy stays as it was, or is dropped when the
+    /// eviction was for an allocation that needs the room (and nothing holds it now).
+    pub fn finish_demote(&mut self, job: &IoJob, ok: bool) {
+        let IoJob::Demote {
+            src,
+            dst,
+            drop_on_failure,
+            ..
+        } = job
+        else {
+            return;
+        };
+        let now = self.now_ms();
+        self.demotes_in_flight -= 1;
+        let src_live = self.blob_by_handle(*src).is_some_and(|b| b.obj != NIL);
+        if let Some(b) = self
+            .blobs
+            .get_mut(src.id as usize)
+            .filter(|b| b.tag == src.tag)
+        {
+            b.flushing = false;
+        }
+        if let Some(d) = self.blob_by_handle(*dst) {
+            let (obj, state) = (d.obj, d.state);
+            self.blobs[dst.id as usize].pins -= 1;
+            if ok && obj != NIL && !self.doomed(obj) && state == BlobState::Allocated {
+                self.make_readable(dst.id, now);
+                // Before the source's removal: the rank's local service hands the DRAM copy
+                // over from then on (catalog hand-over).
+                self.note_landed_remote(dst.id);
+                self.stats.demoted_blobs.inc();
+                if src_live {
+                    self.detach_blob(src.id, now);
+                }
+            } else {
+                if obj != NIL {
+                    self.detach_blob(dst.id, now);
+                }
+                if !ok
+                    && *drop_on_failure
+                    && src_live
+                    && !self.doomed(self.blobs[src.id as usize].obj)
+                    && self.is_evictable(&self.blobs[src.id as usize], now)
+                {
+                    self.drop_evicted(src.id, now);
+                }
+            }
+        }
+        self.reap_zombies(now);
+    }
+
     /// Starts rewarms (SSD → DRAM) for the named objects held only on SSD. Returns the jobs,
     /// which the shard runs in the background.
     pub fn prefetch_named(&mut self, name: &[u8]) -> Vec<IoJob> {
@@ -289,6 +343,7 @@ pub(super) fn job_size(job: &IoJob) -> u64 {
     match job {
         IoJob::Flush { src_view, .. }
         | IoJob::Rewarm { src_view, .. }
+        | IoJob::Demote { src_view, .. }
         | IoJob::ReadSsd { src_view, .. } => src_view.len,
     }
 }
