@@ -280,7 +280,7 @@ impl Config {
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
         for k in KEYS {
-            (k.set)(&mut c, k.default)
+            k.apply(&mut c, k.default)
                 .unwrap_or_else(|e| panic!("default of {} is invalid: {e}", k.name));
         }
         c
@@ -293,15 +293,17 @@ impl Config {
         let Some(i) = KEYS.iter().position(|k| k.name == key) else {
             return Ok(false);
         };
-        (KEYS[i].set)(self, value).map_err(|allowed| ConfigError::Invalid {
-            key: key.to_string(),
-            value: if KEYS[i].secret {
-                REDACTED.to_string()
-            } else {
-                value.to_string()
-            },
-            allowed,
-        })?;
+        KEYS[i]
+            .apply(self, value)
+            .map_err(|allowed| ConfigError::Invalid {
+                key: key.to_string(),
+                value: if KEYS[i].secret {
+                    REDACTED.to_string()
+                } else {
+                    value.to_string()
+                },
+                allowed,
+            })?;
         self.raw[i] = value.trim().to_string();
         Ok(true)
     }
