@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{self, AllocStep, GetStep, IoJob};
+use super::store::{self, AllocStep, GetStep, IoJob, Placement};
 use super::waits::Waiting;
 use super::{Command, PinnedBlob, Reply, Shard, WriteGrant};
 
@@ -27,14 +27,11 @@ impl Shard {
             Command::Alloc {
                 key,
                 size,
-                medium,
-                replicas,
-                prot,
-                prefer_rank,
+                placement,
             } => {
                 let view = self.cluster.ha.fence().max(0) as u64;
                 self.store.borrow_mut().set_view(view);
-                self.apply_alloc(key, size, medium, replicas, prot, prefer_rank)
+                self.apply_alloc(key, size, placement)
             }
             Command::Commit { obj, ok, .. } => {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
@@ -118,13 +115,9 @@ impl Shard {
         self: &Rc<Self>,
         key: Box<[u8]>,
         size: u64,
-        medium: Option<Medium>,
-        replicas: u8,
-        prot: u16,
-        prefer_rank: Option<u32>,
+        placement: Placement,
     ) -> Applied {
         let flushes = self.flush_done.generation();
-        let placement = (medium, replicas, prot, prefer_rank);
         let step = self.try_alloc(&key, size, placement);
         match step {
             AllocStep::WaitForFlush => {

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::io_jobs::{DAMAGED_ON_SSD, read_outcome};
-use super::store::{self, AllocStep, GetStep, IoJob, IoOutcome};
+use super::store::{self, AllocStep, GetStep, IoJob, IoOutcome, Placement};
 use super::{Reply, Shard};
 
 /// What a read waits for before it looks at the object again (with the event generation
@@ -26,25 +26,10 @@ impl Waiting {
     }
 }
 
-/// Where an allocation goes: medium, replicas, protection, preferred rank.
-pub(super) type Placement = (Option<store::segment::Medium>, u8, u16, Option<u32>);
-
 impl Shard {
-    /// One attempt at an allocation: (medium, replicas, protection, preferred rank).
-    pub(super) fn try_alloc(
-        &self,
-        key: &[u8],
-        size: u64,
-        (medium, replicas, prot, prefer_rank): Placement,
-    ) -> AllocStep {
-        self.store.borrow_mut().alloc_preferring(
-            key.into(),
-            size,
-            medium,
-            replicas as usize,
-            prot,
-            prefer_rank,
-        )
+    /// One attempt at an allocation.
+    pub(super) fn try_alloc(&self, key: &[u8], size: u64, placement: Placement) -> AllocStep {
+        self.store.borrow_mut().alloc(key.into(), size, placement)
     }
 
     /// An allocation that found no room while flushes were freeing some: retry as each lands.
@@ -52,19 +37,14 @@ impl Shard {
         self: Rc<Self>,
         key: Box<[u8]>,
         size: u64,
-        (medium, replicas, prot, prefer_rank): (
-            Option<store::segment::Medium>,
-            u8,
-            u16,
-            Option<u32>,
-        ),
+        placement: Placement,
         mut flushes: u64,
     ) -> Reply {
         const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
             self.flush_done.wait_since(flushes).await;
             flushes = self.flush_done.generation();
-            let step = self.try_alloc(&key, size, (medium, replicas, prot, prefer_rank));
+            let step = self.try_alloc(&key, size, placement);
             self.after_store();
             if !matches!(step, AllocStep::WaitForFlush) {
                 return self.alloc_reply(step);

@@ -25,7 +25,7 @@ use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer}
 use crate::metrics::client::ClientOp;
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
-use crate::shards::store::{BlobView, MAX_REPLICAS};
+use crate::shards::store::{BlobView, MAX_REPLICAS, Placement};
 use crate::shards::{Command, Reply, Submitted, WriteGrant};
 
 fn is_local_service(ctx: &Ctx<'_>) -> bool {
@@ -35,13 +35,8 @@ fn is_local_service(ctx: &Ctx<'_>) -> bool {
 /// Length marker of a missing key in a batch_get body.
 pub const MISSING: u64 = u64::MAX;
 
-struct PutOptions {
-    medium: Option<Medium>,
-    replicas: u8,
-    prefer_rank: Option<u32>,
-}
-
-fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Response> {
+/// A put's `medium`, `replicas` and `prefer_rank` parameters.
+fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Response> {
     let medium = match optional(req, ctx, "medium")? {
         None => None,
         Some(m) => match std::str::from_utf8(&m).ok().and_then(Medium::parse) {
@@ -71,9 +66,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Respo
             }
         },
     };
-    Ok(PutOptions {
+    Ok(Placement {
         medium,
         replicas,
+        prot: 0,
         prefer_rank,
     })
 }
@@ -303,10 +299,7 @@ pub async fn put(
     let cmd = Command::Alloc {
         key: key.clone(),
         size,
-        medium: opts.medium,
-        replicas: opts.replicas,
-        prot: 0,
-        prefer_rank: opts.prefer_rank,
+        placement: opts,
     };
     let grant = match ctx.shard.execute(cmd).await {
         Reply::Granted(g) => g,
@@ -511,10 +504,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         .map(|(k, &size)| Command::Alloc {
             key: k.clone(),
             size,
-            medium: opts.medium,
-            replicas: opts.replicas,
-            prot: 0,
-            prefer_rank: opts.prefer_rank,
+            placement: opts,
         })
         .collect();
     let granted = ctx.shard.execute_many(allocs).await;

@@ -9,7 +9,11 @@ fn dram_store(capacity: u64) -> Store {
 }
 
 fn put(store: &mut Store, key: &str) {
-    let step = store.alloc(key.as_bytes().into(), 100, Some(Medium::Dram), 1, 0);
+    let step = store.alloc(
+        key.as_bytes().into(),
+        100,
+        Placement::on(Some(Medium::Dram), 1),
+    );
     let AllocStep::Granted { obj, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
@@ -99,7 +103,11 @@ fn watermark_eviction_drains_in_slices() {
 }
 
 fn grant(s: &mut Store, key: &str, size: u64) -> (ObjHandle, Arc<WriterLink>) {
-    match s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0) {
+    match s.alloc(
+        key.as_bytes().into(),
+        size,
+        Placement::on(Some(Medium::Dram), 1),
+    ) {
         AllocStep::Granted { obj, link, .. } => (obj, link),
         step => panic!("alloc refused: {step:?}"),
     }
@@ -287,14 +295,11 @@ fn chunk_index_finds_every_object_of_a_chunk() {
 
 /// A committed put of `size` bytes on DRAM, preferring `rank`; the rank it landed on.
 fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
-    let step = s.alloc_preferring(
-        key.as_bytes().into(),
-        size,
-        Some(Medium::Dram),
-        1,
-        0,
-        Some(rank),
-    );
+    let placement = Placement {
+        prefer_rank: Some(rank),
+        ..Placement::on(Some(Medium::Dram), 1)
+    };
+    let step = s.alloc(key.as_bytes().into(), size, placement);
     let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
