@@ -19,7 +19,6 @@ use super::remote;
 use super::{
     Ctx, Request, batch_key_list, check_object_key, list_param, object_key, optional, parse_uint,
 };
-use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
 use crate::metrics::client::ClientOp;
@@ -105,14 +104,11 @@ async fn commit(ctx: &mut Ctx<'_>, key: Box<[u8]>, mut grant: WriteGrant, ok: bo
 }
 
 pub(super) fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.field_str("key", key);
-    w.field_u64("size", size);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.field_str("key", key);
+        w.field_u64("size", size);
+    })
 }
 
 /// Nanoseconds since `t`.
@@ -231,15 +227,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 .expect("a body already read cannot break the connection")
         }
         Method::Delete => match ctx.shard.execute(Command::Remove { key }).await {
-            Reply::Done => {
-                ctx.scratch.clear();
-                let mut w = JsonWriter::new(ctx.scratch);
-                w.begin_object();
-                w.field_bool("success", true);
-                w.field_str("message", b"key deleted");
-                w.end_object();
-                Response::json_scratch(Status::OK)
-            }
+            Reply::Done => ctx.success_message("key deleted"),
             other => ctx.reply_error(other, "Key not found"),
         },
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
@@ -382,13 +370,10 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 exist_bandwidth(ctx, rank, start);
             }
             let found = found.is_some();
-            ctx.scratch.clear();
-            let mut w = JsonWriter::new(ctx.scratch);
-            w.begin_object();
-            w.field_bool("success", true);
-            w.field_bool("exists", found);
-            w.end_object();
-            Response::json_scratch(Status::OK)
+            ctx.json_object(|w| {
+                w.field_bool("success", true);
+                w.field_bool("exists", found);
+            })
         }
         other => ctx.reply_error(other, "Key not found"),
     }
@@ -419,31 +404,28 @@ fn batch_results(
     keys: &[Box<[u8]>],
     results: &[Result<Option<u64>, String>],
 ) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.begin_array_field("results");
-    for (k, r) in keys.iter().zip(results) {
-        w.begin_object();
-        w.field_str("key", k);
-        match r {
-            Ok(size) => {
-                w.field_bool("success", true);
-                if let Some(s) = size {
-                    w.field_u64("size", *s);
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.begin_array_field("results");
+        for (k, r) in keys.iter().zip(results) {
+            w.begin_object();
+            w.field_str("key", k);
+            match r {
+                Ok(size) => {
+                    w.field_bool("success", true);
+                    if let Some(s) = size {
+                        w.field_u64("size", *s);
+                    }
+                }
+                Err(m) => {
+                    w.field_bool("success", false);
+                    w.field_str("error_message", m.as_bytes());
                 }
             }
-            Err(m) => {
-                w.field_bool("success", false);
-                w.field_str("error_message", m.as_bytes());
-            }
+            w.end_object();
         }
-        w.end_object();
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
+        w.end_array();
+    })
 }
 
 fn reply_message(r: &Reply, not_found: &str) -> String {
@@ -713,17 +695,14 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     {
         exist_bandwidth(ctx, rank, start);
     }
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.begin_array_field("exists");
-    for r in &replies {
-        w.value_bool(matches!(r, Reply::Exists(Some(_))));
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.begin_array_field("exists");
+        for r in &replies {
+            w.value_bool(matches!(r, Reply::Exists(Some(_))));
+        }
+        w.end_array();
+    })
 }
 
 pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
