@@ -15,7 +15,7 @@ pub mod kv_events;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 
@@ -334,18 +334,12 @@ impl HaView {
     /// Registers a leader-change listener (see [`HaListener`]). Listeners registered before
     /// the HA threads start see every change, the first one included.
     pub fn subscribe(&self, listener: HaListener) {
-        self.listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(listener);
+        locked(&self.listeners).push(listener);
     }
 
     /// Registers a step a new leader runs before serving (see [`RecoveryStep`]).
     pub fn add_recovery_step(&self, step: RecoveryStep) {
-        self.recovery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(step);
+        locked(&self.recovery).push(step);
     }
 
     /// Registers a step run the moment a leadership is won, before anything of the new
@@ -354,10 +348,7 @@ impl HaView {
     /// epoch starts here, so its `AllBlocksCleared` precedes every `BlockStored` of the
     /// leadership. Same signature and contract as a recovery step.
     pub fn add_epoch_step(&self, step: RecoveryStep) {
-        self.epoch_steps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(step);
+        locked(&self.epoch_steps).push(step);
     }
 
     /// Runs the epoch steps in registration order (election thread only).
@@ -366,15 +357,7 @@ impl HaView {
         view_version: u64,
         deadline: std::time::Instant,
     ) -> Result<(), String> {
-        for step in self
-            .epoch_steps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            step(view_version, deadline)?;
-        }
-        Ok(())
+        run_steps(&self.epoch_steps, view_version, deadline)
     }
 
     /// Runs the recovery steps in registration order (election thread only).
@@ -383,15 +366,7 @@ impl HaView {
         view_version: u64,
         deadline: std::time::Instant,
     ) -> Result<(), String> {
-        for step in self
-            .recovery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            step(view_version, deadline)?;
-        }
-        Ok(())
+        run_steps(&self.recovery, view_version, deadline)
     }
 
     /// Publishes a new view (election thread only). `serving` goes down before the snapshot
@@ -420,12 +395,7 @@ impl HaView {
             next.leader_address_str(),
             next.view_version
         );
-        for l in self
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+        for l in locked(&self.listeners).iter() {
             l(&previous, &next);
         }
     }
@@ -443,6 +413,21 @@ impl HaView {
         self.to_shards.len()
     }
 
+    /// Sends `msg` to every shard and waits until each that took it acknowledged; `Err(late)`
+    /// when `deadline` comes first.
+    pub(crate) fn ask_every_shard(
+        &self,
+        msg: impl Fn(flume::Sender<()>) -> ShardMsg,
+        deadline: std::time::Instant,
+        late: &str,
+    ) -> Result<(), String> {
+        let mut acks = Acks::new();
+        for s in 0..self.shard_count() {
+            acks.send(self, s, &msg);
+        }
+        acks.wait(deadline, late)
+    }
+
     /// Queues a `/metadata` write for etcd (HA on); gives it back when the queue is full.
     pub fn submit_write(&self, req: WriteReq) -> Result<(), WriteReq> {
         match &self.writes {
@@ -454,6 +439,65 @@ impl HaView {
     pub(crate) fn write_queue(&self) -> Option<flume::Receiver<WriteReq>> {
         self.writes.as_ref().map(|(_, rx)| rx.clone())
     }
+}
+
+/// The acknowledgements of messages sent to shards: each message queued is counted, then
+/// [`Acks::wait`] waits for as many acks.
+pub(crate) struct Acks {
+    tx: flume::Sender<()>,
+    rx: flume::Receiver<()>,
+    expected: usize,
+}
+
+impl Acks {
+    pub(crate) fn new() -> Acks {
+        let (tx, rx) = flume::unbounded();
+        Acks {
+            tx,
+            rx,
+            expected: 0,
+        }
+    }
+
+    /// Sends `msg`, made with this ack channel, to shard `id` (counted when it was queued).
+    pub(crate) fn send(
+        &mut self,
+        ha: &HaView,
+        id: usize,
+        msg: impl FnOnce(flume::Sender<()>) -> ShardMsg,
+    ) {
+        if ha.send_to_shard(id, msg(self.tx.clone())) {
+            self.expected += 1;
+        }
+    }
+
+    /// Waits for every counted ack; `Err(late)` when `deadline` comes first.
+    pub(crate) fn wait(self, deadline: std::time::Instant, late: &str) -> Result<(), String> {
+        drop(self.tx);
+        for _ in 0..self.expected {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            self.rx.recv_timeout(left).map_err(|_| late.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// The mutex's value, also after a panic elsewhere poisoned it (the lists it guards stay
+/// whole: each change is one push).
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `steps` in registration order; the first error stops them.
+fn run_steps(
+    steps: &Mutex<Vec<RecoveryStep>>,
+    view_version: u64,
+    deadline: std::time::Instant,
+) -> Result<(), String> {
+    for step in locked(steps).iter() {
+        step(view_version, deadline)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
