@@ -232,14 +232,38 @@ impl HaView {
     /// the leader address.
     pub fn standalone(advertise_address: &str) -> HaView {
         let leader_address = (!advertise_address.is_empty()).then(|| advertise_address.to_string());
+        HaView::new(Role::Leader, HaState::Serving, leader_address, None, 0)
+    }
+
+    /// HA on: `starting` until the election thread has its first answer from etcd.
+    pub fn elected(config: HaConfig, shard_count: usize) -> HaView {
+        HaView::new(
+            Role::Unknown,
+            HaState::Starting,
+            None,
+            Some(config),
+            shard_count,
+        )
+    }
+
+    /// A view at `role` and `state`; serving from the start when HA is off (no `config`).
+    fn new(
+        role: Role,
+        state: HaState,
+        leader_address: Option<String>,
+        config: Option<HaConfig>,
+        shard_count: usize,
+    ) -> HaView {
+        let enabled = config.is_some();
+        let (to_shards, shard_inboxes) = (0..shard_count).map(|_| flume::unbounded()).unzip();
         HaView {
-            enabled: false,
-            serving: AtomicBool::new(true),
-            serving_until_ns: AtomicU64::new(u64::MAX),
+            enabled,
+            serving: AtomicBool::new(!enabled),
+            serving_until_ns: AtomicU64::new(if enabled { 0 } else { u64::MAX }),
             epoch: std::time::Instant::now(),
             current: RwLock::new(Arc::new(HaSnapshot {
-                role: Role::Leader,
-                state: HaState::Serving,
+                role,
+                state,
                 leader_address,
                 view_version: 0,
             })),
@@ -248,36 +272,10 @@ impl HaView {
             listeners: Mutex::new(Vec::new()),
             epoch_steps: Mutex::new(Vec::new()),
             recovery: Mutex::new(Vec::new()),
-            config: None,
-            to_shards: Vec::new(),
-            shard_inboxes: Vec::new(),
-            writes: None,
-        }
-    }
-
-    /// HA on: `starting` until the election thread has its first answer from etcd.
-    pub fn elected(config: HaConfig, shard_count: usize) -> HaView {
-        let (to_shards, shard_inboxes) = (0..shard_count).map(|_| flume::unbounded()).unzip();
-        HaView {
-            enabled: true,
-            serving: AtomicBool::new(false),
-            serving_until_ns: AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
-            current: RwLock::new(Arc::new(HaSnapshot {
-                role: Role::Unknown,
-                state: HaState::Starting,
-                leader_address: None,
-                view_version: 0,
-            })),
-            fence: AtomicI64::new(0),
-            generation: AtomicU64::new(0),
-            listeners: Mutex::new(Vec::new()),
-            epoch_steps: Mutex::new(Vec::new()),
-            recovery: Mutex::new(Vec::new()),
-            config: Some(config),
+            config,
             to_shards,
             shard_inboxes,
-            writes: Some(flume::bounded(WRITE_QUEUE_CAPACITY)),
+            writes: enabled.then(|| flume::bounded(WRITE_QUEUE_CAPACITY)),
         }
     }
 

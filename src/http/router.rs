@@ -123,19 +123,18 @@ impl Route {
         )
     }
 
+    /// What every node answers about itself: health, readiness, role.
+    fn is_own_health(self) -> bool {
+        matches!(
+            self,
+            Route::Health | Route::Healthz | Route::Ready | Route::Role
+        )
+    }
+
     /// Routes a standby answers itself (HA on): health, readiness, the HA facts and its own
     /// metrics. Every other route is the leader's.
     pub fn served_by_standby(self) -> bool {
-        matches!(
-            self,
-            Route::Health
-                | Route::Healthz
-                | Route::Ready
-                | Route::Role
-                | Route::HaStatus
-                | Route::Leader
-                | Route::Metrics
-        )
+        self.is_own_health() || matches!(self, Route::HaStatus | Route::Leader | Route::Metrics)
     }
 
     /// The routes between a meta service and its local services, guarded by the cluster token.
@@ -153,16 +152,9 @@ impl Route {
 
     /// What a local service serves: its own health and metrics, and objects under grants.
     pub fn served_by_local_service(self) -> bool {
-        matches!(
-            self,
-            Route::Health
-                | Route::Healthz
-                | Route::Ready
-                | Route::Role
-                | Route::OpenApi
-                | Route::Objects
-                | Route::ClusterMove
-        ) || self.is_metrics()
+        self.is_own_health()
+            || matches!(self, Route::OpenApi | Route::Objects | Route::ClusterMove)
+            || self.is_metrics()
     }
 
     pub fn spec(self) -> &'static RouteSpec {
