@@ -176,32 +176,22 @@ impl Shard {
         self.purge_running.set(false);
     }
 
-    pub(super) async fn evacuate_waiting(self: Rc<Self>, seg: store::segment::SegmentId) -> Reply {
-        for _ in 0..2000 {
-            monoio::time::sleep(Duration::from_millis(5)).await;
-            let done = self.store.borrow_mut().evacuate(seg);
-            self.after_store();
-            if done {
-                return Reply::Done;
-            }
-        }
-        Reply::refused("Blobs on the segment stayed in use; unmount incomplete")
-    }
-
-    /// A lost rank's segment still had blobs pinned by readers: retry until they let go (a
-    /// pin lasts one answer; leases do not hold a lost rank's blobs).
-    pub(super) async fn drop_segment_waiting(
+    /// A segment step that found blobs still pinned: retried every 5 ms until the readers
+    /// let go, for at most 10 s; then refused with `stuck`.
+    pub(super) async fn once_unpinned(
         self: Rc<Self>,
         seg: store::segment::SegmentId,
+        step: fn(&mut store::Store, store::segment::SegmentId) -> bool,
+        stuck: &'static str,
     ) -> Reply {
         for _ in 0..2000 {
             monoio::time::sleep(Duration::from_millis(5)).await;
-            let done = self.store.borrow_mut().drop_segment(seg);
+            let done = step(&mut self.store.borrow_mut(), seg);
             self.after_store();
             if done {
                 return Reply::Done;
             }
         }
-        Reply::refused("Blobs on the lost segment stayed pinned")
+        Reply::refused(stuck)
     }
 }
