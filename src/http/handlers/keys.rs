@@ -68,11 +68,9 @@ pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response 
             return r;
         }
     }
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Query { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(&keys, |key| req.read_command(Command::Query { key }))
+        .await;
     // A HEAD request is no business operation: it counts nowhere.
     let counted = !req.is_head();
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {

@@ -116,6 +116,16 @@ impl Ctx<'_> {
         Response::json_scratch(Status::OK)
     }
 
+    /// `cmd` of each key, run by the keys' owners in parallel; the replies in key order.
+    pub async fn execute_each(
+        &self,
+        keys: &[Box<[u8]>],
+        cmd: impl Fn(Box<[u8]>) -> Command,
+    ) -> Vec<Reply> {
+        let cmds = keys.iter().map(|k| cmd(k.clone())).collect();
+        self.shard.execute_many(cmds).await
+    }
+
     /// `{"success":true,"message":…}`.
     pub fn success_message(&mut self, message: &str) -> Response {
         self.json_object(|w| {

@@ -389,6 +389,12 @@ fn batch_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>, Re
     Ok(keys)
 }
 
+/// Counts a batch under `op`: its outcome from the replies (see [`Outcome::of_batch`]).
+fn record_batch(ctx: &Ctx<'_>, op: Op, replies: &[Reply]) {
+    let outcome = Outcome::of_batch(replies.iter().map(outcome_of));
+    ctx.shard.store_stats().record(op, outcome, None);
+}
+
 fn outcome_of(r: &Reply) -> Outcome {
     match r {
         Reply::NotFound => Outcome::NotFound,
@@ -490,12 +496,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         })
         .collect();
     let granted = ctx.shard.execute_many(allocs).await;
-    let stats = ctx.shard.store_stats();
-    stats.record(
-        Op::BatchAlloc,
-        Outcome::of_batch(granted.iter().map(outcome_of)),
-        None,
-    );
+    record_batch(ctx, Op::BatchAlloc, &granted);
 
     // Write every granted object from its slice of the body.
     let write_start = Instant::now();
@@ -529,11 +530,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             })
             .collect();
         let replies = ctx.shard.execute_many(commits).await;
-        ctx.shard.store_stats().record(
-            Op::BatchUpdateState,
-            Outcome::of_batch(replies.iter().map(outcome_of)),
-            None,
-        );
+        record_batch(ctx, Op::BatchUpdateState, &replies);
         let rank = grants
             .first()
             .and_then(|(_, g, _)| g.blobs.first())
@@ -576,13 +573,8 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if req.is_head() {
         return head_batch_get(req, ctx, &keys).await;
     }
-    let cmds = keys
-        .iter()
-        .map(|k| Command::Get { key: k.clone() })
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
-    let outcome = Outcome::of_batch(replies.iter().map(outcome_of));
-    ctx.shard.store_stats().record(Op::BatchGet, outcome, None);
+    let replies = ctx.execute_each(&keys, |key| Command::Get { key }).await;
+    record_batch(ctx, Op::BatchGet, &replies);
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
@@ -648,11 +640,9 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// HEAD of a batch_get: the length its GET would send (an 8-byte length per key, and the
 /// bytes of each readable one), from queries that count nothing and lease nothing.
 async fn head_batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>, keys: &[Box<[u8]>]) -> Response {
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Query { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(keys, |key| req.read_command(Command::Query { key }))
+        .await;
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
@@ -672,18 +662,12 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Exist { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(&keys, |key| req.read_command(Command::Exist { key }))
+        .await;
     let counted = !req.is_head();
     if counted {
-        ctx.shard.store_stats().record(
-            Op::BatchExistKey,
-            Outcome::of_batch(replies.iter().map(outcome_of)),
-            None,
-        );
+        record_batch(ctx, Op::BatchExistKey, &replies);
     }
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
@@ -710,16 +694,8 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    let cmds = keys
-        .iter()
-        .map(|k| Command::Remove { key: k.clone() })
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
-    ctx.shard.store_stats().record(
-        Op::BatchRemove,
-        Outcome::of_batch(replies.iter().map(outcome_of)),
-        None,
-    );
+    let replies = ctx.execute_each(&keys, |key| Command::Remove { key }).await;
+    record_batch(ctx, Op::BatchRemove, &replies);
     let results: Vec<Result<Option<u64>, String>> = replies
         .iter()
         .map(|r| match r {
