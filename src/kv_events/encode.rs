@@ -88,15 +88,20 @@ fn positional_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     }
 }
 
+/// A block event's map of `fields` entries up to its `block_hashes` (`"type"` first).
+fn named_head(out: &mut Vec<u8>, fields: u32, tag: &str, hash: u64) {
+    let _ = encode::write_map_len(out, fields);
+    str(out, "type");
+    str(out, tag);
+    str(out, "block_hashes");
+    one_hash(out, hash);
+}
+
 /// An event as a map: `"type"` first, then vLLM's current field names in its order.
 fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     match *e {
         KvEvent::Stored { hash, medium } => {
-            let _ = encode::write_map_len(out, 8);
-            str(out, "type");
-            str(out, "BlockStored");
-            str(out, "block_hashes");
-            one_hash(out, hash);
+            named_head(out, 8, "BlockStored", hash);
             str(out, "parent_block_hash");
             let _ = encode::write_nil(out);
             str(out, "token_ids");
@@ -111,11 +116,7 @@ fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             let _ = encode::write_nil(out);
         }
         KvEvent::Removed { hash, medium } => {
-            let _ = encode::write_map_len(out, 3);
-            str(out, "type");
-            str(out, "BlockRemoved");
-            str(out, "block_hashes");
-            one_hash(out, hash);
+            named_head(out, 3, "BlockRemoved", hash);
             str(out, "medium");
             str(out, medium.kv_event());
         }
