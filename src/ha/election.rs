@@ -30,7 +30,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::etcd::{self, Etcd, EtcdError, b64};
-use super::{Acks, HaConfig, HaSnapshot, HaState, Role, ShardMsg};
+use super::{Acks, HaConfig, HaSnapshot, HaState, Role, ShardMsg, run_steps};
 use crate::shards::Cluster;
 
 /// Entries read per `/metadata` page when a new leader loads them.
@@ -364,13 +364,13 @@ impl Elector {
         self.led_before = true;
         // Before anything of this leadership changes the store: the KV-event epoch begins,
         // with what this node holds re-announced (`kv_events::leadership`).
-        if let Err(e) = self.cluster.ha.start_epoch(view, l.step_down_at) {
+        if let Err(e) = run_steps(&self.cluster.ha.epoch_steps, view, l.step_down_at) {
             log::warn!("HA: {e}; resigning");
             self.resign(&l, "the KV-event epoch could not start");
             return Phase::Follow;
         }
         let loaded = self.load_metadata(&mut l).and_then(|n| {
-            self.cluster.ha.recover(view, l.step_down_at)?;
+            run_steps(&self.cluster.ha.recovery, view, l.step_down_at)?;
             Ok(n)
         });
         match loaded {

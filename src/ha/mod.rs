@@ -349,24 +349,6 @@ impl HaView {
         locked(&self.epoch_steps).push(step);
     }
 
-    /// Runs the epoch steps in registration order (election thread only).
-    pub(crate) fn start_epoch(
-        &self,
-        view_version: u64,
-        deadline: std::time::Instant,
-    ) -> Result<(), String> {
-        run_steps(&self.epoch_steps, view_version, deadline)
-    }
-
-    /// Runs the recovery steps in registration order (election thread only).
-    pub(crate) fn recover(
-        &self,
-        view_version: u64,
-        deadline: std::time::Instant,
-    ) -> Result<(), String> {
-        run_steps(&self.recovery, view_version, deadline)
-    }
-
     /// Publishes a new view (election thread only). `serving` goes down before the snapshot
     /// changes and up after it, so no request is served on a view that does not allow it.
     pub(crate) fn publish(&self, next: HaSnapshot, fence: i64) {
@@ -486,7 +468,8 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs `steps` in registration order; the first error stops them.
+/// Runs `steps` (a view's epoch or recovery steps) in registration order; the first error
+/// stops them. The election thread runs them.
 fn run_steps(
     steps: &Mutex<Vec<RecoveryStep>>,
     view_version: u64,
