@@ -1,8 +1,9 @@
 //! Configuration: the upstream `key = value` file format, `--set` overrides, validation.
 //!
-//! Every key the server reads is one row of [`KEYS`]: its name, its default (as text, parsed
-//! by the same setter as user input, so a default can never be invalid), one line of
-//! documentation, and the setter. `config/mmc-meta.conf` is generated from this table
+//! Every key the server reads is one row of [`KEYS`]: its name, its default (as text, read
+//! the same way as user input, so a default can never be invalid), how its value is read
+//! (`keys::Set`: a bounded number or size, a bool, text, or its own function), and one line
+//! of documentation. `config/mmc-meta.conf` is generated from this table
 //! (`mmc-server --print-default-config`) and a test keeps the two identical.
 
 mod keys;
