@@ -455,6 +455,7 @@ pub struct NodePart {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::memory::MappedRegion;
 
     /// A sysfs tree with `nodes` = (node id, cpulist).
     fn tree(nodes: &[(u32, &str)]) -> tempdir::Dir {
@@ -674,28 +675,13 @@ mod tests {
     #[test]
     fn bound_pages_land_on_their_node() {
         let len = 16 * 4096;
-        // SAFETY: a private anonymous mapping, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let base: *mut u8 = p.cast();
+        let region = MappedRegion::new(len as u64).unwrap();
+        let base = region.ptr(0);
         for policy in [MemPolicy::Preferred, MemPolicy::Bind] {
-            // SAFETY: the mapping made above.
+            // SAFETY: the region's own mapping.
             match unsafe { bind_to_node(base, len, 0, policy) } {
                 Ok(()) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
-                    // SAFETY: as above, not used after this.
-                    unsafe { libc::munmap(p, len) };
-                    return;
-                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => return,
                 Err(e) => panic!("{e}"),
             }
             let (mode, nodes) = policy_at(base as usize + 5 * 4096).unwrap();
@@ -708,8 +694,6 @@ mod tests {
         assert_eq!(nodes.len(), 16);
         assert!(nodes[..8].iter().all(|&n| n == 0), "{nodes:?}");
         assert!(nodes[8..].iter().all(|&n| n == -libc::ENOENT), "{nodes:?}");
-        // SAFETY: the mapping made above, not used after this.
-        unsafe { libc::munmap(p, len) };
     }
 
     #[test]
@@ -733,24 +717,12 @@ mod tests {
     #[test]
     fn binds_a_mapping_to_node_zero() {
         let len = 1 << 20;
-        // SAFETY: a private anonymous mapping, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: the mapping made above.
-        let r = unsafe { bind_to_node(p.cast(), len, 0, MemPolicy::Bind) };
+        let region = MappedRegion::new(len as u64).unwrap();
+        // SAFETY: the region's own mapping.
+        let r = unsafe { bind_to_node(region.ptr(0), len, 0, MemPolicy::Bind) };
         // SAFETY: as above.
-        let missing = unsafe { bind_to_node(p.cast(), len, 1000, MemPolicy::Preferred) };
-        // SAFETY: the mapping made above, not used after this.
-        unsafe { libc::munmap(p, len) };
+        let missing = unsafe { bind_to_node(region.ptr(0), len, 1000, MemPolicy::Preferred) };
+        drop(region);
         match r {
             Ok(()) => assert!(missing.is_err()),
             // A seccomp profile or a kernel without NUMA refuses mbind itself.

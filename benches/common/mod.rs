@@ -10,7 +10,7 @@ use mmc::metrics::trace::Tracer;
 use mmc::shards::Reply;
 use mmc::shards::store::mount::build_segment;
 use mmc::shards::store::segment::{Medium, SegmentTable};
-use mmc::shards::store::{AllocStep, Store, StoreConfig};
+use mmc::shards::store::{AllocStep, Placement, Store, StoreConfig};
 
 /// The default of `ock.mmc.segment.run_bytes`.
 pub const RUN_BYTES: u64 = 16 << 20;
@@ -42,7 +42,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
 /// With `payload` None the bytes are not written (the segment's pages stay untouched), which
 /// is enough to measure the store's metadata.
 pub fn put(store: &mut Store, key: &[u8], size: u64, payload: Option<&[u8]>) {
-    let step = store.alloc(key.into(), size, Some(Medium::Dram), 1, 0);
+    let step = store.alloc(key.into(), size, Placement::on(Some(Medium::Dram), 1));
     let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc of {size} bytes refused: {step:?}");
     };

@@ -1,8 +1,9 @@
 //! Configuration: the upstream `key = value` file format, `--set` overrides, validation.
 //!
-//! Every key the server reads is one row of [`KEYS`]: its name, its default (as text, parsed
-//! by the same setter as user input, so a default can never be invalid), one line of
-//! documentation, and the setter. `config/mmc-meta.conf` is generated from this table
+//! Every key the server reads is one row of [`KEYS`]: its name, its default (as text, read
+//! the same way as user input, so a default can never be invalid), how its value is read
+//! (`keys::Set`: a bounded number or size, a bool, text, or its own function), and one line
+//! of documentation. `config/mmc-meta.conf` is generated from this table
 //! (`mmc-server --print-default-config`) and a test keeps the two identical.
 
 mod keys;
@@ -280,7 +281,7 @@ impl Config {
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
         };
         for k in KEYS {
-            (k.set)(&mut c, k.default)
+            k.apply(&mut c, k.default)
                 .unwrap_or_else(|e| panic!("default of {} is invalid: {e}", k.name));
         }
         c
@@ -293,15 +294,17 @@ impl Config {
         let Some(i) = KEYS.iter().position(|k| k.name == key) else {
             return Ok(false);
         };
-        (KEYS[i].set)(self, value).map_err(|allowed| ConfigError::Invalid {
-            key: key.to_string(),
-            value: if KEYS[i].secret {
-                REDACTED.to_string()
-            } else {
-                value.to_string()
-            },
-            allowed,
-        })?;
+        KEYS[i]
+            .apply(self, value)
+            .map_err(|allowed| ConfigError::Invalid {
+                key: key.to_string(),
+                value: if KEYS[i].secret {
+                    REDACTED.to_string()
+                } else {
+                    value.to_string()
+                },
+                allowed,
+            })?;
         self.raw[i] = value.trim().to_string();
         Ok(true)
     }

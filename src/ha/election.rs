@@ -30,7 +30,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::etcd::{self, Etcd, EtcdError, b64};
-use super::{HaConfig, HaSnapshot, HaState, Role, ShardMsg};
+use super::{Acks, HaConfig, HaSnapshot, HaState, Role, ShardMsg, run_steps};
 use crate::shards::Cluster;
 
 /// Entries read per `/metadata` page when a new leader loads them.
@@ -364,26 +364,20 @@ impl Elector {
         self.led_before = true;
         // Before anything of this leadership changes the store: the KV-event epoch begins,
         // with what this node holds re-announced (`kv_events::leadership`).
-        if let Err(e) = self.cluster.ha.start_epoch(view, l.step_down_at) {
+        if let Err(e) = run_steps(&self.cluster.ha.epoch_steps, view, l.step_down_at) {
             log::warn!("HA: {e}; resigning");
             self.resign(&l, "the KV-event epoch could not start");
             return Phase::Follow;
         }
         let loaded = self.load_metadata(&mut l).and_then(|n| {
-            self.cluster.ha.recover(view, l.step_down_at)?;
+            run_steps(&self.cluster.ha.recovery, view, l.step_down_at)?;
             Ok(n)
         });
         match loaded {
             Ok(n) => {
                 log::info!("HA: loaded {n} /metadata entries from etcd");
-                if Instant::now() >= l.next_renewal
-                    && let Err(why) = self.renew(&mut l)
-                {
-                    self.step_down(&l, &why);
-                    return Phase::Follow;
-                }
-                if Instant::now() >= l.step_down_at {
-                    self.step_down(&l, "recovering took past the lease deadline");
+                let due = Instant::now() >= l.next_renewal;
+                if !self.hold_lease(&mut l, due, "recovering took past the lease deadline") {
                     return Phase::Follow;
                 }
                 self.publish(Role::Leader, HaState::Serving, me, view);
@@ -399,26 +393,11 @@ impl Elector {
 
     /// Drops every object this node's shards hold (a purge in slices, as `DELETE /all_keys`).
     fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
-        let ha = &self.cluster.ha;
-        let (ack_tx, ack_rx) = flume::unbounded();
-        let mut expected = 0;
-        for s in 0..ha.shard_count() {
-            if ha.send_to_shard(
-                s,
-                ShardMsg::Purge {
-                    ack: ack_tx.clone(),
-                },
-            ) {
-                expected += 1;
-            }
-        }
-        for _ in 0..expected {
-            let left = l.step_down_at.saturating_duration_since(Instant::now());
-            ack_rx
-                .recv_timeout(left)
-                .map_err(|_| "the shards did not drop their objects in time".to_string())?;
-        }
-        Ok(())
+        self.cluster.ha.ask_every_shard(
+            |ack| ShardMsg::Purge { ack },
+            l.step_down_at,
+            "the shards did not drop their objects in time",
+        )
     }
 
     /// Replaces every shard's `/metadata` copy with etcd's, page by page, renewing the lease
@@ -427,17 +406,9 @@ impl Elector {
         let cluster = self.cluster.clone();
         let ha = &cluster.ha;
         let shards = ha.shard_count();
-        let (ack_tx, ack_rx) = flume::unbounded();
-        let mut expected = 0;
+        let mut acks = Acks::new();
         for s in 0..shards {
-            if ha.send_to_shard(
-                s,
-                ShardMsg::Reset {
-                    ack: ack_tx.clone(),
-                },
-            ) {
-                expected += 1;
-            }
+            acks.send(ha, s, |ack| ShardMsg::Reset { ack });
         }
         let prefix = self.cfg.metadata_prefix();
         let end = etcd::prefix_end(&prefix);
@@ -463,16 +434,8 @@ impl Elector {
                 last = Some(full);
             }
             for (s, entries) in per_shard.into_iter().enumerate() {
-                if !entries.is_empty()
-                    && ha.send_to_shard(
-                        s,
-                        ShardMsg::Load {
-                            entries,
-                            ack: ack_tx.clone(),
-                        },
-                    )
-                {
-                    expected += 1;
+                if !entries.is_empty() {
+                    acks.send(ha, s, |ack| ShardMsg::Load { entries, ack });
                 }
             }
             let more = v.get("more").and_then(Value::as_bool) == Some(true);
@@ -484,13 +447,10 @@ impl Elector {
                 _ => break,
             }
         }
-        drop(ack_tx);
-        for _ in 0..expected {
-            let left = l.step_down_at.saturating_duration_since(Instant::now());
-            ack_rx
-                .recv_timeout(left)
-                .map_err(|_| "the shards did not take the entries in time".to_string())?;
-        }
+        acks.wait(
+            l.step_down_at,
+            "the shards did not take the entries in time",
+        )?;
         Ok(loaded)
     }
 
@@ -531,17 +491,25 @@ impl Elector {
         if self.stopping() {
             return Phase::Lead(l);
         }
-        if Instant::now() < l.step_down_at
-            && let Err(why) = self.renew(&mut l)
-        {
-            self.step_down(&l, &why);
-            return Phase::Follow;
-        }
-        if Instant::now() >= l.step_down_at {
-            self.step_down(&l, "could not renew the lease within its TTL");
+        let in_time = Instant::now() < l.step_down_at;
+        if !self.hold_lease(&mut l, in_time, "could not renew the lease within its TTL") {
             return Phase::Follow;
         }
         Phase::Lead(l)
+    }
+
+    /// Renews the lease when `renew`, then checks its deadline; steps down (`false`) when
+    /// the renewal ends the leadership or the deadline has passed (`late` is the reason).
+    fn hold_lease(&mut self, l: &mut Leadership, renew: bool, late: &str) -> bool {
+        if renew && let Err(why) = self.renew(l) {
+            self.step_down(l, &why);
+            return false;
+        }
+        if Instant::now() >= l.step_down_at {
+            self.step_down(l, late);
+            return false;
+        }
+        true
     }
 
     /// Stops serving at once (before the lease can expire), then lets the lease go.

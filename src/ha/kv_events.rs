@@ -39,24 +39,9 @@ pub fn follow_leadership(cluster: &Arc<Cluster>, queue: &Arc<KvQueue>) {
 
 /// Every shard queues a `BlockStored` for each block it holds; waits for all of them.
 fn announce(cluster: &Cluster, deadline: Instant) -> Result<(), String> {
-    let ha = &cluster.ha;
-    let (ack_tx, ack_rx) = flume::unbounded();
-    let mut expected = 0;
-    for s in 0..ha.shard_count() {
-        if ha.send_to_shard(
-            s,
-            ShardMsg::Announce {
-                ack: ack_tx.clone(),
-            },
-        ) {
-            expected += 1;
-        }
-    }
-    for _ in 0..expected {
-        let left = deadline.saturating_duration_since(Instant::now());
-        ack_rx
-            .recv_timeout(left)
-            .map_err(|_| "the shards did not re-announce their KV blocks in time".to_string())?;
-    }
-    Ok(())
+    cluster.ha.ask_every_shard(
+        |ack| ShardMsg::Announce { ack },
+        deadline,
+        "the shards did not re-announce their KV blocks in time",
+    )
 }

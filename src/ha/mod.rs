@@ -15,7 +15,7 @@ pub mod kv_events;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 
@@ -232,14 +232,38 @@ impl HaView {
     /// the leader address.
     pub fn standalone(advertise_address: &str) -> HaView {
         let leader_address = (!advertise_address.is_empty()).then(|| advertise_address.to_string());
+        HaView::new(Role::Leader, HaState::Serving, leader_address, None, 0)
+    }
+
+    /// HA on: `starting` until the election thread has its first answer from etcd.
+    pub fn elected(config: HaConfig, shard_count: usize) -> HaView {
+        HaView::new(
+            Role::Unknown,
+            HaState::Starting,
+            None,
+            Some(config),
+            shard_count,
+        )
+    }
+
+    /// A view at `role` and `state`; serving from the start when HA is off (no `config`).
+    fn new(
+        role: Role,
+        state: HaState,
+        leader_address: Option<String>,
+        config: Option<HaConfig>,
+        shard_count: usize,
+    ) -> HaView {
+        let enabled = config.is_some();
+        let (to_shards, shard_inboxes) = (0..shard_count).map(|_| flume::unbounded()).unzip();
         HaView {
-            enabled: false,
-            serving: AtomicBool::new(true),
-            serving_until_ns: AtomicU64::new(u64::MAX),
+            enabled,
+            serving: AtomicBool::new(!enabled),
+            serving_until_ns: AtomicU64::new(if enabled { 0 } else { u64::MAX }),
             epoch: std::time::Instant::now(),
             current: RwLock::new(Arc::new(HaSnapshot {
-                role: Role::Leader,
-                state: HaState::Serving,
+                role,
+                state,
                 leader_address,
                 view_version: 0,
             })),
@@ -248,36 +272,10 @@ impl HaView {
             listeners: Mutex::new(Vec::new()),
             epoch_steps: Mutex::new(Vec::new()),
             recovery: Mutex::new(Vec::new()),
-            config: None,
-            to_shards: Vec::new(),
-            shard_inboxes: Vec::new(),
-            writes: None,
-        }
-    }
-
-    /// HA on: `starting` until the election thread has its first answer from etcd.
-    pub fn elected(config: HaConfig, shard_count: usize) -> HaView {
-        let (to_shards, shard_inboxes) = (0..shard_count).map(|_| flume::unbounded()).unzip();
-        HaView {
-            enabled: true,
-            serving: AtomicBool::new(false),
-            serving_until_ns: AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
-            current: RwLock::new(Arc::new(HaSnapshot {
-                role: Role::Unknown,
-                state: HaState::Starting,
-                leader_address: None,
-                view_version: 0,
-            })),
-            fence: AtomicI64::new(0),
-            generation: AtomicU64::new(0),
-            listeners: Mutex::new(Vec::new()),
-            epoch_steps: Mutex::new(Vec::new()),
-            recovery: Mutex::new(Vec::new()),
-            config: Some(config),
+            config,
             to_shards,
             shard_inboxes,
-            writes: Some(flume::bounded(WRITE_QUEUE_CAPACITY)),
+            writes: enabled.then(|| flume::bounded(WRITE_QUEUE_CAPACITY)),
         }
     }
 
@@ -334,18 +332,12 @@ impl HaView {
     /// Registers a leader-change listener (see [`HaListener`]). Listeners registered before
     /// the HA threads start see every change, the first one included.
     pub fn subscribe(&self, listener: HaListener) {
-        self.listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(listener);
+        locked(&self.listeners).push(listener);
     }
 
     /// Registers a step a new leader runs before serving (see [`RecoveryStep`]).
     pub fn add_recovery_step(&self, step: RecoveryStep) {
-        self.recovery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(step);
+        locked(&self.recovery).push(step);
     }
 
     /// Registers a step run the moment a leadership is won, before anything of the new
@@ -354,44 +346,7 @@ impl HaView {
     /// epoch starts here, so its `AllBlocksCleared` precedes every `BlockStored` of the
     /// leadership. Same signature and contract as a recovery step.
     pub fn add_epoch_step(&self, step: RecoveryStep) {
-        self.epoch_steps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(step);
-    }
-
-    /// Runs the epoch steps in registration order (election thread only).
-    pub(crate) fn start_epoch(
-        &self,
-        view_version: u64,
-        deadline: std::time::Instant,
-    ) -> Result<(), String> {
-        for step in self
-            .epoch_steps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            step(view_version, deadline)?;
-        }
-        Ok(())
-    }
-
-    /// Runs the recovery steps in registration order (election thread only).
-    pub(crate) fn recover(
-        &self,
-        view_version: u64,
-        deadline: std::time::Instant,
-    ) -> Result<(), String> {
-        for step in self
-            .recovery
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            step(view_version, deadline)?;
-        }
-        Ok(())
+        locked(&self.epoch_steps).push(step);
     }
 
     /// Publishes a new view (election thread only). `serving` goes down before the snapshot
@@ -420,12 +375,7 @@ impl HaView {
             next.leader_address_str(),
             next.view_version
         );
-        for l in self
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+        for l in locked(&self.listeners).iter() {
             l(&previous, &next);
         }
     }
@@ -443,6 +393,21 @@ impl HaView {
         self.to_shards.len()
     }
 
+    /// Sends `msg` to every shard and waits until each that took it acknowledged; `Err(late)`
+    /// when `deadline` comes first.
+    pub(crate) fn ask_every_shard(
+        &self,
+        msg: impl Fn(flume::Sender<()>) -> ShardMsg,
+        deadline: std::time::Instant,
+        late: &str,
+    ) -> Result<(), String> {
+        let mut acks = Acks::new();
+        for s in 0..self.shard_count() {
+            acks.send(self, s, &msg);
+        }
+        acks.wait(deadline, late)
+    }
+
     /// Queues a `/metadata` write for etcd (HA on); gives it back when the queue is full.
     pub fn submit_write(&self, req: WriteReq) -> Result<(), WriteReq> {
         match &self.writes {
@@ -454,6 +419,66 @@ impl HaView {
     pub(crate) fn write_queue(&self) -> Option<flume::Receiver<WriteReq>> {
         self.writes.as_ref().map(|(_, rx)| rx.clone())
     }
+}
+
+/// The acknowledgements of messages sent to shards: each message queued is counted, then
+/// [`Acks::wait`] waits for as many acks.
+pub(crate) struct Acks {
+    tx: flume::Sender<()>,
+    rx: flume::Receiver<()>,
+    expected: usize,
+}
+
+impl Acks {
+    pub(crate) fn new() -> Acks {
+        let (tx, rx) = flume::unbounded();
+        Acks {
+            tx,
+            rx,
+            expected: 0,
+        }
+    }
+
+    /// Sends `msg`, made with this ack channel, to shard `id` (counted when it was queued).
+    pub(crate) fn send(
+        &mut self,
+        ha: &HaView,
+        id: usize,
+        msg: impl FnOnce(flume::Sender<()>) -> ShardMsg,
+    ) {
+        if ha.send_to_shard(id, msg(self.tx.clone())) {
+            self.expected += 1;
+        }
+    }
+
+    /// Waits for every counted ack; `Err(late)` when `deadline` comes first.
+    pub(crate) fn wait(self, deadline: std::time::Instant, late: &str) -> Result<(), String> {
+        drop(self.tx);
+        for _ in 0..self.expected {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            self.rx.recv_timeout(left).map_err(|_| late.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// The mutex's value, also after a panic elsewhere poisoned it (the lists it guards stay
+/// whole: each change is one push).
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `steps` (a view's epoch or recovery steps) in registration order; the first error
+/// stops them. The election thread runs them.
+fn run_steps(
+    steps: &Mutex<Vec<RecoveryStep>>,
+    view_version: u64,
+    deadline: std::time::Instant,
+) -> Result<(), String> {
+    for step in locked(steps).iter() {
+        step(view_version, deadline)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,54 +5,6 @@
 
 use super::parse::Method;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    Metadata,
-    Health,
-    Role,
-    HaStatus,
-    Leader,
-    Healthz,
-    Ready,
-    OpenApi,
-    QueryKey,
-    BatchQueryKeys,
-    Key,
-    AllKeys,
-    GetAllKeys,
-    GetAllSegments,
-    QuerySegment,
-    SegmentStatus,
-    CapacityUsage,
-    SegmentRemaining,
-    DrainJobs,
-    DrainJobsQuery,
-    DrainJobsCancel,
-    MemoryEvict,
-    MemoryPrefetch,
-    Objects,
-    ObjectsExist,
-    ObjectsBatchPut,
-    ObjectsBatchGet,
-    ObjectsBatchExist,
-    ObjectsBatchRemove,
-    SegmentsMount,
-    SegmentsUnmount,
-    Metrics,
-    MetricsSummary,
-    MetricsPtracer,
-    AllocFreeLatency,
-    KvEventsStatus,
-    KvEventsPublisher,
-    Ui,
-    ClusterJoin,
-    ClusterHeartbeat,
-    ClusterCommit,
-    ClusterLeave,
-    ClusterMove,
-    ClusterDamaged,
-}
-
 pub struct RouteSpec {
     pub path: &'static str,
     pub route: Route,
@@ -64,112 +16,100 @@ pub struct RouteSpec {
 
 use Method::{Delete, Get, Post, Put};
 
-const GET_ONLY: &str = "GET, HEAD, OPTIONS";
-const POST_ONLY: &str = "POST, OPTIONS";
-const DELETE_ONLY: &str = "DELETE, OPTIONS";
+/// The methods a route serves and its `Allow` header.
+type Methods = (&'static [Method], &'static str);
 
-const fn get(path: &'static str, route: Route) -> RouteSpec {
-    RouteSpec {
-        path,
-        route,
-        methods: &[Get],
-        allow: GET_ONLY,
-    }
-}
-
+const GET: Methods = (&[Get], "GET, HEAD, OPTIONS");
+const POST: Methods = (&[Post], "POST, OPTIONS");
+const DELETE: Methods = (&[Delete], "DELETE, OPTIONS");
 /// A batch read: GET with `keys=` in the query, or POST with the keys in a JSON body (more
 /// keys than a URI holds).
-const fn get_or_post(path: &'static str, route: Route) -> RouteSpec {
-    RouteSpec {
-        path,
-        route,
-        methods: &[Get, Post],
-        allow: "GET, HEAD, POST, OPTIONS",
+const GET_OR_POST: Methods = (&[Get, Post], "GET, HEAD, POST, OPTIONS");
+const GET_PUT_DELETE: Methods = (&[Get, Put, Delete], "GET, HEAD, PUT, DELETE, OPTIONS");
+
+/// A path of the table as text (they are ASCII).
+const fn path_text(path: &'static [u8]) -> &'static str {
+    match std::str::from_utf8(path) {
+        Ok(p) => p,
+        Err(_) => panic!("a route's path is ASCII"),
     }
 }
 
-const fn post(path: &'static str, route: Route) -> RouteSpec {
-    RouteSpec {
-        path,
-        route,
-        methods: &[Post],
-        allow: POST_ONLY,
-    }
+/// Makes [`Route`], [`ROUTES`] and [`lookup`] from one list, so each path is written once.
+macro_rules! routes {
+    ($($path:literal => $route:ident, $methods:expr;)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Route {
+            $($route,)*
+        }
+
+        /// Every route, in the order of [`Route`]'s variants.
+        pub static ROUTES: &[RouteSpec] = &[$(
+            RouteSpec {
+                path: path_text($path),
+                route: Route::$route,
+                methods: $methods.0,
+                allow: $methods.1,
+            },
+        )*];
+
+        /// The route serving `path`, if any. A `match` on the bytes compiles to a length
+        /// switch and a comparison, cheaper than scanning the table on every request.
+        pub fn lookup(path: &[u8]) -> Option<Route> {
+            Some(match path {
+                $($path => Route::$route,)*
+                _ => return None,
+            })
+        }
+    };
 }
 
-/// Every route, in the order of [`Route`]'s variants.
-pub static ROUTES: &[RouteSpec] = &[
-    RouteSpec {
-        path: "/metadata",
-        route: Route::Metadata,
-        methods: &[Get, Put, Delete],
-        allow: "GET, HEAD, PUT, DELETE, OPTIONS",
-    },
-    get("/health", Route::Health),
-    get("/role", Route::Role),
-    get("/ha_status", Route::HaStatus),
-    get("/leader", Route::Leader),
-    get("/healthz", Route::Healthz),
-    get("/ready", Route::Ready),
-    get("/openapi.json", Route::OpenApi),
-    get("/query_key", Route::QueryKey),
-    get_or_post("/batch_query_keys", Route::BatchQueryKeys),
-    RouteSpec {
-        path: "/key",
-        route: Route::Key,
-        methods: &[Delete],
-        allow: DELETE_ONLY,
-    },
-    RouteSpec {
-        path: "/all_keys",
-        route: Route::AllKeys,
-        methods: &[Delete],
-        allow: DELETE_ONLY,
-    },
-    get("/get_all_keys", Route::GetAllKeys),
-    get("/get_all_segments", Route::GetAllSegments),
-    get("/query_segment", Route::QuerySegment),
-    get("/api/v1/segments/status", Route::SegmentStatus),
-    get("/api/v1/capacity/usage", Route::CapacityUsage),
-    get(
-        "/api/v1/capacity/segment_remaining",
-        Route::SegmentRemaining,
-    ),
-    post("/api/v1/drain_jobs", Route::DrainJobs),
-    get("/api/v1/drain_jobs/query", Route::DrainJobsQuery),
-    post("/api/v1/drain_jobs/cancel", Route::DrainJobsCancel),
-    post("/memory/evict", Route::MemoryEvict),
-    post("/memory/prefetch", Route::MemoryPrefetch),
-    RouteSpec {
-        path: "/api/v1/objects",
-        route: Route::Objects,
-        methods: &[Get, Put, Delete],
-        allow: "GET, HEAD, PUT, DELETE, OPTIONS",
-    },
-    get("/api/v1/objects/exist", Route::ObjectsExist),
-    post("/api/v1/objects/batch_put", Route::ObjectsBatchPut),
-    get_or_post("/api/v1/objects/batch_get", Route::ObjectsBatchGet),
-    get_or_post("/api/v1/objects/batch_exist", Route::ObjectsBatchExist),
-    post("/api/v1/objects/batch_remove", Route::ObjectsBatchRemove),
-    post("/api/v1/segments/mount", Route::SegmentsMount),
-    post("/api/v1/segments/unmount", Route::SegmentsUnmount),
-    get("/metrics", Route::Metrics),
-    get("/metrics/summary", Route::MetricsSummary),
-    get("/metrics/ptracer", Route::MetricsPtracer),
-    get(
-        "/api/v1/analysis/alloc_free_latency",
-        Route::AllocFreeLatency,
-    ),
-    get("/kv_events/status", Route::KvEventsStatus),
-    get("/kv_events/publisher", Route::KvEventsPublisher),
-    get("/ui", Route::Ui),
-    post("/cluster/v1/join", Route::ClusterJoin),
-    post("/cluster/v1/heartbeat", Route::ClusterHeartbeat),
-    post("/cluster/v1/commit", Route::ClusterCommit),
-    post("/cluster/v1/leave", Route::ClusterLeave),
-    post("/cluster/v1/move", Route::ClusterMove),
-    post("/cluster/v1/damaged", Route::ClusterDamaged),
-];
+routes! {
+    b"/metadata" => Metadata, GET_PUT_DELETE;
+    b"/health" => Health, GET;
+    b"/role" => Role, GET;
+    b"/ha_status" => HaStatus, GET;
+    b"/leader" => Leader, GET;
+    b"/healthz" => Healthz, GET;
+    b"/ready" => Ready, GET;
+    b"/openapi.json" => OpenApi, GET;
+    b"/query_key" => QueryKey, GET;
+    b"/batch_query_keys" => BatchQueryKeys, GET_OR_POST;
+    b"/key" => Key, DELETE;
+    b"/all_keys" => AllKeys, DELETE;
+    b"/get_all_keys" => GetAllKeys, GET;
+    b"/get_all_segments" => GetAllSegments, GET;
+    b"/query_segment" => QuerySegment, GET;
+    b"/api/v1/segments/status" => SegmentStatus, GET;
+    b"/api/v1/capacity/usage" => CapacityUsage, GET;
+    b"/api/v1/capacity/segment_remaining" => SegmentRemaining, GET;
+    b"/api/v1/drain_jobs" => DrainJobs, POST;
+    b"/api/v1/drain_jobs/query" => DrainJobsQuery, GET;
+    b"/api/v1/drain_jobs/cancel" => DrainJobsCancel, POST;
+    b"/memory/evict" => MemoryEvict, POST;
+    b"/memory/prefetch" => MemoryPrefetch, POST;
+    b"/api/v1/objects" => Objects, GET_PUT_DELETE;
+    b"/api/v1/objects/exist" => ObjectsExist, GET;
+    b"/api/v1/objects/batch_put" => ObjectsBatchPut, POST;
+    b"/api/v1/objects/batch_get" => ObjectsBatchGet, GET_OR_POST;
+    b"/api/v1/objects/batch_exist" => ObjectsBatchExist, GET_OR_POST;
+    b"/api/v1/objects/batch_remove" => ObjectsBatchRemove, POST;
+    b"/api/v1/segments/mount" => SegmentsMount, POST;
+    b"/api/v1/segments/unmount" => SegmentsUnmount, POST;
+    b"/metrics" => Metrics, GET;
+    b"/metrics/summary" => MetricsSummary, GET;
+    b"/metrics/ptracer" => MetricsPtracer, GET;
+    b"/api/v1/analysis/alloc_free_latency" => AllocFreeLatency, GET;
+    b"/kv_events/status" => KvEventsStatus, GET;
+    b"/kv_events/publisher" => KvEventsPublisher, GET;
+    b"/ui" => Ui, GET;
+    b"/cluster/v1/join" => ClusterJoin, POST;
+    b"/cluster/v1/heartbeat" => ClusterHeartbeat, POST;
+    b"/cluster/v1/commit" => ClusterCommit, POST;
+    b"/cluster/v1/leave" => ClusterLeave, POST;
+    b"/cluster/v1/move" => ClusterMove, POST;
+    b"/cluster/v1/damaged" => ClusterDamaged, POST;
+}
 
 impl Route {
     /// The scrape routes, guarded by the metrics token.
@@ -183,19 +123,18 @@ impl Route {
         )
     }
 
+    /// What every node answers about itself: health, readiness, role.
+    fn is_own_health(self) -> bool {
+        matches!(
+            self,
+            Route::Health | Route::Healthz | Route::Ready | Route::Role
+        )
+    }
+
     /// Routes a standby answers itself (HA on): health, readiness, the HA facts and its own
     /// metrics. Every other route is the leader's.
     pub fn served_by_standby(self) -> bool {
-        matches!(
-            self,
-            Route::Health
-                | Route::Healthz
-                | Route::Ready
-                | Route::Role
-                | Route::HaStatus
-                | Route::Leader
-                | Route::Metrics
-        )
+        self.is_own_health() || matches!(self, Route::HaStatus | Route::Leader | Route::Metrics)
     }
 
     /// The routes between a meta service and its local services, guarded by the cluster token.
@@ -213,16 +152,9 @@ impl Route {
 
     /// What a local service serves: its own health and metrics, and objects under grants.
     pub fn served_by_local_service(self) -> bool {
-        matches!(
-            self,
-            Route::Health
-                | Route::Healthz
-                | Route::Ready
-                | Route::Role
-                | Route::OpenApi
-                | Route::Objects
-                | Route::ClusterMove
-        ) || self.is_metrics()
+        self.is_own_health()
+            || matches!(self, Route::OpenApi | Route::Objects | Route::ClusterMove)
+            || self.is_metrics()
     }
 
     pub fn spec(self) -> &'static RouteSpec {
@@ -238,58 +170,6 @@ impl Route {
             m => methods.contains(&m),
         }
     }
-}
-
-/// The route serving `path`, if any. A `match` on the bytes compiles to a length switch and a
-/// comparison, cheaper than scanning the table on every request.
-pub fn lookup(path: &[u8]) -> Option<Route> {
-    Some(match path {
-        b"/metadata" => Route::Metadata,
-        b"/health" => Route::Health,
-        b"/role" => Route::Role,
-        b"/ha_status" => Route::HaStatus,
-        b"/leader" => Route::Leader,
-        b"/healthz" => Route::Healthz,
-        b"/ready" => Route::Ready,
-        b"/openapi.json" => Route::OpenApi,
-        b"/query_key" => Route::QueryKey,
-        b"/batch_query_keys" => Route::BatchQueryKeys,
-        b"/key" => Route::Key,
-        b"/all_keys" => Route::AllKeys,
-        b"/get_all_keys" => Route::GetAllKeys,
-        b"/get_all_segments" => Route::GetAllSegments,
-        b"/query_segment" => Route::QuerySegment,
-        b"/api/v1/segments/status" => Route::SegmentStatus,
-        b"/api/v1/capacity/usage" => Route::CapacityUsage,
-        b"/api/v1/capacity/segment_remaining" => Route::SegmentRemaining,
-        b"/api/v1/drain_jobs" => Route::DrainJobs,
-        b"/api/v1/drain_jobs/query" => Route::DrainJobsQuery,
-        b"/api/v1/drain_jobs/cancel" => Route::DrainJobsCancel,
-        b"/memory/evict" => Route::MemoryEvict,
-        b"/memory/prefetch" => Route::MemoryPrefetch,
-        b"/api/v1/objects" => Route::Objects,
-        b"/api/v1/objects/exist" => Route::ObjectsExist,
-        b"/api/v1/objects/batch_put" => Route::ObjectsBatchPut,
-        b"/api/v1/objects/batch_get" => Route::ObjectsBatchGet,
-        b"/api/v1/objects/batch_exist" => Route::ObjectsBatchExist,
-        b"/api/v1/objects/batch_remove" => Route::ObjectsBatchRemove,
-        b"/api/v1/segments/mount" => Route::SegmentsMount,
-        b"/api/v1/segments/unmount" => Route::SegmentsUnmount,
-        b"/metrics" => Route::Metrics,
-        b"/metrics/summary" => Route::MetricsSummary,
-        b"/metrics/ptracer" => Route::MetricsPtracer,
-        b"/api/v1/analysis/alloc_free_latency" => Route::AllocFreeLatency,
-        b"/kv_events/status" => Route::KvEventsStatus,
-        b"/kv_events/publisher" => Route::KvEventsPublisher,
-        b"/ui" => Route::Ui,
-        b"/cluster/v1/join" => Route::ClusterJoin,
-        b"/cluster/v1/heartbeat" => Route::ClusterHeartbeat,
-        b"/cluster/v1/commit" => Route::ClusterCommit,
-        b"/cluster/v1/leave" => Route::ClusterLeave,
-        b"/cluster/v1/move" => Route::ClusterMove,
-        b"/cluster/v1/damaged" => Route::ClusterDamaged,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]

@@ -88,15 +88,20 @@ fn positional_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     }
 }
 
+/// A block event's map of `fields` entries up to its `block_hashes` (`"type"` first).
+fn named_head(out: &mut Vec<u8>, fields: u32, tag: &str, hash: u64) {
+    let _ = encode::write_map_len(out, fields);
+    str(out, "type");
+    str(out, tag);
+    str(out, "block_hashes");
+    one_hash(out, hash);
+}
+
 /// An event as a map: `"type"` first, then vLLM's current field names in its order.
 fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
     match *e {
         KvEvent::Stored { hash, medium } => {
-            let _ = encode::write_map_len(out, 8);
-            str(out, "type");
-            str(out, "BlockStored");
-            str(out, "block_hashes");
-            one_hash(out, hash);
+            named_head(out, 8, "BlockStored", hash);
             str(out, "parent_block_hash");
             let _ = encode::write_nil(out);
             str(out, "token_ids");
@@ -111,11 +116,7 @@ fn named_event(out: &mut Vec<u8>, e: &KvEvent, block_size: u64) {
             let _ = encode::write_nil(out);
         }
         KvEvent::Removed { hash, medium } => {
-            let _ = encode::write_map_len(out, 3);
-            str(out, "type");
-            str(out, "BlockRemoved");
-            str(out, "block_hashes");
-            one_hash(out, hash);
+            named_head(out, 3, "BlockRemoved", hash);
             str(out, "medium");
             str(out, medium.kv_event());
         }
@@ -156,6 +157,16 @@ pub(crate) fn decode_value(mut bytes: &[u8]) -> V {
         let str_of = |rd: &mut &[u8], n: usize| V::S(String::from_utf8(take(rd, n)).unwrap());
         let arr = |rd: &mut &[u8], n: usize| V::A((0..n).map(|_| one(rd)).collect());
         let map = |rd: &mut &[u8], n: usize| V::M((0..n).map(|_| (one(rd), one(rd))).collect());
+        // A length of `w` bytes, then the string or array.
+        let len = |rd: &mut &[u8], w: usize| be(take(rd, w)) as usize;
+        let str_w = |rd: &mut &[u8], w: usize| {
+            let n = len(rd, w);
+            str_of(rd, n)
+        };
+        let arr_w = |rd: &mut &[u8], w: usize| {
+            let n = len(rd, w);
+            arr(rd, n)
+        };
         match m {
             Marker::Null => V::Nil,
             Marker::FixPos(n) => V::U(n as u64),
@@ -170,23 +181,11 @@ pub(crate) fn decode_value(mut bytes: &[u8]) -> V {
             Marker::I64 => V::I(be(take(rd, 8)) as i64),
             Marker::F64 => V::F(f64::from_bits(be(take(rd, 8)))),
             Marker::FixStr(n) => str_of(rd, n as usize),
-            Marker::Str8 => {
-                let n = be(take(rd, 1)) as usize;
-                str_of(rd, n)
-            }
-            Marker::Str16 => {
-                let n = be(take(rd, 2)) as usize;
-                str_of(rd, n)
-            }
+            Marker::Str8 => str_w(rd, 1),
+            Marker::Str16 => str_w(rd, 2),
             Marker::FixArray(n) => arr(rd, n as usize),
-            Marker::Array16 => {
-                let n = be(take(rd, 2)) as usize;
-                arr(rd, n)
-            }
-            Marker::Array32 => {
-                let n = be(take(rd, 4)) as usize;
-                arr(rd, n)
-            }
+            Marker::Array16 => arr_w(rd, 2),
+            Marker::Array32 => arr_w(rd, 4),
             Marker::FixMap(n) => map(rd, n as usize),
             other => panic!("unexpected marker {other:?}"),
         }

@@ -306,6 +306,26 @@ fn batch_scheduling() {
     }
 }
 
+/// A socket of `kind` bound to `endpoint`, the value of `ock.mmc.kv_events.<key>`, with a
+/// short linger and the send high-water mark `sndhwm` when given.
+fn bound(
+    ctx: &zmq::Context,
+    kind: zmq::SocketType,
+    sndhwm: Option<i32>,
+    key: &str,
+    endpoint: &str,
+) -> Result<zmq::Socket, String> {
+    let s = ctx.socket(kind).map_err(|e| format!("KV events: {e}"))?;
+    if let Some(hwm) = sndhwm {
+        let _ = s.set_sndhwm(hwm);
+    }
+    let _ = s.set_linger(100);
+    s.bind(endpoint).map_err(|e| {
+        format!("invalid value {endpoint:?} for ock.mmc.kv_events.{key}: cannot bind: {e}")
+    })?;
+    Ok(s)
+}
+
 struct Sockets {
     _ctx: zmq::Context,
     publisher: zmq::Socket,
@@ -315,32 +335,13 @@ struct Sockets {
 impl Sockets {
     fn bind(cfg: &KvEventsConfig) -> Result<Sockets, String> {
         let ctx = zmq::Context::new();
-        let publisher = ctx
-            .socket(zmq::PUB)
-            .map_err(|e| format!("KV events: {e}"))?;
         // Slow subscribers lose messages past this many (PUB never blocks the sender).
-        let _ = publisher.set_sndhwm(100_000);
-        let _ = publisher.set_linger(100);
-        publisher.bind(&cfg.endpoint).map_err(|e| {
-            format!(
-                "invalid value {:?} for ock.mmc.kv_events.endpoint: cannot bind: {e}",
-                cfg.endpoint
-            )
-        })?;
+        let publisher = bound(&ctx, zmq::PUB, Some(100_000), "endpoint", &cfg.endpoint)?;
         let replay = if cfg.replay_endpoint.is_empty() {
             None
         } else {
-            let r = ctx
-                .socket(zmq::ROUTER)
-                .map_err(|e| format!("KV events: {e}"))?;
-            let _ = r.set_linger(100);
-            r.bind(&cfg.replay_endpoint).map_err(|e| {
-                format!(
-                    "invalid value {:?} for ock.mmc.kv_events.replay_endpoint: cannot bind: {e}",
-                    cfg.replay_endpoint
-                )
-            })?;
-            Some(r)
+            let key = "replay_endpoint";
+            Some(bound(&ctx, zmq::ROUTER, None, key, &cfg.replay_endpoint)?)
         };
         log::info!(
             "KV events: publishing on {}{}",

@@ -317,19 +317,14 @@ fn what_an_ended_leadership_left_queued_is_not_sent() {
 fn stored_events_drop_first_and_every_drop_is_counted() {
     let stats = Arc::new(KvEventStats::default());
     let q = KvQueue::new(&cfg(2, 3), stats.clone()).unwrap();
-    let stored = Event::Stored {
-        chunk: Some(1),
-        medium: Medium::Dram,
-        size: 1,
-    };
     let removed = Event::Removed {
         chunk: Some(1),
         medium: Medium::Dram,
         size: 1,
     };
-    q.produce(0, &stored);
-    q.produce(0, &stored);
-    q.produce(0, &stored); // over the soft limit: dropped
+    q.produce(0, &stored(1));
+    q.produce(0, &stored(1));
+    q.produce(0, &stored(1)); // over the soft limit: dropped
     q.produce(0, &removed); // high priority: fits under the hard limit
     q.produce(0, &removed); // over the hard limit: dropped
     q.produce(

@@ -103,8 +103,22 @@ pub struct TierMetricsSubscriber {
     pub stats: Arc<TierStats>,
 }
 
-fn gbs(bytes: u64, micros: u64) -> f64 {
-    bytes as f64 / (micros.max(1) as f64 / 1e6) / 1e9
+/// The end of an SSD transfer of `bytes` that took `micros`: completed (its throughput in
+/// GB/s observed) or failed.
+fn transfer_ended(
+    ok: bool,
+    bytes: u64,
+    micros: u64,
+    completed: &Counter,
+    failed: &Counter,
+    throughput: &BucketHistogram,
+) {
+    if ok {
+        completed.inc();
+        throughput.observe(bytes as f64 / (micros.max(1) as f64 / 1e6) / 1e9);
+    } else {
+        failed.inc();
+    }
 }
 
 impl Subscriber for TierMetricsSubscriber {
@@ -138,12 +152,8 @@ impl Subscriber for TierMetricsSubscriber {
             }
             Event::Flushed { bytes, ok, micros } => {
                 s.inflight_l2_stores.add(-1);
-                if ok {
-                    s.l2_store_completed.inc();
-                    s.l2_store_throughput.observe(gbs(bytes, micros));
-                } else {
-                    s.l2_store_failed.inc();
-                }
+                let (done, failed) = (&s.l2_store_completed, &s.l2_store_failed);
+                transfer_ended(ok, bytes, micros, done, failed, &s.l2_store_throughput);
             }
             Event::RewarmStarted { bytes, prefetch } => {
                 s.l2_load_submitted.inc();
@@ -164,12 +174,8 @@ impl Subscriber for TierMetricsSubscriber {
                 if prefetch {
                     s.active_prefetch_jobs.add(-1);
                 }
-                if ok {
-                    s.l2_load_completed.inc();
-                    s.l2_load_throughput.observe(gbs(bytes, micros));
-                } else {
-                    s.l2_load_failed.inc();
-                }
+                let (done, failed) = (&s.l2_load_completed, &s.l2_load_failed);
+                transfer_ended(ok, bytes, micros, done, failed, &s.l2_load_throughput);
             }
             _ => {}
         }

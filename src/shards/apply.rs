@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{self, AllocStep, GetStep, IoJob};
+use super::store::{self, AllocStep, GetStep, IoJob, Placement};
 use super::waits::Waiting;
 use super::{Command, PinnedBlob, Reply, Shard, WriteGrant};
 
@@ -27,14 +27,11 @@ impl Shard {
             Command::Alloc {
                 key,
                 size,
-                medium,
-                replicas,
-                prot,
-                prefer_rank,
+                placement,
             } => {
                 let view = self.cluster.ha.fence().max(0) as u64;
                 self.store.borrow_mut().set_view(view);
-                self.apply_alloc(key, size, medium, replicas, prot, prefer_rank)
+                self.apply_alloc(key, size, placement)
             }
             Command::Commit { obj, ok, .. } => {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
@@ -57,8 +54,19 @@ impl Shard {
                 self.apply_evict_named(&names, locations.as_deref())
             }
             Command::PrefetchNamed { names } => self.apply_prefetch_named(&names),
-            Command::Evacuate { seg } => self.apply_evacuate(seg),
-            Command::DropSegment { seg } => self.apply_drop_segment(seg),
+            // Moves this shard's blobs off a segment being unmounted.
+            Command::Evacuate { seg } => self.apply_once_unpinned(
+                seg,
+                store::Store::evacuate,
+                "Blobs on the segment stayed in use; unmount incomplete",
+            ),
+            // Drops a lost remote rank's segment (a pin lasts one answer; leases do not hold
+            // a lost rank's blobs).
+            Command::DropSegment { seg } => self.apply_once_unpinned(
+                seg,
+                store::Store::drop_segment,
+                "Blobs on the lost segment stayed pinned",
+            ),
             Command::BeginMoves { seg, max } => Applied::Now(Reply::Moves(
                 self.store.borrow_mut().begin_moves(seg, max as usize),
             )),
@@ -118,13 +126,9 @@ impl Shard {
         self: &Rc<Self>,
         key: Box<[u8]>,
         size: u64,
-        medium: Option<Medium>,
-        replicas: u8,
-        prot: u16,
-        prefer_rank: Option<u32>,
+        placement: Placement,
     ) -> Applied {
         let flushes = self.flush_done.generation();
-        let placement = (medium, replicas, prot, prefer_rank);
         let step = self.try_alloc(&key, size, placement);
         match step {
             AllocStep::WaitForFlush => {
@@ -246,23 +250,22 @@ impl Shard {
         Applied::Now(Reply::Count(n))
     }
 
-    /// Moves this shard's blobs off a segment being unmounted (waiting for pins to end).
-    pub(super) fn apply_evacuate(self: &Rc<Self>, seg: SegmentId) -> Applied {
-        if self.store.borrow_mut().evacuate(seg) {
+    /// A store step on segment `seg` that is done once no blob there is pinned (`step`
+    /// answers whether it is): done now, or retried as pins end (see
+    /// [`Shard::once_unpinned`]).
+    pub(super) fn apply_once_unpinned(
+        self: &Rc<Self>,
+        seg: SegmentId,
+        step: fn(&mut store::Store, SegmentId) -> bool,
+        stuck: &'static str,
+    ) -> Applied {
+        if step(&mut self.store.borrow_mut(), seg) {
             Applied::Now(Reply::Done)
         } else {
             let me = self.clone();
-            Applied::Later(Box::pin(async move { me.evacuate_waiting(seg).await }))
-        }
-    }
-
-    /// Drops a lost remote rank's segment; completes once blobs pinned there are released.
-    pub(super) fn apply_drop_segment(self: &Rc<Self>, seg: SegmentId) -> Applied {
-        if self.store.borrow_mut().drop_segment(seg) {
-            Applied::Now(Reply::Done)
-        } else {
-            let me = self.clone();
-            Applied::Later(Box::pin(async move { me.drop_segment_waiting(seg).await }))
+            Applied::Later(Box::pin(
+                async move { me.once_unpinned(seg, step, stuck).await },
+            ))
         }
     }
 

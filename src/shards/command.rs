@@ -11,7 +11,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::store::segment::{Medium, SegmentId};
-use super::store::{BlobHandle, BlobView, ObjHandle, QueryInfo, WriterLink};
+use super::store::{BlobHandle, BlobView, ObjHandle, Placement, QueryInfo, WriterLink};
 use super::{Cluster, Notice, ShardId};
 
 #[derive(Debug)]
@@ -30,11 +30,7 @@ pub enum Command {
     Alloc {
         key: Box<[u8]>,
         size: u64,
-        medium: Option<Medium>,
-        replicas: u8,
-        prot: u16,
-        /// Place the first copy on this rank when it has room.
-        prefer_rank: Option<u32>,
+        placement: Placement,
     },
     /// update_state after the bytes were written (`ok`) or could not be (`!ok`).
     Commit {

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::io_jobs::{DAMAGED_ON_SSD, read_outcome};
-use super::store::{self, AllocStep, GetStep, IoJob, IoOutcome};
+use super::store::{self, AllocStep, GetStep, IoJob, IoOutcome, Placement};
 use super::{Reply, Shard};
 
 /// What a read waits for before it looks at the object again (with the event generation
@@ -26,25 +26,10 @@ impl Waiting {
     }
 }
 
-/// Where an allocation goes: medium, replicas, protection, preferred rank.
-pub(super) type Placement = (Option<store::segment::Medium>, u8, u16, Option<u32>);
-
 impl Shard {
-    /// One attempt at an allocation: (medium, replicas, protection, preferred rank).
-    pub(super) fn try_alloc(
-        &self,
-        key: &[u8],
-        size: u64,
-        (medium, replicas, prot, prefer_rank): Placement,
-    ) -> AllocStep {
-        self.store.borrow_mut().alloc_preferring(
-            key.into(),
-            size,
-            medium,
-            replicas as usize,
-            prot,
-            prefer_rank,
-        )
+    /// One attempt at an allocation.
+    pub(super) fn try_alloc(&self, key: &[u8], size: u64, placement: Placement) -> AllocStep {
+        self.store.borrow_mut().alloc(key.into(), size, placement)
     }
 
     /// An allocation that found no room while flushes were freeing some: retry as each lands.
@@ -52,19 +37,14 @@ impl Shard {
         self: Rc<Self>,
         key: Box<[u8]>,
         size: u64,
-        (medium, replicas, prot, prefer_rank): (
-            Option<store::segment::Medium>,
-            u8,
-            u16,
-            Option<u32>,
-        ),
+        placement: Placement,
         mut flushes: u64,
     ) -> Reply {
         const ATTEMPTS: usize = 64;
         for _ in 0..ATTEMPTS {
             self.flush_done.wait_since(flushes).await;
             flushes = self.flush_done.generation();
-            let step = self.try_alloc(&key, size, (medium, replicas, prot, prefer_rank));
+            let step = self.try_alloc(&key, size, placement);
             self.after_store();
             if !matches!(step, AllocStep::WaitForFlush) {
                 return self.alloc_reply(step);
@@ -196,32 +176,22 @@ impl Shard {
         self.purge_running.set(false);
     }
 
-    pub(super) async fn evacuate_waiting(self: Rc<Self>, seg: store::segment::SegmentId) -> Reply {
-        for _ in 0..2000 {
-            monoio::time::sleep(Duration::from_millis(5)).await;
-            let done = self.store.borrow_mut().evacuate(seg);
-            self.after_store();
-            if done {
-                return Reply::Done;
-            }
-        }
-        Reply::refused("Blobs on the segment stayed in use; unmount incomplete")
-    }
-
-    /// A lost rank's segment still had blobs pinned by readers: retry until they let go (a
-    /// pin lasts one answer; leases do not hold a lost rank's blobs).
-    pub(super) async fn drop_segment_waiting(
+    /// A segment step that found blobs still pinned: retried every 5 ms until the readers
+    /// let go, for at most 10 s; then refused with `stuck`.
+    pub(super) async fn once_unpinned(
         self: Rc<Self>,
         seg: store::segment::SegmentId,
+        step: fn(&mut store::Store, store::segment::SegmentId) -> bool,
+        stuck: &'static str,
     ) -> Reply {
         for _ in 0..2000 {
             monoio::time::sleep(Duration::from_millis(5)).await;
-            let done = self.store.borrow_mut().drop_segment(seg);
+            let done = step(&mut self.store.borrow_mut(), seg);
             self.after_store();
             if done {
                 return Reply::Done;
             }
         }
-        Reply::refused("Blobs on the lost segment stayed pinned")
+        Reply::refused(stuck)
     }
 }

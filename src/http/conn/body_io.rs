@@ -278,40 +278,48 @@ async fn read_through_staging<S: Io>(
     body_len: usize,
     clock: &mut BodyClock<'_>,
 ) -> handlers::Filled {
-    let mut staging = staging::take();
     let mut failed = None;
-    while filled < body_len {
-        let want = staging.capacity().min(body_len - filled);
-        staging.clear();
-        let (res, slice) = stream.read(staging.slice_mut(0..want)).await;
-        staging = slice.into_inner();
-        match res {
-            Ok(0) | Err(_) => return clock.ended(),
-            Ok(n) => {
-                // After a failed copy (or once the grant is revoked) the rest of the body is
-                // still read, and dropped.
-                if failed.is_none()
-                    && !grant.is_revoked()
-                    && let Err(e) = write_to_blobs(grant, filled, &staging[..n])
-                {
-                    failed = Some(e);
-                }
-                filled += n;
-                grant.wrote(n as u64);
-                clock.advance(n);
-            }
+    let whole = read_staged(stream, body_len - filled, clock, |chunk| {
+        // After a failed copy (or once the grant is revoked) the rest of the body is still
+        // read, and dropped.
+        if failed.is_none()
+            && !grant.is_revoked()
+            && let Err(e) = write_to_blobs(grant, filled, chunk)
+        {
+            failed = Some(e);
         }
+        filled += chunk.len();
+        grant.wrote(chunk.len() as u64);
+    })
+    .await;
+    if !whole {
+        return clock.ended();
     }
-    staging::give(staging);
     failed.map_or(handlers::Filled::Ok, handlers::Filled::SegmentError)
 }
 
 /// Reads and drops `len` body bytes, under the body's deadlines.
 pub(super) async fn discard_body<S: Io>(
     stream: &mut S,
-    mut len: usize,
+    len: usize,
     clock: &mut BodyClock<'_>,
 ) -> handlers::Filled {
+    if read_staged(stream, len, clock, |_| {}).await {
+        handlers::Filled::Ok
+    } else {
+        clock.ended()
+    }
+}
+
+/// Reads `len` body bytes through a staging buffer under the body's deadlines, handing each
+/// chunk to `take` as it arrives. `false`: the connection ended first.
+#[inline]
+async fn read_staged<S: Io>(
+    stream: &mut S,
+    mut len: usize,
+    clock: &mut BodyClock<'_>,
+    mut take: impl FnMut(&[u8]),
+) -> bool {
     let mut buf = staging::take();
     while len > 0 {
         let want = buf.capacity().min(len);
@@ -319,15 +327,16 @@ pub(super) async fn discard_body<S: Io>(
         let (res, slice) = stream.read(buf.slice_mut(0..want)).await;
         buf = slice.into_inner();
         match res {
-            Ok(0) | Err(_) => return clock.ended(),
+            Ok(0) | Err(_) => return false,
             Ok(n) => {
+                take(&buf[..n]);
                 len -= n;
                 clock.advance(n);
             }
         }
     }
     staging::give(buf);
-    handlers::Filled::Ok
+    true
 }
 
 /// Staging buffers ([`STAGING_BYTES`] each) reused by this thread's (this shard's)

@@ -10,11 +10,13 @@ use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
-use crate::http::response::{self, Body, Response, Status, Tail};
+use crate::http::response::{self, Body, Response, Status};
 
-/// Answers one framed request: dispatches it, writes its answer (the head into `wbuf`, then a
-/// tail straight to the socket) and records its transfer. `None`: the connection broke;
-/// else whether it closes after this answer.
+/// Answers one framed request: dispatches it through auth, router and handler (`verdict` is
+/// [`verdict`] of `head`; `body_since` is when its body started to arrive, if over several
+/// reads), writes its answer (the head into `wbuf`, then a tail straight to the socket) and
+/// records its transfer. `None`: the connection broke; else whether it closes after this
+/// answer.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn answer<S: Io>(
     front: &Front,
@@ -27,10 +29,47 @@ pub(super) async fn answer<S: Io>(
     scratch: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
 ) -> Option<bool> {
-    let (tail, close, sending) = dispatch(
-        front, head, verdict, req_bytes, early, body_since, scratch, wbuf,
-    )
-    .await;
+    // The head is parsed (a body over several reads began to arrive after it).
+    let started = body_since.map_or_else(Instant::now, |t| t.min(Instant::now()));
+    let shard = front.shard();
+    let stats = shard.stats();
+    stats.http_requests.inc();
+    let routed = verdict.dispatched();
+    let mut ctx = Ctx { shard, scratch };
+    let mut resp = match (early, verdict) {
+        (None, Verdict::Dispatch(route)) => {
+            let req = Request {
+                head,
+                route,
+                body: &req_bytes[head.len..],
+                body_since,
+            };
+            match shard.load.enter() {
+                // Too much work already waits on this shard: shed at once.
+                None => ctx.overloaded(),
+                Some(_working) => handlers::handle(&req, &mut ctx).await,
+            }
+        }
+        (early, verdict) => refusal(front, head, early, verdict, &mut ctx),
+    };
+    if early.is_some() || !head.keep_alive || front.is_draining() {
+        resp.close = true;
+    }
+    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
+    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
+        resp.close = true;
+    }
+    let close = resp.close;
+    let transfer = resp.transfer.take();
+    let from = Instant::now();
+    let tail = front.encode(resp, Some(head), scratch, wbuf);
+    let op = handlers::request_op(routed, head.method);
+    front
+        .shard()
+        .stats()
+        .request_durations
+        .observe(op, started.elapsed());
+    let sending = transfer.map(|t| (t, from));
     if let Some(tail) = tail {
         // The head with the body from where it is.
         if !write_tail(front, stream, wbuf, tail, head.minor_version == 0).await {
@@ -71,67 +110,6 @@ pub(super) fn record_transfer(front: &Front, sending: Sending) {
     }
 }
 
-/// Answers one request into `wbuf`; `verdict` is [`verdict`] of `head`; `body_since` is when
-/// its body started to arrive, if over several reads. Returns what to write after the head,
-/// whether the connection closes after this answer, and the data-plane body to record once
-/// sent.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn dispatch(
-    front: &Front,
-    head: &Head<'_>,
-    verdict: Verdict,
-    req_bytes: &[u8],
-    early: Option<Early>,
-    body_since: Option<Instant>,
-    scratch: &mut Vec<u8>,
-    wbuf: &mut Vec<u8>,
-) -> (Option<Tail>, bool, Sending) {
-    // The head is parsed (a body over several reads began to arrive after it).
-    let started = body_since.map_or_else(Instant::now, |t| t.min(Instant::now()));
-    let shard = front.shard();
-    let stats = shard.stats();
-    stats.http_requests.inc();
-    let routed = match &verdict {
-        Verdict::Dispatch(route) => Some(*route),
-        _ => None,
-    };
-    let mut ctx = Ctx { shard, scratch };
-    let mut resp = match (early, verdict) {
-        (None, Verdict::Dispatch(route)) => {
-            let req = Request {
-                head,
-                route,
-                body: &req_bytes[head.len..],
-                body_since,
-            };
-            match shard.load.enter() {
-                // Too much work already waits on this shard: shed at once.
-                None => ctx.overloaded(),
-                Some(_working) => handlers::handle(&req, &mut ctx).await,
-            }
-        }
-        (early, verdict) => refusal(front, head, early, verdict, &mut ctx),
-    };
-    if early.is_some() || !head.keep_alive || front.is_draining() {
-        resp.close = true;
-    }
-    // HTTP/1.0 has no chunked encoding: a streamed body ends with the connection.
-    if head.minor_version == 0 && matches!(resp.body, Body::KeyStream(_)) {
-        resp.close = true;
-    }
-    let close = resp.close;
-    let transfer = resp.transfer.take();
-    let from = Instant::now();
-    let tail = front.encode(resp, Some(head), scratch, wbuf);
-    let op = handlers::request_op(routed, head.method);
-    front
-        .shard()
-        .stats()
-        .request_durations
-        .observe(op, started.elapsed());
-    (tail, close, transfer.map(|t| (t, from)))
-}
-
 /// The answer to a request that is not handed to its handler: unauthorized, too large, no
 /// such route or method, `OPTIONS`.
 fn refusal(
@@ -141,10 +119,7 @@ fn refusal(
     verdict: Verdict,
     ctx: &mut Ctx<'_>,
 ) -> Response {
-    let routed = match &verdict {
-        Verdict::Dispatch(route) => Some(*route),
-        _ => None,
-    };
+    let routed = verdict.dispatched();
     match (early, verdict) {
         (_, Verdict::Unauthorized) => {
             if crate::http::router::lookup(head.path).is_some_and(|r| r.is_cluster()) {

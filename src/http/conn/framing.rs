@@ -73,6 +73,17 @@ pub(super) enum Verdict {
     NotLeader,
 }
 
+impl Verdict {
+    /// The route the request is dispatched to, if it is.
+    #[inline]
+    pub(super) fn dispatched(&self) -> Option<Route> {
+        match self {
+            Verdict::Dispatch(route) => Some(*route),
+            _ => None,
+        }
+    }
+}
+
 /// The most body bytes a request may carry: its route's limit, or the general one when it
 /// will not be dispatched.
 pub(super) fn body_limit_for(front: &Front, head: &Head<'_>, verdict: &Verdict) -> u64 {
@@ -224,10 +235,7 @@ fn frame_head(front: &Front, buf: &[u8], pending: &mut Pending) -> Option<Framed
     let head_len = head.len;
     let verdict = verdict(front, &head);
     let limit = body_limit_for(front, &head, &verdict);
-    let route = match verdict {
-        Verdict::Dispatch(route) => Some(route),
-        _ => None,
-    };
+    let route = verdict.dispatched();
     let n = match head.framing {
         Framing::None => return Some(request(head_len, head_len, None)),
         Framing::Length(n) if n > limit => {

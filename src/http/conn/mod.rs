@@ -143,22 +143,11 @@ async fn answer_buffered<S: Io>(
             Pending::None => complete_request(front, &b.rbuf[start..]),
             _ => None,
         };
-        let (closes, advance) = if let Some((head, total, verdict)) = complete {
-            conn.set(ConnState::Busy);
+        let (head, verdict, req, early, since, advance) = if let Some((head, total, verdict)) =
+            complete
+        {
             let req = &b.rbuf[start..start + total];
-            let closes = answer(
-                front,
-                stream,
-                &head,
-                verdict,
-                req,
-                None,
-                None,
-                &mut b.scratch,
-                &mut b.wbuf,
-            )
-            .await?;
-            (closes, total)
+            (head, verdict, req, None, None, total)
         } else {
             let (head_len, body_end, next, early) =
                 match frame(front, &mut b.rbuf, start, &mut b.pending) {
@@ -188,27 +177,26 @@ async fn answer_buffered<S: Io>(
                         early,
                     } => (head_len, body_end, next, early),
                 };
-            conn.set(ConnState::Busy);
             let req = &b.rbuf[start..start + body_end];
             let Parsed::Complete(head) = parse_head(&req[..head_len]) else {
                 unreachable!("a framed head parses again");
             };
             let verdict = verdict(front, &head);
-            let since = b.body_since.take();
-            let closes = answer(
-                front,
-                stream,
-                &head,
-                verdict,
-                req,
-                early,
-                since,
-                &mut b.scratch,
-                &mut b.wbuf,
-            )
-            .await?;
-            (closes, next)
+            (head, verdict, req, early, b.body_since.take(), next)
         };
+        conn.set(ConnState::Busy);
+        let closes = answer(
+            front,
+            stream,
+            &head,
+            verdict,
+            req,
+            early,
+            since,
+            &mut b.scratch,
+            &mut b.wbuf,
+        )
+        .await?;
         b.continue_sent = false;
         start += advance;
         if closes {

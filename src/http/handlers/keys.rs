@@ -68,11 +68,9 @@ pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response 
             return r;
         }
     }
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Query { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(&keys, |key| req.read_command(Command::Query { key }))
+        .await;
     // A HEAD request is no business operation: it counts nowhere.
     let counted = !req.is_head();
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
@@ -93,31 +91,18 @@ pub async fn batch_query_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response 
             .store_stats()
             .record(Op::BatchQuery, outcome, None);
     }
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.begin_array_field("data");
-    for (k, r) in keys.iter().zip(&replies) {
-        let q = match r {
-            Reply::Query(q) => Some(&**q),
-            _ => None,
-        };
-        write_query(&mut w, k, q);
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
-}
-
-fn success_message(ctx: &mut Ctx<'_>, message: &str) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.field_str("message", message.as_bytes());
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.begin_array_field("data");
+        for (k, r) in keys.iter().zip(&replies) {
+            let q = match r {
+                Reply::Query(q) => Some(&**q),
+                _ => None,
+            };
+            write_query(w, k, q);
+        }
+        w.end_array();
+    })
 }
 
 pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -126,7 +111,7 @@ pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(r) => return r,
     };
     match ctx.shard.execute(Command::Remove { key }).await {
-        Reply::Done => success_message(ctx, "key deleted"),
+        Reply::Done => ctx.success_message("key deleted"),
         other => ctx.reply_error(other, "Key not found"),
     }
 }
@@ -143,7 +128,7 @@ pub async fn delete_all_keys(ctx: &mut Ctx<'_>) -> Response {
     ctx.shard
         .store_stats()
         .record(Op::RemoveAll, Outcome::Success, None);
-    success_message(ctx, "all keys deleted")
+    ctx.success_message("all keys deleted")
 }
 
 /// `/get_all_keys[?prefix=P][&limit=N]`: one key per line, streamed from each shard in turn

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use super::{Ctx, Request};
 use crate::http::bodies::{self, BodyError};
-use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
 use crate::shards::{Command, Reply};
 
@@ -44,13 +43,10 @@ pub async fn evict(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             other => return ctx.reply_error(other, "Key not found"),
         }
     }
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_str("status", b"success");
-    w.field_u64("num_evicted", evicted);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_str("status", b"success");
+        w.field_u64("num_evicted", evicted);
+    })
 }
 
 pub async fn prefetch(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -69,12 +65,9 @@ pub async fn prefetch(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if let Some(bad) = replies.into_iter().find(|r| !matches!(r, Reply::Count(_))) {
         return ctx.reply_error(bad, "Key not found");
     }
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_str("status", b"prefetch_started");
-    w.field_str("lookup_id", body.lookup_id.as_bytes());
-    w.field_u64("num_chunks", body.chunk_hashes.len() as u64);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_str("status", b"prefetch_started");
+        w.field_str("lookup_id", body.lookup_id.as_bytes());
+        w.field_u64("num_chunks", body.chunk_hashes.len() as u64);
+    })
 }

@@ -3,7 +3,6 @@
 use bytes::Bytes;
 
 use super::{Ctx, Request, required_key};
-use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Response, Status};
 use crate::shards::{Command, Reply};
@@ -54,29 +53,23 @@ pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
 pub fn health(ctx: &mut Ctx<'_>) -> Response {
     let ha = ctx.shard.cluster.ha.snapshot();
     let ready = ctx.shard.cluster.is_ready();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_str("status", b"ok");
-    w.field_str("role", ha.role.as_str().as_bytes());
-    w.field_str("ha_state", ha.state.as_str().as_bytes());
-    w.field_bool("service_ready", ready);
-    w.field_str("leader_address", ha.leader_address_str().as_bytes());
-    w.field_u64("view_version", ha.view_version);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_str("status", b"ok");
+        w.field_str("role", ha.role.as_str().as_bytes());
+        w.field_str("ha_state", ha.state.as_str().as_bytes());
+        w.field_bool("service_ready", ready);
+        w.field_str("leader_address", ha.leader_address_str().as_bytes());
+        w.field_u64("view_version", ha.view_version);
+    })
 }
 
 pub fn leader(ctx: &mut Ctx<'_>) -> Response {
     let ha = ctx.shard.cluster.ha.snapshot();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("present", ha.leader_present());
-    w.field_str("leader_address", ha.leader_address_str().as_bytes());
-    w.field_u64("view_version", ha.view_version);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("present", ha.leader_present());
+        w.field_str("leader_address", ha.leader_address_str().as_bytes());
+        w.field_u64("view_version", ha.view_version);
+    })
 }
 
 pub async fn metadata(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {

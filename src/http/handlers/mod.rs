@@ -19,6 +19,7 @@ mod segments;
 use std::borrow::Cow;
 use std::rc::Rc;
 
+use super::json::JsonWriter;
 use super::parse::{Head, Method};
 use super::query;
 use super::response::{Response, Status};
@@ -104,6 +105,35 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// A 200 answer of one JSON object, its fields written by `fill` into the scratch buffer.
+    #[inline]
+    pub fn json_object(&mut self, fill: impl FnOnce(&mut JsonWriter<'_>)) -> Response {
+        self.scratch.clear();
+        let mut w = JsonWriter::new(self.scratch);
+        w.begin_object();
+        fill(&mut w);
+        w.end_object();
+        Response::json_scratch(Status::OK)
+    }
+
+    /// `cmd` of each key, run by the keys' owners in parallel; the replies in key order.
+    pub async fn execute_each(
+        &self,
+        keys: &[Box<[u8]>],
+        cmd: impl Fn(Box<[u8]>) -> Command,
+    ) -> Vec<Reply> {
+        let cmds = keys.iter().map(|k| cmd(k.clone())).collect();
+        self.shard.execute_many(cmds).await
+    }
+
+    /// `{"success":true,"message":…}`.
+    pub fn success_message(&mut self, message: &str) -> Response {
+        self.json_object(|w| {
+            w.field_bool("success", true);
+            w.field_str("message", message.as_bytes());
+        })
+    }
+
     /// A business error: HTTP 200 with the contract's envelope.
     pub fn business_error(&mut self, message: &str) -> Response {
         Response::error(

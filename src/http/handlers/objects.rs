@@ -19,13 +19,12 @@ use super::remote;
 use super::{
     Ctx, Request, batch_key_list, check_object_key, list_param, object_key, optional, parse_uint,
 };
-use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
 use crate::metrics::client::ClientOp;
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
-use crate::shards::store::{BlobView, MAX_REPLICAS};
+use crate::shards::store::{BlobView, MAX_REPLICAS, Placement};
 use crate::shards::{Command, Reply, Submitted, WriteGrant};
 
 fn is_local_service(ctx: &Ctx<'_>) -> bool {
@@ -35,13 +34,8 @@ fn is_local_service(ctx: &Ctx<'_>) -> bool {
 /// Length marker of a missing key in a batch_get body.
 pub const MISSING: u64 = u64::MAX;
 
-struct PutOptions {
-    medium: Option<Medium>,
-    replicas: u8,
-    prefer_rank: Option<u32>,
-}
-
-fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Response> {
+/// A put's `medium`, `replicas` and `prefer_rank` parameters.
+fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Response> {
     let medium = match optional(req, ctx, "medium")? {
         None => None,
         Some(m) => match std::str::from_utf8(&m).ok().and_then(Medium::parse) {
@@ -71,9 +65,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<PutOptions, Respo
             }
         },
     };
-    Ok(PutOptions {
+    Ok(Placement {
         medium,
         replicas,
+        prot: 0,
         prefer_rank,
     })
 }
@@ -109,14 +104,11 @@ async fn commit(ctx: &mut Ctx<'_>, key: Box<[u8]>, mut grant: WriteGrant, ok: bo
 }
 
 pub(super) fn put_success(ctx: &mut Ctx<'_>, key: &[u8], size: u64) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.field_str("key", key);
-    w.field_u64("size", size);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.field_str("key", key);
+        w.field_u64("size", size);
+    })
 }
 
 /// Nanoseconds since `t`.
@@ -235,15 +227,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 .expect("a body already read cannot break the connection")
         }
         Method::Delete => match ctx.shard.execute(Command::Remove { key }).await {
-            Reply::Done => {
-                ctx.scratch.clear();
-                let mut w = JsonWriter::new(ctx.scratch);
-                w.begin_object();
-                w.field_bool("success", true);
-                w.field_str("message", b"key deleted");
-                w.end_object();
-                Response::json_scratch(Status::OK)
-            }
+            Reply::Done => ctx.success_message("key deleted"),
             other => ctx.reply_error(other, "Key not found"),
         },
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
@@ -303,10 +287,7 @@ pub async fn put(
     let cmd = Command::Alloc {
         key: key.clone(),
         size,
-        medium: opts.medium,
-        replicas: opts.replicas,
-        prot: 0,
-        prefer_rank: opts.prefer_rank,
+        placement: opts,
     };
     let grant = match ctx.shard.execute(cmd).await {
         Reply::Granted(g) => g,
@@ -389,13 +370,10 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 exist_bandwidth(ctx, rank, start);
             }
             let found = found.is_some();
-            ctx.scratch.clear();
-            let mut w = JsonWriter::new(ctx.scratch);
-            w.begin_object();
-            w.field_bool("success", true);
-            w.field_bool("exists", found);
-            w.end_object();
-            Response::json_scratch(Status::OK)
+            ctx.json_object(|w| {
+                w.field_bool("success", true);
+                w.field_bool("exists", found);
+            })
         }
         other => ctx.reply_error(other, "Key not found"),
     }
@@ -409,6 +387,12 @@ fn batch_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>, Re
         check_object_key(k, ctx)?;
     }
     Ok(keys)
+}
+
+/// Counts a batch under `op`: its outcome from the replies (see [`Outcome::of_batch`]).
+fn record_batch(ctx: &Ctx<'_>, op: Op, replies: &[Reply]) {
+    let outcome = Outcome::of_batch(replies.iter().map(outcome_of));
+    ctx.shard.store_stats().record(op, outcome, None);
 }
 
 fn outcome_of(r: &Reply) -> Outcome {
@@ -426,31 +410,28 @@ fn batch_results(
     keys: &[Box<[u8]>],
     results: &[Result<Option<u64>, String>],
 ) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.begin_array_field("results");
-    for (k, r) in keys.iter().zip(results) {
-        w.begin_object();
-        w.field_str("key", k);
-        match r {
-            Ok(size) => {
-                w.field_bool("success", true);
-                if let Some(s) = size {
-                    w.field_u64("size", *s);
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.begin_array_field("results");
+        for (k, r) in keys.iter().zip(results) {
+            w.begin_object();
+            w.field_str("key", k);
+            match r {
+                Ok(size) => {
+                    w.field_bool("success", true);
+                    if let Some(s) = size {
+                        w.field_u64("size", *s);
+                    }
+                }
+                Err(m) => {
+                    w.field_bool("success", false);
+                    w.field_str("error_message", m.as_bytes());
                 }
             }
-            Err(m) => {
-                w.field_bool("success", false);
-                w.field_str("error_message", m.as_bytes());
-            }
+            w.end_object();
         }
-        w.end_object();
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
+        w.end_array();
+    })
 }
 
 fn reply_message(r: &Reply, not_found: &str) -> String {
@@ -511,19 +492,11 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         .map(|(k, &size)| Command::Alloc {
             key: k.clone(),
             size,
-            medium: opts.medium,
-            replicas: opts.replicas,
-            prot: 0,
-            prefer_rank: opts.prefer_rank,
+            placement: opts,
         })
         .collect();
     let granted = ctx.shard.execute_many(allocs).await;
-    let stats = ctx.shard.store_stats();
-    stats.record(
-        Op::BatchAlloc,
-        Outcome::of_batch(granted.iter().map(outcome_of)),
-        None,
-    );
+    record_batch(ctx, Op::BatchAlloc, &granted);
 
     // Write every granted object from its slice of the body.
     let write_start = Instant::now();
@@ -557,11 +530,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             })
             .collect();
         let replies = ctx.shard.execute_many(commits).await;
-        ctx.shard.store_stats().record(
-            Op::BatchUpdateState,
-            Outcome::of_batch(replies.iter().map(outcome_of)),
-            None,
-        );
+        record_batch(ctx, Op::BatchUpdateState, &replies);
         let rank = grants
             .first()
             .and_then(|(_, g, _)| g.blobs.first())
@@ -604,13 +573,8 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if req.is_head() {
         return head_batch_get(req, ctx, &keys).await;
     }
-    let cmds = keys
-        .iter()
-        .map(|k| Command::Get { key: k.clone() })
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
-    let outcome = Outcome::of_batch(replies.iter().map(outcome_of));
-    ctx.shard.store_stats().record(Op::BatchGet, outcome, None);
+    let replies = ctx.execute_each(&keys, |key| Command::Get { key }).await;
+    record_batch(ctx, Op::BatchGet, &replies);
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
@@ -676,11 +640,9 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// HEAD of a batch_get: the length its GET would send (an 8-byte length per key, and the
 /// bytes of each readable one), from queries that count nothing and lease nothing.
 async fn head_batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>, keys: &[Box<[u8]>]) -> Response {
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Query { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(keys, |key| req.read_command(Command::Query { key }))
+        .await;
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
     }
@@ -700,18 +662,12 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    let cmds = keys
-        .iter()
-        .map(|k| req.read_command(Command::Exist { key: k.clone() }))
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
+    let replies = ctx
+        .execute_each(&keys, |key| req.read_command(Command::Exist { key }))
+        .await;
     let counted = !req.is_head();
     if counted {
-        ctx.shard.store_stats().record(
-            Op::BatchExistKey,
-            Outcome::of_batch(replies.iter().map(outcome_of)),
-            None,
-        );
+        record_batch(ctx, Op::BatchExistKey, &replies);
     }
     if replies.iter().any(|r| matches!(r, Reply::Overloaded)) {
         return ctx.overloaded();
@@ -723,17 +679,14 @@ pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     {
         exist_bandwidth(ctx, rank, start);
     }
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.begin_array_field("exists");
-    for r in &replies {
-        w.value_bool(matches!(r, Reply::Exists(Some(_))));
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.begin_array_field("exists");
+        for r in &replies {
+            w.value_bool(matches!(r, Reply::Exists(Some(_))));
+        }
+        w.end_array();
+    })
 }
 
 pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -741,16 +694,8 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
-    let cmds = keys
-        .iter()
-        .map(|k| Command::Remove { key: k.clone() })
-        .collect();
-    let replies = ctx.shard.execute_many(cmds).await;
-    ctx.shard.store_stats().record(
-        Op::BatchRemove,
-        Outcome::of_batch(replies.iter().map(outcome_of)),
-        None,
-    );
+    let replies = ctx.execute_each(&keys, |key| Command::Remove { key }).await;
+    record_batch(ctx, Op::BatchRemove, &replies);
     let results: Vec<Result<Option<u64>, String>> = replies
         .iter()
         .map(|r| match r {

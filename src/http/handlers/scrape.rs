@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::Ctx;
-use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, Response, Status};
 use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::exposition;
@@ -28,36 +27,33 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
     let cluster = &ctx.shard.cluster;
     let s = &cluster.kv_stats;
     let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_u64("dropped_events", s.dropped_events());
-    w.field_u64("dropped_high_priority_events", s.dropped_high_priority());
-    w.field_u64("dropped_stored_events", s.dropped_stored());
-    w.field_bool("enabled", s.enabled.load(Relaxed));
-    w.field_u64("last_sequence", g(&s.last_sequence));
-    w.field_u64("published_batches", s.published_batches.get());
-    w.begin_object_field("published_by_medium");
-    // Alphabetical, as the seed shows: dram, hbm, ssd, unknown.
-    let mut by_name: [(&str, usize); MEDIUM_LABELS.len()] =
-        std::array::from_fn(|i| (MEDIUM_LABELS[i], i));
-    by_name.sort_unstable();
-    for (name, i) in by_name {
-        w.field_u64(name, s.published_by_medium[i].get());
-    }
-    w.end_object();
-    w.begin_object_field("published_by_type");
-    for t in [EventType::Cleared, EventType::Removed, EventType::Stored] {
-        w.field_u64(t.name(), s.published_by_type[t as usize].get());
-    }
-    w.end_object();
-    w.field_u64("published_events", s.published_events.get());
-    w.field_bool("publisher_active", s.publisher_active.load(Relaxed));
-    w.field_u64("queue_capacity", cluster.config.kv_events.queue_capacity);
-    w.field_u64("queue_size", g(&s.queue_size));
-    w.field_u64("skipped_unparsed_keys", s.skipped_unparsed_keys());
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_u64("dropped_events", s.dropped_events());
+        w.field_u64("dropped_high_priority_events", s.dropped_high_priority());
+        w.field_u64("dropped_stored_events", s.dropped_stored());
+        w.field_bool("enabled", s.enabled.load(Relaxed));
+        w.field_u64("last_sequence", g(&s.last_sequence));
+        w.field_u64("published_batches", s.published_batches.get());
+        w.begin_object_field("published_by_medium");
+        // Alphabetical, as the seed shows: dram, hbm, ssd, unknown.
+        let mut by_name: [(&str, usize); MEDIUM_LABELS.len()] =
+            std::array::from_fn(|i| (MEDIUM_LABELS[i], i));
+        by_name.sort_unstable();
+        for (name, i) in by_name {
+            w.field_u64(name, s.published_by_medium[i].get());
+        }
+        w.end_object();
+        w.begin_object_field("published_by_type");
+        for t in [EventType::Cleared, EventType::Removed, EventType::Stored] {
+            w.field_u64(t.name(), s.published_by_type[t as usize].get());
+        }
+        w.end_object();
+        w.field_u64("published_events", s.published_events.get());
+        w.field_bool("publisher_active", s.publisher_active.load(Relaxed));
+        w.field_u64("queue_capacity", cluster.config.kv_events.queue_capacity);
+        w.field_u64("queue_size", g(&s.queue_size));
+        w.field_u64("skipped_unparsed_keys", s.skipped_unparsed_keys());
+    })
 }
 
 /// `/kv_events/publisher`: where routers subscribe to the current leader's KV events (the
@@ -68,25 +64,22 @@ pub fn kv_events_publisher(ctx: &mut Ctx<'_>) -> Response {
     let kv = &cluster.config.kv_events;
     let a = crate::kv_events::leadership::advertised(&cluster.config);
     let ha = cluster.ha.snapshot();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("enabled", kv.enable);
-    let on = |s: &str| {
-        if kv.enable {
-            s.to_string()
-        } else {
-            String::new()
-        }
-    };
-    w.field_str("endpoint", on(&a.endpoint).as_bytes());
-    w.field_str("replay_endpoint", on(&a.replay_endpoint).as_bytes());
-    w.field_str("topic", kv.topic.as_bytes());
-    w.field_str("encoding", kv.encoding.name().as_bytes());
-    w.field_str("leader_address", ha.leader_address_str().as_bytes());
-    w.field_u64("view_version", ha.view_version);
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("enabled", kv.enable);
+        let on = |s: &str| {
+            if kv.enable {
+                s.to_string()
+            } else {
+                String::new()
+            }
+        };
+        w.field_str("endpoint", on(&a.endpoint).as_bytes());
+        w.field_str("replay_endpoint", on(&a.replay_endpoint).as_bytes());
+        w.field_str("topic", kv.topic.as_bytes());
+        w.field_str("encoding", kv.encoding.name().as_bytes());
+        w.field_str("leader_address", ha.leader_address_str().as_bytes());
+        w.field_u64("view_version", ha.view_version);
+    })
 }
 
 /// The ptracer table; `alloc_free_only`: just the alloc and remove rows.

@@ -43,19 +43,21 @@ pub fn query_segment(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
+    ctx.json_object(|w| {
+        w.field_str("segment", seg.name.as_bytes());
+        remaining_fields(w, &seg);
+    })
+}
+
+/// A segment's medium, total, used and remaining bytes and remaining ratio.
+fn remaining_fields(w: &mut JsonWriter<'_>, seg: &Segment) {
     let used = seg.used_bytes();
     let remaining = seg.capacity - used;
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_str("segment", seg.name.as_bytes());
     w.field_str("medium", seg.medium.upper().as_bytes());
     w.field_u64("total_bytes", seg.capacity);
     w.field_u64("used_bytes", used);
     w.field_u64("remaining_bytes", remaining);
     w.field_ratio("remaining_ratio", ratio(remaining, seg.capacity));
-    w.end_object();
-    Response::json_scratch(Status::OK)
 }
 
 pub fn segment_status(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -64,15 +66,12 @@ pub fn segment_status(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(r) => return r,
     };
     let status = seg.status();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.field_str("segment", seg.name.as_bytes());
-    w.field_u64("status", status as u64);
-    w.field_str("status_name", status.name().as_bytes());
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.field_str("segment", seg.name.as_bytes());
+        w.field_u64("status", status as u64);
+        w.field_str("status_name", status.name().as_bytes());
+    })
 }
 
 /// Whether the figures come from a healthy data source: every shard serving, every segment
@@ -92,68 +91,54 @@ pub fn capacity_usage(ctx: &mut Ctx<'_>) -> Response {
                 (t + s.capacity, u + s.used_bytes())
             })
     };
+    capacity_report(ctx, |w| {
+        for medium in Medium::ALL {
+            let Some(name) = medium.names().device else {
+                continue;
+            };
+            let (total, used) = totals(medium);
+            w.begin_object_field(name);
+            w.field_u64("total_bytes", total);
+            w.field_u64("used_bytes", used);
+            w.field_u64("free_bytes", total.saturating_sub(used));
+            w.field_ratio("usage_ratio", ratio(used, total));
+            w.end_object();
+        }
+    })
+}
+
+/// A capacity answer: its timestamp and data-source facts, then the fields of `fill`.
+fn capacity_report(ctx: &mut Ctx<'_>, fill: impl FnOnce(&mut JsonWriter<'_>)) -> Response {
     let ready = ctx.shard.cluster.is_ready();
     let degraded = degraded(ctx);
     let now = ctx.shard.clock.unix_secs();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_u64("timestamp", now);
-    w.field_bool("data_source_ready", ready);
-    w.field_bool("degraded", degraded);
-    for medium in Medium::ALL {
-        let Some(name) = medium.names().device else {
-            continue;
-        };
-        let (total, used) = totals(medium);
-        w.begin_object_field(name);
-        w.field_u64("total_bytes", total);
-        w.field_u64("used_bytes", used);
-        w.field_u64("free_bytes", total.saturating_sub(used));
-        w.field_ratio("usage_ratio", ratio(used, total));
-        w.end_object();
-    }
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_u64("timestamp", now);
+        w.field_bool("data_source_ready", ready);
+        w.field_bool("degraded", degraded);
+        fill(w);
+    })
 }
 
 pub fn segment_remaining(ctx: &mut Ctx<'_>) -> Response {
     let segs = ctx.shard.cluster.segments.snapshot();
-    let ready = ctx.shard.cluster.is_ready();
-    let degraded = degraded(ctx);
-    let now = ctx.shard.clock.unix_secs();
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_u64("timestamp", now);
-    w.field_bool("data_source_ready", ready);
-    w.field_bool("degraded", degraded);
-    w.begin_array_field("segments");
-    for s in segs.iter() {
-        let used = s.used_bytes();
-        let remaining = s.capacity - used;
-        w.begin_object();
-        w.field_str("segment_name", s.name.as_bytes());
-        w.field_str("medium", s.medium.upper().as_bytes());
-        w.field_u64("total_bytes", s.capacity);
-        w.field_u64("used_bytes", used);
-        w.field_u64("remaining_bytes", remaining);
-        w.field_ratio("remaining_ratio", ratio(remaining, s.capacity));
-        w.end_object();
-    }
-    w.end_array();
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    capacity_report(ctx, |w| {
+        w.begin_array_field("segments");
+        for s in segs.iter() {
+            w.begin_object();
+            w.field_str("segment_name", s.name.as_bytes());
+            remaining_fields(w, s);
+            w.end_object();
+        }
+        w.end_array();
+    })
 }
 
 fn segment_reply(ctx: &mut Ctx<'_>, name: &str) -> Response {
-    ctx.scratch.clear();
-    let mut w = JsonWriter::new(ctx.scratch);
-    w.begin_object();
-    w.field_bool("success", true);
-    w.field_str("segment", name.as_bytes());
-    w.end_object();
-    Response::json_scratch(Status::OK)
+    ctx.json_object(|w| {
+        w.field_bool("success", true);
+        w.field_str("segment", name.as_bytes());
+    })
 }
 
 /// `POST /api/v1/segments/mount?rank=R&medium=hbm|dram|ssd&size=SIZE[&path=DIR]`.

@@ -198,8 +198,12 @@ mod tests {
 
     const MB: u64 = 1 << 20;
 
-    fn put(s: &mut Store, key: &str, size: u64, replicas: usize) {
-        let step = s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), replicas, 0);
+    fn put(s: &mut Store, key: &str, size: u64, replicas: u8) {
+        let step = s.alloc(
+            key.as_bytes().into(),
+            size,
+            Placement::on(Some(Medium::Dram), replicas),
+        );
         let AllocStep::Granted { obj, .. } = step else {
             panic!("alloc refused: {step:?}");
         };
@@ -578,7 +582,11 @@ mod tests {
                             old.remove(key.as_bytes());
                         }
                         let size = 1 + next(100_000);
-                        let step = old.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0);
+                        let step = old.alloc(
+                            key.as_bytes().into(),
+                            size,
+                            Placement::on(Some(Medium::Dram), 1),
+                        );
                         let AllocStep::Granted { obj, blobs, .. } = step else {
                             continue;
                         };

@@ -33,7 +33,7 @@ mod tests {
     use crate::shards::Reply;
 
     fn put(s: &mut Store, key: &str, medium: Medium, commit: bool) {
-        let step = s.alloc(key.as_bytes().into(), 100, Some(medium), 1, 0);
+        let step = s.alloc(key.as_bytes().into(), 100, Placement::on(Some(medium), 1));
         let AllocStep::Granted { obj, .. } = step else {
             panic!("alloc refused: {step:?}");
         };

@@ -65,6 +65,7 @@ mod lifecycle;
 pub mod lru;
 pub mod mount;
 mod put;
+pub use put::Placement;
 pub mod relocate;
 pub mod remote;
 pub mod segment;

@@ -49,18 +49,16 @@ pub async fn build_segment_off_shard(
     shards: usize,
     run_bytes: u64,
 ) -> Result<Arc<Segment>, String> {
+    let Some(dir) = ssd_dir.filter(|_| medium == Medium::Ssd) else {
+        // No file to create (or no directory, which build_segment refuses).
+        return build_segment(table, rank, medium, size, None, shards, run_bytes);
+    };
     check_size(size)?;
     let name = super::segment::segment_name(rank, medium);
-    let backend = match medium {
-        Medium::Ssd => {
-            let dir = ssd_dir.ok_or_else(|| format!("{name}: an SSD segment needs a directory"))?;
-            let file = create_ssd_file_off_shard(dir.clone(), rank, size, shards)
-                .await
-                .map_err(|e| ssd_error(&name, &dir, e))?;
-            Backend::File(Box::new(file))
-        }
-        m => memory_backend(m, size, &name)?,
-    };
+    let file = create_ssd_file_off_shard(dir.clone(), rank, size, shards)
+        .await
+        .map_err(|e| ssd_error(&name, &dir, e))?;
+    let backend = Backend::File(Box::new(file));
     Ok(new_segment(
         table, rank, medium, size, backend, shards, run_bytes,
     ))

@@ -2,6 +2,30 @@
 
 use super::*;
 
+/// Where a new object goes: what a put asks of [`Store::alloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// `None`: the default medium.
+    pub medium: Option<Medium>,
+    pub replicas: u8,
+    pub prot: u16,
+    /// Place the first copy on this rank when it has room (upstream's
+    /// `preferredLocalServiceIDs`); replicas still go to distinct ranks.
+    pub prefer_rank: Option<u32>,
+}
+
+impl Placement {
+    /// `replicas` copies on `medium`, no protection, no preferred rank.
+    pub fn on(medium: Option<Medium>, replicas: u8) -> Placement {
+        Placement {
+            medium,
+            replicas,
+            prot: 0,
+            prefer_rank: None,
+        }
+    }
+}
+
 /// Blobs placed for a put: segment, offset, allocated length.
 type Placed = SmallVec<[(SegmentId, u64, u64); 2]>;
 
@@ -102,46 +126,24 @@ impl Store {
         None
     }
 
-    /// Allocates `replicas` blobs for a new object (state ALLOCATED) after evicting if the
-    /// medium is above its high watermark.
-    pub fn alloc(
-        &mut self,
-        key: Box<[u8]>,
-        size: u64,
-        medium: Option<Medium>,
-        replicas: usize,
-        prot: u16,
-    ) -> AllocStep {
-        self.alloc_preferring(key, size, medium, replicas, prot, None)
-    }
-
-    /// [`Store::alloc`] placing the first copy on `prefer_rank` when it has room (upstream's
-    /// `preferredLocalServiceIDs`); replicas still go to distinct ranks.
-    pub fn alloc_preferring(
-        &mut self,
-        key: Box<[u8]>,
-        size: u64,
-        medium: Option<Medium>,
-        replicas: usize,
-        prot: u16,
-        prefer_rank: Option<u32>,
-    ) -> AllocStep {
+    /// Allocates the placement's replicas for a new object (state ALLOCATED) after evicting
+    /// if the medium is above its high watermark.
+    pub fn alloc(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Alloc);
-        let step = self.alloc_inner(key, size, medium, replicas, prot, prefer_rank);
+        let step = self.place_new(key, size, placement);
         span.end(!matches!(step, AllocStep::Refused(_)));
         step
     }
 
-    pub(super) fn alloc_inner(
-        &mut self,
-        key: Box<[u8]>,
-        size: u64,
-        medium: Option<Medium>,
-        replicas: usize,
-        prot: u16,
-        prefer_rank: Option<u32>,
-    ) -> AllocStep {
+    fn place_new(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
+        let Placement {
+            medium,
+            replicas,
+            prot,
+            prefer_rank,
+        } = placement;
+        let replicas = replicas as usize;
         let now = self.now_ms();
         self.refresh_segments();
         if self.purge.is_some() {

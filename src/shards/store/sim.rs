@@ -190,7 +190,7 @@ impl Sim {
         ][self.rng.below(4) as usize];
         let replicas = if self.rng.chance(15) { 2 } else { 1 };
         if let AllocStep::Granted { obj, link, .. } =
-            self.store.alloc(key, size, medium, replicas, 0)
+            self.store.alloc(key, size, Placement::on(medium, replicas))
         {
             if self.rng.chance(70) {
                 let ok = self.rng.chance(90);

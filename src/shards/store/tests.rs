@@ -9,7 +9,11 @@ fn dram_store(capacity: u64) -> Store {
 }
 
 fn put(store: &mut Store, key: &str) {
-    let step = store.alloc(key.as_bytes().into(), 100, Some(Medium::Dram), 1, 0);
+    let step = store.alloc(
+        key.as_bytes().into(),
+        100,
+        Placement::on(Some(Medium::Dram), 1),
+    );
     let AllocStep::Granted { obj, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
@@ -99,7 +103,11 @@ fn watermark_eviction_drains_in_slices() {
 }
 
 fn grant(s: &mut Store, key: &str, size: u64) -> (ObjHandle, Arc<WriterLink>) {
-    match s.alloc(key.as_bytes().into(), size, Some(Medium::Dram), 1, 0) {
+    match s.alloc(
+        key.as_bytes().into(),
+        size,
+        Placement::on(Some(Medium::Dram), 1),
+    ) {
         AllocStep::Granted { obj, link, .. } => (obj, link),
         step => panic!("alloc refused: {step:?}"),
     }
@@ -292,7 +300,11 @@ fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
 
 /// A committed put of `size` bytes on `medium`, preferring `rank`; the rank it landed on.
 fn put_at(s: &mut Store, key: &str, size: u64, medium: Medium, rank: u32) -> u32 {
-    let step = s.alloc_preferring(key.as_bytes().into(), size, Some(medium), 1, 0, Some(rank));
+    let placement = Placement {
+        prefer_rank: Some(rank),
+        ..Placement::on(Some(medium), 1)
+    };
+    let step = s.alloc(key.as_bytes().into(), size, placement);
     let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
@@ -554,7 +566,11 @@ fn a_failed_remote_demotion_keeps_the_hbm_copy_unless_the_room_was_needed() {
         put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 1);
     }
     assert!(s.take_jobs().is_empty());
-    let step = s.alloc_preferring(b"h4"[..].into(), 1 << 20, Some(Medium::Hbm), 1, 0, Some(1));
+    let placement = Placement {
+        prefer_rank: Some(1),
+        ..Placement::on(Some(Medium::Hbm), 1)
+    };
+    let step = s.alloc(b"h4"[..].into(), 1 << 20, placement);
     assert!(matches!(step, AllocStep::WaitForFlush), "{step:?}");
     let jobs = s.take_jobs();
     let forced = jobs

@@ -415,25 +415,26 @@ impl SsdFile {
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(-1);
                 let code = errno.clamp(1, 255) as u8;
-                if op == IoOp::Read {
-                    stats.read_errors.inc();
-                    self.read_status.store(code, Relaxed);
-                    self.log_once(op, errno, || {
-                        format!(
-                            "SSD read of {} failed: {e} (further Read errors with this cause are counted, not logged)",
-                            self.path.display()
-                        )
-                    });
+                // A failed write (or probe) marks the file faulted; a failed read is reported.
+                let (errors, status, what, kind, then) = if op == IoOp::Read {
+                    (&stats.read_errors, &self.read_status, "read", "Read", "")
                 } else {
-                    stats.write_errors.inc();
-                    self.write_fault.store(code, Relaxed);
-                    self.log_once(op, errno, || {
-                        format!(
-                            "SSD write of {} failed: {e}; the file is marked faulted and takes no flushes (memory evicts by deleting) until a probe write succeeds (further Write errors with this cause are counted, not logged)",
-                            self.path.display()
-                        )
-                    });
-                }
+                    (
+                        &stats.write_errors,
+                        &self.write_fault,
+                        "write",
+                        "Write",
+                        "; the file is marked faulted and takes no flushes (memory evicts by deleting) until a probe write succeeds",
+                    )
+                };
+                errors.inc();
+                status.store(code, Relaxed);
+                self.log_once(op, errno, || {
+                    format!(
+                        "SSD {what} of {} failed: {e}{then} (further {kind} errors with this cause are counted, not logged)",
+                        self.path.display()
+                    )
+                });
             }
         }
     }
