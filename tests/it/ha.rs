@@ -1130,17 +1130,9 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
     let locals: Vec<Server> = [7, 8]
         .iter()
         .map(|rank| {
-            ServerBuilder::new(driver)
-                .shards(1)
-                .arg("--role")
-                .arg("local")
-                .set(
-                    "ock.mmc.meta_service_url",
-                    &format!("{},{}", url(leader.addr), url(standby.addr)),
-                )
+            local_of(driver, &standby, &leader)
                 .set("ock.mmc.local_service.rank", &rank.to_string())
                 .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.local_service.hbm.size", "0")
                 .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
                 .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
                 .start()
