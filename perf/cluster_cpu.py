@@ -38,9 +38,11 @@ def cpu_ns(pid):
     return total
 
 
-def start(args, cpu):
+def start(args, cpu=None):
+    """Starts a server (pinned to `cpu` when given); returns it and the address it logs."""
+    pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
     p = subprocess.Popen(
-        ["taskset", "-c", str(cpu)] + args,
+        pin + args,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     addr = {}
@@ -57,7 +59,7 @@ def start(args, cpu):
     threading.Thread(target=reader, daemon=True).start()
     if not ready.wait(20) or "a" not in addr:
         p.kill()
-        sys.exit("server did not start")
+        sys.exit("a server did not start: %s" % " ".join(args))
     host, port = addr["a"].rsplit(":", 1)
     return p, (host, int(port))
 

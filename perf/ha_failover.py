@@ -31,18 +31,17 @@ import base64
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import cluster_ready  # noqa: E402  (tests/python/cluster_ready.py: standard library only)
+from cluster_cpu import start  # noqa: E402  (this folder: a server started, its address read)
 
 
 def free_port():
@@ -95,28 +94,6 @@ class Http:
     def json(self, addr, target):
         status, _, data = self.request(addr, "GET", target)
         return status, json.loads(data) if data else None
-
-
-def start_server(args):
-    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
-    found = {}
-    ready = threading.Event()
-
-    def reader():
-        for line in p.stderr:
-            m = re.search(r"listening on http://(\S+)", line)
-            if m and "a" not in found:
-                found["a"] = m.group(1)
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=reader, daemon=True).start()
-    if not ready.wait(20) or "a" not in found:
-        p.kill()
-        sys.exit("a server did not start: %s" % " ".join(args))
-    host, port = found["a"].rsplit(":", 1)
-    return p, (host, int(port))
 
 
 def etcd_call(port, path, body):
@@ -184,7 +161,7 @@ def main():
         metas = []
         for _ in range(2):
             port = free_port()
-            p, addr = start_server([
+            p, addr = start([
                 a.bin, "--listen", "127.0.0.1:%d" % port, "--shards", "1",
                 "--set", "ock.mmc.embedded.ranks=0",
                 "--set", "ock.mmc.meta.ha.enable=true",
@@ -209,7 +186,7 @@ def main():
 
         li, si = wait("one leader and one standby", 20, settled, 0.05)
         (leader, laddr), (_, saddr) = metas[li], metas[si]
-        local, _ = start_server([
+        local, _ = start([
             a.bin, "--role", "local", "--listen", "127.0.0.1:0", "--shards", "1",
             "--set", "ock.mmc.meta_service_url=http://%s:%d,http://%s:%d" % (saddr + laddr),
             "--set", "ock.mmc.local_service.dram.size=%d" % max(64 << 20, 2 * a.count * a.size),
