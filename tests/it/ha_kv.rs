@@ -78,92 +78,41 @@ fn discover(etcd: &Etcd, leader: SocketAddr, view_version: u64) -> serde_json::V
     }
 }
 
-/// A msgpack value, as much of it as a KV-event batch uses.
-#[derive(Debug, PartialEq)]
-enum V {
-    Nil,
-    U(u64),
-    I(i64),
-    F(f64),
-    S(String),
-    A(Vec<V>),
-}
-
-fn decode(rd: &mut &[u8]) -> V {
-    use rmp::Marker;
-    let take = |rd: &mut &[u8], n: usize| -> u64 {
-        let (h, t) = rd.split_at(n);
-        *rd = t;
-        h.iter().fold(0u64, |a, &x| (a << 8) | x as u64)
-    };
-    let string = |rd: &mut &[u8], n: usize| -> V {
-        let (h, t) = rd.split_at(n);
-        *rd = t;
-        V::S(String::from_utf8(h.to_vec()).expect("UTF-8"))
-    };
-    let array = |rd: &mut &[u8], n: usize| V::A((0..n).map(|_| decode(rd)).collect());
-    match rmp::decode::read_marker(rd).expect("a msgpack marker") {
-        Marker::Null => V::Nil,
-        Marker::FixPos(n) => V::U(n as u64),
-        Marker::FixNeg(n) => V::I(n as i64),
-        Marker::U8 => V::U(take(rd, 1)),
-        Marker::U16 => V::U(take(rd, 2)),
-        Marker::U32 => V::U(take(rd, 4)),
-        Marker::U64 => V::U(take(rd, 8)),
-        Marker::I8 => V::I(take(rd, 1) as i8 as i64),
-        Marker::I16 => V::I(take(rd, 2) as i16 as i64),
-        Marker::I32 => V::I(take(rd, 4) as i32 as i64),
-        Marker::I64 => V::I(take(rd, 8) as i64),
-        Marker::F64 => V::F(f64::from_bits(take(rd, 8))),
-        Marker::FixStr(n) => string(rd, n as usize),
-        Marker::Str8 => {
-            let n = take(rd, 1) as usize;
-            string(rd, n)
-        }
-        Marker::FixArray(n) => array(rd, n as usize),
-        Marker::Array16 => {
-            let n = take(rd, 2) as usize;
-            array(rd, n)
-        }
-        Marker::Array32 => {
-            let n = take(rd, 4) as usize;
-            array(rd, n)
-        }
-        other => panic!("unexpected msgpack marker {other:?}"),
-    }
-}
-
 /// One event: (tag, hash, medium); the hash and medium of `AllBlocksCleared` are 0 and "".
 type Ev = (String, u64, String);
 
-/// A positional batch `[ts, events, data_parallel_rank]`, as Dynamo and llm-d read it.
+/// A positional batch `[ts, events, data_parallel_rank]`, as Dynamo and llm-d read it
+/// (decoded with `rmpv`, a consumer's msgpack decoder).
 fn batch_events(mut payload: &[u8]) -> Vec<Ev> {
-    let v = decode(&mut payload);
+    use rmpv::Value;
+    let v = rmpv::decode::read_value(&mut payload).expect("a msgpack batch");
     assert!(payload.is_empty(), "bytes after the batch");
-    let V::A(batch) = v else {
+    let Value::Array(batch) = &v else {
         panic!("a batch is an array: {v:?}")
     };
-    assert!(
-        matches!(batch.as_slice(), [V::F(_), V::A(_), V::U(_)]),
-        "{batch:?}"
-    );
-    let V::A(events) = &batch[1] else {
-        unreachable!()
+    let [Value::F64(_), Value::Array(events), Value::Integer(rank)] = batch.as_slice() else {
+        panic!("{batch:?}")
     };
+    assert!(rank.is_u64(), "{batch:?}");
     events
         .iter()
-        .map(|e| match e {
-            V::A(f) => match (f.first(), f.get(1), f.last()) {
-                (Some(V::S(tag)), Some(V::A(h)), Some(V::S(medium))) => {
-                    let [V::U(hash)] = h.as_slice() else {
+        .map(|e| {
+            let Value::Array(f) = e else {
+                panic!("an event is an array: {e:?}")
+            };
+            match (f.first().and_then(Value::as_str), f.get(1), f.last()) {
+                (Some(tag), Some(Value::Array(h)), Some(medium)) => {
+                    let [Value::Integer(hash)] = h.as_slice() else {
                         panic!("{e:?}")
                     };
-                    (tag.clone(), *hash, medium.clone())
+                    let (Some(hash), Some(medium)) = (hash.as_u64(), medium.as_str()) else {
+                        panic!("{e:?}")
+                    };
+                    (tag.to_string(), hash, medium.to_string())
                 }
-                (Some(V::S(tag)), None, _) => (tag.clone(), 0, String::new()),
+                (Some(tag), None, _) => (tag.to_string(), 0, String::new()),
                 _ => panic!("{e:?}"),
-            },
-            _ => panic!("an event is an array: {e:?}"),
+            }
         })
         .collect()
 }
