@@ -234,13 +234,15 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
         .segments()
         .iter()
         .filter_map(|s| {
-            if s.remote_disk_status().is_some() {
-                // A remote rank's disk: the figures its local service last reported.
+            if let Some(status) = s.remote_disk_status() {
+                // A remote rank's disk: the figures its local service last reported, and the
+                // status it last gave (a heartbeat's, or a failed tier move's since then, as
+                // the fault count reads it).
                 let r = cluster.remote_disk(s.rank());
                 return Some(DiskIo {
                     rank: s.rank().to_string(),
                     path: r.path,
-                    status: r.status,
+                    status,
                     read_bps: r.read_bps,
                     write_bps: r.write_bps,
                 });
