@@ -590,6 +590,15 @@ fn eviction_moves_blobs_down_and_loses_nothing(driver: Driver) {
         seen.contains_key("HBM") && seen.contains_key("DRAM") && seen.contains_key("SSD"),
         "{seen:?}"
     );
+    // Nothing was read yet, so every DRAM copy came down from HBM; nothing was dropped.
+    let m = crate::observability::scrape(&mut c);
+    assert!(
+        m["memcache_demoted_blobs_total"] >= seen["DRAM"] as f64,
+        "{} demoted, {seen:?}",
+        m["memcache_demoted_blobs_total"]
+    );
+    assert_eq!(m["memcache_evict_deleted_objects_total"], 0.0);
+    assert_eq!(m["memcache_flush_failed_total"], 0.0);
     // Every acknowledged object reads back intact, whatever tier it is on.
     for i in 0..n {
         assert_eq!(

@@ -18,6 +18,7 @@ EXPECTED_ALERTS = {
     "MmcTierAboveHighWatermark",
     "MmcEvictionStorm",
     "MmcRewarmFailures",
+    "MmcSsdFlushFailures",
     "MmcKvEventsDropped",
     "MmcStaleRank",
     "MmcLoadShedding",

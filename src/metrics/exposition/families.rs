@@ -8,7 +8,7 @@ use crate::kv_events::KvEventStats;
 use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::ShardStats;
 use crate::metrics::requests::{self, ReqOp};
-use crate::metrics::store::{Op, OpCounters, TierCounters};
+use crate::metrics::store::{Op, OpCounters, StoreStats, TierCounters};
 use crate::metrics::view::{SegmentFigures, Source};
 
 /// The `CamelCase` name of an operation in HELP texts (`BatchGet`).
@@ -422,6 +422,33 @@ const SERVER_SINGLES: &[Single] = &[
 ];
 
 /// The HTTP front end and shard messaging.
+fn store(c: &dyn Source, f: fn(&StoreStats) -> u64) -> u64 {
+    sum(c, |s| f(s.store_stats))
+}
+
+/// What became of the blobs the tiers let go, beyond the contract's tier counters: the
+/// outcomes an operator alerts on (objects the cache dropped, an SSD that takes no flushes).
+const TIER_OUTCOMES: &[Single] = &[
+    (
+        "memcache_demoted_blobs_total",
+        "Blobs moved down between memory tiers (HBM to DRAM) by eviction",
+        "counter",
+        |c| store(c, |s| s.demoted_blobs.get()),
+    ),
+    (
+        "memcache_flush_failed_total",
+        "Flushes to SSD that failed (the memory copy was kept)",
+        "counter",
+        |c| store(c, |s| s.flush_failed.get()),
+    ),
+    (
+        "memcache_evict_deleted_objects_total",
+        "Objects deleted by eviction because no lower tier had room for their last copy",
+        "counter",
+        |c| store(c, |s| s.evicted_objects_deleted.get()),
+    ),
+];
+
 pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
     o.single(
         "memcache_http_requests_total",
@@ -436,6 +463,7 @@ pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
         o.int(name, &[("code", class)], n);
     }
     singles(cluster, o, SERVER_SINGLES);
+    singles(cluster, o, TIER_OUTCOMES);
     render_ha(cluster, o);
 }
 
