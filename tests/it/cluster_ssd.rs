@@ -318,6 +318,13 @@ fn a_faulted_remote_ssd_takes_no_flushes_and_memory_evicts_by_deleting() {
         }
     }
     assert!(found >= 4, "the newest objects stayed in DRAM ({found})");
+    // The meta counts the remote flush that failed and every object eviction deleted.
+    let count = |name: &str| -> u64 { metric(&meta, name).unwrap().parse().unwrap() };
+    assert!(count("memcache_flush_failed_total") >= 1);
+    assert_eq!(
+        count("memcache_evict_deleted_objects_total"),
+        (n - found) as u64
+    );
     let r = follow(
         &meta,
         "GET",

@@ -94,6 +94,11 @@ fn a_local_services_hbm_is_demoted_to_its_own_dram_by_the_local_service() {
         &format!("memcache_evict_operations_total{{rank=\"{rank}\"}}"),
     );
     assert!(evicted >= demoted as f64, "{evicted} evictions");
+    assert_eq!(
+        number(&meta, "memcache_demoted_blobs_total"),
+        demoted as f64,
+        "each object on the rank's DRAM came down once"
+    );
     assert_eq!(number(&meta, "memcache_flush_blobs_total"), 0.0);
     assert_eq!(number(&meta, "memcache_flush_bytes_total"), 0.0);
     let allocated = number(
