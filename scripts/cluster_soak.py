@@ -208,6 +208,7 @@ class Shared:
             self.answers[what] += 1
 
     def fail(self, what, key, detail):
+        detail = f"{detail} (at {time.strftime('%H:%M:%S')})"
         with self.lock:
             self.failures.append((what, key, detail))
             self.answers["FAIL: " + what] += 1
@@ -564,7 +565,9 @@ def main():
                    help="SSD segment per local service (256; 0: no SSD tier)")
     p.add_argument("--budget-mb", type=float, default=None,
                    help="live bytes times replicas to stay under (default: a quarter of the "
-                        "DRAM of all ranks but one, so a drain always has room)")
+                        "DRAM of all ranks but one, so a drain always has room; above what "
+                        "the other ranks' DRAM can take, a drain drops what does not fit and "
+                        "the verdict counts those losses as failures)")
     p.add_argument("--chaos-every", type=float, default=3.0,
                    help="seconds between chaos actions, on average (default 3)")
     p.add_argument("--heartbeat-ms", type=int, default=200)
