@@ -127,7 +127,8 @@ class Conn:
             raise ConnectionError("closed by the server")
         self.buf += chunk
 
-    def read_reply(self, head_only=False):
+    def read_reply(self, head_only=False, interim=False):
+        """The next reply; a 100 Continue is skipped unless `interim` (then it is answered)."""
         while b"\r\n\r\n" not in self.buf:
             self._fill()
         end = self.buf.index(b"\r\n\r\n") + 4
@@ -139,6 +140,8 @@ class Conn:
             headers[k.strip().lower()] = v.strip()
         if status == 100:
             self.buf = self.buf[end:]
+            if interim:
+                return Reply(status, headers, b"")
             return self.read_reply(head_only)
         length = 0 if head_only else int(headers.get("content-length", "0"))
         while len(self.buf) < end + length:

@@ -8,9 +8,11 @@
 //! xxh3-64 an SSD blob's bytes must match when read; 0 otherwise) — and the first 16 bytes of
 //! an HMAC-SHA256 over the
 //! object's key, the fields and the next hop's URL (a replicated put's chain), in hex. Only
-//! the meta service and its local services hold the key (handed to a local service when it
-//! joins, over the cluster-token-authenticated join), so a grant cannot be forged or altered:
-//! changing the key, the rank, the blob or the operation breaks the MAC. Grants are short-lived
+//! the meta service and its local services hold the key (each local service its own, derived
+//! from the meta's for its rank and incarnation and handed to it when it joins, over the
+//! cluster-token-authenticated join), so a grant cannot be forged or altered: changing the
+//! key, the rank, the blob or the operation breaks the MAC, and a grant given to a process
+//! that has since been replaced on its rank does not verify on its successor. Grants are short-lived
 //! (`ock.mmc.cluster.grant_ttl_ms`, and a read's never outlives its lease).
 //!
 //! This module is pure (no I/O): it encodes, signs and checks.
@@ -127,6 +129,20 @@ impl GrantKey {
         GrantKey::from_bytes(raw)
     }
 
+    /// The key of one local service: rank `rank` in its incarnation `incarnation`. A meta
+    /// hands it to that service when it joins and signs the grants on the rank's blobs with
+    /// it, so a grant given while another process held the rank (one killed and restarted on
+    /// the same address) does not verify on its successor, whose memory holds other bytes.
+    pub fn for_member(&self, rank: u32, incarnation: u64) -> GrantKey {
+        let mut ctx = hmac::Context::with_key(&self.key);
+        ctx.update(b"mmc local service grant key\n");
+        ctx.update(&rank.to_be_bytes());
+        ctx.update(&incarnation.to_be_bytes());
+        let mut raw = [0u8; 32];
+        raw.copy_from_slice(&ctx.sign().as_ref()[..32]);
+        GrantKey::from_bytes(raw)
+    }
+
     pub fn to_hex(&self) -> String {
         hex(&self.raw)
     }
@@ -145,6 +161,12 @@ impl GrantKey {
         ctx.update(b"\n");
         ctx.update(next);
         ctx.sign()
+    }
+}
+
+impl std::fmt::Debug for GrantKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrantKey(..)")
     }
 }
 
@@ -223,6 +245,14 @@ impl Grant {
             return Err(GrantError::Expired);
         }
         Ok(grant)
+    }
+}
+
+impl Grant {
+    /// The rank a `grant` parameter names, unverified: which key to verify it with.
+    pub fn rank_in(text: &str) -> Option<u32> {
+        let (fields, _) = text.rsplit_once('.')?;
+        parse_fields(fields).map(|g| g.rank)
     }
 }
 
@@ -377,6 +407,23 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_members_grants_verify_only_with_that_members_key() {
+        let master = GrantKey::random();
+        let mine = master.for_member(2, 77);
+        let text = sample().sign(&mine, b"k", b"");
+        assert!(Grant::verify(&master.for_member(2, 77), &text, b"k", b"", 0).is_ok());
+        // The rank's next incarnation, another rank, the master key itself: refused.
+        for other in [master.for_member(2, 78), master.for_member(3, 77), master] {
+            assert_eq!(
+                Grant::verify(&other, &text, b"k", b"", 0),
+                Err(GrantError::BadMac)
+            );
+        }
+        assert_eq!(Grant::rank_in(&text), Some(2));
+        assert_eq!(Grant::rank_in("1.2.3"), None);
     }
 
     #[test]

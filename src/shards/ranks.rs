@@ -385,16 +385,24 @@ impl Shard {
         &self,
         rank: u32,
         url: &str,
+        incarnation: u64,
         segments: &[(Medium, u64)],
     ) -> Result<(), String> {
         let cluster = &self.cluster;
+        let master = cluster
+            .grant_key
+            .get()
+            .ok_or("this meta service has no grant key")?;
         for &(medium, size) in segments {
             let seg = super::store::mount::build_remote_segment(
                 &cluster.segments,
                 rank,
                 medium,
                 size,
-                Backend::Remote(RemoteRank::new(url.to_string())),
+                Backend::Remote(RemoteRank::new(
+                    url.to_string(),
+                    master.for_member(rank, incarnation),
+                )),
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
             )?;

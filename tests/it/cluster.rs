@@ -689,3 +689,53 @@ fn a_local_service_reports_at_once_after_joining() {
     let r = follow(&meta, "PUT", "/api/v1/objects?key=soon", Some(b"soon"));
     assert_eq!(r.json()["success"], true, "{}", r.text());
 }
+
+#[test]
+fn a_read_grant_given_before_a_local_service_restarted_is_refused_by_the_new_one() {
+    // Long leases: the read grant outlives the restart.
+    let meta = meta(&[("ock.mmc.lease_ms", "60000")]);
+    let (mut a, ra) = join(&meta, &[("ock.mmc.local_service.rank", "0")]);
+    let old = object(3);
+    let target = format!("/api/v1/objects?key=old&prefer_rank={ra}");
+    let r = follow(&meta, "PUT", &target, Some(&old));
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // A client takes the read's redirect and is slow to follow it.
+    let r = meta.client().get("/api/v1/objects?key=old");
+    assert_eq!(r.status, 307);
+    let (to, stale_read) = split_location(r.header("location").unwrap());
+    // The local service dies and comes back on the same address and rank before the meta
+    // notices; the fresh memory takes another object of the same size at the same place.
+    let addr_a = a.addr;
+    a.kill9();
+    let _a2 = local_builder(&meta, &[("ock.mmc.local_service.rank", "0")])
+        .listen(&addr_a.to_string())
+        .start();
+    let new: Vec<u8> = old.iter().map(|b| !b).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = follow(
+            &meta,
+            "PUT",
+            "/api/v1/objects?key=new&prefer_rank=0",
+            Some(&new),
+        );
+        if r.status == 200 && r.json()["success"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no put on the restarted rank: {}",
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let q = meta.client().get("/query_key?key=new").json();
+    assert_eq!(q["blobs"][0]["rank"], ra, "{q}");
+    // The grant was for the killed process: the new one refuses it instead of serving the
+    // bytes now at that place.
+    let r = Client::connect(to).get(&stale_read);
+    assert!(r.body != new, "the stale grant read another object's bytes");
+    r.assert_error(403, "Invalid grant: signature does not match");
+    follow(&meta, "GET", "/api/v1/objects?key=old", None).assert_error(200, "Key not found");
+    assert!(follow(&meta, "GET", "/api/v1/objects?key=new", None).body == new);
+}

@@ -167,7 +167,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if mounted.is_empty() {
         // UNDEFINED until the rank's first heartbeat: this answer may reach the service a
         // moment after a put was placed, and it holds no grant key before it reads it.
-        if let Err(e) = ctx.shard.mount_remote(rank, url, &segments) {
+        if let Err(e) = ctx.shard.mount_remote(rank, url, incarnation, &segments) {
             log::error!("could not mount rank {rank}'s segments: {e}");
             cluster.ranks.leave(rank, incarnation);
             return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
@@ -187,10 +187,11 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let catalog = joined.fresh.then_some(catalog_follows);
     cluster.ranks.await_first_beat(rank, catalog);
     log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
+    // The service's own key: grants given to an earlier process on this rank do not verify.
     let key = cluster
         .grant_key
         .get()
-        .map(|k| k.to_hex())
+        .map(|k| k.for_member(rank, incarnation).to_hex())
         .unwrap_or_default();
     json_answer(
         ctx,

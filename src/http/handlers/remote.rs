@@ -81,6 +81,19 @@ pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
     ctx.shard.cluster.grant_key.get()
 }
 
+/// On the meta service, the key a grant a local service sends back (a commit, a damaged
+/// copy) was signed with: the current local service's of the rank it names, or this
+/// process's own for its own ranks. `None` for a rank no longer mounted.
+pub(super) fn signing_key(ctx: &Ctx<'_>, text: &[u8]) -> Option<Arc<crate::grant::GrantKey>> {
+    let rank = Grant::rank_in(std::str::from_utf8(text).ok()?)?;
+    if u64::from(rank) < ctx.shard.cluster.config.store.ranks {
+        return grant_key(ctx);
+    }
+    let segs = ctx.shard.cluster.remote_segments_of(rank);
+    let remote = segs.first()?.backend.remote()?;
+    Some(remote.grant_key.clone())
+}
+
 /// How long a grant request waits for this local service's join to finish. A first join no
 /// longer needs it: the meta keeps a joining rank's segments UNDEFINED (no put placed, nobody
 /// sent to write) until the heartbeat that follows its answer. It serves the one case left: a
@@ -100,7 +113,7 @@ async fn joined(ctx: &Ctx<'_>) {
 pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
     let config = &ctx.shard.cluster.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
-    grant_url(ctx, key, v, GrantOp::Read, ttl, Stamp::default())
+    grant_url(key, v, GrantOp::Read, ttl, Stamp::default())
 }
 
 /// A write-only grant URL for a blob on a remote rank (a drain's move writes there), carrying
@@ -112,22 +125,14 @@ pub(super) fn write_grant_url(
     stamp: Stamp,
 ) -> Option<String> {
     let ttl = ctx.shard.cluster.config.grant_ttl_ms();
-    grant_url(ctx, key, v, GrantOp::Write, ttl, stamp)
+    grant_url(key, v, GrantOp::Write, ttl, stamp)
 }
 
 /// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
-fn grant_url(
-    ctx: &mut Ctx<'_>,
-    key: &[u8],
-    v: &BlobView,
-    op: GrantOp,
-    ttl_ms: u64,
-    stamp: Stamp,
-) -> Option<String> {
+fn grant_url(key: &[u8], v: &BlobView, op: GrantOp, ttl_ms: u64, stamp: Stamp) -> Option<String> {
     let remote = v.seg.backend.remote()?;
-    let gk = grant_key(ctx)?;
     let grant = blob_grant(op, v, stamp, unix_ms() + ttl_ms, v.sum);
-    let text = grant.sign(&gk, key, b"");
+    let text = grant.sign(&remote.grant_key, key, b"");
     Some(object_url(&remote.url, key, &text, None))
 }
 
@@ -249,7 +254,9 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
             sum: 0,
         };
         let n = next.as_deref().unwrap_or("");
-        let text = g.sign(&gk, key, n.as_bytes());
+        // A remote hop's grant under its local service's key, this process's under its own.
+        let signer = b.seg.backend.remote().map_or(&*gk, |r| &*r.grant_key);
+        let text = g.sign(signer, key, n.as_bytes());
         let url = match b.seg.backend.remote() {
             Some(r) => object_url(&r.url, key, &text, next.as_deref()),
             // A copy on this process's own rank: the chain's last hop is here.
@@ -710,8 +717,8 @@ pub(super) async fn cluster_commit(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Resp
         Ok(v) => v.as_deref() != Some(b"0"),
         Err(r) => return r,
     };
-    let Some(gk) = grant_key(ctx) else {
-        return forbidden(ctx, GrantError::NoKey.message());
+    let Some(gk) = signing_key(ctx, &text) else {
+        return forbidden(ctx, "Invalid grant: its rank is not mounted");
     };
     // A commit may arrive just after the grant expired (the body took its whole time): the
     // expiry bounds the writing, which is over; the allocation's reclaim bounds the commit.

@@ -46,12 +46,11 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
         to: &'a BlobView,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (IoOutcome, u64)> + 'a>> {
         Box::pin(async move {
-            let (Some(remote), Some(gk)) = (from.seg.backend.remote(), cluster.grant_key.get())
-            else {
+            let Some(remote) = from.seg.backend.remote() else {
                 return (IoOutcome::Failed, 0);
             };
             let ttl = cluster.config.grant_ttl_ms();
-            let (f, t) = move_grants(&gk, from, to, ttl);
+            let (f, t) = move_grants(&remote.grant_key, from, to, ttl);
             // The local service starts no copy past the grants' expiry; one started just
             // before it gets another HOP_TIMEOUT to end before the destination is let go.
             let wait = std::time::Duration::from_millis(ttl) + HOP_TIMEOUT;
@@ -288,8 +287,8 @@ pub(super) async fn cluster_damaged(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Res
         Ok(kg) => kg,
         Err(r) => return r,
     };
-    let Some(gk) = grant_key(ctx) else {
-        return forbidden(ctx, GrantError::NoKey.message());
+    let Some(gk) = super::remote::signing_key(ctx, &text) else {
+        return forbidden(ctx, "Invalid grant: its rank is not mounted");
     };
     // The report may come just after the read's grant expired: its MAC is the proof.
     let grant = match Grant::verify(&gk, std::str::from_utf8(&text).unwrap_or(""), &key, b"", 0) {

@@ -86,6 +86,10 @@ impl Store {
                 .iter()
                 .any(|&o| o != id && self.blobs[o as usize].seg != seg);
             if elsewhere && !self.doomed(obj) {
+                // A put still being written: its writer's hold on this copy ends here (the
+                // memory is gone). Its commit or abort only releases the copies still
+                // attached, so a detached copy it held would never be freed.
+                self.release_writer(id, now);
                 self.detach_blob(id, now);
             } else {
                 let rank = self.blobs[id as usize].rank;

@@ -1,22 +1,29 @@
 //! A remote rank's segment backend: where its local service answers. The store allocates a
 //! remote segment's ranges like any other's; the bytes are on that service.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
+use crate::grant::GrantKey;
 
 /// Where a remote rank's local service answers.
 #[derive(Debug)]
 pub struct RemoteRank {
     /// Its data-plane base URL, `http://host:port`.
     pub url: String,
+    /// The key the grants on this rank's blobs are signed with: its local service's own,
+    /// for the incarnation that joined ([`crate::grant::GrantKey::for_member`]).
+    pub grant_key: Arc<GrantKey>,
     /// An SSD segment's disk status as the local service last reported it (0 normal, else
     /// the errno of its file's fault): a faulted remote SSD takes no flushes, as a local one.
     disk_status: AtomicU8,
 }
 
 impl RemoteRank {
-    pub fn new(url: String) -> RemoteRank {
+    pub fn new(url: String, grant_key: GrantKey) -> RemoteRank {
         RemoteRank {
             url,
+            grant_key: Arc::new(grant_key),
             disk_status: AtomicU8::new(0),
         }
     }

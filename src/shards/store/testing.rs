@@ -67,8 +67,10 @@ impl TestStore {
             table.insert(seg).expect("mounted");
         }
         for (rank, medium, size) in self.remote {
-            let backend =
-                segment::Backend::Remote(remote::RemoteRank::new("http://127.0.0.1:9".to_string()));
+            let backend = segment::Backend::Remote(remote::RemoteRank::new(
+                "http://127.0.0.1:9".to_string(),
+                crate::grant::GrantKey::random(),
+            ));
             let seg = mount::build_remote_segment(&table, rank, medium, size, backend, 1, 1 << 20)
                 .expect("a remote segment");
             table.insert(seg).expect("mounted");

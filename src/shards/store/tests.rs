@@ -646,3 +646,31 @@ fn a_lost_ranks_leased_blobs_do_not_hold_its_segment_back() {
     assert_eq!(used_on(&s, 1, Medium::Dram), 0);
     s.check();
 }
+
+#[test]
+fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back() {
+    // A replicated put whose writer has not committed yet: one copy on rank 1, one elsewhere.
+    let mut s = remote_hbm_store(8 << 20, |_| {});
+    let placement = Placement {
+        prefer_rank: Some(1),
+        ..Placement::on(Some(Medium::Dram), 2)
+    };
+    let AllocStep::Granted { obj, blobs, .. } = s.alloc(b"w".as_slice().into(), 1 << 20, placement)
+    else {
+        panic!("alloc refused");
+    };
+    let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
+    assert!(
+        ranks.len() == 2 && ranks[0] == 1 && ranks[1] != 1,
+        "{ranks:?}"
+    );
+    let seg = blobs.iter().find(|b| b.seg.rank == 1).unwrap().seg.id;
+    // Rank 1 is lost: its copy's bytes are gone, so the writer's hold on it ends there (its
+    // commit, if it comes, only concerns the copies still attached).
+    assert!(s.drop_segment(seg), "nothing left on the lost segment");
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    s.check();
+    assert!(matches!(s.commit(obj, true), Reply::Done));
+    assert!(s.find(b"w").is_some());
+    s.check();
+}
