@@ -37,6 +37,10 @@ impl Shard {
                 Applied::Now(self.store.borrow_mut().commit(obj, ok))
             }
             Command::Get { key } => self.apply_get(key),
+            Command::GetElsewhere { key, rank } => {
+                let view = self.store.borrow_mut().get_elsewhere(&key, rank);
+                Applied::Now(view.map_or(Reply::NotFound, |v| self.pinned(v)))
+            }
             Command::Exist { key } => {
                 Applied::Now(Reply::Exists(self.store.borrow_mut().exists(&key)))
             }

@@ -42,6 +42,12 @@ pub enum Command {
     Get {
         key: Box<[u8]>,
     },
+    /// A batch read's second try after the copy on remote rank `rank` did not come: a leased,
+    /// pinned memory copy on another rank, or `NotFound` (never a wait or a rewarm).
+    GetElsewhere {
+        key: Box<[u8]>,
+        rank: u32,
+    },
     Exist {
         key: Box<[u8]>,
     },
@@ -130,6 +136,7 @@ impl Command {
             | Command::Alloc { key, .. }
             | Command::Commit { key, .. }
             | Command::Get { key }
+            | Command::GetElsewhere { key, .. }
             | Command::Exist { key }
             | Command::Query { key }
             | Command::Remove { key }

@@ -115,6 +115,23 @@ pub(super) fn follow(meta: &Server, method: &str, target: &str, body: Option<&[u
     Client::connect(addr).request(method, &target, body)
 }
 
+/// A batch_get body: each key's bytes, `None` for a missing one (length `u64::MAX`).
+fn batch_values(body: &[u8]) -> Vec<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        let len = u64::from_be_bytes(body[at..at + 8].try_into().unwrap());
+        at += 8;
+        if len == u64::MAX {
+            out.push(None);
+        } else {
+            out.push(Some(body[at..at + len as usize].to_vec()));
+            at += len as usize;
+        }
+    }
+    out
+}
+
 fn object(i: usize) -> Vec<u8> {
     let len = 1024 + (i * 70_001) % (2 << 20);
     (0..len).map(|j| (j * 31 + i * 7) as u8).collect()
@@ -194,19 +211,8 @@ fn pure_meta_and_two_local_services_place_redirect_and_read_back() {
         .client()
         .get(&format!("/api/v1/objects/batch_get?keys={keys}"));
     assert_eq!(r.status, 200);
-    let mut at = 0;
-    for want in [Some(object(0)), Some(object(1)), Some(object(2)), None] {
-        let len = u64::from_be_bytes(r.body[at..at + 8].try_into().unwrap());
-        at += 8;
-        match want {
-            Some(w) => {
-                assert_eq!(len as usize, w.len());
-                assert!(r.body[at..at + w.len()] == w[..]);
-                at += w.len();
-            }
-            None => assert_eq!(len, u64::MAX),
-        }
-    }
+    let want = [Some(object(0)), Some(object(1)), Some(object(2)), None];
+    assert!(batch_values(&r.body) == want, "batch_get across ranks");
     let e = meta
         .client()
         .get(&format!("/api/v1/objects/batch_exist?keys={keys}"));
@@ -738,4 +744,40 @@ fn a_read_grant_given_before_a_local_service_restarted_is_refused_by_the_new_one
     r.assert_error(403, "Invalid grant: signature does not match");
     follow(&meta, "GET", "/api/v1/objects?key=old", None).assert_error(200, "Key not found");
     assert!(follow(&meta, "GET", "/api/v1/objects?key=new", None).body == new);
+}
+
+#[test]
+fn a_batch_get_reads_the_other_replica_when_a_rank_just_died() {
+    // Long heartbeat timeout: the dead rank stays mounted throughout, as in the seconds
+    // before its loss is declared.
+    let meta = meta(&[("ock.mmc.cluster.heartbeat_timeout_ms", "30000")]);
+    let (mut a, ra) = join(&meta, &[]);
+    let (_b, _rb) = join(&meta, &[]);
+    let keys: Vec<String> = (0..6).map(|i| format!("r-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let target = format!("/api/v1/objects?key={key}&replicas=2&prefer_rank={ra}");
+        let r = follow(&meta, "PUT", &target, Some(&object(i)));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
+    // A single-copy object on the dying rank has nowhere else to be read from.
+    let target = format!("/api/v1/objects?key=only-a&prefer_rank={ra}");
+    let r = follow(&meta, "PUT", &target, Some(b"gone"));
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // The reads are sent to rank a first (its copy is the first of each object).
+    let r = meta.client().get("/api/v1/objects?key=r-0");
+    assert_eq!(r.status, 307);
+    let (to, _) = split_location(r.header("location").unwrap());
+    assert_eq!(to, a.addr, "the first copy is on the preferred rank");
+    a.kill9();
+    let list = format!("{},only-a", keys.join(","));
+    let r = meta
+        .client()
+        .get(&format!("/api/v1/objects/batch_get?keys={list}"));
+    assert_eq!(r.status, 200);
+    let mut want: Vec<Option<Vec<u8>>> = (0..6).map(|i| Some(object(i))).collect();
+    want.push(None);
+    assert!(
+        batch_values(&r.body) == want,
+        "each replicated object read from the live rank; the single copy missing"
+    );
 }

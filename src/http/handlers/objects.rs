@@ -583,35 +583,9 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Reply::Read(p) => Some(p.view.seg.rank),
         _ => None,
     });
-    // A batch spans ranks: remote copies are fetched from their local services under read
-    // grants (one redirect cannot name several hosts), concurrently, before the answer.
-    let mut fetches = Vec::new();
-    let replies: Vec<Result<Reply, Option<usize>>> = replies
-        .into_iter()
-        .zip(&keys)
-        .map(|(r, key)| match r {
-            Reply::Read(p) if p.view.seg.backend.remote().is_some() => {
-                Err(remote::fetch_url(ctx, key, p).map(|f| {
-                    fetches.push(f);
-                    fetches.len() - 1
-                }))
-            }
-            r => Ok(r),
-        })
-        .collect();
-    let mut fetched = remote::fetch_all(fetches).await;
+    let replies = fetch_remote_copies(ctx, &keys, replies).await;
     let mut bytes = 0;
     for r in replies {
-        let r = match r {
-            Ok(r) => r,
-            Err(i) => match i.and_then(|i| fetched[i].take()) {
-                Some(b) => Reply::Value(b),
-                None => {
-                    parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes())));
-                    continue;
-                }
-            },
-        };
         match r {
             Reply::Read(p) => {
                 bytes += p.view.len;
@@ -635,6 +609,61 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Some(rank) => sending(resp, rank, bytes, start),
         None => resp,
     }
+}
+
+/// A batch spans ranks: its remote copies are fetched from their local services under read
+/// grants (one redirect cannot name several hosts), concurrently, before the answer; each
+/// becomes a `Reply::Value`. A copy its local service did not deliver (the rank died and is
+/// not yet declared lost) is read once more from a memory copy on another rank, if the
+/// object has one; a key with no copy delivered is answered missing.
+async fn fetch_remote_copies(
+    ctx: &mut Ctx<'_>,
+    keys: &[Box<[u8]>],
+    mut replies: Vec<Reply>,
+) -> Vec<Reply> {
+    let mut todo: Vec<usize> = (0..replies.len()).collect();
+    for second_try in [false, true] {
+        let mut fetches = Vec::new();
+        let mut fetching = Vec::new();
+        for i in todo {
+            let rank = match &replies[i] {
+                Reply::Read(p) if p.view.seg.backend.remote().is_some() => p.view.seg.rank,
+                _ => continue,
+            };
+            let Reply::Read(p) = std::mem::replace(&mut replies[i], Reply::NotFound) else {
+                continue;
+            };
+            if let Some(f) = remote::fetch_url(ctx, &keys[i], p) {
+                fetches.push(f);
+                fetching.push((i, rank));
+            }
+        }
+        let fetched = remote::fetch_all(fetches).await;
+        let mut failed = Vec::new();
+        for ((i, rank), b) in fetching.into_iter().zip(fetched) {
+            match b {
+                Some(b) => replies[i] = Reply::Value(b),
+                None => failed.push((i, rank)),
+            }
+        }
+        if failed.is_empty() || second_try {
+            break;
+        }
+        let again = failed
+            .iter()
+            .map(|&(i, rank)| Command::GetElsewhere {
+                key: keys[i].clone(),
+                rank,
+            })
+            .collect();
+        let answers = ctx.shard.execute_many(again).await;
+        todo = Vec::with_capacity(failed.len());
+        for ((i, _), r) in failed.into_iter().zip(answers) {
+            replies[i] = r;
+            todo.push(i);
+        }
+    }
+    replies
 }
 
 /// HEAD of a batch_get: the length its GET would send (an 8-byte length per key, and the

@@ -21,6 +21,37 @@ impl Store {
         self.get_inner(key, ReadMode::Direct)
     }
 
+    /// A batch read's second try when the copy it was given, on remote rank `rank`, did not
+    /// come from its local service (the rank died and is not yet declared lost): a readable
+    /// memory copy on another rank, leased and pinned like any read, or `None`. Counted by
+    /// the read that chose the first copy, so not again here.
+    pub fn get_elsewhere(&mut self, key: &[u8], rank: u32) -> Option<BlobView> {
+        let now = self.now_ms();
+        let obj = self.find(key)?;
+        let blob = self.objects[obj as usize]
+            .blobs
+            .iter()
+            .copied()
+            .filter(|&b| {
+                let b = &self.blobs[b as usize];
+                b.state == BlobState::Readable && b.medium.is_memory() && b.rank != rank
+            })
+            .min_by_key(|&b| self.blobs[b as usize].medium)?;
+        self.lease_and_pin(blob, now);
+        let size = self.objects[obj as usize].size;
+        Some(self.view(blob, size))
+    }
+
+    /// A reader's hold on a memory blob: its lease extended, a pin, a touch in the LRU.
+    fn lease_and_pin(&mut self, blob: u32, now: u64) {
+        let lease = now + self.cfg.lease_ms;
+        let b = &mut self.blobs[blob as usize];
+        let (medium, lru) = (b.medium, b.lru);
+        b.lease_until_ms = b.lease_until_ms.max(lease);
+        b.pins += 1;
+        self.lru.touch(medium as usize, lru);
+    }
+
     pub(super) fn get_inner(&mut self, key: &[u8], mode: ReadMode) -> GetStep {
         let now = self.now_ms();
         let Some((obj, blob)) = self
@@ -50,12 +81,11 @@ impl Store {
     /// Serves a read from a memory blob: leased and pinned for the reader, touched in the LRU,
     /// counted as a hit (an SSD hit when it follows the reader's own rewarm).
     fn lease_memory_copy(&mut self, obj: u32, blob: u32, now: u64, rewarmed: bool) -> GetStep {
-        let lease = now + self.cfg.lease_ms;
-        let b = &mut self.blobs[blob as usize];
-        let (medium, rank, lru) = (b.medium, b.rank, b.lru);
-        b.lease_until_ms = b.lease_until_ms.max(lease);
-        b.pins += 1;
-        self.lru.touch(medium as usize, lru);
+        self.lease_and_pin(blob, now);
+        let (medium, rank) = (
+            self.blobs[blob as usize].medium,
+            self.blobs[blob as usize].rank,
+        );
         self.stats.record(Op::Get, Outcome::Success, Some(rank));
         if rewarmed {
             self.stats.tier(rank, |t| t.get_hits_ssd.inc());
