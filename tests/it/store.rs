@@ -826,6 +826,7 @@ fn memory_evict_and_prefetch(driver: Driver) {
     );
     eventually("a1 objects rewarmed", || {
         media(&query(&mut c, "llama@2@0@a1@bf16")) == ["DRAM", "SSD"]
+            && media(&query(&mut c, "llama@2@1@a1@bf16")) == ["DRAM", "SSD"]
     });
     let r = c.request_with(
         "POST",
