@@ -71,8 +71,8 @@ impl Shard {
                 store::Store::drop_segment,
                 "Blobs on the lost segment stayed pinned",
             ),
-            Command::BeginMoves { seg, max } => Applied::Now(Reply::Moves(
-                self.store.borrow_mut().begin_moves(seg, max as usize),
+            Command::BeginMoves { seg, max, room } => Applied::Now(Reply::Moves(
+                self.store.borrow_mut().begin_moves(seg, max as usize, room),
             )),
             Command::FinishMove { dst, ok, .. } => {
                 self.store.borrow_mut().finish_move(dst, ok);

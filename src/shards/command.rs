@@ -84,6 +84,8 @@ pub enum Command {
     BeginMoves {
         seg: SegmentId,
         max: u32,
+        /// Room to make for another shard's skipped objects (bytes per medium).
+        room: super::store::relocate::MediumBytes,
     },
     /// A move's copy ended (`ok`: the new blob holds the bytes).
     FinishMove {
@@ -301,7 +303,8 @@ pub enum Reply {
     },
     Count(u64),
     /// Objects to move off a leaving rank, their new blobs allocated and pinned.
-    Moves(Vec<super::store::relocate::Move>),
+    /// A drain's moves (see `Store::begin_moves`).
+    Moves(super::store::relocate::MovesStep),
     /// Catalog entries: those refused by an adoption, or a rank's blobs.
     Adopted(Vec<super::catalog::Adopted>),
     Entries(Vec<super::catalog::Entry>),

@@ -502,3 +502,54 @@ fn a_rank_with_ssd_leaves_unmounts_and_is_lost_like_dram() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_leaving_rank_s_objects_go_down_to_the_other_rank_s_ssd_when_its_dram_is_full() {
+    let dir_a = temp_dir("cluster-ssd-drain-a");
+    let dir_b = temp_dir("cluster-ssd-drain-b");
+    let len = 1 << 20;
+    let n = 14;
+    let meta = meta(&[("ock.mmc.lease_ms", "100")]);
+    let (mut a, ra) = join(
+        &meta,
+        local(&meta, "8MB", Some(&dir_a), Driver::Uring),
+        &["dram", "ssd"],
+    );
+    for i in 0..n {
+        put(&meta, &format!("g-{i}"), &object(i, len));
+    }
+    wait_on_ssd_only(&meta, "g-0");
+    // The other rank's DRAM holds fewer than the leaving rank's objects; its SSD has room.
+    let (_b, rb) = join(
+        &meta,
+        local(&meta, "8MB", Some(&dir_b), Driver::Uring),
+        &["dram", "ssd"],
+    );
+    let t = Instant::now();
+    let status = a.stop();
+    assert!(status.success(), "{status}");
+    assert!(t.elapsed() < Duration::from_secs(20));
+    wait_segments(
+        &meta,
+        &[format!("rank-{rb}-dram"), format!("rank-{rb}-ssd")],
+        Duration::from_secs(5),
+    );
+    for i in 0..n {
+        let key = format!("g-{i}");
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key={key}"), None);
+        assert_eq!(
+            r.content_type(),
+            "application/octet-stream",
+            "{key} was lost: {}",
+            r.text()
+        );
+        assert!(r.body == object(i, len), "{key} moved intact");
+    }
+    let on_b_ssd = (0..n)
+        .filter(|i| media_of(&meta, &format!("g-{i}")).contains(&"SSD".to_string()))
+        .count();
+    assert!(on_b_ssd > 0, "room was made on rank {rb}'s SSD");
+    let _ = ra;
+    let _ = std::fs::remove_dir_all(&dir_a);
+    let _ = std::fs::remove_dir_all(&dir_b);
+}

@@ -14,7 +14,7 @@ use crate::http::client;
 use crate::http::response::{Response, Status};
 use crate::shards::catalog::{Adopted, Entry, Freed, LogAnswer};
 use crate::shards::ranks::{MAX_RANK, RankReport};
-use crate::shards::store::relocate::Move;
+use crate::shards::store::relocate::{MediumBytes, Move};
 use crate::shards::store::segment::{Medium, Segment, SegmentStatus};
 use crate::shards::{Command, Reply};
 
@@ -392,6 +392,9 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
 
+/// How long a drain waits for room being made on other ranks (their blobs moving down).
+const DRAIN_ROOM_WAIT: Duration = Duration::from_secs(10);
+
 /// Moves every object whose only copy is on these remote segments to other ranks while room
 /// lasts, so a graceful leave or an unmount loses nothing that fits elsewhere. The bytes come
 /// from the leaving local service under read grants and go to the new blobs (in this
@@ -402,22 +405,49 @@ pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
         seg.set_status(SegmentStatus::GracefullyUnmounting);
     }
     let mut moved = 0;
+    // Room made by moving other ranks' blobs down is waited for this long at most (a leaving
+    // local service waits 15 s for its leave's answer).
+    let deadline = Instant::now() + DRAIN_ROOM_WAIT;
+    let shards = ctx.shard.cluster.shard_count().max(1) as u64;
     for seg in segs {
         let id = seg.id;
+        let mut room = MediumBytes::default();
         loop {
+            let asked = room;
             let replies = ctx
                 .shard
-                .broadcast(|| Command::BeginMoves { seg: id, max: 64 })
-                .await;
-            let moves: Vec<Move> = replies
-                .into_iter()
-                .flat_map(|r| match r {
-                    Reply::Moves(m) => m,
-                    _ => Vec::new(),
+                .broadcast(|| Command::BeginMoves {
+                    seg: id,
+                    max: 64,
+                    room: asked,
                 })
-                .collect();
+                .await;
+            let (mut coming, mut need) = (false, MediumBytes::default());
+            let mut moves: Vec<Move> = Vec::new();
+            for r in replies {
+                if let Reply::Moves(step) = r {
+                    coming |= step.coming;
+                    for (n, s) in need.iter_mut().zip(step.need) {
+                        *n += s;
+                    }
+                    moves.extend(step.moves);
+                }
+            }
+            room = MediumBytes::default();
             if moves.is_empty() {
-                break;
+                let needed = need.iter().any(|&n| n > 0);
+                if !needed || Instant::now() >= deadline {
+                    break;
+                }
+                if coming {
+                    monoio::time::sleep(Duration::from_millis(20)).await;
+                } else if asked == MediumBytes::default() {
+                    // The room may be held by other shards' blobs: each makes its share.
+                    room = need.map(|n| n.div_ceil(shards));
+                } else {
+                    break;
+                }
+                continue;
             }
             for m in moves {
                 let ok = copy(ctx, &m).await;

@@ -4,12 +4,16 @@
 use super::*;
 
 impl Store {
+    /// A blob eviction may take: readable, not held by a reader, a move or a rewarm, and not
+    /// on a segment being drained (a leaving rank's blobs are the drain's to move; evicting
+    /// them would move them down into the same leaving rank, or delete them).
     pub(super) fn is_evictable(&self, b: &BlobRec, now: u64) -> bool {
         b.state == BlobState::Readable
             && b.pins == 0
             && b.lease_until_ms <= now
             && !b.flushing
             && !self.objects[b.obj as usize].rewarming
+            && !self.leaving(b.seg)
     }
 
     /// Watermark eviction before an allocation of `need` bytes on `medium`. Going above the
@@ -189,7 +193,7 @@ impl Store {
         let size = self.objects[obj as usize].size;
         let mut tier = medium.lower_tier();
         while let Some(t) = tier {
-            if self.has_readable_on(obj, t) {
+            if self.has_lasting_copy_on(obj, t) {
                 self.detach_blob(id, now);
                 return true;
             }
@@ -225,7 +229,7 @@ impl Store {
         let Some(t) = medium.lower_tier() else {
             return false;
         };
-        if self.has_readable_on(obj, t) {
+        if self.has_lasting_copy_on(obj, t) {
             self.detach_blob(id, now);
             return true;
         }

@@ -52,6 +52,24 @@ impl Store {
         })
     }
 
+    /// Whether the object has a readable copy on `medium` that stays: one on a segment being
+    /// drained does not count (the drain is moving the object off it), so eviction moves a
+    /// copy down instead of dropping it in favour of a copy that is leaving.
+    pub(super) fn has_lasting_copy_on(&self, obj: u32, medium: Medium) -> bool {
+        self.objects[obj as usize].blobs.iter().any(|&b| {
+            let b = &self.blobs[b as usize];
+            b.state == BlobState::Readable && b.medium == medium && !self.leaving(b.seg)
+        })
+    }
+
+    /// Whether a segment is being drained (its rank leaves gracefully).
+    pub(super) fn leaving(&self, seg: SegmentId) -> bool {
+        self.segs
+            .get(seg as usize)
+            .and_then(|s| s.as_ref())
+            .is_some_and(|s| s.seg.status() == segment::SegmentStatus::GracefullyUnmounting)
+    }
+
     pub(super) fn insert_blob(
         &mut self,
         obj: u32,

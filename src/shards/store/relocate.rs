@@ -7,6 +7,21 @@
 use super::*;
 use segment::SegmentStatus;
 
+/// Bytes per medium (indexed by `Medium as usize`): what a drain's skipped objects need, or
+/// the room a shard is asked to make.
+pub type MediumBytes = [u64; Medium::ALL.len()];
+
+/// What one shard's [`Store::begin_moves`] gives the drain.
+#[derive(Debug, Default)]
+pub struct MovesStep {
+    pub moves: Vec<Move>,
+    /// Room for skipped objects is coming (moves down started or in flight): ask again a
+    /// moment later.
+    pub coming: bool,
+    /// The bytes of the objects skipped for want of room, per target medium.
+    pub need: MediumBytes,
+}
+
 /// One object to move: its key, where its bytes are now and where they go.
 #[derive(Debug)]
 pub struct Move {
@@ -20,9 +35,14 @@ pub struct Move {
 impl Store {
     /// Up to `max` objects of this shard whose only readable copy is on `seg`, each with a
     /// new blob allocated on another rank (same medium, else the memory tier below; DRAM for
-    /// an SSD copy; remote ranks allowed). Objects with a move in flight or with no room anywhere are skipped,
-    /// so calling again until it returns nothing terminates.
-    pub fn begin_moves(&mut self, seg: SegmentId, max: usize) -> Vec<Move> {
+    /// an SSD copy; remote ranks allowed). Objects with a move in flight or with no room
+    /// anywhere are skipped, their bytes counted in `need`. Room for them is made where a
+    /// tier below can take it: this shard's least recently used blobs of the medium on other
+    /// ranks are evicted (moved down to their SSD, or dropped where nothing lower has room, as
+    /// for a put), for this shard's own need or the `room` the drain asks of it (another
+    /// shard's objects may need the room this shard's blobs hold), unless moves down are
+    /// under way already. `coming`: room is on its way; call again a moment later.
+    pub fn begin_moves(&mut self, seg: SegmentId, max: usize, room: MediumBytes) -> MovesStep {
         let now = self.now_ms();
         let candidates: Vec<(u32, u32)> = self
             .blobs
@@ -31,6 +51,7 @@ impl Store {
             .map(|(i, b)| (i as u32, b.obj))
             .collect();
         let mut out = Vec::new();
+        let mut need = [0u64; Medium::ALL.len()];
         for (id, obj) in candidates {
             if out.len() >= max {
                 break;
@@ -62,6 +83,9 @@ impl Store {
                 .flatten()
                 .find_map(|t| self.alloc_blob_in(t, size, &[rank], None, true));
             let Some((nseg, off, alen)) = placed else {
+                if let Some(t) = targets[0] {
+                    need[t as usize] += size;
+                }
                 continue;
             };
             let dst = self.insert_blob(obj, nseg, off, alen, BlobState::Allocated, now);
@@ -73,7 +97,42 @@ impl Store {
                 stamp: self.objects[obj as usize].stamp,
             });
         }
-        out
+        let mut step = MovesStep {
+            moves: out,
+            coming: false,
+            need,
+        };
+        let wanted: MediumBytes = std::array::from_fn(|m| need[m].max(room[m]));
+        if wanted.iter().all(|&n| n == 0) {
+            return step;
+        }
+        // Room for the skipped ones: once the moves down started earlier have landed.
+        step.coming = self.flushes_in_flight + self.demotes_in_flight > 0;
+        self.refresh_segments();
+        let leaving = self.segs.get(seg as usize).and_then(|s| s.as_ref());
+        if let Some(leaving) = leaving.map(|s| s.seg.rank)
+            && !step.coming
+        {
+            for medium in Medium::ALL {
+                let n = wanted[medium as usize];
+                if n > 0 && self.tier_below_elsewhere(medium, leaving) {
+                    step.coming |= self.evict_forced(medium, n, now);
+                }
+            }
+        }
+        step
+    }
+
+    /// Whether a rank other than `leaving` has a segment of the tier below `medium` to take
+    /// evicted blobs (else eviction would only delete them).
+    fn tier_below_elsewhere(&self, medium: Medium, leaving: u32) -> bool {
+        let Some(lower) = medium.lower_tier() else {
+            return false;
+        };
+        self.segs
+            .iter()
+            .flatten()
+            .any(|s| s.seg.medium == lower && s.seg.rank != leaving && s.seg.is_allocatable())
     }
 
     /// The copy into a move's new blob ended: `ok` makes it readable (the object now lives
