@@ -565,9 +565,11 @@ def main():
                    help="SSD segment per local service (256; 0: no SSD tier)")
     p.add_argument("--budget-mb", type=float, default=None,
                    help="live bytes times replicas to stay under (default: a quarter of the "
-                        "DRAM of all ranks but one, so a drain always has room; above what "
-                        "the other ranks' DRAM can take, a drain drops what does not fit and "
-                        "the verdict counts those losses as failures)")
+                        "DRAM of all ranks but one, so a drain always has room; above it, a "
+                        "drain makes room by moving the other ranks' DRAM down to their SSD, "
+                        "and what fits in neither is dropped: the verdict counts those losses "
+                        "as failures, so keep the budget under the other ranks' DRAM plus SSD; "
+                        "e.g. --dram-mb 16 --ssd-mb 256 --budget-mb 60)")
     p.add_argument("--chaos-every", type=float, default=3.0,
                    help="seconds between chaos actions, on average (default 3)")
     p.add_argument("--heartbeat-ms", type=int, default=200)

@@ -422,11 +422,12 @@ pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
                     room: asked,
                 })
                 .await;
-            let (mut coming, mut need) = (false, MediumBytes::default());
+            let (mut coming, mut possible, mut need) = (false, false, MediumBytes::default());
             let mut moves: Vec<Move> = Vec::new();
             for r in replies {
                 if let Reply::Moves(step) = r {
                     coming |= step.coming;
+                    possible |= step.room_possible;
                     for (n, s) in need.iter_mut().zip(step.need) {
                         *n += s;
                     }
@@ -436,17 +437,15 @@ pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
             room = MediumBytes::default();
             if moves.is_empty() {
                 let needed = need.iter().any(|&n| n > 0);
-                if !needed || Instant::now() >= deadline {
+                if !needed || !possible || Instant::now() >= deadline {
                     break;
                 }
-                if coming {
-                    monoio::time::sleep(Duration::from_millis(20)).await;
-                } else if asked == MediumBytes::default() {
-                    // The room may be held by other shards' blobs: each makes its share.
+                if !coming {
+                    // The room may be held by other shards' blobs (each makes its share), or
+                    // by leased ones: ask again until their leases end.
                     room = need.map(|n| n.div_ceil(shards));
-                } else {
-                    break;
                 }
+                monoio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
             for m in moves {

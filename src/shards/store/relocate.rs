@@ -20,6 +20,9 @@ pub struct MovesStep {
     pub coming: bool,
     /// The bytes of the objects skipped for want of room, per target medium.
     pub need: MediumBytes,
+    /// A tier below can take what eviction would move to make that room (other ranks have
+    /// SSD), so waiting for leases and moves to end may still make room.
+    pub room_possible: bool,
 }
 
 /// One object to move: its key, where its bytes are now and where they go.
@@ -101,6 +104,7 @@ impl Store {
             moves: out,
             coming: false,
             need,
+            room_possible: false,
         };
         let wanted: MediumBytes = std::array::from_fn(|m| need[m].max(room[m]));
         if wanted.iter().all(|&n| n == 0) {
@@ -110,13 +114,14 @@ impl Store {
         step.coming = self.flushes_in_flight + self.demotes_in_flight > 0;
         self.refresh_segments();
         let leaving = self.segs.get(seg as usize).and_then(|s| s.as_ref());
-        if let Some(leaving) = leaving.map(|s| s.seg.rank)
-            && !step.coming
-        {
+        if let Some(leaving) = leaving.map(|s| s.seg.rank) {
             for medium in Medium::ALL {
                 let n = wanted[medium as usize];
                 if n > 0 && self.tier_below_elsewhere(medium, leaving) {
-                    step.coming |= self.evict_forced(medium, n, now);
+                    step.room_possible = true;
+                    if !step.coming {
+                        step.coming = self.evict_forced(medium, n, now);
+                    }
                 }
             }
         }
