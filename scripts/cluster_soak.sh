@@ -13,15 +13,5 @@
 # Builds the release server unless MMC_SERVER names a binary. Python 3.9+, standard library
 # only. `scripts/cluster_soak.sh --help` lists the options.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-duration=60
-if [[ $# -gt 0 && $1 =~ ^[0-9]+([.][0-9]+)?$ ]]; then
-    duration=$1
-    shift
-fi
-if [[ -z ${MMC_SERVER:-} ]]; then
-    cargo build --release --bin mmc-server
-    MMC_SERVER=target/release/mmc-server
-fi
-exec python3 scripts/cluster_soak.py --server "$MMC_SERVER" --duration "$duration" "$@"
+# The same duration argument and build as the single-server soak.
+MMC_SOAK_SCRIPT=cluster_soak.py exec "$(dirname "$0")/soak.sh" "$@"

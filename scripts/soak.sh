@@ -21,4 +21,5 @@ if [[ -z ${MMC_SERVER:-} ]]; then
     cargo build --release --bin mmc-server
     MMC_SERVER=target/release/mmc-server
 fi
-exec python3 scripts/soak.py --server "$MMC_SERVER" --duration "$duration" "$@"
+# scripts/cluster_soak.sh runs the cluster soak through here (MMC_SOAK_SCRIPT).
+exec python3 "scripts/${MMC_SOAK_SCRIPT:-soak.py}" --server "$MMC_SERVER" --duration "$duration" "$@"
