@@ -28,15 +28,7 @@ impl Store {
     pub fn get_elsewhere(&mut self, key: &[u8], rank: u32) -> Option<BlobView> {
         let now = self.now_ms();
         let obj = self.find(key)?;
-        let blob = self.objects[obj as usize]
-            .blobs
-            .iter()
-            .copied()
-            .filter(|&b| {
-                let b = &self.blobs[b as usize];
-                b.state == BlobState::Readable && b.medium.is_memory() && b.rank != rank
-            })
-            .min_by_key(|&b| self.blobs[b as usize].medium)?;
+        let blob = self.fastest_copy_where(obj, |b| b.medium.is_memory() && b.rank != rank)?;
         self.lease_and_pin(blob, now);
         let size = self.objects[obj as usize].size;
         Some(self.view(blob, size))
@@ -70,11 +62,19 @@ impl Store {
 
     /// The object's readable blob on the fastest medium.
     fn fastest_copy(&self, obj: u32) -> Option<u32> {
+        self.fastest_copy_where(obj, |_| true)
+    }
+
+    /// The object's readable blob on the fastest medium among those `keep` accepts.
+    fn fastest_copy_where(&self, obj: u32, keep: impl Fn(&BlobRec) -> bool) -> Option<u32> {
         self.objects[obj as usize]
             .blobs
             .iter()
             .copied()
-            .filter(|&b| self.blobs[b as usize].state == BlobState::Readable)
+            .filter(|&b| {
+                let b = &self.blobs[b as usize];
+                b.state == BlobState::Readable && keep(b)
+            })
             .min_by_key(|&b| self.blobs[b as usize].medium)
     }
 

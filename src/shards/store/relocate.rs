@@ -54,7 +54,7 @@ impl Store {
             .map(|(i, b)| (i as u32, b.obj))
             .collect();
         let mut out = Vec::new();
-        let mut need = [0u64; Medium::ALL.len()];
+        let mut need = MediumBytes::default();
         for (id, obj) in candidates {
             if out.len() >= max {
                 break;
