@@ -1,33 +1,40 @@
-//! A local service's membership: join the meta service, mount this host's segments under the
-//! rank it gave, report at once (the meta's segments of this rank take puts from that first
-//! report on) and then every `heartbeat_interval_ms`, join again when the meta forgot us
-//! (it restarted, or declared us lost), and leave on a graceful stop.
+//! A local service's membership, carried out: the decisions are the pure machine's
+//! ([`crate::cluster::agent`]: when to join, report, give a meta up, leave, and whether the
+//! catalog may be handed over); this module sends its messages over HTTP, feeds the answers
+//! back, and acts on this process (the grant key, the writers under earlier grants, the
+//! mounted segments, the catalog).
 //!
-//! Runs on its own thread with a small monoio runtime; shards never wait for it. The bytes
-//! themselves never pass here: clients bring them to the shards under grants.
+//! Runs on its own thread with a small monoio runtime; shards never wait for it. Calls run as
+//! tasks whose answers the loop hands to the machine every tick, so a heartbeat goes on while
+//! a leave waits for its drain. The bytes themselves never pass here: clients bring them to
+//! the shards under grants.
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::cluster::agent::{Action, Admission, Agent, AgentConfig, BeatAnswer, Input, JoinAnswer};
+use crate::cluster::catalog::BeatNews;
 use crate::grant::GrantKey;
 use crate::http::{catalog_wire, client};
 use crate::shards::Cluster;
 use crate::shards::store::segment::{Medium, segment_name};
 
-/// How long a join, heartbeat or leave waits for the meta service.
+/// How long a join or heartbeat waits for the meta service.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a leave waits for its answer: the meta drains this rank's objects to other ranks
+/// first (up to 10 s waiting for room, plus the copies), while this service keeps reporting.
+/// Below the 20 s the signal thread waits for the leave.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(18);
 /// Catalog entries a hand-over carries at most, in one heartbeat (about 100 bytes of JSON each
 /// with short keys: well under the meta's default `ock.mmc.http.max_body_bytes` of 64 MB).
 const MAX_HANDED_OVER: usize = 400_000;
-/// Pause between two join attempts while no meta service answers.
-const JOIN_RETRY: Duration = Duration::from_millis(300);
-/// How long after a tier move the agent reports (the meta has landed it by then, usually; the
-/// second report is for a meta that was slower): its `landed` record is what lets the catalog
-/// hand the copy over.
-const AFTER_MOVE_MS: [u64; 2] = [50, 400];
+/// How often the agent looks at its machine's timers and at what its calls brought back.
+const TICK: Duration = Duration::from_millis(10);
 
 /// Starts the agent thread of a local service listening at `listen`.
 pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Result<()> {
@@ -43,16 +50,26 @@ pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Re
     Ok(())
 }
 
-struct Membership {
-    meta: String,
-    rank: u32,
-    interval: Duration,
-    /// The join said a catalog follows: the next heartbeat carries it (until one is answered).
-    hand_over: bool,
-    /// No heartbeat sent since the join: the first goes at once, since the meta keeps this
-    /// rank's segments UNDEFINED (no puts, no redirects) until it arrives.
-    first_beat: bool,
+/// What a call on its way brought back, handed to the loop that steps the machine.
+enum Came {
+    Join {
+        meta: String,
+        answer: JoinAnswer,
+        /// The grant key of an admitting answer.
+        key: Option<GrantKey>,
+    },
+    Beat {
+        epoch: u64,
+        sent_ms: u64,
+        answer: BeatAnswer,
+        news: Option<(BeatNews, u64)>,
+    },
+    Leave {
+        ok: bool,
+    },
 }
+
+type Inbox = Rc<RefCell<Vec<Came>>>;
 
 fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
     let configured = &cluster.config.cluster.local_advertise_url;
@@ -95,188 +112,231 @@ fn ssd_dir(cluster: &Cluster, rank: u32) -> Option<&str> {
 async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let incarnation = incarnation();
     let url = advertise_url(&cluster, listen);
-    let mut member: Option<Membership> = None;
-    let mut last_report = Instant::now() - Duration::from_secs(3600);
-    let mut last_report_ms = 0;
-    // The meta is given up after as long without an answer as it waits for our reports: it
-    // died or lost its leadership, and the list of meta URLs is tried again (with HA, the new
-    // leader admits us; its index of our memory starts empty).
-    let silence_limit = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms);
-    let mut last_heard = Instant::now();
+    let c = &cluster.config.cluster;
+    let config = AgentConfig {
+        meta_urls: c.meta_urls.clone(),
+        rank: c.local_rank,
+        heartbeat_interval_ms: c.heartbeat_interval_ms,
+        heartbeat_timeout_ms: c.heartbeat_timeout_ms,
+    };
+    let mut agent = Agent::new(config, cluster.clock.now_ms());
+    let inbox: Inbox = Rc::default();
+    let mut pending_key: Option<GrantKey> = None;
+    let mut stop_told = false;
     loop {
-        if cluster.local.leaving.load(Ordering::Acquire) {
-            if let Some(m) = &member {
-                leave(&cluster, m, incarnation).await;
+        if cluster.is_shutting_down() && !cluster.local.leaving.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inputs: Vec<Input> = Vec::new();
+        for came in inbox.borrow_mut().drain(..) {
+            match came {
+                Came::Join { meta, answer, key } => {
+                    pending_key = key;
+                    inputs.push(Input::JoinAnswered { meta, answer });
+                }
+                Came::Beat {
+                    epoch,
+                    sent_ms,
+                    answer,
+                    news,
+                } => {
+                    // An answer to an earlier membership's heartbeat is news of a log this
+                    // service no longer follows: dropped.
+                    if agent.membership().map(|(_, e)| e) != Some(epoch) {
+                        continue;
+                    }
+                    if let Some((news, mark)) = news {
+                        cluster.local.catalog().apply(news, mark);
+                    }
+                    inputs.push(Input::BeatAnswered { sent_ms, answer });
+                }
+                Came::Leave { ok } => inputs.push(Input::LeaveAnswered { ok }),
             }
+        }
+        if cluster.local.leaving.load(Ordering::Acquire) && !stop_told {
+            stop_told = true;
+            inputs.push(Input::Stop);
+        }
+        inputs.push(Input::Tick {
+            moved_at_ms: cluster.local.moved_at_ms.load(Ordering::Relaxed),
+        });
+        for input in inputs {
+            let now = cluster.clock.now_ms();
+            let held = cluster.local.catalog().holds_committed();
+            for action in agent.step(input, now, held) {
+                act(
+                    &cluster,
+                    &url,
+                    incarnation,
+                    action,
+                    &inbox,
+                    &mut pending_key,
+                );
+            }
+        }
+        if agent.has_left() {
             cluster.local.left.store(true, Ordering::Release);
             return;
         }
-        if cluster.is_shutting_down() {
-            return;
-        }
-        match &mut member {
-            None => match join(&cluster, &url, incarnation).await {
-                Ok(m) => {
-                    last_report = Instant::now();
-                    last_heard = Instant::now();
-                    member = Some(m);
-                }
-                Err(Fatal::Refused(why)) => {
-                    log::error!("{why}");
-                    // A wrong secret does not fix itself: stop, so the supervisor shows it.
-                    std::process::exit(1);
-                }
-                Err(Fatal::Retry) => monoio::time::sleep(JOIN_RETRY).await,
-            },
-            Some(m) => {
-                // A catalog to hand over goes at once, so the objects are back soon; a tier
-                // move's landing is fetched soon after the move.
-                let moved = cluster.local.moved_at_ms.load(Ordering::Relaxed);
-                let now_ms = crate::grant::unix_ms();
-                let after_move = moved != 0
-                    && AFTER_MOVE_MS
-                        .iter()
-                        .any(|&d| now_ms >= moved + d && last_report_ms < moved + d);
-                let due = last_report.elapsed() >= m.interval || m.first_beat;
-                if due || m.hand_over || after_move {
-                    m.first_beat = false;
-                    last_report = Instant::now();
-                    last_report_ms = now_ms;
-                    match heartbeat(&cluster, m, incarnation).await {
-                        Beat::Heard => last_heard = Instant::now(),
-                        Beat::Unheard if last_heard.elapsed() <= silence_limit => {}
-                        beat => {
-                            log::warn!(
-                                "rank {}: the meta service at {} {}: joining again",
-                                m.rank,
-                                m.meta,
-                                beat.why()
-                            );
-                            member = None;
-                            continue;
-                        }
-                    }
-                }
-                monoio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+        monoio::time::sleep(TICK).await;
     }
 }
 
-enum Fatal {
-    Refused(String),
-    Retry,
-}
-
-async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membership, Fatal> {
-    // Grants of the meta left behind are void from now on: none is accepted until the join's
-    // answer brings the next meta's key, and bodies still arriving under one stop being written.
-    cluster.grant_key.clear();
-    cluster.local.revoke_writers();
-    let segments: Vec<Value> = lent(cluster)
-        .iter()
-        .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
-        .collect();
-    // The catalog of what this service holds follows the join, in the first heartbeat (once
-    // this service has the meta's grant key): a meta that does not know this membership (a
-    // new HA leader, a restarted meta) adopts it. It asks for the rank its memory is mounted
-    // under, so the blobs keep their places.
-    let hand_over = !cluster.local.catalog().entries().is_empty();
-    let rank = cluster
-        .config
-        .cluster
-        .local_rank
-        .or_else(|| hand_over.then(|| cluster.local.rank()).flatten());
-    let body = json!({
-        "rank": rank,
-        "url": url,
-        "incarnation": incarnation,
-        "segments": segments,
-        "catalog_follows": hand_over,
-    });
-    let mut candidates: Vec<String> = cluster.config.cluster.meta_urls.clone();
-    let mut i = 0;
-    while i < candidates.len() {
-        let meta = candidates[i].clone();
-        i += 1;
-        let answer = tell(
-            cluster,
-            &meta,
-            "/cluster/v1/join",
-            body.clone(),
-            CALL_TIMEOUT,
-        )
-        .await;
-        let a = match answer {
-            Ok(a) => a,
-            // A certificate refused on either side does not fix itself, like a wrong secret.
-            Err(e) if e.contains(client::UNTRUSTED) => {
-                return Err(Fatal::Refused(format!(
-                    "the meta service at {meta} and this local service do not trust each other's TLS certificates (ock.mmc.cluster.tls.ca.path, cert.path): not joining: {e}"
-                )));
-            }
-            Err(e) => {
-                log::debug!("join: {e}");
-                continue;
-            }
-        };
-        match a.status {
-            200 => {}
-            307 => {
-                // An HA standby: the leader is where it points (tried next, once).
-                if let Some(leader) = a.location.as_deref().and_then(base_of)
-                    && !candidates.contains(&leader)
-                {
-                    candidates.insert(i, leader);
-                }
-                continue;
-            }
-            401 => {
-                return Err(Fatal::Refused(format!(
-                    "the meta service at {meta} refused this local service's cluster token (ock.mmc.cluster.token / MMC_CLUSTER_TOKEN): not joining"
-                )));
-            }
-            s => {
-                log::warn!(
-                    "the meta service at {meta} refused the join ({s}): {}",
-                    String::from_utf8_lossy(&a.body)
-                );
-                continue;
-            }
-        }
-        let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
-        let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
-        let key = v
-            .get("grant_key")
-            .and_then(Value::as_str)
-            .and_then(GrantKey::from_hex);
-        let (Some(rank), Some(key)) = (rank, key) else {
-            log::warn!("the meta service at {meta} answered a join without rank or grant key");
-            continue;
-        };
-        let interval = v
-            .get("heartbeat_interval_ms")
-            .and_then(Value::as_u64)
-            .unwrap_or(cluster.config.cluster.heartbeat_interval_ms);
-        if let Err(e) = mount_as(cluster, rank) {
-            return Err(Fatal::Refused(format!(
-                "cannot mount this host's segments as rank {rank}: {e}"
-            )));
-        }
-        cluster.grant_key.set(key);
-        cluster.local.set(rank, meta.clone());
-        // A new membership's freed log starts at sequence 0.
-        cluster.local.catalog().reset_ack();
-        log::info!("joined the meta service at {meta} as rank {rank} (serving at {url})");
-        return Ok(Membership {
-            meta: meta.clone(),
+/// Carries out one action of the machine.
+fn act(
+    cluster: &Arc<Cluster>,
+    url: &str,
+    incarnation: u64,
+    action: Action,
+    inbox: &Inbox,
+    pending_key: &mut Option<GrantKey>,
+) {
+    match action {
+        Action::Join {
+            meta,
             rank,
-            interval: Duration::from_millis(interval.max(10)),
+            catalog_follows,
+        } => {
+            // Grants of the meta left behind are void from now on: none is accepted until the
+            // join's answer brings the next meta's key, and bodies still arriving under one
+            // stop being written.
+            cluster.grant_key.clear();
+            cluster.local.revoke_writers();
+            cluster.local.set_joined(false);
+            let body = json!({
+                "rank": rank,
+                "url": url,
+                "incarnation": incarnation,
+                "segments": lent(cluster)
+                    .iter()
+                    .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
+                    .collect::<Vec<Value>>(),
+                "catalog_follows": catalog_follows,
+            });
+            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            monoio::spawn(async move {
+                let (answer, key) = join(&cluster, &meta, body).await;
+                inbox.borrow_mut().push(Came::Join { meta, answer, key });
+            });
+        }
+        Action::Become { meta, rank, epoch } => {
+            if let Err(e) = mount_as(cluster, rank) {
+                log::error!("cannot mount this host's segments as rank {rank}: {e}");
+                std::process::exit(1);
+            }
+            if let Some(key) = pending_key.take() {
+                cluster.grant_key.set(key);
+            }
+            cluster.local.set(rank, meta);
+            cluster.local.set_epoch(epoch);
+            // A new membership's freed log starts at sequence 0.
+            cluster.local.catalog().reset_ack();
+            cluster.local.set_joined(true);
+        }
+        Action::DiscardCatalog => cluster.local.catalog().clear(),
+        Action::Beat {
+            meta,
+            rank,
+            epoch,
             hand_over,
-            first_beat: true,
-        });
+        } => {
+            let sent_ms = cluster.clock.now_ms();
+            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            monoio::spawn(async move {
+                let (answer, news) =
+                    heartbeat(&cluster, &meta, rank, epoch, incarnation, hand_over).await;
+                inbox.borrow_mut().push(Came::Beat {
+                    epoch,
+                    sent_ms,
+                    answer,
+                    news,
+                });
+            });
+        }
+        Action::Leave { meta, rank, epoch } => {
+            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            monoio::spawn(async move {
+                let ok = leave(&cluster, &meta, rank, epoch, incarnation).await;
+                inbox.borrow_mut().push(Came::Leave { ok });
+            });
+        }
+        Action::Exit(Some(why)) => {
+            log::error!("{why}");
+            // A wrong secret does not fix itself: stop, so the supervisor shows it.
+            std::process::exit(1);
+        }
+        Action::Exit(None) => {}
+        Action::Warn(m) => log::warn!("{m}"),
+        Action::Info(m) => log::info!("{m}"),
     }
-    Err(Fatal::Retry)
+}
+
+/// One join call to `meta`: the answer as the machine reads it, with the grant key when
+/// admitted.
+async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option<GrantKey>) {
+    let a = match tell(cluster, meta, "/cluster/v1/join", body, CALL_TIMEOUT).await {
+        Ok(a) => a,
+        // A certificate refused on either side does not fix itself, like a wrong secret.
+        Err(e) if e.contains(client::UNTRUSTED) => {
+            return (
+                JoinAnswer::Fatal(format!(
+                    "the meta service at {meta} and this local service do not trust each other's TLS certificates (ock.mmc.cluster.tls.ca.path, cert.path): not joining: {e}"
+                )),
+                None,
+            );
+        }
+        Err(e) => {
+            log::debug!("join {meta}: {e}");
+            return (JoinAnswer::Failed, None);
+        }
+    };
+    match a.status {
+        200 => {}
+        // An HA standby: the leader is where it points.
+        307 => {
+            return match a.location.as_deref().and_then(base_of) {
+                Some(leader) => (JoinAnswer::Redirect(leader), None),
+                None => (JoinAnswer::Failed, None),
+            };
+        }
+        401 => {
+            return (
+                JoinAnswer::Fatal(format!(
+                    "the meta service at {meta} refused this local service's cluster token (ock.mmc.cluster.token / MMC_CLUSTER_TOKEN): not joining"
+                )),
+                None,
+            );
+        }
+        s => {
+            log::warn!(
+                "the meta service at {meta} refused the join ({s}): {}",
+                String::from_utf8_lossy(&a.body)
+            );
+            return (JoinAnswer::Failed, None);
+        }
+    }
+    let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
+    let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
+    let epoch = v.get("epoch").and_then(Value::as_u64);
+    let key = v
+        .get("grant_key")
+        .and_then(Value::as_str)
+        .and_then(GrantKey::from_hex);
+    let (Some(rank), Some(epoch), Some(key)) = (rank, epoch, key) else {
+        log::warn!("the meta service at {meta} answered a join without rank, epoch or grant key");
+        return (JoinAnswer::Failed, None);
+    };
+    let c = &cluster.config.cluster;
+    let ms = |name: &str, default: u64| v.get(name).and_then(Value::as_u64).unwrap_or(default);
+    let admission = Admission {
+        rank,
+        epoch,
+        heartbeat_interval_ms: ms("heartbeat_interval_ms", c.heartbeat_interval_ms),
+        heartbeat_timeout_ms: ms("heartbeat_timeout_ms", c.heartbeat_timeout_ms),
+        ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
+        discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
+    };
+    (JoinAnswer::Admitted(admission), Some(key))
 }
 
 /// `http[s]://host:port` of a URL.
@@ -320,28 +380,6 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// What a heartbeat learned.
-enum Beat {
-    Heard,
-    /// No answer (the meta may be restarting, or gone).
-    Unheard,
-    /// The meta does not know this incarnation (it restarted, or declared us lost).
-    Forgotten,
-    /// The meta is not the leader any more (HA: a standby answers 307 or 503).
-    NotLeader,
-}
-
-impl Beat {
-    fn why(&self) -> &'static str {
-        match self {
-            Beat::Heard => "answered",
-            Beat::Unheard => "has not answered for the heartbeat timeout",
-            Beat::Forgotten => "no longer knows this service",
-            Beat::NotLeader => "is not the leader any more",
-        }
-    }
-}
-
 /// The catalog a heartbeat hands over: at most [`MAX_HANDED_OVER`] entries, the newest.
 fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
     let mut entries = cluster.local.catalog().entries();
@@ -356,16 +394,25 @@ fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
     entries.iter().map(catalog_wire::entry_json).collect()
 }
 
-/// One report.
-async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> Beat {
+/// One report: how it went, and the catalog news it brought (with the mark taken when it was
+/// sent).
+async fn heartbeat(
+    cluster: &Cluster,
+    meta: &str,
+    rank: u32,
+    epoch: u64,
+    incarnation: u64,
+    hand_over: bool,
+) -> (BeatAnswer, Option<(BeatNews, u64)>) {
     let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
     let (ack, mark) = {
         let c = cluster.local.catalog();
         (c.acked(), c.mark())
     };
     let mut body = json!({
-        "rank": m.rank,
+        "rank": rank,
         "incarnation": incarnation,
+        "epoch": epoch,
         "gets": gets,
         "get_bytes": get_bytes,
         "puts": puts,
@@ -384,47 +431,28 @@ async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> B
             body["ssd_write_bps"] = json!(written / window);
         }
     }
-    if m.hand_over {
+    if hand_over {
         body["catalog"] = Value::Array(catalog_to_hand_over(cluster));
     }
-    match tell(
-        cluster,
-        &m.meta,
-        "/cluster/v1/heartbeat",
-        body,
-        CALL_TIMEOUT,
-    )
-    .await
-    {
+    match tell(cluster, meta, "/cluster/v1/heartbeat", body, CALL_TIMEOUT).await {
         Ok(a) if a.status == 200 => {
-            m.hand_over = false;
             // The blobs the meta freed since the last acknowledged sequence.
             let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
-            if let Some(news) = catalog_wire::parse_news(&v) {
-                cluster.local.catalog().apply(news, mark);
-            }
-            Beat::Heard
+            let news = catalog_wire::parse_news(&v).map(|n| (n, mark));
+            (BeatAnswer::Heard, news)
         }
-        Ok(a) if a.status == 413 && m.hand_over => {
-            // The catalog does not fit the meta's body limit: it is not handed over (the meta
-            // takes the next, plain heartbeat as an empty catalog; this memory is reused).
-            log::error!(
-                "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
-                m.meta
-            );
-            m.hand_over = false;
-            cluster.local.catalog().clear();
-            Beat::Heard
-        }
-        Ok(a) if a.status == 409 => Beat::Forgotten,
-        Ok(a) if a.status == 307 || a.status == 503 => Beat::NotLeader,
+        // The catalog does not fit the meta's body limit: it is not handed over (the meta
+        // takes the next, plain heartbeat as an empty catalog; this memory is reused).
+        Ok(a) if a.status == 413 && hand_over => (BeatAnswer::CatalogTooLarge, None),
+        Ok(a) if a.status == 409 => (BeatAnswer::Forgotten, None),
+        Ok(a) if a.status == 307 || a.status == 503 => (BeatAnswer::NotLeader, None),
         Ok(a) => {
-            log::warn!("heartbeat refused by {} ({})", m.meta, a.status);
-            Beat::Unheard
+            log::warn!("heartbeat refused by {meta} ({})", a.status);
+            (BeatAnswer::Unheard, None)
         }
         Err(e) => {
             log::warn!("heartbeat: {e}");
-            Beat::Unheard
+            (BeatAnswer::Unheard, None)
         }
     }
 }
@@ -454,22 +482,18 @@ fn traffic(cluster: &Cluster) -> (u64, u64, u64, u64) {
     t
 }
 
-async fn leave(cluster: &Cluster, m: &Membership, incarnation: u64) {
-    let body = json!({"rank": m.rank, "incarnation": incarnation});
-    match tell(
-        cluster,
-        &m.meta,
-        "/cluster/v1/leave",
-        body,
-        Duration::from_secs(15),
-    )
-    .await
-    {
-        Ok(a) if a.status == 200 => {
-            log::info!("left the meta service at {} (rank {})", m.meta, m.rank)
+async fn leave(cluster: &Cluster, meta: &str, rank: u32, epoch: u64, incarnation: u64) -> bool {
+    let body = json!({"rank": rank, "incarnation": incarnation, "epoch": epoch});
+    match tell(cluster, meta, "/cluster/v1/leave", body, LEAVE_TIMEOUT).await {
+        Ok(a) if a.status == 200 => true,
+        Ok(a) => {
+            log::warn!("leave refused by {meta} ({})", a.status);
+            false
         }
-        Ok(a) => log::warn!("leave refused by {} ({})", m.meta, a.status),
-        Err(e) => log::warn!("leave: {e}"),
+        Err(e) => {
+            log::warn!("leave: {e}");
+            false
+        }
     }
 }
 

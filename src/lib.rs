@@ -20,6 +20,7 @@
 pub mod accel;
 pub mod agent;
 pub mod cli;
+pub mod cluster;
 pub mod common;
 pub mod config;
 pub mod grant;

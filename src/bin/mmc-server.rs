@@ -136,7 +136,7 @@ fn main() -> ExitCode {
                             if cluster.config.cluster.role == mmc::config::Role::Local {
                                 // Leave the meta service first (it stops sending clients
                                 // here), then stop; bounded if the meta does not answer.
-                                log::info!("{name}: leaving the meta service");
+                                log::info!("{name}: a local service leaves its meta service before it stops");
                                 cluster
                                     .local
                                     .leaving

@@ -7,8 +7,8 @@
 
 use serde_json::{Value, json};
 
+use crate::cluster::catalog::{BeatNews, Entry, Freed, Stamp};
 use crate::grant::{hex, unhex};
-use crate::shards::catalog::{BeatNews, Entry, Freed, Stamp};
 use crate::shards::store::segment::Medium;
 
 fn medium_of(v: &Value) -> Option<Medium> {

@@ -11,7 +11,7 @@
 //! each requester once per batch. This module does no socket I/O.
 
 mod apply;
-pub mod catalog;
+pub use crate::cluster::catalog;
 mod cluster;
 pub mod command;
 mod figures;

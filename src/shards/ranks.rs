@@ -1,27 +1,28 @@
 //! Remote ranks: the local services on other hosts that lend this meta service their memory.
 //!
-//! The meta keeps one [`RankEntry`] per rank that joined: its data-plane URL, its incarnation
-//! (a restarted local service is a new incarnation, its memory empty), when it last reported,
-//! and whether it is live, lost or leaving. Its segments are ordinary entries of the segment
+//! The meta keeps one membership per rank that joined ([`crate::cluster::members`]: its
+//! data-plane URL, its incarnation, the epoch its join was given, when it last reported, and
+//! whether it is live, leaving or lost). Its segments are ordinary entries of the segment
 //! table with a [`Backend::Remote`]: the store allocates their ranges and keeps their index like
 //! any other segment's; only the bytes are elsewhere. A rank that stops reporting for
 //! `ock.mmc.cluster.heartbeat_timeout_ms` is lost: shard 0's tick notices it and
-//! [`Shard::drop_rank`] drops its segments (objects with a copy elsewhere stay readable).
+//! [`Shard::drop_rank`] drops that membership's segments (objects with a copy elsewhere stay
+//! readable). Segments are tagged with their membership's epoch, so dropping one membership's
+//! never touches a later one's (a restarted service joined meanwhile).
 //!
 //! On a local service the same [`Cluster`] holds [`LocalIdentity`]: the rank the meta gave it
 //! and the meta's URL.
 
-use std::collections::BTreeMap;
+use arc_swap::ArcSwapOption;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use arc_swap::ArcSwapOption;
 
 use super::store::remote::RemoteRank;
 use super::store::segment::{Backend, Medium, SegRef, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
+pub use crate::cluster::members::MAX_RANK;
+use crate::cluster::members::Members;
 
 /// Traffic a local service reports with each heartbeat (since its start), and its SSD
 /// file's figures when it lends one.
@@ -40,61 +41,18 @@ pub struct RankReport {
     pub ssd_write_bps: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RankState {
-    Live,
-    /// No report for `heartbeat_timeout_ms`: its segments are (being) dropped; its
-    /// `memcache_metric_stale` is 1 until it joins again.
-    Lost,
-}
-
-#[derive(Clone, Debug)]
-pub struct RankEntry {
-    pub url: String,
-    pub incarnation: u64,
-    pub last_seen: Instant,
-    pub state: RankState,
-    pub segments: Vec<(Medium, u64)>,
-    pub report: RankReport,
-    /// The leadership (`view_version`, 0 without HA) the rank joined under: a membership from
-    /// an earlier leadership of this meta is stale (the rank must join again, with its
-    /// catalog, since another leader may have changed what it holds meanwhile).
-    pub view: u64,
-    /// Joined fresh saying its catalog follows: its next heartbeat carries it.
-    pub awaiting_catalog: bool,
-    /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
-    /// (no put is placed there, nobody is sent there to write) until one does, since only a
-    /// heartbeat proves the local service read the answer and holds the grant key.
-    pub awaiting_beat: bool,
-}
-
-/// What a join decided.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Joined {
-    pub rank: u32,
-    /// The rank was still live under another incarnation (a restart faster than the
-    /// heartbeat timeout): its old segments must be dropped before the new ones are mounted.
-    pub replaced: bool,
-    /// A new membership (not the same incarnation asking again): anything still mounted for
-    /// the rank is from an earlier one and is dropped before its segments are mounted.
-    pub fresh: bool,
-}
-
-/// The meta's table of remote ranks.
+/// The meta's table of remote ranks: the membership machine ([`Members`]) behind a mutex,
+/// for the HTTP handlers of the membership messages and shard 0's loss check.
 #[derive(Default)]
 pub struct RankRegistry {
     /// Taken by joins, heartbeats (one per rank per interval) and shard 0's loss check;
     /// never by a data-plane request.
     // LOCK-OK: membership changes and reports only, never per request
-    inner: Mutex<BTreeMap<u32, RankEntry>>,
+    inner: Mutex<Members<RankReport>>,
     /// Whether this meta's listen address is a loopback one (resolved once: a host name is
     /// not looked up again on a shard for every join and heartbeat).
     loopback: std::sync::OnceLock<bool>,
 }
-
-/// The highest rank a local service may take (ranks are 42-bit-shifted in gvas; this keeps
-/// them within a u32 and well clear of embedded ones).
-pub const MAX_RANK: u32 = 1 << 20;
 
 impl RankRegistry {
     /// Whether `listen` (this meta's listen address) is a loopback address, resolved on the
@@ -108,184 +66,19 @@ impl RankRegistry {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, RankEntry>> {
+    /// The membership machine, for one step.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Members<RankReport>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Admits a local service: `wanted` is its configured rank, `None` for the lowest free
-    /// one at or above `first_free` (the embedded ranks come first).
-    #[allow(clippy::too_many_arguments)] // what a join says, plus the leadership and the time
-    pub fn join(
-        &self,
-        view: u64,
-        wanted: Option<u32>,
-        url: &str,
-        incarnation: u64,
-        segments: Vec<(Medium, u64)>,
-        first_free: u32,
-        now: Instant,
-    ) -> Result<Joined, String> {
-        let mut ranks = self.lock();
-        let rank = match wanted {
-            Some(r) if r < first_free => {
-                return Err(format!(
-                    "rank {r} is one of this meta service's embedded ranks (0 to {})",
-                    first_free - 1
-                ));
-            }
-            Some(r) if r > MAX_RANK => return Err(format!("rank {r} is above {MAX_RANK}")),
-            Some(r) => r,
-            None => {
-                // The same service asking again (its answer was lost) keeps its rank; one
-                // coming back with the same URL gets its old number again.
-                let mine = ranks
-                    .iter()
-                    .find(|(_, e)| e.url == url && e.incarnation == incarnation)
-                    .or_else(|| {
-                        ranks
-                            .iter()
-                            .find(|(_, e)| e.url == url && e.state == RankState::Lost)
-                    })
-                    .map(|(&r, _)| r);
-                match mine {
-                    Some(r) => r,
-                    None => (first_free..=MAX_RANK)
-                        .find(|r| !ranks.contains_key(r))
-                        .ok_or("no free rank")?,
-                }
-            }
-        };
-        let replaced = match ranks.get(&rank) {
-            Some(e)
-                if e.state == RankState::Live && e.incarnation == incarnation && e.view == view =>
-            {
-                // The same service asking again (its answer was lost): nothing changes.
-                return Ok(Joined {
-                    rank,
-                    replaced: false,
-                    fresh: false,
-                });
-            }
-            Some(e) if e.state == RankState::Live && e.view == view && wanted.is_none() => {
-                return Err(format!("rank {rank} is taken by {}", e.url));
-            }
-            Some(e) => e.state == RankState::Live,
-            None => false,
-        };
-        ranks.insert(
-            rank,
-            RankEntry {
-                url: url.to_string(),
-                incarnation,
-                last_seen: now,
-                state: RankState::Live,
-                segments,
-                report: RankReport::default(),
-                view,
-                awaiting_catalog: false,
-                awaiting_beat: true,
-            },
-        );
-        Ok(Joined {
-            rank,
-            replaced,
-            fresh: true,
-        })
-    }
-
-    /// A heartbeat: false when the rank is unknown, lost, another incarnation or joined under
-    /// another leadership (the local service must join again).
-    pub fn heartbeat(
-        &self,
-        view: u64,
-        rank: u32,
-        incarnation: u64,
-        report: RankReport,
-        now: Instant,
-    ) -> bool {
-        let mut ranks = self.lock();
-        match ranks.get_mut(&rank) {
-            Some(e)
-                if e.incarnation == incarnation && e.state == RankState::Live && e.view == view =>
-            {
-                e.last_seen = now;
-                e.report = report;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// A join was answered: the rank's next heartbeat is its first (its segments turn OK
-    /// then). `catalog` says whether that heartbeat carries the rank's catalog (a fresh join;
-    /// `None`, a repeated one, leaves an awaited catalog awaited).
-    pub fn await_first_beat(&self, rank: u32, catalog: Option<bool>) {
-        if let Some(e) = self.lock().get_mut(&rank) {
-            e.awaiting_beat = true;
-            if let Some(c) = catalog {
-                e.awaiting_catalog = c;
-            }
-        }
-    }
-
-    /// True once per answered join: the heartbeat that follows it (the rank's segments turn
-    /// OK), with whether the join awaited a catalog (this heartbeat carries it).
-    pub fn take_first_beat(&self, rank: u32) -> Option<bool> {
-        let mut ranks = self.lock();
-        let e = ranks.get_mut(&rank)?;
-        std::mem::take(&mut e.awaiting_beat).then(|| std::mem::take(&mut e.awaiting_catalog))
-    }
-
-    /// Marks ranks silent for longer than `timeout` as lost and returns them.
-    pub fn expire(&self, now: Instant, timeout: Duration) -> Vec<u32> {
-        let mut ranks = self.lock();
-        let mut lost = Vec::new();
-        for (&r, e) in ranks.iter_mut() {
-            if e.state == RankState::Live && now.duration_since(e.last_seen) > timeout {
-                e.state = RankState::Lost;
-                lost.push(r);
-            }
-        }
-        lost
-    }
-
-    /// A graceful leave: the rank is forgotten (no stale series: it said goodbye).
-    pub fn leave(&self, rank: u32, incarnation: u64) -> bool {
-        let mut ranks = self.lock();
-        match ranks.get(&rank) {
-            Some(e) if e.incarnation == incarnation => {
-                ranks.remove(&rank);
-                true
-            }
-            _ => false,
-        }
     }
 
     /// Ranks lost and not back yet.
     pub fn lost(&self) -> Vec<u32> {
-        self.lock()
-            .iter()
-            .filter(|(_, e)| e.state == RankState::Lost)
-            .map(|(&r, _)| r)
-            .collect()
+        self.lock().lost()
     }
 
-    /// The last report of a live rank.
+    /// The last report of a reporting rank.
     pub fn report(&self, rank: u32) -> Option<RankReport> {
-        self.lock()
-            .get(&rank)
-            .filter(|e| e.state == RankState::Live)
-            .map(|e| e.report.clone())
-    }
-
-    pub fn entries(&self) -> Vec<(u32, RankEntry)> {
-        self.lock().iter().map(|(&r, e)| (r, e.clone())).collect()
-    }
-
-    pub fn is_live(&self, rank: u32, incarnation: u64) -> bool {
-        self.lock()
-            .get(&rank)
-            .is_some_and(|e| e.state == RankState::Live && e.incarnation == incarnation)
+        self.lock().report(rank)
     }
 }
 
@@ -299,11 +92,15 @@ pub struct LocalIdentity {
     /// A graceful stop began: the agent leaves the meta service, then sets `left`.
     pub leaving: AtomicBool,
     pub left: AtomicBool,
+    /// The epoch of the current membership (`set_epoch`).
+    epoch: std::sync::atomic::AtomicU64,
+    /// Admitted by a meta and not joining again (`set_joined`).
+    joined: AtomicBool,
     /// The blobs this local service holds, handed to a meta that does not know them when it
     /// joins (`shards/catalog.rs`).
     // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
-    pub catalog: Mutex<super::catalog::Catalog>,
-    /// When (Unix ms) this service last answered a tier move whose copy awaits its `landed`
+    pub catalog: Mutex<crate::cluster::catalog::Catalog>,
+    /// When (process clock, ms) this service last answered a tier move whose copy awaits its `landed`
     /// record (0: none): the agent reports soon after, so the catalog learns it within tens of
     /// milliseconds rather than a heartbeat interval.
     pub moved_at_ms: std::sync::atomic::AtomicU64,
@@ -321,10 +118,31 @@ impl LocalIdentity {
             meta_url: ArcSwapOption::empty(),
             leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
+            epoch: Default::default(),
+            joined: AtomicBool::new(false),
             catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
             moved_at_ms: Default::default(),
             writers: Default::default(),
         }
+    }
+
+    /// The epoch of the membership the meta admitted this service under (0 before).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Release);
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether this service is a member of a meta service now (admitted, not joining again):
+    /// `/ready` answers 200 only then.
+    pub fn set_joined(&self, joined: bool) {
+        self.joined.store(joined, Ordering::Release);
+    }
+
+    pub fn joined(&self) -> bool {
+        self.joined.load(Ordering::Acquire)
     }
 
     pub fn set(&self, rank: u32, meta_url: String) {
@@ -352,18 +170,41 @@ impl LocalIdentity {
         self.writers.swap(Arc::default()).revoke();
     }
 
-    pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::catalog::Catalog> {
+    pub fn catalog(&self) -> std::sync::MutexGuard<'_, crate::cluster::catalog::Catalog> {
         self.catalog.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl super::Cluster {
-    /// The mounted segments of remote rank `rank`.
+    /// The mounted segments of remote rank `rank` (whatever membership mounted them).
     pub fn remote_segments_of(&self, rank: u32) -> Vec<Arc<Segment>> {
         self.segments
             .snapshot()
             .iter()
             .filter(|s| s.rank == rank && s.backend.remote().is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// Takes membership `epoch` of `rank`'s segments out of the segment table at once and
+    /// returns them: nothing is placed or read there from now on, and the rank's next
+    /// membership can mount its own under the same names while these are dropped
+    /// ([`Shard::drop_member_segments`]).
+    pub fn unmount_member(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
+        let segs = self.member_segments(rank, epoch);
+        for seg in &segs {
+            seg.set_status(SegmentStatus::Unmounting);
+            self.segments.remove_id(&seg.name, seg.id);
+        }
+        segs
+    }
+
+    /// The mounted segments of membership `epoch` of remote rank `rank`.
+    pub fn member_segments(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
+        self.segments
+            .snapshot()
+            .iter()
+            .filter(|s| s.rank == rank && s.backend.remote().is_some_and(|r| r.epoch == epoch))
             .cloned()
             .collect()
     }
@@ -386,6 +227,7 @@ impl Shard {
         rank: u32,
         url: &str,
         incarnation: u64,
+        epoch: u64,
         segments: &[(Medium, u64)],
     ) -> Result<(), String> {
         let cluster = &self.cluster;
@@ -402,6 +244,7 @@ impl Shard {
                 Backend::Remote(RemoteRank::new(
                     url.to_string(),
                     master.for_member(rank, incarnation),
+                    epoch,
                 )),
                 cluster.shard_count(),
                 cluster.config.store.run_bytes,
@@ -416,12 +259,26 @@ impl Shard {
         Ok(())
     }
 
-    /// Drops every segment of a rank whose bytes are gone (lost, restarted or left): its
-    /// blobs are dropped on every shard (objects with no copy elsewhere removed), then the
-    /// segments leave the table and every shard forgets them.
-    pub async fn drop_rank(self: &Rc<Self>, rank: u32) {
-        for seg in self.cluster.remote_segments_of(rank) {
-            self.drop_remote_segment(&seg).await;
+    /// Drops the segments of membership `epoch` of `rank`, whose bytes are gone or no longer
+    /// this meta's (lost, restarted, left, or replaced by a join under a new leadership).
+    pub async fn drop_rank(self: &Rc<Self>, rank: u32, epoch: u64) {
+        let segs = self.cluster.unmount_member(rank, epoch);
+        self.drop_member_segments(rank, epoch, segs).await;
+    }
+
+    /// Drops the segments [`super::Cluster::unmount_member`] took out of the table: their
+    /// blobs on every shard (objects with no copy elsewhere removed), then every shard forgets
+    /// them. The membership's freed log goes too: what its service held is no longer this
+    /// meta's to describe.
+    pub async fn drop_member_segments(
+        self: &Rc<Self>,
+        rank: u32,
+        epoch: u64,
+        segs: Vec<Arc<Segment>>,
+    ) {
+        self.cluster.freed_logs.retire(rank, epoch);
+        for seg in &segs {
+            self.drop_remote_segment(seg).await;
         }
         for s in self.cluster.shards.iter() {
             s.client.forget_rank(rank);
@@ -449,14 +306,13 @@ impl Shard {
     /// Shard 0's part of the tick on a meta service: ranks silent past the heartbeat timeout
     /// are declared lost and dropped.
     pub(super) fn check_lost_ranks(self: &Rc<Self>) {
-        let timeout = Duration::from_millis(self.cluster.config.cluster.heartbeat_timeout_ms);
-        for rank in self.cluster.ranks.expire(Instant::now(), timeout) {
-            log::error!(
-                "rank {rank} lost: no heartbeat for {} ms; dropping its segments",
-                timeout.as_millis()
-            );
+        let timeout = self.cluster.config.cluster.heartbeat_timeout_ms;
+        let now = self.cluster.clock.now_ms();
+        let lost = self.cluster.ranks.lock().expire(now, timeout);
+        for (rank, epoch) in lost {
+            log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             let me = self.clone();
-            monoio::spawn(async move { me.drop_rank(rank).await });
+            monoio::spawn(async move { me.drop_rank(rank, epoch).await });
         }
     }
 }
@@ -464,71 +320,6 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn segs() -> Vec<(Medium, u64)> {
-        vec![(Medium::Dram, 1 << 20)]
-    }
-
-    #[test]
-    fn ranks_are_assigned_lowest_first_and_kept_by_incarnation() {
-        let reg = RankRegistry::default();
-        let t = Instant::now();
-        assert_eq!(
-            reg.join(0, None, "http://a", 1, segs(), 1, t).unwrap().rank,
-            1
-        );
-        assert_eq!(
-            reg.join(0, None, "http://b", 2, segs(), 1, t).unwrap().rank,
-            2
-        );
-        // The same incarnation again: the same answer, nothing replaced.
-        assert_eq!(
-            reg.join(0, None, "http://a", 1, segs(), 1, t),
-            Ok(Joined {
-                rank: 1,
-                replaced: false,
-                fresh: false
-            })
-        );
-        // A configured rank below the embedded ones is refused; a taken one without a
-        // configured rank is not reassigned.
-        assert!(reg.join(0, Some(0), "http://c", 3, segs(), 1, t).is_err());
-        // A restart of rank 2 (new incarnation, same configured rank) replaces it.
-        assert_eq!(
-            reg.join(0, Some(2), "http://b", 4, segs(), 1, t),
-            Ok(Joined {
-                rank: 2,
-                replaced: true,
-                fresh: true
-            })
-        );
-        assert!(!reg.heartbeat(0, 2, 2, RankReport::default(), t));
-        assert!(reg.heartbeat(0, 2, 4, RankReport::default(), t));
-    }
-
-    #[test]
-    fn the_first_heartbeat_after_each_join_is_taken_once() {
-        let reg = RankRegistry::default();
-        let t = Instant::now();
-        let r = reg.join(0, None, "http://a", 1, segs(), 0, t).unwrap().rank;
-        reg.await_first_beat(r, Some(true));
-        assert!(reg.heartbeat(0, r, 1, RankReport::default(), t));
-        assert_eq!(
-            reg.take_first_beat(r),
-            Some(true),
-            "with the awaited catalog"
-        );
-        assert!(reg.heartbeat(0, r, 1, RankReport::default(), t));
-        assert_eq!(reg.take_first_beat(r), None, "later heartbeats are plain");
-        // The same service joining again (its answer lost): the next heartbeat is a first one
-        // again; a catalog awaited stays awaited.
-        reg.await_first_beat(r, Some(true));
-        reg.await_first_beat(r, None);
-        assert_eq!(reg.take_first_beat(r), Some(true));
-        reg.await_first_beat(r, Some(false));
-        assert_eq!(reg.take_first_beat(r), Some(false));
-        assert_eq!(reg.take_first_beat(99), None, "an unknown rank");
-    }
 
     #[test]
     fn a_new_join_revokes_the_writes_under_earlier_grants() {
@@ -543,39 +334,5 @@ mod tests {
         let after = me.writer_link();
         assert!(!after.is_revoked(), "grants of the new membership write");
         assert!(!Arc::ptr_eq(&before, &after));
-    }
-
-    #[test]
-    fn silent_ranks_are_lost_until_they_join_again() {
-        let reg = RankRegistry::default();
-        let t = Instant::now();
-        reg.join(0, None, "http://a", 1, segs(), 0, t).unwrap();
-        reg.join(0, None, "http://b", 2, segs(), 0, t).unwrap();
-        let later = t + Duration::from_millis(3500);
-        assert!(reg.heartbeat(0, 1, 2, RankReport::default(), later));
-        assert_eq!(reg.expire(later, Duration::from_millis(3000)), vec![0]);
-        assert_eq!(reg.lost(), vec![0]);
-        // Lost once: not reported again; its heartbeats are refused (it must rejoin).
-        assert!(reg.expire(later, Duration::from_millis(3000)).is_empty());
-        assert!(!reg.heartbeat(0, 0, 1, RankReport::default(), later));
-        // It comes back (a restart: a new incarnation) under its old number.
-        let back = reg.join(0, None, "http://a", 3, segs(), 0, later).unwrap();
-        assert_eq!(
-            back,
-            Joined {
-                rank: 0,
-                replaced: false,
-                fresh: true
-            }
-        );
-        assert!(reg.lost().is_empty());
-        // Under a new leadership of this meta the membership is stale: heartbeats are refused
-        // and the same incarnation's join is a fresh one (it brings its catalog).
-        assert!(!reg.heartbeat(8, 0, 3, RankReport::default(), later));
-        let again = reg.join(8, None, "http://a", 3, segs(), 0, later).unwrap();
-        assert!(again.fresh && again.replaced && again.rank == 0);
-        assert!(reg.heartbeat(8, 0, 3, RankReport::default(), later));
-        assert!(reg.leave(0, 3));
-        assert!(!reg.is_live(0, 3));
     }
 }

@@ -622,20 +622,23 @@ fn a_joining_rank_takes_puts_only_from_its_first_heartbeat() {
             .client()
             .request("POST", "/cluster/v1/join", Some(body.as_bytes()));
         assert_eq!(r.status, 200, "{}", r.text());
-        r.json()["rank"].as_u64().unwrap()
+        let v = r.json();
+        (v["rank"].as_u64().unwrap(), v["epoch"].as_u64().unwrap())
     };
-    let beat = |rank: u64, incarnation: u64| {
-        let body = format!(r#"{{"rank":{rank},"incarnation":{incarnation}}}"#);
-        let r = meta
-            .client()
-            .request("POST", "/cluster/v1/heartbeat", Some(body.as_bytes()));
+    let send_beat = |rank: u64, incarnation: u64, epoch: u64| {
+        let body = format!(r#"{{"rank":{rank},"incarnation":{incarnation},"epoch":{epoch}}}"#);
+        meta.client()
+            .request("POST", "/cluster/v1/heartbeat", Some(body.as_bytes()))
+    };
+    let beat = |rank: u64, incarnation: u64, epoch: u64| {
+        let r = send_beat(rank, incarnation, epoch);
         assert_eq!(r.status, 200, "{}", r.text());
     };
     let put = |key: &str| {
         meta.client()
             .request("PUT", &format!("/api/v1/objects?key={key}"), Some(b"x"))
     };
-    let rank = join("null", 1);
+    let (rank, epoch) = join("null", 1);
     let seg = format!("rank-{rank}-dram");
     // Listed at once, UNDEFINED: the only segment takes no put, the meta sends nobody there.
     assert_eq!(segments(&meta), std::slice::from_ref(&seg));
@@ -643,30 +646,47 @@ fn a_joining_rank_takes_puts_only_from_its_first_heartbeat() {
     put("early").assert_error(200, "No memory segment is mounted");
     assert_eq!(ready_segments(&|p| meta.client().get(p).text()), None);
     // The first heartbeat: OK, and a put goes to the rank's local service.
-    beat(rank, 1);
+    beat(rank, 1, epoch);
     assert_eq!(status_of(&meta, &seg), "OK");
     let r = put("after-beat");
     assert_eq!(r.status, 307, "{}", r.text());
     assert!(r.header("location").unwrap().starts_with(url));
     // Later heartbeats change nothing.
-    beat(rank, 1);
+    beat(rank, 1, epoch);
     assert_eq!(status_of(&meta, &seg), "OK");
 
     // The same service joining again (it gave up on the meta's answers and dropped its grant
-    // key): UNDEFINED again until the heartbeat after this answer.
-    assert_eq!(join("null", 1), rank);
+    // key): the same membership, UNDEFINED again until the heartbeat after this answer.
+    assert_eq!(join("null", 1), (rank, epoch));
     assert_eq!(status_of(&meta, &seg), "UNDEFINED");
     put("rejoining").assert_error(200, "No memory segment is mounted");
-    beat(rank, 1);
+    beat(rank, 1, epoch);
     assert_eq!(status_of(&meta, &seg), "OK");
 
-    // A restart (a new incarnation) under its configured rank: its fresh segments too.
-    assert_eq!(join(&rank.to_string(), 2), rank);
+    // A restart (a new incarnation) under its configured rank: a new membership, its fresh
+    // segments too.
+    let (again, epoch2) = join(&rank.to_string(), 2);
+    assert_eq!(again, rank);
+    assert_ne!(epoch2, epoch);
     assert_eq!(status_of(&meta, &seg), "UNDEFINED");
     put("restarted").assert_error(200, "No memory segment is mounted");
-    beat(rank, 2);
+    beat(rank, 2, epoch2);
     assert_eq!(status_of(&meta, &seg), "OK");
     assert_eq!(put("restarted").status, 307);
+    // Fenced: the old process's messages (its incarnation, or its epoch) change nothing.
+    for (incarnation, e) in [(1, epoch), (2, epoch), (1, epoch2)] {
+        send_beat(rank, incarnation, e)
+            .assert_error(409, "Unknown rank, incarnation or epoch: join again");
+        let body = format!(r#"{{"rank":{rank},"incarnation":{incarnation},"epoch":{e}}}"#);
+        meta.client()
+            .request("POST", "/cluster/v1/leave", Some(body.as_bytes()))
+            .assert_error(
+                409,
+                "Unknown rank, incarnation or epoch, or already leaving",
+            );
+    }
+    assert_eq!(status_of(&meta, &seg), "OK");
+    assert_eq!(put("still-there").status, 307);
 }
 
 /// A local service reports at once after its join's answer, not a heartbeat interval later:

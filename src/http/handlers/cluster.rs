@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Ctx, Request, remote};
+use crate::cluster::catalog::{Adopted, Entry, Freed, LogAnswer, key_hash};
+use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK};
 use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::client;
 use crate::http::response::{Response, Status};
-use crate::shards::catalog::{Adopted, Entry, Freed, LogAnswer};
-use crate::shards::ranks::{MAX_RANK, RankReport};
+use crate::shards::ranks::RankReport;
 use crate::shards::store::relocate::{MediumBytes, Move};
 use crate::shards::store::segment::{Medium, Segment, SegmentStatus};
 use crate::shards::{Command, Reply};
@@ -138,15 +139,17 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
-    let joined = match cluster.ranks.join(
+    let joined = cluster.ranks.lock().join(JoinRequest {
         view,
         wanted,
         url,
         incarnation,
-        segments.clone(),
+        segments: segments.clone(),
+        catalog_follows,
         first_free,
-        Instant::now(),
-    ) {
+        now_ms: cluster.clock.now_ms(),
+    });
+    let joined = match joined {
         Ok(j) => j,
         Err(e) => {
             log::warn!("refused a join from {url}: {e}");
@@ -155,38 +158,49 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             return r;
         }
     };
-    let rank = joined.rank;
+    let (rank, epoch) = (joined.rank, joined.epoch);
     if joined.fresh {
-        // A new service, or a restarted one (its memory starts empty): whatever was mounted
-        // for this rank before (its old copies) is dropped first.
-        ctx.shard.drop_rank(rank).await;
+        // The membership it replaces (an earlier process on the rank, or this one before it
+        // was lost or before this leadership) leaves the segment table at once, so this one
+        // mounts its own now; its blobs are dropped in the background (pinned ones are freed
+        // as their pins end, which may take a hop's timeout).
+        if let Some(old) = joined.retire {
+            let me = ctx.shard.clone();
+            let segs = cluster.unmount_member(rank, old);
+            monoio::spawn(async move { me.drop_member_segments(rank, old, segs).await });
+        }
         // Its catalog says what it holds now: the freed log starts over.
-        cluster.freed_logs.reset(rank);
-    }
-    let mounted = cluster.remote_segments_of(rank);
-    if mounted.is_empty() {
+        cluster.freed_logs.begin(rank, epoch);
         // UNDEFINED until the rank's first heartbeat: this answer may reach the service a
         // moment after a put was placed, and it holds no grant key before it reads it.
-        if let Err(e) = ctx.shard.mount_remote(rank, url, incarnation, &segments) {
+        if let Err(e) = ctx
+            .shard
+            .mount_remote(rank, url, incarnation, epoch, &segments)
+        {
             log::error!("could not mount rank {rank}'s segments: {e}");
-            cluster.ranks.leave(rank, incarnation);
+            cluster.ranks.lock().left(rank, epoch);
+            for seg in cluster.member_segments(rank, epoch) {
+                cluster.segments.remove_id(&seg.name, seg.id);
+            }
             return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
         }
     } else {
-        // The same service joining again (its answer was lost, or it gave up on our answers):
-        // it dropped its grant key when it began to, so it takes no new put until the
-        // heartbeat after this answer.
-        for seg in &mounted {
+        // The same membership joining again (its answer was lost, or it gave up on our
+        // answers): it dropped its grant key when it began to, so it takes no new put until
+        // the heartbeat after this answer.
+        for seg in cluster.member_segments(rank, epoch) {
             if seg.status() == SegmentStatus::Ok {
                 seg.set_status(SegmentStatus::Undefined);
             }
         }
     }
-    // A fresh membership whose catalog follows takes no new blobs until it is adopted (the
-    // first heartbeat carries it); a repeated join leaves an awaited catalog awaited.
-    let catalog = joined.fresh.then_some(catalog_follows);
-    cluster.ranks.await_first_beat(rank, catalog);
-    log::info!("rank {rank} joined from {url} (incarnation {incarnation})");
+    let discard = joined.catalog == CatalogFate::Discard;
+    if discard {
+        log::warn!(
+            "rank {rank} joined again from {url} after it was declared lost: its catalog is void (its objects were dropped here)"
+        );
+    }
+    log::info!("rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch})");
     // The service's own key: grants given to an earlier process on this rank do not verify.
     let key = cluster
         .grant_key
@@ -197,8 +211,12 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         ctx,
         json!({
             "rank": rank,
+            "epoch": epoch,
             "grant_key": key,
             "heartbeat_interval_ms": cluster.config.cluster.heartbeat_interval_ms,
+            "heartbeat_timeout_ms": cluster.config.cluster.heartbeat_timeout_ms,
+            "ha": cluster.config.ha.enable,
+            "discard_catalog": discard,
         }),
     )
 }
@@ -244,7 +262,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
                 stamp: a.entry.stamp,
                 landed: false,
             };
-            (a.rank, f)
+            (a.rank, f, key_hash(&a.entry.key))
         }));
     count
 }
@@ -252,19 +270,37 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
 /// Catalog entries one adoption command carries.
 const ADOPT_BATCH: usize = 1024;
 
-/// An admitted message from a member: its JSON body and its `rank` and `incarnation`.
+/// Who sent a membership message: the rank, the process and the membership.
+struct Sender {
+    rank: u32,
+    incarnation: u64,
+    epoch: u64,
+}
+
+/// An admitted message from a member: its JSON body and who sent it.
 fn member_message(
     req: &Request<'_>,
     ctx: &mut Ctx<'_>,
     what: &str,
-) -> Result<(Value, u32, u64), Response> {
+) -> Result<(Value, Sender), Response> {
     admits(ctx)?;
     let v = body_json(req, ctx)?;
-    match (field_u64(&v, "rank"), field_u64(&v, "incarnation")) {
-        (Some(rank), Some(incarnation)) => Ok((v, rank.min(u32::MAX as u64) as u32, incarnation)),
+    match (
+        field_u64(&v, "rank"),
+        field_u64(&v, "incarnation"),
+        field_u64(&v, "epoch"),
+    ) {
+        (Some(rank), Some(incarnation), Some(epoch)) => Ok((
+            v,
+            Sender {
+                rank: rank.min(u32::MAX as u64) as u32,
+                incarnation,
+                epoch,
+            },
+        )),
         _ => Err(ctx.protocol_error(
             Status::BAD_REQUEST,
-            &format!("Invalid {what}: expected rank and incarnation"),
+            &format!("Invalid {what}: expected rank, incarnation and epoch"),
         )),
     }
 }
@@ -273,10 +309,11 @@ fn member_message(
 /// "put_bytes"[, "ssd_path", "ssd_status", "ssd_read_bps", "ssd_write_bps"]}`; 409 when the
 /// meta does not know this incarnation (join again).
 pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let (v, rank, incarnation) = match member_message(req, ctx, "heartbeat") {
+    let (v, from) = match member_message(req, ctx, "heartbeat") {
         Ok(m) => m,
         Err(r) => return r,
     };
+    let rank = from.rank;
     let report = RankReport {
         gets: field_u64(&v, "gets").unwrap_or(0),
         get_bytes: field_u64(&v, "get_bytes").unwrap_or(0),
@@ -294,23 +331,30 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let status = report.ssd_status;
     let cluster = ctx.shard.cluster.clone();
     let view = cluster.ha.fence().max(0) as u64;
-    if !cluster
-        .ranks
-        .heartbeat(view, rank, incarnation, report, Instant::now())
-    {
-        return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation: join again");
+    let now = cluster.clock.now_ms();
+    let beat =
+        cluster
+            .ranks
+            .lock()
+            .heartbeat(view, rank, from.incarnation, from.epoch, report, now);
+    if beat == Beat::Refused {
+        return ctx.protocol_error(
+            Status::CONFLICT,
+            "Unknown rank, incarnation or epoch: join again",
+        );
     }
+    let segs = cluster.member_segments(rank, from.epoch);
     // A faulted remote SSD takes no flushes until its file takes writes again (its local
     // service probes it, as a meta service probes its own).
-    for seg in cluster.remote_segments_of(rank) {
+    for seg in &segs {
         if seg.medium == Medium::Ssd
             && let Some(r) = seg.backend.remote()
         {
             r.set_disk_status(status);
         }
     }
-    if let Some(catalog_awaited) = cluster.ranks.take_first_beat(rank) {
-        if catalog_awaited {
+    if let Beat::First { catalog } = beat {
+        if catalog {
             // The first heartbeat after a fresh join with a catalog: take its blobs over.
             let catalog = catalog_wire::parse_entries(v.get("catalog")).unwrap_or_else(|| {
                 log::error!("rank {rank}: its catalog is malformed; nothing taken over");
@@ -326,7 +370,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // The first heartbeat after a join: the service read the answer and holds the grant
         // key, so its segments take puts and redirects from now on (one being unmounted or
         // drained meanwhile keeps that status).
-        for seg in cluster.remote_segments_of(rank) {
+        for seg in &segs {
             if seg.status() == SegmentStatus::Undefined {
                 seg.set_status(SegmentStatus::Ok);
             }
@@ -364,6 +408,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 "rank {rank}: its freed log overflowed; resyncing its catalog ({} blobs)",
                 list.len()
             );
+            cluster.freed_logs.resynced(rank, seq);
             json_answer(
                 ctx,
                 json!({"success": true, "catalog_seq": seq, "resync": true, "catalog": list}),
@@ -372,22 +417,32 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
 }
 
-/// `POST /cluster/v1/leave`: `{"rank", "incarnation"}`. The rank's segments are unmounted:
-/// its objects with a copy elsewhere stay readable.
+/// `POST /cluster/v1/leave`: `{"rank", "incarnation", "epoch"}`. The rank's segments are
+/// drained (its objects moved to other ranks while room lasts) and unmounted; the service keeps
+/// reporting meanwhile. A leave of another membership than the rank's current one (a process
+/// that was replaced, a message delayed past a new join) changes nothing: 409.
 pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let (_, rank, incarnation) = match member_message(req, ctx, "leave") {
+    let (_, from) = match member_message(req, ctx, "leave") {
         Ok(m) => m,
         Err(r) => return r,
     };
+    let (rank, epoch) = (from.rank, from.epoch);
     let cluster = ctx.shard.cluster.clone();
-    if !cluster.ranks.is_live(rank, incarnation) {
-        return ctx.protocol_error(Status::CONFLICT, "Unknown rank or incarnation");
+    let view = cluster.ha.fence().max(0) as u64;
+    if !cluster
+        .ranks
+        .lock()
+        .leave(view, rank, from.incarnation, epoch)
+    {
+        return ctx.protocol_error(
+            Status::CONFLICT,
+            "Unknown rank, incarnation or epoch, or already leaving",
+        );
     }
-    let segs = cluster.remote_segments_of(rank);
+    let segs = cluster.member_segments(rank, epoch);
     let moved = drain(ctx, &segs).await;
-    ctx.shard.drop_rank(rank).await;
-    cluster.ranks.leave(rank, incarnation);
-    cluster.freed_logs.reset(rank);
+    ctx.shard.drop_rank(rank, epoch).await;
+    cluster.ranks.lock().left(rank, epoch);
     log::info!("rank {rank} left; {moved} objects moved to other ranks");
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }

@@ -20,13 +20,13 @@ use smallvec::SmallVec;
 
 use super::objects::{Filled, body_timeout, consumed, put_success, sending};
 use super::{Ctx, Request, optional};
+use crate::cluster::catalog::{Entry, Freed, Stamp};
 use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
 use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::catalog::{Entry, Freed, Stamp};
 use crate::shards::store::segment::{Medium, PAGE_BYTES, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};

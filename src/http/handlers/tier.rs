@@ -7,11 +7,11 @@
 
 use super::remote::{HOP_TIMEOUT, blob_grant, forbidden, grant_key, granted_segment, view};
 use super::{Ctx, Request};
+use crate::cluster::catalog::Stamp;
 use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
 use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
-use crate::shards::catalog::Stamp;
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, IoOutcome};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, Reply};
@@ -171,11 +171,10 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
                 sum,
             );
             if named {
-                ctx.shard
-                    .cluster
-                    .local
-                    .moved_at_ms
-                    .store(unix_ms(), std::sync::atomic::Ordering::Relaxed);
+                ctx.shard.cluster.local.moved_at_ms.store(
+                    ctx.shard.cluster.clock.now_ms(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             } else {
                 log::debug!(
                     "rank {}: a tier move's source is not in the catalog; its copy is not handed over",

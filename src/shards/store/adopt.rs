@@ -4,8 +4,8 @@
 
 use super::*;
 #[cfg(test)]
-use crate::shards::catalog::Stamp;
-use crate::shards::catalog::{Adopted, Entry, Freed};
+use crate::cluster::catalog::Stamp;
+use crate::cluster::catalog::{Adopted, Entry, Freed};
 
 impl Store {
     /// Sets the leadership new objects are stamped with (the shard sets it before an alloc).
@@ -14,7 +14,7 @@ impl Store {
     }
 
     /// The remote blobs detached since the last call, by rank.
-    pub fn take_freed_remote(&mut self) -> Vec<(u32, Freed)> {
+    pub fn take_freed_remote(&mut self) -> Vec<crate::cluster::catalog::Noted> {
         std::mem::take(&mut self.freed_remote)
     }
 
@@ -52,7 +52,8 @@ impl Store {
             stamp: self.objects[obj as usize].stamp,
             landed,
         };
-        self.freed_remote.push((b.rank, f));
+        let key = crate::cluster::catalog::key_hash(&self.objects[obj as usize].key);
+        self.freed_remote.push((b.rank, f, key));
     }
 
     /// Adopts blobs a local service holds as committed, readable objects at exactly their
@@ -192,8 +193,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::catalog::Catalog;
     use crate::shards::Reply;
-    use crate::shards::catalog::Catalog;
     use crate::shards::store::testing::TestStore;
 
     const MB: u64 = 1 << 20;
@@ -221,11 +222,11 @@ mod tests {
     /// One heartbeat answer of the meta's log for rank 4, applied to `catalog` unless it is
     /// lost on the way.
     fn beat_answer(
-        logs: &crate::shards::catalog::FreedLogs,
+        logs: &crate::cluster::catalog::FreedLogs,
         catalog: &mut Catalog,
         delivered: bool,
     ) {
-        use crate::shards::catalog::{BeatNews, LogAnswer};
+        use crate::cluster::catalog::{BeatNews, LogAnswer};
         let mark = catalog.mark();
         let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
             panic!("the log does not overflow here");
@@ -358,7 +359,7 @@ mod tests {
             let dropped: Vec<u64> = refused
                 .iter()
                 .map(|a| a.entry.stamp.seq)
-                .chain(s.take_freed_remote().iter().map(|(_, f)| f.stamp.seq))
+                .chain(s.take_freed_remote().iter().map(|(_, f, _)| f.stamp.seq))
                 .collect();
             assert_eq!(dropped, [10]);
             assert_eq!(s.stamp_of(b"k").unwrap().seq, 20);
@@ -403,7 +404,7 @@ mod tests {
     /// frees is logged with its medium, and its entry dropped.
     #[test]
     fn tier_moves_are_handed_over_with_their_checksums() {
-        use crate::shards::catalog::FreedLogs;
+        use crate::cluster::catalog::FreedLogs;
         use std::collections::HashMap;
         let build = || {
             TestStore::new()
@@ -559,7 +560,7 @@ mod tests {
     /// removals not yet delivered can come back; once they are, the hand-over is exact.
     #[test]
     fn seeded_hand_overs_keep_every_live_object() {
-        use crate::shards::catalog::FreedLogs;
+        use crate::cluster::catalog::FreedLogs;
         for seed in 1..=12u64 {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let mut next = move |n: u64| {

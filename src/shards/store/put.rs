@@ -281,7 +281,7 @@ impl Store {
             created_ms: now,
             rewarming: false,
             chunk,
-            stamp: crate::shards::catalog::Stamp {
+            stamp: crate::cluster::catalog::Stamp {
                 view: self.stamp_view,
                 seq: generation,
             },

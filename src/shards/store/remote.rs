@@ -14,16 +14,20 @@ pub struct RemoteRank {
     /// The key the grants on this rank's blobs are signed with: its local service's own,
     /// for the incarnation that joined ([`crate::grant::GrantKey::for_member`]).
     pub grant_key: Arc<GrantKey>,
+    /// The membership that mounted this segment (`cluster::members`: the epoch its join was
+    /// answered with): dropping that membership drops exactly its segments.
+    pub epoch: u64,
     /// An SSD segment's disk status as the local service last reported it (0 normal, else
     /// the errno of its file's fault): a faulted remote SSD takes no flushes, as a local one.
     disk_status: AtomicU8,
 }
 
 impl RemoteRank {
-    pub fn new(url: String, grant_key: GrantKey) -> RemoteRank {
+    pub fn new(url: String, grant_key: GrantKey, epoch: u64) -> RemoteRank {
         RemoteRank {
             url,
             grant_key: Arc::new(grant_key),
+            epoch,
             disk_status: AtomicU8::new(0),
         }
     }

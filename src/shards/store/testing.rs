@@ -70,6 +70,7 @@ impl TestStore {
             let backend = segment::Backend::Remote(remote::RemoteRank::new(
                 "http://127.0.0.1:9".to_string(),
                 crate::grant::GrantKey::random(),
+                1,
             ));
             let seg = mount::build_remote_segment(&table, rank, medium, size, backend, 1, 1 << 20)
                 .expect("a remote segment");

@@ -1,0 +1,497 @@
+//! The meta service's membership machine: which local service holds each remote rank, under
+//! which *membership* (a join's [`epoch`](Member::epoch)), and whether it is live, leaving or
+//! lost.
+//!
+//! Pure: every input carries the time (`now_ms`, the process clock), nothing here reads a
+//! clock, locks or does I/O. `shards::ranks::RankRegistry` holds one behind a mutex for the
+//! HTTP handlers and shard 0's loss check; the cluster simulation drives it directly.
+//!
+//! Fencing. Every message a local service sends names its rank, its incarnation (a random
+//! number per process) and the epoch its join was answered with. A message whose three do not
+//! name the rank's current membership changes nothing: a heartbeat, a leave, a catalog of an
+//! earlier process, or of an earlier membership of the same process (one declared lost, then
+//! joined again), is refused. Epochs come from one counter per meta process, so two
+//! memberships of a rank never share one, and a rank's segments are mounted under their
+//! membership's epoch: dropping a membership's segments never touches its successor's.
+
+use std::collections::BTreeMap;
+
+use crate::common::medium::Medium;
+
+/// The highest rank a local service may take (ranks are 42-bit-shifted in gvas; this keeps
+/// them within a u32 and well clear of embedded ones).
+pub const MAX_RANK: u32 = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Joined and reporting (its segments may still be UNDEFINED until its first heartbeat).
+    Live,
+    /// A graceful leave is being carried out (its objects are drained to other ranks). The
+    /// service keeps reporting meanwhile, so it is not declared lost while it waits.
+    Leaving,
+    /// No report for the heartbeat timeout: its segments are (being) dropped; its
+    /// `memcache_metric_stale` is 1 until it joins again. The membership stays recorded so
+    /// that the same process coming back is told its catalog is void.
+    Lost,
+}
+
+#[derive(Clone, Debug)]
+pub struct Member<R> {
+    pub url: String,
+    pub incarnation: u64,
+    /// This membership's number, unique in this meta process: what every later message of the
+    /// service must name, and what the rank's mounted segments are tagged with.
+    pub epoch: u64,
+    /// The leadership (`view_version`, 0 without HA) the rank joined under: a membership from
+    /// an earlier leadership of this meta is stale (the rank must join again, with its
+    /// catalog, since another leader may have changed what it holds meanwhile).
+    pub view: u64,
+    pub state: MemberState,
+    pub last_seen_ms: u64,
+    pub segments: Vec<(Medium, u64)>,
+    pub report: R,
+    /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
+    /// (no put is placed there, nobody is sent there to write) until one does, since only a
+    /// heartbeat proves the local service read the answer and holds the grant key.
+    awaiting_beat: bool,
+    /// Joined fresh saying its catalog follows: its next heartbeat carries it.
+    awaiting_catalog: bool,
+}
+
+/// What a join says.
+#[derive(Clone, Debug)]
+pub struct JoinRequest<'a> {
+    pub view: u64,
+    /// The configured rank, `None` for the lowest free one at or above `first_free`.
+    pub wanted: Option<u32>,
+    pub url: &'a str,
+    pub incarnation: u64,
+    pub segments: Vec<(Medium, u64)>,
+    pub catalog_follows: bool,
+    /// The first rank above this meta's embedded ones.
+    pub first_free: u32,
+    pub now_ms: u64,
+}
+
+/// What becomes of the catalog a joining service holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatalogFate {
+    /// Adopted from the first heartbeat after the join, which carries it.
+    Follows,
+    /// None comes (or a repeated join leaves an awaited one awaited).
+    None,
+    /// The service must drop it without handing it over: its membership was declared lost,
+    /// and this meta removed its copies (and answered deletes) relying on that.
+    Discard,
+}
+
+/// What a join decided.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Joined {
+    pub rank: u32,
+    pub epoch: u64,
+    /// A new membership (not the same one asking again): its segments are mounted anew.
+    pub fresh: bool,
+    /// The epoch of the membership this join replaces, whose segments are dropped (a restart
+    /// faster than the heartbeat timeout, a lost rank back, a membership of an earlier
+    /// leadership).
+    pub retire: Option<u64>,
+    pub catalog: CatalogFate,
+}
+
+/// How a heartbeat was taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Beat {
+    /// Not the rank's current membership: answered 409, nothing changed (join again).
+    Refused,
+    Plain,
+    /// The first heartbeat after a join: the rank's UNDEFINED segments turn OK; with
+    /// `catalog`, it carries the catalog to adopt first.
+    First {
+        catalog: bool,
+    },
+}
+
+/// The meta's table of remote ranks.
+#[derive(Debug)]
+pub struct Members<R> {
+    ranks: BTreeMap<u32, Member<R>>,
+    /// The last epoch handed out.
+    epoch: u64,
+}
+
+impl<R> Default for Members<R> {
+    fn default() -> Self {
+        Members {
+            ranks: BTreeMap::new(),
+            epoch: 0,
+        }
+    }
+}
+
+impl<R: Clone + Default> Members<R> {
+    /// Admits a local service.
+    pub fn join(&mut self, j: JoinRequest<'_>) -> Result<Joined, String> {
+        let rank = match j.wanted {
+            Some(r) if r < j.first_free => {
+                return Err(format!(
+                    "rank {r} is one of this meta service's embedded ranks (0 to {})",
+                    j.first_free - 1
+                ));
+            }
+            Some(r) if r > MAX_RANK => return Err(format!("rank {r} is above {MAX_RANK}")),
+            Some(r) => r,
+            None => {
+                // The same service asking again (its answer was lost) keeps its rank; one
+                // coming back with the same URL gets its old number again.
+                let mine = self
+                    .ranks
+                    .iter()
+                    .find(|(_, e)| e.url == j.url && e.incarnation == j.incarnation)
+                    .or_else(|| {
+                        self.ranks
+                            .iter()
+                            .find(|(_, e)| e.url == j.url && e.state == MemberState::Lost)
+                    })
+                    .map(|(&r, _)| r);
+                match mine {
+                    Some(r) => r,
+                    None => (j.first_free..=MAX_RANK)
+                        .find(|r| !self.ranks.contains_key(r))
+                        .ok_or("no free rank")?,
+                }
+            }
+        };
+        let mut catalog = if j.catalog_follows {
+            CatalogFate::Follows
+        } else {
+            CatalogFate::None
+        };
+        let retire = match self.ranks.get_mut(&rank) {
+            Some(e) if e.incarnation == j.incarnation && e.view == j.view => match e.state {
+                MemberState::Live => {
+                    // The same membership asking again (its answer was lost): nothing changes,
+                    // but its next heartbeat is a first one again (it dropped its grant key
+                    // when it began to join), and an awaited catalog stays awaited.
+                    e.awaiting_beat = true;
+                    return Ok(Joined {
+                        rank,
+                        epoch: e.epoch,
+                        fresh: false,
+                        retire: None,
+                        catalog: CatalogFate::None,
+                    });
+                }
+                MemberState::Leaving => {
+                    return Err(format!("rank {rank} is leaving; it cannot join again now"));
+                }
+                MemberState::Lost => {
+                    // Back from a freeze or a partition: this meta dropped its copies and
+                    // answered deletes relying on that, so what its catalog lists is void.
+                    catalog = CatalogFate::Discard;
+                    Some(e.epoch)
+                }
+            },
+            Some(e) if e.state != MemberState::Lost && e.view == j.view && j.wanted.is_none() => {
+                return Err(format!("rank {rank} is taken by {}", e.url));
+            }
+            Some(e) => {
+                if e.state == MemberState::Lost && e.incarnation == j.incarnation {
+                    // Lost under an earlier leadership of this meta: the same holds.
+                    catalog = CatalogFate::Discard;
+                }
+                Some(e.epoch)
+            }
+            None => None,
+        };
+        self.epoch += 1;
+        self.ranks.insert(
+            rank,
+            Member {
+                url: j.url.to_string(),
+                incarnation: j.incarnation,
+                epoch: self.epoch,
+                view: j.view,
+                state: MemberState::Live,
+                last_seen_ms: j.now_ms,
+                segments: j.segments,
+                report: R::default(),
+                awaiting_beat: true,
+                awaiting_catalog: catalog == CatalogFate::Follows,
+            },
+        );
+        Ok(Joined {
+            rank,
+            epoch: self.epoch,
+            fresh: true,
+            retire,
+            catalog,
+        })
+    }
+
+    /// Whether `(rank, incarnation, epoch)` names the rank's current membership, reporting
+    /// under `view` (live or leaving).
+    fn current(
+        &mut self,
+        view: u64,
+        rank: u32,
+        incarnation: u64,
+        epoch: u64,
+    ) -> Option<&mut Member<R>> {
+        self.ranks.get_mut(&rank).filter(|e| {
+            e.incarnation == incarnation
+                && e.epoch == epoch
+                && e.view == view
+                && e.state != MemberState::Lost
+        })
+    }
+
+    /// A heartbeat.
+    pub fn heartbeat(
+        &mut self,
+        view: u64,
+        rank: u32,
+        incarnation: u64,
+        epoch: u64,
+        report: R,
+        now_ms: u64,
+    ) -> Beat {
+        let Some(e) = self.current(view, rank, incarnation, epoch) else {
+            return Beat::Refused;
+        };
+        e.last_seen_ms = e.last_seen_ms.max(now_ms);
+        e.report = report;
+        if std::mem::take(&mut e.awaiting_beat) {
+            Beat::First {
+                catalog: std::mem::take(&mut e.awaiting_catalog),
+            }
+        } else {
+            Beat::Plain
+        }
+    }
+
+    /// A graceful leave begins: false when the message is not the current membership's. The
+    /// member stays (leaving, still reporting) until [`Members::left`].
+    pub fn leave(&mut self, view: u64, rank: u32, incarnation: u64, epoch: u64) -> bool {
+        match self.current(view, rank, incarnation, epoch) {
+            Some(e) if e.state == MemberState::Live => {
+                e.state = MemberState::Leaving;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The leave of membership `epoch` was carried out (or its mount failed): the rank is
+    /// forgotten (no stale series: it said goodbye). A later membership is left alone.
+    pub fn left(&mut self, rank: u32, epoch: u64) -> bool {
+        if self.ranks.get(&rank).is_some_and(|e| e.epoch == epoch) {
+            self.ranks.remove(&rank);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Marks memberships silent for longer than `timeout_ms` as lost and returns them (rank,
+    /// epoch): their segments are to be dropped.
+    pub fn expire(&mut self, now_ms: u64, timeout_ms: u64) -> Vec<(u32, u64)> {
+        let mut lost = Vec::new();
+        for (&r, e) in self.ranks.iter_mut() {
+            if e.state != MemberState::Lost && now_ms.saturating_sub(e.last_seen_ms) > timeout_ms {
+                e.state = MemberState::Lost;
+                lost.push((r, e.epoch));
+            }
+        }
+        lost
+    }
+
+    /// Ranks lost and not back yet.
+    pub fn lost(&self) -> Vec<u32> {
+        self.ranks
+            .iter()
+            .filter(|(_, e)| e.state == MemberState::Lost)
+            .map(|(&r, _)| r)
+            .collect()
+    }
+
+    /// The last report of a reporting rank (live or leaving).
+    pub fn report(&self, rank: u32) -> Option<R> {
+        self.ranks
+            .get(&rank)
+            .filter(|e| e.state != MemberState::Lost)
+            .map(|e| e.report.clone())
+    }
+
+    pub fn entries(&self) -> Vec<(u32, Member<R>)> {
+        self.ranks.iter().map(|(&r, e)| (r, e.clone())).collect()
+    }
+
+    /// The current membership of `rank`, whatever its state.
+    pub fn get(&self, rank: u32) -> Option<&Member<R>> {
+        self.ranks.get(&rank)
+    }
+
+    /// Whether membership `epoch` of `rank` is current and not lost.
+    pub fn is_current(&self, rank: u32, epoch: u64) -> bool {
+        self.ranks
+            .get(&rank)
+            .is_some_and(|e| e.epoch == epoch && e.state != MemberState::Lost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type M = Members<()>;
+
+    fn segs() -> Vec<(Medium, u64)> {
+        vec![(Medium::Dram, 1 << 20)]
+    }
+
+    fn req(
+        wanted: Option<u32>,
+        url: &str,
+        incarnation: u64,
+        view: u64,
+        now_ms: u64,
+    ) -> JoinRequest<'_> {
+        JoinRequest {
+            view,
+            wanted,
+            url,
+            incarnation,
+            segments: segs(),
+            catalog_follows: true,
+            first_free: 1,
+            now_ms,
+        }
+    }
+
+    #[test]
+    fn ranks_are_assigned_lowest_first_and_kept_by_incarnation() {
+        let mut m = M::default();
+        let a = m.join(req(None, "http://a", 1, 0, 0)).unwrap();
+        let b = m.join(req(None, "http://b", 2, 0, 0)).unwrap();
+        assert_eq!((a.rank, b.rank), (1, 2));
+        assert_ne!(a.epoch, b.epoch);
+        // The same membership again: the same answer, nothing replaced.
+        let again = m.join(req(None, "http://a", 1, 0, 0)).unwrap();
+        assert_eq!(
+            again,
+            Joined {
+                rank: 1,
+                epoch: a.epoch,
+                fresh: false,
+                retire: None,
+                catalog: CatalogFate::None
+            }
+        );
+        assert!(
+            m.join(req(Some(0), "http://c", 3, 0, 0)).is_err(),
+            "an embedded rank"
+        );
+        // A restart of rank 2 (a new incarnation, the same configured rank) replaces it in
+        // one step: the old membership's segments are to go.
+        let b2 = m.join(req(Some(2), "http://b", 4, 0, 0)).unwrap();
+        assert_eq!((b2.rank, b2.fresh, b2.retire), (2, true, Some(b.epoch)));
+        assert_eq!(m.heartbeat(0, 2, 2, b.epoch, (), 1), Beat::Refused);
+        assert_eq!(
+            m.heartbeat(0, 2, 4, b2.epoch, (), 1),
+            Beat::First { catalog: true }
+        );
+        assert_eq!(m.heartbeat(0, 2, 4, b2.epoch, (), 2), Beat::Plain);
+    }
+
+    /// A message of an earlier incarnation or membership changes nothing: not a heartbeat,
+    /// not a leave (the defect where a SIGTERMed process's late leave drained its restarted
+    /// successor).
+    #[test]
+    fn messages_of_an_old_membership_change_nothing() {
+        let mut m = M::default();
+        let old = m.join(req(Some(3), "http://a", 10, 0, 0)).unwrap();
+        let new = m.join(req(Some(3), "http://a", 11, 0, 5)).unwrap();
+        assert!(!m.leave(0, 3, 10, old.epoch), "the old process's leave");
+        assert!(
+            !m.leave(0, 3, 11, old.epoch),
+            "the right process, an old epoch"
+        );
+        assert!(
+            !m.left(3, old.epoch),
+            "the old membership's leave finishing late"
+        );
+        assert!(m.is_current(3, new.epoch));
+        assert_eq!(m.heartbeat(0, 3, 10, old.epoch, (), 6), Beat::Refused);
+        assert_eq!(m.get(3).unwrap().last_seen_ms, 5);
+        assert!(m.leave(0, 3, 11, new.epoch));
+        // Leaving: still reporting, so not lost while it drains; a second leave is refused.
+        assert_eq!(
+            m.heartbeat(0, 3, 11, new.epoch, (), 3000),
+            Beat::First { catalog: true }
+        );
+        assert!(m.expire(3500, 3000).is_empty());
+        assert!(!m.leave(0, 3, 11, new.epoch));
+        assert!(m.left(3, new.epoch));
+        assert!(m.get(3).is_none());
+    }
+
+    #[test]
+    fn a_lost_membership_s_catalog_is_void_when_it_comes_back() {
+        let mut m = M::default();
+        let a = m.join(req(None, "http://a", 1, 0, 0)).unwrap();
+        let b = m.join(req(None, "http://b", 2, 0, 0)).unwrap();
+        assert_eq!(
+            m.heartbeat(0, b.rank, 2, b.epoch, (), 3500),
+            Beat::First { catalog: true }
+        );
+        assert_eq!(m.expire(3500, 3000), vec![(a.rank, a.epoch)]);
+        assert_eq!(m.lost(), vec![a.rank]);
+        // Lost once: not reported again; its heartbeats are refused (it must join again).
+        assert!(m.expire(3600, 3000).is_empty());
+        assert_eq!(m.heartbeat(0, a.rank, 1, a.epoch, (), 3600), Beat::Refused);
+        // The same process back (a freeze ended): its old rank, a new membership, and its
+        // catalog is to be dropped, not adopted.
+        let back = m.join(req(None, "http://a", 1, 0, 3700)).unwrap();
+        assert_eq!(
+            (back.rank, back.fresh, back.retire, back.catalog),
+            (a.rank, true, Some(a.epoch), CatalogFate::Discard)
+        );
+        assert_eq!(
+            m.heartbeat(0, a.rank, 1, back.epoch, (), 3701),
+            Beat::First { catalog: false }
+        );
+        assert!(m.lost().is_empty());
+        // A restarted process (another incarnation) after a loss: its catalog follows (what it
+        // recovered is judged by the adoption rules).
+        m.expire(99_999, 3000);
+        let restarted = m.join(req(None, "http://a", 7, 0, 100_000)).unwrap();
+        assert_eq!(restarted.catalog, CatalogFate::Follows);
+    }
+
+    #[test]
+    fn a_new_leadership_makes_every_membership_stale() {
+        let mut m = M::default();
+        let a = m.join(req(None, "http://a", 1, 4, 0)).unwrap();
+        assert_eq!(m.heartbeat(8, a.rank, 1, a.epoch, (), 1), Beat::Refused);
+        let again = m.join(req(None, "http://a", 1, 8, 2)).unwrap();
+        assert!(again.fresh && again.retire == Some(a.epoch));
+        assert_eq!(again.catalog, CatalogFate::Follows);
+        assert_eq!(
+            m.heartbeat(8, a.rank, 1, again.epoch, (), 3),
+            Beat::First { catalog: true }
+        );
+    }
+
+    #[test]
+    fn a_taken_rank_is_not_reassigned_and_a_leaving_one_cannot_rejoin() {
+        let mut m = M::default();
+        let a = m.join(req(Some(5), "http://a", 1, 0, 0)).unwrap();
+        // Another URL asking for rank 5 by configuration replaces it (a move of the service);
+        // the automatic assignment never hands out a taken rank.
+        let other = m.join(req(None, "http://z", 9, 0, 0)).unwrap();
+        assert_ne!(other.rank, 5);
+        assert!(m.leave(0, 5, 1, a.epoch));
+        assert!(m.join(req(Some(5), "http://a", 1, 0, 1)).is_err());
+    }
+}
