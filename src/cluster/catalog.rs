@@ -329,6 +329,9 @@ impl FreedLog {
 pub struct FreedLogs {
     // LOCK-OK: removals of remote blobs and heartbeats only, held for a push or a copy
     inner: Mutex<HashMap<u32, FreedLog>>,
+    /// Some membership ever began a log: until then (a server without local services) a
+    /// removal has no barrier to look for and takes no lock.
+    members: std::sync::atomic::AtomicBool,
 }
 
 /// What a heartbeat gets from the log.
@@ -386,6 +389,8 @@ impl FreedLogs {
     /// Membership `epoch` of `rank` begins (a fresh join): its log starts over, empty, at
     /// sequence 0. Records of an earlier membership go: its catalog is not this one's.
     pub fn begin(&self, rank: u32, epoch: u64) {
+        self.members
+            .store(true, std::sync::atomic::Ordering::Release);
         self.lock().insert(
             rank,
             FreedLog {
@@ -460,6 +465,11 @@ impl FreedLogs {
             }
         }
         out
+    }
+
+    /// Whether a local service ever joined (else no removal has a barrier).
+    pub fn has_members(&self) -> bool {
+        self.members.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a barrier is passed: its service acknowledged the record, or its membership

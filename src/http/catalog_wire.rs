@@ -72,6 +72,20 @@ pub fn freed_json(seq: u64, f: &Freed) -> Value {
     json!([seq, f.medium as u8, f.offset, f.stamp.view, f.stamp.seq])
 }
 
+/// The news of a freed log up to `seq` (a heartbeat's answer, a push's body): freed records
+/// and landed tier moves in their own lists (the local merges them by sequence).
+pub fn news_json(seq: u64, records: &[(u64, Freed)]) -> Value {
+    let (landed, freed): (Vec<_>, Vec<_>) = records.iter().partition(|(_, f)| f.landed);
+    let list = |l: Vec<&(u64, Freed)>| -> Vec<Value> {
+        l.iter().map(|(s, f)| freed_json(*s, f)).collect()
+    };
+    let mut v = json!({"catalog_seq": seq, "freed": list(freed)});
+    if !landed.is_empty() {
+        v["landed"] = Value::Array(list(landed));
+    }
+    v
+}
+
 fn parse_freed(v: &Value, landed: bool) -> Option<(u64, Freed)> {
     let a = v.as_array().filter(|a| a.len() == 5)?;
     Some((

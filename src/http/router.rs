@@ -109,6 +109,7 @@ routes! {
     b"/cluster/v1/leave" => ClusterLeave, POST;
     b"/cluster/v1/move" => ClusterMove, POST;
     b"/cluster/v1/damaged" => ClusterDamaged, POST;
+    b"/cluster/v1/freed" => ClusterFreed, POST;
 }
 
 impl Route {
@@ -147,13 +148,17 @@ impl Route {
                 | Route::ClusterLeave
                 | Route::ClusterMove
                 | Route::ClusterDamaged
+                | Route::ClusterFreed
         )
     }
 
     /// What a local service serves: its own health and metrics, and objects under grants.
     pub fn served_by_local_service(self) -> bool {
         self.is_own_health()
-            || matches!(self, Route::OpenApi | Route::Objects | Route::ClusterMove)
+            || matches!(
+                self,
+                Route::OpenApi | Route::Objects | Route::ClusterMove | Route::ClusterFreed
+            )
             || self.is_metrics()
     }
 

@@ -381,17 +381,8 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
     match cluster.freed_logs.answer(rank, ack) {
         LogAnswer::Records { seq, freed } => {
-            // Tier moves landed go in their own list (the local merges both by sequence).
-            let (landed, freed): (Vec<_>, Vec<_>) = freed.iter().partition(|(_, f)| f.landed);
-            let list = |l: Vec<&(u64, Freed)>| -> Vec<Value> {
-                l.iter()
-                    .map(|(s, f)| catalog_wire::freed_json(*s, f))
-                    .collect()
-            };
-            let mut v = json!({"success": true, "catalog_seq": seq, "freed": list(freed)});
-            if !landed.is_empty() {
-                v["landed"] = Value::Array(list(landed));
-            }
+            let mut v = catalog_wire::news_json(seq, &freed);
+            v["success"] = json!(true);
             json_answer(ctx, v)
         }
         LogAnswer::Resync { seq } => {

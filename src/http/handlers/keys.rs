@@ -110,7 +110,9 @@ pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
+    let removal = super::freed::removal_of(ctx, [&key[..]]);
     match ctx.shard.execute(Command::Remove { key }).await {
+        Reply::Done if !super::freed::settle(ctx, &removal).await => super::freed::unconfirmed(ctx),
         Reply::Done => ctx.success_message("key deleted"),
         other => ctx.reply_error(other, "Key not found"),
     }

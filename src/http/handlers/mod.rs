@@ -7,6 +7,7 @@ pub mod keys_stream {
     pub use super::keys::KeyCursor;
 }
 mod cluster;
+mod freed;
 mod memory;
 mod meta;
 mod objects;
@@ -336,6 +337,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
         Route::ClusterLeave => cluster::leave(req, ctx).await,
         Route::ClusterMove => tier::cluster_move(req, ctx).await,
+        Route::ClusterFreed => freed::receive(req, ctx).await,
         Route::ClusterDamaged => tier::cluster_damaged(req, ctx).await,
     }
 }

@@ -226,10 +226,16 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 .await
                 .expect("a body already read cannot break the connection")
         }
-        Method::Delete => match ctx.shard.execute(Command::Remove { key }).await {
-            Reply::Done => ctx.success_message("key deleted"),
-            other => ctx.reply_error(other, "Key not found"),
-        },
+        Method::Delete => {
+            let removal = super::freed::removal_of(ctx, [&key[..]]);
+            match ctx.shard.execute(Command::Remove { key }).await {
+                Reply::Done if !super::freed::settle(ctx, &removal).await => {
+                    super::freed::unconfirmed(ctx)
+                }
+                Reply::Done => ctx.success_message("key deleted"),
+                other => ctx.reply_error(other, "Key not found"),
+            }
+        }
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
     }
 }
@@ -725,6 +731,15 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     let replies = ctx.execute_each(&keys, |key| Command::Remove { key }).await;
     record_batch(ctx, Op::BatchRemove, &replies);
+    let removed = keys
+        .iter()
+        .zip(&replies)
+        .filter(|(_, r)| matches!(r, Reply::Done))
+        .map(|(k, _)| &k[..]);
+    let removal = super::freed::removal_of(ctx, removed);
+    if !super::freed::settle(ctx, &removal).await {
+        return super::freed::unconfirmed(ctx);
+    }
     let results: Vec<Result<Option<u64>, String>> = replies
         .iter()
         .map(|r| match r {
