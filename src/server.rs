@@ -145,7 +145,7 @@ pub fn check_exposure(config: &crate::config::Config, addr: SocketAddr) -> Resul
 /// point it at a synthetic two-node tree).
 fn numa_layout(plan: &Plan) -> Result<Option<Arc<crate::numa::NumaLayout>>, String> {
     let shard = &plan.config.shard;
-    if shard.numa == crate::numa::NumaMode::Off {
+    if shard.numa == crate::config::NumaMode::Off {
         return Ok(None);
     }
     let root = std::env::var_os("MMC_NUMA_SYSFS").unwrap_or_else(|| "/sys".into());

@@ -30,7 +30,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::etcd::{self, Etcd, EtcdError, b64};
-use super::{Acks, HaConfig, HaSnapshot, HaState, Role, ShardMsg, run_steps};
+use super::{Acks, HaSnapshot, HaState, Role, ShardMsg, run_steps};
+use crate::config::HaConfig;
 use crate::shards::Cluster;
 
 /// Entries read per `/metadata` page when a new leader loads them.

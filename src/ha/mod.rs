@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 
-use crate::config::HostPort;
+use crate::config::HaConfig;
 use crate::shards::Reply;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,58 +75,6 @@ impl HaSnapshot {
 
     pub fn leader_address_str(&self) -> &str {
         self.leader_address.as_deref().unwrap_or("unknown")
-    }
-}
-
-/// `ock.mmc.meta.ha.*`.
-#[derive(Clone, Debug)]
-pub struct HaConfig {
-    pub enable: bool,
-    pub etcd_endpoints: Vec<HostPort>,
-    /// The URL clients and local services use to reach this meta (`http://host:port`, no
-    /// trailing slash): the value of the election key while this node leads, and what a
-    /// standby redirects to.
-    pub advertise_url: String,
-    pub lease_ttl_ms: u64,
-    /// The etcd key prefix (ends with `/`).
-    pub prefix: String,
-}
-
-impl HaConfig {
-    /// The election key: its value is the leader's advertise URL, its create revision the
-    /// `view_version`.
-    pub fn election_key(&self) -> Vec<u8> {
-        format!("{}leader", self.prefix).into_bytes()
-    }
-
-    /// Written by each new leader with its incarnation: a node elected again sees whether
-    /// another leader served since its own last leadership.
-    pub fn last_leader_key(&self) -> Vec<u8> {
-        format!("{}last_leader", self.prefix).into_bytes()
-    }
-
-    /// Beside the election key, while KV events are on: the leader's KV-event publisher
-    /// (`kv_events::leadership`), written in the same transaction and under the same lease as
-    /// the election key, so the two appear and vanish together and share their create
-    /// revision (the `view_version`).
-    pub fn kv_events_key(&self) -> Vec<u8> {
-        format!("{}kv_events", self.prefix).into_bytes()
-    }
-
-    /// Where the `/metadata` entry `key` lives in etcd.
-    pub fn metadata_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut k = self.metadata_prefix();
-        k.extend_from_slice(key);
-        k
-    }
-
-    pub fn metadata_prefix(&self) -> Vec<u8> {
-        format!("{}metadata/", self.prefix).into_bytes()
-    }
-
-    /// The lease TTL asked of etcd: whole seconds (etcd's unit), rounded up.
-    pub fn lease_ttl_secs(&self) -> u64 {
-        self.lease_ttl_ms.div_ceil(1000)
     }
 }
 

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::etcd::{Etcd, EtcdError, b64};
-use super::{HaConfig, MetaOp, ShardMsg, WriteReq};
+use super::{MetaOp, ShardMsg, WriteReq};
+use crate::config::HaConfig;
 use crate::shards::Cluster;
 
 /// Writes per transaction (etcd's default `--max-txn-ops` is 128).
