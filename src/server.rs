@@ -190,7 +190,8 @@ impl Server {
             let _ = cluster.kv_queue.set(p.queue.clone());
             // With HA on, only the leader publishes: idle until this node wins a leadership.
             if cluster.config.ha.enable {
-                crate::ha::kv_events::follow_leadership(&cluster, &p.queue);
+                let host: Arc<dyn crate::ha::HaHost> = cluster.clone();
+                crate::ha::kv_events::follow_leadership(&host, &p.queue);
             }
             Some(p)
         } else {

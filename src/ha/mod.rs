@@ -19,8 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 
-use crate::config::HaConfig;
-use crate::shards::Reply;
+use crate::config::{Config, HaConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -93,6 +92,29 @@ impl MetaOp {
     }
 }
 
+/// How a `/metadata` write ended, as its owner shard answers the waiting command once it
+/// applied the write to its own copy (or etcd refused it).
+#[derive(Debug, PartialEq, Eq)]
+pub enum MetaReply {
+    Done,
+    /// A delete of a key etcd did not have.
+    NotFound,
+    Refused(std::borrow::Cow<'static, str>),
+}
+
+/// What the HA threads need of the server they run in, handed down as a trait (as
+/// `metrics::view::Source` is) so that `ha` knows no shard: the server's `Cluster` implements
+/// it (`shards/replica.rs`).
+pub trait HaHost: Send + Sync + 'static {
+    /// The view the HA threads publish to and reach the shards through.
+    fn ha(&self) -> &HaView;
+    fn config(&self) -> &Config;
+    /// The server is shutting down.
+    fn shutting_down(&self) -> bool;
+    /// The owner shard of the `/metadata` key `key`.
+    fn owner_shard(&self, key: &[u8]) -> usize;
+}
+
 /// A `/metadata` write queued by its owner shard for the writer thread.
 pub struct WriteReq {
     pub shard: usize,
@@ -103,8 +125,8 @@ pub struct WriteReq {
     pub op: MetaOp,
     /// Bytes the owner reserved in its metadata budget for this write.
     pub reserved: u64,
-    /// Where the owner's waiting command gets its reply.
-    pub done: flume::Sender<Reply>,
+    /// Where the owner's waiting command gets its answer.
+    pub done: flume::Sender<MetaReply>,
 }
 
 /// Messages from the HA threads to one shard (its applier task, `shards/replica.rs`). Each
@@ -117,7 +139,7 @@ pub enum ShardMsg {
         op: MetaOp,
         reserved: u64,
         outcome: Result<bool, String>,
-        done: flume::Sender<Reply>,
+        done: flume::Sender<MetaReply>,
     },
     /// This node became leader: drop the local `/metadata` copy (etcd's is the truth).
     Reset { ack: flume::Sender<()> },
