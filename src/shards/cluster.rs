@@ -139,7 +139,7 @@ pub struct Cluster {
     /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
     pub remote_tier: Option<Arc<dyn RemoteTier>>,
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
-    pub freed_logs: super::catalog::FreedLogs,
+    pub freed_logs: super::store::catalog::FreedLogs,
 }
 
 impl Cluster {

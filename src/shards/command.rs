@@ -115,7 +115,7 @@ pub enum Command {
     /// Per shard (sent to the owner of the keys): adopt blobs of a local service's catalog
     /// (`Reply::Catalog` with the entries refused).
     Adopt {
-        entries: Vec<super::catalog::Adopted>,
+        entries: Vec<super::store::catalog::Adopted>,
     },
     /// Per shard: every blob held on a remote rank (`Reply::Entries`), for a resync.
     RankBlobs {
@@ -306,8 +306,8 @@ pub enum Reply {
     /// A drain's moves (see `Store::begin_moves`).
     Moves(super::store::relocate::MovesStep),
     /// Catalog entries: those refused by an adoption, or a rank's blobs.
-    Adopted(Vec<super::catalog::Adopted>),
-    Entries(Vec<super::catalog::Entry>),
+    Adopted(Vec<super::store::catalog::Adopted>),
+    Entries(Vec<super::store::catalog::Entry>),
     Many(Vec<Reply>),
 }
 

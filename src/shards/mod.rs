@@ -11,7 +11,6 @@
 //! each requester once per batch. This module does no socket I/O.
 
 mod apply;
-pub mod catalog;
 mod cluster;
 pub mod command;
 mod figures;

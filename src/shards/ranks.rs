@@ -300,9 +300,9 @@ pub struct LocalIdentity {
     pub leaving: AtomicBool,
     pub left: AtomicBool,
     /// The blobs this local service holds, handed to a meta that does not know them when it
-    /// joins (`shards/catalog.rs`).
+    /// joins (`shards/store/catalog.rs`).
     // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
-    pub catalog: Mutex<super::catalog::Catalog>,
+    pub catalog: Mutex<super::store::catalog::Catalog>,
     /// When (Unix ms) this service last answered a tier move whose copy awaits its `landed`
     /// record (0: none): the agent reports soon after, so the catalog learns it within tens of
     /// milliseconds rather than a heartbeat interval.
@@ -352,7 +352,7 @@ impl LocalIdentity {
         self.writers.swap(Arc::default()).revoke();
     }
 
-    pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::catalog::Catalog> {
+    pub fn catalog(&self) -> std::sync::MutexGuard<'_, super::store::catalog::Catalog> {
         self.catalog.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -26,7 +26,7 @@ use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::catalog::{Entry, Freed, Stamp};
+use crate::shards::store::catalog::{Entry, Freed, Stamp};
 use crate::shards::store::segment::{Medium, PAGE_BYTES, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};

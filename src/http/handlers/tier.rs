@@ -11,7 +11,7 @@ use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
 use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
-use crate::shards::catalog::Stamp;
+use crate::shards::store::catalog::Stamp;
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, IoOutcome};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, Reply};

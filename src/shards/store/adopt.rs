@@ -1,11 +1,11 @@
-//! The catalog hand-over on the store's side (`shards/catalog.rs`): adopting a local service's
+//! The catalog hand-over on the store's side (`catalog.rs`): adopting a local service's
 //! blobs as committed objects at exactly their ranges, listing a rank's blobs for a resync, and
 //! noting the remote blobs this shard detaches for their ranks' freed logs.
 
-use super::*;
 #[cfg(test)]
-use crate::shards::catalog::Stamp;
-use crate::shards::catalog::{Adopted, Entry, Freed};
+use super::catalog::Stamp;
+use super::catalog::{Adopted, Entry, Freed};
+use super::*;
 
 impl Store {
     /// Sets the leadership new objects are stamped with (the shard sets it before an alloc).
@@ -192,8 +192,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shards::Reply;
-    use crate::shards::catalog::Catalog;
+    use crate::shards::store::catalog::Catalog;
     use crate::shards::store::testing::TestStore;
 
     const MB: u64 = 1 << 20;
@@ -207,7 +206,7 @@ mod tests {
         let AllocStep::Granted { obj, .. } = step else {
             panic!("alloc refused: {step:?}");
         };
-        assert!(matches!(s.commit(obj, true), Reply::Done));
+        assert!(s.commit(obj, true));
     }
 
     fn remote_store(ranks: &[u32]) -> Store {
@@ -221,11 +220,11 @@ mod tests {
     /// One heartbeat answer of the meta's log for rank 4, applied to `catalog` unless it is
     /// lost on the way.
     fn beat_answer(
-        logs: &crate::shards::catalog::FreedLogs,
+        logs: &crate::shards::store::catalog::FreedLogs,
         catalog: &mut Catalog,
         delivered: bool,
     ) {
-        use crate::shards::catalog::{BeatNews, LogAnswer};
+        use crate::shards::store::catalog::{BeatNews, LogAnswer};
         let mark = catalog.mark();
         let LogAnswer::Records { seq, freed } = logs.answer(4, catalog.acked()) else {
             panic!("the log does not overflow here");
@@ -403,7 +402,7 @@ mod tests {
     /// frees is logged with its medium, and its entry dropped.
     #[test]
     fn tier_moves_are_handed_over_with_their_checksums() {
-        use crate::shards::catalog::FreedLogs;
+        use crate::shards::store::catalog::FreedLogs;
         use std::collections::HashMap;
         let build = || {
             TestStore::new()
@@ -559,7 +558,7 @@ mod tests {
     /// removals not yet delivered can come back; once they are, the hand-over is exact.
     #[test]
     fn seeded_hand_overs_keep_every_live_object() {
-        use crate::shards::catalog::FreedLogs;
+        use crate::shards::store::catalog::FreedLogs;
         for seed in 1..=12u64 {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let mut next = move |n: u64| {
@@ -602,7 +601,7 @@ mod tests {
                         };
                         catalog.add_pending(e);
                         let ok = next(10) != 0;
-                        assert!(matches!(old.commit(obj, ok), Reply::Done));
+                        assert!(old.commit(obj, ok));
                         let f = Freed {
                             medium: Medium::Dram,
                             offset: blobs[0].offset,

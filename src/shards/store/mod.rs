@@ -55,6 +55,7 @@
 mod adopt;
 pub mod alloc;
 mod announce;
+pub mod catalog;
 mod check;
 mod evacuate;
 mod evict;
@@ -152,7 +153,7 @@ struct Object {
     /// The object's version across leaders (the catalog hand-over's conflict order): the
     /// leadership that created it and its generation there. For an object created here,
     /// `(view, generation)`; for an adopted one, what its local service's catalog said.
-    stamp: crate::shards::catalog::Stamp,
+    stamp: catalog::Stamp,
 }
 
 struct BlobRec {
@@ -435,7 +436,7 @@ pub struct Store {
     stamp_view: u64,
     /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
     /// freed logs: their local services drop them from their catalogs).
-    freed_remote: Vec<(u32, crate::shards::catalog::Freed)>,
+    freed_remote: Vec<(u32, catalog::Freed)>,
 }
 
 /// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that

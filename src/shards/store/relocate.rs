@@ -32,7 +32,7 @@ pub struct Move {
     pub from: BlobView,
     pub to: BlobView,
     /// The object's stamp (its new blob's catalog entry on a local service).
-    pub stamp: crate::shards::catalog::Stamp,
+    pub stamp: super::catalog::Stamp,
 }
 
 impl Store {

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
-use super::store::segment::Medium;
+use super::segment::Medium;
 
 /// Freed records one rank's log holds unacknowledged before it overflows (then: resync).
 pub const LOG_CAPACITY: usize = 65_536;
