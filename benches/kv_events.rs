@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use mmc::common::event::Event;
 use mmc::common::medium::Medium;
 use mmc::config::KvEventsConfig;
-use mmc::kv_events::{KvEventStats, KvPublisher};
+use mmc::kv_events::KvPublisher;
+use mmc::metrics::kv_events::KvEventStats;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -66,7 +66,7 @@ pub struct Grant {
     pub size: u64,
     pub obj_id: u32,
     /// The object's generation: with `view`, its stamp in the local service's catalog
-    /// (`shards/catalog.rs`).
+    /// (`shards/store/catalog.rs`).
     pub obj_generation: u64,
     /// The `view_version` of the leadership that created the object (0 without HA).
     pub view: u64,

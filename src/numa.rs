@@ -15,27 +15,7 @@
 use std::io;
 use std::path::Path;
 
-/// `ock.mmc.numa.enable`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NumaMode {
-    /// Never place by node.
-    Off,
-    /// Place by node; on a one-node machine a no-op (logged).
-    On,
-    /// Place by node when the machine has more than one node with CPUs.
-    Auto,
-}
-
-impl NumaMode {
-    pub fn parse(s: &str) -> Result<NumaMode, &'static str> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "false" | "0" | "no" | "off" => Ok(NumaMode::Off),
-            "true" | "1" | "yes" | "on" => Ok(NumaMode::On),
-            "auto" => Ok(NumaMode::Auto),
-            _ => Err("true, false or auto"),
-        }
-    }
-}
+use crate::config::{MemPolicy, NumaMode};
 
 /// One NUMA node: its id and its CPUs, ascending.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,43 +181,6 @@ pub fn plan(mode: NumaMode, topology: &Topology, shard_cpus: &[usize]) -> Placem
         shard_node,
         groups,
         reason: format!("NUMA placement on: {reason}"),
-    }
-}
-
-/// `ock.mmc.numa.policy`: the memory policy a node's part of a segment gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemPolicy {
-    /// `MPOL_PREFERRED`: pages come from the node while it has free memory, from another node
-    /// after that. The default: a cache that runs one node short is slower, not killed.
-    Preferred,
-    /// `MPOL_BIND`: pages come from the node only; when it has none left the kernel's OOM
-    /// handling applies to this process.
-    Bind,
-}
-
-impl MemPolicy {
-    pub fn parse(s: &str) -> Result<MemPolicy, &'static str> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "preferred" | "prefer" => Ok(MemPolicy::Preferred),
-            "bind" => Ok(MemPolicy::Bind),
-            _ => Err("preferred or bind"),
-        }
-    }
-
-    /// The kernel's mode number (`MPOL_PREFERRED` = 1, `MPOL_BIND` = 2).
-    pub fn mode(self) -> libc::c_long {
-        match self {
-            MemPolicy::Preferred => 1,
-            MemPolicy::Bind => 2,
-        }
-    }
-
-    /// As `/proc/<pid>/numa_maps` writes it (`prefer:0`, `bind:0`).
-    pub fn numa_maps_word(self) -> &'static str {
-        match self {
-            MemPolicy::Preferred => "prefer",
-            MemPolicy::Bind => "bind",
-        }
     }
 }
 

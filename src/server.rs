@@ -145,7 +145,7 @@ pub fn check_exposure(config: &crate::config::Config, addr: SocketAddr) -> Resul
 /// point it at a synthetic two-node tree).
 fn numa_layout(plan: &Plan) -> Result<Option<Arc<crate::numa::NumaLayout>>, String> {
     let shard = &plan.config.shard;
-    if shard.numa == crate::numa::NumaMode::Off {
+    if shard.numa == crate::config::NumaMode::Off {
         return Ok(None);
     }
     let root = std::env::var_os("MMC_NUMA_SYSFS").unwrap_or_else(|| "/sys".into());
@@ -190,7 +190,8 @@ impl Server {
             let _ = cluster.kv_queue.set(p.queue.clone());
             // With HA on, only the leader publishes: idle until this node wins a leadership.
             if cluster.config.ha.enable {
-                crate::ha::kv_events::follow_leadership(&cluster, &p.queue);
+                let host: Arc<dyn crate::ha::HaHost> = cluster.clone();
+                crate::ha::kv_events::follow_leadership(&host, &p.queue);
             }
             Some(p)
         } else {

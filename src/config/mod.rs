@@ -15,7 +15,9 @@ use std::path::Path;
 
 use keys::BODY_TIMEOUT_MARGIN_MS;
 pub use keys::{KEYS, KeySpec, REDACTED};
-pub use services::{ClusterTls, KvEncoding, KvEventsConfig, TlsConfig};
+pub use services::{
+    ClusterTls, HaConfig, KvEncoding, KvEventsConfig, MemPolicy, NumaMode, TlsConfig,
+};
 pub use values::HostPort;
 
 use crate::common::segment::{MAX_SEGMENT_BYTES, PAGE_BYTES};
@@ -32,7 +34,7 @@ pub struct Config {
     /// `leader_address` while this node leads. Empty: `unknown`.
     pub advertise_address: String,
     /// `ock.mmc.meta.ha.*`: the election on etcd.
-    pub ha: crate::ha::HaConfig,
+    pub ha: HaConfig,
     pub http: HttpConfig,
     pub metadata: MetadataConfig,
     pub shard: ShardConfig,
@@ -112,9 +114,9 @@ pub struct ShardConfig {
     pub idle_spin_us: u64,
     pub ring_entries: u64,
     /// `ock.mmc.numa.enable`: place shards by NUMA node ([`crate::numa`]).
-    pub numa: crate::numa::NumaMode,
+    pub numa: NumaMode,
     /// `ock.mmc.numa.policy`: how a node's part of a DRAM segment is bound to the node.
-    pub numa_policy: crate::numa::MemPolicy,
+    pub numa_policy: MemPolicy,
 }
 
 /// Observability.
@@ -198,7 +200,7 @@ impl Config {
             },
             url_is_https: false,
             advertise_address: String::new(),
-            ha: crate::ha::HaConfig {
+            ha: HaConfig {
                 enable: false,
                 etcd_endpoints: Vec::new(),
                 advertise_url: String::new(),
@@ -227,8 +229,8 @@ impl Config {
                 max_outstanding: 0,
                 idle_spin_us: 0,
                 ring_entries: 0,
-                numa: crate::numa::NumaMode::Off,
-                numa_policy: crate::numa::MemPolicy::Preferred,
+                numa: NumaMode::Off,
+                numa_policy: MemPolicy::Preferred,
             },
             evict: EvictConfig {
                 high_percent: 0,

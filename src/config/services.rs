@@ -1,8 +1,9 @@
 //! Settings of the services around the store, kept here as plain data so the configuration
 //! imports none of the layers that use them: mTLS for the HTTP service (the rustls server
-//! configuration is built from them in `http::tls`) and the KV-event publisher.
+//! configuration is built from them in `http::tls`), the KV-event publisher, HA (the election
+//! in `ha`) and NUMA placement (`numa`).
 
-use super::{Config, ConfigError, Role};
+use super::{Config, ConfigError, HostPort, Role};
 
 /// `ock.mmc.metrics.tls.*`.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +26,58 @@ pub struct ClusterTls {
     pub ca_path: String,
     pub cert_path: String,
     pub key_path: String,
+}
+
+/// `ock.mmc.meta.ha.*`.
+#[derive(Clone, Debug)]
+pub struct HaConfig {
+    pub enable: bool,
+    pub etcd_endpoints: Vec<HostPort>,
+    /// The URL clients and local services use to reach this meta (`http://host:port`, no
+    /// trailing slash): the value of the election key while this node leads, and what a
+    /// standby redirects to.
+    pub advertise_url: String,
+    pub lease_ttl_ms: u64,
+    /// The etcd key prefix (ends with `/`).
+    pub prefix: String,
+}
+
+impl HaConfig {
+    /// The election key: its value is the leader's advertise URL, its create revision the
+    /// `view_version`.
+    pub fn election_key(&self) -> Vec<u8> {
+        format!("{}leader", self.prefix).into_bytes()
+    }
+
+    /// Written by each new leader with its incarnation: a node elected again sees whether
+    /// another leader served since its own last leadership.
+    pub fn last_leader_key(&self) -> Vec<u8> {
+        format!("{}last_leader", self.prefix).into_bytes()
+    }
+
+    /// Beside the election key, while KV events are on: the leader's KV-event publisher
+    /// (`kv_events::leadership`), written in the same transaction and under the same lease as
+    /// the election key, so the two appear and vanish together and share their create
+    /// revision (the `view_version`).
+    pub fn kv_events_key(&self) -> Vec<u8> {
+        format!("{}kv_events", self.prefix).into_bytes()
+    }
+
+    /// Where the `/metadata` entry `key` lives in etcd.
+    pub fn metadata_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = self.metadata_prefix();
+        k.extend_from_slice(key);
+        k
+    }
+
+    pub fn metadata_prefix(&self) -> Vec<u8> {
+        format!("{}metadata/", self.prefix).into_bytes()
+    }
+
+    /// The lease TTL asked of etcd: whole seconds (etcd's unit), rounded up.
+    pub fn lease_ttl_secs(&self) -> u64 {
+        self.lease_ttl_ms.div_ceil(1000)
+    }
 }
 
 impl Config {
@@ -191,5 +244,64 @@ mod tests {
         )
         .unwrap();
         tls.validate().unwrap();
+    }
+}
+
+/// `ock.mmc.numa.enable`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaMode {
+    /// Never place by node.
+    Off,
+    /// Place by node; on a one-node machine a no-op (logged).
+    On,
+    /// Place by node when the machine has more than one node with CPUs.
+    Auto,
+}
+
+impl NumaMode {
+    pub fn parse(s: &str) -> Result<NumaMode, &'static str> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "false" | "0" | "no" | "off" => Ok(NumaMode::Off),
+            "true" | "1" | "yes" | "on" => Ok(NumaMode::On),
+            "auto" => Ok(NumaMode::Auto),
+            _ => Err("true, false or auto"),
+        }
+    }
+}
+
+/// `ock.mmc.numa.policy`: the memory policy a node's part of a segment gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemPolicy {
+    /// `MPOL_PREFERRED`: pages come from the node while it has free memory, from another node
+    /// after that. The default: a cache that runs one node short is slower, not killed.
+    Preferred,
+    /// `MPOL_BIND`: pages come from the node only; when it has none left the kernel's OOM
+    /// handling applies to this process.
+    Bind,
+}
+
+impl MemPolicy {
+    pub fn parse(s: &str) -> Result<MemPolicy, &'static str> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "preferred" | "prefer" => Ok(MemPolicy::Preferred),
+            "bind" => Ok(MemPolicy::Bind),
+            _ => Err("preferred or bind"),
+        }
+    }
+
+    /// The kernel's mode number (`MPOL_PREFERRED` = 1, `MPOL_BIND` = 2).
+    pub fn mode(self) -> libc::c_long {
+        match self {
+            MemPolicy::Preferred => 1,
+            MemPolicy::Bind => 2,
+        }
+    }
+
+    /// As `/proc/<pid>/numa_maps` writes it (`prefer:0`, `bind:0`).
+    pub fn numa_maps_word(self) -> &'static str {
+        match self {
+            MemPolicy::Preferred => "prefer",
+            MemPolicy::Bind => "bind",
+        }
     }
 }

@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::HaHost;
 use super::etcd::{self, Etcd, EtcdError, b64};
-use super::{Acks, HaConfig, HaSnapshot, HaState, Role, ShardMsg, run_steps};
-use crate::shards::Cluster;
+use super::{Acks, HaSnapshot, HaState, Role, ShardMsg, run_steps};
+use crate::config::HaConfig;
 
 /// Entries read per `/metadata` page when a new leader loads them.
 const LOAD_PAGE: u64 = 1000;
@@ -44,10 +45,10 @@ pub struct HaThreads {
 
 impl HaThreads {
     /// Starts the election and the writer (HA on only).
-    pub fn start(cluster: Arc<Cluster>) -> Result<HaThreads, String> {
+    pub fn start(host: Arc<dyn HaHost>) -> Result<HaThreads, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        let c = cluster.clone();
+        let c = host.clone();
         let s = stop.clone();
         threads.push(
             std::thread::Builder::new()
@@ -59,7 +60,7 @@ impl HaThreads {
         threads.push(
             std::thread::Builder::new()
                 .name("mmc-ha-writer".into())
-                .spawn(move || super::writer::run(cluster, s))
+                .spawn(move || super::writer::run(host, s))
                 .map_err(|e| format!("cannot start the HA writer thread: {e}"))?,
         );
         Ok(HaThreads { stop, threads })
@@ -94,7 +95,7 @@ struct Leadership {
 }
 
 struct Elector {
-    cluster: Arc<Cluster>,
+    host: Arc<dyn HaHost>,
     cfg: HaConfig,
     key: Vec<u8>,
     etcd: Etcd,
@@ -133,9 +134,9 @@ fn incarnation() -> String {
 }
 
 impl Elector {
-    fn new(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) -> Elector {
-        let cfg = cluster
-            .ha
+    fn new(host: Arc<dyn HaHost>, stop: Arc<AtomicBool>) -> Elector {
+        let cfg = host
+            .ha()
             .config()
             .expect("the election runs with HA on")
             .clone();
@@ -152,15 +153,15 @@ impl Elector {
             view_version: 0,
             incarnation: incarnation(),
             led_before: false,
-            kv_events: crate::kv_events::leadership::etcd_value(&cluster.config),
-            cluster,
+            kv_events: crate::kv_events::leadership::etcd_value(host.config()),
+            host,
         }
     }
 
     /// The server is shutting down (a leader then resigns at once, so a standby takes over
     /// while this node drains), or the threads are being stopped.
     fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Acquire) || self.cluster.is_shutting_down()
+        self.stop.load(Ordering::Acquire) || self.host.shutting_down()
     }
 
     /// Sleeps until `until` or the stop, in short steps.
@@ -180,7 +181,7 @@ impl Elector {
             (Role::Leader, _) => view as i64,
             _ => 0,
         };
-        self.cluster.ha.publish(
+        self.host.ha().publish(
             HaSnapshot {
                 role,
                 state,
@@ -239,7 +240,7 @@ impl Elector {
 
     fn lost_sight(&mut self, e: &EtcdError) {
         if self.last_seen.elapsed() >= self.ttl {
-            let was = self.cluster.ha.snapshot();
+            let was = self.host.ha().snapshot();
             if was.role != Role::Unknown || was.state != HaState::Unknown {
                 log::warn!("HA: {e}; the leader is unknown");
             }
@@ -301,7 +302,7 @@ impl Elector {
             Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => {
                 let revision = etcd::int(v.get("header").unwrap_or(&Value::Null), "revision");
                 log::info!("HA: elected leader, view_version {revision}");
-                self.cluster.ha.serve_until(sent + ttl - margin(ttl));
+                self.host.ha().serve_until(sent + ttl - margin(ttl));
                 let previous = v
                     .pointer("/responses/0/response_range/kvs/0")
                     .map(|kv| etcd::bytes(kv, "value"))
@@ -364,13 +365,13 @@ impl Elector {
         self.led_before = true;
         // Before anything of this leadership changes the store: the KV-event epoch begins,
         // with what this node holds re-announced (`kv_events::leadership`).
-        if let Err(e) = run_steps(&self.cluster.ha.epoch_steps, view, l.step_down_at) {
+        if let Err(e) = run_steps(&self.host.ha().epoch_steps, view, l.step_down_at) {
             log::warn!("HA: {e}; resigning");
             self.resign(&l, "the KV-event epoch could not start");
             return Phase::Follow;
         }
         let loaded = self.load_metadata(&mut l).and_then(|n| {
-            run_steps(&self.cluster.ha.recovery, view, l.step_down_at)?;
+            run_steps(&self.host.ha().recovery, view, l.step_down_at)?;
             Ok(n)
         });
         match loaded {
@@ -393,7 +394,7 @@ impl Elector {
 
     /// Drops every object this node's shards hold (a purge in slices, as `DELETE /all_keys`).
     fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
-        self.cluster.ha.ask_every_shard(
+        self.host.ha().ask_every_shard(
             |ack| ShardMsg::Purge { ack },
             l.step_down_at,
             "the shards did not drop their objects in time",
@@ -403,8 +404,8 @@ impl Elector {
     /// Replaces every shard's `/metadata` copy with etcd's, page by page, renewing the lease
     /// between pages when due.
     fn load_metadata(&mut self, l: &mut Leadership) -> Result<usize, String> {
-        let cluster = self.cluster.clone();
-        let ha = &cluster.ha;
+        let host = self.host.clone();
+        let ha = host.ha();
         let shards = ha.shard_count();
         let mut acks = Acks::new();
         for s in 0..shards {
@@ -428,7 +429,7 @@ impl Elector {
             for kv in kvs.into_iter().flatten() {
                 let full = etcd::bytes(kv, "key");
                 let key: Box<[u8]> = full[prefix.len()..].into();
-                let owner = crate::shards::shard_for(&key, shards);
+                let owner = host.owner_shard(&key);
                 per_shard[owner].push((key, Bytes::from(etcd::bytes(kv, "value"))));
                 loaded += 1;
                 last = Some(full);
@@ -464,7 +465,7 @@ impl Elector {
                 let ttl = Duration::from_secs(ttl).min(l.ttl);
                 l.step_down_at = sent + ttl - margin(l.ttl).min(ttl / 2);
                 l.next_renewal = sent + l.ttl / 3;
-                self.cluster.ha.serve_until(l.step_down_at);
+                self.host.ha().serve_until(l.step_down_at);
             }
             Err(e) => {
                 log::warn!("HA: lease renewal failed: {e}");

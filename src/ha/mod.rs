@@ -19,8 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
 
-use crate::config::HostPort;
-use crate::shards::Reply;
+use crate::config::{Config, HaConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -78,58 +77,6 @@ impl HaSnapshot {
     }
 }
 
-/// `ock.mmc.meta.ha.*`.
-#[derive(Clone, Debug)]
-pub struct HaConfig {
-    pub enable: bool,
-    pub etcd_endpoints: Vec<HostPort>,
-    /// The URL clients and local services use to reach this meta (`http://host:port`, no
-    /// trailing slash): the value of the election key while this node leads, and what a
-    /// standby redirects to.
-    pub advertise_url: String,
-    pub lease_ttl_ms: u64,
-    /// The etcd key prefix (ends with `/`).
-    pub prefix: String,
-}
-
-impl HaConfig {
-    /// The election key: its value is the leader's advertise URL, its create revision the
-    /// `view_version`.
-    pub fn election_key(&self) -> Vec<u8> {
-        format!("{}leader", self.prefix).into_bytes()
-    }
-
-    /// Written by each new leader with its incarnation: a node elected again sees whether
-    /// another leader served since its own last leadership.
-    pub fn last_leader_key(&self) -> Vec<u8> {
-        format!("{}last_leader", self.prefix).into_bytes()
-    }
-
-    /// Beside the election key, while KV events are on: the leader's KV-event publisher
-    /// (`kv_events::leadership`), written in the same transaction and under the same lease as
-    /// the election key, so the two appear and vanish together and share their create
-    /// revision (the `view_version`).
-    pub fn kv_events_key(&self) -> Vec<u8> {
-        format!("{}kv_events", self.prefix).into_bytes()
-    }
-
-    /// Where the `/metadata` entry `key` lives in etcd.
-    pub fn metadata_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut k = self.metadata_prefix();
-        k.extend_from_slice(key);
-        k
-    }
-
-    pub fn metadata_prefix(&self) -> Vec<u8> {
-        format!("{}metadata/", self.prefix).into_bytes()
-    }
-
-    /// The lease TTL asked of etcd: whole seconds (etcd's unit), rounded up.
-    pub fn lease_ttl_secs(&self) -> u64 {
-        self.lease_ttl_ms.div_ceil(1000)
-    }
-}
-
 /// A `/metadata` write on its way to etcd.
 #[derive(Debug)]
 pub enum MetaOp {
@@ -145,6 +92,29 @@ impl MetaOp {
     }
 }
 
+/// How a `/metadata` write ended, as its owner shard answers the waiting command once it
+/// applied the write to its own copy (or etcd refused it).
+#[derive(Debug, PartialEq, Eq)]
+pub enum MetaReply {
+    Done,
+    /// A delete of a key etcd did not have.
+    NotFound,
+    Refused(std::borrow::Cow<'static, str>),
+}
+
+/// What the HA threads need of the server they run in, handed down as a trait (as
+/// `metrics::view::Source` is) so that `ha` knows no shard: the server's `Cluster` implements
+/// it (`shards/replica.rs`).
+pub trait HaHost: Send + Sync + 'static {
+    /// The view the HA threads publish to and reach the shards through.
+    fn ha(&self) -> &HaView;
+    fn config(&self) -> &Config;
+    /// The server is shutting down.
+    fn shutting_down(&self) -> bool;
+    /// The owner shard of the `/metadata` key `key`.
+    fn owner_shard(&self, key: &[u8]) -> usize;
+}
+
 /// A `/metadata` write queued by its owner shard for the writer thread.
 pub struct WriteReq {
     pub shard: usize,
@@ -155,8 +125,8 @@ pub struct WriteReq {
     pub op: MetaOp,
     /// Bytes the owner reserved in its metadata budget for this write.
     pub reserved: u64,
-    /// Where the owner's waiting command gets its reply.
-    pub done: flume::Sender<Reply>,
+    /// Where the owner's waiting command gets its answer.
+    pub done: flume::Sender<MetaReply>,
 }
 
 /// Messages from the HA threads to one shard (its applier task, `shards/replica.rs`). Each
@@ -169,7 +139,7 @@ pub enum ShardMsg {
         op: MetaOp,
         reserved: u64,
         outcome: Result<bool, String>,
-        done: flume::Sender<Reply>,
+        done: flume::Sender<MetaReply>,
     },
     /// This node became leader: drop the local `/metadata` copy (etcd's is the truth).
     Reset { ack: flume::Sender<()> },

@@ -16,17 +16,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::HaHost;
 use super::etcd::{Etcd, EtcdError, b64};
-use super::{HaConfig, MetaOp, ShardMsg, WriteReq};
-use crate::shards::Cluster;
+use super::{MetaOp, ShardMsg, WriteReq};
+use crate::config::HaConfig;
 
 /// Writes per transaction (etcd's default `--max-txn-ops` is 128).
 const BATCH_OPS: usize = 64;
 /// Key and value bytes per transaction (etcd's default request limit is 1.5 MiB).
 const BATCH_BYTES: usize = 1 << 20;
 
-pub(super) fn run(cluster: Arc<Cluster>, stop: Arc<AtomicBool>) {
-    let ha = &cluster.ha;
+pub(super) fn run(host: Arc<dyn HaHost>, stop: Arc<AtomicBool>) {
+    let ha = host.ha();
     let Some(queue) = ha.write_queue() else {
         return;
     };

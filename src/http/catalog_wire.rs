@@ -1,4 +1,4 @@
-//! The catalog hand-over on the wire (`shards/catalog.rs`), between a local service and its
+//! The catalog hand-over on the wire (`shards/store/catalog.rs`), between a local service and its
 //! meta: an entry is `[key_hex, medium, offset, len, size, view, seq]` (medium as in a grant:
 //! 0 HBM, 1 DRAM, 2 SSD), an SSD entry with an eighth element, its checksum (a memory entry
 //! keeps the seven of before); a freed record `[log_seq, medium, offset, view, seq]`, in the

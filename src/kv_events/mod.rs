@@ -22,7 +22,6 @@
 
 pub mod encode;
 pub mod leadership;
-pub mod stats;
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -38,8 +37,7 @@ use crossbeam_queue::SegQueue;
 use crate::common::event::Event;
 use crate::common::medium::Medium;
 use crate::config::{KvEncoding, KvEventsConfig};
-pub use stats::KvEventStats;
-use stats::{EventType, medium_index};
+use crate::metrics::kv_events::{EventType, KvEventStats, medium_index};
 
 /// One event on its way to subscribers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,7 @@ pub mod counter;
 pub mod exposition;
 pub mod hdr;
 pub mod hist;
+pub mod kv_events;
 pub mod process;
 pub mod requests;
 pub mod store;

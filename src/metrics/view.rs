@@ -10,12 +10,12 @@ use std::sync::Arc;
 use super::ShardStats;
 use super::bus::{BusStats, TierStats};
 use super::client::ClientStats;
+use super::kv_events::KvEventStats;
 use super::store::StoreStats;
 use super::trace::Tracer;
 use crate::common::clock::Clock;
 use crate::common::medium::Medium;
 use crate::config::Config;
-use crate::kv_events::KvEventStats;
 use crate::numa::NodePart;
 
 /// The figures one scrape reads.

@@ -34,7 +34,11 @@ impl Shard {
                 self.apply_alloc(key, size, placement)
             }
             Command::Commit { obj, ok, .. } => {
-                Applied::Now(self.store.borrow_mut().commit(obj, ok))
+                Applied::Now(if self.store.borrow_mut().commit(obj, ok) {
+                    Reply::Done
+                } else {
+                    Reply::NotFound
+                })
             }
             Command::Get { key } => self.apply_get(key),
             Command::GetElsewhere { key, rank } => {

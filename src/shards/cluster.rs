@@ -118,7 +118,7 @@ pub struct Cluster {
     /// The mTLS server configuration, when TLS is on ([`FrontAssets::tls`]).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The KV-event publisher's statistics.
-    pub kv_stats: Arc<crate::kv_events::KvEventStats>,
+    pub kv_stats: Arc<crate::metrics::kv_events::KvEventStats>,
     /// The KV-event queue, when publishing is enabled (set once at start).
     pub kv_queue: std::sync::OnceLock<Arc<crate::kv_events::KvQueue>>,
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
@@ -195,7 +195,7 @@ impl Cluster {
             shutting_down: AtomicBool::new(false),
             drained: AtomicUsize::new(0),
             tls,
-            kv_stats: Arc::new(crate::kv_events::KvEventStats::new(shard_count)),
+            kv_stats: Arc::new(crate::metrics::kv_events::KvEventStats::new(shard_count)),
             kv_queue: std::sync::OnceLock::new(),
             clock,
             ranks: super::ranks::RankRegistry::default(),

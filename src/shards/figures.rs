@@ -12,7 +12,7 @@ use crate::common::clock::Clock;
 use crate::common::medium::Medium;
 use crate::config::Config;
 use crate::ha::Role;
-use crate::kv_events::KvEventStats;
+use crate::metrics::kv_events::KvEventStats;
 use crate::metrics::view::{
     DiskFigures, HaFigures, RemoteDiskFigures, SegmentFigures, SegmentList, ShardFigures, Source,
 };

@@ -97,7 +97,7 @@ pub struct LocalIdentity {
     /// Admitted by a meta and not joining again (`set_joined`).
     joined: AtomicBool,
     /// The blobs this local service holds, handed to a meta that does not know them when it
-    /// joins (`shards/catalog.rs`).
+    /// joins (`shards/store/catalog.rs`).
     // LOCK-OK: one short hold per blob written under a grant and per heartbeat, never per read
     pub catalog: Mutex<crate::cluster::catalog::Catalog>,
     /// When (process clock, ms) this service last answered a tier move whose copy awaits its `landed`

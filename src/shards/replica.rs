@@ -9,8 +9,37 @@ use bytes::Bytes;
 
 use super::apply::Applied;
 use super::metadata::MetadataStore;
-use super::{Reply, Shard};
-use crate::ha::{MetaOp, ShardMsg, WriteReq};
+use super::{Cluster, Reply, Shard, shard_for};
+use crate::config::Config;
+use crate::ha::{HaHost, HaView, MetaOp, MetaReply, ShardMsg, WriteReq};
+
+impl HaHost for Cluster {
+    fn ha(&self) -> &HaView {
+        &self.ha
+    }
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.is_shutting_down()
+    }
+
+    fn owner_shard(&self, key: &[u8]) -> usize {
+        shard_for(key, self.shard_count())
+    }
+}
+
+impl From<MetaReply> for Reply {
+    fn from(r: MetaReply) -> Reply {
+        match r {
+            MetaReply::Done => Reply::Done,
+            MetaReply::NotFound => Reply::NotFound,
+            MetaReply::Refused(msg) => Reply::Refused(msg),
+        }
+    }
+}
 
 impl Shard {
     /// Queues a `/metadata` write for etcd (HA on); the answer comes when it was stored (or
@@ -36,10 +65,10 @@ impl Shard {
             return Applied::Now(Reply::Overloaded);
         }
         Applied::Later(Box::pin(async move {
-            answer
-                .recv_async()
-                .await
-                .unwrap_or_else(|_| Reply::refused("The /metadata write was abandoned"))
+            answer.recv_async().await.map_or_else(
+                |_| Reply::refused("The /metadata write was abandoned"),
+                Reply::from,
+            )
         }))
     }
 
@@ -85,17 +114,21 @@ impl Shard {
                 } => {
                     self.metadata.borrow_mut().unreserve(reserved);
                     let reply = match outcome {
-                        Err(msg) => Reply::Refused(msg.into()),
+                        Err(msg) => MetaReply::Refused(msg.into()),
                         Ok(existed) => {
                             let mut md = self.metadata.borrow_mut();
                             match op {
-                                MetaOp::Put(k, v) => md.put(k, v),
+                                MetaOp::Put(k, v) => match md.put(k, v) {
+                                    Reply::Done => MetaReply::Done,
+                                    Reply::Refused(msg) => MetaReply::Refused(msg),
+                                    other => unreachable!("a /metadata put answers {other:?}"),
+                                },
                                 MetaOp::Delete(k) => {
                                     md.delete(&k);
                                     if existed {
-                                        Reply::Done
+                                        MetaReply::Done
                                     } else {
-                                        Reply::NotFound
+                                        MetaReply::NotFound
                                     }
                                 }
                             }

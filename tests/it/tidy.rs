@@ -10,50 +10,14 @@
 //!   relaxed load and store) and summed when read.
 //! - A medium's names are written once, in `src/common/medium.rs`'s table: no other code
 //!   spells one as a string literal.
-//! - Layers import only the layers below them ([`FORBIDDEN`]). The imports that break a rule
-//!   today are listed in [`KNOWN_LAYER_BREAKS`], each with what it is waiting for; the list can
-//!   only shrink: an entry that no longer occurs fails the test too, so it is removed when the
-//!   import is.
+//! - Layers import only what their row of [`layers::LAYERS`] allows, and no import cycle runs
+//!   between them ([`layers`]).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod layers;
+
 const MAX_LINES: usize = 800;
-
-/// (layer, a layer it must not import, why).
-const FORBIDDEN: &[(&str, &str, &str)] = &[
-    ("shards", "http", "shards own state and know no HTTP"),
-    ("config", "http", "config imports no other layer"),
-    ("config", "shards", "config imports no other layer"),
-    ("config", "metrics", "config imports no other layer"),
-    ("config", "kv_events", "config imports no other layer"),
-    ("config", "accel", "config imports no other layer"),
-    ("config", "server", "config imports no other layer"),
-    ("metrics", "http", "metrics read what they are handed"),
-    ("metrics", "server", "metrics read what they are handed"),
-    ("metrics", "shards", "metrics read what they are handed"),
-    ("kv_events", "http", "kv_events read what they are handed"),
-    ("kv_events", "server", "kv_events read what they are handed"),
-    ("kv_events", "shards", "kv_events read what they are handed"),
-    ("accel", "http", "accel is below shards"),
-    ("accel", "shards", "accel is below shards"),
-    ("accel", "metrics", "accel is below shards"),
-    (
-        "http",
-        "server",
-        "the server assembles http, not the reverse",
-    ),
-    (
-        "shards",
-        "server",
-        "the server assembles shards, not the reverse",
-    ),
-];
-
-/// Layer breaks that exist today: (file, imported layer), each waiting for its fix. Empty since
-/// the shared vocabulary moved to `src/common`; keep it so a break found later can be listed
-/// with its reason while it is fixed.
-const KNOWN_LAYER_BREAKS: &[(&str, &str)] = &[];
 
 /// The atomic read-modify-writes `src/shards` and `src/metrics` may do: (file, the atomic's
 /// name on the line, why several threads write it). Statistics are not among them.
@@ -85,9 +49,6 @@ const SHARED_RMW: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Bottom layers: they import no other module of the crate, so every layer may use them.
-const BOTTOM: &[&str] = &["common"];
-
 fn src_files() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
@@ -113,13 +74,6 @@ fn rel(p: &Path) -> String {
         .into_owned()
 }
 
-/// The top-level module a file belongs to: `src/shards/store/mod.rs` → `shards`.
-fn layer_of(rel: &str) -> Option<&str> {
-    let rest = rel.strip_prefix("src/")?;
-    let first = rest.split('/').next()?;
-    Some(first.strip_suffix(".rs").unwrap_or(first))
-}
-
 /// The code of a file without comments and without its `#[cfg(test)]` module (tests may
 /// reach anywhere).
 fn code_of(text: &str) -> String {
@@ -134,53 +88,6 @@ fn code_of(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The top-level modules named by `crate::` paths in `code`, including every item of a
-/// `use crate::{a::…, b, c::{…}}` group.
-fn crate_modules(code: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let bytes = code.as_bytes();
-    let mut from = 0;
-    while let Some(i) = code[from..].find("crate::") {
-        let at = from + i + "crate::".len();
-        from = at;
-        if bytes.get(at) == Some(&b'{') {
-            // Top-level items of the group: split on commas at depth 1.
-            let mut depth = 0;
-            let mut item_start = at + 1;
-            let mut j = at;
-            while j < bytes.len() {
-                match bytes[j] {
-                    b'{' => depth += 1,
-                    b'}' | b',' if depth == 1 => {
-                        let item = code[item_start..j].trim();
-                        let name: String = item
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        if !name.is_empty() {
-                            out.insert(name);
-                        }
-                        item_start = j + 1;
-                        if bytes[j] == b'}' {
-                            break;
-                        }
-                    }
-                    b'}' => depth -= 1,
-                    _ => {}
-                }
-                j += 1;
-            }
-        } else {
-            let name: String = code[at..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            out.insert(name);
-        }
-    }
-    out
 }
 
 /// `file:line: code` of every code line (comments and test modules left out, see [`code_of`])
@@ -294,36 +201,6 @@ fn no_lock_in_shards_or_metrics_without_its_reason() {
 }
 
 #[test]
-fn layers_import_only_the_layers_below_them() {
-    let mut breaks = BTreeSet::new();
-    for p in src_files() {
-        let r = rel(&p);
-        let Some(layer) = layer_of(&r) else { continue };
-        let code = code_of(&std::fs::read_to_string(&p).unwrap());
-        for m in crate_modules(&code) {
-            let below_bottom = BOTTOM.contains(&layer) && m != layer;
-            if below_bottom || FORBIDDEN.iter().any(|(l, f, _)| *l == layer && *f == m) {
-                breaks.insert((r.clone(), m));
-            }
-        }
-    }
-    let known: BTreeSet<(String, String)> = KNOWN_LAYER_BREAKS
-        .iter()
-        .map(|(f, m)| (f.to_string(), m.to_string()))
-        .collect();
-    let new: Vec<_> = breaks.difference(&known).collect();
-    let gone: Vec<_> = known.difference(&breaks).collect();
-    assert!(
-        new.is_empty(),
-        "imports against ARCHITECTURE.md's layering (move the shared item down instead): {new:?}"
-    );
-    assert!(
-        gone.is_empty(),
-        "these layer breaks are fixed: remove them from KNOWN_LAYER_BREAKS: {gone:?}"
-    );
-}
-
-#[test]
 fn statistics_take_no_read_modify_write() {
     const RMW: &[&str] = &[
         ".fetch_add(",
@@ -379,18 +256,4 @@ fn medium_names_are_written_only_in_their_table() {
         "media named outside {TABLE} (read the name from `Medium`'s table):\n{}",
         found.join("\n")
     );
-}
-
-#[test]
-fn the_import_scanner_sees_grouped_and_nested_paths() {
-    let code = "use crate::{http::tls::TlsConfig, shards::{Medium, Seg}, limits};\nlet x = crate::kv_events::X;";
-    let got: Vec<String> = crate_modules(code).into_iter().collect();
-    assert_eq!(got, ["http", "kv_events", "limits", "shards"]);
-    assert_eq!(layer_of("src/shards/store/mod.rs"), Some("shards"));
-    assert_eq!(layer_of("src/cli.rs"), Some("cli"));
-    // A commented-out import and a test module's imports do not count.
-    let code = code_of(
-        "// use crate::http::X;\nfn f() {}\n#[cfg(test)]\nmod tests {\n use crate::server::Y;\n}\n",
-    );
-    assert!(crate_modules(&code).is_empty());
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Ctx;
 use crate::http::response::{Body, ContentType, Response, Status};
-use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::exposition;
+use crate::metrics::kv_events::{EventType, MEDIUM_LABELS};
 use crate::metrics::trace::Tp;
 
 pub fn metrics(ctx: &mut Ctx<'_>) -> Response {

@@ -4,9 +4,8 @@
 use super::writer::Out;
 use super::{medium_usage, sum, sum_i};
 use crate::common::medium::Medium;
-use crate::kv_events::KvEventStats;
-use crate::kv_events::stats::{EventType, MEDIUM_LABELS};
 use crate::metrics::ShardStats;
+use crate::metrics::kv_events::{EventType, KvEventStats, MEDIUM_LABELS};
 use crate::metrics::requests::{self, ReqOp};
 use crate::metrics::store::{Op, OpCounters, StoreStats, TierCounters};
 use crate::metrics::view::{SegmentFigures, Source};

@@ -1,4 +1,4 @@
-//! The catalog hand-over on the store's side (`shards/catalog.rs`): adopting a local service's
+//! The catalog hand-over on the store's side (`catalog.rs`): adopting a local service's
 //! blobs as committed objects at exactly their ranges, listing a rank's blobs for a resync, and
 //! noting the remote blobs this shard detaches for their ranks' freed logs.
 
@@ -194,7 +194,6 @@ impl Store {
 mod tests {
     use super::*;
     use crate::cluster::catalog::Catalog;
-    use crate::shards::Reply;
     use crate::shards::store::testing::TestStore;
 
     const MB: u64 = 1 << 20;
@@ -208,7 +207,7 @@ mod tests {
         let AllocStep::Granted { obj, .. } = step else {
             panic!("alloc refused: {step:?}");
         };
-        assert!(matches!(s.commit(obj, true), Reply::Done));
+        assert!(s.commit(obj, true));
     }
 
     fn remote_store(ranks: &[u32]) -> Store {
@@ -603,7 +602,7 @@ mod tests {
                         };
                         catalog.add_pending(e);
                         let ok = next(10) != 0;
-                        assert!(matches!(old.commit(obj, ok), Reply::Done));
+                        assert!(old.commit(obj, ok));
                         let f = Freed {
                             medium: Medium::Dram,
                             offset: blobs[0].offset,

@@ -55,6 +55,7 @@
 mod adopt;
 pub mod alloc;
 mod announce;
+pub use crate::cluster::catalog;
 mod check;
 mod evacuate;
 mod evict;

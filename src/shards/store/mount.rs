@@ -277,7 +277,8 @@ pub fn mount_configured(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numa::{MemPolicy, NumaMode, Topology};
+    use crate::config::{MemPolicy, NumaMode};
+    use crate::numa::Topology;
 
     /// A table placing segments per a synthetic two-node topology (node 0: CPUs 0-1, node 1:
     /// CPUs 2-3) with shards on `cpus`.

@@ -339,18 +339,17 @@ impl Store {
 
     /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
     /// dropped (a failed write). Also the end of the writer's grant (an abort is `!ok`): its
-    /// pins are released, and blobs orphaned by a removal meanwhile are freed. NotFound when
-    /// the object was removed meanwhile.
-    pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
+    /// pins are released, and blobs orphaned by a removal meanwhile are freed. False (not
+    /// found) when the object was removed meanwhile.
+    pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> bool {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::UpdateState);
-        let reply = self.commit_inner(obj, ok);
-        span.end(matches!(reply, crate::shards::Reply::Done));
-        reply
+        let found = self.commit_inner(obj, ok);
+        span.end(found);
+        found
     }
 
-    pub(super) fn commit_inner(&mut self, obj: ObjHandle, ok: bool) -> crate::shards::Reply {
-        use crate::shards::Reply;
+    pub(super) fn commit_inner(&mut self, obj: ObjHandle, ok: bool) -> bool {
         let now = self.now_ms();
         let live = self
             .objects
@@ -363,7 +362,7 @@ impl Store {
                 }
             }
             self.stats.record(Op::UpdateState, Outcome::NotFound, None);
-            return Reply::NotFound;
+            return false;
         }
         let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
         let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
@@ -378,11 +377,11 @@ impl Store {
                 }
             }
             self.stats.record(Op::UpdateState, Outcome::Success, rank);
-            Reply::Done
+            true
         } else {
             self.remove_object(obj.id, now);
             self.stats.record(Op::UpdateState, Outcome::Success, rank);
-            Reply::Done
+            true
         }
     }
 }

@@ -1,7 +1,6 @@
 //! Unit tests of the store.
 
 use super::*;
-use crate::shards::Reply;
 use testing::TestStore;
 
 fn dram_store(capacity: u64) -> Store {
@@ -17,7 +16,7 @@ fn put(store: &mut Store, key: &str) {
     let AllocStep::Granted { obj, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
-    assert!(matches!(store.commit(obj, true), Reply::Done));
+    assert!(store.commit(obj, true));
 }
 
 fn named(store: &Store, name: &str) -> Vec<Vec<u8>> {
@@ -132,10 +131,10 @@ fn a_removed_put_keeps_its_blob_until_the_writer_lets_go_then_frees_it() {
         assert_eq!(dram_used(&s), 1 << 20);
         let (other, _) = grant(&mut s, "other", 1 << 20);
         assert_eq!(dram_used(&s), 2 << 20, "the new object got other memory");
-        assert!(matches!(s.commit(other, true), Reply::Done));
+        assert!(s.commit(other, true));
         assert!(s.remove(b"other"));
         // The writer's commit (or abort) ends its grant: now the blob goes.
-        assert!(matches!(s.commit(obj, true), Reply::NotFound));
+        assert!(!s.commit(obj, true));
         s.check();
         assert_eq!(dram_used(&s), 0, "remove_all={remove_all}");
         assert!(s.orphaned.is_empty());
@@ -185,7 +184,7 @@ fn remove_all_drops_the_keys_at_once_and_frees_in_slices() {
     // The leased read and the writer still hold their blobs; then let go.
     assert_eq!(dram_used(&s), 3 * 4096);
     s.unpin(leased.handle);
-    assert!(matches!(s.commit(writer, true), Reply::NotFound));
+    assert!(!s.commit(writer, true));
     s.check();
     assert!(s.remove(b"k1"));
     s.lease_expire_all();
@@ -260,9 +259,9 @@ fn reclaim_revokes_an_idle_writer_and_spares_one_making_progress() {
         "the idle writer's blob waits for it"
     );
     // Its abort releases the blob; the busy writer commits as usual.
-    assert!(matches!(s.commit(idle, false), Reply::NotFound));
+    assert!(!s.commit(idle, false));
     assert_eq!(dram_used(&s), 8192);
-    assert!(matches!(s.commit(busy, true), Reply::Done));
+    assert!(s.commit(busy, true));
     assert!(s.exists(b"busy").is_some());
     s.check();
 }
@@ -309,7 +308,7 @@ fn put_at(s: &mut Store, key: &str, size: u64, medium: Medium, rank: u32) -> u32
         panic!("alloc refused: {step:?}");
     };
     let landed = blobs[0].seg.rank;
-    assert!(matches!(s.commit(obj, true), Reply::Done));
+    assert!(s.commit(obj, true));
     landed
 }
 
@@ -670,7 +669,7 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     assert!(s.drop_segment(seg), "nothing left on the lost segment");
     assert_eq!(used_on(&s, 1, Medium::Dram), 0);
     s.check();
-    assert!(matches!(s.commit(obj, true), Reply::Done));
+    assert!(s.commit(obj, true));
     assert!(s.find(b"w").is_some());
     s.check();
 }

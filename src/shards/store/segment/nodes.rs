@@ -114,7 +114,8 @@ mod tests {
     use super::super::{Backend, Medium, ShardSegment};
     use super::*;
     use crate::common::memory::MappedRegion;
-    use crate::numa::{MemPolicy, NumaMode, Topology, plan};
+    use crate::config::{MemPolicy, NumaMode};
+    use crate::numa::{Topology, plan};
 
     /// Two nodes (CPUs 0-1, 2-3); shards pinned to `cpus`.
     fn layout(cpus: &[usize]) -> NumaLayout {

@@ -1,10 +1,10 @@
 //! The KV-event publisher's statistics (`/kv_events/status`, `memcache_kv_events_*`), shared by
-//! the shards that produce events and the publisher thread that sends them.
+//! the shards that produce events and the publisher thread (`kv_events`) that sends them. Here,
+//! below both, so the exposition reads them without importing the publisher.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use crate::metrics::Counter;
-
+use super::Counter;
 use crate::common::medium::Medium;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
