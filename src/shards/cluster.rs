@@ -252,6 +252,7 @@ impl Cluster {
             high_percent: self.config.evict.high_percent,
             low_percent: self.config.evict.low_percent,
             alloc_timeout_ms: self.config.store.alloc_timeout_ms,
+            remote_writer_ms: self.config.remote_writer_ms(),
         }
     }
 }

@@ -674,3 +674,103 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     assert!(s.find(b"w").is_some());
     s.check();
 }
+
+/// One remote rank's DRAM (4 MiB), remote writers writing for 5 s after their allocation.
+fn remote_dram_store(f: impl FnOnce(&mut StoreConfig)) -> Store {
+    let mut s = TestStore::new()
+        .remote_segment(1, Medium::Dram, 4 << 20)
+        .config(|c| {
+            c.remote_writer_ms = 5_000;
+            f(c)
+        })
+        .build();
+    s.set_manual_clock(1_000);
+    s
+}
+
+/// Allocates `key` (256 KiB, on the remote rank): its handle and its blob's offset.
+fn remote_grant(s: &mut Store, key: &str) -> (ObjHandle, u64) {
+    let step = s.alloc(key.as_bytes().into(), 256 << 10, Placement::on(None, 1));
+    let AllocStep::Granted { obj, blobs, .. } = step else {
+        panic!("alloc refused: {step:?}");
+    };
+    assert!(blobs[0].seg.backend.remote().is_some());
+    (obj, blobs[0].offset)
+}
+
+#[test]
+fn a_remote_put_removed_before_its_commit_keeps_its_range_until_its_grants_are_over() {
+    let mut s = remote_dram_store(|_| {});
+    let (obj, offset) = remote_grant(&mut s, "a");
+    s.advance_clock(1_000);
+    assert!(s.remove(b"a"));
+    s.check();
+    // Its local service may still write there (the grant, the clocks' skew, a body in
+    // flight): no other object gets the range, and a tick does not free it.
+    for _ in 0..3 {
+        let (other, at) = remote_grant(&mut s, "other");
+        assert_ne!(
+            at, offset,
+            "the removed put's range was given to another object"
+        );
+        assert!(matches!(s.commit(other, true), Reply::Done));
+        assert!(s.remove(b"other"));
+        s.advance_clock(1_000);
+        s.tick();
+        s.check();
+        assert_eq!(used_on(&s, 1, Medium::Dram), 256 << 10);
+    }
+    // 5 s after the allocation, no commit having come, the tick frees it: nothing leaks.
+    s.advance_clock(999);
+    s.tick();
+    assert_eq!(used_on(&s, 1, Medium::Dram), 256 << 10);
+    s.advance_clock(1);
+    s.tick();
+    s.check();
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    assert!(s.orphaned.is_empty());
+    // A commit arriving after all: the object is gone, nothing is freed twice.
+    assert!(matches!(s.commit(obj, true), Reply::NotFound));
+    s.check();
+    // An abort before the deadline ends the hold at once.
+    let (obj, _) = remote_grant(&mut s, "b");
+    assert!(s.remove(b"b"));
+    assert!(matches!(s.commit(obj, false), Reply::NotFound));
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    s.check();
+}
+
+#[test]
+fn a_reclaimed_remote_put_keeps_its_range_until_its_grants_are_over() {
+    // Reclaimed after 1 s without a commit, well before its writers' time is over.
+    let mut s = remote_dram_store(|c| c.alloc_timeout_ms = 1_000);
+    let (obj, offset) = remote_grant(&mut s, "idle");
+    s.advance_clock(1_001);
+    s.tick();
+    assert!(s.find(b"idle").is_none(), "reclaimed");
+    s.check();
+    let (other, at) = remote_grant(&mut s, "other");
+    assert_ne!(at, offset);
+    assert!(matches!(s.commit(other, true), Reply::Done));
+    s.advance_clock(3_998);
+    s.tick();
+    assert_eq!(used_on(&s, 1, Medium::Dram), 2 * (256 << 10));
+    s.advance_clock(1);
+    s.tick();
+    s.check();
+    assert_eq!(used_on(&s, 1, Medium::Dram), 256 << 10);
+    assert!(matches!(s.commit(obj, false), Reply::NotFound));
+    s.check();
+}
+
+#[test]
+fn an_abort_or_commit_repeated_after_the_commit_changes_nothing() {
+    let mut s = dram_store(16 << 20);
+    let (obj, _) = grant(&mut s, "acked", 8192);
+    assert!(matches!(s.commit(obj, true), Reply::Done));
+    for ok in [false, true, false] {
+        assert!(matches!(s.commit(obj, ok), Reply::Done));
+        assert!(s.exists(b"acked").is_some(), "an acknowledged put stays");
+        s.check();
+    }
+}
