@@ -75,7 +75,7 @@ fn small_cluster() -> (Server, Server) {
 
 #[test]
 fn a_used_put_grant_is_refused_while_its_object_lives() {
-    let (meta, _local) = small_cluster();
+    let (meta, local) = small_cluster();
     let a = bytes(1 << 20, 1);
     let l = put_redirect(&meta, "A", a.len());
     let r = put_to(&l, &a);
@@ -87,6 +87,15 @@ fn a_used_put_grant_is_refused_while_its_object_lives() {
     let r = put_head_to(&l, a.len());
     r.assert_error(403, USED);
     assert_reads(&meta, "A", &a);
+    let m = local.client().get("/metrics").text();
+    assert!(
+        m.contains("memcache_grants_refused_total{reason=\"used\"} 2\n"),
+        "both replays counted: {}",
+        m.lines()
+            .filter(|l| l.contains("grants"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// `PUT` of a grant's URL with `Expect: 100-continue`: the answer before any body.

@@ -370,8 +370,15 @@ impl Store {
         }
         let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
         let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
-        for &b in &blobs {
-            self.release_writer(b, now);
+        // A remote put's abort comes from its first hop, whose write is over; a later hop of
+        // a chain may still be written by a request that reached it directly (its URL is in
+        // the first hop's): its blobs stay the writers' until their deadline (orphaned by
+        // the removal below). A commit comes only after every hop answered.
+        let remote = self.uncommitted[&obj.id].remote_until_ms.is_some();
+        if ok || !remote || blobs.len() == 1 {
+            for &b in &blobs {
+                self.release_writer(b, now);
+            }
         }
         if ok {
             self.uncommitted.remove(&obj.id);
