@@ -656,10 +656,10 @@ async fn finish_failed(
 }
 
 /// A first hop that will not commit (its write or the chain failed, the body broke off or
-/// came too late) aborts the put with the meta service (a commit with `ok=0`), so the
-/// allocation is freed at once rather than reclaimed after `alloc_timeout_ms`. Sent only once
-/// this hop writes no more (its body ended), and later hops are reached only through its
-/// forward, which has ended too.
+/// came too late) aborts the put with the meta service (a commit with `ok=0`), so the key is
+/// removed at once rather than reclaimed after `alloc_timeout_ms`. Sent only once this hop
+/// writes no more (its body ended): the meta frees its blob at once, a chain's blobs at the
+/// writers' deadline (a later hop may have been reached directly, not by this one's forward).
 async fn abort(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant, text: &[u8], next: Option<&str>) {
     if grant.op == GrantOp::WriteCommit {
         let _ = commit(ctx, key, grant, text, next, false).await;
