@@ -675,10 +675,14 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     s.check();
 }
 
-/// One remote rank's DRAM (4 MiB), remote writers writing for 5 s after their allocation.
-fn remote_dram_store(f: impl FnOnce(&mut StoreConfig)) -> Store {
-    let mut s = TestStore::new()
-        .remote_segment(1, Medium::Dram, 4 << 20)
+/// 4 MiB of DRAM on each remote rank of `ranks`, remote writers writing for 5 s after their
+/// allocation; the clock at 1 s.
+fn remote_dram_store(ranks: &[u32], f: impl FnOnce(&mut StoreConfig)) -> Store {
+    let mut b = TestStore::new();
+    for &r in ranks {
+        b = b.remote_segment(r, Medium::Dram, 4 << 20);
+    }
+    let mut s = b
         .config(|c| {
             c.remote_writer_ms = 5_000;
             f(c)
@@ -688,43 +692,48 @@ fn remote_dram_store(f: impl FnOnce(&mut StoreConfig)) -> Store {
     s
 }
 
-/// Allocates `key` (256 KiB, on the remote rank): its handle and its blob's offset.
-fn remote_grant(s: &mut Store, key: &str) -> (ObjHandle, u64) {
-    let step = s.alloc(key.as_bytes().into(), 256 << 10, Placement::on(None, 1));
+/// Allocates `key` (256 KiB, `replicas` copies on remote ranks): its handle and its first
+/// blob's offset.
+fn remote_grant(s: &mut Store, key: &str, replicas: u8) -> (ObjHandle, u64) {
+    let step = s.alloc(
+        key.as_bytes().into(),
+        256 << 10,
+        Placement::on(None, replicas),
+    );
     let AllocStep::Granted { obj, blobs, .. } = step else {
         panic!("alloc refused: {step:?}");
     };
-    assert!(blobs[0].seg.backend.remote().is_some());
+    assert!(blobs.iter().all(|b| b.seg.backend.remote().is_some()));
     (obj, blobs[0].offset)
+}
+
+/// `ms` pass, then a tick.
+fn tick_after(s: &mut Store, ms: u64) {
+    s.advance_clock(ms);
+    s.tick();
+    s.check();
 }
 
 #[test]
 fn a_remote_put_removed_before_its_commit_keeps_its_range_until_its_grants_are_over() {
-    let mut s = remote_dram_store(|_| {});
-    let (obj, offset) = remote_grant(&mut s, "a");
+    let mut s = remote_dram_store(&[1], |_| {});
+    let (obj, offset) = remote_grant(&mut s, "a", 1);
     s.advance_clock(1_000);
     assert!(s.remove(b"a"));
     s.check();
     // Its local service may still write there (the grant, the clocks' skew, a body in
     // flight): no other object gets the range, and a tick does not free it.
     for _ in 0..3 {
-        let (other, at) = remote_grant(&mut s, "other");
-        assert_ne!(
-            at, offset,
-            "the removed put's range was given to another object"
-        );
+        let (other, at) = remote_grant(&mut s, "other", 1);
+        assert_ne!(at, offset, "the removed put's range went to another object");
         assert!(matches!(s.commit(other, true), Reply::Done));
         assert!(s.remove(b"other"));
-        s.advance_clock(1_000);
-        s.tick();
-        s.check();
+        tick_after(&mut s, 1_000);
         assert_eq!(used_on(&s, 1, Medium::Dram), 256 << 10);
     }
     // 5 s after the allocation, no commit having come, the tick frees it: nothing leaks.
     for (ms, left) in [(999, 256 << 10), (1, 0)] {
-        s.advance_clock(ms);
-        s.tick();
-        s.check();
+        tick_after(&mut s, ms);
         assert_eq!(used_on(&s, 1, Medium::Dram), left);
     }
     assert!(s.orphaned.is_empty());
@@ -732,7 +741,7 @@ fn a_remote_put_removed_before_its_commit_keeps_its_range_until_its_grants_are_o
     assert!(matches!(s.commit(obj, true), Reply::NotFound));
     s.check();
     // An abort before the deadline ends the hold at once.
-    let (obj, _) = remote_grant(&mut s, "b");
+    let (obj, _) = remote_grant(&mut s, "b", 1);
     assert!(s.remove(b"b"));
     assert!(matches!(s.commit(obj, false), Reply::NotFound));
     assert_eq!(used_on(&s, 1, Medium::Dram), 0);
@@ -742,19 +751,15 @@ fn a_remote_put_removed_before_its_commit_keeps_its_range_until_its_grants_are_o
 #[test]
 fn a_reclaimed_remote_put_keeps_its_range_until_its_grants_are_over() {
     // Reclaimed after 1 s without a commit, well before its writers' time is over.
-    let mut s = remote_dram_store(|c| c.alloc_timeout_ms = 1_000);
-    let (obj, offset) = remote_grant(&mut s, "idle");
-    s.advance_clock(1_001);
-    s.tick();
+    let mut s = remote_dram_store(&[1], |c| c.alloc_timeout_ms = 1_000);
+    let (obj, offset) = remote_grant(&mut s, "idle", 1);
+    tick_after(&mut s, 1_001);
     assert!(s.find(b"idle").is_none(), "reclaimed");
-    s.check();
-    let (other, at) = remote_grant(&mut s, "other");
+    let (other, at) = remote_grant(&mut s, "other", 1);
     assert_ne!(at, offset);
     assert!(matches!(s.commit(other, true), Reply::Done));
     for (ms, left) in [(3_998, 2 * (256 << 10)), (1, 256 << 10)] {
-        s.advance_clock(ms);
-        s.tick();
-        s.check();
+        tick_after(&mut s, ms);
         assert_eq!(used_on(&s, 1, Medium::Dram), left);
     }
     assert!(matches!(s.commit(obj, false), Reply::NotFound));
@@ -775,16 +780,8 @@ fn an_abort_or_commit_repeated_after_the_commit_changes_nothing() {
 
 #[test]
 fn an_aborted_remote_chain_keeps_its_blobs_until_the_writers_deadline() {
-    let mut s = TestStore::new()
-        .remote_segment(1, Medium::Dram, 4 << 20)
-        .remote_segment(2, Medium::Dram, 4 << 20)
-        .config(|c| c.remote_writer_ms = 5_000)
-        .build();
-    s.set_manual_clock(0);
-    let step = s.alloc(b"c".as_slice().into(), 256 << 10, Placement::on(None, 2));
-    let AllocStep::Granted { obj, .. } = step else {
-        panic!("alloc refused: {step:?}");
-    };
+    let mut s = remote_dram_store(&[1, 2], |_| {});
+    let (obj, _) = remote_grant(&mut s, "c", 2);
     // The first hop aborts: the key goes at once (a retry may put it again), the blobs when
     // no hop can write any more.
     assert!(matches!(s.commit(obj, false), Reply::Done));
@@ -792,9 +789,7 @@ fn an_aborted_remote_chain_keeps_its_blobs_until_the_writers_deadline() {
     s.check();
     let used = |s: &Store| used_on(s, 1, Medium::Dram) + used_on(s, 2, Medium::Dram);
     for (ms, left) in [(4_999, 2 * (256 << 10)), (1, 0)] {
-        s.advance_clock(ms);
-        s.tick();
-        s.check();
+        tick_after(&mut s, ms);
         assert_eq!(used(&s), left);
     }
 }
