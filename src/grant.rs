@@ -15,9 +15,17 @@
 //! that has since been replaced on its rank does not verify on its successor. Grants are short-lived
 //! (`ock.mmc.cluster.grant_ttl_ms`, and a read's never outlives its lease).
 //!
+//! A write or move grant is single-use on the process that serves it: [`GrantLedger`] keeps
+//! the MACs of the grants used so far until they expire, and a second request under one is
+//! refused before any byte of it lands (a client or proxy retrying a timed-out put, or anyone
+//! replaying its URL, would otherwise write into a range the meta may have given to another
+//! object since).
+//!
 //! This module is pure (no I/O): it encodes, signs and checks.
 
-use std::sync::Arc;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
 use ring::hmac;
@@ -87,6 +95,11 @@ pub enum GrantError {
     Expired,
     /// This process holds no grant key yet (a local service that has not joined).
     NoKey,
+    /// A write or move grant this process already served a request under ([`GrantLedger`]).
+    Used,
+    /// The ledger of used grants is full of grants not yet expired: the request is refused
+    /// (503, retry later) rather than served without being recorded.
+    LedgerFull,
 }
 
 impl GrantError {
@@ -96,6 +109,10 @@ impl GrantError {
             GrantError::BadMac => "Invalid grant: signature does not match",
             GrantError::Expired => "Invalid grant: expired",
             GrantError::NoKey => "Invalid grant: this local service has not joined a meta service",
+            GrantError::Used => "Invalid grant: already used",
+            GrantError::LedgerFull => {
+                "Too many grants in use on this service: retry later with a new grant"
+            }
         }
     }
 }
@@ -307,6 +324,116 @@ fn parse_fields(fields: &str) -> Option<Grant> {
     Some(grant)
 }
 
+/// The MAC of a grant's text: what identifies it in the [`GrantLedger`]. `None` when the text
+/// has none (a grant that verified always has one).
+pub fn mac_of(text: &str) -> Option<[u8; MAC_BYTES]> {
+    let (_, mac) = text.rsplit_once('.')?;
+    unhex(mac)?.try_into().ok()
+}
+
+/// The grants a process served a write or a move under, each kept until its expiry (a grant
+/// past it is refused as expired anyway), in at most `cap` entries. Pure: the caller passes
+/// the time; [`GrantLedger`] shares it between threads.
+pub struct UsedGrants {
+    /// MAC → expiry (Unix ms).
+    seen: HashMap<[u8; MAC_BYTES], u64, foldhash::fast::RandomState>,
+    /// The same entries, soonest expiry first, for pruning.
+    by_expiry: BinaryHeap<Reverse<(u64, [u8; MAC_BYTES])>>,
+    cap: usize,
+}
+
+/// Expired entries one [`UsedGrants::admit`] forgets, at most: one admission never pays for
+/// a whole burst of expiries, and pruning keeps up (each admission adds one entry and takes
+/// up to this many out). A full ledger with an expired entry always frees room: the soonest
+/// expiry goes first.
+const PRUNE_STEP: usize = 32;
+
+impl UsedGrants {
+    pub fn new(cap: usize) -> UsedGrants {
+        UsedGrants {
+            seen: HashMap::default(),
+            by_expiry: BinaryHeap::new(),
+            cap,
+        }
+    }
+
+    /// Records the grant with MAC `mac` (valid until `expires_ms`) as used at `now_ms`:
+    /// `Err(Used)` when it was already, `Err(LedgerFull)` when `cap` grants not yet expired
+    /// are recorded (nothing is forgotten early, so nothing could be replayed).
+    pub fn admit(
+        &mut self,
+        mac: [u8; MAC_BYTES],
+        expires_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), GrantError> {
+        self.prune(now_ms, PRUNE_STEP);
+        if self.seen.contains_key(&mac) {
+            return Err(GrantError::Used);
+        }
+        // Still full after pruning: none has expired (the soonest expiry is pruned first).
+        if self.seen.len() >= self.cap {
+            return Err(GrantError::LedgerFull);
+        }
+        self.seen.insert(mac, expires_ms);
+        self.by_expiry.push(Reverse((expires_ms, mac)));
+        Ok(())
+    }
+
+    /// Forgets up to `most` grants expired at `now_ms`.
+    fn prune(&mut self, now_ms: u64, most: usize) {
+        for _ in 0..most {
+            match self.by_expiry.peek() {
+                Some(Reverse((exp, mac))) if *exp < now_ms => {
+                    self.seen.remove(mac);
+                    self.by_expiry.pop();
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Grants recorded (used, not yet forgotten).
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+/// [`UsedGrants`] of a whole process (every shard serves grants): the one place a write or
+/// move grant is marked used, when its request is admitted, before any byte of it is written.
+pub struct GrantLedger(
+    // LOCK-OK: one short hold per write or move served under a grant (a hash lookup and insert,
+    // at most `PRUNE_STEP` expired entries pruned), never per read
+    Mutex<UsedGrants>,
+);
+
+impl GrantLedger {
+    pub fn new(cap: usize) -> GrantLedger {
+        GrantLedger(Mutex::new(UsedGrants::new(cap))) // LOCK-OK: see the field
+    }
+
+    /// Marks the verified `grant` (its text `text`) used at `now_ms`; refused when it was
+    /// already, or when the ledger is full.
+    pub fn admit(&self, text: &str, grant: &Grant, now_ms: u64) -> Result<(), GrantError> {
+        let mac = mac_of(text).ok_or(GrantError::Malformed)?;
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(mac, grant.expires_ms, now_ms)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Wall-clock milliseconds since the Unix epoch (grants cross hosts; their clocks are
 /// assumed within a few seconds of each other, as NTP keeps them).
 pub fn unix_ms() -> u64 {
@@ -455,6 +582,75 @@ mod tests {
         assert!(!gk.verify_body(b"{\"freed\":[1]}", mac.as_bytes()));
         assert!(!GrantKey::random().verify_body(b"{\"freed\":[]}", mac.as_bytes()));
         assert!(!gk.verify_body(b"{\"freed\":[]}", &mac.as_bytes()[1..]));
+    }
+
+    #[test]
+    fn a_used_grant_is_refused_until_it_expires_then_forgotten() {
+        let gk = GrantKey::random();
+        let text = sample().sign(&gk, b"k", b"");
+        let ledger = GrantLedger::new(4);
+        assert_eq!(ledger.admit(&text, &sample(), 1_000_000), Ok(()));
+        // A replay, however soon or late before the expiry.
+        for now in [1_000_000, 1_500_000, 2_000_000] {
+            assert_eq!(
+                ledger.admit(&text, &sample(), now),
+                Err(GrantError::Used),
+                "{now}"
+            );
+        }
+        // Another grant (another blob, or the same blob with another expiry) is its own.
+        let mut other = sample();
+        other.expires_ms += 1;
+        let other_text = other.sign(&gk, b"k", b"");
+        assert_eq!(ledger.admit(&other_text, &other, 1_000_000), Ok(()));
+        assert_eq!(ledger.len(), 2);
+        // Past its expiry it is forgotten (`verify` refuses it as expired from then on).
+        let mut later = sample();
+        later.offset = 0;
+        later.expires_ms = 9_000_000;
+        let later_text = later.sign(&gk, b"k", b"");
+        assert_eq!(ledger.admit(&later_text, &later, 2_000_002), Ok(()));
+        assert_eq!(ledger.len(), 1, "both expired grants were pruned");
+        assert_eq!(
+            ledger.admit("no-mac", &sample(), 0),
+            Err(GrantError::Malformed)
+        );
+    }
+
+    #[test]
+    fn a_full_ledger_refuses_rather_than_forgets() {
+        let mut used = UsedGrants::new(3);
+        let mac = |i: u8| [i; MAC_BYTES];
+        for i in 0..3 {
+            assert_eq!(used.admit(mac(i), 100 + u64::from(i), 50), Ok(()));
+        }
+        // Full of live grants: refused, and nothing was dropped to make room.
+        assert_eq!(used.admit(mac(9), 200, 60), Err(GrantError::LedgerFull));
+        assert_eq!(used.admit(mac(0), 100, 60), Err(GrantError::Used));
+        assert_eq!(used.len(), 3);
+        // Once one expired there is room again; the others are still refused.
+        assert_eq!(used.admit(mac(9), 200, 101), Ok(()));
+        assert_eq!(used.admit(mac(1), 101, 101), Err(GrantError::Used));
+        assert_eq!(used.admit(mac(2), 102, 101), Err(GrantError::Used));
+        assert_eq!(used.len(), 3);
+    }
+
+    #[test]
+    fn pruning_is_bounded_per_admission() {
+        let mut used = UsedGrants::new(1000);
+        for i in 0..200u32 {
+            let mut mac = [0u8; MAC_BYTES];
+            mac[..4].copy_from_slice(&i.to_be_bytes());
+            used.admit(mac, 10, 0).unwrap();
+        }
+        // All 200 expired: one admission forgets at most PRUNE_STEP of them, the next ones
+        // the rest.
+        used.admit([0xff; MAC_BYTES], 1000, 11).unwrap();
+        assert_eq!(used.len(), 200 - PRUNE_STEP + 1);
+        for i in 0..10 {
+            used.admit([0xf0 + i; MAC_BYTES], 1000, 11).unwrap();
+        }
+        assert_eq!(used.len(), 11);
     }
 
     #[test]

@@ -67,3 +67,21 @@ pub const LINGER_MS: u64 = 2000;
 /// Period of each shard's housekeeping tick: refreshes the cached clock and `Date` header and
 /// closes connections past their idle or header timeout. Timeouts are therefore precise to this.
 pub const TICK_MS: u64 = 250;
+
+/// Write and move grants a process remembers as used (`grant::GrantLedger`), each until its
+/// expiry: a second request under one is refused, 403. Every entry is live for at most
+/// `ock.mmc.cluster.grant_ttl_ms` (10 s by default), so 2^20 entries (about 60 MiB at the
+/// bound, a hash entry and a heap entry each) cover a sustained 100k writes per second to one
+/// local service at that TTL. Past it a write is refused 503 with `Retry-After` until grants
+/// expire: forgetting a live one early would let it be replayed.
+pub const MAX_USED_GRANTS: usize = 1 << 20;
+
+/// How long a hop of the cluster's own messages waits for its answer (a chain's next hop, a
+/// commit with the meta service, a tier move after its grants' TTL).
+pub const HOP_TIMEOUT_MS: u64 = 10_000;
+
+/// The difference between two hosts' wall clocks that grants allow for: a local service
+/// checks a grant's expiry (the meta's clock) against its own. NTP keeps hosts within
+/// milliseconds; this is the margin the meta adds before it reuses a range a remote writer
+/// could still reach.
+pub const CLOCK_SKEW_MS: u64 = 2_000;

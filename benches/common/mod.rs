@@ -29,6 +29,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
             high_percent: 90,
             low_percent: 80,
             alloc_timeout_ms: 30_000,
+            remote_writer_ms: 22_250,
         },
         table,
         Arc::new(StoreStats::default()),

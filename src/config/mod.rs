@@ -336,6 +336,20 @@ impl Config {
             .max(1)
     }
 
+    /// How long after a remote put's allocation its writers may still write into its blobs
+    /// (on the meta, for a range of an allocation removed or reclaimed before its commit):
+    /// the grant's TTL; plus the hosts' clock difference, as a local service checks the
+    /// meta's expiry against its own clock; plus the longest a write admitted before the
+    /// expiry can still land (a read into the blob posted just before it ends within the
+    /// body's idle timeout, a chain's hop within the hop timeout); plus a tick. Only then
+    /// does the meta free such a range for another object.
+    pub fn remote_writer_ms(&self) -> u64 {
+        self.grant_ttl_ms()
+            + crate::limits::CLOCK_SKEW_MS
+            + self.body_timeout_ms().max(crate::limits::HOP_TIMEOUT_MS)
+            + crate::limits::TICK_MS
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.evict.low_percent >= self.evict.high_percent {
             return Err(ConfigError::Conflict(format!(

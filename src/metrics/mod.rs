@@ -38,6 +38,10 @@ pub struct ShardStats {
     pub overload_rejections: Counter,
     /// TLS handshakes that failed or timed out (bad or missing client certificates).
     pub tls_handshake_failures: Counter,
+    /// Write or move grants refused because a request under them was served already.
+    pub grants_refused_used: Counter,
+    /// Write or move grants refused (503) because the ledger of used grants was full.
+    pub grants_refused_ledger_full: Counter,
     /// Read-buffer bytes beyond the initial buffer that this shard's connections hold.
     pub buffered_bytes: Gauge,
     pub metadata_keys: Gauge,

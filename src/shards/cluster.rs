@@ -135,6 +135,9 @@ pub struct Cluster {
     /// The key grants are signed with: the meta's own (random at start), or the one a local
     /// service received when it joined.
     pub grant_key: crate::grant::GrantKeyCell,
+    /// The write and move grants this process served a request under: each is used once
+    /// (a local service's, and a meta's for its own rank's hop of a chain).
+    pub used_grants: crate::grant::GrantLedger,
     /// A meta service's way of moving a remote rank's blobs between its tiers
     /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
     pub remote_tier: Option<Arc<dyn RemoteTier>>,
@@ -201,6 +204,7 @@ impl Cluster {
             ranks: super::ranks::RankRegistry::default(),
             local: super::ranks::LocalIdentity::new(),
             grant_key,
+            used_grants: crate::grant::GrantLedger::new(crate::limits::MAX_USED_GRANTS),
             remote_tier,
             freed_logs: Default::default(),
         }))
@@ -252,6 +256,7 @@ impl Cluster {
             high_percent: self.config.evict.high_percent,
             low_percent: self.config.evict.low_percent,
             alloc_timeout_ms: self.config.store.alloc_timeout_ms,
+            remote_writer_ms: self.config.remote_writer_ms(),
         }
     }
 }

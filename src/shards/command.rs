@@ -210,6 +210,8 @@ pub struct WriteGrant {
     pub(super) owner: ShardId,
     pub(super) cluster: Arc<Cluster>,
     armed: bool,
+    /// An unmanaged grant's end (Unix ms): past it the writer writes nothing more.
+    until_unix_ms: u64,
 }
 
 impl WriteGrant {
@@ -227,12 +229,19 @@ impl WriteGrant {
             owner,
             cluster,
             armed: true,
+            until_unix_ms: u64::MAX,
         }
     }
 
     /// Blobs of this process's memory written under a meta service's grant (a local service):
-    /// there is no owner here to commit to or abort with; the grant's expiry bounds the write.
-    pub fn unmanaged(blobs: SmallVec<[BlobView; 2]>, cluster: Arc<Cluster>) -> WriteGrant {
+    /// there is no owner here to commit to or abort with; the grant's expiry (`expires_ms`,
+    /// Unix ms) bounds the write: no byte is written into the blobs past it (the meta frees
+    /// a range it took back soon after, `Config::remote_writer_ms`).
+    pub fn unmanaged(
+        blobs: SmallVec<[BlobView; 2]>,
+        cluster: Arc<Cluster>,
+        expires_ms: u64,
+    ) -> WriteGrant {
         WriteGrant {
             obj: ObjHandle {
                 id: u32::MAX,
@@ -245,6 +254,7 @@ impl WriteGrant {
             owner: 0,
             cluster,
             armed: false,
+            until_unix_ms: expires_ms,
         }
     }
 
@@ -253,10 +263,12 @@ impl WriteGrant {
         self.armed = false;
     }
 
-    /// The owner removed the object or reclaimed the allocation: write nothing more into
-    /// the blobs (they stay allocated until this grant ends).
+    /// The owner removed the object or reclaimed the allocation (or, unmanaged, the grant
+    /// expired): write nothing more into the blobs (they stay allocated until this grant
+    /// ends).
     pub fn is_revoked(&self) -> bool {
         self.link.is_revoked()
+            || (self.until_unix_ms != u64::MAX && crate::grant::unix_ms() > self.until_unix_ms)
     }
 
     /// Reports `n` more body bytes written: a writer making progress is not reclaimed.

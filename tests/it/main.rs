@@ -5,6 +5,7 @@ mod harness;
 
 mod batches;
 mod cluster;
+mod cluster_faults;
 mod cluster_fencing;
 mod cluster_ssd;
 mod cluster_tiers;

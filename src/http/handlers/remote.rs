@@ -33,7 +33,7 @@ use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
 
 /// How long a hop waits for the next hop or the meta service's commit.
-pub(super) const HOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const HOP_TIMEOUT: Duration = Duration::from_millis(crate::limits::HOP_TIMEOUT_MS);
 
 /// This process's own data-plane URL, as the meta puts it in a chain: the advertised
 /// address, else the listen address.
@@ -331,6 +331,29 @@ pub(super) fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
     ctx.protocol_error(Status::FORBIDDEN, message)
 }
 
+/// Marks a verified write or move grant used (`Cluster::used_grants`) as its request is
+/// admitted, before any byte is written under it; else the refusal: 403 for a grant used
+/// already (a replay, or a client's retry of a request that reached here), 503 with
+/// `Retry-After` when the ledger is full of grants not yet expired.
+pub(super) fn admit(ctx: &mut Ctx<'_>, text: &str, grant: &Grant) -> Result<(), Response> {
+    let refused = match ctx.shard.cluster.used_grants.admit(text, grant, unix_ms()) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    let stats = ctx.shard.stats();
+    if refused == GrantError::LedgerFull {
+        stats.grants_refused_ledger_full.inc();
+        log::warn!("refused a grant: the ledger of used grants is full");
+        let mut r = ctx.protocol_error(Status::SERVICE_UNAVAILABLE, refused.message());
+        r.retry_after_secs = Some(1);
+        return Err(r);
+    }
+    if refused == GrantError::Used {
+        stats.grants_refused_used.inc();
+    }
+    Err(forbidden(ctx, refused.message()))
+}
+
 pub(super) fn view(seg: Arc<SegRef>, grant: &Grant) -> BlobView {
     BlobView {
         seg,
@@ -435,13 +458,26 @@ pub(super) async fn grant_put(
         );
         return consumed(ctx, fill, r).await;
     }
+    // Used once: a second request under this grant is refused before its body is read, so
+    // a replay never writes into a range the meta may have given to another object since.
+    if let Err(r) = admit(ctx, std::str::from_utf8(text).unwrap_or(""), &grant) {
+        return consumed(ctx, fill, r).await;
+    }
     let mut blobs: SmallVec<[BlobView; 2]> = SmallVec::new();
     blobs.push(view(seg.clone(), &grant));
-    let wg = WriteGrant::unmanaged(blobs, ctx.shard.cluster.clone());
+    let wg = WriteGrant::unmanaged(blobs, ctx.shard.cluster.clone(), grant.expires_ms);
     let started = Instant::now();
     match fill(Some(&wg)).await {
-        Filled::Broken => return None,
-        Filled::TimedOut => return Some(body_timeout(ctx)),
+        Filled::Broken => {
+            // Nobody to answer, but the meta is told at once: the allocation is freed now
+            // (not after alloc_timeout_ms) and the client's retry can put the key again.
+            abort(ctx, key, &grant, text, next.as_deref()).await;
+            return None;
+        }
+        Filled::TimedOut => {
+            abort(ctx, key, &grant, text, next.as_deref()).await;
+            return Some(body_timeout(ctx));
+        }
         Filled::SegmentError(e) => {
             log::error!("writing {size} bytes under a grant failed: {e}");
             return Some(
@@ -450,19 +486,21 @@ pub(super) async fn grant_put(
         }
         Filled::Ok => {}
     }
+    if unix_ms() > grant.expires_ms {
+        // Past its expiry the meta may have reclaimed the range: nothing is committed (and
+        // nothing was written past it).
+        abort(ctx, key, &grant, text, next.as_deref()).await;
+        return Some(forbidden(
+            ctx,
+            "Invalid grant: expired while the body arrived",
+        ));
+    }
     if wg.is_revoked() {
         // This service joined a meta again while the body arrived: the grant's meta is left
         // behind, and the range may be another object's now. Nothing was written past that.
         return Some(forbidden(
             ctx,
             "Invalid grant: its meta service was left while the body arrived",
-        ));
-    }
-    if unix_ms() > grant.expires_ms {
-        // Past its expiry the meta may have reclaimed the range: nothing is committed.
-        return Some(forbidden(
-            ctx,
-            "Invalid grant: expired while the body arrived",
         ));
     }
     // In the catalog from now on (a new leader adopts it if the meta changes); dropped again
@@ -613,10 +651,19 @@ async fn finish_failed(
     next: Option<&str>,
     message: &str,
 ) -> Response {
+    abort(ctx, key, grant, text, next).await;
+    ctx.business_error(message)
+}
+
+/// A first hop that will not commit (its write or the chain failed, the body broke off or
+/// came too late) aborts the put with the meta service (a commit with `ok=0`), so the key is
+/// removed at once rather than reclaimed after `alloc_timeout_ms`. Sent only once this hop
+/// writes no more (its body ended): the meta frees its blob at once, a chain's blobs at the
+/// writers' deadline (a later hop may have been reached directly, not by this one's forward).
+async fn abort(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant, text: &[u8], next: Option<&str>) {
     if grant.op == GrantOp::WriteCommit {
         let _ = commit(ctx, key, grant, text, next, false).await;
     }
-    ctx.business_error(message)
 }
 
 /// update_state with the meta service for a put this first hop wrote: the meta's answer is

@@ -5,7 +5,7 @@
 //! with `POST /cluster/v1/damaged`. Both carry the cluster token; the move's two grants and
 //! the damaged copy's read grant are the meta's signed word for the blobs they name.
 
-use super::remote::{HOP_TIMEOUT, blob_grant, forbidden, grant_key, granted_segment, view};
+use super::remote::{HOP_TIMEOUT, admit, blob_grant, forbidden, grant_key, granted_segment, view};
 use super::{Ctx, Request};
 use crate::cluster::catalog::Stamp;
 use crate::grant::{Grant, GrantError, GrantOp, unix_ms};
@@ -139,6 +139,11 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
         Ok(s) => s,
         Err(r) => return r,
     };
+    // One copy per pair of grants: `to`'s MAC covers `from`'s text, so it names the move. A
+    // replay would copy into a destination the meta may have given to another object since.
+    if let Err(r) = admit(ctx, &to_text, &to) {
+        return r;
+    }
     let (src_file, dst_file) = (src.backend.file().is_some(), dst.backend.file().is_some());
     let (src_view, dst_view) = (view(src, &from), view(dst, &to));
     let (outcome, sum) = match (src_file, dst_file) {

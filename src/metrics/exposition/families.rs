@@ -462,6 +462,21 @@ pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
         o.int(name, &[("code", class)], n);
     }
     singles(cluster, o, SERVER_SINGLES);
+    let name = "memcache_grants_refused_total";
+    o.family(
+        name,
+        "Write and move grants refused on this process: used already (a replay), or the ledger of used grants full",
+        "counter",
+    );
+    for (reason, f) in [
+        (
+            "used",
+            (|s| s.grants_refused_used.get()) as fn(&ShardStats) -> u64,
+        ),
+        ("ledger_full", |s| s.grants_refused_ledger_full.get()),
+    ] {
+        o.int(name, &[("reason", reason)], st(cluster, f));
+    }
     singles(cluster, o, TIER_OUTCOMES);
     render_ha(cluster, o);
 }

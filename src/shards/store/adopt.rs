@@ -140,7 +140,7 @@ impl Store {
         let obj = match obj {
             Some(obj) => obj,
             None => {
-                let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, now, true);
+                let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, now, None);
                 self.uncommitted.remove(&obj);
                 self.objects[obj as usize].stamp = e.stamp;
                 obj

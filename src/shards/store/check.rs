@@ -69,7 +69,7 @@ impl Store {
         // written, or orphaned ones (detached) waiting for the writer to let go.
         let mut orphans = 0;
         for held in self.orphaned.values() {
-            for &b in held {
+            for &b in &held.blobs {
                 let b = &self.blobs[b as usize];
                 assert!(
                     b.writing && b.obj == NIL,

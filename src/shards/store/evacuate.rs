@@ -94,14 +94,15 @@ impl Store {
             } else {
                 let rank = self.blobs[id as usize].rank;
                 let doomed = self.doomed(obj);
-                let remote_writer = self.uncommitted.get(&obj).is_some_and(|w| w.remote);
+                let remote_writer = self
+                    .uncommitted
+                    .get(&obj)
+                    .is_some_and(|w| w.remote_until_ms.is_some());
                 let generation = self.objects[obj as usize].generation;
                 self.remove_object(obj, now);
                 if remote_writer {
                     // Its writer wrote into memory that is gone: nothing to wait for.
-                    for b in self.orphaned.remove(&generation).unwrap_or_default() {
-                        self.release_writer(b, now);
-                    }
+                    self.release_orphans(generation, now);
                 }
                 if !doomed {
                     self.stats.record(Op::Remove, Outcome::Success, Some(rank));

@@ -171,7 +171,11 @@ impl Store {
     }
 
     /// Removes an object and all its blobs. A writer still at work is revoked; the blobs it
-    /// holds stay allocated (orphaned) until its grant ends.
+    /// holds stay allocated (orphaned) until its grant ends: for a writer here, when its
+    /// commit or abort comes; for remote writers (local services, which no revocation
+    /// reaches), at the latest when their grants can no longer write
+    /// (`Uncommitted::remote_until_ms`), so a range is never given to another object while a
+    /// write grant for it may still be used, and never leaks when no commit comes.
     pub(super) fn remove_object(&mut self, obj: u32, now: u64) {
         let blobs: SmallVec<[u32; 2]> = self.objects[obj as usize].blobs.clone();
         if let Some(w) = self.uncommitted.remove(&obj) {
@@ -183,7 +187,11 @@ impl Store {
                 .collect();
             if !held.is_empty() {
                 let generation = self.objects[obj as usize].generation;
-                self.orphaned.insert(generation, held);
+                let orphan = Orphan {
+                    blobs: held,
+                    until_ms: w.remote_until_ms,
+                };
+                self.orphaned.insert(generation, orphan);
             }
         }
         // Detaching the blobs keeps `stored_keys` and the removal events right.
@@ -263,8 +271,35 @@ impl Store {
         }
     }
 
+    /// Ends a writer's hold on the blobs orphaned from the object of `generation` (its grant
+    /// ended, or its memory is gone); they are freed unless something else holds them.
+    pub(super) fn release_orphans(&mut self, generation: u64, now: u64) {
+        for b in self
+            .orphaned
+            .remove(&generation)
+            .map(|o| o.blobs)
+            .unwrap_or_default()
+        {
+            self.release_writer(b, now);
+        }
+    }
+
+    /// Releases the orphaned blobs of remote writers whose time to write is over.
+    fn release_expired_orphans(&mut self, now: u64) {
+        let due: SmallVec<[u64; 4]> = self
+            .orphaned
+            .iter()
+            .filter(|(_, o)| o.until_ms.is_some_and(|t| t <= now))
+            .map(|(&g, _)| g)
+            .collect();
+        for generation in due {
+            self.release_orphans(generation, now);
+        }
+    }
+
     /// Frees zombies whose leases and pins have ended; reclaims allocations whose writer
-    /// neither committed nor made progress for `alloc_timeout_ms`. Run on the shard's tick.
+    /// neither committed nor made progress for `alloc_timeout_ms`; frees the blobs orphaned
+    /// from remote writers once their time to write is over. Run on the shard's tick.
     pub fn tick(&mut self) {
         let now = self.now_ms();
         // Pick up mounts and unmounts even on a shard that stores nothing meanwhile.
@@ -274,32 +309,29 @@ impl Store {
         self.continue_drains(now);
         // Only objects whose writer has not committed yet: a tick never walks all objects.
         let timeout = self.cfg.alloc_timeout_ms;
-        let mut stale: Vec<(u32, bool)> = Vec::new();
+        let mut stale: Vec<u32> = Vec::new();
         for (&obj, w) in self.uncommitted.iter_mut() {
             let written = w.link.written_bytes.load(Ordering::Relaxed);
             if written != w.seen_bytes {
                 w.seen_bytes = written;
                 w.progress_ms = now;
             } else if now.saturating_sub(w.progress_ms) > timeout {
-                stale.push((obj, w.remote));
+                stale.push(obj);
             }
         }
-        for (obj, remote) in stale {
+        for obj in stale {
             // Reclaiming revokes the writer's grant and detaches the blobs; they are freed
-            // when the writer's commit or abort releases them, never under a live writer.
+            // when the writer's commit or abort releases them, never under a live writer (a
+            // remote writer's at its deadline, below: with the defaults already past, as
+            // `remote_writer_ms` is below `alloc_timeout_ms`).
             log::warn!(
                 "reclaiming {:?}: its writer neither committed nor wrote for {timeout} ms; grant revoked",
                 String::from_utf8_lossy(&self.objects[obj as usize].key),
             );
-            let generation = self.objects[obj as usize].generation;
             self.remove_object(obj, now);
-            if remote {
-                // The remote writer's grant expired before this (`grant_ttl_ms` is below
-                // `alloc_timeout_ms`): no local service writes there any more.
-                for b in self.orphaned.remove(&generation).unwrap_or_default() {
-                    self.release_writer(b, now);
-                }
-            }
+        }
+        if !self.orphaned.is_empty() {
+            self.release_expired_orphans(now);
         }
     }
 

@@ -220,10 +220,20 @@ struct Uncommitted {
     /// `written_bytes` when the tick last looked, and when it last changed (`now_ms`).
     seen_bytes: u64,
     progress_ms: u64,
-    /// The writer is a local service on another host (a blob is on a remote rank): it writes
-    /// under a grant that expires before `alloc_timeout_ms`, so once reclaimed nothing can
-    /// still write there and the blobs are freed at once (no local grant will end).
-    remote: bool,
+    /// When the writers are local services (a blob is on a remote rank): the time until which
+    /// they may still write (`StoreConfig::remote_writer_ms` after the allocation). They write
+    /// under grants that no revocation here reaches and whose end may never be reported (a
+    /// client that never sends its body, a local service that dies), so blobs orphaned by a
+    /// removal or reclaim are freed at this time, by the tick, unless a commit or abort
+    /// releases them first. `None`: a writer in this process.
+    remote_until_ms: Option<u64>,
+}
+
+/// Blobs of an object removed (or reclaimed) while its writer was still at work.
+struct Orphan {
+    blobs: SmallVec<[u32; 2]>,
+    /// A remote writer's `Uncommitted::remote_until_ms`: the tick frees them then.
+    until_ms: Option<u64>,
 }
 
 /// What one object looks like to `/query_key`.
@@ -346,6 +356,10 @@ pub struct StoreConfig {
     /// An allocation whose writer neither committed nor made progress for this long is
     /// reclaimed: the grant is revoked, the blobs freed once the writer lets go.
     pub alloc_timeout_ms: u64,
+    /// How long after its allocation a remote put's writers may still write its blobs
+    /// (`Config::remote_writer_ms`): its blobs, removed or reclaimed before the commit, are
+    /// freed no sooner.
+    pub remote_writer_ms: u64,
 }
 
 pub const MAX_REPLICAS: usize = 8;
@@ -407,8 +421,9 @@ pub struct Store {
     uncommitted: HashMap<u32, Uncommitted, foldhash::fast::RandomState>,
     /// Blobs of objects removed (or reclaimed) while their writer was still at work, by the
     /// object's generation: the writer's commit or abort releases its pins on them, and they
-    /// are freed then. Bounded by the grants outstanding.
-    orphaned: HashMap<u64, SmallVec<[u32; 2]>, foldhash::fast::RandomState>,
+    /// are freed then (a remote writer's also at its deadline). Bounded by the grants
+    /// outstanding.
+    orphaned: HashMap<u64, Orphan, foldhash::fast::RandomState>,
     lru: Lru,
     next_tag: u64,
     zombies: Vec<u32>,

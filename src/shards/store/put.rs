@@ -164,7 +164,8 @@ impl Store {
         let remote = placed
             .iter()
             .any(|&(seg, _, _)| self.seg(seg).seg.backend.remote().is_some());
-        let (obj, generation, link) = self.insert_object(key, size, prot, now, remote);
+        let remote_until_ms = remote.then(|| now + self.cfg.remote_writer_ms);
+        let (obj, generation, link) = self.insert_object(key, size, prot, now, remote_until_ms);
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
@@ -268,7 +269,7 @@ impl Store {
         size: u64,
         prot: u16,
         now: u64,
-        remote: bool,
+        remote_until_ms: Option<u64>,
     ) -> (u32, u64, Arc<WriterLink>) {
         let generation = self.new_tag();
         let chunk = keys::chunk_hash(&key);
@@ -293,7 +294,7 @@ impl Store {
                 link: link.clone(),
                 seen_bytes: 0,
                 progress_ms: now,
-                remote,
+                remote_until_ms,
             },
         );
         let h = self.hash_key(&self.objects[obj as usize].key);
@@ -340,7 +341,8 @@ impl Store {
     /// update_state after the write: every blob becomes READABLE (`ok`) or the object is
     /// dropped (a failed write). Also the end of the writer's grant (an abort is `!ok`): its
     /// pins are released, and blobs orphaned by a removal meanwhile are freed. False (not
-    /// found) when the object was removed meanwhile.
+    /// found) when the object was removed meanwhile; a commit or abort of an object committed
+    /// already changes nothing.
     pub fn commit(&mut self, obj: ObjHandle, ok: bool) -> bool {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::UpdateState);
@@ -356,18 +358,26 @@ impl Store {
             .get(obj.id as usize)
             .is_some_and(|o| o.generation == obj.generation);
         if !live {
-            if let Some(held) = self.orphaned.remove(&obj.generation) {
-                for b in held {
-                    self.release_writer(b, now);
-                }
-            }
+            self.release_orphans(obj.generation, now);
             self.stats.record(Op::UpdateState, Outcome::NotFound, None);
             return false;
         }
+        if !self.uncommitted.contains_key(&obj.id) {
+            // Committed already: a second commit or an abort (a message repeated) changes
+            // nothing; an acknowledged object is never dropped by one.
+            return true;
+        }
         let blobs: SmallVec<[u32; 2]> = self.objects[obj.id as usize].blobs.clone();
         let rank = blobs.first().map(|&b| self.blobs[b as usize].rank);
-        for &b in &blobs {
-            self.release_writer(b, now);
+        // A remote put's abort comes from its first hop, whose write is over; a later hop of
+        // a chain may still be written by a request that reached it directly (its URL is in
+        // the first hop's): its blobs stay the writers' until their deadline (orphaned by
+        // the removal below). A commit comes only after every hop answered.
+        let remote = self.uncommitted[&obj.id].remote_until_ms.is_some();
+        if ok || !remote || blobs.len() == 1 {
+            for &b in &blobs {
+                self.release_writer(b, now);
+            }
         }
         if ok {
             self.uncommitted.remove(&obj.id);

@@ -24,6 +24,7 @@ impl TestStore {
                 high_percent: 90,
                 low_percent: 80,
                 alloc_timeout_ms: 30_000,
+                remote_writer_ms: 22_250,
             },
         }
     }

@@ -673,3 +673,122 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     assert!(s.find(b"w").is_some());
     s.check();
 }
+
+/// 4 MiB of DRAM on each remote rank of `ranks`, remote writers writing for 5 s after their
+/// allocation; the clock at 1 s.
+fn remote_dram_store(ranks: &[u32], f: impl FnOnce(&mut StoreConfig)) -> Store {
+    let mut b = TestStore::new();
+    for &r in ranks {
+        b = b.remote_segment(r, Medium::Dram, 4 << 20);
+    }
+    let mut s = b
+        .config(|c| {
+            c.remote_writer_ms = 5_000;
+            f(c)
+        })
+        .build();
+    s.set_manual_clock(1_000);
+    s
+}
+
+/// Allocates `key` (256 KiB, `replicas` copies on remote ranks): its handle and its first
+/// blob's offset.
+fn remote_grant(s: &mut Store, key: &str, replicas: u8) -> (ObjHandle, u64) {
+    let step = s.alloc(
+        key.as_bytes().into(),
+        256 << 10,
+        Placement::on(None, replicas),
+    );
+    let AllocStep::Granted { obj, blobs, .. } = step else {
+        panic!("alloc refused: {step:?}");
+    };
+    assert!(blobs.iter().all(|b| b.seg.backend.remote().is_some()));
+    (obj, blobs[0].offset)
+}
+
+/// `ms` pass, then a tick.
+fn tick_after(s: &mut Store, ms: u64) {
+    s.advance_clock(ms);
+    s.tick();
+    s.check();
+}
+
+#[test]
+fn a_remote_put_removed_before_its_commit_keeps_its_range_until_its_grants_are_over() {
+    let mut s = remote_dram_store(&[1], |_| {});
+    let (obj, offset) = remote_grant(&mut s, "a", 1);
+    s.advance_clock(1_000);
+    assert!(s.remove(b"a"));
+    s.check();
+    // Its local service may still write there (the grant, the clocks' skew, a body in
+    // flight): no other object gets the range, and a tick does not free it.
+    for _ in 0..3 {
+        let (other, at) = remote_grant(&mut s, "other", 1);
+        assert_ne!(at, offset, "the removed put's range went to another object");
+        assert!(s.commit(other, true));
+        assert!(s.remove(b"other"));
+        tick_after(&mut s, 1_000);
+        assert_eq!(used_on(&s, 1, Medium::Dram), 256 << 10);
+    }
+    // 5 s after the allocation, no commit having come, the tick frees it: nothing leaks.
+    for (ms, left) in [(999, 256 << 10), (1, 0)] {
+        tick_after(&mut s, ms);
+        assert_eq!(used_on(&s, 1, Medium::Dram), left);
+    }
+    assert!(s.orphaned.is_empty());
+    // A commit arriving after all: the object is gone, nothing is freed twice.
+    assert!(!s.commit(obj, true));
+    s.check();
+    // An abort before the deadline ends the hold at once.
+    let (obj, _) = remote_grant(&mut s, "b", 1);
+    assert!(s.remove(b"b"));
+    assert!(!s.commit(obj, false));
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    s.check();
+}
+
+#[test]
+fn a_reclaimed_remote_put_keeps_its_range_until_its_grants_are_over() {
+    // Reclaimed after 1 s without a commit, well before its writers' time is over.
+    let mut s = remote_dram_store(&[1], |c| c.alloc_timeout_ms = 1_000);
+    let (obj, offset) = remote_grant(&mut s, "idle", 1);
+    tick_after(&mut s, 1_001);
+    assert!(s.find(b"idle").is_none(), "reclaimed");
+    let (other, at) = remote_grant(&mut s, "other", 1);
+    assert_ne!(at, offset);
+    assert!(s.commit(other, true));
+    for (ms, left) in [(3_998, 2 * (256 << 10)), (1, 256 << 10)] {
+        tick_after(&mut s, ms);
+        assert_eq!(used_on(&s, 1, Medium::Dram), left);
+    }
+    assert!(!s.commit(obj, false));
+    s.check();
+}
+
+#[test]
+fn an_abort_or_commit_repeated_after_the_commit_changes_nothing() {
+    let mut s = dram_store(16 << 20);
+    let (obj, _) = grant(&mut s, "acked", 8192);
+    assert!(s.commit(obj, true));
+    for ok in [false, true, false] {
+        assert!(s.commit(obj, ok));
+        assert!(s.exists(b"acked").is_some(), "an acknowledged put stays");
+        s.check();
+    }
+}
+
+#[test]
+fn an_aborted_remote_chain_keeps_its_blobs_until_the_writers_deadline() {
+    let mut s = remote_dram_store(&[1, 2], |_| {});
+    let (obj, _) = remote_grant(&mut s, "c", 2);
+    // The first hop aborts: the key goes at once (a retry may put it again), the blobs when
+    // no hop can write any more.
+    assert!(s.commit(obj, false));
+    assert!(s.find(b"c").is_none());
+    s.check();
+    let used = |s: &Store| used_on(s, 1, Medium::Dram) + used_on(s, 2, Medium::Dram);
+    for (ms, left) in [(4_999, 2 * (256 << 10)), (1, 0)] {
+        tick_after(&mut s, ms);
+        assert_eq!(used(&s), left);
+    }
+}
