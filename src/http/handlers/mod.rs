@@ -7,6 +7,7 @@ pub mod keys_stream {
     pub use super::keys::KeyCursor;
 }
 mod cluster;
+mod copies;
 mod memory;
 mod meta;
 mod objects;
