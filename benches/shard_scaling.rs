@@ -53,6 +53,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
             high_percent: 90,
             low_percent: 80,
             alloc_timeout_ms: 30_000,
+            rereplicate: Default::default(),
         },
         table.clone(),
         Arc::new(StoreStats::default()),

@@ -30,6 +30,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
             high_percent: 90,
             low_percent: 80,
             alloc_timeout_ms: 30_000,
+            rereplicate: Default::default(),
         },
         table,
         Arc::new(StoreStats::default()),

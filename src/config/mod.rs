@@ -75,6 +75,11 @@ pub struct ClusterConfig {
     pub token: String,
     /// How long a grant in a redirect stays valid.
     pub grant_ttl_ms: u64,
+    /// Re-replication (`ock.mmc.cluster.rereplicate.*`): copies in flight per shard (0: off),
+    /// bytes copied per second by the whole process (0: no cap), objects queued per shard.
+    pub rereplicate_concurrency: u64,
+    pub rereplicate_bytes_per_sec: u64,
+    pub rereplicate_queue: u64,
     /// TLS between the roles (`ock.mmc.cluster.tls.*`, as set; empty: the
     /// `ock.mmc.metrics.tls.*` file). [`Config::cluster_tls`] resolves them.
     pub tls: ClusterTls,
@@ -255,6 +260,9 @@ impl Config {
                 heartbeat_timeout_ms: 0,
                 token: String::new(),
                 grant_ttl_ms: 0,
+                rereplicate_concurrency: 0,
+                rereplicate_bytes_per_sec: 0,
+                rereplicate_queue: 0,
                 tls: ClusterTls::default(),
             },
             metrics: MetricsConfig {

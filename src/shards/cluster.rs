@@ -247,11 +247,19 @@ impl Cluster {
     }
 
     pub fn store_config(&self) -> StoreConfig {
+        let cl = &self.config.cluster;
         StoreConfig {
             lease_ms: self.config.store.lease_ms,
             high_percent: self.config.evict.high_percent,
             low_percent: self.config.evict.low_percent,
             alloc_timeout_ms: self.config.store.alloc_timeout_ms,
+            rereplicate: store::RereplicateLimits {
+                concurrency: cl.rereplicate_concurrency as usize,
+                bytes_per_sec: cl
+                    .rereplicate_bytes_per_sec
+                    .div_ceil(self.shard_count() as u64),
+                queue: cl.rereplicate_queue as usize,
+            },
         }
     }
 }

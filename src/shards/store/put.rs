@@ -164,7 +164,8 @@ impl Store {
         let remote = placed
             .iter()
             .any(|&(seg, _, _)| self.seg(seg).seg.backend.remote().is_some());
-        let (obj, generation, link) = self.insert_object(key, size, prot, now, remote);
+        let (obj, generation, link) =
+            self.insert_object(key, size, prot, replicas as u8, now, remote);
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
@@ -261,12 +262,14 @@ impl Store {
     }
 
     /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's
-    /// link; returns its id and generation.
+    /// link; `replicas`: the copies on distinct ranks it should have. Returns its id and
+    /// generation.
     pub(super) fn insert_object(
         &mut self,
         key: Box<[u8]>,
         size: u64,
         prot: u16,
+        replicas: u8,
         now: u64,
         remote: bool,
     ) -> (u32, u64, Arc<WriterLink>) {
@@ -285,6 +288,8 @@ impl Store {
                 view: self.stamp_view,
                 seq: generation,
             },
+            replicas: replicas.max(1),
+            queued: false,
         }) as u32;
         let link = Arc::new(WriterLink::default());
         self.uncommitted.insert(
@@ -377,6 +382,8 @@ impl Store {
                     self.make_readable(b, now);
                 }
             }
+            // A copy lost while it was written (its rank dropped) leaves it below its count.
+            self.want_copies(obj.id);
             self.stats.record(Op::UpdateState, Outcome::Success, rank);
             Reply::Done
         } else {

@@ -24,6 +24,11 @@ impl TestStore {
                 high_percent: 90,
                 low_percent: 80,
                 alloc_timeout_ms: 30_000,
+                rereplicate: RereplicateLimits {
+                    concurrency: 4,
+                    bytes_per_sec: 0,
+                    queue: 1024,
+                },
             },
         }
     }
