@@ -1,5 +1,6 @@
 //! Copies of an object's bytes from a copy on one rank into a new blob on another, through
-//! this meta service: a drain's moves off a leaving rank (`cluster.rs`). The store allocated the new
+//! this meta service: a drain's moves off a leaving rank (`cluster.rs`) and re-replication
+//! ([`HttpCopier`], which the shards' re-replication tasks call). The store allocated the new
 //! blob (ALLOCATED, pinned for the copy alone) and keeps the source from being freed; the
 //! bytes are read from this process's memory or SSD, or fetched from the source's local
 //! service under a read grant, and written into this process's memory or to the
@@ -11,7 +12,7 @@ use crate::http::client;
 use crate::shards::catalog::Stamp;
 use crate::shards::store::BlobView;
 use crate::shards::store::segment::Medium;
-use crate::shards::Shard;
+use crate::shards::{ObjectCopier, Shard};
 
 /// Copies the object `key`'s bytes from `from` into `to`; true when `to` holds them.
 pub(super) async fn copy(
@@ -97,5 +98,21 @@ async fn write(shard: &Shard, key: &[u8], to: &BlobView, stamp: Stamp, bytes: Ve
             log::warn!("copying {:?}: {e}", String::from_utf8_lossy(key));
             false
         }
+    }
+}
+
+/// The shards' way of copying an object to another rank (re-replication).
+pub struct HttpCopier;
+
+impl ObjectCopier for HttpCopier {
+    fn copy<'a>(
+        &'a self,
+        shard: &'a Shard,
+        key: &'a [u8],
+        from: &'a BlobView,
+        to: &'a BlobView,
+        stamp: Stamp,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>> {
+        Box::pin(copy(shard, key, from, to, stamp))
     }
 }

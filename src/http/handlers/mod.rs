@@ -8,6 +8,7 @@ pub mod keys_stream {
 }
 mod cluster;
 mod copies;
+pub use copies::HttpCopier;
 mod memory;
 mod meta;
 mod objects;

@@ -449,6 +449,39 @@ const TIER_OUTCOMES: &[Single] = &[
     ),
 ];
 
+fn store_i(c: &dyn Source, f: fn(&StoreStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.store_stats))
+}
+
+/// Re-replication: objects left below their replica count by a lost copy, given a new one on
+/// another rank in the background (`ock.mmc.cluster.rereplicate.*`).
+const REREPLICATION: &[Single] = &[
+    (
+        "memcache_rereplicated_objects_total",
+        "Objects below their replica count given a new copy on another rank",
+        "counter",
+        |c| store(c, |s| s.rereplicated.get()),
+    ),
+    (
+        "memcache_rereplicate_failed_total",
+        "Re-replication copies that failed (the new blob was freed; an object is tried 3 times)",
+        "counter",
+        |c| store(c, |s| s.rereplicate_failed.get()),
+    ),
+    (
+        "memcache_rereplicate_overflow_total",
+        "Objects below their replica count not queued for re-replication: the shard's queue was full",
+        "counter",
+        |c| store(c, |s| s.rereplicate_overflow.get()),
+    ),
+    (
+        "memcache_rereplicate_pending",
+        "Objects below their replica count queued for a new copy or being copied",
+        "gauge",
+        |c| store_i(c, |s| s.rereplicate_pending.get()),
+    ),
+];
+
 pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
     o.single(
         "memcache_http_requests_total",
@@ -464,6 +497,7 @@ pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
     }
     singles(cluster, o, SERVER_SINGLES);
     singles(cluster, o, TIER_OUTCOMES);
+    singles(cluster, o, REREPLICATION);
     render_ha(cluster, o);
 }
 
