@@ -540,6 +540,9 @@ const LOCAL_SERVICE_KEYS: &[&str] = &[
     "ock.mmc.log.",
 ];
 
+/// Keys under [`LOCAL_SERVICE_KEYS`]' prefixes that only a meta service reads.
+const META_ONLY_KEYS: &[&str] = &["ock.mmc.cluster.rereplicate."];
+
 /// The documented default configuration of a local service, `config/mmc-local.conf`.
 pub fn default_local_config_file() -> String {
     let mut out = String::from(
@@ -551,6 +554,7 @@ pub fn default_local_config_file() -> String {
     for k in KEYS
         .iter()
         .filter(|k| LOCAL_SERVICE_KEYS.iter().any(|p| k.name.starts_with(p)))
+        .filter(|k| !META_ONLY_KEYS.iter().any(|p| k.name.starts_with(p)))
     {
         out.push_str(&format!("\n# {}\n{} = {}\n", k.doc, k.name, k.default));
     }
