@@ -426,6 +426,11 @@ fn store(c: &dyn Source, f: fn(&StoreStats) -> u64) -> u64 {
     sum(c, |s| f(s.store_stats))
 }
 
+/// A gauge of [`StoreStats`], summed over shards.
+fn store_i(c: &dyn Source, f: fn(&StoreStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.store_stats))
+}
+
 /// What became of the blobs the tiers let go, beyond the contract's tier counters: the
 /// outcomes an operator alerts on (objects the cache dropped, an SSD that takes no flushes).
 const TIER_OUTCOMES: &[Single] = &[
@@ -448,10 +453,6 @@ const TIER_OUTCOMES: &[Single] = &[
         |c| store(c, |s| s.evicted_objects_deleted.get()),
     ),
 ];
-
-fn store_i(c: &dyn Source, f: fn(&StoreStats) -> i64) -> u64 {
-    sum_i(c, |s| f(s.store_stats))
-}
 
 /// Re-replication: objects left below their replica count by a lost copy, given a new one on
 /// another rank in the background (`ock.mmc.cluster.rereplicate.*`).

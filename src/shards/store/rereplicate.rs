@@ -434,6 +434,14 @@ mod tests {
         s.check();
     }
 
+    /// `k`, put with two copies (one on rank 1) on [`three_ranks`], lost rank 1's.
+    fn k_lost_a_copy() -> Store {
+        let mut s = three_ranks(|_| {});
+        put(&mut s, "k", MB, 2, 1);
+        lose(&mut s, 1);
+        s
+    }
+
     fn used(s: &Store) -> u64 {
         s.my_used(Medium::Dram)
     }
@@ -511,9 +519,7 @@ mod tests {
     #[test]
     fn a_key_removed_or_overwritten_during_its_copy_keeps_no_stale_copy() {
         for overwrite in [false, true] {
-            let mut s = three_ranks(|_| {});
-            put(&mut s, "k", MB, 2, 1);
-            lose(&mut s, 1);
+            let mut s = k_lost_a_copy();
             let moves = s.begin_rereplicate();
             assert_eq!(moves.len(), 1);
             assert!(s.remove(b"k"));
@@ -537,9 +543,7 @@ mod tests {
 
     #[test]
     fn a_failed_copy_frees_its_blob_and_is_tried_three_times() {
-        let mut s = three_ranks(|_| {});
-        put(&mut s, "k", MB, 2, 1);
-        lose(&mut s, 1);
+        let mut s = k_lost_a_copy();
         for attempt in 1..=MAX_ATTEMPTS {
             let moves = s.begin_rereplicate();
             assert_eq!(moves.len(), 1, "attempt {attempt}");
@@ -626,9 +630,7 @@ mod tests {
 
     #[test]
     fn a_dropped_destination_does_not_hold_its_segment_back() {
-        let mut s = three_ranks(|_| {});
-        put(&mut s, "k", MB, 2, 1);
-        lose(&mut s, 1);
+        let mut s = k_lost_a_copy();
         let moves = s.begin_rereplicate();
         let to = moves[0].to.seg.rank;
         // The new copy's rank is lost while the copy runs: dropped at once, queued again.
@@ -647,9 +649,7 @@ mod tests {
 
     #[test]
     fn a_lost_source_with_a_failed_copy_removes_the_object() {
-        let mut s = three_ranks(|_| {});
-        put(&mut s, "k", MB, 2, 1);
-        lose(&mut s, 1);
+        let mut s = k_lost_a_copy();
         let moves = s.begin_rereplicate();
         let from = moves[0].from.seg.rank;
         lose(&mut s, from);
