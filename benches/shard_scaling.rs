@@ -54,6 +54,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
             low_percent: 80,
             alloc_timeout_ms: 30_000,
             remote_writer_ms: 22_250,
+            rereplicate: Default::default(),
         },
         table.clone(),
         Arc::new(StoreStats::default()),

@@ -30,6 +30,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
             low_percent: 80,
             alloc_timeout_ms: 30_000,
             remote_writer_ms: 22_250,
+            rereplicate: Default::default(),
         },
         table,
         Arc::new(StoreStats::default()),

@@ -77,6 +77,11 @@ pub struct ClusterConfig {
     pub token: String,
     /// How long a grant in a redirect stays valid.
     pub grant_ttl_ms: u64,
+    /// Re-replication (`ock.mmc.cluster.rereplicate.*`): copies in flight per shard (0: off),
+    /// bytes copied per second by the whole process (0: no cap), objects queued per shard.
+    pub rereplicate_concurrency: u64,
+    pub rereplicate_bytes_per_sec: u64,
+    pub rereplicate_queue: u64,
     /// TLS between the roles (`ock.mmc.cluster.tls.*`, as set; empty: the
     /// `ock.mmc.metrics.tls.*` file). [`Config::cluster_tls`] resolves them.
     pub tls: ClusterTls,
@@ -257,6 +262,9 @@ impl Config {
                 heartbeat_timeout_ms: 0,
                 token: String::new(),
                 grant_ttl_ms: 0,
+                rereplicate_concurrency: 0,
+                rereplicate_bytes_per_sec: 0,
+                rereplicate_queue: 0,
                 tls: ClusterTls::default(),
             },
             metrics: MetricsConfig {
@@ -548,6 +556,9 @@ const LOCAL_SERVICE_KEYS: &[&str] = &[
     "ock.mmc.log.",
 ];
 
+/// Keys under [`LOCAL_SERVICE_KEYS`]' prefixes that only a meta service reads.
+const META_ONLY_KEYS: &[&str] = &["ock.mmc.cluster.rereplicate."];
+
 /// The documented default configuration of a local service, `config/mmc-local.conf`.
 pub fn default_local_config_file() -> String {
     let mut out = String::from(
@@ -559,6 +570,7 @@ pub fn default_local_config_file() -> String {
     for k in KEYS
         .iter()
         .filter(|k| LOCAL_SERVICE_KEYS.iter().any(|p| k.name.starts_with(p)))
+        .filter(|k| !META_ONLY_KEYS.iter().any(|p| k.name.starts_with(p)))
     {
         out.push_str(&format!("\n# {}\n{} = {}\n", k.doc, k.name, k.default));
     }

@@ -56,6 +56,7 @@ pub fn front_assets(config: &Config) -> Result<crate::shards::FrontAssets, Strin
         tls,
         openapi: openapi::document(config).into(),
         remote_tier: Some(std::sync::Arc::new(handlers::HttpRemoteTier)),
+        copier: Some(std::sync::Arc::new(handlers::HttpCopier)),
     })
 }
 

@@ -170,6 +170,14 @@ pub struct StoreStats {
     /// Bytes of `/metadata` and objects are in other gauges; this is the blobs' bytes in
     /// flight to SSD.
     pub flush_in_flight_bytes: Gauge,
+    /// Objects below their replica count given a new copy on another rank.
+    pub rereplicated: Counter,
+    /// Re-replication copies that failed (the new blob was freed).
+    pub rereplicate_failed: Counter,
+    /// Objects below their replica count not queued for re-replication: the queue was full.
+    pub rereplicate_overflow: Counter,
+    /// Objects queued for re-replication or being copied.
+    pub rereplicate_pending: Gauge,
     /// While set, [`StoreStats::record`] counts nothing: the owner shard sets it around a
     /// read it applies for a HEAD request, which is not a business operation. Written only by
     /// the owning shard.
@@ -189,6 +197,10 @@ impl Default for StoreStats {
             demoted_blobs: Counter::default(),
             evicted_objects_deleted: Counter::default(),
             flush_in_flight_bytes: Gauge::default(),
+            rereplicated: Counter::default(),
+            rereplicate_failed: Counter::default(),
+            rereplicate_overflow: Counter::default(),
+            rereplicate_pending: Gauge::default(),
             muted: AtomicBool::new(false),
         }
     }

@@ -84,6 +84,8 @@ pub struct FrontAssets {
     pub openapi: bytes::Bytes,
     /// How a remote rank's blobs move between its tiers ([`RemoteTier`]).
     pub remote_tier: Option<Arc<dyn RemoteTier>>,
+    /// How an object's bytes are copied from one rank to another ([`ObjectCopier`]).
+    pub copier: Option<Arc<dyn ObjectCopier>>,
 }
 
 /// How the meta service has a remote rank's local service copy a blob between two of its own
@@ -101,6 +103,24 @@ pub trait RemoteTier: Send + Sync {
         from: &'a store::BlobView,
         to: &'a store::BlobView,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (store::IoOutcome, u64)> + 'a>>;
+}
+
+/// How the meta service copies an object's bytes from a copy on one rank into a new blob on
+/// another (a re-replication; the store allocated the new blob and pins both while the copy
+/// runs): the bytes are read here (this process's memory or SSD) or fetched from the source's
+/// local service under a read grant, and written here or to the destination's local service
+/// under a write grant. The HTTP front end implements it; shards only call it.
+pub trait ObjectCopier: Send + Sync {
+    /// Copies the object `key` (with `stamp`, for the destination's catalog) from `from` into
+    /// `to`; true when `to` holds its bytes.
+    fn copy<'a>(
+        &'a self,
+        shard: &'a super::Shard,
+        key: &'a [u8],
+        from: &'a store::BlobView,
+        to: &'a store::BlobView,
+        stamp: super::catalog::Stamp,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>;
 }
 
 /// Process-wide state shared by all shards. Immutable after start except for the atomics and
@@ -141,6 +161,9 @@ pub struct Cluster {
     /// A meta service's way of moving a remote rank's blobs between its tiers
     /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
     pub remote_tier: Option<Arc<dyn RemoteTier>>,
+    /// A meta service's way of copying an object to another rank ([`FrontAssets::copier`];
+    /// `None`: no re-replication).
+    pub copier: Option<Arc<dyn ObjectCopier>>,
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
     pub freed_logs: crate::cluster::catalog::FreedLogs,
 }
@@ -185,6 +208,7 @@ impl Cluster {
             tls,
             openapi,
             remote_tier,
+            copier,
         } = front;
         Ok(Arc::new(Cluster {
             openapi,
@@ -206,6 +230,7 @@ impl Cluster {
             grant_key,
             used_grants: crate::grant::GrantLedger::new(crate::limits::MAX_USED_GRANTS),
             remote_tier,
+            copier,
             freed_logs: Default::default(),
         }))
     }
@@ -251,12 +276,20 @@ impl Cluster {
     }
 
     pub fn store_config(&self) -> StoreConfig {
+        let cl = &self.config.cluster;
         StoreConfig {
             lease_ms: self.config.store.lease_ms,
             high_percent: self.config.evict.high_percent,
             low_percent: self.config.evict.low_percent,
             alloc_timeout_ms: self.config.store.alloc_timeout_ms,
             remote_writer_ms: self.config.remote_writer_ms(),
+            rereplicate: store::RereplicateLimits {
+                concurrency: cl.rereplicate_concurrency as usize,
+                bytes_per_sec: cl
+                    .rereplicate_bytes_per_sec
+                    .div_ceil(self.shard_count() as u64),
+                queue: cl.rereplicate_queue as usize,
+            },
         }
     }
 }

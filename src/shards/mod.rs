@@ -22,6 +22,7 @@ pub mod metadata;
 pub mod notice;
 pub mod ranks;
 mod replica;
+mod rereplicate;
 pub mod runtime;
 pub mod store;
 mod waits;
@@ -42,7 +43,7 @@ use crate::metrics::bus::PanickingTestSubscriber;
 use crate::metrics::bus::{EventBus, LoggingSubscriber, Subscriber, TierMetricsSubscriber};
 use crate::metrics::store::StoreStats;
 pub use apply::Applied;
-pub use cluster::{Cluster, FrontAssets, RemoteShard, RemoteTier};
+pub use cluster::{Cluster, FrontAssets, ObjectCopier, RemoteShard, RemoteTier};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
 pub use io_jobs::DAMAGED_ON_SSD;
 use mailbox::Slot;
@@ -87,6 +88,8 @@ pub struct Shard {
     event_buf: RefCell<Vec<crate::common::event::Event>>,
     /// A task freeing the objects of a `remove_all` in slices is running.
     purge_running: Cell<bool>,
+    /// The re-replication task is running (`rereplicate.rs`).
+    rereplicating: Cell<bool>,
     /// Requests in progress and their pace (overload shedding, `Retry-After`).
     pub load: load::Load,
     /// Requests sent to other shards whose reply has not been consumed, by request id. A
@@ -144,6 +147,7 @@ impl Shard {
             bus,
             event_buf: RefCell::new(Vec::new()),
             purge_running: Cell::new(false),
+            rereplicating: Cell::new(false),
             load: load::Load::new(cluster.config.http.max_inflight_per_shard as usize),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
@@ -169,7 +173,8 @@ impl Shard {
         shard_for(key, self.cluster.shard_count())
     }
 
-    /// Housekeeping: expired leases, stale allocations, probes of faulted SSD files.
+    /// Housekeeping: expired leases, stale allocations, probes of faulted SSD files, the
+    /// re-replication task.
     pub fn tick(self: &Rc<Self>) {
         // A safety net for the mailbox's wake-up: a shutdown is noticed within a tick.
         self.wake_shutdown_waiter();
@@ -177,6 +182,7 @@ impl Shard {
         self.store.borrow_mut().tick();
         self.after_store();
         self.probe_faulted_ssd();
+        self.rereplicate();
         if self.id == 0 {
             self.check_lost_ranks();
         }

@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Ctx, Request, remote};
+use super::{Ctx, Request, copies};
 use crate::cluster::catalog::{Adopted, Entry, Freed, LogAnswer, key_hash};
 use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK};
 use crate::config::Role;
 use crate::http::catalog_wire;
-use crate::http::client;
 use crate::http::response::{Response, Status};
 use crate::shards::ranks::RankReport;
 use crate::shards::store::relocate::{MediumBytes, Move};
@@ -495,7 +494,7 @@ pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
                 continue;
             }
             for m in moves {
-                let ok = copy(ctx, &m).await;
+                let ok = copies::copy(ctx.shard, &m.key, &m.from, &m.to, m.stamp).await;
                 moved += ok as u64;
                 let _ = ctx
                     .shard
@@ -509,39 +508,4 @@ pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
         }
     }
     moved
-}
-
-/// Copies one move's bytes from the leaving rank to the new blob.
-async fn copy(ctx: &mut Ctx<'_>, m: &Move) -> bool {
-    let Some(from) = remote::read_grant_url(ctx, &m.key, &m.from) else {
-        return false;
-    };
-    let timeout = Duration::from_secs(10);
-    let bytes = match client::request_url(&from, "GET", Vec::new(), timeout).await {
-        // Object bytes only: a damaged SSD copy answers an error envelope, never moved.
-        Ok(a) if a.status == 200 && a.octet_stream && a.body.len() as u64 == m.from.len => a.body,
-        Ok(a) => {
-            log::warn!(
-                "moving {:?}: its rank answered {}",
-                String::from_utf8_lossy(&m.key),
-                a.status
-            );
-            return false;
-        }
-        Err(e) => {
-            log::warn!("moving {:?}: {e}", String::from_utf8_lossy(&m.key));
-            return false;
-        }
-    };
-    if m.to.seg.backend.remote().is_none() {
-        // SAFETY: the new blob is ALLOCATED and pinned for this move alone until it ends.
-        return unsafe { m.to.seg.backend.write(m.to.offset, &bytes) }.is_ok();
-    }
-    let Some(to) = remote::write_grant_url(ctx, &m.key, &m.to, m.stamp) else {
-        return false;
-    };
-    matches!(
-        client::request_url(&to, "PUT", bytes, timeout).await,
-        Ok(a) if a.status == 200
-    )
 }

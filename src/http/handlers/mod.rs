@@ -7,7 +7,9 @@ pub mod keys_stream {
     pub use super::keys::KeyCursor;
 }
 mod cluster;
+mod copies;
 mod freed;
+pub use copies::HttpCopier;
 mod memory;
 mod meta;
 mod objects;

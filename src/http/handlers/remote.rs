@@ -110,21 +110,22 @@ async fn joined(ctx: &Ctx<'_>) {
     }
 }
 
-pub(super) fn read_grant_url(ctx: &mut Ctx<'_>, key: &[u8], v: &BlobView) -> Option<String> {
-    let config = &ctx.shard.cluster.config;
+pub(super) fn read_grant_url(cluster: &Cluster, key: &[u8], v: &BlobView) -> Option<String> {
+    let config = &cluster.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
     grant_url(key, v, GrantOp::Read, ttl, Stamp::default())
 }
 
-/// A write-only grant URL for a blob on a remote rank (a drain's move writes there), carrying
-/// the object's stamp for the local service's catalog.
+/// A write-only grant URL for a blob on a remote rank (a copy from another rank writes
+/// there: a drain's move, a re-replication), carrying the object's stamp for the local
+/// service's catalog.
 pub(super) fn write_grant_url(
-    ctx: &mut Ctx<'_>,
+    cluster: &Cluster,
     key: &[u8],
     v: &BlobView,
     stamp: Stamp,
 ) -> Option<String> {
-    let ttl = ctx.shard.cluster.config.grant_ttl_ms();
+    let ttl = cluster.config.grant_ttl_ms();
     grant_url(key, v, GrantOp::Write, ttl, stamp)
 }
 
@@ -171,7 +172,7 @@ pub(super) fn fetch_url(
     key: &[u8],
     pinned: PinnedBlob,
 ) -> Option<(String, usize)> {
-    let url = read_grant_url(ctx, key, &pinned.view)?;
+    let url = read_grant_url(&ctx.shard.cluster, key, &pinned.view)?;
     Some((url, pinned.view.len as usize))
 }
 
@@ -212,7 +213,7 @@ async fn fetch_one(url: String, size: usize) -> Option<bytes::Bytes> {
 /// `GET` of an object whose copy is on a remote rank: 307 to its local service with a read
 /// grant that ends with the read's lease (taken by the get; the pin is released here).
 pub(super) fn redirect_read(ctx: &mut Ctx<'_>, key: &[u8], pinned: PinnedBlob) -> Response {
-    let Some(location) = read_grant_url(ctx, key, &pinned.view) else {
+    let Some(location) = read_grant_url(&ctx.shard.cluster, key, &pinned.view) else {
         return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "No grant key");
     };
     drop(pinned);

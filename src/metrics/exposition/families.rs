@@ -425,6 +425,11 @@ fn store(c: &dyn Source, f: fn(&StoreStats) -> u64) -> u64 {
     sum(c, |s| f(s.store_stats))
 }
 
+/// A gauge of [`StoreStats`], summed over shards.
+fn store_i(c: &dyn Source, f: fn(&StoreStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.store_stats))
+}
+
 /// What became of the blobs the tiers let go, beyond the contract's tier counters: the
 /// outcomes an operator alerts on (objects the cache dropped, an SSD that takes no flushes).
 const TIER_OUTCOMES: &[Single] = &[
@@ -445,6 +450,35 @@ const TIER_OUTCOMES: &[Single] = &[
         "Objects deleted by eviction because no lower tier had room for their last copy",
         "counter",
         |c| store(c, |s| s.evicted_objects_deleted.get()),
+    ),
+];
+
+/// Re-replication: objects left below their replica count by a lost copy, given a new one on
+/// another rank in the background (`ock.mmc.cluster.rereplicate.*`).
+const REREPLICATION: &[Single] = &[
+    (
+        "memcache_rereplicated_objects_total",
+        "Objects below their replica count given a new copy on another rank",
+        "counter",
+        |c| store(c, |s| s.rereplicated.get()),
+    ),
+    (
+        "memcache_rereplicate_failed_total",
+        "Re-replication copies that failed (the new blob was freed; an object is tried 3 times)",
+        "counter",
+        |c| store(c, |s| s.rereplicate_failed.get()),
+    ),
+    (
+        "memcache_rereplicate_overflow_total",
+        "Objects below their replica count not queued for re-replication: the shard's queue was full",
+        "counter",
+        |c| store(c, |s| s.rereplicate_overflow.get()),
+    ),
+    (
+        "memcache_rereplicate_pending",
+        "Objects below their replica count queued for a new copy or being copied",
+        "gauge",
+        |c| store_i(c, |s| s.rereplicate_pending.get()),
     ),
 ];
 
@@ -478,6 +512,7 @@ pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
         o.int(name, &[("reason", reason)], st(cluster, f));
     }
     singles(cluster, o, TIER_OUTCOMES);
+    singles(cluster, o, REREPLICATION);
     render_ha(cluster, o);
 }
 

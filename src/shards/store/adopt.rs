@@ -140,7 +140,7 @@ impl Store {
         let obj = match obj {
             Some(obj) => obj,
             None => {
-                let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, now, None);
+                let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, 1, now, None);
                 self.uncommitted.remove(&obj);
                 self.objects[obj as usize].stamp = e.stamp;
                 obj
@@ -152,6 +152,11 @@ impl Store {
         }
         self.make_readable(id, now);
         self.blobs[id as usize].lease_until_ms = now + self.cfg.lease_ms;
+        // The catalogs do not carry the replica count: an object handed over by several
+        // ranks wants as many copies as it has.
+        let ranks = self.copy_ranks(obj).min(MAX_REPLICAS) as u8;
+        let o = &mut self.objects[obj as usize];
+        o.replicas = o.replicas.max(ranks);
         true
     }
 
@@ -385,6 +390,9 @@ mod tests {
         let q = s.query(b"r").unwrap();
         assert_eq!(q.blobs.len(), 2);
         assert_eq!(s.stats.stored_keys.get(), 1);
+        // It wants both copies (a lost one is re-replicated); one copy wants one.
+        let r = s.find(b"r").unwrap();
+        assert_eq!(s.objects[r as usize].replicas, 2);
         s.check();
         // A range already taken, a rank not mounted, a range past the segment: refused.
         let mut s = remote_store(&[4]);

@@ -17,6 +17,7 @@ impl Store {
         self.check_objects();
         self.check_writers();
         self.check_blobs();
+        self.check_rereplication();
     }
 
     /// Objects against the key and chunk indexes, the purge, and `readable_objects`.

@@ -44,6 +44,7 @@ impl Store {
                 continue;
             }
             self.detach_blob(id, now);
+            self.want_copies(obj);
         }
         self.reap_zombies(now);
         if busy || self.blobs.iter().any(|(_, b)| b.seg == seg) {
@@ -67,6 +68,8 @@ impl Store {
         for (_, b) in self.blobs.iter_mut().filter(|(_, b)| b.seg == seg) {
             b.lease_until_ms = 0;
         }
+        // Nor do the pins of re-replications copying from or into it (their copy fails).
+        self.release_copies_on(seg);
         let ids: Vec<u32> = self
             .blobs
             .iter()
@@ -91,6 +94,7 @@ impl Store {
                 // attached, so a detached copy it held would never be freed.
                 self.release_writer(id, now);
                 self.detach_blob(id, now);
+                self.want_copies(obj);
             } else {
                 let rank = self.blobs[id as usize].rank;
                 let doomed = self.doomed(obj);

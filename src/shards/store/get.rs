@@ -202,6 +202,7 @@ impl Store {
             .any(|&o| o != src.id && self.blobs[o as usize].state == BlobState::Readable);
         if others {
             self.detach_blob(src.id, now);
+            self.want_copies(obj);
         } else {
             self.remove_object(obj, now);
         }

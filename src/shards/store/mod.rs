@@ -49,8 +49,9 @@
 //! `index.rs` keys and lookups, listing, remove and remove_all; `lifecycle.rs` the blob states
 //! above, zombies, writer pins, the tick; `put.rs` alloc and commit; `get.rs` reads;
 //! `evict.rs` watermark and forced eviction, `/memory/evict`; `tiering.rs` SSD flush, rewarm,
-//! prefetch; `evacuate.rs` unmount; `check.rs` the invariants; `sim.rs` the seeded
-//! simulation; `testing.rs` the store builder of the tests and the simulation.
+//! prefetch; `evacuate.rs` unmount; `rereplicate.rs` new copies for objects below their
+//! replica count; `check.rs` the invariants; `sim.rs` the seeded simulation; `testing.rs`
+//! the store builder of the tests and the simulation.
 
 mod adopt;
 pub mod alloc;
@@ -69,6 +70,8 @@ mod put;
 pub use put::Placement;
 pub mod relocate;
 pub mod remote;
+mod rereplicate;
+pub use rereplicate::RereplicateLimits;
 pub mod segment;
 #[cfg(test)]
 mod sim;
@@ -154,6 +157,11 @@ struct Object {
     /// leadership that created it and its generation there. For an object created here,
     /// `(view, generation)`; for an adopted one, what its local service's catalog said.
     stamp: crate::cluster::catalog::Stamp,
+    /// The copies on distinct ranks the object should have (its put's `replicas`): one left
+    /// below it by a lost copy is re-replicated (`rereplicate.rs`).
+    replicas: u8,
+    /// An entry of the re-replication queue names this object (no second one is added).
+    queued: bool,
 }
 
 struct BlobRec {
@@ -360,6 +368,8 @@ pub struct StoreConfig {
     /// (`Config::remote_writer_ms`): its blobs, removed or reclaimed before the commit, are
     /// freed no sooner.
     pub remote_writer_ms: u64,
+    /// What bounds re-replication on this shard (the default: none is done).
+    pub rereplicate: RereplicateLimits,
 }
 
 pub const MAX_REPLICAS: usize = 8;
@@ -452,6 +462,8 @@ pub struct Store {
     /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
     /// freed logs: their local services drop them from their catalogs).
     freed_remote: Vec<crate::cluster::catalog::Noted>,
+    /// Objects below their replica count waiting for a new copy, and the copies being made.
+    rerepl: rereplicate::Rereplication,
 }
 
 /// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
@@ -501,6 +513,7 @@ impl Store {
             clock: StoreClock::Real(clock),
             stamp_view: 0,
             freed_remote: Vec::new(),
+            rerepl: Default::default(),
         };
         s.refresh_segments();
         s

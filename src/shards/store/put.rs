@@ -165,7 +165,8 @@ impl Store {
             .iter()
             .any(|&(seg, _, _)| self.seg(seg).seg.backend.remote().is_some());
         let remote_until_ms = remote.then(|| now + self.cfg.remote_writer_ms);
-        let (obj, generation, link) = self.insert_object(key, size, prot, now, remote_until_ms);
+        let (obj, generation, link) =
+            self.insert_object(key, size, prot, replicas as u8, now, remote_until_ms);
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);
@@ -262,12 +263,14 @@ impl Store {
     }
 
     /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's
-    /// link; returns its id and generation.
+    /// link; `replicas`: the copies on distinct ranks it should have. Returns its id and
+    /// generation.
     pub(super) fn insert_object(
         &mut self,
         key: Box<[u8]>,
         size: u64,
         prot: u16,
+        replicas: u8,
         now: u64,
         remote_until_ms: Option<u64>,
     ) -> (u32, u64, Arc<WriterLink>) {
@@ -286,6 +289,8 @@ impl Store {
                 view: self.stamp_view,
                 seq: generation,
             },
+            replicas: replicas.max(1),
+            queued: false,
         }) as u32;
         let link = Arc::new(WriterLink::default());
         self.uncommitted.insert(
@@ -386,6 +391,8 @@ impl Store {
                     self.make_readable(b, now);
                 }
             }
+            // A copy lost while it was written (its rank dropped) leaves it below its count.
+            self.want_copies(obj.id);
             self.stats.record(Op::UpdateState, Outcome::Success, rank);
             true
         } else {

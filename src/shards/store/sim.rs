@@ -4,7 +4,8 @@
 //! shard's part. It puts (alloc, then commit or abort, sometimes much later), reads (leases
 //! and pins, released later), removes, clears everything, evicts by name, prefetches,
 //! mounts and unmounts a DRAM segment, completes the SSD flushes and rewarms the store asks
-//! for in any order, with injected failures and damaged reads, and jumps time. After every
+//! for in any order, with injected failures and damaged reads, starts and ends the
+//! re-replication copies of objects left below their replica count, and jumps time. After every
 //! step `check()` verifies every invariant the store keeps. The same seed replays the same
 //! run: a failure prints its seed and step.
 //!
@@ -61,6 +62,8 @@ struct Sim {
     pins: Vec<BlobHandle>,
     /// I/O the store asked for, not completed yet (with the key a reader waits on).
     jobs: Vec<(IoJob, Option<Box<[u8]>>)>,
+    /// Re-replication copies started and not ended yet (their new blobs).
+    copies: Vec<BlobHandle>,
     /// The rank-1 DRAM segment while it is mounted, and whether it is being unmounted.
     extra: Option<Arc<Segment>>,
     unmounting: bool,
@@ -76,6 +79,7 @@ struct Coverage {
     unmounts: u64,
     purges: u64,
     reclaimed: u64,
+    rereplicated: u64,
 }
 
 impl std::ops::AddAssign for Coverage {
@@ -86,6 +90,7 @@ impl std::ops::AddAssign for Coverage {
         self.unmounts += o.unmounts;
         self.purges += o.purges;
         self.reclaimed += o.reclaimed;
+        self.rereplicated += o.rereplicated;
     }
 }
 
@@ -116,6 +121,7 @@ impl Sim {
             writers: Vec::new(),
             pins: Vec::new(),
             jobs: Vec::new(),
+            copies: Vec::new(),
             extra: None,
             unmounting: false,
             seen: Coverage::default(),
@@ -151,7 +157,12 @@ impl Sim {
                 self.jobs.extend(jobs.into_iter().map(|j| (j, None)));
             }
             84..=85 => self.mount_or_unmount(),
-            86..=91 => {
+            86..=87 => {
+                let moves = self.store.begin_rereplicate();
+                self.copies.extend(moves.iter().map(|m| m.to.handle));
+            }
+            88..=89 => self.finish_copy(),
+            90..=91 => {
                 let ms = [1, 10, 100, 1000, 2500, 6000][self.rng.below(6) as usize];
                 self.store.advance_clock(ms);
             }
@@ -292,6 +303,15 @@ impl Sim {
         }
     }
 
+    /// Ends one re-replication copy: the bytes landed, or the copy failed.
+    fn finish_copy(&mut self) {
+        if let Some(dst) = self.rng.take(&mut self.copies) {
+            let before = self.store.stats.rereplicated.get();
+            self.store.finish_rereplicate(dst, self.rng.chance(85));
+            self.seen.rereplicated += self.store.stats.rereplicated.get() - before;
+        }
+    }
+
     fn mount_or_unmount(&mut self) {
         match (&self.extra, self.unmounting) {
             (None, _) => {
@@ -334,16 +354,22 @@ impl Sim {
     /// then hold exactly what is readable.
     fn settle(&mut self) {
         for _ in 0..10_000 {
-            if self.jobs.is_empty() && self.writers.is_empty() && self.pins.is_empty() {
+            if self.jobs.is_empty()
+                && self.writers.is_empty()
+                && self.pins.is_empty()
+                && self.copies.is_empty()
+            {
                 break;
             }
             self.commit();
             self.unpin();
             self.complete_job();
+            self.finish_copy();
             self.collect_jobs();
             self.store.check();
         }
         assert!(self.jobs.is_empty() && self.writers.is_empty() && self.pins.is_empty());
+        assert!(self.copies.is_empty());
         while self.store.continue_purge() {}
         self.store.advance_clock(10_000);
         self.store.tick();
@@ -400,6 +426,7 @@ fn fixed_seeds() {
         unmounts,
         purges,
         reclaimed,
+        rereplicated,
     } = seen;
     for (what, n) in [
         ("flushes", flushes),
@@ -408,6 +435,7 @@ fn fixed_seeds() {
         ("unmounts", unmounts),
         ("remove_alls", purges),
         ("reclaimed writers", reclaimed),
+        ("re-replicated objects", rereplicated),
     ] {
         assert!(n > 0, "the fixed seeds reached no {what}: {seen:?}");
     }

@@ -25,6 +25,11 @@ impl TestStore {
                 low_percent: 80,
                 alloc_timeout_ms: 30_000,
                 remote_writer_ms: 22_250,
+                rereplicate: RereplicateLimits {
+                    concurrency: 4,
+                    bytes_per_sec: 0,
+                    queue: 1024,
+                },
             },
         }
     }
