@@ -49,6 +49,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
     Store::new(
         shard,
         StoreConfig {
+            keep_tombstones: false,
             lease_ms: 2000,
             high_percent: 90,
             low_percent: 80,

@@ -25,6 +25,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
     Store::new(
         0,
         StoreConfig {
+            keep_tombstones: false,
             lease_ms: 2000,
             high_percent: 90,
             low_percent: 80,

@@ -278,6 +278,7 @@ impl Cluster {
     pub fn store_config(&self) -> StoreConfig {
         let cl = &self.config.cluster;
         StoreConfig {
+            keep_tombstones: cl.role == crate::config::Role::Meta,
             lease_ms: self.config.store.lease_ms,
             high_percent: self.config.evict.high_percent,
             low_percent: self.config.evict.low_percent,

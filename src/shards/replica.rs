@@ -144,6 +144,9 @@ impl Shard {
                 }
                 ShardMsg::Purge { ack } => {
                     let _ = self.try_apply(super::Command::RemoveAll);
+                    // Another leader served since: catalogs handed over now come from its
+                    // lineage, which this node's removals do not concern.
+                    self.store.borrow_mut().reset_tombstones();
                     let _ = ack.send(());
                 }
                 ShardMsg::Announce { ack } => {

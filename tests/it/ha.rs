@@ -1183,3 +1183,82 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
     drop(locals);
     drop(standby);
 }
+
+/// Defect 4 of the cluster-faults issue, its second half: a delete answered by the new leader
+/// is not undone by a catalog handed over after it. A `replicas=2` object has a copy on each
+/// of two local services; one of them is frozen across the failover, so the new leader adopts
+/// the object from the other, and a client deletes it there; then the frozen service resumes,
+/// joins the new leader and hands over its catalog, which still lists the object: refused (the
+/// new leader keeps tombstones of what it removed), so the delete stays a delete.
+#[test]
+fn a_delete_by_the_new_leader_survives_a_late_hand_over() {
+    let Some(etcd) = Etcd::start("late-hand-over") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let (mut leader, standby) = leader_first(a, b);
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            local_of(driver, &standby, &leader)
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    for (local, rank) in locals.iter().zip([7, 8]) {
+        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
+    }
+    for key in ["gone", "kept"] {
+        let target = format!("/api/v1/objects?key={key}&replicas=2");
+        let r = follow(leader.addr, "PUT", &target, Some(&blob(1, 3)));
+        assert_eq!(r.json()["success"], true, "{key}: {}", r.text());
+    }
+    // Rank 8 freezes just before the leader dies (well within the heartbeat timeout: the old
+    // leader does not declare it lost).
+    locals[1].signal(libc::SIGSTOP);
+    leader.kill9();
+    wait_new_leader(standby.addr);
+    // The new leader has the object from rank 7's catalog; the delete is answered there.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while follow(standby.addr, "GET", "/api/v1/objects?key=gone", None).body != blob(1, 3) {
+        assert!(
+            Instant::now() < deadline,
+            "rank 7 never handed over; its log:\n{}",
+            locals[0].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = crate::harness::Client::connect(standby.addr).request(
+        "DELETE",
+        "/api/v1/objects?key=gone",
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // Rank 8 resumes, joins the new leader and hands its catalog over.
+    locals[1].signal(libc::SIGCONT);
+    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let q = crate::harness::Client::connect(standby.addr).get("/query_key?key=kept");
+        let copies = q.json()["blobs"].as_array().map_or(0, |b| b.len());
+        if copies == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank 8's catalog was never adopted ({}); its log:\n{}",
+            q.text(),
+            locals[1].log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    follow(standby.addr, "GET", "/api/v1/objects?key=gone", None)
+        .assert_error(200, "Key not found");
+    drop(locals);
+    drop(standby);
+}

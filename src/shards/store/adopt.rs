@@ -14,6 +14,12 @@ impl Store {
     }
 
     /// The remote blobs detached since the last call, by rank.
+    /// A new lineage of objects (this node leads after another leader, whose objects were
+    /// purged): the tombstones of earlier removals go.
+    pub fn reset_tombstones(&mut self) {
+        self.tombstones.reset();
+    }
+
     pub fn take_freed_remote(&mut self) -> Vec<crate::cluster::catalog::Noted> {
         std::mem::take(&mut self.freed_remote)
     }
@@ -99,6 +105,13 @@ impl Store {
         if e.len == 0 || e.len % segment::PAGE_BYTES != 0 || e.size > e.len {
             return false;
         }
+        // Removed here since: its catalog may not know yet (tombstones.rs).
+        if self
+            .tombstones
+            .refuses(crate::cluster::catalog::key_hash(&e.key))
+        {
+            return false;
+        }
         let obj = match self.find(&e.key) {
             Some(obj) => {
                 let o = &self.objects[obj as usize];
@@ -106,7 +119,9 @@ impl Store {
                     return false;
                 }
                 if e.stamp > o.stamp {
+                    self.replacing = true;
                     self.remove_object(obj, now);
+                    self.replacing = false;
                     None
                 } else {
                     let on_rank = |off: Option<u64>| {
@@ -258,6 +273,45 @@ mod tests {
         ev.iter()
             .filter(|e| matches!(e, Event::Stored { .. }))
             .count()
+    }
+
+    /// A key this meta removed (a delete answered, an eviction) is not brought back by a
+    /// catalog handed over later that still lists it; a newer version replacing an older one
+    /// in the same hand-over leaves no tombstone; after a `remove_all` every catalog is refused.
+    #[test]
+    fn a_catalog_does_not_bring_back_what_this_meta_removed() {
+        let mut old = remote_store(&[4]);
+        old.set_view(7);
+        for i in 0..4 {
+            put(&mut old, &format!("t{i}"), 1000, 1);
+        }
+        let entries = old.rank_blobs(4);
+        let mut new = remote_store(&[4]);
+        new.set_view(9);
+        // The new meta adopts t0 from another rank's catalog first, then the client deletes it.
+        assert!(new.adopt(offered(4, entries[..1].to_vec())).is_empty());
+        assert!(new.remove(b"t0"));
+        // This rank's catalog comes late and still lists t0: refused, the rest adopted.
+        let refused = new.adopt(offered(4, entries[1..].to_vec()));
+        assert!(refused.is_empty());
+        let refused = new.adopt(offered(4, entries[..1].to_vec()));
+        assert_eq!(refused.len(), 1, "t0 was deleted here");
+        assert!(new.find(b"t0").is_none());
+        // A newer version of t1 replaces the adopted one without a tombstone: the same newer
+        // version from a second rank's catalog still merges.
+        let mut newer = entries[1].clone();
+        newer.stamp.seq += 1000;
+        newer.offset += 64 << 10;
+        assert!(new.adopt(offered(4, vec![newer.clone()])).is_empty());
+        assert_eq!(new.stamp_of(b"t1"), Some(newer.stamp));
+        new.check();
+        // A remove_all: every catalog handed over later is refused.
+        new.remove_all();
+        let mut late = entries[2].clone();
+        late.key = b"never-seen".as_slice().into();
+        assert_eq!(new.adopt(offered(4, vec![late])).len(), 1);
+        new.reset_tombstones();
+        new.check();
     }
 
     /// The objects a local service holds after puts and a removal under one leader are the

@@ -129,6 +129,8 @@ impl Store {
     pub fn remove_all(&mut self) -> u64 {
         let now = self.now_ms();
         let n = self.object_count() as u64;
+        // Every catalog handed over later predates this: refused whole (tombstones.rs).
+        self.tombstones.cut_all();
         // Writers at work are revoked now (bounded by the grants outstanding): their objects
         // are not readable, so this publishes nothing.
         let writing: Vec<u32> = self.uncommitted.keys().copied().collect();

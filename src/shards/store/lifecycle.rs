@@ -207,6 +207,10 @@ impl Store {
             return;
         }
         let o = self.objects.remove(obj as usize);
+        if !self.replacing {
+            self.tombstones
+                .note(crate::cluster::catalog::key_hash(&o.key));
+        }
         let h = self.hash_key(&o.key);
         if let Ok(e) = self.index.find_entry(h, |&id| id == obj) {
             e.remove();

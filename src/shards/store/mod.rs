@@ -71,6 +71,7 @@ pub use put::Placement;
 pub mod relocate;
 pub mod remote;
 mod rereplicate;
+pub mod tombstones;
 pub use rereplicate::RereplicateLimits;
 pub mod segment;
 #[cfg(test)]
@@ -358,6 +359,8 @@ pub enum GetStep {
 
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
+    /// Keep tombstones of removed keys for catalog hand-overs (a meta service: `tombstones.rs`).
+    pub keep_tombstones: bool,
     pub lease_ms: u64,
     pub high_percent: u64,
     pub low_percent: u64,
@@ -462,6 +465,10 @@ pub struct Store {
     /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
     /// freed logs: their local services drop them from their catalogs).
     freed_remote: Vec<crate::cluster::catalog::Noted>,
+    /// Keys removed from the index, refused when a catalog hands them over (`tombstones.rs`).
+    tombstones: tombstones::Tombstones,
+    /// Adoption is replacing an older version of a key by a newer one: no tombstone.
+    replacing: bool,
     /// Objects below their replica count waiting for a new copy, and the copies being made.
     rerepl: rereplicate::Rereplication,
 }
@@ -483,6 +490,7 @@ impl Store {
         tracer: Arc<Tracer>,
         clock: Clock,
     ) -> Store {
+        let keep_tombstones = cfg.keep_tombstones;
         let mut s = Store {
             shard,
             cfg,
@@ -513,6 +521,11 @@ impl Store {
             clock: StoreClock::Real(clock),
             stamp_view: 0,
             freed_remote: Vec::new(),
+            tombstones: tombstones::Tombstones::new(
+                keep_tombstones,
+                tombstones::TOMBSTONES_PER_SHARD,
+            ),
+            replacing: false,
             rerepl: Default::default(),
         };
         s.refresh_segments();

@@ -20,6 +20,7 @@ impl TestStore {
             remote: Vec::new(),
             ssd_dir: None,
             cfg: StoreConfig {
+                keep_tombstones: true,
                 lease_ms: 2000,
                 high_percent: 90,
                 low_percent: 80,

@@ -1,0 +1,118 @@
+//! Tombstones: the keys a meta removed from its index, kept so that a catalog handed over
+//! later (a local service joining a new HA leader or a restarted meta) cannot bring one back.
+//!
+//! A catalog describes what its local service held when it last heard from its previous
+//! meta; whatever this meta removed since (a delete it answered, an eviction, a loss) the
+//! catalog may still list. So adoption refuses an entry whose key has a tombstone (whatever its
+//! stamp: without HA a restarted meta's stamps are not ordered with its predecessor's). A
+//! tombstone is noted when an object leaves the index, except when adoption itself replaces an
+//! older version of a key by a newer one (the key is still there). A client's `remove_all`
+//! cuts the log (every later catalog is refused whole); so does a log that grows past its
+//! bound. A new HA leadership after another leader's (whose objects were purged) starts a new
+//! log: its catalogs come from that other leader's lineage.
+
+use std::collections::{HashSet, VecDeque};
+
+/// Tombstones one shard keeps at most; past it the log is cut.
+pub const TOMBSTONES_PER_SHARD: usize = 1 << 18;
+
+#[derive(Debug)]
+pub struct Tombstones {
+    /// Kept at all (a meta service; a server without local services hands no catalog over).
+    on: bool,
+    cap: usize,
+    order: VecDeque<u64>,
+    set: HashSet<u64, foldhash::fast::RandomState>,
+    /// Every catalog is refused: a `remove_all`, or more tombstones than the bound.
+    cut: bool,
+}
+
+impl Tombstones {
+    pub fn new(on: bool, cap: usize) -> Tombstones {
+        Tombstones {
+            on,
+            cap,
+            order: VecDeque::new(),
+            set: HashSet::default(),
+            cut: false,
+        }
+    }
+
+    /// The key with hash `key` left the index.
+    pub fn note(&mut self, key: u64) {
+        if !self.on || self.cut || !self.set.insert(key) {
+            return;
+        }
+        self.order.push_back(key);
+        if self.order.len() > self.cap {
+            log::warn!(
+                "more than {} keys removed since this meta began: catalogs handed over from now on are refused whole",
+                self.cap
+            );
+            self.cut_all();
+        }
+    }
+
+    /// Every catalog handed over from now on is refused (a `remove_all`).
+    pub fn cut_all(&mut self) {
+        self.cut = self.on;
+        self.order = VecDeque::new();
+        self.set = HashSet::default();
+    }
+
+    /// A new lineage (a leadership after another leader's, whose objects were purged).
+    pub fn reset(&mut self) {
+        self.cut = false;
+        self.order = VecDeque::new();
+        self.set = HashSet::default();
+    }
+
+    /// Whether a catalog entry of the key with hash `key` must be refused.
+    pub fn refuses(&self, key: u64) -> bool {
+        self.on && (self.cut || self.set.contains(&key))
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_key_is_refused_until_a_new_lineage() {
+        let mut t = Tombstones::new(true, 3);
+        t.note(1);
+        t.note(1);
+        t.note(2);
+        assert_eq!(t.len(), 2);
+        assert!(t.refuses(1) && t.refuses(2) && !t.refuses(3));
+        t.reset();
+        assert!(!t.refuses(1));
+    }
+
+    #[test]
+    fn past_its_bound_or_after_a_remove_all_every_catalog_is_refused() {
+        let mut t = Tombstones::new(true, 2);
+        for k in 0..3 {
+            t.note(k);
+        }
+        assert!(t.refuses(99), "cut: more removals than the bound");
+        assert!(t.is_empty());
+        t.reset();
+        t.note(5);
+        t.cut_all();
+        assert!(t.refuses(6));
+        // Off (no local services can hand a catalog over): nothing kept, nothing refused.
+        let mut off = Tombstones::new(false, 2);
+        off.note(1);
+        off.cut_all();
+        assert!(!off.refuses(1) && off.is_empty());
+    }
+}
