@@ -119,9 +119,9 @@ impl Store {
                     return false;
                 }
                 if e.stamp > o.stamp {
-                    self.replacing = true;
+                    self.quiet_removal = true;
                     self.remove_object(obj, now);
-                    self.replacing = false;
+                    self.quiet_removal = false;
                     None
                 } else {
                     let on_rank = |off: Option<u64>| {
@@ -292,11 +292,15 @@ mod tests {
         assert!(new.adopt(offered(4, entries[..1].to_vec())).is_empty());
         assert!(new.remove(b"t0"));
         // This rank's catalog comes late and still lists t0: refused, the rest adopted.
-        let refused = new.adopt(offered(4, entries[1..].to_vec()));
+        let refused = new.adopt(offered(4, entries[1..3].to_vec()));
         assert!(refused.is_empty());
         let refused = new.adopt(offered(4, entries[..1].to_vec()));
         assert_eq!(refused.len(), 1, "t0 was deleted here");
         assert!(new.find(b"t0").is_none());
+        // A delete of a key this meta does not know (its copy on a rank that is down) keeps
+        // that copy away when the rank comes back with it.
+        assert!(!new.remove(b"t3"));
+        assert_eq!(new.adopt(offered(4, entries[3..].to_vec())).len(), 1);
         // A newer version of t1 replaces the adopted one without a tombstone: the same newer
         // version from a second rank's catalog still merges.
         let mut newer = entries[1].clone();

@@ -103,7 +103,11 @@ impl Store {
                     .get(&obj)
                     .is_some_and(|w| w.remote_until_ms.is_some());
                 let generation = self.objects[obj as usize].generation;
+                // Lost with its rank, not removed by anyone: a restarted service that
+                // recovered it (its SSD) may hand it over again (tombstones.rs).
+                self.quiet_removal = true;
                 self.remove_object(obj, now);
+                self.quiet_removal = false;
                 if remote_writer {
                     // Its writer wrote into memory that is gone: nothing to wait for.
                     self.release_orphans(generation, now);

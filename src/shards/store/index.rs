@@ -114,6 +114,9 @@ impl Store {
                 true
             }
             None => {
+                // A copy of it may still be on a rank that is down (lost with it): when that
+                // rank comes back with its catalog, this delete keeps it away.
+                self.tombstones.note(crate::cluster::catalog::key_hash(key));
                 self.stats.record(Op::Remove, Outcome::NotFound, None);
                 false
             }

@@ -207,7 +207,7 @@ impl Store {
             return;
         }
         let o = self.objects.remove(obj as usize);
-        if !self.replacing {
+        if !self.quiet_removal {
             self.tombstones
                 .note(crate::cluster::catalog::key_hash(&o.key));
         }

@@ -467,8 +467,9 @@ pub struct Store {
     freed_remote: Vec<crate::cluster::catalog::Noted>,
     /// Keys removed from the index, refused when a catalog hands them over (`tombstones.rs`).
     tombstones: tombstones::Tombstones,
-    /// Adoption is replacing an older version of a key by a newer one: no tombstone.
-    replacing: bool,
+    /// A removal that is no client's or eviction's (adoption replacing an older version of a
+    /// key by a newer one, a lost rank's copies dropped): no tombstone.
+    quiet_removal: bool,
     /// Objects below their replica count waiting for a new copy, and the copies being made.
     rerepl: rereplicate::Rereplication,
 }
@@ -525,7 +526,7 @@ impl Store {
                 keep_tombstones,
                 tombstones::TOMBSTONES_PER_SHARD,
             ),
-            replacing: false,
+            quiet_removal: false,
             rerepl: Default::default(),
         };
         s.refresh_segments();

@@ -5,8 +5,11 @@
 //! meta; whatever this meta removed since (a delete it answered, an eviction, a loss) the
 //! catalog may still list. So adoption refuses an entry whose key has a tombstone (whatever its
 //! stamp: without HA a restarted meta's stamps are not ordered with its predecessor's). A
-//! tombstone is noted when an object leaves the index, except when adoption itself replaces an
-//! older version of a key by a newer one (the key is still there). A client's `remove_all`
+//! tombstone is noted when an object leaves the index (a delete, an eviction, a reclaim), and
+//! when a delete finds no object (a copy may be on a rank that is down), but not when adoption
+//! replaces an older version of a key by a newer one (the key is still there) nor when a lost
+//! rank's copies are dropped (nobody removed them: a restarted service that recovered them from
+//! its SSD may hand them over again, and a delete meanwhile keeps them away). A client's `remove_all`
 //! cuts the log (every later catalog is refused whole); so does a log that grows past its
 //! bound. A new HA leadership after another leader's (whose objects were purged) starts a new
 //! log: its catalogs come from that other leader's lineage.
