@@ -261,6 +261,28 @@ impl Server {
         }
         let mut server = server;
         if server.cluster.config.ha.enable {
+            if server.cluster.config.cluster.role == crate::config::Role::Meta {
+                // A new leader learns which memberships earlier leaders declared lost before
+                // it serves (`ha::losses`): those processes' catalogs are void here too.
+                let weak = Arc::downgrade(&server.cluster);
+                server
+                    .cluster
+                    .ha
+                    .add_recovery_step(Box::new(move |_view, deadline| {
+                        let Some(cluster) = weak.upgrade() else {
+                            return Ok(());
+                        };
+                        let losses = cluster.ha.load_losses(deadline)?;
+                        if !losses.is_empty() {
+                            log::info!(
+                                "HA: {} memberships earlier leaders declared lost are void here",
+                                losses.len()
+                            );
+                        }
+                        cluster.ranks.lock().note_lost(losses);
+                        Ok(())
+                    }));
+            }
             match crate::ha::election::HaThreads::start(server.cluster.clone()) {
                 Ok(t) => server.ha = Some(t),
                 Err(e) => {

@@ -118,6 +118,10 @@ pub struct Members<R> {
     ranks: BTreeMap<u32, Member<R>>,
     /// The last epoch handed out.
     epoch: u64,
+    /// Memberships an earlier leader declared lost (rank, incarnation), from etcd: the same
+    /// process joining this leader is told its catalog is void, as if this meta had declared
+    /// it lost.
+    lost_elsewhere: std::collections::BTreeSet<(u32, u64)>,
 }
 
 impl<R> Default for Members<R> {
@@ -125,11 +129,18 @@ impl<R> Default for Members<R> {
         Members {
             ranks: BTreeMap::new(),
             epoch: 0,
+            lost_elsewhere: Default::default(),
         }
     }
 }
 
 impl<R: Clone + Default> Members<R> {
+    /// The memberships earlier leaders declared lost (a new leader loads them from etcd
+    /// before it serves).
+    pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
+        self.lost_elsewhere.extend(lost);
+    }
+
     /// Admits a local service.
     pub fn join(&mut self, j: JoinRequest<'_>) -> Result<Joined, String> {
         let rank = match j.wanted {
@@ -167,6 +178,9 @@ impl<R: Clone + Default> Members<R> {
         } else {
             CatalogFate::None
         };
+        if self.lost_elsewhere.contains(&(rank, j.incarnation)) {
+            catalog = CatalogFate::Discard;
+        }
         let retire = match self.ranks.get_mut(&rank) {
             Some(e) if e.incarnation == j.incarnation && e.view == j.view => match e.state {
                 MemberState::Live => {
@@ -467,6 +481,18 @@ mod tests {
         m.expire(99_999, 3000);
         let restarted = m.join(req(None, "http://a", 7, 0, 100_000)).unwrap();
         assert_eq!(restarted.catalog, CatalogFate::Follows);
+    }
+
+    /// A membership an earlier leader declared lost (recorded in etcd) is void on this
+    /// leader too: the same process is told to drop its catalog; another incarnation is not.
+    #[test]
+    fn a_loss_recorded_by_an_earlier_leader_voids_that_process_s_catalog() {
+        let mut m = M::default();
+        m.note_lost([(5, 41)]);
+        let j = m.join(req(Some(5), "http://a", 41, 9, 0)).unwrap();
+        assert_eq!(j.catalog, CatalogFate::Discard);
+        let j = m.join(req(Some(6), "http://b", 42, 9, 0)).unwrap();
+        assert_eq!(j.catalog, CatalogFate::Follows);
     }
 
     #[test]

@@ -70,6 +70,18 @@ impl HaConfig {
         k
     }
 
+    /// Where a leader records a local service's membership it declared lost: `<prefix>lost/
+    /// <rank>` = its incarnation, so a later leader refuses that service's catalog too.
+    pub fn lost_key(&self, rank: u32) -> Vec<u8> {
+        let mut k = self.lost_prefix();
+        k.extend_from_slice(rank.to_string().as_bytes());
+        k
+    }
+
+    pub fn lost_prefix(&self) -> Vec<u8> {
+        format!("{}lost/", self.prefix).into_bytes()
+    }
+
     pub fn metadata_prefix(&self) -> Vec<u8> {
         format!("{}metadata/", self.prefix).into_bytes()
     }

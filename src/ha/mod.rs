@@ -12,6 +12,7 @@
 pub mod election;
 pub mod etcd;
 pub mod kv_events;
+mod losses;
 pub mod writer;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

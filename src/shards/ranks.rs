@@ -277,6 +277,11 @@ impl Shard {
         segs: Vec<Arc<Segment>>,
     ) {
         self.cluster.freed_logs.retire(rank, epoch);
+        self.drop_segments_keeping_log(rank, segs).await;
+    }
+
+    /// [`Shard::drop_member_segments`] without retiring the membership's freed log.
+    async fn drop_segments_keeping_log(self: &Rc<Self>, rank: u32, segs: Vec<Arc<Segment>>) {
         for seg in &segs {
             self.drop_remote_segment(seg).await;
         }
@@ -304,15 +309,37 @@ impl Shard {
     }
 
     /// Shard 0's part of the tick on a meta service: ranks silent past the heartbeat timeout
-    /// are declared lost and dropped.
+    /// are declared lost and dropped. With HA the loss is recorded in etcd first (a later
+    /// leader then refuses that process's catalog too, `ha::losses`); until it is, removals
+    /// waiting on the rank keep waiting (its freed log stays), since they must not rely on a
+    /// loss a later leader would not know.
     pub(super) fn check_lost_ranks(self: &Rc<Self>) {
         let timeout = self.cluster.config.cluster.heartbeat_timeout_ms;
         let now = self.cluster.clock.now_ms();
-        let lost = self.cluster.ranks.lock().expire(now, timeout);
-        for (rank, epoch) in lost {
+        let lost: Vec<(u32, u64, u64)> = {
+            let mut members = self.cluster.ranks.lock();
+            let expired = members.expire(now, timeout);
+            expired
+                .into_iter()
+                .map(|(r, e)| (r, e, members.get(r).map_or(0, |m| m.incarnation)))
+                .collect()
+        };
+        for (rank, epoch, incarnation) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             let me = self.clone();
-            monoio::spawn(async move { me.drop_rank(rank, epoch).await });
+            let recorded = self.cluster.ha.record_loss(rank, incarnation);
+            monoio::spawn(async move {
+                let segs = me.cluster.unmount_member(rank, epoch);
+                match recorded.recv_async().await {
+                    Ok(Ok(())) => me.drop_member_segments(rank, epoch, segs).await,
+                    outcome => {
+                        log::error!(
+                            "rank {rank}: its loss could not be recorded in etcd ({outcome:?}); removals waiting on it are not confirmed"
+                        );
+                        me.drop_segments_keeping_log(rank, segs).await;
+                    }
+                }
+            });
         }
     }
 }

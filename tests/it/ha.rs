@@ -1262,3 +1262,67 @@ fn a_delete_by_the_new_leader_survives_a_late_hand_over() {
     drop(locals);
     drop(standby);
 }
+
+/// A membership the old leader declared lost stays void on the next leader: rank 8 freezes
+/// past the heartbeat timeout, the leader declares it lost (and records it in etcd) and answers
+/// a delete of an object with a copy there; the leader dies; rank 8 resumes and joins the new
+/// leader with a catalog that still lists the object: told to drop it, so the delete holds.
+#[test]
+fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
+    let Some(etcd) = Etcd::start("recorded-loss") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let (mut leader, standby) = leader_first(a, b);
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            local_of(driver, &standby, &leader)
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    for (local, rank) in locals.iter().zip([7, 8]) {
+        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
+    }
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=gone&replicas=2",
+        Some(&blob(2, 5)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    locals[1].signal(libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leader.log().contains("rank 8 lost") {
+        assert!(Instant::now() < deadline, "rank 8 never declared lost");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = crate::harness::Client::connect(leader.addr).request(
+        "DELETE",
+        "/api/v1/objects?key=gone",
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    leader.kill9();
+    wait_new_leader(standby.addr);
+    locals[1].signal(libc::SIGCONT);
+    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
+    wait_joined(standby.addr, "rank-7-dram", &locals[0]);
+    follow(standby.addr, "GET", "/api/v1/objects?key=gone", None)
+        .assert_error(200, "Key not found");
+    assert!(
+        locals[1]
+            .log()
+            .contains("declared this service lost before"),
+        "rank 8 was not told to drop its catalog:\n{}",
+        locals[1].log()
+    );
+    drop(locals);
+    drop(standby);
+}
