@@ -674,3 +674,27 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     assert!(s.find(b"w").is_some());
     s.check();
 }
+
+#[test]
+fn a_lost_ranks_blob_of_a_put_removed_while_written_does_not_hold_its_segment_back() {
+    let mut s = remote_hbm_store(8 << 20, |_| {});
+    let placement = Placement {
+        prefer_rank: Some(1),
+        ..Placement::on(Some(Medium::Dram), 1)
+    };
+    let AllocStep::Granted { obj, blobs, .. } = s.alloc(b"w".as_slice().into(), 1 << 20, placement)
+    else {
+        panic!("alloc refused");
+    };
+    assert_eq!(blobs[0].seg.rank, 1);
+    let seg = blobs[0].seg.id;
+    // Removed while its writer is at work: the blob waits for the writer's commit or abort,
+    // which the lost rank's local service will never send.
+    assert!(s.remove(b"w"));
+    assert!(s.drop_segment(seg), "nothing left on the lost segment");
+    assert_eq!(used_on(&s, 1, Medium::Dram), 0);
+    s.check();
+    // A commit that still comes finds nothing to release.
+    assert!(matches!(s.commit(obj, true), Reply::NotFound));
+    s.check();
+}
