@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::{Client, Driver, Response, Server, ServerBuilder};
 
-fn meta(extra: &[(&str, &str)]) -> Server {
+pub(super) fn meta(extra: &[(&str, &str)]) -> Server {
     let mut b = ServerBuilder::new(Driver::Uring).set("ock.mmc.embedded.ranks", "0");
     for (k, v) in extra {
         b = b.set(k, v);
@@ -15,7 +15,7 @@ fn meta(extra: &[(&str, &str)]) -> Server {
     b.start()
 }
 
-fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
+pub(super) fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
     let mut b = ServerBuilder::new(Driver::Uring)
         .shards(1)
         .arg("--role")
@@ -77,14 +77,14 @@ pub(super) fn wait_ready(
 
 /// Waits (bounded) until the meta lists `n` segments, all OK.
 #[track_caller]
-fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
+pub(super) fn wait_segments(meta: &Server, n: usize, limit: Duration) -> Vec<String> {
     wait_ready(limit, |p| meta.client().get(p).text(), |s| s.len() == n)
         .unwrap_or_else(|| panic!("expected {n} segments, all OK; have {:?}", segments(meta)))
 }
 
 /// Starts a local service and waits until the meta lists one more segment; returns it and
 /// its rank.
-fn join(meta: &Server, extra: &[(&str, &str)]) -> (Server, u32) {
+pub(super) fn join(meta: &Server, extra: &[(&str, &str)]) -> (Server, u32) {
     let before = segments(meta);
     let local = local_builder(meta, extra).start();
     let after = wait_segments(meta, before.len() + 1, Duration::from_secs(10));

@@ -5,6 +5,7 @@ mod harness;
 
 mod batches;
 mod cluster;
+mod cluster_rejoin;
 mod cluster_ssd;
 mod cluster_tiers;
 mod cluster_tls;
