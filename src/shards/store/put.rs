@@ -154,25 +154,19 @@ impl Store {
     /// [`AllocStep::WaitForRoom`] when this shard's zombies will give enough back, and
     /// evicts otherwise.
     pub fn alloc(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
-        self.alloc_traced(key, size, placement, true)
+        self.traced_alloc(|s| s.place_new(key, size, placement, true))
     }
 
     /// [`Store::alloc`] that never waits: where no segment has room it evicts least recently
     /// used blobs until one has (forced eviction), or waits only for flushes in flight.
     pub fn alloc_now(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
-        self.alloc_traced(key, size, placement, false)
+        self.traced_alloc(|s| s.place_new(key, size, placement, false))
     }
 
-    fn alloc_traced(
-        &mut self,
-        key: Box<[u8]>,
-        size: u64,
-        placement: Placement,
-        patient: bool,
-    ) -> AllocStep {
+    fn traced_alloc(&mut self, place: impl FnOnce(&mut Store) -> AllocStep) -> AllocStep {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Alloc);
-        let step = self.place_new(key, size, placement, patient);
+        let step = place(self);
         span.end(!matches!(step, AllocStep::Refused(_)));
         step
     }

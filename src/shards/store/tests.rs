@@ -647,18 +647,25 @@ fn a_lost_ranks_leased_blobs_do_not_hold_its_segment_back() {
     s.check();
 }
 
-#[test]
-fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back() {
-    // A replicated put whose writer has not committed yet: one copy on rank 1, one elsewhere.
-    let mut s = remote_hbm_store(8 << 20, |_| {});
+/// A put of `w` (1 MiB of DRAM, `replicas` copies, the first on rank 1) allocated, its writer
+/// still at work.
+fn writing_on_rank_1(s: &mut Store, replicas: u8) -> (ObjHandle, SmallVec<[BlobView; 2]>) {
     let placement = Placement {
         prefer_rank: Some(1),
-        ..Placement::on(Some(Medium::Dram), 2)
+        ..Placement::on(Some(Medium::Dram), replicas)
     };
     let AllocStep::Granted { obj, blobs, .. } = s.alloc(b"w".as_slice().into(), 1 << 20, placement)
     else {
         panic!("alloc refused");
     };
+    (obj, blobs)
+}
+
+#[test]
+fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back() {
+    // A replicated put whose writer has not committed yet: one copy on rank 1, one elsewhere.
+    let mut s = remote_hbm_store(8 << 20, |_| {});
+    let (obj, blobs) = writing_on_rank_1(&mut s, 2);
     let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
     assert!(
         ranks.len() == 2 && ranks[0] == 1 && ranks[1] != 1,
@@ -678,14 +685,7 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
 #[test]
 fn a_lost_ranks_blob_of_a_put_removed_while_written_does_not_hold_its_segment_back() {
     let mut s = remote_hbm_store(8 << 20, |_| {});
-    let placement = Placement {
-        prefer_rank: Some(1),
-        ..Placement::on(Some(Medium::Dram), 1)
-    };
-    let AllocStep::Granted { obj, blobs, .. } = s.alloc(b"w".as_slice().into(), 1 << 20, placement)
-    else {
-        panic!("alloc refused");
-    };
+    let (obj, blobs) = writing_on_rank_1(&mut s, 1);
     assert_eq!(blobs[0].seg.rank, 1);
     let seg = blobs[0].seg.id;
     // Removed while its writer is at work: the blob waits for the writer's commit or abort,
