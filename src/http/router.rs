@@ -152,6 +152,16 @@ impl Route {
         )
     }
 
+    /// A local service's membership messages (join, heartbeat, leave): a few per rank per
+    /// heartbeat interval, never shed by a busy shard, since a heartbeat answered 429 is no
+    /// heartbeat and a live rank would be declared lost and its objects dropped.
+    pub fn is_membership(self) -> bool {
+        matches!(
+            self,
+            Route::ClusterJoin | Route::ClusterHeartbeat | Route::ClusterLeave
+        )
+    }
+
     /// What a local service serves: its own health and metrics, and objects under grants.
     pub fn served_by_local_service(self) -> bool {
         self.is_own_health()

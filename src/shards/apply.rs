@@ -129,7 +129,8 @@ impl Shard {
         Applied::Now(r)
     }
 
-    /// An allocation; one that must wait for flushes to make room retries as each lands.
+    /// An allocation; one that must wait for flushes or zombies to give room back retries
+    /// when they did.
     pub(super) fn apply_alloc(
         self: &Rc<Self>,
         key: Box<[u8]>,
@@ -137,12 +138,12 @@ impl Shard {
         placement: Placement,
     ) -> Applied {
         let flushes = self.flush_done.generation();
-        let step = self.try_alloc(&key, size, placement);
+        let step = self.try_alloc(&key, size, placement, true);
         match step {
-            AllocStep::WaitForFlush => {
+            AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
                 let me = self.clone();
                 Applied::Later(Box::pin(async move {
-                    me.alloc_waiting(key, size, placement, flushes).await
+                    me.alloc_waiting(key, size, placement, step, flushes).await
                 }))
             }
             step => Applied::Now(self.alloc_reply(step)),
@@ -343,7 +344,9 @@ impl Shard {
                 self.cluster.clone(),
             )),
             AllocStep::Refused(m) => Reply::Refused(m),
-            AllocStep::WaitForFlush => Reply::refused("No space, even after eviction"),
+            AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
+                Reply::refused("No space, even after eviction")
+            }
         }
     }
 }

@@ -34,18 +34,24 @@ impl Load {
 
     /// Enters a request, or `None` when the shard already works on `max`.
     pub fn enter(&self) -> Option<Working<'_>> {
-        let n = self.inflight.get();
-        if n >= self.max {
+        if self.inflight.get() >= self.max {
             return None;
         }
+        Some(self.enter_always())
+    }
+
+    /// Enters a request whatever the shard works on already (a membership message: shedding
+    /// it would get a live rank declared lost).
+    pub fn enter_always(&self) -> Working<'_> {
+        let n = self.inflight.get();
         self.inflight.set(n + 1);
         let c = self.counter.get().wrapping_add(1);
         self.counter.set(c);
         let started = (c % SAMPLE_EVERY == 0).then(Instant::now);
-        Some(Working {
+        Working {
             load: self,
             started,
-        })
+        }
     }
 
     pub fn inflight(&self) -> usize {
@@ -82,6 +88,11 @@ mod tests {
         let a = l.enter().unwrap();
         let b = l.enter().unwrap();
         assert!(l.enter().is_none(), "the third request is shed");
+        {
+            let _beat = l.enter_always();
+            assert_eq!(l.inflight(), 3, "a membership message is counted, not shed");
+        }
+        assert_eq!(l.inflight(), 2);
         drop(a);
         assert_eq!(l.inflight(), 1);
         assert!(l.enter().is_some());

@@ -26,31 +26,68 @@ impl Waiting {
     }
 }
 
+/// The longest an allocation waits for zombies' leases before it evicts instead (the default
+/// `ock.mmc.lease_ms`): a longer lease would hold puts back longer than a client's patience.
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(2);
+
 impl Shard {
-    /// One attempt at an allocation.
-    pub(super) fn try_alloc(&self, key: &[u8], size: u64, placement: Placement) -> AllocStep {
-        self.store.borrow_mut().alloc(key.into(), size, placement)
+    /// One attempt at an allocation (`patient`: it may answer [`AllocStep::WaitForRoom`]
+    /// rather than evict).
+    pub(super) fn try_alloc(
+        &self,
+        key: &[u8],
+        size: u64,
+        placement: Placement,
+        patient: bool,
+    ) -> AllocStep {
+        let mut store = self.store.borrow_mut();
+        if patient {
+            store.alloc(key.into(), size, placement)
+        } else {
+            store.alloc_now(key.into(), size, placement)
+        }
     }
 
-    /// An allocation that found no room while flushes were freeing some: retry as each lands.
+    /// An allocation that found no room while some was coming back: flushes in flight (tried
+    /// again as each lands, 64 times at most) or this shard's zombies (tried again when the
+    /// first of their leases ends). Zombies are waited for one lease at most (capped at
+    /// [`ROOM_WAIT_MAX`], plus a tick): every lease held when it began has ended by then, and
+    /// under a churn of leased removals new zombies keep coming, so past that the allocation
+    /// evicts what it needs ([`store::Store::alloc_now`]).
     pub(super) async fn alloc_waiting(
         self: Rc<Self>,
         key: Box<[u8]>,
         size: u64,
         placement: Placement,
+        first: AllocStep,
         mut flushes: u64,
     ) -> Reply {
-        const ATTEMPTS: usize = 64;
-        for _ in 0..ATTEMPTS {
-            self.flush_done.wait_since(flushes).await;
-            flushes = self.flush_done.generation();
-            let step = self.try_alloc(&key, size, placement);
-            self.after_store();
-            if !matches!(step, AllocStep::WaitForFlush) {
-                return self.alloc_reply(step);
+        const FLUSH_WAITS: usize = 64;
+        let lease = Duration::from_millis(self.cluster.config.store.lease_ms);
+        let patience = lease.min(ROOM_WAIT_MAX) + Duration::from_millis(crate::limits::TICK_MS);
+        let started = std::time::Instant::now();
+        let mut flush_waits = 0;
+        let mut step = first;
+        loop {
+            match step {
+                AllocStep::WaitForFlush => {
+                    if flush_waits == FLUSH_WAITS {
+                        return Reply::refused("No space, even after eviction");
+                    }
+                    flush_waits += 1;
+                    self.flush_done.wait_since(flushes).await;
+                }
+                AllocStep::WaitForRoom { in_ms } => {
+                    monoio::time::sleep(Duration::from_millis(in_ms)).await
+                }
+                step => return self.alloc_reply(step),
             }
+            let patient = started.elapsed() < patience;
+            // Taken before the attempt, so a flush landing after it is not missed.
+            flushes = self.flush_done.generation();
+            step = self.try_alloc(&key, size, placement, patient);
+            self.after_store();
         }
-        Reply::refused("No space, even after eviction")
     }
 
     /// A read that needs the object rewarmed from SSD: run the rewarm (or wait for another

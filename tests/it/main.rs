@@ -7,6 +7,7 @@ mod batches;
 mod cluster;
 mod cluster_faults;
 mod cluster_fencing;
+mod cluster_rejoin;
 mod cluster_rerepl;
 mod cluster_ssd;
 mod cluster_tiers;

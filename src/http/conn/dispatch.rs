@@ -44,7 +44,13 @@ pub(super) async fn answer<S: Io>(
                 body: &req_bytes[head.len..],
                 body_since,
             };
-            match shard.load.enter() {
+            // Membership messages are counted but never shed (`Route::is_membership`).
+            let working = if route.is_membership() {
+                Some(shard.load.enter_always())
+            } else {
+                shard.load.enter()
+            };
+            match working {
                 // Too much work already waits on this shard: shed at once.
                 None => ctx.overloaded(),
                 Some(_working) => handlers::handle(&req, &mut ctx).await,

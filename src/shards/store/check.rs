@@ -105,15 +105,22 @@ impl Store {
 
     /// Capacity, zombies, flushes in flight, blob and object links, LRU membership.
     fn check_blobs(&self) {
-        // Capacity accounting: a segment's used bytes are exactly its blobs' (live or zombie).
+        // Capacity accounting: a segment's used bytes are exactly its blobs' (live or zombie),
+        // and of them its zombie bytes exactly its zombies' (what the watermark leaves out).
         let mut used = vec![0u64; self.segs.len()];
+        let mut zombie = vec![0u64; self.segs.len()];
         for (_, b) in self.blobs.iter() {
             used[b.seg as usize] += b.len;
+        }
+        for &z in &self.zombies {
+            let b = self.blobs.get(z as usize).expect("a zombie was freed");
+            zombie[b.seg as usize] += b.len;
         }
         for (id, ss) in self.segs.iter().enumerate() {
             match ss {
                 Some(ss) => {
                     assert_eq!(ss.used(), used[id], "used bytes of {}", ss.seg.name);
+                    assert_eq!(ss.zombie(), zombie[id], "zombie bytes of {}", ss.seg.name);
                     ss.check();
                 }
                 None => assert_eq!(used[id], 0, "blobs on a forgotten segment {id}"),

@@ -117,6 +117,41 @@ impl Store {
                 }
             }
         }
+        // Blobs of puts removed (or reclaimed) while their writers were at work wait for the
+        // writer's commit or abort, which a rank whose memory is gone never sends (and its
+        // grants do not verify on a new incarnation): their hold ends here too. The writer's
+        // other blobs stay orphaned until it lets go.
+        let generations: SmallVec<[u64; 4]> = self
+            .orphaned
+            .iter()
+            .filter(|(_, held)| {
+                held.blobs
+                    .iter()
+                    .any(|&b| self.blobs[b as usize].seg == seg)
+            })
+            .map(|(&g, _)| g)
+            .collect();
+        for g in generations {
+            let Some(held) = self.orphaned.remove(&g) else {
+                continue;
+            };
+            let (here, rest): (SmallVec<[u32; 2]>, SmallVec<[u32; 2]>) = held
+                .blobs
+                .into_iter()
+                .partition(|&b| self.blobs[b as usize].seg == seg);
+            if !rest.is_empty() {
+                self.orphaned.insert(
+                    g,
+                    Orphan {
+                        blobs: rest,
+                        until_ms: held.until_ms,
+                    },
+                );
+            }
+            for b in here {
+                self.release_writer(b, now);
+            }
+        }
         self.reap_zombies(now);
         if self.blobs.iter().any(|(_, b)| b.seg == seg) {
             return false;

@@ -20,7 +20,11 @@ impl Store {
     /// high threshold starts a drain: until this shard's share of the excess over the low
     /// threshold is gone, each allocation on the medium (and each housekeeping tick) evicts
     /// one slice of least recently used blobs, so the drain is spread over the requests
-    /// instead of stalling one of them.
+    /// instead of stalling one of them. The thresholds apply to the *live* bytes: zombies
+    /// (removed blobs whose leases, pins, flushes or writers have not ended) give their room
+    /// back by themselves within a lease, and evicting readable objects cannot free them
+    /// sooner. Counted, a churning workload's leased deletes kept the medium over the low
+    /// threshold whatever was evicted, and every readable object went.
     pub(super) fn evict_for(&mut self, medium: Medium, need: u64, now: u64) {
         let (cap, used) = self.watermark_totals(medium, now);
         let m = medium as usize;
@@ -37,7 +41,7 @@ impl Store {
         }
         let low = cap * self.cfg.low_percent / 100;
         let excess = (used + need).saturating_sub(low);
-        let mine = self.my_used(medium);
+        let mine = self.my_live(medium);
         let target = if used == 0 {
             excess
         } else {

@@ -166,8 +166,27 @@ impl Store {
         if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
             self.free_blob(id);
         } else {
+            self.count_zombie(id, true);
             self.zombies.push(id);
         }
+    }
+
+    /// Counts blob `id` into (`held`) or out of its segment's zombie bytes.
+    fn count_zombie(&mut self, id: u32, held: bool) {
+        let b = &self.blobs[id as usize];
+        let (seg, len) = (b.seg, b.len);
+        if let Some(Some(ss)) = self.segs.get_mut(seg as usize) {
+            ss.count_zombie(len, held);
+        }
+    }
+
+    /// Frees zombie `id`, whose last hold just ended.
+    fn free_zombie(&mut self, id: u32) {
+        if let Some(i) = self.zombies.iter().position(|&z| z == id) {
+            self.zombies.swap_remove(i);
+            self.count_zombie(id, false);
+        }
+        self.free_blob(id);
     }
 
     /// Removes an object and all its blobs. A writer still at work is revoked; the blobs it
@@ -258,8 +277,7 @@ impl Store {
         b.writing = false;
         b.pins -= 1;
         if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
-            self.zombies.retain(|&z| z != id);
-            self.free_blob(id);
+            self.free_zombie(id);
         }
     }
 
@@ -269,8 +287,7 @@ impl Store {
         if let Some(b) = self.blobs.get_mut(h.id as usize).filter(|b| b.tag == h.tag) {
             b.pins = b.pins.saturating_sub(1);
             if b.obj == NIL && b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
-                self.zombies.retain(|&z| z != h.id);
-                self.free_blob(h.id);
+                self.free_zombie(h.id);
             }
         }
     }
@@ -346,6 +363,7 @@ impl Store {
             let b = &self.blobs[id as usize];
             if b.pins == 0 && b.lease_until_ms <= now && !b.flushing {
                 self.zombies.swap_remove(i);
+                self.count_zombie(id, false);
                 self.free_blob(id);
             } else {
                 i += 1;

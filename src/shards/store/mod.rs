@@ -81,6 +81,8 @@ pub mod ssd;
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_leases;
 mod tiering;
 
 use std::borrow::Cow;
@@ -337,6 +339,13 @@ pub enum AllocStep {
     Refused(Cow<'static, str>),
     /// No room now, but flushes in flight will free some: wait for one and try again.
     WaitForFlush,
+    /// No room now, but this shard's zombies on the medium hold at least as much and give it
+    /// back by themselves: try again in `in_ms` (when the first of their leases ends) rather
+    /// than evicting readable objects for it. Only [`Store::alloc`] answers it; a caller that
+    /// waited long enough (a lease) asks [`Store::alloc_now`], which evicts.
+    WaitForRoom {
+        in_ms: u64,
+    },
 }
 
 /// The answer to a read.
@@ -452,10 +461,11 @@ pub struct Store {
     /// Media whose watermark eviction is under way: set when an allocation takes the medium
     /// above the high threshold, cleared when this shard's share is back under the low one.
     draining: [bool; Medium::ALL.len()],
-    /// Per medium, for the watermark check: (the millisecond it was read, capacity, bytes the
-    /// *other* shards use). Re-read at most once per millisecond: reading the other shards'
-    /// used-bytes counters on every put would pull their cache lines (written on each of
-    /// their puts) across cores each time. This shard's own use is always exact.
+    /// Per medium, for the watermark check: (the millisecond it was read, capacity, live bytes
+    /// the *other* shards use: used less their zombies'). Re-read at most once per
+    /// millisecond: reading the other shards' counters on every put would pull their cache
+    /// lines (written on each of their puts) across cores each time. This shard's own use is
+    /// always exact.
     others_used: [Option<(u64, u64, u64)>; Medium::ALL.len()],
     stats: Arc<StoreStats>,
     tracer: Arc<Tracer>,

@@ -26,6 +26,10 @@ impl Placement {
     }
 }
 
+/// How soon an allocation waiting for zombies held by pins or flushes (no lease end to wait
+/// for) tries again.
+const ROOM_RETRY_MS: u64 = 10;
+
 /// Blobs placed for a put: segment, offset, allocated length.
 type Placed = SmallVec<[(SegmentId, u64, u64); 2]>;
 
@@ -49,29 +53,48 @@ impl Store {
             .sum()
     }
 
-    /// [`Store::medium_totals`] for the watermark check at `now`: this shard's use exact, the
-    /// other shards' as read at most once per millisecond (`Store::others_used`).
+    /// (capacity, live bytes) of a medium for the watermark check at `now`: the bytes used
+    /// less those of zombies (removed blobs waiting for their leases, pins, flushes or writers
+    /// to end, which come back by themselves and which no eviction can free sooner); this
+    /// shard's exact, the other shards' as read at most once per millisecond
+    /// (`Store::others_used`).
     pub(super) fn watermark_totals(&mut self, medium: Medium, now: u64) -> (u64, u64) {
-        let mine = self.my_used(medium);
+        let mine = self.my_live(medium);
         let m = medium as usize;
         match self.others_used[m] {
             Some((at, cap, others)) if at == now => (cap, mine + others),
             _ => {
-                let (cap, used) = self.medium_totals(medium);
-                let others = used.saturating_sub(mine);
+                let (cap, live) = self
+                    .view
+                    .segments()
+                    .iter()
+                    .filter(|s| s.medium == medium)
+                    .fold((0, 0), |(c, l), s| (c + s.capacity, l + s.live_bytes()));
+                let others = live.saturating_sub(mine);
                 self.others_used[m] = Some((now, cap, others));
                 (cap, mine + others)
             }
         }
     }
 
+    /// This shard's used bytes on the medium's mounted segments (those of the cached view:
+    /// the segments the totals count, not one being forgotten).
+    #[cfg(test)]
     pub(super) fn my_used(&self, medium: Medium) -> u64 {
-        self.segs
+        self.my_segments(medium).map(|s| s.used()).sum()
+    }
+
+    /// [`Store::my_used`] less this shard's zombies there.
+    pub(super) fn my_live(&self, medium: Medium) -> u64 {
+        self.my_segments(medium).map(|s| s.live()).sum()
+    }
+
+    fn my_segments(&self, medium: Medium) -> impl Iterator<Item = &ShardSegment> {
+        self.view
+            .segments()
             .iter()
-            .flatten()
-            .filter(|s| s.seg.medium == medium)
-            .map(|s| s.used())
-            .sum()
+            .filter(move |s| s.medium == medium)
+            .filter_map(|s| self.segs.get(s.id as usize)?.as_ref())
     }
 
     /// Allocates one blob of `len` bytes on `medium`, avoiding the ranks in `avoid`,
@@ -127,16 +150,34 @@ impl Store {
     }
 
     /// Allocates the placement's replicas for a new object (state ALLOCATED) after evicting
-    /// if the medium is above its high watermark.
+    /// if the medium is above its high watermark. Where no segment has room, it answers
+    /// [`AllocStep::WaitForRoom`] when this shard's zombies will give enough back, and
+    /// evicts otherwise.
     pub fn alloc(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
+        self.traced_alloc(|s| s.place_new(key, size, placement, true))
+    }
+
+    /// [`Store::alloc`] that never waits: where no segment has room it evicts least recently
+    /// used blobs until one has (forced eviction), or waits only for flushes in flight.
+    pub fn alloc_now(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
+        self.traced_alloc(|s| s.place_new(key, size, placement, false))
+    }
+
+    fn traced_alloc(&mut self, place: impl FnOnce(&mut Store) -> AllocStep) -> AllocStep {
         let tracer = self.tracer.clone();
         let span = tracer.begin(Tp::Alloc);
-        let step = self.place_new(key, size, placement);
+        let step = place(self);
         span.end(!matches!(step, AllocStep::Refused(_)));
         step
     }
 
-    fn place_new(&mut self, key: Box<[u8]>, size: u64, placement: Placement) -> AllocStep {
+    fn place_new(
+        &mut self,
+        key: Box<[u8]>,
+        size: u64,
+        placement: Placement,
+        patient: bool,
+    ) -> AllocStep {
         let Placement {
             medium,
             replicas,
@@ -157,7 +198,7 @@ impl Store {
             }
         };
         self.evict_for(medium, size * replicas as u64, now);
-        let placed = match self.place_replicas(medium, size, replicas, prefer_rank, now) {
+        let placed = match self.place_replicas(medium, size, replicas, prefer_rank, patient, now) {
             Ok(p) => p,
             Err(step) => return *step,
         };
@@ -226,29 +267,52 @@ impl Store {
     }
 
     /// Places `replicas` blobs of `size` bytes on distinct ranks of `medium`, evicting when
-    /// there is no room; on failure nothing stays allocated and the step says why.
+    /// there is no room (`patient`: unless zombies give enough back soon, then the caller is
+    /// told to wait); on failure nothing stays allocated and the step says why.
     fn place_replicas(
         &mut self,
         medium: Medium,
         size: u64,
         replicas: usize,
         prefer_rank: Option<u32>,
+        patient: bool,
         now: u64,
     ) -> Result<Placed, Box<AllocStep>> {
         let mut placed: Placed = SmallVec::new();
         let mut ranks_used: SmallVec<[u32; 2]> = SmallVec::new();
+        let mut reaped = false;
         while placed.len() < replicas {
             if let Some(p) = self.alloc_blob_in(medium, size, &ranks_used, prefer_rank, true) {
                 ranks_used.push(self.seg(p.0).seg.rank);
                 placed.push(p);
                 continue;
             }
+            // Zombies whose holds ended since the last tick: free, then try again.
+            if !reaped {
+                reaped = true;
+                let before = self.zombies.len();
+                self.reap_zombies(now);
+                if self.zombies.len() < before {
+                    continue;
+                }
+            }
+            // Room that zombies give back by themselves is waited for, not made by evicting
+            // readable objects (the medium may be far below its watermarks: only the bytes
+            // held by removed objects' leases fill it).
+            let coming = if patient {
+                self.room_coming(medium, size, now)
+            } else {
+                None
+            };
             // No room even above the watermark: make room now, or wait for flushes.
-            if self.evict_forced(medium, size, now) {
+            if coming.is_none() && self.evict_forced(medium, size, now) {
                 continue;
             }
             for (seg, off, len) in placed {
                 self.segs[seg as usize].as_mut().unwrap().free(off, len);
+            }
+            if let Some(in_ms) = coming {
+                return Err(Box::new(AllocStep::WaitForRoom { in_ms }));
             }
             if self.flushes_in_flight + self.demotes_in_flight > 0 {
                 // Their landing frees the sources' room.
@@ -260,6 +324,29 @@ impl Store {
             )))));
         }
         Ok(placed)
+    }
+
+    /// When this shard's zombies on `medium` hold at least `size` bytes, the time until the
+    /// first of those held by a lease alone ends (the tick reaps it then);
+    /// [`ROOM_RETRY_MS`] when pins or flushes hold them all. `None`: no such room is coming.
+    fn room_coming(&self, medium: Medium, size: u64, now: u64) -> Option<u64> {
+        let mut held = 0;
+        let mut first: Option<u64> = None;
+        for &z in &self.zombies {
+            let b = &self.blobs[z as usize];
+            if b.medium != medium {
+                continue;
+            }
+            held += b.len;
+            if b.pins == 0 && !b.flushing {
+                first = Some(first.map_or(b.lease_until_ms, |f| f.min(b.lease_until_ms)));
+            }
+        }
+        (held >= size).then(|| {
+            first
+                .map_or(ROOM_RETRY_MS, |t| t.saturating_sub(now))
+                .clamp(1, self.cfg.lease_ms.max(ROOM_RETRY_MS))
+        })
     }
 
     /// Inserts a new object (no blobs yet) into the slab and the indexes, with its writer's

@@ -88,6 +88,10 @@ pub struct Segment {
     /// two shards writing neighbouring counters on every put would bounce one line between
     /// their cores (false sharing), which the shard-scaling bench showed.
     used_by_shard: Box<[CachePadded<AtomicU64>]>,
+    /// Of the bytes used, those of removed blobs still held by a lease, a pin, a flush or a
+    /// writer (*zombies*), per shard (each written only by its shard): they come back by
+    /// themselves, so eviction leaves them out of the watermark ([`Segment::zombie_bytes`]).
+    zombie_by_shard: Box<[CachePadded<AtomicU64>]>,
     /// NUMA placement ([`Segment::place_on_nodes`]): the node parts, by offset (empty: none),
     /// and each shard's own part.
     parts: Box<[NodePart]>,
@@ -134,6 +138,9 @@ impl Segment {
             used_by_shard: (0..shards)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            zombie_by_shard: (0..shards)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
             parts: Box::new([]),
             shard_part: Box::new([]),
             status: AtomicU8::new(SegmentStatus::Ok as u8),
@@ -148,6 +155,23 @@ impl Segment {
             .map(|u| u.load(Relaxed))
             .sum::<u64>()
             .min(self.capacity)
+    }
+
+    /// Of [`Segment::used_bytes`], the bytes of removed blobs that only wait for their leases,
+    /// pins, flushes or writers to end before they are freed.
+    pub fn zombie_bytes(&self) -> u64 {
+        self.zombie_by_shard.iter().map(|u| u.load(Relaxed)).sum()
+    }
+
+    /// [`Segment::used_bytes`] less [`Segment::zombie_bytes`]: the bytes of blobs that stay
+    /// until something removes them, which the watermark eviction counts.
+    pub fn live_bytes(&self) -> u64 {
+        self.used_bytes().saturating_sub(self.zombie_bytes())
+    }
+
+    /// Of the bytes `shard` uses here, those held by its zombies.
+    fn zombie_bytes_of(&self, shard: usize) -> u64 {
+        self.zombie_by_shard[shard].load(Relaxed)
     }
 
     pub fn remaining_bytes(&self) -> u64 {
@@ -371,6 +395,8 @@ pub struct ShardSegment {
     free: RangeAlloc,
     /// Bytes of blobs this shard allocated here (mirrors the segment's per-shard counter).
     used: u64,
+    /// Of `used`, the bytes of this shard's zombies here (mirrors the segment's counter).
+    zombie: u64,
 }
 
 impl ShardSegment {
@@ -382,11 +408,34 @@ impl ShardSegment {
             runs: BTreeMap::new(),
             free: RangeAlloc::empty(PAGE_BYTES),
             used: 0,
+            zombie: 0,
         }
     }
 
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// Of [`ShardSegment::used`], the bytes of this shard's zombies here.
+    pub fn zombie(&self) -> u64 {
+        self.zombie
+    }
+
+    /// Bytes used by blobs that are not zombies: what eviction may have to make room from.
+    pub fn live(&self) -> u64 {
+        self.used - self.zombie
+    }
+
+    /// A blob of `len` allocated bytes here became a zombie (`held`), or a zombie stopped
+    /// being one (it is about to be freed).
+    pub fn count_zombie(&mut self, len: u64, held: bool) {
+        let rounded = self.free.round_up(len.max(1));
+        self.zombie = if held {
+            self.zombie + rounded
+        } else {
+            self.zombie - rounded
+        };
+        self.seg.zombie_by_shard[self.shard].store(self.zombie, Relaxed);
     }
 
     pub fn held_bytes(&self) -> u64 {
@@ -404,6 +453,13 @@ impl ShardSegment {
             self.seg.name
         );
         assert_eq!(self.seg.used_by(self.shard), self.used, "{}", self.seg.name);
+        assert!(self.zombie <= self.used, "{}", self.seg.name);
+        assert_eq!(
+            self.seg.zombie_bytes_of(self.shard),
+            self.zombie,
+            "{}",
+            self.seg.name
+        );
     }
 
     /// Runs this shard holds.

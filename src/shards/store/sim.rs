@@ -199,9 +199,15 @@ impl Sim {
             Some(Medium::Dram),
         ][self.rng.below(4) as usize];
         let replicas = if self.rng.chance(15) { 2 } else { 1 };
-        if let AllocStep::Granted { obj, link, .. } =
-            self.store.alloc(key, size, Placement::on(medium, replicas))
-        {
+        // Most puts may wait for zombies to give room back; the rest evict at once (a caller
+        // that waited long enough).
+        let placement = Placement::on(medium, replicas);
+        let step = if self.rng.chance(70) {
+            self.store.alloc(key, size, placement)
+        } else {
+            self.store.alloc_now(key, size, placement)
+        };
+        if let AllocStep::Granted { obj, link, .. } = step {
             if self.rng.chance(70) {
                 let ok = self.rng.chance(90);
                 self.store.commit(obj, ok);

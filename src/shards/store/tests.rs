@@ -3,7 +3,7 @@
 use super::*;
 use testing::TestStore;
 
-fn dram_store(capacity: u64) -> Store {
+pub(super) fn dram_store(capacity: u64) -> Store {
     TestStore::new().segment(0, Medium::Dram, capacity).build()
 }
 
@@ -29,7 +29,7 @@ fn named(store: &Store, name: &str) -> Vec<Vec<u8>> {
     keys
 }
 
-fn dram_used(s: &Store) -> u64 {
+pub(super) fn dram_used(s: &Store) -> u64 {
     s.medium_totals(Medium::Dram).1
 }
 
@@ -293,7 +293,7 @@ fn chunk_index_finds_every_object_of_a_chunk() {
 }
 
 /// A committed put of `size` bytes on DRAM, preferring `rank`; the rank it landed on.
-fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
+pub(super) fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
     put_at(s, key, size, Medium::Dram, rank)
 }
 
@@ -412,7 +412,7 @@ fn media_of(s: &Store, key: &str) -> Vec<(Medium, BlobState)> {
         .collect()
 }
 
-fn used_on(s: &Store, rank: u32, medium: Medium) -> u64 {
+pub(super) fn used_on(s: &Store, rank: u32, medium: Medium) -> u64 {
     s.segs
         .iter()
         .flatten()
@@ -422,7 +422,7 @@ fn used_on(s: &Store, rank: u32, medium: Medium) -> u64 {
 }
 
 /// A remote rank's HBM, rank 1's DRAM and rank 2's DRAM, and this process's DRAM.
-fn remote_hbm_store(rank1_dram: u64, f: impl FnOnce(&mut StoreConfig)) -> Store {
+pub(super) fn remote_hbm_store(rank1_dram: u64, f: impl FnOnce(&mut StoreConfig)) -> Store {
     TestStore::new()
         .segment(0, Medium::Dram, 16 << 20)
         .remote_segment(1, Medium::Hbm, 4 << 20)
