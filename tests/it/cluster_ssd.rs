@@ -481,7 +481,13 @@ fn a_rank_with_ssd_leaves_unmounts_and_is_lost_like_dram() {
         let r = follow(&meta2, "GET", &format!("/api/v1/objects?key={key}"), None);
         assert!(
             r.body == object(i, len),
-            "{key} moved from the remote SSD intact"
+            "{key} moved from the remote SSD intact: {} {}",
+            r.status,
+            if r.body.len() < 300 {
+                r.text()
+            } else {
+                format!("{} bytes", r.body.len())
+            }
         );
     }
     c.kill9();
