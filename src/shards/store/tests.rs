@@ -674,3 +674,32 @@ fn a_lost_ranks_copy_of_a_put_still_being_written_does_not_hold_its_segment_back
     assert!(s.find(b"w").is_some());
     s.check();
 }
+
+/// `/memory/evict` with `locations` moves a copy exactly one tier down, and never deletes: a
+/// DRAM object without a tier below stays (issue 27: it was deleted), an HBM object goes to
+/// DRAM (not further), and one larger than DRAM stays in HBM.
+#[test]
+fn evict_with_locations_moves_one_tier_down_and_never_deletes() {
+    let mut s = TestStore::new()
+        .segment(0, Medium::Hbm, 4 << 20)
+        .segment(0, Medium::Dram, 1 << 20)
+        .build();
+    put(&mut s, "dram");
+    assert_eq!(s.evict_named(b"dram", Some(&[Medium::Dram])), 0);
+    assert_eq!(media_of(&s, "dram"), [(Medium::Dram, BlobState::Readable)]);
+    assert_eq!(s.stats.stored_keys.get(), 1);
+    put_at(&mut s, "hbm", 4096, Medium::Hbm, 0);
+    assert_eq!(s.evict_named(b"hbm", Some(&[Medium::Hbm])), 1);
+    assert_eq!(media_of(&s, "hbm"), [(Medium::Dram, BlobState::Readable)]);
+    // Again from HBM: no copy there any more, nothing moves.
+    assert_eq!(s.evict_named(b"hbm", Some(&[Medium::Hbm])), 0);
+    // Without locations: deleted everywhere, as before.
+    assert_eq!(s.evict_named(b"dram", None), 1);
+    assert!(s.find(b"dram").is_none());
+    s.check();
+    // Larger than DRAM: no room one tier down, it stays in HBM.
+    put_at(&mut s, "big", 2 << 20, Medium::Hbm, 0);
+    assert_eq!(s.evict_named(b"big", Some(&[Medium::Hbm])), 0);
+    assert_eq!(media_of(&s, "big"), [(Medium::Hbm, BlobState::Readable)]);
+    s.check();
+}
