@@ -684,18 +684,24 @@ fn evict_with_locations_moves_one_tier_down_and_never_deletes() {
         .segment(0, Medium::Hbm, 4 << 20)
         .segment(0, Medium::Dram, 1 << 20)
         .build();
-    put(&mut s, "dram");
-    assert_eq!(s.evict_named(b"dram", Some(&[Medium::Dram])), 0);
-    assert_eq!(media_of(&s, "dram"), [(Medium::Dram, BlobState::Readable)]);
+    put(&mut s, "in-dram");
+    assert_eq!(s.evict_named(b"in-dram", Some(&[Medium::Dram])), 0);
+    assert_eq!(
+        media_of(&s, "in-dram"),
+        [(Medium::Dram, BlobState::Readable)]
+    );
     assert_eq!(s.stats.stored_keys.get(), 1);
-    put_at(&mut s, "hbm", 4096, Medium::Hbm, 0);
-    assert_eq!(s.evict_named(b"hbm", Some(&[Medium::Hbm])), 1);
-    assert_eq!(media_of(&s, "hbm"), [(Medium::Dram, BlobState::Readable)]);
+    put_at(&mut s, "in-hbm", 4096, Medium::Hbm, 0);
+    assert_eq!(s.evict_named(b"in-hbm", Some(&[Medium::Hbm])), 1);
+    assert_eq!(
+        media_of(&s, "in-hbm"),
+        [(Medium::Dram, BlobState::Readable)]
+    );
     // Again from HBM: no copy there any more, nothing moves.
-    assert_eq!(s.evict_named(b"hbm", Some(&[Medium::Hbm])), 0);
+    assert_eq!(s.evict_named(b"in-hbm", Some(&[Medium::Hbm])), 0);
     // Without locations: deleted everywhere, as before.
-    assert_eq!(s.evict_named(b"dram", None), 1);
-    assert!(s.find(b"dram").is_none());
+    assert_eq!(s.evict_named(b"in-dram", None), 1);
+    assert!(s.find(b"in-dram").is_none());
     s.check();
     // Larger than DRAM: no room one tier down, it stays in HBM.
     put_at(&mut s, "big", 2 << 20, Medium::Hbm, 0);
