@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod follow;
+
 use crate::grant::GrantKey;
 use crate::http::{catalog_wire, client};
 use crate::shards::Cluster;
@@ -103,6 +105,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     // leader admits us; its index of our memory starts empty).
     let silence_limit = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms);
     let mut last_heard = Instant::now();
+    let mut unreachable = follow::Unreachable::default();
     loop {
         if cluster.local.leaving.load(Ordering::Acquire) {
             if let Some(m) = &member {
@@ -115,7 +118,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
             return;
         }
         match &mut member {
-            None => match join(&cluster, &url, incarnation).await {
+            None => match join(&cluster, &url, incarnation, &mut unreachable).await {
                 Ok(m) => {
                     last_report = Instant::now();
                     last_heard = Instant::now();
@@ -153,6 +156,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                                 beat.why()
                             );
                             member = None;
+                            cluster.ha.follow(None);
                             continue;
                         }
                     }
@@ -168,7 +172,12 @@ enum Fatal {
     Retry,
 }
 
-async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membership, Fatal> {
+async fn join(
+    cluster: &Cluster,
+    url: &str,
+    incarnation: u64,
+    unreachable: &mut follow::Unreachable,
+) -> Result<Membership, Fatal> {
     // Grants of the meta left behind are void from now on: none is accepted until the join's
     // answer brings the next meta's key, and bodies still arriving under one stop being written.
     cluster.grant_key.clear();
@@ -216,7 +225,7 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
                 )));
             }
             Err(e) => {
-                log::debug!("join: {e}");
+                unreachable.failed(&meta, &format!("cannot be reached: {e}"));
                 continue;
             }
         };
@@ -237,13 +246,12 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
                 )));
             }
             s => {
-                log::warn!(
-                    "the meta service at {meta} refused the join ({s}): {}",
-                    String::from_utf8_lossy(&a.body)
-                );
+                let why = String::from_utf8_lossy(&a.body);
+                unreachable.failed(&meta, &format!("refused the join ({s}): {why}"));
                 continue;
             }
         }
+        unreachable.reached(&meta);
         let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
         let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
         let key = v
@@ -265,6 +273,9 @@ async fn join(cluster: &Cluster, url: &str, incarnation: u64) -> Result<Membersh
         }
         cluster.grant_key.set(key);
         cluster.local.set(rank, meta.clone());
+        // From now on it reports that meta as the leader it follows, and is ready.
+        let view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
+        cluster.ha.follow(Some((&meta, view)));
         // A new membership's freed log starts at sequence 0.
         cluster.local.catalog().reset_ack();
         log::info!("joined the meta service at {meta} as rank {rank} (serving at {url})");

@@ -259,7 +259,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut server = server;
-        if server.cluster.config.ha.enable {
+        // A local service never campaigns (its view follows the meta it joins).
+        if server.cluster.ha.enabled() {
             match crate::ha::election::HaThreads::start(server.cluster.clone()) {
                 Ok(t) => server.ha = Some(t),
                 Err(e) => {

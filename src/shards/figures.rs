@@ -70,7 +70,8 @@ impl Source for Cluster {
         HaFigures {
             roles: [Role::Leader, Role::Standby, Role::Unknown]
                 .map(|r| (r.as_str(), r == now.role)),
-            serving: self.ha.serving(),
+            // A local service serves its data plane once joined, but is never the leader.
+            serving: self.ha.serving() && now.role == Role::Leader,
             view_version: now.view_version,
         }
     }

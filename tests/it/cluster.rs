@@ -781,3 +781,114 @@ fn a_batch_get_reads_the_other_replica_when_a_rank_just_died() {
         "each replicated object read from the live rank; the single copy missing"
     );
 }
+
+/// A local service is never the leader (issue 27 D3). Started before its meta service can be
+/// reached, it says so at WARN with the meta's address at once and then at a bounded rate,
+/// reports `unknown`/`starting` and is not ready; once joined it is ready and reports the meta
+/// it follows (`standby`, its address, view_version 0 without HA). One that never joined
+/// says, on SIGTERM, that it has nothing to leave.
+#[test]
+fn a_local_service_says_what_it_is_and_whom_it_follows() {
+    let port = crate::ha::free_port();
+    let meta_url = format!("http://127.0.0.1:{port}");
+    let local = ServerBuilder::new(Driver::Uring)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set("ock.mmc.meta_service_url", &meta_url)
+        .set("ock.mmc.local_service.dram.size", "16MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .start();
+    let warned = format!("the meta service at {meta_url} cannot be reached");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !local.log().contains(&warned) {
+        assert!(
+            Instant::now() < deadline,
+            "no warning within 3 s:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        local
+            .log()
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains(&warned)),
+        "{}",
+        local.log()
+    );
+    let mut c = local.client();
+    assert_eq!(
+        c.get("/health").text(),
+        r#"{"status":"ok","role":"unknown","ha_state":"starting","service_ready":false,"leader_address":"unknown","view_version":0}"#
+    );
+    assert_eq!(c.get("/role").text(), "unknown");
+    assert_eq!(c.get("/ha_status").text(), "starting");
+    assert_eq!(
+        c.get("/leader").text(),
+        r#"{"present":false,"leader_address":"unknown","view_version":0}"#
+    );
+    c.get("/ready").assert_error(503, "Service not ready");
+    let m = c.get("/metrics").text();
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 0\n"), "{m}");
+    assert!(m.contains("\nmemcache_ha_serving 0\n"), "{m}");
+    // It keeps trying (every few hundred milliseconds) without a warning each time.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(local.log().matches(&warned).count(), 1, "{}", local.log());
+
+    // The meta comes up on that port: joined, ready, following it.
+    let meta = ServerBuilder::new(Driver::Uring)
+        .listen(&format!("127.0.0.1:{port}"))
+        .set("ock.mmc.embedded.ranks", "0")
+        .start();
+    wait_segments(&meta, 1, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.get("/ready").status != 200 {
+        assert!(Instant::now() < deadline, "not ready once joined");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        c.get("/health").text(),
+        format!(
+            r#"{{"status":"ok","role":"standby","ha_state":"standby","service_ready":true,"leader_address":"{meta_url}","view_version":0}}"#
+        )
+    );
+    assert_eq!(c.get("/role").text(), "standby");
+    assert_eq!(c.get("/ha_status").text(), "standby");
+    assert_eq!(
+        c.get("/leader").text(),
+        format!(r#"{{"present":true,"leader_address":"{meta_url}","view_version":0}}"#)
+    );
+    assert!(
+        c.get("/metrics")
+            .text()
+            .contains("memcache_ha_role{role=\"standby\"} 1\n")
+    );
+    assert!(
+        local
+            .log()
+            .contains(&format!("the meta service at {meta_url} answered"))
+    );
+
+    // Another that never reaches its meta: SIGTERM says there is nothing to leave.
+    let mut lonely = ServerBuilder::new(Driver::Uring)
+        .shards(1)
+        .arg("--role")
+        .arg("local")
+        .set(
+            "ock.mmc.meta_service_url",
+            &format!("http://127.0.0.1:{}", crate::ha::free_port()),
+        )
+        .set("ock.mmc.local_service.dram.size", "16MB")
+        .set("ock.mmc.local_service.hbm.size", "0")
+        .start();
+    assert!(lonely.stop().success());
+    let log = lonely.log();
+    assert!(
+        log.contains("SIGTERM: not joined to a meta service: nothing to leave"),
+        "{log}"
+    );
+    assert!(!log.contains("leaving the meta service"), "{log}");
+    drop(local);
+    drop(meta);
+}

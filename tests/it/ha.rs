@@ -537,8 +537,21 @@ fn leader_steps_down_without_etcd(driver: Driver) {
         assert_eq!(h["role"], "unknown", "{h}");
         assert_eq!(h["ha_state"], "unknown", "{h}");
         assert_eq!(h["service_ready"], false, "{h}");
-        // No writes, no reads: nothing is served as leader.
+        // No stable source: the contract's defaults, `unknown` and 0, together (issue 27 D4:
+        // view_version kept its last value).
+        assert_eq!(h["leader_address"], "unknown", "{h}");
+        assert_eq!(h["view_version"], 0, "{h}");
         let mut c = m.client();
+        assert_eq!(
+            c.get("/leader").text(),
+            r#"{"present":false,"leader_address":"unknown","view_version":0}"#
+        );
+        assert!(
+            c.get("/metrics")
+                .text()
+                .contains("\nmemcache_ha_view_version 0\n")
+        );
+        // No writes, no reads: nothing is served as leader.
         let r = c.request("PUT", "/metadata?key=k2", Some(b"v"));
         r.assert_error(503, no_leader);
         assert_eq!(r.header("retry-after"), Some("1"));

@@ -199,6 +199,8 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "rank": rank,
             "grant_key": key,
             "heartbeat_interval_ms": cluster.config.cluster.heartbeat_interval_ms,
+            // What the local service reports as the view of the meta it follows.
+            "view_version": view,
         }),
     )
 }
