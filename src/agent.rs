@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 mod follow;
 
 use crate::grant::GrantKey;
-use crate::http::{catalog_wire, client};
+use crate::http::{catalog_wire, client, report_wire};
+use crate::metrics::view::Source;
 use crate::shards::Cluster;
 use crate::shards::store::segment::{Medium, segment_name};
 
@@ -369,7 +370,8 @@ fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
 
 /// One report.
 async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> Beat {
-    let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
+    let client =
+        report_wire::client_json(&(cluster as &dyn Source).recorded_client_views(), m.rank);
     let (ack, mark) = {
         let c = cluster.local.catalog();
         (c.acked(), c.mark())
@@ -377,10 +379,7 @@ async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> B
     let mut body = json!({
         "rank": m.rank,
         "incarnation": incarnation,
-        "gets": gets,
-        "get_bytes": get_bytes,
-        "puts": puts,
-        "put_bytes": put_bytes,
+        "client": client,
         "catalog_ack": ack,
     });
     // The SSD file's figures, for the meta's per-disk series and its fault state.
@@ -438,31 +437,6 @@ async fn heartbeat(cluster: &Cluster, m: &mut Membership, incarnation: u64) -> B
             Beat::Unheard
         }
     }
-}
-
-/// This service's data-plane figures: (gets in the metrics window, get bytes since start,
-/// puts in the window, put bytes since start).
-fn traffic(cluster: &Cluster) -> (u64, u64, u64, u64) {
-    use crate::metrics::client::ClientOp;
-    let mut acc = std::collections::HashMap::new();
-    for s in cluster.shards.iter() {
-        s.client.merge_into(&mut acc);
-    }
-    let mut t = (0, 0, 0, 0);
-    for v in crate::metrics::client::finish(acc) {
-        match v.op {
-            ClientOp::BatchGet => {
-                t.0 += v.ops;
-                t.1 += v.cum_bytes;
-            }
-            ClientOp::BatchPut => {
-                t.2 += v.ops;
-                t.3 += v.cum_bytes;
-            }
-            _ => {}
-        }
-    }
-    t
 }
 
 async fn leave(cluster: &Cluster, m: &Membership, incarnation: u64) {

@@ -161,10 +161,10 @@ pub struct Response {
 /// A data-plane body on its way out: recorded in the client bandwidth metrics when sent.
 #[derive(Debug)]
 pub struct Transfer {
-    pub rank: u32,
+    /// The object bytes in the body (framing bytes excluded) per rank they came from: each
+    /// rank's are booked to it (one rank, but for a `batch_get` that spans ranks).
+    pub ranks: smallvec::SmallVec<[(u32, u64); 1]>,
     pub op: crate::metrics::client::ClientOp,
-    /// The object bytes in the body (framing bytes excluded).
-    pub bytes: u64,
     /// When the handler started: the operation's latency ends when the body is sent.
     pub started: std::time::Instant,
 }

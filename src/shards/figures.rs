@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::ha::Role;
 use crate::kv_events::KvEventStats;
 use crate::metrics::view::{
-    DiskFigures, HaFigures, RemoteDiskFigures, SegmentFigures, SegmentList, ShardFigures, Source,
+    DiskFigures, HaFigures, RankClient, RemoteDiskFigures, SegmentFigures, SegmentList,
+    ShardFigures, Source,
 };
 use crate::numa::NodePart;
 
@@ -59,6 +60,21 @@ impl Source for Cluster {
 
     fn lost_ranks(&self) -> Vec<u32> {
         self.ranks.lost()
+    }
+
+    fn rank_client(&self, rank: u32) -> RankClient {
+        let remote = self
+            .segments
+            .snapshot()
+            .iter()
+            .any(|s| s.rank == rank && s.backend.remote().is_some());
+        if !remote {
+            return RankClient::Own;
+        }
+        match self.ranks.report(rank) {
+            Some(r) => RankClient::Reported(r.client),
+            None => RankClient::Silent,
+        }
     }
 
     fn kv_stats(&self) -> &KvEventStats {

@@ -23,14 +23,12 @@ use super::store::remote::RemoteRank;
 use super::store::segment::{Backend, Medium, SegRef, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
 
-/// Traffic a local service reports with each heartbeat (since its start), and its SSD
+/// What a local service reports with each heartbeat: the client bandwidth figures of the
+/// bytes it moved (its rank's window and cumulative figures per operation), and its SSD
 /// file's figures when it lends one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RankReport {
-    pub gets: u64,
-    pub get_bytes: u64,
-    pub puts: u64,
-    pub put_bytes: u64,
+    pub client: Vec<crate::metrics::client::OpView>,
     /// The SSD directory (`disk_path`), empty without an SSD segment.
     pub ssd_path: String,
     /// The SSD file's status: 0 normal, else an errno (a faulted file).
@@ -55,7 +53,8 @@ pub struct RankEntry {
     pub last_seen: Instant,
     pub state: RankState,
     pub segments: Vec<(Medium, u64)>,
-    pub report: RankReport,
+    /// The last report (`None`: none since the rank joined).
+    pub report: Option<RankReport>,
     /// The leadership (`view_version`, 0 without HA) the rank joined under: a membership from
     /// an earlier leadership of this meta is stale (the rank must join again, with its
     /// catalog, since another leader may have changed what it holds meanwhile).
@@ -180,7 +179,7 @@ impl RankRegistry {
                 last_seen: now,
                 state: RankState::Live,
                 segments,
-                report: RankReport::default(),
+                report: None,
                 view,
                 awaiting_catalog: false,
                 awaiting_beat: true,
@@ -209,7 +208,7 @@ impl RankRegistry {
                 if e.incarnation == incarnation && e.state == RankState::Live && e.view == view =>
             {
                 e.last_seen = now;
-                e.report = report;
+                e.report = Some(report);
                 true
             }
             _ => false,
@@ -270,12 +269,12 @@ impl RankRegistry {
             .collect()
     }
 
-    /// The last report of a live rank.
+    /// The last report of a live rank (`None`: not live, or no report since it joined).
     pub fn report(&self, rank: u32) -> Option<RankReport> {
         self.lock()
             .get(&rank)
             .filter(|e| e.state == RankState::Live)
-            .map(|e| e.report.clone())
+            .and_then(|e| e.report.clone())
     }
 
     pub fn entries(&self) -> Vec<(u32, RankEntry)> {

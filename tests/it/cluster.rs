@@ -312,6 +312,17 @@ fn stale(meta: &Server, rank: u32) -> Option<String> {
         .find_map(|l| l.strip_prefix(&series).map(str::to_string))
 }
 
+/// How many `memcache_bandwidth_*` series the meta has for `rank`.
+fn bandwidth_series(meta: &Server, rank: u32) -> usize {
+    let label = format!("{{rank=\"{rank}\",");
+    meta.client()
+        .get("/metrics")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("memcache_bandwidth_") && l.contains(&label))
+        .count()
+}
+
 #[test]
 fn a_killed_rank_is_dropped_and_rejoins_with_empty_memory() {
     let meta = meta(&[]);
@@ -642,9 +653,14 @@ fn a_joining_rank_takes_puts_only_from_its_first_heartbeat() {
     assert_eq!(status_of(&meta, &seg), "UNDEFINED");
     put("early").assert_error(200, "No memory segment is mounted");
     assert_eq!(ready_segments(&|p| meta.client().get(p).text()), None);
+    // Not reported yet: its client figures are stale, and it has no bandwidth series.
+    assert_eq!(stale(&meta, rank as u32).as_deref(), Some("1"));
+    assert_eq!(bandwidth_series(&meta, rank as u32), 0);
     // The first heartbeat: OK, and a put goes to the rank's local service.
     beat(rank, 1);
     assert_eq!(status_of(&meta, &seg), "OK");
+    assert_eq!(stale(&meta, rank as u32).as_deref(), Some("0"));
+    assert!(bandwidth_series(&meta, rank as u32) > 0);
     let r = put("after-beat");
     assert_eq!(r.status, 307, "{}", r.text());
     assert!(r.header("location").unwrap().starts_with(url));
@@ -780,6 +796,90 @@ fn a_batch_get_reads_the_other_replica_when_a_rank_just_died() {
         batch_values(&r.body) == want,
         "each replicated object read from the live rank; the single copy missing"
     );
+}
+
+/// `series` on `addr`'s `/metrics` once it equals `want`, within 10 s (a local service's
+/// figures reach its meta with its next heartbeat); its last value otherwise.
+fn wait_series(addr: SocketAddr, series: &str, want: f64) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = crate::observability::scrape(&mut Client::connect(addr))
+            .get(series)
+            .copied();
+        if got == Some(want) || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cum(rank: u32, op: &str) -> String {
+    format!("memcache_bandwidth_bytes_cum_total{{rank=\"{rank}\",operation=\"{op}\"}}")
+}
+
+/// Client bandwidth per rank is what each rank moved (issue 27 D1, D2): a remote rank's bytes
+/// go between the client and its local service, which reports them with its heartbeats, and
+/// the meta shows them for that rank (before, it showed 0); a batch_get across ranks books
+/// each rank's bytes to it (before, all to the first item's rank). A rank whose local service
+/// reports is fresh (stale 0) with or without traffic; a lost one is stale (1).
+#[test]
+fn client_bandwidth_of_a_remote_rank_is_what_its_local_service_moved() {
+    let quick = [
+        ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "1500"),
+        ("ock.mmc.metrics.window_secs", "1"),
+    ];
+    let meta = meta(&quick);
+    let (a, ra) = join(&meta, &quick);
+    let (mut b, rb) = join(&meta, &quick);
+    for (key, rank, len) in [("on-a", ra, 100), ("on-b", rb, 300)] {
+        let target = format!("/api/v1/objects?key={key}&prefer_rank={rank}");
+        let r = follow(&meta, "PUT", &target, Some(&vec![7u8; len]));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key={key}"), None);
+        assert_eq!(r.body.len(), len);
+    }
+    for (rank, len) in [(ra, 100.0), (rb, 300.0)] {
+        for op in ["batch_put", "batch_get"] {
+            assert_eq!(
+                wait_series(meta.addr, &cum(rank, op), len),
+                Some(len),
+                "{op}"
+            );
+        }
+    }
+    // The local service's own /metrics says the same.
+    let own = crate::observability::scrape(&mut a.client());
+    assert_eq!(own.get(&cum(ra, "batch_get")), Some(&100.0));
+    // One batch_get over both ranks: each rank's bytes to that rank.
+    let r = meta
+        .client()
+        .get("/api/v1/objects/batch_get?keys=on-a,on-b");
+    assert_eq!(batch_values(&r.body).len(), 2);
+    assert_eq!(
+        wait_series(meta.addr, &cum(ra, "batch_get"), 200.0),
+        Some(200.0)
+    );
+    assert_eq!(
+        wait_series(meta.addr, &cum(rb, "batch_get"), 600.0),
+        Some(600.0)
+    );
+    // Two windows without traffic: reporting ranks stay fresh.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(stale(&meta, ra).as_deref(), Some("0"));
+    assert_eq!(stale(&meta, rb).as_deref(), Some("0"));
+    let window = format!("memcache_bandwidth_bytes{{rank=\"{ra}\",operation=\"batch_get\"}}");
+    assert_eq!(
+        wait_series(meta.addr, &window, 0.0),
+        Some(0.0),
+        "the window moved on"
+    );
+    // Lost: stale, and no bandwidth series any more.
+    b.kill9();
+    wait_segments(&meta, 1, Duration::from_secs(6));
+    assert_eq!(stale(&meta, rb).as_deref(), Some("1"));
+    assert_eq!(bandwidth_series(&meta, rb), 0);
+    assert_eq!(stale(&meta, ra).as_deref(), Some("0"));
 }
 
 /// A local service is never the leader (issue 27 D3). Started before its meta service can be

@@ -657,9 +657,31 @@ fn leader_steps_down_without_etcd_epoll() {
     leader_steps_down_without_etcd(Driver::Epoll);
 }
 
+/// The bytes `meta`'s `memcache_bandwidth_bytes_cum_total` books to `rank` for `op`, once it
+/// equals `want` (bounded: a local service reports with its heartbeats).
+fn wait_booked(meta: SocketAddr, rank: u32, op: &str, want: f64) {
+    let series =
+        format!("memcache_bandwidth_bytes_cum_total{{rank=\"{rank}\",operation=\"{op}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = crate::observability::scrape(&mut crate::harness::Client::connect(meta));
+        let got = m.get(&series).copied();
+        if got == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{meta}: {series} is {got:?}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A local service given both metas' URLs joins the leader (following the standby's 307),
 /// and after the leader is killed joins the new one by itself: its segment is listed there,
-/// with its capacity, and objects put on it through the new leader read back.
+/// with its capacity, and objects put on it through the new leader read back. It reports the
+/// leader it follows (never itself as one), and what it moved, which the new leader shows
+/// from its first report on.
 #[test]
 fn local_services_follow_a_new_leader() {
     let Some(etcd) = Etcd::start("cluster") else {
@@ -673,6 +695,21 @@ fn local_services_follow_a_new_leader() {
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1000")
         .start();
     wait_joined(leader.addr, "rank-5-dram", &local);
+    let view = health(leader.addr)["view_version"].clone();
+    let h = health(local.addr);
+    assert_eq!(h["role"], "standby", "{h}");
+    assert_eq!(h["ha_state"], "standby", "{h}");
+    assert_eq!(h["service_ready"], true, "{h}");
+    assert_eq!(h["leader_address"], url(leader.addr), "{h}");
+    assert_eq!(h["view_version"], view, "{h}");
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=before&prefer_rank=5&medium=dram",
+        Some(b"1234567"),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    wait_booked(leader.addr, 5, "batch_put", 7.0);
     leader.kill9();
     wait_health(
         standby.addr,
@@ -681,6 +718,17 @@ fn local_services_follow_a_new_leader() {
         is_serving_leader,
     );
     wait_joined(standby.addr, "rank-5-dram", &local);
+    // The new leader shows what the local service moved since it started.
+    wait_booked(standby.addr, 5, "batch_put", 7.0);
+    let new_view = health(standby.addr)["view_version"].clone();
+    let h = wait_health(
+        local.addr,
+        Duration::from_secs(5),
+        "following the new leader",
+        |h| h["leader_address"] == url(standby.addr),
+    );
+    assert_eq!(h["role"], "standby", "{h}");
+    assert_eq!(h["view_version"], new_view, "{h}");
     let put = {
         let mut c = crate::harness::Client::connect(standby.addr);
         c.request(

@@ -106,7 +106,7 @@ pub(super) fn record_transfer(front: &Front, sending: Sending) {
             .shard()
             .remote()
             .client
-            .record(t.rank, t.op, t.bytes, transfer_ns, latency_us);
+            .record_ranks(&t.ranks, t.op, transfer_ns, latency_us);
     }
 }
 

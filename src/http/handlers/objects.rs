@@ -14,6 +14,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::remote;
 use super::{
@@ -116,26 +117,41 @@ fn nanos_since(t: Instant) -> u64 {
     t.elapsed().as_nanos() as u64
 }
 
-/// Records a data-plane operation in the client bandwidth metrics: its bytes took
-/// `transfer_ns`, the whole operation ran from `start` until now.
-fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, start: Instant) {
+/// Records a data-plane operation in the client bandwidth metrics: the bytes it moved per
+/// rank (each rank's booked to it), which took `transfer_ns`; the whole operation ran from
+/// `start` until now.
+fn client(ctx: &Ctx<'_>, ranks: &[(u32, u64)], op: ClientOp, transfer_ns: u64, start: Instant) {
     let latency_us = start.elapsed().as_micros() as u64;
     ctx.shard
         .remote()
         .client
-        .record(rank, op, bytes, transfer_ns, latency_us);
+        .record_ranks(ranks, op, transfer_ns, latency_us);
 }
 
 /// An exist moves no bytes: its bandwidth record's transfer time is the operation's time.
 fn exist_bandwidth(ctx: &Ctx<'_>, rank: u32, start: Instant) {
     client(
         ctx,
-        rank,
+        &[(rank, 0)],
         ClientOp::BatchExist,
-        0,
         nanos_since(start),
         start,
     );
+}
+
+/// Adds `bytes` for `rank` to a per-rank tally (ranks in order of first appearance).
+fn tally(ranks: &mut SmallVec<[(u32, u64); 1]>, rank: u32, bytes: u64) {
+    match ranks.iter_mut().find(|(r, _)| *r == rank) {
+        Some((_, b)) => *b += bytes,
+        None => ranks.push((rank, bytes)),
+    }
+}
+
+/// The bytes of a put per rank: every copy's rank wrote them.
+fn copies_of(grant: &WriteGrant, size: u64, ranks: &mut SmallVec<[(u32, u64); 1]>) {
+    for b in &grant.blobs {
+        tally(ranks, b.seg.rank, size);
+    }
 }
 
 /// When a put's body began to arrive: `req.body_since` when it took several reads, else
@@ -146,11 +162,19 @@ fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
 
 /// An object's bytes as a get answers them: their sending is recorded in the client
 /// bandwidth metrics once the connection has sent them.
-pub(super) fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
+pub(super) fn sending(resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
+    sending_from(resp, smallvec::smallvec![(rank, bytes)], started)
+}
+
+/// [`sending`] of bytes from several ranks (a `batch_get`), each rank's booked to it.
+fn sending_from(
+    mut resp: Response,
+    ranks: SmallVec<[(u32, u64); 1]>,
+    started: Instant,
+) -> Response {
     resp.transfer = Some(Transfer {
-        rank,
+        ranks,
         op: ClientOp::BatchGet,
-        bytes,
         started,
     });
     resp
@@ -302,7 +326,8 @@ pub async fn put(
         let r = remote::redirect_write(ctx, &key, grant);
         return consumed(ctx, fill, r).await;
     }
-    let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
+    let mut ranks = SmallVec::new();
+    copies_of(&grant, size, &mut ranks);
     let fill_start = Instant::now();
     match fill(Some(&grant)).await {
         // Dropping the grant aborts the allocation on the owner.
@@ -327,9 +352,8 @@ pub async fn put(
         Reply::Done => {
             client(
                 ctx,
-                rank,
+                &ranks,
                 ClientOp::BatchPut,
-                size,
                 transfer_ns,
                 body_start(req, start),
             );
@@ -531,17 +555,14 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .collect();
         let replies = ctx.shard.execute_many(commits).await;
         record_batch(ctx, Op::BatchUpdateState, &replies);
-        let rank = grants
-            .first()
-            .and_then(|(_, g, _)| g.blobs.first())
-            .map(|b| b.seg.rank);
-        let mut stored = 0;
+        // Each copy's bytes are booked to its rank.
+        let mut stored = SmallVec::new();
         for ((i, mut g, ok), r) in grants.into_iter().zip(replies) {
             if !matches!(r, Reply::Overloaded) {
                 g.disarm();
             }
             if ok && matches!(r, Reply::Done) {
-                stored += sizes[i];
+                copies_of(&g, sizes[i], &mut stored);
             }
             if ok && !matches!(r, Reply::Done) {
                 results[i] = Err(reply_message(
@@ -550,12 +571,11 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 ));
             }
         }
-        if let Some(rank) = rank {
+        if !stored.is_empty() {
             client(
                 ctx,
-                rank,
+                &stored,
                 ClientOp::BatchPut,
-                stored,
                 transfer_ns,
                 body_start(req, start),
             );
@@ -579,23 +599,21 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         return ctx.overloaded();
     }
     let mut parts = Vec::with_capacity(keys.len() * 2);
-    let rank = replies.iter().find_map(|r| match r {
-        Reply::Read(p) => Some(p.view.seg.rank),
-        _ => None,
-    });
     let replies = fetch_remote_copies(ctx, &keys, replies).await;
-    let mut bytes = 0;
+    // The bytes of this process's own ranks, each rank's booked to it once the body is sent.
+    // A copy fetched from a remote rank is booked by that rank's local service, which served
+    // it (and reports it with its heartbeats): not here again.
+    let mut ranks = SmallVec::new();
     for r in replies {
         match r {
             Reply::Read(p) => {
-                bytes += p.view.len;
+                tally(&mut ranks, p.view.seg.rank, p.view.len);
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &p.view.len.to_be_bytes(),
                 )));
                 parts.push(Part::Blob(p));
             }
             Reply::Value(b) => {
-                bytes += b.len() as u64;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &(b.len() as u64).to_be_bytes(),
                 )));
@@ -605,10 +623,10 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
     }
     let resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
-    match rank {
-        Some(rank) => sending(resp, rank, bytes, start),
-        None => resp,
+    if ranks.is_empty() {
+        return resp;
     }
+    sending_from(resp, ranks, start)
 }
 
 /// A batch spans ranks: its remote copies are fetched from their local services under read
