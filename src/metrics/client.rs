@@ -310,6 +310,19 @@ impl OpView {
     }
 }
 
+/// Adds `bytes` for `rank` to a per-rank tally (ranks in order of first appearance): the
+/// bytes of one operation over several ranks, for [`ClientStats::record_ranks`].
+pub fn tally<A: smallvec::Array<Item = (u32, u64)>>(
+    ranks: &mut smallvec::SmallVec<A>,
+    rank: u32,
+    bytes: u64,
+) {
+    match ranks.iter_mut().find(|(r, _)| *r == rank) {
+        Some((_, b)) => *b += bytes,
+        None => ranks.push((rank, bytes)),
+    }
+}
+
 /// Finishes merged views: latency quantiles in seconds.
 pub fn finish(acc: HashMap<(u32, ClientOp), (OpView, Histogram<u64>)>) -> Vec<OpView> {
     let mut out: Vec<OpView> = acc

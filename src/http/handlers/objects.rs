@@ -22,7 +22,7 @@ use super::{
 };
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
-use crate::metrics::client::ClientOp;
+use crate::metrics::client::{ClientOp, tally};
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, MAX_REPLICAS, Placement};
@@ -139,14 +139,6 @@ fn exist_bandwidth(ctx: &Ctx<'_>, rank: u32, start: Instant) {
     );
 }
 
-/// Adds `bytes` for `rank` to a per-rank tally (ranks in order of first appearance).
-fn tally(ranks: &mut SmallVec<[(u32, u64); 1]>, rank: u32, bytes: u64) {
-    match ranks.iter_mut().find(|(r, _)| *r == rank) {
-        Some((_, b)) => *b += bytes,
-        None => ranks.push((rank, bytes)),
-    }
-}
-
 /// The bytes of a put per rank: every copy's rank wrote them.
 fn copies_of(grant: &WriteGrant, size: u64, ranks: &mut SmallVec<[(u32, u64); 1]>) {
     for b in &grant.blobs {
@@ -162,19 +154,12 @@ fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
 
 /// An object's bytes as a get answers them: their sending is recorded in the client
 /// bandwidth metrics once the connection has sent them.
-pub(super) fn sending(resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
-    sending_from(resp, smallvec::smallvec![(rank, bytes)], started)
-}
-
-/// [`sending`] of bytes from several ranks (a `batch_get`), each rank's booked to it.
-fn sending_from(
-    mut resp: Response,
-    ranks: SmallVec<[(u32, u64); 1]>,
-    started: Instant,
-) -> Response {
+pub(super) fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
     resp.transfer = Some(Transfer {
-        ranks,
+        rank,
         op: ClientOp::BatchGet,
+        per_blob: false,
+        bytes,
         started,
     });
     resp
@@ -600,14 +585,11 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     let mut parts = Vec::with_capacity(keys.len() * 2);
     let replies = fetch_remote_copies(ctx, &keys, replies).await;
-    // The bytes of this process's own ranks, each rank's booked to it once the body is sent.
-    // A copy fetched from a remote rank is booked by that rank's local service, which served
-    // it (and reports it with its heartbeats): not here again.
-    let mut ranks = SmallVec::new();
+    let mut from_blobs = false;
     for r in replies {
         match r {
             Reply::Read(p) => {
-                tally(&mut ranks, p.view.seg.rank, p.view.len);
+                from_blobs = true;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &p.view.len.to_be_bytes(),
                 )));
@@ -622,11 +604,20 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             _ => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
         }
     }
-    let resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
-    if ranks.is_empty() {
-        return resp;
+    let mut resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
+    if from_blobs {
+        // This process's blobs, each rank's bytes booked to it once the body is sent. A copy
+        // fetched from a remote rank is booked by the local service that served it (and
+        // reports it with its heartbeats): not here again.
+        resp.transfer = Some(Transfer {
+            rank: 0,
+            op: ClientOp::BatchGet,
+            per_blob: true,
+            bytes: 0,
+            started: start,
+        });
     }
-    sending_from(resp, ranks, start)
+    resp
 }
 
 /// A batch spans ranks: its remote copies are fetched from their local services under read
