@@ -710,24 +710,14 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
-        for p in [
-            "/health",
-            "/role",
-            "/ha_status",
-            "/leader",
-            "/ready",
-            "/metrics",
-        ] {
-            assert!(paths.contains(p), "{p}");
-        }
-        for p in [
-            "/query_key",
-            "/get_all_keys",
-            "/metadata",
-            "/cluster/v1/join",
-        ] {
-            assert!(!paths.contains(p), "{p}");
-        }
+        let served: BTreeSet<&str> = ROUTES
+            .iter()
+            .filter(|r| r.route.served_by_local_service())
+            .map(|r| r.path)
+            .collect();
+        assert_eq!(paths, served);
+        assert!(paths.contains("/ha_status") && paths.contains("/leader"));
+        assert!(!paths.contains("/query_key") && !paths.contains("/cluster/v1/join"));
         let get = &d["paths"]["/api/v1/objects"]["get"];
         assert_eq!(get["security"], json!([]));
         let names: Vec<&str> = get["parameters"]

@@ -81,13 +81,7 @@ mod tests {
 
     #[test]
     fn the_figures_go_through_unchanged() {
-        let mut get = OpView::empty(4, ClientOp::BatchGet);
-        get.bytes = 100;
-        get.duration_ns = 2_500;
-        get.ops = 1;
-        get.cum_bytes = 300;
-        get.cum_duration_ns = 7_000;
-        get.latency = [0.001, 0.002, 0.003, 0.0015];
+        let get = OpView::sample(4, ClientOp::BatchGet);
         let put = OpView::empty(4, ClientOp::BatchPut);
         let stale = OpView::empty(1, ClientOp::BatchPut);
         let wire = client_json(&[get.clone(), put.clone(), stale], 4);

@@ -16,11 +16,17 @@ fn meta(extra: &[(&str, &str)]) -> Server {
 }
 
 fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
+    local_of_url(&format!("http://{}", meta.addr), extra)
+}
+
+/// A local service (one shard, 64 MB of DRAM) of the meta service at `url`, which need not
+/// be up yet.
+fn local_of_url(url: &str, extra: &[(&str, &str)]) -> ServerBuilder {
     let mut b = ServerBuilder::new(Driver::Uring)
         .shards(1)
         .arg("--role")
         .arg("local")
-        .set("ock.mmc.meta_service_url", &format!("http://{}", meta.addr))
+        .set("ock.mmc.meta_service_url", url)
         .set("ock.mmc.local_service.dram.size", "64MB")
         .set("ock.mmc.local_service.hbm.size", "0");
     for (k, v) in extra {
@@ -800,7 +806,7 @@ fn a_batch_get_reads_the_other_replica_when_a_rank_just_died() {
 
 /// `series` on `addr`'s `/metrics` once it equals `want`, within 10 s (a local service's
 /// figures reach its meta with its next heartbeat); its last value otherwise.
-fn wait_series(addr: SocketAddr, series: &str, want: f64) -> Option<f64> {
+pub(super) fn wait_series(addr: SocketAddr, series: &str, want: f64) -> Option<f64> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = crate::observability::scrape(&mut Client::connect(addr))
@@ -813,7 +819,8 @@ fn wait_series(addr: SocketAddr, series: &str, want: f64) -> Option<f64> {
     }
 }
 
-fn cum(rank: u32, op: &str) -> String {
+/// The `memcache_bandwidth_bytes_cum_total` series of `rank` and `op`.
+pub(super) fn cum(rank: u32, op: &str) -> String {
     format!("memcache_bandwidth_bytes_cum_total{{rank=\"{rank}\",operation=\"{op}\"}}")
 }
 
@@ -891,14 +898,7 @@ fn client_bandwidth_of_a_remote_rank_is_what_its_local_service_moved() {
 fn a_local_service_says_what_it_is_and_whom_it_follows() {
     let port = crate::ha::free_port();
     let meta_url = format!("http://127.0.0.1:{port}");
-    let local = ServerBuilder::new(Driver::Uring)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        .set("ock.mmc.meta_service_url", &meta_url)
-        .set("ock.mmc.local_service.dram.size", "16MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
-        .start();
+    let local = local_of_url(&meta_url, &[]).start();
     let warned = format!("the meta service at {meta_url} cannot be reached");
     let deadline = Instant::now() + Duration::from_secs(3);
     while !local.log().contains(&warned) {
@@ -971,17 +971,8 @@ fn a_local_service_says_what_it_is_and_whom_it_follows() {
     );
 
     // Another that never reaches its meta: SIGTERM says there is nothing to leave.
-    let mut lonely = ServerBuilder::new(Driver::Uring)
-        .shards(1)
-        .arg("--role")
-        .arg("local")
-        .set(
-            "ock.mmc.meta_service_url",
-            &format!("http://127.0.0.1:{}", crate::ha::free_port()),
-        )
-        .set("ock.mmc.local_service.dram.size", "16MB")
-        .set("ock.mmc.local_service.hbm.size", "0")
-        .start();
+    let nowhere = format!("http://127.0.0.1:{}", crate::ha::free_port());
+    let mut lonely = local_of_url(&nowhere, &[]).start();
     assert!(lonely.stop().success());
     let log = lonely.log();
     assert!(

@@ -657,24 +657,13 @@ fn leader_steps_down_without_etcd_epoll() {
     leader_steps_down_without_etcd(Driver::Epoll);
 }
 
-/// The bytes `meta`'s `memcache_bandwidth_bytes_cum_total` books to `rank` for `op`, once it
-/// equals `want` (bounded: a local service reports with its heartbeats).
+/// Waits (bounded) until `meta` books `want` bytes to `rank` for `op` (a local service
+/// reports what it moved with its heartbeats).
+#[track_caller]
 fn wait_booked(meta: SocketAddr, rank: u32, op: &str, want: f64) {
-    let series =
-        format!("memcache_bandwidth_bytes_cum_total{{rank=\"{rank}\",operation=\"{op}\"}}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = crate::observability::scrape(&mut crate::harness::Client::connect(meta));
-        let got = m.get(&series).copied();
-        if got == Some(want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{meta}: {series} is {got:?}, not {want}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let series = crate::cluster::cum(rank, op);
+    let got = crate::cluster::wait_series(meta, &series, want);
+    assert_eq!(got, Some(want), "{meta}: {series}");
 }
 
 /// A local service given both metas' URLs joins the leader (following the standby's 307),
