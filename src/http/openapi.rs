@@ -173,6 +173,10 @@ fn under_grant(fragment: &mut Value, method: Method) {
     }
     if let Some(f) = fragment.as_object_mut() {
         f.insert("parameters".into(), Value::Array(params));
+        // The meta's redirect to the rank holding the blob: a local service is that rank.
+        if let Some(r) = f.get_mut("responses").and_then(Value::as_object_mut) {
+            r.remove("307");
+        }
     }
 }
 
@@ -733,6 +737,16 @@ mod tests {
         }
         assert!(d["paths"]["/api/v1/objects"]["delete"]["responses"]["401"].is_object());
         assert!(d["paths"]["/api/v1/objects"]["put"]["responses"]["502"].is_object());
+        assert!(
+            get["responses"].get("307").is_none(),
+            "a local service redirects nothing"
+        );
+        // A meta sends an object request to the rank holding the blob.
+        let meta = doc("", "");
+        for m in ["get", "put"] {
+            let r = &meta["paths"]["/api/v1/objects"][m]["responses"]["307"];
+            assert!(r["headers"]["Location"]["required"] == true, "{m}");
+        }
         assert!(
             d["info"]["description"]
                 .as_str()
