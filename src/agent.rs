@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use crate::cluster::agent::{Action, Admission, Agent, AgentConfig, BeatAnswer, Input, JoinAnswer};
 use crate::cluster::catalog::BeatNews;
 use crate::grant::GrantKey;
-use crate::http::{catalog_wire, client};
+use crate::http::{catalog_wire, client, report_wire};
+use crate::metrics::view::Source;
 use crate::shards::Cluster;
 use crate::shards::store::segment::{Medium, segment_name};
 
@@ -55,8 +56,10 @@ enum Came {
     Join {
         meta: String,
         answer: JoinAnswer,
-        /// The grant key of an admitting answer.
-        key: Option<GrantKey>,
+        /// The grant key and the meta's `view_version` of an admitting answer.
+        key: Option<Box<(GrantKey, u64)>>,
+        /// Why a join failed (for the machine's warnings).
+        why: Option<String>,
     },
     Beat {
         epoch: u64,
@@ -121,7 +124,9 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     };
     let mut agent = Agent::new(config, cluster.clock.now_ms());
     let inbox: Inbox = Rc::default();
-    let mut pending_key: Option<GrantKey> = None;
+    let mut pending_key: Option<(GrantKey, u64)> = None;
+    // Why the last join failed, said with the machine's warning that no meta admitted us.
+    let mut last_failure = String::new();
     let mut stop_told = false;
     loop {
         if cluster.is_shutting_down() && !cluster.local.leaving.load(Ordering::Acquire) {
@@ -130,8 +135,16 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
         let mut inputs: Vec<Input> = Vec::new();
         for came in inbox.borrow_mut().drain(..) {
             match came {
-                Came::Join { meta, answer, key } => {
-                    pending_key = key;
+                Came::Join {
+                    meta,
+                    answer,
+                    key,
+                    why,
+                } => {
+                    pending_key = key.map(|k| *k);
+                    if let Some(why) = why {
+                        last_failure = format!("; last: the meta service at {meta} {why}");
+                    }
                     inputs.push(Input::JoinAnswered { meta, answer });
                 }
                 Came::Beat {
@@ -164,6 +177,12 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
             let now = cluster.clock.now_ms();
             let held = cluster.local.catalog().holds_committed();
             for action in agent.step(input, now, held) {
+                let action = match action {
+                    Action::Warn(w) if w.starts_with("no meta service admitted") => {
+                        Action::Warn(format!("{w}{last_failure}"))
+                    }
+                    a => a,
+                };
                 act(
                     &cluster,
                     &url,
@@ -189,7 +208,7 @@ fn act(
     incarnation: u64,
     action: Action,
     inbox: &Inbox,
-    pending_key: &mut Option<GrantKey>,
+    pending_key: &mut Option<(GrantKey, u64)>,
 ) {
     match action {
         Action::Join {
@@ -202,6 +221,11 @@ fn act(
             // stop being written.
             cluster.grant_key.clear();
             cluster.local.revoke_writers();
+            // Following no meta: `/health` and `/role` say so, `/ready` is 503 (a service that
+            // never joined still says `starting`).
+            if cluster.local.joined() {
+                cluster.ha.follow(None);
+            }
             cluster.local.set_joined(false);
             let body = json!({
                 "rank": rank,
@@ -215,8 +239,13 @@ fn act(
             });
             let (cluster, inbox) = (cluster.clone(), inbox.clone());
             monoio::spawn(async move {
-                let (answer, key) = join(&cluster, &meta, body).await;
-                inbox.borrow_mut().push(Came::Join { meta, answer, key });
+                let (answer, key, why) = join(&cluster, &meta, body).await;
+                inbox.borrow_mut().push(Came::Join {
+                    meta,
+                    answer,
+                    key: key.map(Box::new),
+                    why,
+                });
             });
         }
         Action::Become { meta, rank, epoch } => {
@@ -224,9 +253,15 @@ fn act(
                 log::error!("cannot mount this host's segments as rank {rank}: {e}");
                 std::process::exit(1);
             }
-            if let Some(key) = pending_key.take() {
-                cluster.grant_key.set(key);
-            }
+            let view = match pending_key.take() {
+                Some((key, view)) => {
+                    cluster.grant_key.set(key);
+                    view
+                }
+                None => 0,
+            };
+            // From now on it reports that meta as the leader it follows, and is ready.
+            cluster.ha.follow(Some((&meta, view)));
             cluster.local.set(rank, meta);
             cluster.local.set_epoch(epoch);
             // A new membership's freed log starts at sequence 0.
@@ -271,9 +306,17 @@ fn act(
     }
 }
 
-/// One join call to `meta`: the answer as the machine reads it, with the grant key when
-/// admitted.
-async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option<GrantKey>) {
+/// One join call to `meta`: the answer as the machine reads it, with the grant key and the
+/// meta's `view_version` when admitted, or why it failed.
+async fn join(
+    cluster: &Cluster,
+    meta: &str,
+    body: Value,
+) -> (JoinAnswer, Option<(GrantKey, u64)>, Option<String>) {
+    let failed = |why: String| {
+        log::debug!("join {meta}: {why}");
+        (JoinAnswer::Failed, None, Some(why))
+    };
     let a = match tell(cluster, meta, "/cluster/v1/join", body, CALL_TIMEOUT).await {
         Ok(a) => a,
         // A certificate refused on either side does not fix itself, like a wrong secret.
@@ -283,20 +326,18 @@ async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option
                     "the meta service at {meta} and this local service do not trust each other's TLS certificates (ock.mmc.cluster.tls.ca.path, cert.path): not joining: {e}"
                 )),
                 None,
+                None,
             );
         }
-        Err(e) => {
-            log::debug!("join {meta}: {e}");
-            return (JoinAnswer::Failed, None);
-        }
+        Err(e) => return failed(format!("cannot be reached: {e}")),
     };
     match a.status {
         200 => {}
         // An HA standby: the leader is where it points.
         307 => {
             return match a.location.as_deref().and_then(base_of) {
-                Some(leader) => (JoinAnswer::Redirect(leader), None),
-                None => (JoinAnswer::Failed, None),
+                Some(leader) => (JoinAnswer::Redirect(leader), None, None),
+                None => failed("answered 307 without a leader's URL".into()),
             };
         }
         401 => {
@@ -305,14 +346,14 @@ async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option
                     "the meta service at {meta} refused this local service's cluster token (ock.mmc.cluster.token / MMC_CLUSTER_TOKEN): not joining"
                 )),
                 None,
+                None,
             );
         }
         s => {
-            log::warn!(
-                "the meta service at {meta} refused the join ({s}): {}",
+            return failed(format!(
+                "refused the join ({s}): {}",
                 String::from_utf8_lossy(&a.body)
-            );
-            return (JoinAnswer::Failed, None);
+            ));
         }
     }
     let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
@@ -323,8 +364,7 @@ async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option
         .and_then(Value::as_str)
         .and_then(GrantKey::from_hex);
     let (Some(rank), Some(epoch), Some(key)) = (rank, epoch, key) else {
-        log::warn!("the meta service at {meta} answered a join without rank, epoch or grant key");
-        return (JoinAnswer::Failed, None);
+        return failed("answered a join without rank, epoch or grant key".into());
     };
     let c = &cluster.config.cluster;
     let ms = |name: &str, default: u64| v.get(name).and_then(Value::as_u64).unwrap_or(default);
@@ -336,7 +376,8 @@ async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option
         ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
         discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
     };
-    (JoinAnswer::Admitted(admission), Some(key))
+    let view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
+    (JoinAnswer::Admitted(admission), Some((key, view)), None)
 }
 
 /// `http[s]://host:port` of a URL.
@@ -404,7 +445,7 @@ async fn heartbeat(
     incarnation: u64,
     hand_over: bool,
 ) -> (BeatAnswer, Option<(BeatNews, u64)>) {
-    let (gets, get_bytes, puts, put_bytes) = traffic(cluster);
+    let client = report_wire::client_json(&(cluster as &dyn Source).recorded_client_views(), rank);
     let (ack, mark) = {
         let c = cluster.local.catalog();
         (c.acked(), c.mark())
@@ -413,10 +454,7 @@ async fn heartbeat(
         "rank": rank,
         "incarnation": incarnation,
         "epoch": epoch,
-        "gets": gets,
-        "get_bytes": get_bytes,
-        "puts": puts,
-        "put_bytes": put_bytes,
+        "client": client,
         "catalog_ack": ack,
     });
     // The SSD file's figures, for the meta's per-disk series and its fault state.
@@ -455,31 +493,6 @@ async fn heartbeat(
             (BeatAnswer::Unheard, None)
         }
     }
-}
-
-/// This service's data-plane figures: (gets in the metrics window, get bytes since start,
-/// puts in the window, put bytes since start).
-fn traffic(cluster: &Cluster) -> (u64, u64, u64, u64) {
-    use crate::metrics::client::ClientOp;
-    let mut acc = std::collections::HashMap::new();
-    for s in cluster.shards.iter() {
-        s.client.merge_into(&mut acc);
-    }
-    let mut t = (0, 0, 0, 0);
-    for v in crate::metrics::client::finish(acc) {
-        match v.op {
-            ClientOp::BatchGet => {
-                t.0 += v.ops;
-                t.1 += v.cum_bytes;
-            }
-            ClientOp::BatchPut => {
-                t.2 += v.ops;
-                t.3 += v.cum_bytes;
-            }
-            _ => {}
-        }
-    }
-    t
 }
 
 async fn leave(cluster: &Cluster, meta: &str, rank: u32, epoch: u64, incarnation: u64) -> bool {

@@ -260,7 +260,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut server = server;
-        if server.cluster.config.ha.enable {
+        // A local service never campaigns (its view follows the meta it joins).
+        if server.cluster.ha.enabled() {
             if server.cluster.config.cluster.role == crate::config::Role::Meta {
                 // A new leader learns which memberships earlier leaders declared lost before
                 // it serves (`ha::losses`): those processes' catalogs are void here too.

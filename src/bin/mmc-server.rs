@@ -136,7 +136,14 @@ fn main() -> ExitCode {
                             if cluster.config.cluster.role == mmc::config::Role::Local {
                                 // Leave the meta service first (it stops sending clients
                                 // here), then stop; bounded if the meta does not answer.
-                                log::info!("{name}: a local service leaves its meta service before it stops");
+                                match cluster.ha.followed() {
+                                    Some(meta) => {
+                                        log::info!("{name}: leaving the meta service at {meta}")
+                                    }
+                                    None => log::info!(
+                                        "{name}: not joined to a meta service: nothing to leave"
+                                    ),
+                                }
                                 cluster
                                     .local
                                     .leaving

@@ -25,7 +25,7 @@ pub const AFTER_MOVE_MS: [u64; 2] = [50, 400];
 /// While no meta admits this service, how often the failure is logged at WARN (the first
 /// after [`FIRST_WARN_MS`]).
 pub const WARN_EVERY_MS: u64 = 30_000;
-pub const FIRST_WARN_MS: u64 = 2_000;
+pub const FIRST_WARN_MS: u64 = 1_000;
 
 /// What the machine is configured with.
 #[derive(Clone, Debug)]
@@ -420,6 +420,8 @@ impl Agent {
             next,
             in_flight,
             catalog_follows,
+            since_ms,
+            warned_ms,
             ..
         } = &mut self.phase
         else {
@@ -427,6 +429,12 @@ impl Agent {
         };
         *in_flight = false;
         let hand_over = *catalog_follows;
+        if *warned_ms != 0 && matches!(answer, JoinAnswer::Admitted(_)) {
+            out.push(Action::Info(format!(
+                "the meta service at {meta} answered after {} s without an admission",
+                now_ms.saturating_sub(*since_ms) / 1000
+            )));
+        }
         match answer {
             JoinAnswer::Admitted(a) => {
                 if a.discard_catalog {

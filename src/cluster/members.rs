@@ -49,7 +49,8 @@ pub struct Member<R> {
     pub state: MemberState,
     pub last_seen_ms: u64,
     pub segments: Vec<(Medium, u64)>,
-    pub report: R,
+    /// The last report (`None`: none since this membership began).
+    pub report: Option<R>,
     /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
     /// (no put is placed there, nobody is sent there to write) until one does, since only a
     /// heartbeat proves the local service read the answer and holds the grant key.
@@ -134,7 +135,7 @@ impl<R> Default for Members<R> {
     }
 }
 
-impl<R: Clone + Default> Members<R> {
+impl<R: Clone> Members<R> {
     /// The memberships earlier leaders declared lost (a new leader loads them from etcd
     /// before it serves).
     pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
@@ -229,7 +230,7 @@ impl<R: Clone + Default> Members<R> {
                 state: MemberState::Live,
                 last_seen_ms: j.now_ms,
                 segments: j.segments,
-                report: R::default(),
+                report: None,
                 awaiting_beat: true,
                 awaiting_catalog: catalog == CatalogFate::Follows,
             },
@@ -274,7 +275,7 @@ impl<R: Clone + Default> Members<R> {
             return Beat::Refused;
         };
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
-        e.report = report;
+        e.report = Some(report);
         if std::mem::take(&mut e.awaiting_beat) {
             Beat::First {
                 catalog: std::mem::take(&mut e.awaiting_catalog),
@@ -329,12 +330,13 @@ impl<R: Clone + Default> Members<R> {
             .collect()
     }
 
-    /// The last report of a reporting rank (live or leaving).
+    /// The last report of a reporting rank (live or leaving; `None`: lost, or no report since
+    /// it joined).
     pub fn report(&self, rank: u32) -> Option<R> {
         self.ranks
             .get(&rank)
             .filter(|e| e.state != MemberState::Lost)
-            .map(|e| e.report.clone())
+            .and_then(|e| e.report.clone())
     }
 
     pub fn entries(&self) -> Vec<(u32, Member<R>)> {

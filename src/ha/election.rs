@@ -104,7 +104,8 @@ struct Elector {
     poll: Duration,
     /// The last time etcd answered a follower's read.
     last_seen: Instant,
-    /// The largest view_version seen (kept while the leader is unknown).
+    /// The largest view_version seen (kept while the leader is unknown, when the view
+    /// published reports 0: `HaView::publish`).
     view_version: u64,
     /// This process's incarnation, written to `<prefix>last_leader` at each election.
     incarnation: String,

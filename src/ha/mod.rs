@@ -3,7 +3,9 @@
 //!
 //! Every endpoint that reports HA facts (`/health`, `/role`, `/ha_status`, `/leader`) and the
 //! standby gate of the HTTP dispatch read them from [`HaView`], the one place they live.
-//! Standalone (HA off) the node is "the leader, serving", as the contract notes say. With HA on,
+//! Standalone (HA off) the node is "the leader, serving", as the contract notes say. A local
+//! service is never a leader: it follows the meta service it joined ([`HaView::follower`],
+//! `standby` once joined, with that meta's address and `view_version`). With HA on,
 //! the election thread ([`election`]) campaigns with an etcd lease and publishes each change;
 //! the `/metadata` writer thread ([`writer`]) writes `/metadata` through to etcd, fenced by the
 //! leadership. Shards never block on either: they read one atomic (serving or not) and, on the
@@ -175,7 +177,10 @@ const WRITE_QUEUE_CAPACITY: usize = 4096;
 pub struct HaView {
     /// `ock.mmc.meta.ha.enable`, fixed at start.
     enabled: bool,
-    /// HA on, and this node is the leader and serving. The one thing the request path reads.
+    /// A local service's view: it follows the meta it joined ([`HaView::follow`]).
+    follower: bool,
+    /// HA on, and this node is the leader and serving (a local service: it has joined its
+    /// meta). The one thing the request path reads.
     serving: AtomicBool,
     /// While leading: nanoseconds after `epoch` at which serving ends unless a renewal moves
     /// it on (the step-down deadline). Checked on every request with HA on, so a leader whose
@@ -217,6 +222,15 @@ impl HaView {
         )
     }
 
+    /// A local service: `unknown` / `starting`, not ready, until it has joined a meta service
+    /// ([`HaView::follow`]). It never leads and is never gated (it serves its own routes).
+    pub fn follower() -> HaView {
+        let mut view = HaView::new(Role::Unknown, HaState::Starting, None, None, 0);
+        view.follower = true;
+        view.serving = AtomicBool::new(false);
+        view
+    }
+
     /// A view at `role` and `state`; serving from the start when HA is off (no `config`).
     fn new(
         role: Role,
@@ -229,6 +243,7 @@ impl HaView {
         let (to_shards, shard_inboxes) = (0..shard_count).map(|_| flume::unbounded()).unzip();
         HaView {
             enabled,
+            follower: false,
             serving: AtomicBool::new(!enabled),
             serving_until_ns: AtomicU64::new(if enabled { 0 } else { u64::MAX }),
             epoch: std::time::Instant::now(),
@@ -275,9 +290,41 @@ impl HaView {
     }
 
     /// This node serves (always with HA off; with HA on, the serving leader within its
-    /// deadline).
+    /// deadline; a local service, once it has joined its meta).
     pub fn serving(&self) -> bool {
+        if self.follower {
+            return self.serving.load(Ordering::Acquire);
+        }
         !self.enabled || self.serving_now()
+    }
+
+    /// A local service joined the meta service at `meta` (its URL and `view_version`): it
+    /// reports `standby` following that leader, and is ready. `None`: it has no meta (it gave
+    /// one up and is joining again): `unknown`, not ready. Called by the agent thread only.
+    pub fn follow(&self, meta: Option<(&str, u64)>) {
+        let next = match meta {
+            Some((url, view)) => HaSnapshot {
+                role: Role::Standby,
+                state: HaState::Standby,
+                leader_address: Some(url.to_string()),
+                view_version: view,
+            },
+            None => HaSnapshot {
+                role: Role::Unknown,
+                state: HaState::Unknown,
+                leader_address: None,
+                view_version: 0,
+            },
+        };
+        self.change(next, 0, meta.is_some());
+    }
+
+    /// The meta service a local service follows now (it joined it and has not given it up).
+    pub fn followed(&self) -> Option<String> {
+        let now = self.snapshot();
+        (self.follower && now.role == Role::Standby)
+            .then_some(now.leader_address)
+            .flatten()
     }
 
     /// Moves the serving deadline (election thread only, as a renewal succeeds).
@@ -322,8 +369,19 @@ impl HaView {
 
     /// Publishes a new view (election thread only). `serving` goes down before the snapshot
     /// changes and up after it, so no request is served on a view that does not allow it.
-    pub(crate) fn publish(&self, next: HaSnapshot, fence: i64) {
+    /// A view without a leader address reports `view_version` 0: the contract fixes both
+    /// fields to their defaults when there is no stable source (`unknown`, 0).
+    pub(crate) fn publish(&self, mut next: HaSnapshot, fence: i64) {
+        if next.leader_address.is_none() {
+            next.view_version = 0;
+        }
         let serving = next.role == Role::Leader && next.state == HaState::Serving;
+        self.change(next, fence, serving);
+    }
+
+    /// Publishes `next` with its fence; `serving` goes down before the snapshot changes and up
+    /// after it.
+    fn change(&self, next: HaSnapshot, fence: i64, serving: bool) {
         if !serving {
             self.serving.store(false, Ordering::Release);
         }
@@ -508,12 +566,41 @@ mod tests {
             [
                 (Role::Unknown, Role::Standby, 7),
                 (Role::Standby, Role::Leader, 9),
-                (Role::Leader, Role::Unknown, 9)
+                // No leader address: view_version 0, whatever the election last saw.
+                (Role::Leader, Role::Unknown, 0)
             ]
         );
+        assert_eq!(view.snapshot().view_version, 0);
         assert_eq!(view.generation(), 3);
         let standalone = HaView::standalone("");
         assert!(!standalone.gated() && standalone.serving());
+    }
+
+    /// A local service is never the leader: `unknown` / `starting` and not ready until it
+    /// joined, then `standby` following its meta (its address and view), never gated.
+    #[test]
+    fn a_follower_never_leads() {
+        let view = HaView::follower();
+        let s = view.snapshot();
+        assert_eq!((s.role, s.state), (Role::Unknown, HaState::Starting));
+        assert!(!view.serving() && !view.gated() && !view.snapshot().leader_present());
+        assert_eq!(view.followed(), None);
+        view.follow(Some(("http://meta:8000", 12)));
+        let s = view.snapshot();
+        assert_eq!((s.role, s.state), (Role::Standby, HaState::Standby));
+        assert_eq!(
+            (s.leader_address_str(), s.view_version),
+            ("http://meta:8000", 12)
+        );
+        assert!(view.serving() && !view.gated() && view.snapshot().leader_present());
+        assert_eq!(view.followed().as_deref(), Some("http://meta:8000"));
+        view.follow(None);
+        let s = view.snapshot();
+        assert_eq!(
+            (s.role, s.state, s.view_version),
+            (Role::Unknown, HaState::Unknown, 0)
+        );
+        assert!(!view.serving() && view.followed().is_none());
     }
 
     #[test]

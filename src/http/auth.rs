@@ -1,7 +1,10 @@
-//! Bearer-token authentication. With `ock.mmc.http.auth_token` set, every route but
-//! `/healthz` and `/ready` needs `Authorization: Bearer <token>`; with
-//! `ock.mmc.http.metrics_token` set, the `/metrics*` routes need that token instead, so a
-//! scraper never holds the data token. Tokens are compared in constant time.
+//! Bearer-token authentication, as the gateway convention (`docs/contract/gateway-http.zh.txt`)
+//! has it. `/healthz`, `/ready` and `/openapi.json` are public. With `ock.mmc.http.auth_token`
+//! set, every other route needs `Authorization: Bearer <token>`. The scrape routes
+//! (`/metrics`, `/metrics/summary`, `/metrics/ptracer`, `/api/v1/analysis/alloc_free_latency`)
+//! need `ock.mmc.http.metrics_token` when it is set (so a scraper never holds the data token),
+//! else the data token when that is set (with `auth_token` configured `/metrics` is never
+//! open), else nothing. Tokens are compared in constant time.
 
 use super::parse::Head;
 use super::router::{self, Route};
@@ -26,11 +29,12 @@ enum Need {
     Cluster,
 }
 
-/// Which token a route needs: `/healthz` and `/ready` none, the scrape routes the metrics
-/// token, everything else (unknown paths too) the data token.
+/// Which token a route needs: `/healthz`, `/ready` and `/openapi.json` none, the scrape
+/// routes the metrics token (the data token when no metrics token is set), everything else
+/// (unknown paths too) the data token.
 fn need(route: Option<Route>) -> Need {
     match route {
-        Some(Route::Healthz | Route::Ready) => Need::Nothing,
+        Some(Route::Healthz | Route::Ready | Route::OpenApi) => Need::Nothing,
         Some(r) if r.is_metrics() => Need::Metrics,
         Some(r) if r.is_cluster() => Need::Cluster,
         _ => Need::Data,
@@ -50,7 +54,8 @@ pub fn scheme_for(config: &Config, route: Route) -> Option<&'static str> {
     match need(Some(route)) {
         Need::Nothing => None,
         Need::Data => (!config.http.auth_token.is_empty()).then_some(DATA_SCHEME),
-        Need::Metrics => (!config.http.metrics_token.is_empty()).then_some(METRICS_SCHEME),
+        Need::Metrics if !config.http.metrics_token.is_empty() => Some(METRICS_SCHEME),
+        Need::Metrics => (!config.http.auth_token.is_empty()).then_some(DATA_SCHEME),
         Need::Cluster => (!config.cluster.token.is_empty()).then_some(CLUSTER_SCHEME),
     }
 }
@@ -78,7 +83,8 @@ impl Auth {
             Need::Nothing => return true,
             Need::Data if carries_grant(head) => return true,
             Need::Data => &self.data,
-            Need::Metrics => &self.metrics,
+            Need::Metrics if self.metrics.is_some() => &self.metrics,
+            Need::Metrics => &self.data,
             Need::Cluster => &self.cluster,
         };
         let Some(expected) = expected else {
@@ -170,9 +176,26 @@ mod tests {
         assert!(allows(&open, "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"));
         let data_only = auth("d", "");
         assert!(
-            allows(&data_only, "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"),
-            "no metrics token: scrapes are open"
+            !allows(&data_only, "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"),
+            "with auth_token set, /metrics needs a bearer too (the gateway convention)"
         );
+        assert!(allows(
+            &data_only,
+            "GET /metrics/summary HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer d\r\n\r\n"
+        ));
+        let metrics_only = auth("", "m");
+        assert!(allows(
+            &metrics_only,
+            "GET /health HTTP/1.1\r\nHost: h\r\n\r\n"
+        ));
+        assert!(!allows(
+            &metrics_only,
+            "GET /metrics HTTP/1.1\r\nHost: h\r\n\r\n"
+        ));
+        // The document is public whatever the tokens (the gateway convention).
+        for a in [&a, &data_only, &metrics_only] {
+            assert!(allows(a, "GET /openapi.json HTTP/1.1\r\nHost: h\r\n\r\n"));
+        }
     }
 
     /// `scheme_for` (what the OpenAPI document says) and `allows` (what the server does)

@@ -20,6 +20,7 @@ pub mod json;
 pub mod openapi;
 pub mod parse;
 pub mod query;
+pub mod report_wire;
 pub mod response;
 pub mod router;
 pub mod tls;

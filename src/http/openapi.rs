@@ -18,8 +18,8 @@ use serde_json::{Map, Value, json};
 
 use super::auth;
 use super::parse::Method;
-use super::router::ROUTES;
-use crate::config::Config;
+use super::router::{ROUTES, Route};
+use crate::config::{Config, Role};
 
 /// Per-operation fragments and the shared schemas.
 const OPERATIONS: &str = include_str!("openapi_operations.json");
@@ -70,21 +70,34 @@ fn build(config: &Config) -> Value {
     let parts: Value = serde_json::from_str(OPERATIONS).expect("openapi_operations.json is JSON");
     let fragments = parts["operations"].as_object().cloned().unwrap_or_default();
 
+    let local = config.cluster.role == Role::Local;
     let mut paths = Map::new();
     let mut schemes_used = Vec::new();
-    for spec in ROUTES {
+    // A local service documents what it serves; the meta's other routes answer 403 there.
+    for spec in ROUTES
+        .iter()
+        .filter(|r| !local || r.route.served_by_local_service())
+    {
         let mut item = Map::new();
         // HEAD is implied by GET and OPTIONS by every path, as HTTP defines them.
         for method in spec.methods.iter().filter(|m| **m != Method::Head) {
             let name = method.as_str().to_ascii_lowercase();
-            let fragment = fragments.get(spec.path).and_then(|f| f.get(&name)).cloned();
-            let scheme = auth::scheme_for(config, spec.route);
+            let mut fragment = fragments.get(spec.path).and_then(|f| f.get(&name)).cloned();
+            let granted = local && spec.route == Route::Objects;
+            if granted && let Some(f) = &mut fragment {
+                under_grant(f, *method);
+            }
+            // An object request to a local service is authorized by its grant, not a token.
+            let scheme = auth::scheme_for(config, spec.route).filter(|_| !granted);
             if let Some(s) = scheme
                 && !schemes_used.contains(&s)
             {
                 schemes_used.push(s);
             }
             let mut op = operation(spec.path, fragment, scheme);
+            if granted {
+                add_grant_answers(&mut op, *method);
+            }
             if config.ha.enable && !spec.route.served_by_standby() {
                 add_standby_answers(&mut op);
             }
@@ -124,8 +137,14 @@ fn build(config: &Config) -> Value {
 
     let mut info = parts["info"].clone();
     if let Some(d) = info.get_mut("description") {
-        let text = format!("{} {}", d.as_str().unwrap_or(""), security_summary(config));
+        let mut text = format!("{} {}", d.as_str().unwrap_or(""), security_summary(config));
+        if local {
+            text.push_str(LOCAL_SERVICE);
+        }
         *d = Value::String(text);
+    }
+    if local && let Some(t) = info.get_mut("title") {
+        *t = Value::String("MemCache Hybrid local service".into());
     }
     json!({
         "openapi": parts["openapi"],
@@ -133,6 +152,63 @@ fn build(config: &Config) -> Value {
         "paths": paths,
         "components": components,
     })
+}
+
+/// What the document of a local service (`--role local`) adds to the description.
+const LOCAL_SERVICE: &str = " This is a local service: it serves its own health, role and HA view (the meta service it follows), its metrics, and the bytes of its blobs under the grants its meta service signs (clients reach it through the meta's 307 redirects); the meta service's other routes answer 403 here.";
+
+/// An object operation as a local service serves it: under a grant (`key` and `grant`, and
+/// for a chain's hop `next`), its other parameters meaningless there.
+fn under_grant(fragment: &mut Value, method: Method) {
+    let mut params = vec![
+        json!({"name": "key", "in": "query", "required": true, "schema": {"type": "string"},
+            "description": "Object key, as the grant names it"}),
+        json!({"name": "grant", "in": "query", "required": true, "schema": {"type": "string"},
+            "description": "The grant the meta service signed for this transfer (its 307 Location carries it)"}),
+    ];
+    if method == Method::Put {
+        params.push(json!({"name": "next", "in": "query", "required": false,
+            "schema": {"type": "string"},
+            "description": "The next hop of a replicated put, as the grant was signed with"}));
+    }
+    if let Some(f) = fragment.as_object_mut() {
+        f.insert("parameters".into(), Value::Array(params));
+        // The meta's redirect to the rank holding the blob: a local service is that rank.
+        if let Some(r) = f.get_mut("responses").and_then(Value::as_object_mut) {
+            r.remove("307");
+        }
+    }
+}
+
+/// The answers of a local service's object routes beyond their success: 401 without a grant
+/// (a delete always: nothing is deleted on a local service), 403 with an invalid one, and for
+/// a put the meta's refusal of the commit (502).
+fn add_grant_answers(op: &mut Value, method: Method) {
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    responses.insert("401".into(), reference("Unauthorized"));
+    if method != Method::Delete {
+        responses.insert(
+            "403".into(),
+            error_response(
+                "Invalid grant: a bad signature, expired, for another key, operation or segment",
+                &[],
+            ),
+        );
+    }
+    if method == Method::Put {
+        responses.insert(
+            "502".into(),
+            error_response(
+                "The meta service refused the commit or did not answer it",
+                &[],
+            ),
+        );
+    }
+    let mut sorted: Vec<(String, Value)> = std::mem::take(responses).into_iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    *responses = sorted.into_iter().collect();
 }
 
 /// One sentence on what this configuration secures.
@@ -146,14 +222,16 @@ fn security_summary(config: &Config) -> String {
     let data = !config.http.auth_token.is_empty();
     let metrics = !config.http.metrics_token.is_empty();
     let data_text = if data {
-        "every route but /healthz, /ready and the scrape routes needs `Authorization: Bearer <ock.mmc.http.auth_token>`"
+        "every route but /healthz, /ready, /openapi.json and the scrape routes needs `Authorization: Bearer <ock.mmc.http.auth_token>`"
     } else {
         "no data token is configured: the data routes are open"
     };
-    let metrics_text = if metrics {
-        format!("{scrape} need the separate ock.mmc.http.metrics_token")
-    } else {
-        format!("no metrics token is configured: {scrape} are open")
+    let metrics_text = match (metrics, data) {
+        (true, _) => format!("{scrape} need the separate ock.mmc.http.metrics_token"),
+        (false, true) => {
+            format!("no metrics token is configured: {scrape} need the data token")
+        }
+        (false, false) => format!("no token is configured: {scrape} are open"),
     };
     let challenge = if data || metrics {
         format!(
@@ -509,18 +587,23 @@ mod tests {
         assert!(has_401(&data_only, "/health"));
         assert_eq!(security(&data_only, "/healthz"), json!([]));
         assert_eq!(security(&data_only, "/ready"), json!([]));
+        // With auth_token set the scrape routes need a bearer too: the data token, as no
+        // metrics token is set (the gateway convention); the document stays public.
         for p in [
             "/metrics",
             "/metrics/summary",
             "/metrics/ptracer",
             "/api/v1/analysis/alloc_free_latency",
         ] {
-            assert_eq!(security(&data_only, p), json!([]), "{p}");
-            assert!(!has_401(&data_only, p), "{p}");
+            assert_eq!(security(&data_only, p), json!([{"dataToken": []}]), "{p}");
+            assert!(has_401(&data_only, p), "{p}");
         }
+        assert_eq!(security(&data_only, "/openapi.json"), json!([]));
+        assert!(!has_401(&data_only, "/openapi.json"));
         assert!(data_only["components"]["securitySchemes"]["metricsToken"].is_null());
 
         let both = doc("d", "m");
+        assert_eq!(security(&both, "/openapi.json"), json!([]));
         assert_eq!(security(&both, "/metrics"), json!([{"metricsToken": []}]));
         assert!(has_401(&both, "/metrics"));
         assert_eq!(security(&both, "/get_all_keys"), json!([{"dataToken": []}]));
@@ -567,6 +650,109 @@ mod tests {
         assert!(r["Unauthorized"]["headers"]["WWW-Authenticate"]["required"] == true);
         assert!(r["Overloaded"]["headers"]["Retry-After"]["required"] == true);
         assert!(r["UriTooLong"]["content"].get(JSON).is_some());
+    }
+
+    /// Whether an error envelope (`success` false, `error_message`, `timestamp`) can be valid
+    /// under `schema` (a fragment's schema, `$ref`s into the shared schemas resolved).
+    fn admits_an_envelope(schema: &Value, schemas: &Value) -> bool {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            let name = r.trim_start_matches("#/components/schemas/");
+            return admits_an_envelope(&schemas[name], schemas);
+        }
+        if schema.get("type").is_some_and(|t| t != "object") {
+            return false;
+        }
+        let envelope = ["success", "error_message", "timestamp"];
+        let required_elsewhere = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|f| !envelope.contains(&f.as_str().unwrap_or("")));
+        let success_true_only = schema["properties"]["success"]["enum"] == json!([true]);
+        !required_elsewhere && !success_true_only
+    }
+
+    /// A `oneOf` with the error envelope as one branch has no other branch an envelope is
+    /// valid under: otherwise every error answer matches two branches and is invalid
+    /// (issue 27: `/cluster/v1/commit` and `/cluster/v1/damaged` had `{"type":"object"}`).
+    #[test]
+    fn no_one_of_admits_the_envelope_twice() {
+        let d = doc("", "");
+        let schemas = &d["components"]["schemas"];
+        let mut ambiguous = Vec::new();
+        for (path, item) in d["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                for (status, r) in op["responses"].as_object().unwrap() {
+                    for (_, media) in r["content"].as_object().into_iter().flatten() {
+                        let Some(branches) = media["schema"]["oneOf"].as_array() else {
+                            continue;
+                        };
+                        let n = branches
+                            .iter()
+                            .filter(|b| admits_an_envelope(b, schemas))
+                            .count();
+                        if n > 1 {
+                            ambiguous.push(format!("{method} {path} {status}"));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(ambiguous.is_empty(), "{ambiguous:?}");
+    }
+
+    /// A local service's document lists what it serves: its health, role and HA view, its
+    /// metrics, and object transfers under a grant (401 without one, 403 with a bad one).
+    #[test]
+    fn a_local_service_documents_what_it_serves() {
+        let mut c = Config::defaults();
+        c.cluster.role = Role::Local;
+        let d: Value = serde_json::from_slice(&document(&c)).unwrap();
+        let paths: BTreeSet<&str> = d["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let served: BTreeSet<&str> = ROUTES
+            .iter()
+            .filter(|r| r.route.served_by_local_service())
+            .map(|r| r.path)
+            .collect();
+        assert_eq!(paths, served);
+        assert!(paths.contains("/ha_status") && paths.contains("/leader"));
+        assert!(!paths.contains("/query_key") && !paths.contains("/cluster/v1/join"));
+        let get = &d["paths"]["/api/v1/objects"]["get"];
+        assert_eq!(get["security"], json!([]));
+        let names: Vec<&str> = get["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["key", "grant"]);
+        for m in ["get", "put"] {
+            let r = &d["paths"]["/api/v1/objects"][m]["responses"];
+            assert!(r.get("401").is_some() && r.get("403").is_some(), "{m}");
+        }
+        assert!(d["paths"]["/api/v1/objects"]["delete"]["responses"]["401"].is_object());
+        assert!(d["paths"]["/api/v1/objects"]["put"]["responses"]["502"].is_object());
+        assert!(
+            get["responses"].get("307").is_none(),
+            "a local service redirects nothing"
+        );
+        // A meta sends an object request to the rank holding the blob.
+        let meta = doc("", "");
+        for m in ["get", "put"] {
+            let r = &meta["paths"]["/api/v1/objects"][m]["responses"]["307"];
+            assert!(r["headers"]["Location"]["required"] == true, "{m}");
+        }
+        assert!(
+            d["info"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("This is a local service")
+        );
     }
 
     /// A route without a fragment is still documented, with the generated statuses.

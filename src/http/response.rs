@@ -163,6 +163,11 @@ pub struct Response {
 pub struct Transfer {
     pub rank: u32,
     pub op: crate::metrics::client::ClientOp,
+    /// The body's blobs may come from several ranks (a `batch_get`): each `Part::Blob`'s bytes
+    /// are booked to its own rank, and `rank` and `bytes` are not used. Bytes in other parts
+    /// (copies a meta fetched from remote ranks) are not booked here: the local services that
+    /// served them book them.
+    pub per_blob: bool,
     /// The object bytes in the body (framing bytes excluded).
     pub bytes: u64,
     /// When the handler started: the operation's latency ends when the body is sent.

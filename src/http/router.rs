@@ -162,12 +162,18 @@ impl Route {
         )
     }
 
-    /// What a local service serves: its own health and metrics, and objects under grants.
+    /// What a local service serves: its own health, role and HA view (the meta it follows),
+    /// its metrics, and objects under grants.
     pub fn served_by_local_service(self) -> bool {
         self.is_own_health()
             || matches!(
                 self,
-                Route::OpenApi | Route::Objects | Route::ClusterMove | Route::ClusterFreed
+                Route::HaStatus
+                    | Route::Leader
+                    | Route::OpenApi
+                    | Route::Objects
+                    | Route::ClusterMove
+                    | Route::ClusterFreed
             )
             || self.is_metrics()
     }

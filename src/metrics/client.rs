@@ -220,6 +220,27 @@ impl ClientStats {
         }
     }
 
+    /// Records one operation whose bytes came from (or went to) several ranks: each rank's
+    /// bytes are booked to that rank, as one operation there, with the share of the transfer
+    /// time its bytes took (in proportion to them) and the whole operation's latency. Only
+    /// the owning shard calls this.
+    pub fn record_ranks(
+        &self,
+        ranks: &[(u32, u64)],
+        op: ClientOp,
+        transfer_ns: u64,
+        latency_us: u64,
+    ) {
+        let total: u128 = ranks.iter().map(|&(_, b)| u128::from(b)).sum();
+        for &(rank, bytes) in ranks {
+            let share = match total {
+                0 => transfer_ns / ranks.len().max(1) as u64,
+                t => (u128::from(transfer_ns) * u128::from(bytes) / t) as u64,
+            };
+            self.record(rank, op, bytes, share, latency_us);
+        }
+    }
+
     /// Drops everything recorded for `rank` (its last segment was unmounted: its series go
     /// with it, and a rank mounted again later starts from zero). Any thread may call this.
     pub fn forget_rank(&self, rank: u32) {
@@ -265,12 +286,57 @@ impl OpView {
         }
     }
 
+    /// Adds `other`'s figures of the same rank and operation (another process's record of
+    /// it: a remote rank's local service reports what it moved). The latency quantiles are
+    /// those of the side with more operations in the window (quantiles do not add up; the
+    /// two sides record different operations of the rank, so one of them is usually empty).
+    pub fn absorb(&mut self, other: &OpView) {
+        if other.ops > self.ops {
+            self.latency = other.latency;
+        }
+        self.bytes += other.bytes;
+        self.duration_ns += other.duration_ns;
+        self.ops += other.ops;
+        self.cum_bytes += other.cum_bytes;
+        self.cum_duration_ns += other.cum_duration_ns;
+    }
+
     /// The window's transfer rate: bytes over the time they took, 0 when nothing moved.
     pub fn bytes_per_sec(&self) -> u64 {
         if self.duration_ns == 0 {
             return 0;
         }
         (self.bytes as u128 * 1_000_000_000 / self.duration_ns as u128) as u64
+    }
+}
+
+#[cfg(test)]
+impl OpView {
+    /// A view of `rank` and `op` with every figure set (tests).
+    pub(crate) fn sample(rank: u32, op: ClientOp) -> OpView {
+        OpView {
+            rank,
+            op,
+            bytes: 100,
+            duration_ns: 2_500,
+            ops: 1,
+            cum_bytes: 300,
+            cum_duration_ns: 7_000,
+            latency: [0.001, 0.002, 0.003, 0.0015],
+        }
+    }
+}
+
+/// Adds `bytes` for `rank` to a per-rank tally (ranks in order of first appearance): the
+/// bytes of one operation over several ranks, for [`ClientStats::record_ranks`].
+pub fn tally<A: smallvec::Array<Item = (u32, u64)>>(
+    ranks: &mut smallvec::SmallVec<A>,
+    rank: u32,
+    bytes: u64,
+) {
+    match ranks.iter_mut().find(|(r, _)| *r == rank) {
+        Some((_, b)) => *b += bytes,
+        None => ranks.push((rank, bytes)),
     }
 }
 
@@ -381,6 +447,35 @@ mod tests {
         // 4 KiB copied in 300 ns: far under a microsecond, still a rate.
         assert_eq!(v[0].bytes_per_sec(), 4096 * 1_000_000_000 / 300);
         assert_eq!(OpView::empty(3, ClientOp::BatchPut).bytes_per_sec(), 0);
+    }
+
+    /// A batch spanning ranks books each rank's bytes to it, one operation each, the
+    /// transfer time shared in proportion to the bytes.
+    #[test]
+    fn an_operation_over_several_ranks_books_each_ranks_bytes() {
+        let s = ClientStats::new(Clock::start(), 10);
+        s.record_ranks(&[(0, 300), (2, 100)], ClientOp::BatchGet, 4000, 7);
+        let mut acc = HashMap::new();
+        s.merge_into(&mut acc);
+        let v = finish(acc);
+        let got: Vec<(u32, u64, u64, u64)> = v
+            .iter()
+            .map(|v| (v.rank, v.bytes, v.duration_ns, v.ops))
+            .collect();
+        assert_eq!(got, [(0, 300, 3000, 1), (2, 100, 1000, 1)]);
+        assert_eq!(v[0].bytes_per_sec(), v[1].bytes_per_sec());
+    }
+
+    #[test]
+    fn a_reported_view_adds_to_the_own_one() {
+        let mut own = OpView::empty(3, ClientOp::BatchGet);
+        let reported = OpView::sample(3, ClientOp::BatchGet);
+        own.absorb(&reported);
+        assert_eq!(own, reported);
+        let again = own.clone();
+        own.absorb(&again);
+        assert_eq!((own.bytes, own.ops, own.cum_bytes), (200, 2, 600));
+        assert_eq!(own.latency, reported.latency);
     }
 
     #[test]

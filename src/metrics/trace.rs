@@ -1,13 +1,12 @@
 //! ptracer: a tracepoint per meta operation, counting BEGIN, GOOD_END and BAD_END, with the
 //! latency of every end in a per-shard HDR histogram (nanoseconds, 3 significant digits).
-//! `/metrics/ptracer` merges the shards' histograms when it is read.
+//! `/metrics/ptracer` merges the shards' histograms when it is read: percentiles from the
+//! buckets, clamped to the exact minimum and maximum; MAX and AVG exact (`hdr::Merged`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use hdrhistogram::Histogram;
-
-use super::hdr::AtomicHdr;
+use super::hdr::{AtomicHdr, Merged};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tp {
@@ -196,28 +195,29 @@ pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<Po
     for tp in Tp::ALL {
         let i = tp as usize;
         let (mut begin, mut good, mut bad) = (0, 0, 0);
-        let mut merged: Option<Histogram<u64>> = None;
+        let mut merged: Option<Merged> = None;
         for t in tracers.clone() {
             let p = &t.points[i];
             begin += p.begin.load(Relaxed);
             good += p.good.load(Relaxed);
             bad += p.bad.load(Relaxed);
             if !p.latency_ns.is_empty() {
-                let h = merged.get_or_insert_with(|| p.latency_ns.empty_histogram());
-                p.latency_ns.add_to(h);
+                merged
+                    .get_or_insert_with(|| Merged::new(&p.latency_ns))
+                    .add(&p.latency_ns);
             }
         }
         if begin == 0 {
             continue;
         }
         let us = |ns: u64| ns as f64 / 1000.0;
-        let (p50, p99, p999, avg, max) = match &merged {
-            Some(h) => (
-                us(h.value_at_quantile(0.5)),
-                us(h.value_at_quantile(0.99)),
-                us(h.value_at_quantile(0.999)),
-                h.mean() / 1000.0,
-                us(h.max()),
+        let (p50, p99, p999, avg, max) = match merged.filter(|m| !m.is_empty()) {
+            Some(m) => (
+                us(m.quantile(0.5)),
+                us(m.quantile(0.99)),
+                us(m.quantile(0.999)),
+                m.mean() / 1000.0,
+                us(m.max()),
             ),
             None => (0.0, 0.0, 0.0, 0.0, 0.0),
         };
@@ -337,6 +337,37 @@ mod tests {
         assert_eq!(
             &row[183..184].chars().next().unwrap().is_ascii_digit(),
             &true
+        );
+    }
+
+    /// One sample: every percentile, AVG and MAX are that sample, to the nanosecond (issue
+    /// 27: a bucket's upper bound showed a MAX above the real maximum).
+    #[test]
+    fn max_and_avg_are_exact_and_percentiles_never_above_max() {
+        let t = Tracer::default();
+        t.points[Tp::Alloc as usize].begin.store(1, Relaxed);
+        t.points[Tp::Alloc as usize].good.store(1, Relaxed);
+        t.points[Tp::Alloc as usize].latency_ns.record(73_312);
+        let snap = snapshot([&t].into_iter());
+        let a = &snap[0];
+        assert_eq!(a.tp, Tp::Alloc);
+        assert_eq!(
+            [a.p50_us, a.p99_us, a.p999_us, a.avg_us, a.max_us],
+            [73.312; 5]
+        );
+        let row = render(&snap, "2026-01-05 14:57:03", |_| true);
+        assert!(row.trim_end().ends_with("73.312         73.312"), "{row}");
+        for v in [1_000u64, 5_123, 99_999, 123_457, 1_000_001] {
+            t.points[Tp::Alloc as usize].latency_ns.record(v);
+        }
+        let a = &snapshot([&t].into_iter())[0];
+        assert_eq!(a.max_us, 1000.001);
+        assert!(a.p50_us <= a.max_us && a.p99_us <= a.max_us && a.p999_us <= a.max_us);
+        let sum = 73_312 + 1_000 + 5_123 + 99_999 + 123_457 + 1_000_001;
+        assert!(
+            (a.avg_us - sum as f64 / 6.0 / 1000.0).abs() < 1e-9,
+            "{}",
+            a.avg_us
         );
     }
 }

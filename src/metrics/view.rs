@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::ShardStats;
 use super::bus::{BusStats, TierStats};
-use super::client::ClientStats;
+use super::client::{ClientStats, OpView};
 use super::kv_events::KvEventStats;
 use super::store::StoreStats;
 use super::trace::Tracer;
@@ -34,12 +34,37 @@ pub trait Source {
     /// The SSD figures the local service of remote rank `rank` last reported (default
     /// while it is not live).
     fn remote_disk(&self, rank: u32) -> RemoteDiskFigures;
+    /// Where the client figures of mounted rank `rank` come from.
+    fn rank_client(&self, rank: u32) -> RankClient;
+}
+
+/// Where a rank's client figures (`memcache_bandwidth_*`, `memcache_metric_stale`) come from.
+#[derive(Debug, PartialEq)]
+pub enum RankClient {
+    /// This process moves the rank's bytes and records them itself: a meta service's own
+    /// ranks, a local service's rank on that service. Always fresh.
+    Own,
+    /// A remote rank whose local service reports: the figures of its last report (beside
+    /// what this process recorded for the rank itself, such as its exist operations).
+    Reported(Vec<OpView>),
+    /// A remote rank whose local service has not reported since it joined: no figures yet.
+    Silent,
 }
 
 impl dyn Source + '_ {
     /// Every shard's figures, in shard order.
     pub fn shards(&self) -> impl Iterator<Item = ShardFigures<'_>> + Clone {
         (0..self.shard_count()).map(|i| self.shard(i))
+    }
+
+    /// The client figures this process recorded, merged over its shards, by rank and
+    /// operation (only the pairs something was recorded for).
+    pub fn recorded_client_views(&self) -> Vec<OpView> {
+        let mut acc = std::collections::HashMap::new();
+        for s in self.shards() {
+            s.client.merge_into(&mut acc);
+        }
+        super::client::finish(acc)
     }
 }
 

@@ -187,7 +187,10 @@ impl Cluster {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
-        let ha = if config.ha.enable {
+        let ha = if config.cluster.role == crate::config::Role::Local {
+            // A local service follows the meta it joins; it never leads.
+            HaView::follower()
+        } else if config.ha.enable {
             HaView::elected(config.ha.clone(), shard_count)
         } else {
             HaView::standalone(&config.advertise_address)
@@ -240,7 +243,7 @@ impl Cluster {
     }
 
     /// Every shard accepts, the server is not shutting down, and (HA on) this node is the
-    /// serving leader.
+    /// serving leader, or (a local service) it has joined its meta service.
     pub fn is_ready(&self) -> bool {
         self.accepting.load(Ordering::Acquire) == self.shards.len()
             && !self.shutting_down.load(Ordering::Acquire)

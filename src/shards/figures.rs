@@ -14,7 +14,8 @@ use crate::config::Config;
 use crate::ha::Role;
 use crate::metrics::kv_events::KvEventStats;
 use crate::metrics::view::{
-    DiskFigures, HaFigures, RemoteDiskFigures, SegmentFigures, SegmentList, ShardFigures, Source,
+    DiskFigures, HaFigures, RankClient, RemoteDiskFigures, SegmentFigures, SegmentList,
+    ShardFigures, Source,
 };
 use crate::numa::NodePart;
 
@@ -61,6 +62,21 @@ impl Source for Cluster {
         self.ranks.lost()
     }
 
+    fn rank_client(&self, rank: u32) -> RankClient {
+        let remote = self
+            .segments
+            .snapshot()
+            .iter()
+            .any(|s| s.rank == rank && s.backend.remote().is_some());
+        if !remote {
+            return RankClient::Own;
+        }
+        match self.ranks.report(rank) {
+            Some(r) => RankClient::Reported(r.client),
+            None => RankClient::Silent,
+        }
+    }
+
     fn kv_stats(&self) -> &KvEventStats {
         &self.kv_stats
     }
@@ -70,7 +86,8 @@ impl Source for Cluster {
         HaFigures {
             roles: [Role::Leader, Role::Standby, Role::Unknown]
                 .map(|r| (r.as_str(), r == now.role)),
-            serving: self.ha.serving(),
+            // A local service serves its data plane once joined, but is never the leader.
+            serving: self.ha.serving() && now.role == Role::Leader,
             view_version: now.view_version,
         }
     }

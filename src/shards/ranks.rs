@@ -24,14 +24,12 @@ use super::{Command, Reply, Shard};
 pub use crate::cluster::members::MAX_RANK;
 use crate::cluster::members::Members;
 
-/// Traffic a local service reports with each heartbeat (since its start), and its SSD
+/// What a local service reports with each heartbeat: the client bandwidth figures of the
+/// bytes it moved (its rank's window and cumulative figures per operation), and its SSD
 /// file's figures when it lends one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RankReport {
-    pub gets: u64,
-    pub get_bytes: u64,
-    pub puts: u64,
-    pub put_bytes: u64,
+    pub client: Vec<crate::metrics::client::OpView>,
     /// The SSD directory (`disk_path`), empty without an SSD segment.
     pub ssd_path: String,
     /// The SSD file's status: 0 normal, else an errno (a faulted file).

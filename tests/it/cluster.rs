@@ -16,11 +16,17 @@ pub(super) fn meta(extra: &[(&str, &str)]) -> Server {
 }
 
 pub(super) fn local_builder(meta: &Server, extra: &[(&str, &str)]) -> ServerBuilder {
+    local_of_url(&format!("http://{}", meta.addr), extra)
+}
+
+/// A local service (one shard, 64 MB of DRAM) of the meta service at `url`, which need not
+/// be up yet.
+pub(super) fn local_of_url(url: &str, extra: &[(&str, &str)]) -> ServerBuilder {
     let mut b = ServerBuilder::new(Driver::Uring)
         .shards(1)
         .arg("--role")
         .arg("local")
-        .set("ock.mmc.meta_service_url", &format!("http://{}", meta.addr))
+        .set("ock.mmc.meta_service_url", url)
         .set("ock.mmc.local_service.dram.size", "64MB")
         .set("ock.mmc.local_service.hbm.size", "0");
     for (k, v) in extra {
@@ -310,6 +316,17 @@ fn stale(meta: &Server, rank: u32) -> Option<String> {
     let series = format!("memcache_metric_stale{{rank=\"{rank}\"}} ");
     m.lines()
         .find_map(|l| l.strip_prefix(&series).map(str::to_string))
+}
+
+/// How many `memcache_bandwidth_*` series the meta has for `rank`.
+fn bandwidth_series(meta: &Server, rank: u32) -> usize {
+    let label = format!("{{rank=\"{rank}\",");
+    meta.client()
+        .get("/metrics")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("memcache_bandwidth_") && l.contains(&label))
+        .count()
 }
 
 #[test]
@@ -645,9 +662,14 @@ fn a_joining_rank_takes_puts_only_from_its_first_heartbeat() {
     assert_eq!(status_of(&meta, &seg), "UNDEFINED");
     put("early").assert_error(200, "No memory segment is mounted");
     assert_eq!(ready_segments(&|p| meta.client().get(p).text()), None);
+    // Not reported yet: its client figures are stale, and it has no bandwidth series.
+    assert_eq!(stale(&meta, rank as u32).as_deref(), Some("1"));
+    assert_eq!(bandwidth_series(&meta, rank as u32), 0);
     // The first heartbeat: OK, and a put goes to the rank's local service.
     beat(rank, 1, epoch);
     assert_eq!(status_of(&meta, &seg), "OK");
+    assert_eq!(stale(&meta, rank as u32).as_deref(), Some("0"));
+    assert!(bandwidth_series(&meta, rank as u32) > 0);
     let r = put("after-beat");
     assert_eq!(r.status, 307, "{}", r.text());
     assert!(r.header("location").unwrap().starts_with(url));
@@ -800,4 +822,184 @@ fn a_batch_get_reads_the_other_replica_when_a_rank_just_died() {
         batch_values(&r.body) == want,
         "each replicated object read from the live rank; the single copy missing"
     );
+}
+
+/// `series` on `addr`'s `/metrics` once it equals `want`, within 10 s (a local service's
+/// figures reach its meta with its next heartbeat); its last value otherwise.
+pub(super) fn wait_series(addr: SocketAddr, series: &str, want: f64) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = crate::observability::scrape(&mut Client::connect(addr))
+            .get(series)
+            .copied();
+        if got == Some(want) || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `memcache_bandwidth_bytes_cum_total` series of `rank` and `op`.
+pub(super) fn cum(rank: u32, op: &str) -> String {
+    format!("memcache_bandwidth_bytes_cum_total{{rank=\"{rank}\",operation=\"{op}\"}}")
+}
+
+/// Client bandwidth per rank is what each rank moved (issue 27 D1, D2): a remote rank's bytes
+/// go between the client and its local service, which reports them with its heartbeats, and
+/// the meta shows them for that rank (before, it showed 0); a batch_get across ranks books
+/// each rank's bytes to it (before, all to the first item's rank). A rank whose local service
+/// reports is fresh (stale 0) with or without traffic; a lost one is stale (1).
+#[test]
+fn client_bandwidth_of_a_remote_rank_is_what_its_local_service_moved() {
+    let quick = [
+        ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "1500"),
+        ("ock.mmc.metrics.window_secs", "1"),
+    ];
+    let meta = meta(&quick);
+    let (a, ra) = join(&meta, &quick);
+    let (mut b, rb) = join(&meta, &quick);
+    for (key, rank, len) in [("on-a", ra, 100), ("on-b", rb, 300)] {
+        let target = format!("/api/v1/objects?key={key}&prefer_rank={rank}");
+        let r = follow(&meta, "PUT", &target, Some(&vec![7u8; len]));
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+        let r = follow(&meta, "GET", &format!("/api/v1/objects?key={key}"), None);
+        assert_eq!(r.body.len(), len);
+    }
+    for (rank, len) in [(ra, 100.0), (rb, 300.0)] {
+        for op in ["batch_put", "batch_get"] {
+            assert_eq!(
+                wait_series(meta.addr, &cum(rank, op), len),
+                Some(len),
+                "{op}"
+            );
+        }
+    }
+    // The local service's own /metrics says the same.
+    let own = crate::observability::scrape(&mut a.client());
+    assert_eq!(own.get(&cum(ra, "batch_get")), Some(&100.0));
+    // One batch_get over both ranks: each rank's bytes to that rank.
+    let r = meta
+        .client()
+        .get("/api/v1/objects/batch_get?keys=on-a,on-b");
+    assert_eq!(batch_values(&r.body).len(), 2);
+    assert_eq!(
+        wait_series(meta.addr, &cum(ra, "batch_get"), 200.0),
+        Some(200.0)
+    );
+    assert_eq!(
+        wait_series(meta.addr, &cum(rb, "batch_get"), 600.0),
+        Some(600.0)
+    );
+    // Two windows without traffic: reporting ranks stay fresh.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(stale(&meta, ra).as_deref(), Some("0"));
+    assert_eq!(stale(&meta, rb).as_deref(), Some("0"));
+    let window = format!("memcache_bandwidth_bytes{{rank=\"{ra}\",operation=\"batch_get\"}}");
+    assert_eq!(
+        wait_series(meta.addr, &window, 0.0),
+        Some(0.0),
+        "the window moved on"
+    );
+    // Lost: stale, and no bandwidth series any more.
+    b.kill9();
+    wait_segments(&meta, 1, Duration::from_secs(6));
+    assert_eq!(stale(&meta, rb).as_deref(), Some("1"));
+    assert_eq!(bandwidth_series(&meta, rb), 0);
+    assert_eq!(stale(&meta, ra).as_deref(), Some("0"));
+}
+
+/// A local service is never the leader (issue 27 D3). Started before its meta service can be
+/// reached, it says so at WARN with the meta's address at once and then at a bounded rate,
+/// reports `unknown`/`starting` and is not ready; once joined it is ready and reports the meta
+/// it follows (`standby`, its address, view_version 0 without HA). One that never joined
+/// says, on SIGTERM, that it has nothing to leave.
+#[test]
+fn a_local_service_says_what_it_is_and_whom_it_follows() {
+    let port = crate::ha::free_port();
+    let meta_url = format!("http://127.0.0.1:{port}");
+    let local = local_of_url(&meta_url, &[]).start();
+    let warned = format!("the meta service at {meta_url} cannot be reached");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !local.log().contains(&warned) {
+        assert!(
+            Instant::now() < deadline,
+            "no warning within 3 s:\n{}",
+            local.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        local
+            .log()
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains(&warned)),
+        "{}",
+        local.log()
+    );
+    let mut c = local.client();
+    assert_eq!(
+        c.get("/health").text(),
+        r#"{"status":"ok","role":"unknown","ha_state":"starting","service_ready":false,"leader_address":"unknown","view_version":0}"#
+    );
+    assert_eq!(c.get("/role").text(), "unknown");
+    assert_eq!(c.get("/ha_status").text(), "starting");
+    assert_eq!(
+        c.get("/leader").text(),
+        r#"{"present":false,"leader_address":"unknown","view_version":0}"#
+    );
+    c.get("/ready").assert_error(503, "Service not ready");
+    let m = c.get("/metrics").text();
+    assert!(m.contains("memcache_ha_role{role=\"leader\"} 0\n"), "{m}");
+    assert!(m.contains("\nmemcache_ha_serving 0\n"), "{m}");
+    // It keeps trying (every few hundred milliseconds) without a warning each time.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(local.log().matches(&warned).count(), 1, "{}", local.log());
+
+    // The meta comes up on that port: joined, ready, following it.
+    let meta = ServerBuilder::new(Driver::Uring)
+        .listen(&format!("127.0.0.1:{port}"))
+        .set("ock.mmc.embedded.ranks", "0")
+        .start();
+    wait_segments(&meta, 1, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.get("/ready").status != 200 {
+        assert!(Instant::now() < deadline, "not ready once joined");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        c.get("/health").text(),
+        format!(
+            r#"{{"status":"ok","role":"standby","ha_state":"standby","service_ready":true,"leader_address":"{meta_url}","view_version":0}}"#
+        )
+    );
+    assert_eq!(c.get("/role").text(), "standby");
+    assert_eq!(c.get("/ha_status").text(), "standby");
+    assert_eq!(
+        c.get("/leader").text(),
+        format!(r#"{{"present":true,"leader_address":"{meta_url}","view_version":0}}"#)
+    );
+    assert!(
+        c.get("/metrics")
+            .text()
+            .contains("memcache_ha_role{role=\"standby\"} 1\n")
+    );
+    assert!(
+        local
+            .log()
+            .contains(&format!("the meta service at {meta_url} answered"))
+    );
+
+    // Another that never reaches its meta: SIGTERM says there is nothing to leave.
+    let nowhere = format!("http://127.0.0.1:{}", crate::ha::free_port());
+    let mut lonely = local_of_url(&nowhere, &[]).start();
+    assert!(lonely.stop().success());
+    let log = lonely.log();
+    assert!(
+        log.contains("SIGTERM: not joined to a meta service: nothing to leave"),
+        "{log}"
+    );
+    assert!(!log.contains("leaving the meta service"), "{log}");
+    drop(local);
+    drop(meta);
 }

@@ -537,8 +537,21 @@ fn leader_steps_down_without_etcd(driver: Driver) {
         assert_eq!(h["role"], "unknown", "{h}");
         assert_eq!(h["ha_state"], "unknown", "{h}");
         assert_eq!(h["service_ready"], false, "{h}");
-        // No writes, no reads: nothing is served as leader.
+        // No stable source: the contract's defaults, `unknown` and 0, together (issue 27 D4:
+        // view_version kept its last value).
+        assert_eq!(h["leader_address"], "unknown", "{h}");
+        assert_eq!(h["view_version"], 0, "{h}");
         let mut c = m.client();
+        assert_eq!(
+            c.get("/leader").text(),
+            r#"{"present":false,"leader_address":"unknown","view_version":0}"#
+        );
+        assert!(
+            c.get("/metrics")
+                .text()
+                .contains("\nmemcache_ha_view_version 0\n")
+        );
+        // No writes, no reads: nothing is served as leader.
         let r = c.request("PUT", "/metadata?key=k2", Some(b"v"));
         r.assert_error(503, no_leader);
         assert_eq!(r.header("retry-after"), Some("1"));
@@ -644,9 +657,20 @@ fn leader_steps_down_without_etcd_epoll() {
     leader_steps_down_without_etcd(Driver::Epoll);
 }
 
+/// Waits (bounded) until `meta` books `want` bytes to `rank` for `op` (a local service
+/// reports what it moved with its heartbeats).
+#[track_caller]
+fn wait_booked(meta: SocketAddr, rank: u32, op: &str, want: f64) {
+    let series = crate::cluster::cum(rank, op);
+    let got = crate::cluster::wait_series(meta, &series, want);
+    assert_eq!(got, Some(want), "{meta}: {series}");
+}
+
 /// A local service given both metas' URLs joins the leader (following the standby's 307),
 /// and after the leader is killed joins the new one by itself: its segment is listed there,
-/// with its capacity, and objects put on it through the new leader read back.
+/// with its capacity, and objects put on it through the new leader read back. It reports the
+/// leader it follows (never itself as one), and what it moved, which the new leader shows
+/// from its first report on.
 #[test]
 fn local_services_follow_a_new_leader() {
     let Some(etcd) = Etcd::start("cluster") else {
@@ -660,6 +684,21 @@ fn local_services_follow_a_new_leader() {
         .set("ock.mmc.cluster.heartbeat_timeout_ms", "1000")
         .start();
     wait_joined(leader.addr, "rank-5-dram", &local);
+    let view = health(leader.addr)["view_version"].clone();
+    let h = health(local.addr);
+    assert_eq!(h["role"], "standby", "{h}");
+    assert_eq!(h["ha_state"], "standby", "{h}");
+    assert_eq!(h["service_ready"], true, "{h}");
+    assert_eq!(h["leader_address"], url(leader.addr), "{h}");
+    assert_eq!(h["view_version"], view, "{h}");
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=before&prefer_rank=5&medium=dram",
+        Some(b"1234567"),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    wait_booked(leader.addr, 5, "batch_put", 7.0);
     leader.kill9();
     wait_health(
         standby.addr,
@@ -668,6 +707,17 @@ fn local_services_follow_a_new_leader() {
         is_serving_leader,
     );
     wait_joined(standby.addr, "rank-5-dram", &local);
+    // The new leader shows what the local service moved since it started.
+    wait_booked(standby.addr, 5, "batch_put", 7.0);
+    let new_view = health(standby.addr)["view_version"].clone();
+    let h = wait_health(
+        local.addr,
+        Duration::from_secs(5),
+        "following the new leader",
+        |h| h["leader_address"] == url(standby.addr),
+    );
+    assert_eq!(h["role"], "standby", "{h}");
+    assert_eq!(h["view_version"], new_view, "{h}");
     let put = {
         let mut c = crate::harness::Client::connect(standby.addr);
         c.request(

@@ -17,6 +17,7 @@ use crate::store::temp_dir;
 
 both_drivers!(
     tokens_guard_every_route_but_the_probes,
+    with_only_the_data_token_the_scrapes_need_it_too,
     overload_sheds_with_429,
     mtls_requires_a_valid_client_certificate,
     buffered_request_bytes_are_bounded_per_shard,
@@ -42,14 +43,19 @@ fn tokens_guard_every_route_but_the_probes(driver: Driver) {
         .set("ock.mmc.http.metrics_token", SCRAPE)
         .start();
     let mut c = srv.client();
-    for (m, p) in [("GET", "/healthz"), ("GET", "/ready")] {
+    // The probes and the API's description are public (the gateway convention).
+    for (m, p) in [
+        ("GET", "/healthz"),
+        ("GET", "/ready"),
+        ("GET", "/openapi.json"),
+    ] {
         assert_eq!(with(&mut c, m, p, None).status, 200, "{p} is open");
     }
     // Every route and method the router knows (from its own table, so a new route cannot
     // slip past), plus an unknown path, which must not reveal that it is unknown.
     let mut cases: Vec<(&str, String, bool)> = vec![("GET", "/no/such/path".into(), false)];
     for spec in mmc::http::router::ROUTES {
-        if matches!(spec.path, "/healthz" | "/ready") {
+        if matches!(spec.path, "/healthz" | "/ready" | "/openapi.json") {
             continue;
         }
         if spec.route.is_cluster() {
@@ -120,6 +126,31 @@ fn tokens_guard_every_route_but_the_probes(driver: Driver) {
         .assert_error(401, "Unauthorized: missing or invalid bearer token");
     // Tokens never appear in the log or in --print-config.
     assert!(!srv.log().contains(DATA) && !srv.log().contains(SCRAPE));
+}
+
+/// With `auth_token` set and no metrics token, the scrape routes need a bearer too, the data
+/// token (the gateway convention: with `auth_token` configured `/metrics` is not open; issue
+/// 27: they were open), while the probes and `/openapi.json` stay public.
+fn with_only_the_data_token_the_scrapes_need_it_too(driver: Driver) {
+    let srv = ServerBuilder::new(driver)
+        .set("ock.mmc.http.auth_token", DATA)
+        .start();
+    let mut c = srv.client();
+    for p in [
+        "/metrics",
+        "/metrics/summary",
+        "/metrics/ptracer",
+        "/api/v1/analysis/alloc_free_latency",
+    ] {
+        with(&mut c, "GET", p, None)
+            .assert_error(401, "Unauthorized: missing or invalid bearer token");
+        with(&mut c, "GET", p, Some(SCRAPE))
+            .assert_error(401, "Unauthorized: missing or invalid bearer token");
+        assert_eq!(with(&mut c, "GET", p, Some(DATA)).status, 200, "{p}");
+    }
+    for p in ["/healthz", "/ready", "/openapi.json"] {
+        assert_eq!(with(&mut c, "GET", p, None).status, 200, "{p}");
+    }
 }
 
 #[test]

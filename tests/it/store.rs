@@ -19,6 +19,7 @@ both_drivers!(
     ssd_write_errors_keep_the_memory_copy,
     ssd_read_errors_are_reported_and_lose_nothing,
     memory_evict_and_prefetch,
+    evict_with_locations_never_deletes,
     mount_and_unmount_segments,
     batch_routes,
     large_puts_stream_into_their_blobs,
@@ -863,6 +864,42 @@ fn memory_evict_and_prefetch(driver: Driver) {
     );
     r.assert_error(200, "Unknown location \"Nowhere\": expected LocalCPUBackend, LocalDiskBackend, HBM, DRAM or SSD");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `POST /memory/evict` with `locations` moves a copy one tier down or leaves it: without a
+/// tier below (no SSD here) the object stays readable (issue 27 D5: it was deleted); an HBM
+/// copy goes to DRAM, not further.
+fn evict_with_locations_never_deletes(driver: Driver) {
+    let srv = ServerBuilder::new(driver)
+        .set("ock.mmc.local_service.hbm.size", "16MB")
+        .set("ock.mmc.local_service.dram.size", "16MB")
+        .start();
+    let mut c = srv.client();
+    let j = [("Content-Type", "application/json")];
+    put_ok(&mut c, "llama@2@0@c3@bf16", &data(5000, 1), "&medium=dram");
+    put_ok(&mut c, "llama@2@0@d4@bf16", &data(6000, 2), "&medium=hbm");
+    for loc in ["LocalCPUBackend", "DRAM"] {
+        let body = format!(r#"{{"chunk_hashes":["c3"],"locations":["{loc}"]}}"#);
+        let r = c.request_with("POST", "/memory/evict", &j, Some(body.as_bytes()));
+        assert_eq!(r.text(), r#"{"status":"success","num_evicted":0}"#, "{loc}");
+        assert_eq!(
+            get_bytes(&mut c, "llama@2@0@c3@bf16"),
+            data(5000, 1),
+            "{loc}"
+        );
+    }
+    let r = c.request_with(
+        "POST",
+        "/memory/evict",
+        &j,
+        Some(br#"{"chunk_hashes":["d4"],"locations":["HBM"]}"#),
+    );
+    assert_eq!(r.text(), r#"{"status":"success","num_evicted":1}"#);
+    assert_eq!(media(&query(&mut c, "llama@2@0@d4@bf16")), ["DRAM"]);
+    assert_eq!(get_bytes(&mut c, "llama@2@0@d4@bf16"), data(6000, 2));
+    let m = c.get("/metrics").text();
+    assert!(m.contains("\nmemcache_evict_operations_total 1\n"), "{m}");
+    assert!(m.contains("\nmemcache_stored_keys 2\n"), "{m}");
 }
 
 fn prefault_commits_memory_segments_at_mount(driver: Driver) {

@@ -1,25 +1,27 @@
 """The served OpenAPI document is true for the running server: schemathesis finds nothing
-against it (with no token and with tokens), and every route it marks secured answers 401
-without credentials while every route it marks open does not."""
+against it (a meta with no token and with tokens, and a local service joined to a meta), and
+every route it marks secured answers 401 without credentials while every route it marks open
+does not. The document itself is public (the gateway convention)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import Server
+from conftest import Server, wait_until
 
 DATA_TOKEN = "data-secret-1"
 METRICS_TOKEN = "scrape-secret-2"
-CHECKS = ",".join([
-    "not_a_server_error",
-    "status_code_conformance",
-    "content_type_conformance",
-    "response_schema_conformance",
-    "response_headers_conformance",
-])
+CLUSTER_TOKEN = "cluster-secret-3"
+# Every check schemathesis has (response_schema_conformance among them), but one:
+# negative_data_rejection expects a 4xx for a request that violates the schema, where the
+# contract answers every business error (a missing or invalid parameter included) with HTTP
+# 200 and the error envelope (docs/CONTRACT-NOTES.md, "OpenAPI").
+CHECKS = "all"
+EXCLUDED_CHECKS = "negative_data_rejection"
 # Bounds the run: a few cases per operation and phase, ~40 operations, two runs in well
 # under three minutes on a busy 2-core machine.
 MAX_EXAMPLES = 20
@@ -36,12 +38,12 @@ def token_args(data, metrics):
     return args
 
 
-def start(data="", metrics="", driver="epoll"):
+def start(data="", metrics="", driver="epoll", extra=()):
     # A server of its own: schemathesis calls every operation, destructive ones included.
     # A small DRAM segment so that puts and gets really store and read.
     return Server(token_args(data, metrics) + [
         "--set", "ock.mmc.local_service.dram.size=64MB",
-    ], driver=driver)
+    ] + list(extra), driver=driver)
 
 
 def document(srv, headers=None):
@@ -57,10 +59,10 @@ def operations(doc):
             yield path, method.upper(), op
 
 
-# Warnings that mean the run did not test what it should: a token it did not send or that
-# was refused, a schema it could not fully read.
+# Warnings that mean the run did not test what it should: a token it did not send, a schema
+# it could not fully read. (A token refused, `missing_auth`, is checked after the run: the
+# operations authorized by a grant the meta signs answer only 401/403 to fuzzed requests.)
 FAIL_ON_WARNINGS = [
-    "missing_auth",
     "unused_openapi_auth",
     "validation_mismatch",
     "missing_deserializer",
@@ -70,17 +72,41 @@ FAIL_ON_WARNINGS = [
 ]
 
 
-def run_schemathesis(srv, tmp_path, data="", metrics=""):
-    # The document is read as a client would (behind the data token when one is set) and
-    # handed over as a file, so that schemathesis sends each operation the token its
-    # security requirement names, and nothing to an open one.
-    headers = {"Authorization": "Bearer " + data} if data else {}
+# Operations a fuzzer cannot pass: authorized by a grant the meta signs (a tier move on a
+# local service, an object transfer there), or answered by a local service only (a move
+# sent to a meta). They answer 401/403 to everything it sends.
+GRANTED = {
+    "POST /cluster/v1/move",
+    "GET /api/v1/objects",
+    "PUT /api/v1/objects",
+    "DELETE /api/v1/objects",
+}
+
+
+def refused_operations(out):
+    """The operations schemathesis's `missing_auth` warning names (only 401/403 answers)."""
+    found, block = set(), False
+    for line in out.splitlines():
+        if line.startswith("Authentication failed"):
+            block = True
+        elif block and line.startswith("  - "):
+            found.add(line[4:].strip())
+        elif block and line.startswith("="):
+            break
+    return found
+
+
+def run_schemathesis(srv, tmp_path, data="", metrics="", cluster=""):
+    # The document is read as a client would (it is public) and handed over as a file, so
+    # that schemathesis sends each operation the token its security requirement names, and
+    # nothing to an open one.
     schema = tmp_path / "openapi.json"
-    doc = document(srv, headers)
-    # The cluster-internal routes (a local service joining, its heartbeats and commits) are
-    # guarded by the cluster token and tested with real local services (tests/it/cluster.rs,
-    # test_cluster.py); fuzzing them would only join made-up ranks.
-    doc["paths"] = {p: v for p, v in doc["paths"].items() if not p.startswith("/cluster/")}
+    doc = document(srv)
+    # A join admits a local service: fuzzed, it would mount made-up ranks at made-up URLs
+    # (each resolved) and redirect the other operations' puts there. It is tested with real
+    # local services (tests/it/cluster.rs, test_cluster.py). The other cluster routes answer
+    # forged members and grants (409, 403) and are checked here.
+    doc["paths"] = {p: v for p, v in doc["paths"].items() if p != "/cluster/v1/join"}
     schema.write_text(json.dumps(doc))
     config = tmp_path / "schemathesis.toml"
     lines = ["[warnings]", "fail-on = %s" % json.dumps(FAIL_ON_WARNINGS)]
@@ -88,11 +114,14 @@ def run_schemathesis(srv, tmp_path, data="", metrics=""):
         lines += ["[auth.openapi.dataToken]", 'bearer = "%s"' % data]
     if metrics:
         lines += ["[auth.openapi.metricsToken]", 'bearer = "%s"' % metrics]
+    if cluster:
+        lines += ["[auth.openapi.clusterToken]", 'bearer = "%s"' % cluster]
     config.write_text("\n".join(lines) + "\n")
     cmd = [
         SCHEMATHESIS, "--config-file", str(config), "run", str(schema),
         "--url", "http://%s:%d" % (srv.host, srv.port),
         "--checks", CHECKS,
+        "--exclude-checks", EXCLUDED_CHECKS,
         # Positive and negative inputs; the checks above judge the answers (business
         # errors are HTTP 200, as the contract says).
         "--mode", "all",
@@ -117,7 +146,10 @@ def run_schemathesis(srv, tmp_path, data="", metrics=""):
     # Every operation was really tested (not an empty selection).
     n = sum(1 for _ in operations(json.loads(schema.read_text())))
     assert "Tested: %d" % n in out, out[-5000:]
-    assert "No issues found" in out, out[-5000:]
+    # Every case passed (the summary says "No issues found" only without any warning).
+    assert re.search(r"\b(\d+) generated, \1 passed\b", out), out[-5000:]
+    refused = refused_operations(out)
+    assert refused <= GRANTED, "only 401/403 answers: %s\n%s" % (refused - GRANTED, out[-5000:])
 
 
 def test_schemathesis_without_token(tmp_path, monkeypatch):
@@ -144,6 +176,38 @@ def test_schemathesis_with_tokens(tmp_path, monkeypatch):
         assert srv.stop() == 0, "".join(srv.log)
 
 
+def test_schemathesis_against_a_local_service(tmp_path, monkeypatch):
+    """A local service's document (what it serves: its health, role and HA view, metrics and
+    objects under grants) is true for it, with a metrics token and the cluster token; and the
+    document of the pure meta it joined (whose puts are redirected to it) is true too."""
+    monkeypatch.chdir(tmp_path)
+    cluster = ["--set", "ock.mmc.cluster.token=" + CLUSTER_TOKEN]
+    meta = start(extra=cluster + ["--set", "ock.mmc.embedded.ranks=0"])
+    local = None
+    try:
+        local = Server(token_args("", METRICS_TOKEN) + cluster + [
+            "--role", "local",
+            "--set", "ock.mmc.meta_service_url=http://%s:%d" % (meta.host, meta.port),
+            "--set", "ock.mmc.local_service.dram.size=16MB",
+            "--set", "ock.mmc.local_service.hbm.size=0",
+        ], driver="uring")
+        wait_until("the local service joined", lambda: local.request("GET", "/ready")[0] == 200)
+        doc = document(local)
+        assert doc["info"]["title"] == "MemCache Hybrid local service"
+        assert "/query_key" not in doc["paths"] and "/ha_status" in doc["paths"]
+        run_schemathesis(local, tmp_path, "", METRICS_TOKEN, CLUSTER_TOKEN)
+        meta_dir = tmp_path / "meta"
+        meta_dir.mkdir()
+        run_schemathesis(meta, meta_dir, cluster=CLUSTER_TOKEN)
+    finally:
+        # The meta first: the local service's leave then finds nobody to drain it. (Leaving
+        # after this fuzzing, its drain and its loss on the meta raced and tripped the meta's
+        # debug check that a forgotten segment holds no blobs: reported, not fixed here.)
+        assert meta.stop() == 0, "".join(meta.log)
+        if local is not None:
+            assert local.stop() == 0, "".join(local.log)
+
+
 def minimal_request(op):
     """A request that reaches the route (the answer itself does not matter here)."""
     body = None
@@ -161,8 +225,8 @@ def test_documented_security_is_enforced(data, metrics):
     """Secured in the document ⇔ 401 without credentials; a secured route accepts its token."""
     srv = start(data, metrics)
     try:
-        auth = {"Authorization": "Bearer " + data} if data else {}
-        doc = document(srv, auth)
+        # Public whatever the tokens.
+        doc = document(srv)
         schemes = doc.get("components", {}).get("securitySchemes", {})
         tokens = {"dataToken": data, "metricsToken": metrics}
         assert set(schemes) == {k for k, v in tokens.items() if v}
@@ -193,5 +257,14 @@ def test_documented_security_is_enforced(data, metrics):
             assert secured_seen == 0
         if metrics and not data:
             assert secured_seen == 4
+        # With auth_token set, the scrape routes need a bearer too (the metrics token when
+        # one is set, else the data token): nothing but /healthz, /ready, /openapi.json is open.
+        scrape = ["/metrics", "/metrics/summary", "/metrics/ptracer",
+                  "/api/v1/analysis/alloc_free_latency"]
+        for path in scrape:
+            [op] = doc["paths"][path].values()
+            want = [{"metricsToken": []}] if metrics else [{"dataToken": []}] if data else []
+            assert op["security"] == want, (path, op["security"])
+        assert doc["paths"]["/openapi.json"]["get"]["security"] == []
     finally:
         assert srv.stop() == 0, "".join(srv.log)

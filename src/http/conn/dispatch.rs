@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 use super::Io;
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
@@ -66,7 +68,7 @@ pub(super) async fn answer<S: Io>(
         resp.close = true;
     }
     let close = resp.close;
-    let transfer = resp.transfer.take();
+    let transfer = resp.transfer.take().map(|t| booked(t, &resp.body));
     let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);
     let op = handlers::request_op(routed, head.method);
@@ -75,7 +77,7 @@ pub(super) async fn answer<S: Io>(
         .stats()
         .request_durations
         .observe(op, started.elapsed());
-    let sending = transfer.map(|t| (t, from));
+    let sending = transfer.map(|(t, ranks)| (t, ranks, from));
     if let Some(tail) = tail {
         // The head with the body from where it is.
         if !write_tail(front, stream, wbuf, tail, head.minor_version == 0).await {
@@ -98,21 +100,42 @@ pub(super) fn answer_malformed(
     front.encode(resp, None, scratch, wbuf);
 }
 
-/// A data-plane body being sent, and when its sending (the copy out of its blobs) began.
-pub(super) type Sending = Option<(response::Transfer, Instant)>;
+/// A data-plane body being sent, the bytes it books per rank, and when its sending (the copy
+/// out of its blobs) began.
+pub(super) type Sending = Option<(response::Transfer, Booked, Instant)>;
+
+/// The (rank, bytes) a body books in the client bandwidth metrics.
+pub(super) type Booked = SmallVec<[(u32, u64); 2]>;
+
+/// A transfer and what it books: its own rank's bytes, or each blob's bytes to the blob's
+/// rank (`Transfer::per_blob`).
+fn booked(t: response::Transfer, body: &Body) -> (response::Transfer, Booked) {
+    let mut ranks = Booked::new();
+    match body {
+        Body::Parts(parts) if t.per_blob => {
+            for p in parts {
+                if let response::Part::Blob(b) = p {
+                    crate::metrics::client::tally(&mut ranks, b.view.seg.rank, b.view.len);
+                }
+            }
+        }
+        _ => ranks.push((t.rank, t.bytes)),
+    }
+    (t, ranks)
+}
 
 /// Records a data-plane body in the client bandwidth metrics once it has been handed to the
 /// socket: its transfer took from the start of its encoding (the copy out of the blob, into
 /// the write buffer or straight to the socket) until now.
 pub(super) fn record_transfer(front: &Front, sending: Sending) {
-    if let Some((t, from)) = sending {
+    if let Some((t, ranks, from)) = sending {
         let transfer_ns = from.elapsed().as_nanos() as u64;
         let latency_us = t.started.elapsed().as_micros() as u64;
         front
             .shard()
             .remote()
             .client
-            .record(t.rank, t.op, t.bytes, transfer_ns, latency_us);
+            .record_ranks(&ranks, t.op, transfer_ns, latency_us);
     }
 }
 

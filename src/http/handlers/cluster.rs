@@ -216,6 +216,8 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "heartbeat_timeout_ms": cluster.config.cluster.heartbeat_timeout_ms,
             "ha": cluster.config.ha.enable,
             "discard_catalog": discard,
+            // What the local service reports as the view of the meta it follows.
+            "view_version": view,
         }),
     )
 }
@@ -304,9 +306,9 @@ fn member_message(
     }
 }
 
-/// `POST /cluster/v1/heartbeat`: `{"rank", "incarnation", "gets", "get_bytes", "puts",
-/// "put_bytes"[, "ssd_path", "ssd_status", "ssd_read_bps", "ssd_write_bps"]}`; 409 when the
-/// meta does not know this incarnation (join again).
+/// `POST /cluster/v1/heartbeat`: `{"rank", "incarnation", "client"[, "ssd_path",
+/// "ssd_status", "ssd_read_bps", "ssd_write_bps"]}` (`client`: the bytes the service moved,
+/// `report_wire`); 409 when the meta does not know this incarnation (join again).
 pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let (v, from) = match member_message(req, ctx, "heartbeat") {
         Ok(m) => m,
@@ -314,10 +316,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     };
     let rank = from.rank;
     let report = RankReport {
-        gets: field_u64(&v, "gets").unwrap_or(0),
-        get_bytes: field_u64(&v, "get_bytes").unwrap_or(0),
-        puts: field_u64(&v, "puts").unwrap_or(0),
-        put_bytes: field_u64(&v, "put_bytes").unwrap_or(0),
+        client: crate::http::report_wire::parse_client(v.get("client"), rank),
         ssd_path: v
             .get("ssd_path")
             .and_then(Value::as_str)

@@ -14,6 +14,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::remote;
 use super::{
@@ -21,7 +22,7 @@ use super::{
 };
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status, Transfer};
-use crate::metrics::client::ClientOp;
+use crate::metrics::client::{ClientOp, tally};
 use crate::metrics::store::{Op, Outcome};
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, MAX_REPLICAS, Placement};
@@ -116,26 +117,33 @@ fn nanos_since(t: Instant) -> u64 {
     t.elapsed().as_nanos() as u64
 }
 
-/// Records a data-plane operation in the client bandwidth metrics: its bytes took
-/// `transfer_ns`, the whole operation ran from `start` until now.
-fn client(ctx: &Ctx<'_>, rank: u32, op: ClientOp, bytes: u64, transfer_ns: u64, start: Instant) {
+/// Records a data-plane operation in the client bandwidth metrics: the bytes it moved per
+/// rank (each rank's booked to it), which took `transfer_ns`; the whole operation ran from
+/// `start` until now.
+fn client(ctx: &Ctx<'_>, ranks: &[(u32, u64)], op: ClientOp, transfer_ns: u64, start: Instant) {
     let latency_us = start.elapsed().as_micros() as u64;
     ctx.shard
         .remote()
         .client
-        .record(rank, op, bytes, transfer_ns, latency_us);
+        .record_ranks(ranks, op, transfer_ns, latency_us);
 }
 
 /// An exist moves no bytes: its bandwidth record's transfer time is the operation's time.
 fn exist_bandwidth(ctx: &Ctx<'_>, rank: u32, start: Instant) {
     client(
         ctx,
-        rank,
+        &[(rank, 0)],
         ClientOp::BatchExist,
-        0,
         nanos_since(start),
         start,
     );
+}
+
+/// The bytes of a put per rank: every copy's rank wrote them.
+fn copies_of(grant: &WriteGrant, size: u64, ranks: &mut SmallVec<[(u32, u64); 1]>) {
+    for b in &grant.blobs {
+        tally(ranks, b.seg.rank, size);
+    }
 }
 
 /// When a put's body began to arrive: `req.body_since` when it took several reads, else
@@ -150,6 +158,7 @@ pub(super) fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instan
     resp.transfer = Some(Transfer {
         rank,
         op: ClientOp::BatchGet,
+        per_blob: false,
         bytes,
         started,
     });
@@ -308,7 +317,8 @@ pub async fn put(
         let r = remote::redirect_write(ctx, &key, grant);
         return consumed(ctx, fill, r).await;
     }
-    let rank = grant.blobs.first().map_or(0, |b| b.seg.rank);
+    let mut ranks = SmallVec::new();
+    copies_of(&grant, size, &mut ranks);
     let fill_start = Instant::now();
     match fill(Some(&grant)).await {
         // Dropping the grant aborts the allocation on the owner.
@@ -333,9 +343,8 @@ pub async fn put(
         Reply::Done => {
             client(
                 ctx,
-                rank,
+                &ranks,
                 ClientOp::BatchPut,
-                size,
                 transfer_ns,
                 body_start(req, start),
             );
@@ -537,17 +546,14 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .collect();
         let replies = ctx.shard.execute_many(commits).await;
         record_batch(ctx, Op::BatchUpdateState, &replies);
-        let rank = grants
-            .first()
-            .and_then(|(_, g, _)| g.blobs.first())
-            .map(|b| b.seg.rank);
-        let mut stored = 0;
+        // Each copy's bytes are booked to its rank.
+        let mut stored = SmallVec::new();
         for ((i, mut g, ok), r) in grants.into_iter().zip(replies) {
             if !matches!(r, Reply::Overloaded) {
                 g.disarm();
             }
             if ok && matches!(r, Reply::Done) {
-                stored += sizes[i];
+                copies_of(&g, sizes[i], &mut stored);
             }
             if ok && !matches!(r, Reply::Done) {
                 results[i] = Err(reply_message(
@@ -556,12 +562,11 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 ));
             }
         }
-        if let Some(rank) = rank {
+        if !stored.is_empty() {
             client(
                 ctx,
-                rank,
+                &stored,
                 ClientOp::BatchPut,
-                stored,
                 transfer_ns,
                 body_start(req, start),
             );
@@ -585,23 +590,18 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         return ctx.overloaded();
     }
     let mut parts = Vec::with_capacity(keys.len() * 2);
-    let rank = replies.iter().find_map(|r| match r {
-        Reply::Read(p) => Some(p.view.seg.rank),
-        _ => None,
-    });
     let replies = fetch_remote_copies(ctx, &keys, replies).await;
-    let mut bytes = 0;
+    let mut from_blobs = false;
     for r in replies {
         match r {
             Reply::Read(p) => {
-                bytes += p.view.len;
+                from_blobs = true;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &p.view.len.to_be_bytes(),
                 )));
                 parts.push(Part::Blob(p));
             }
             Reply::Value(b) => {
-                bytes += b.len() as u64;
                 parts.push(Part::Bytes(Bytes::copy_from_slice(
                     &(b.len() as u64).to_be_bytes(),
                 )));
@@ -610,11 +610,20 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             _ => parts.push(Part::Bytes(Bytes::copy_from_slice(&MISSING.to_be_bytes()))),
         }
     }
-    let resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
-    match rank {
-        Some(rank) => sending(resp, rank, bytes, start),
-        None => resp,
+    let mut resp = Response::new(Status::OK, ContentType::OctetStream, Body::Parts(parts));
+    if from_blobs {
+        // This process's blobs, each rank's bytes booked to it once the body is sent. A copy
+        // fetched from a remote rank is booked by the local service that served it (and
+        // reports it with its heartbeats): not here again.
+        resp.transfer = Some(Transfer {
+            rank: 0,
+            op: ClientOp::BatchGet,
+            per_blob: true,
+            bytes: 0,
+            started: start,
+        });
     }
+    resp
 }
 
 /// A batch spans ranks: its remote copies are fetched from their local services under read

@@ -7,7 +7,7 @@ use super::ranks;
 use super::writer::Out;
 use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
-use crate::metrics::view::Source;
+use crate::metrics::view::{RankClient, Source};
 
 type ViewField = fn(&client::OpView) -> Sample;
 
@@ -18,14 +18,18 @@ enum Sample {
     MsOfNs(u64),
 }
 
-/// The client metric families (the data plane's own traffic): one view per rank with a
-/// mounted segment and per operation, 0 where nothing was recorded (the contract keeps
-/// metrics without a value as 0 placeholders). A rank with no mounted segment has no series:
-/// they go with its last segment. `memcache_metric_stale` is 1 for a rank with no traffic in
-/// the window (`ock.mmc.metrics.window_secs`): its window figures are not fresh data.
+/// The client metric families (the data plane's own traffic, `RankMetricView` upstream):
+/// `memcache_metric_stale` for every rank with a mounted segment and every lost remote rank,
+/// and the bandwidth families for the ranks whose figures are known (online), one view per
+/// operation, 0 where nothing was recorded (the contract keeps metrics without a value as 0
+/// placeholders). A rank's figures are online when this process records them itself (its own
+/// ranks) or its local service reports them with its heartbeats (merged with what this
+/// process recorded for the rank). Stale is 0 for those; 1 for a remote rank whose local
+/// service has not reported since it joined, and for a lost one (no report past the
+/// heartbeat timeout, until it joins again): neither has bandwidth series. A rank with no
+/// mounted segment (unmounted, or left) has no series at all.
 pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
     let mounted = ranks(cluster);
-    // Remote ranks lost (no report past the heartbeat timeout): stale until they rejoin.
     let lost: Vec<u32> = cluster
         .lost_ranks()
         .into_iter()
@@ -34,18 +38,22 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
     if mounted.is_empty() && lost.is_empty() {
         return;
     }
-    let views = client_views(cluster, &mounted);
+    let sources: Vec<(u32, RankClient)> = mounted
+        .iter()
+        .map(|&r| (r, cluster.rank_client(r)))
+        .collect();
+    let views = client_views(cluster, &sources);
     o.family(
         "memcache_metric_stale",
         "Client metric stale status (1 = stale, 0 = fresh)",
         "gauge",
     );
-    for &r in &mounted {
-        let fresh = views.iter().any(|v| v.rank == r && v.ops > 0);
+    for (r, source) in &sources {
+        let stale = *source == RankClient::Silent;
         o.int(
             "memcache_metric_stale",
             &[("rank", &r.to_string())],
-            (!fresh) as u64,
+            stale as u64,
         );
     }
     for &r in &lost {
@@ -55,25 +63,32 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
     render_latency_and_rate(o, &views);
 }
 
-/// The merged views of every mounted rank's operations, empty ones included, by rank.
-fn client_views(cluster: &dyn Source, mounted: &[u32]) -> Vec<client::OpView> {
-    let mut acc = HashMap::new();
-    for s in cluster.shards() {
-        s.client.merge_into(&mut acc);
-    }
-    let mut recorded: HashMap<(u32, ClientOp), client::OpView> = client::finish(acc)
+/// The merged views of every online rank's operations, empty ones included, by rank: what
+/// this process recorded, plus what a remote rank's local service reported.
+fn client_views(cluster: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<client::OpView> {
+    let mut recorded: HashMap<(u32, ClientOp), client::OpView> = cluster
+        .recorded_client_views()
         .into_iter()
         .map(|v| ((v.rank, v.op), v))
         .collect();
-    mounted
-        .iter()
-        .flat_map(|&r| ClientOp::ALL.map(|op| (r, op)))
-        .map(|(r, op)| {
-            recorded
-                .remove(&(r, op))
-                .unwrap_or_else(|| client::OpView::empty(r, op))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for (r, source) in sources {
+        let reported: &[client::OpView] = match source {
+            RankClient::Own => &[],
+            RankClient::Reported(v) => v,
+            RankClient::Silent => continue,
+        };
+        for op in ClientOp::ALL {
+            let mut v = recorded
+                .remove(&(*r, op))
+                .unwrap_or_else(|| client::OpView::empty(*r, op));
+            for other in reported.iter().filter(|x| x.op == op) {
+                v.absorb(other);
+            }
+            out.push(v);
+        }
+    }
+    out
 }
 
 /// The window and cumulative byte and duration families: (metric, HELP, type, only for

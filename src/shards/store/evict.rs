@@ -147,10 +147,28 @@ impl Store {
             return len;
         }
         self.record_eviction(id, now);
-        if !self.demote(id, now, forced) {
+        if !self.demote(id, now, forced, false) {
             self.drop_evicted(id, now);
         }
         len
+    }
+
+    /// `/memory/evict` with `locations`: moves one blob exactly one tier down (on a remote
+    /// rank, to the same rank's tier below), counted as an eviction; an object with no tier
+    /// below, or none with room, stays where it is (false). Never deletes: only an evict
+    /// without `locations` does.
+    fn move_down_named(&mut self, id: u32, now: u64) -> bool {
+        if self.doomed(self.blobs[id as usize].obj) {
+            // A `remove_all` purge frees it: nothing to move.
+            return false;
+        }
+        let (rank, evicted) = self.eviction_of(id, now);
+        if !self.demote(id, now, false, true) {
+            return false;
+        }
+        self.stats.tier(rank, |t| t.evict.inc());
+        self.events.push(evicted);
+        true
     }
 
     /// Drops an evicted copy nothing lower had room for, and its object with it if it was
@@ -168,25 +186,31 @@ impl Store {
     /// Counts an eviction and publishes it (with the object's lifetime and the blob's idle
     /// time).
     fn record_eviction(&mut self, id: u32, now: u64) {
+        let (rank, evicted) = self.eviction_of(id, now);
+        self.stats.tier(rank, |t| t.evict.inc());
+        self.events.push(evicted);
+    }
+
+    /// The rank an eviction of blob `id` counts on, and its event.
+    fn eviction_of(&self, id: u32, now: u64) -> (u32, Event) {
         let b = &self.blobs[id as usize];
-        let (medium, rank) = (b.medium, b.rank);
         let idle_ms = now.saturating_sub(b.since_ms.max(b.lease_until_ms.min(now)));
         let o = &self.objects[b.obj as usize];
-        let (size, lifetime_ms) = (o.size, now.saturating_sub(o.created_ms));
-        self.stats.tier(rank, |t| t.evict.inc());
-        self.events.push(Event::Evicted {
-            medium,
-            bytes: size,
-            lifetime_ms,
+        let evicted = Event::Evicted {
+            medium: b.medium,
+            bytes: o.size,
+            lifetime_ms: now.saturating_sub(o.created_ms),
             idle_ms,
-        });
+        };
+        (b.rank, evicted)
     }
 
     /// Moves an evicted blob down the tiers: the first one below with room takes it (a copy
     /// that already exists lower down, as after a rewarm, makes the move free). A memory
     /// tier takes a copy now; SSD takes it through a flush job, the blob leaving when the
-    /// flush lands. False when no tier below has room.
-    fn demote(&mut self, id: u32, now: u64, forced: bool) -> bool {
+    /// flush lands. `one_tier`: only the tier just below is tried. False when no tier below
+    /// (tried) has room.
+    fn demote(&mut self, id: u32, now: u64, forced: bool, one_tier: bool) -> bool {
         if self.is_remote_blob(id) {
             return self.demote_remote(id, now, forced);
         }
@@ -215,7 +239,7 @@ impl Store {
                 }
                 self.segs[seg as usize].as_mut().unwrap().free(off, alen);
             }
-            tier = t.lower_tier();
+            tier = if one_tier { None } else { t.lower_tier() };
         }
         false
     }
@@ -355,8 +379,9 @@ impl Store {
     }
 
     /// Evicts the named objects: everywhere (`locations` None) or one tier down from each
-    /// named medium. Returns the tier removals (an object leaving one medium counts one).
-    /// Leased or pinned copies are left alone.
+    /// named medium (never deleted: a copy with no tier below, or no room there, stays).
+    /// Returns the tier removals (an object leaving one medium counts one). Leased or pinned
+    /// copies are left alone.
     pub fn evict_named(&mut self, name: &[u8], locations: Option<&[Medium]>) -> u64 {
         let now = self.now_ms();
         let mut removals = 0;
@@ -372,12 +397,10 @@ impl Store {
                             let rec = &self.blobs[b as usize];
                             rec.medium == m && self.is_evictable(rec, now)
                         });
-                        if let Some(b) = blob {
-                            self.evict_blob(b, now, false);
+                        if let Some(b) = blob
+                            && self.move_down_named(b, now)
+                        {
                             removals += 1;
-                            if !self.objects.contains(obj as usize) {
-                                break;
-                            }
                         }
                     }
                 }

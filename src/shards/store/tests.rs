@@ -7,7 +7,7 @@ pub(super) fn dram_store(capacity: u64) -> Store {
     TestStore::new().segment(0, Medium::Dram, capacity).build()
 }
 
-fn put(store: &mut Store, key: &str) {
+pub(super) fn put(store: &mut Store, key: &str) {
     let step = store.alloc(
         key.as_bytes().into(),
         100,
@@ -298,7 +298,7 @@ pub(super) fn put_on(s: &mut Store, key: &str, size: u64, rank: u32) -> u32 {
 }
 
 /// A committed put of `size` bytes on `medium`, preferring `rank`; the rank it landed on.
-fn put_at(s: &mut Store, key: &str, size: u64, medium: Medium, rank: u32) -> u32 {
+pub(super) fn put_at(s: &mut Store, key: &str, size: u64, medium: Medium, rank: u32) -> u32 {
     let placement = Placement {
         prefer_rank: Some(rank),
         ..Placement::on(Some(medium), 1)
@@ -401,7 +401,7 @@ fn this_processs_dram_never_goes_down_to_a_remote_ssd() {
 }
 
 /// The media of `key`'s copies (readable or being written), in blob order.
-fn media_of(s: &Store, key: &str) -> Vec<(Medium, BlobState)> {
+pub(super) fn media_of(s: &Store, key: &str) -> Vec<(Medium, BlobState)> {
     let Some(obj) = s.find(key.as_bytes()) else {
         return Vec::new();
     };

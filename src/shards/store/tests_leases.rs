@@ -1,8 +1,12 @@
-//! Store tests of leased zombies and the watermarks (the rejoined-rank defect: deleted objects
-//! still under read leases made eviction drop live ones), and of dropping a lost rank's blobs
-//! of puts removed while they were written.
+//! Store tests of what eviction may take: leased zombies and the watermarks (the rejoined-rank
+//! defect: deleted objects still under read leases made eviction drop live ones), a lost
+//! rank's blobs of puts removed while they were written, and `/memory/evict` with `locations`
+//! (one tier down, never a deletion).
 
-use super::tests::{dram_store, dram_used, put_on, remote_hbm_store, used_on};
+use super::testing::TestStore;
+use super::tests::{
+    dram_store, dram_used, media_of, put, put_at, put_on, remote_hbm_store, used_on,
+};
 use super::*;
 
 /// A put of `w` (1 MiB of DRAM, `replicas` copies, the first on rank 1) allocated, its writer
@@ -109,5 +113,39 @@ fn bytes_held_by_leases_of_removed_objects_do_not_make_eviction_drop_live_ones()
     );
     assert!(matches!(step, AllocStep::Granted { .. }), "{step:?}");
     assert!(s.stats.evicted_objects_deleted.get() > 0);
+    s.check();
+}
+/// `/memory/evict` with `locations` moves a copy exactly one tier down, and never deletes: a
+/// DRAM object without a tier below stays (issue 27: it was deleted), an HBM object goes to
+/// DRAM (not further), and one larger than DRAM stays in HBM.
+#[test]
+fn evict_with_locations_moves_one_tier_down_and_never_deletes() {
+    let mut s = TestStore::new()
+        .segment(0, Medium::Hbm, 4 << 20)
+        .segment(0, Medium::Dram, 1 << 20)
+        .build();
+    put(&mut s, "in-dram");
+    assert_eq!(s.evict_named(b"in-dram", Some(&[Medium::Dram])), 0);
+    assert_eq!(
+        media_of(&s, "in-dram"),
+        [(Medium::Dram, BlobState::Readable)]
+    );
+    assert_eq!(s.stats.stored_keys.get(), 1);
+    put_at(&mut s, "in-hbm", 4096, Medium::Hbm, 0);
+    assert_eq!(s.evict_named(b"in-hbm", Some(&[Medium::Hbm])), 1);
+    assert_eq!(
+        media_of(&s, "in-hbm"),
+        [(Medium::Dram, BlobState::Readable)]
+    );
+    // Again from HBM: no copy there any more, nothing moves.
+    assert_eq!(s.evict_named(b"in-hbm", Some(&[Medium::Hbm])), 0);
+    // Without locations: deleted everywhere, as before.
+    assert_eq!(s.evict_named(b"in-dram", None), 1);
+    assert!(s.find(b"in-dram").is_none());
+    s.check();
+    // Larger than DRAM: no room one tier down, it stays in HBM.
+    put_at(&mut s, "big", 2 << 20, Medium::Hbm, 0);
+    assert_eq!(s.evict_named(b"big", Some(&[Medium::Hbm])), 0);
+    assert_eq!(media_of(&s, "big"), [(Medium::Hbm, BlobState::Readable)]);
     s.check();
 }
