@@ -73,10 +73,12 @@ FAIL_ON_WARNINGS = [
 
 
 # Operations a fuzzer cannot pass: authorized by a grant the meta signs (a tier move on a
-# local service, an object transfer there), or answered by a local service only (a move
-# sent to a meta). They answer 401/403 to everything it sends.
+# local service, an object transfer there) or a MAC under the local service's key (a push of
+# freed records), or answered by a local service only (a move or a push sent to a meta).
+# They answer 401/403 to everything it sends.
 GRANTED = {
     "POST /cluster/v1/move",
+    "POST /cluster/v1/freed",
     "GET /api/v1/objects",
     "PUT /api/v1/objects",
     "DELETE /api/v1/objects",
