@@ -208,6 +208,10 @@ impl super::Cluster {
     }
 }
 
+/// Rounds of 10 s a dropped segment waits for blobs pinned by transfers on their way (each
+/// bounded by a hop timeout) before it is left to the shards unforgotten.
+const DROP_ROUNDS: u32 = 5;
+
 impl Shard {
     /// The mounted segment of `rank` and `medium`, from this shard's cached view of the
     /// segment table: one atomic load while nothing was mounted or unmounted, no lock (a
@@ -293,15 +297,30 @@ impl Shard {
     pub async fn drop_remote_segment(self: &Rc<Self>, seg: &Arc<Segment>) {
         seg.set_status(SegmentStatus::Unmounting);
         let id = seg.id;
-        let replies = self.broadcast(|| Command::DropSegment { seg: id }).await;
-        if replies.iter().any(|r| !matches!(r, Reply::Done)) {
+        // By id: a rank that joined again meanwhile has a new segment under the same name.
+        self.cluster.segments.remove_id(&seg.name, id);
+        // A blob pinned by a transfer still on its way (a drain's move into this segment, a
+        // tier move) is freed when that transfer ends, bounded by its hop timeout: the
+        // segment is forgotten only once no shard holds a blob there (forgetting it earlier
+        // would leave blobs on a segment no shard knows).
+        for round in 0.. {
+            let replies = self.broadcast(|| Command::DropSegment { seg: id }).await;
+            if replies.iter().all(|r| matches!(r, Reply::Done)) {
+                break;
+            }
+            if round == DROP_ROUNDS {
+                log::error!(
+                    "{}: blobs stayed pinned for {} s after it was dropped; its shards keep it until they end",
+                    seg.name,
+                    (DROP_ROUNDS + 1) * 10
+                );
+                return;
+            }
             log::warn!(
-                "{}: some blobs stayed pinned while it was dropped",
+                "{}: some blobs stayed pinned while it was dropped; waiting for them",
                 seg.name
             );
         }
-        // By id: a rank that joined again meanwhile has a new segment under the same name.
-        self.cluster.segments.remove_id(&seg.name, id);
         let _ = self.broadcast(|| Command::Forget { seg: id }).await;
         log::warn!("dropped segment {}", seg.name);
     }
