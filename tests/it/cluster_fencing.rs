@@ -44,7 +44,33 @@ fn a_frozen_rank_that_resumes_brings_no_deleted_object_back() {
         .request("DELETE", "/api/v1/objects?key=A", None);
     assert_eq!(r.json()["success"], true, "{}", r.text());
     b.signal(libc::SIGCONT);
+    let resumed = Instant::now();
     wait_segments(&meta, 2, Duration::from_secs(10));
+    // It serves again within the heartbeat timeout and a second of resuming.
+    let mut n = 0;
+    loop {
+        n += 1;
+        let r = follow(
+            &meta,
+            "PUT",
+            &format!("/api/v1/objects?key=after-{n}&prefer_rank={rb}"),
+            Some(b"x"),
+        );
+        let q = meta
+            .client()
+            .get(&format!("/query_key?key=after-{n}"))
+            .json();
+        if r.status == 200 && r.json()["success"] == true && q["blobs"][0]["rank"] == rb {
+            break;
+        }
+        assert!(resumed.elapsed() < Duration::from_secs(10), "{}", r.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let served = resumed.elapsed();
+    assert!(
+        served < Duration::from_millis(1000 + 1000),
+        "rank {rb} served again {served:?} after it resumed"
+    );
     // Whatever it still holds, the meta answers from what it acknowledged: A deleted, B lost
     // with its rank (the documented rule), never their old bytes.
     for key in ["A", "B"] {
