@@ -397,7 +397,6 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 "rank {rank}: its freed log overflowed; resyncing its catalog ({} blobs)",
                 list.len()
             );
-            cluster.freed_logs.resynced(rank, seq);
             json_answer(
                 ctx,
                 json!({"success": true, "catalog_seq": seq, "resync": true, "catalog": list}),
