@@ -69,10 +69,18 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
             );
             return false;
         }
-        for b in &barriers {
-            push(&cluster, b.rank);
+        // Pushes this removal starts are awaited (no polling while one is on its way); one
+        // another removal started is looked at again after a short pause.
+        let mine: Vec<_> = barriers
+            .iter()
+            .filter_map(|b| push(&cluster, b.rank))
+            .collect();
+        if mine.is_empty() {
+            monoio::time::sleep(POLL).await;
         }
-        monoio::time::sleep(POLL).await;
+        for p in mine {
+            p.await;
+        }
     }
 }
 
@@ -87,12 +95,10 @@ pub(super) fn unconfirmed(ctx: &mut Ctx<'_>) -> Response {
 }
 
 /// Starts a push of `rank`'s unacknowledged records to its local service, unless one is on
-/// its way or nothing waits.
-fn push(cluster: &Arc<Cluster>, rank: u32) {
+/// its way or nothing waits: the task, done once the push was answered (or failed).
+fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()>> {
     let logs = &cluster.freed_logs;
-    let Some(p) = logs.take_push(rank) else {
-        return;
-    };
+    let p = logs.take_push(rank)?;
     let target = cluster
         .member_segments(rank, p.epoch)
         .first()
@@ -104,7 +110,7 @@ fn push(cluster: &Arc<Cluster>, rank: u32) {
     let Some((url, key)) = target else {
         // Its segments are gone: the membership is over (its log goes with it).
         logs.pushed(rank, p.epoch, None);
-        return;
+        return None;
     };
     let mut v = catalog_wire::news_json(p.seq, &p.freed);
     v["rank"] = json!(rank);
@@ -112,7 +118,7 @@ fn push(cluster: &Arc<Cluster>, rank: u32) {
     let body = v.to_string().into_bytes();
     let target = format!("/cluster/v1/freed?mac={}", key.body_mac(&body));
     let cluster = cluster.clone();
-    monoio::spawn(async move {
+    Some(monoio::spawn(async move {
         let token = cluster.config.cluster.token.as_str();
         let ack =
             match client::request(&url, "POST", &target, Some(token), body, PUSH_TIMEOUT).await {
@@ -129,7 +135,7 @@ fn push(cluster: &Arc<Cluster>, rank: u32) {
                 }
             };
         cluster.freed_logs.pushed(rank, p.epoch, ack);
-    });
+    }))
 }
 
 /// `POST /cluster/v1/freed?mac=M`: `{"rank", "epoch", "catalog_seq", "freed", "landed"}` from
