@@ -254,7 +254,7 @@ class Cluster:
     def __init__(self, args, work):
         self.args = args
         self.work = work
-        self.ha = args.ha
+        self.ha = getattr(args, "ha", False)
         beat = [
             "--set", f"ock.mmc.cluster.heartbeat_interval_ms={args.heartbeat_ms}",
             "--set", f"ock.mmc.cluster.heartbeat_timeout_ms={args.heartbeat_timeout_ms}",
@@ -301,6 +301,15 @@ class Cluster:
         self.lock = threading.Lock()
         self.leader = 0
         self.probes = 0
+
+    @property
+    def meta(self):
+        """The first meta (the only one without HA; scripts/rejoin_evict.py uses it)."""
+        return self.metas[0]
+
+    @property
+    def meta_addr(self):
+        return self.meta_addrs[0]
 
     def procs(self):
         return ([self.etcd] if self.etcd else []) + self.metas + self.locals
