@@ -37,6 +37,20 @@ pub fn build_segment(
     ))
 }
 
+/// Rank `rank`'s SSD segment over `file`, opened already (with what it held: a start with
+/// `ock.mmc.ssd.recover`, `ssd::recover::open`).
+pub fn ssd_segment(
+    table: &SegmentTable,
+    rank: u32,
+    size: u64,
+    file: SsdFile,
+    shards: usize,
+    run_bytes: u64,
+) -> Arc<Segment> {
+    let backend = Backend::File(Box::new(file));
+    new_segment(table, rank, Medium::Ssd, size, backend, shards, run_bytes)
+}
+
 /// [`build_segment`] for a shard thread: an SSD file's creation (`create_dir_all`, open with
 /// truncate, `set_len`) runs on a helper thread and is awaited, so the shard never blocks on
 /// a file. Memory segments are only reserved (an anonymous mapping), which is no file I/O.
