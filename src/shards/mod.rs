@@ -21,6 +21,7 @@ mod mailbox;
 pub mod metadata;
 pub mod notice;
 pub mod ranks;
+mod recovery;
 mod replica;
 mod rereplicate;
 pub mod runtime;

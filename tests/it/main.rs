@@ -23,6 +23,7 @@ mod observability;
 mod perf;
 mod security;
 mod ssd;
+mod ssd_recover;
 mod store;
 mod tidy;
 mod uploads;

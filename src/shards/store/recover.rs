@@ -296,7 +296,14 @@ mod tests {
                 entry("overlaps-b", 12288, 10),
             ],
         );
-        assert_eq!(got, Indexed { blobs: 2, bytes: 105_000, refused: 2 });
+        assert_eq!(
+            got,
+            Indexed {
+                blobs: 2,
+                bytes: 105_000,
+                refused: 2
+            }
+        );
         s.check();
         assert_eq!(s.stats.stored_keys.get(), 2);
         assert_eq!(s.medium_totals(Medium::Ssd).1, 8192 + 102_400);
@@ -357,7 +364,9 @@ mod tests {
             let mut k: Vec<(Vec<u8>, u64)> = s
                 .blobs
                 .iter()
-                .filter(|(_, b)| b.medium == Medium::Ssd && b.state == BlobState::Readable && b.obj != NIL)
+                .filter(|(_, b)| {
+                    b.medium == Medium::Ssd && b.state == BlobState::Readable && b.obj != NIL
+                })
                 .map(|(_, b)| (s.objects[b.obj as usize].key.to_vec(), b.offset))
                 .collect();
             k.sort();
@@ -366,7 +375,11 @@ mod tests {
         for round in 0..3 {
             for i in 0..40 {
                 let key = format!("r{round}-k{i}");
-                let step = s.alloc(key.into_bytes().into(), 300_000, Placement::on(Some(Medium::Dram), 1));
+                let step = s.alloc(
+                    key.into_bytes().into(),
+                    300_000,
+                    Placement::on(Some(Medium::Dram), 1),
+                );
                 let AllocStep::Granted { obj, .. } = step else {
                     // DRAM waits for a flush: land them all.
                     for job in s.take_jobs() {
@@ -397,7 +410,10 @@ mod tests {
         assert!(!held.entries.is_empty());
         s.remove_all();
         replay_out(&mut s, &mut held);
-        assert!(held.entries.is_empty(), "a remove_all clears the shard's entries");
+        assert!(
+            held.entries.is_empty(),
+            "a remove_all clears the shard's entries"
+        );
         journals.stop();
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -94,7 +94,8 @@ impl TestStore {
             table.insert(seg).expect("mounted");
         }
         if let Some((dir, size, journals)) = self.journaled {
-            let file = ssd::recover::open(&dir, 0, size, 1, &journals, &|_| 0).expect("an SSD file");
+            let file =
+                ssd::recover::open(&dir, 0, size, 1, &journals, &|_| 0).expect("an SSD file");
             let seg = mount::ssd_segment(&table, 0, size, file, 1, 1 << 20);
             table.insert(seg).expect("mounted");
         }

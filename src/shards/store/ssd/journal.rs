@@ -49,9 +49,18 @@ const CLEAR: u8 = 3;
 /// entries only).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    Add { shard: u16, entry: Entry },
-    Remove { shard: u16, offset: u64, stamp: Stamp },
-    Clear { shard: u16 },
+    Add {
+        shard: u16,
+        entry: Entry,
+    },
+    Remove {
+        shard: u16,
+        offset: u64,
+        stamp: Stamp,
+    },
+    Clear {
+        shard: u16,
+    },
 }
 
 /// The journal file beside an SSD file.
@@ -116,7 +125,9 @@ fn decode(p: &[u8]) -> Option<Record> {
     let shard = u16::from_le_bytes(rest.get(..2)?.try_into().ok()?);
     let rest = &rest[2..];
     let u = |i: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(rest.get(i * 8..i * 8 + 8)?.try_into().ok()?))
+        Some(u64::from_le_bytes(
+            rest.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+        ))
     };
     match tag {
         ADD => {
@@ -183,7 +194,9 @@ impl Replayed {
                     .entries
                     .range(..end)
                     .rev()
-                    .take_while(|(_, l)| l.entry.offset.saturating_add(l.entry.len.max(1)) > entry.offset)
+                    .take_while(|(_, l)| {
+                        l.entry.offset.saturating_add(l.entry.len.max(1)) > entry.offset
+                    })
                     .map(|(&o, _)| o)
                     .collect();
                 for o in overlapping {
@@ -391,7 +404,9 @@ mod tests {
     /// and the rest is counted as the tail.
     #[test]
     fn a_torn_tail_leaves_the_records_before_it() {
-        let recs: Vec<Record> = (0..20).map(|i| add(0, &format!("k{i}"), i * 8192, i)).collect();
+        let recs: Vec<Record> = (0..20)
+            .map(|i| add(0, &format!("k{i}"), i * 8192, i))
+            .collect();
         let full = journal(&recs);
         let mut ends = vec![HEADER_BYTES];
         for r in &recs {
@@ -415,7 +430,9 @@ mod tests {
     /// yields nothing; random bytes never panic.
     #[test]
     fn a_corrupted_record_ends_the_replay_there() {
-        let recs: Vec<Record> = (0..10).map(|i| add(0, &format!("k{i}"), i * 8192, i)).collect();
+        let recs: Vec<Record> = (0..10)
+            .map(|i| add(0, &format!("k{i}"), i * 8192, i))
+            .collect();
         let full = journal(&recs);
         let mut one = Vec::new();
         encode(&recs[0], &mut one);
@@ -452,7 +469,9 @@ mod tests {
 
     #[test]
     fn a_snapshot_replays_to_the_same_entries_and_replaces_the_file() {
-        let mut recs: Vec<Record> = (0..50).map(|i| add((i % 3) as u16, &format!("k{i}"), i * 8192, i)).collect();
+        let mut recs: Vec<Record> = (0..50)
+            .map(|i| add((i % 3) as u16, &format!("k{i}"), i * 8192, i))
+            .collect();
         for i in (0..50).step_by(2) {
             recs.push(Record::Remove {
                 shard: 0,
@@ -477,7 +496,10 @@ mod tests {
         encode(&Record::Clear { shard: 1 }, &mut more);
         f.write_all(&more).unwrap();
         let back = replay(&std::fs::read(&path).unwrap());
-        assert_eq!(back.entries.len(), 25 - r.entries.values().filter(|l| l.shard == 1).count());
+        assert_eq!(
+            back.entries.len(),
+            25 - r.entries.values().filter(|l| l.shard == 1).count()
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

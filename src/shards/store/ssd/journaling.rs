@@ -23,7 +23,9 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -83,8 +85,8 @@ struct Slot(AtomicU64);
 /// The process's journals and their thread.
 pub struct Journals {
     queue: ArrayQueue<Item>,
-    // LOCK-OK: taken by the journal thread per batch and by a mount registering a journal;
-    // never by a shard.
+    /// Taken by the journal thread per batch and by a mount registering a journal.
+    // LOCK-OK: never by a shard (the journal thread, a mount at start or on the agent)
     files: Mutex<Vec<FileJournal>>,
     thread: OnceLock<std::thread::Thread>,
     // LOCK-OK: taken once, to start the thread, and once to join it.
@@ -200,10 +202,14 @@ impl Journals {
     /// Whether every record emitted between `mark` and now is on file (a journal that was
     /// dropped counts as on file: nothing is recovered from it).
     pub fn settled(&self, mark: &[u64]) -> bool {
-        self.emitted.iter().zip(&self.written).zip(mark).all(|((e, w), &m)| {
-            let e = e.0.load(Acquire);
-            e == m || w.0.load(Acquire) >= e
-        })
+        self.emitted
+            .iter()
+            .zip(&self.written)
+            .zip(mark)
+            .all(|((e, w), &m)| {
+                let e = e.0.load(Acquire);
+                e == m || w.0.load(Acquire) >= e
+            })
     }
 
     /// Writes what is queued, then stops the thread (the shards are gone).
@@ -278,7 +284,9 @@ impl FileJournal {
         let started = std::time::Instant::now();
         let bytes = match std::fs::read(&self.path) {
             Ok(b) => b,
-            Err(e) => return self.drop_journal(&format!("reading it back to rewrite it failed: {e}")),
+            Err(e) => {
+                return self.drop_journal(&format!("reading it back to rewrite it failed: {e}"));
+            }
         };
         let replayed = journal::replay(&bytes);
         if replayed.tail_bytes != 0 {
@@ -362,7 +370,9 @@ mod tests {
         let snap = journal::header(1 << 40).to_vec();
         let f = journal::replace(&path, &snap).unwrap();
         let j = Journals::new(2);
-        let link = j.register(path.clone(), 1 << 40, f, snap.len() as u64).unwrap();
+        let link = j
+            .register(path.clone(), 1 << 40, f, snap.len() as u64)
+            .unwrap();
         let mark = j.mark();
         assert!(j.settled(&mark));
         // Enough adds and removes of the same ranges to pass the compaction threshold.
@@ -403,7 +413,15 @@ mod tests {
         // One live entry left at the end.
         seq += 1;
         j.note_emitted(0, seq);
-        assert!(j.try_push(Item { file: link.file, slot: 0, seq, rec: add(0, 1 << 40) }).is_ok());
+        assert!(
+            j.try_push(Item {
+                file: link.file,
+                slot: 0,
+                seq,
+                rec: add(0, 1 << 40)
+            })
+            .is_ok()
+        );
         assert!(!j.settled(&mark));
         j.wake();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);

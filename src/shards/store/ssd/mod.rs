@@ -31,127 +31,19 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod buffer;
+pub use buffer::IoBuffer;
 pub mod journal;
 pub mod journaling;
 mod pool;
 pub mod recover;
 
-use super::segment::{SegRef, Segment, SegmentId};
+use super::segment::{Segment, SegmentId};
 use crate::common::clock::Clock;
 use crate::metrics::window::RateWindow;
 use crate::metrics::{Counter, Gauge};
 pub use pool::IO_QUEUE_CAPACITY;
 use pool::{Job, pool};
-
-/// A buffer for file I/O that is either owned or a view into a segment's host memory (so a
-/// DRAM blob is flushed and rewarmed without an extra copy). Moves between threads with its
-/// owner, as the ring and the I/O pool need.
-pub struct IoBuffer {
-    ptr: *mut u8,
-    cap: usize,
-    init: usize,
-    _owner: Owner,
-}
-
-enum Owner {
-    Vec(#[allow(dead_code)] Vec<u8>),
-    Segment(#[allow(dead_code)] Arc<SegRef>),
-}
-
-// SAFETY: the pointer is into memory the buffer keeps alive (its Vec or its segment's mapping).
-unsafe impl Send for IoBuffer {}
-
-impl IoBuffer {
-    /// An owned buffer of `len` bytes to read into, or holding `data` to write.
-    pub fn owned(mut data: Vec<u8>, init: bool) -> IoBuffer {
-        let cap = if init { data.len() } else { data.capacity() };
-        let init_len = if init { data.len() } else { 0 };
-        let ptr = data.as_mut_ptr();
-        IoBuffer {
-            ptr,
-            cap,
-            init: init_len,
-            _owner: Owner::Vec(data),
-        }
-    }
-
-    /// A view of `[offset, offset + len)` of a host-memory segment.
-    ///
-    /// # Safety
-    /// The range belongs to a blob the caller keeps pinned (for writes to the file) or owns
-    /// (ALLOCATED, for reads from the file) until the I/O completes.
-    pub unsafe fn segment_view(
-        seg: Arc<SegRef>,
-        offset: u64,
-        len: usize,
-        init: bool,
-    ) -> io::Result<IoBuffer> {
-        let region = seg
-            .backend
-            .host_region()
-            .ok_or_else(|| io::Error::other("not a host-memory segment"))?;
-        region.check(offset, len)?;
-        let ptr = region.ptr(offset);
-        Ok(IoBuffer {
-            ptr,
-            cap: len,
-            init: if init { len } else { 0 },
-            _owner: Owner::Segment(seg),
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.init
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.init == 0
-    }
-
-    /// The bytes read (owned buffers).
-    pub fn into_vec(self) -> Vec<u8> {
-        match self._owner {
-            Owner::Vec(mut v) => {
-                // SAFETY: `init` bytes were written by the read.
-                unsafe { v.set_len(self.init) };
-                v
-            }
-            Owner::Segment(_) => Vec::new(),
-        }
-    }
-
-    /// The initialized bytes (what was read, or what is to be written).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `init` bytes from `ptr` are initialized and alive (see the owner).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.init) }
-    }
-}
-
-// SAFETY: ptr/cap/init describe memory owned by the buffer.
-unsafe impl monoio::buf::IoBuf for IoBuffer {
-    fn read_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-
-    fn bytes_init(&self) -> usize {
-        self.init
-    }
-}
-
-// SAFETY: as above; `set_init` never exceeds `cap` (monoio guarantees it).
-unsafe impl monoio::buf::IoBufMut for IoBuffer {
-    fn write_ptr(&mut self) -> *mut u8 {
-        self.ptr
-    }
-
-    fn bytes_total(&mut self) -> usize {
-        self.cap
-    }
-
-    unsafe fn set_init(&mut self, pos: usize) {
-        self.init = pos.min(self.cap);
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IoOp {
@@ -368,6 +260,12 @@ impl SsdFile {
         self.journal.as_ref()
     }
 
+    /// Recovered blobs no shard has taken yet.
+    pub fn recovered_pending(&self) -> usize {
+        let r = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().map(Vec::len).sum()
+    }
+
     /// Shard `shard`'s share of the blobs recovered at the start (empty after the first call).
     pub fn take_recovered(&self, shard: usize) -> Vec<crate::cluster::catalog::Entry> {
         let mut r = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
@@ -384,7 +282,13 @@ impl SsdFile {
     /// How long the recovery of this file held the start (µs): opening and rewriting the
     /// journal, then the slowest shard's indexing.
     pub fn recovery_micros(&self) -> u64 {
-        self.recovery.open_micros.get() + self.index_micros.iter().map(Counter::get).max().unwrap_or(0)
+        self.recovery.open_micros.get()
+            + self
+                .index_micros
+                .iter()
+                .map(Counter::get)
+                .max()
+                .unwrap_or(0)
     }
 
     /// The disk's status (`memcache_ubs_io_disk_status`): 0 normal, else an errno: the one

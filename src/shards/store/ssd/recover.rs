@@ -152,7 +152,10 @@ mod tests {
             offset,
             len: size.div_ceil(PAGE_BYTES).max(1) * PAGE_BYTES,
             size,
-            stamp: Stamp { view: 0, seq: offset + 1 },
+            stamp: Stamp {
+                view: 0,
+                seq: offset + 1,
+            },
             sum: 7,
         }
     }
@@ -163,12 +166,21 @@ mod tests {
         assert_eq!(check(&entry("a", 0, 100), cap, cap), Ok(()));
         assert_eq!(check(&entry("a", 0, 100), cap, 99), Err(Refusal::Length));
         assert_eq!(check(&entry("a", cap, 100), cap, cap), Err(Refusal::Length));
-        assert_eq!(check(&entry("a", u64::MAX - 4095, 100), cap, cap), Err(Refusal::Length));
+        assert_eq!(
+            check(&entry("a", u64::MAX - 4095, 100), cap, cap),
+            Err(Refusal::Length)
+        );
         let mut e = entry("a", 0, 100);
         e.size = e.len + 1;
         assert_eq!(check(&e, cap, cap), Err(Refusal::Invalid));
-        assert_eq!(check(&entry("a", 100, 100), cap, cap), Err(Refusal::Invalid));
-        assert_eq!(check(&entry("a\nb", 0, 100), cap, cap), Err(Refusal::Invalid));
+        assert_eq!(
+            check(&entry("a", 100, 100), cap, cap),
+            Err(Refusal::Invalid)
+        );
+        assert_eq!(
+            check(&entry("a\nb", 0, 100), cap, cap),
+            Err(Refusal::Invalid)
+        );
     }
 
     /// A start on a path with a journal: the entries whose bytes the file holds come back, by
@@ -215,12 +227,25 @@ mod tests {
         assert_eq!(f.recovery.dropped_length.get(), 1);
         assert_eq!(f.recovery.dropped_invalid.get(), 1);
         assert_eq!(f.recovery.journal_tail_bytes.get(), 3);
-        assert_eq!(std::fs::metadata(&data).unwrap().len(), cap, "sized to the segment");
-        assert_eq!(std::fs::read(&data).unwrap()[..4], [1, 1, 1, 1], "the bytes are kept");
+        assert_eq!(
+            std::fs::metadata(&data).unwrap().len(),
+            cap,
+            "sized to the segment"
+        );
+        assert_eq!(
+            std::fs::read(&data).unwrap()[..4],
+            [1, 1, 1, 1],
+            "the bytes are kept"
+        );
         let again = journal::replay(&std::fs::read(journal::path_for(&data)).unwrap());
         assert_eq!(again.entries.len(), 2);
         assert_eq!(again.tail_bytes, 0);
-        assert!(again.entries.values().all(|l| l.shard as usize == owner(&l.entry.key)));
+        assert!(
+            again
+                .entries
+                .values()
+                .all(|l| l.shard as usize == owner(&l.entry.key))
+        );
         let Err(e) = open(d, 2, cap, 2, &journals, &owner) else {
             panic!("a second open of a held file")
         };
