@@ -293,7 +293,7 @@ impl Server {
             }
         }
         if server.cluster.config.cluster.role == crate::config::Role::Local
-            && let Err(e) = crate::agent::start(server.cluster.clone(), server.local_addr)
+            && let Err(e) = start_agent(&server.cluster, server.local_addr)
         {
             server.cluster.begin_shutdown();
             server.join();
@@ -324,6 +324,44 @@ impl Server {
         }
         clean
     }
+}
+
+/// Starts a local service's agent. One that recovered blobs from its SSD file joins no
+/// earlier than the heartbeat timeout (and a second) after its start: by then its meta has
+/// declared the previous process on the rank lost and dropped its segments, so the catalog it
+/// hands over is adopted into the new membership alone (a hand-over while the previous
+/// membership's segments are still being dropped loses the blobs they share with it).
+fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()> {
+    if !cluster.local.catalog().holds_committed() {
+        return crate::agent::start(cluster.clone(), listen);
+    }
+    let wait = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms + 1000);
+    log::info!(
+        "joining in {} ms, once the meta service declared this rank's previous process lost (its catalog recovered from SSD follows)",
+        wait.as_millis()
+    );
+    let cluster = cluster.clone();
+    std::thread::Builder::new()
+        .name("mmc-agent-wait".into())
+        .spawn(move || {
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if cluster.local.leaving.load(Ordering::Acquire) {
+                    // Stopped before it joined: nothing to leave.
+                    cluster.local.left.store(true, Ordering::Release);
+                    return;
+                }
+                if cluster.is_shutting_down() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Err(e) = crate::agent::start(cluster, listen) {
+                log::error!("cannot start the local service's agent: {e}");
+                std::process::exit(1);
+            }
+        })
+        .map(|_| ())
 }
 
 /// The life of one shard on its own thread.

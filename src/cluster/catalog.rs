@@ -29,6 +29,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::common::medium::Medium;
+mod ssd;
+pub use ssd::SsdChange;
 
 /// Freed records one rank's log holds unacknowledged before it overflows (then: resync).
 pub const LOG_CAPACITY: usize = 65_536;

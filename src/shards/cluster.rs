@@ -223,7 +223,7 @@ impl Cluster {
             remote_tier,
             copier,
         } = front;
-        Ok(Arc::new(Cluster {
+        let cluster = Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
@@ -246,7 +246,11 @@ impl Cluster {
             copier,
             freed_logs: Default::default(),
             journals,
-        }))
+        });
+        if cluster.config.cluster.role == crate::config::Role::Local {
+            cluster.recover_local_ssd()?;
+        }
+        Ok(cluster)
     }
 
     pub fn shard_count(&self) -> usize {

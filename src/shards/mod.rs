@@ -17,6 +17,7 @@ pub mod command;
 mod figures;
 mod io_jobs;
 pub mod load;
+mod local_ssd;
 mod mailbox;
 pub mod metadata;
 pub mod notice;

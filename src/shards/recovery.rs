@@ -139,7 +139,7 @@ impl Shard {
     /// What the journals hold emitted before a removal runs (`None`: no SSD file is
     /// journaled): [`Shard::journal_settle`] waits for what is emitted after it.
     pub fn journal_mark(&self) -> Option<Vec<u64>> {
-        self.cluster.journals.as_ref().map(|j| j.mark())
+        self.cluster.journal_mark()
     }
 
     /// Waits until every journal record emitted since `mark` is on file, so that a removal of

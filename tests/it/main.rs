@@ -9,6 +9,7 @@ mod cluster_faults;
 mod cluster_fencing;
 mod cluster_rerepl;
 mod cluster_ssd;
+mod cluster_ssd_recover;
 mod cluster_tiers;
 mod cluster_tls;
 mod foundation;

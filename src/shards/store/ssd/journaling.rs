@@ -36,6 +36,10 @@ use crate::metrics::Counter;
 
 /// Records the queue holds; past it they wait in their shard's backlog.
 pub const QUEUE_CAPACITY: usize = 65_536;
+/// Records the producers that are no shard (a local service's catalog) may have waiting; past
+/// it their journal is dropped (a disk that stopped taking writes: nothing is recovered from
+/// it rather than something stale).
+pub const SHARED_CAPACITY: usize = 1 << 20;
 /// A journal is never rewritten below this size (a snapshot costs a read and a write of the
 /// whole file: below a few MB that is not worth the sync it ends with).
 pub const MIN_COMPACT_BYTES: u64 = 16 << 20;
@@ -91,6 +95,11 @@ pub struct Journals {
     thread: OnceLock<std::thread::Thread>,
     // LOCK-OK: taken once, to start the thread, and once to join it.
     handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Records of the producers that are no shard, in order (their seat is the last slot),
+    /// and the journal dropped past [`SHARED_CAPACITY`] (`u32::MAX`: none).
+    // LOCK-OK: a local service's catalog changes, pushed under its catalog's lock
+    shared: Mutex<std::collections::VecDeque<Item>>,
+    shared_overflow: std::sync::atomic::AtomicU32,
     /// Per producer: the number of the last record it emitted (written by that producer).
     emitted: Box<[Slot]>,
     /// Per producer: the number of the last of its records written (by the thread).
@@ -114,7 +123,9 @@ impl Journals {
             queue: ArrayQueue::new(QUEUE_CAPACITY),
             files: Mutex::new(Vec::new()), // LOCK-OK: see `files`
             thread: OnceLock::new(),
-            handle: Mutex::new(None), // LOCK-OK: see `handle`
+            handle: Mutex::new(None),               // LOCK-OK: see `handle`
+            shared: Mutex::new(Default::default()), // LOCK-OK: see `shared`
+            shared_overflow: std::sync::atomic::AtomicU32::new(u32::MAX),
             emitted: (0..producers.max(1)).map(|_| Slot::default()).collect(),
             written: (0..producers.max(1)).map(|_| Slot::default()).collect(),
             stop: AtomicBool::new(false),
@@ -182,6 +193,30 @@ impl Journals {
         }
     }
 
+    /// Queues records of a producer that is no shard for journal `file` (the caller holds the
+    /// lock that orders them: a local service's catalog), and wakes the thread.
+    pub fn push_shared(&self, file: u32, recs: impl IntoIterator<Item = Record>) {
+        let slot = self.shared_slot();
+        let mut q = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seq = self.emitted[slot as usize].0.load(Acquire);
+        for rec in recs {
+            seq += 1;
+            q.push_back(Item {
+                file,
+                slot,
+                seq,
+                rec,
+            });
+        }
+        self.note_emitted(slot, seq);
+        if q.len() > SHARED_CAPACITY {
+            q.clear();
+            self.shared_overflow.store(file, Release);
+        }
+        drop(q);
+        self.wake();
+    }
+
     /// Queues a record; gives it back when the queue is full (the caller keeps it, in order).
     pub fn try_push(&self, item: Item) -> Result<(), Item> {
         self.queue.push(item)
@@ -227,11 +262,24 @@ impl Journals {
         let mut last: HashMap<u16, u64> = HashMap::new();
         loop {
             let mut n = 0;
-            while n < BATCH {
-                let Some(it) = self.queue.pop() else { break };
+            let mut take = |it: Item| {
                 journal::encode(&it.rec, bufs.entry(it.file).or_default());
                 last.insert(it.slot, it.seq);
+            };
+            while n < BATCH {
+                let Some(it) = self.queue.pop() else { break };
+                take(it);
                 n += 1;
+            }
+            let shared =
+                std::mem::take(&mut *self.shared.lock().unwrap_or_else(|p| p.into_inner()));
+            n += shared.len();
+            shared.into_iter().for_each(&mut take);
+            let overflow = self.shared_overflow.swap(u32::MAX, Relaxed);
+            if overflow != u32::MAX
+                && let Some(f) = self.lock().get_mut(overflow as usize)
+            {
+                f.drop_journal("its records came faster than the disk took them");
             }
             if n == 0 {
                 if self.stop.load(Acquire) {
@@ -314,6 +362,9 @@ impl FileJournal {
     }
 
     fn drop_journal(&mut self, why: &str) {
+        if self.figures.dead.load(Relaxed) {
+            return;
+        }
         self.file = None;
         let removed = std::fs::remove_file(&self.path);
         self.figures.dead.store(true, Relaxed);
