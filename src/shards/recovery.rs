@@ -132,8 +132,31 @@ impl Shard {
 
 /// How long a removal waits for its journal record before it is answered all the same.
 const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
-/// How often a waiting removal looks.
-const SETTLE_POLL: std::time::Duration = std::time::Duration::from_micros(200);
+/// The journals' thread writes a record tens of microseconds after it is woken: for this long
+/// a waiting removal looks again at each turn of the shard's other tasks (a timer's
+/// granularity, a millisecond, was the whole cost of a removal: 1.2 ms instead of 0.13).
+const SETTLE_SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+/// After that, how often it looks.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Lets the shard's other tasks run once: pending once, woken at once.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
 
 impl Shard {
     /// What the journals hold emitted before a removal runs (`None`: no SSD file is
@@ -150,8 +173,13 @@ impl Shard {
         let (Some(j), Some(mark)) = (&self.cluster.journals, mark) else {
             return;
         };
-        let deadline = Instant::now() + SETTLE_LIMIT;
+        let started = Instant::now();
+        let deadline = started + SETTLE_LIMIT;
         while !j.settled(&mark) {
+            if started.elapsed() < SETTLE_SPIN {
+                YieldOnce(false).await;
+                continue;
+            }
             if Instant::now() > deadline {
                 log::warn!(
                     "a removal's SSD journal record was not written within {} s: answered all the same (a restart before it is written may bring the object back)",
