@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::both_drivers;
 use crate::harness::{Client, Driver, Server, ServerBuilder, pct};
 use crate::observability::scrape;
+use crate::ssd::Read;
 use crate::store::{data, eventually, media, put, query, temp_dir};
 
 both_drivers!(
@@ -22,9 +23,6 @@ both_drivers!(
     recover_false_starts_empty,
     kill_9_during_flushes_never_yields_a_wrong_byte,
 );
-
-const DAMAGED: &str =
-    "The object's copy on SSD is damaged (checksum mismatch or short read) and was dropped";
 
 /// Two shards, no HBM, 2 MB of DRAM (puts of a few hundred KB go down to SSD at once).
 fn server(driver: Driver, dir: &Path) -> ServerBuilder {
@@ -75,33 +73,37 @@ fn summary(c: &mut Client, field: &str) -> u64 {
         .unwrap()
 }
 
-/// What one GET answered.
-#[derive(Debug, PartialEq, Eq)]
-enum Read {
-    Identical,
-    NotFound,
-    Damaged,
-}
-
-/// GETs `key` and classifies the answer; 200 with other bytes than the put's fails the test.
+/// GETs `key` and classifies the answer (`ssd::read_back`: 200 with other bytes than the
+/// put's, the name says which, fails the test).
 #[track_caller]
 fn read_back(c: &mut Client, key: &str) -> Read {
     let (size, seed) = spec(key);
-    let r = c.get(&format!("/api/v1/objects?key={}", pct(key.as_bytes())));
-    if r.status == 200 && r.content_type() == "application/octet-stream" {
-        assert!(
-            r.body == data(size, seed),
-            "{key}: 200 with wrong bytes ({} bytes, {} zero)",
-            r.body.len(),
-            r.body.iter().filter(|&&b| b == 0).count()
-        );
-        return Read::Identical;
+    crate::ssd::read_back(c, key, &data(size, seed))
+}
+
+/// A server on `dir` with objects `{prefix}{i}` put, `i` below `n`, of `size(i)` bytes.
+fn filled(
+    driver: Driver,
+    dir: &Path,
+    prefix: &str,
+    n: u64,
+    size: impl Fn(u64) -> usize,
+) -> (Server, Client, Vec<String>) {
+    let srv = server(driver, dir).start();
+    let mut c = srv.client();
+    let keys: Vec<String> = (0..n)
+        .map(|i| {
+            name(
+                &format!("{prefix}{i}"),
+                size(i),
+                i + prefix.len() as u64 * 1000,
+            )
+        })
+        .collect();
+    for k in &keys {
+        put_named(&mut c, k);
     }
-    match r.json()["error_message"].as_str().unwrap_or("") {
-        "Key not found" => Read::NotFound,
-        DAMAGED => Read::Damaged,
-        _ => panic!("{key}: unexpected answer {} {}", r.status, r.text()),
-    }
+    (srv, c, keys)
 }
 
 /// Waits until no flush is under way (the flushed count stays put), then gives each key's
@@ -144,20 +146,21 @@ fn metric(c: &mut Client, name: &str, dir: &Path, extra: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series} in the scrape"))
 }
 
+/// Removes `key` (the answer says it was), then kills the server with SIGKILL.
+fn remove_then_kill(mut srv: Server, mut c: Client, key: &str) {
+    c.request("DELETE", &format!("/key?key={}", pct(key.as_bytes())), None)
+        .assert_error_free();
+    drop(c);
+    srv.kill9();
+}
+
 /// Objects on SSD when the server is killed are back after a start on the same path: the
 /// same set listed (the ones only in memory are gone, and so is one removed before the kill),
 /// counted in `keys` and the SSD's used bytes, each read back byte for byte, read back once
 /// in the background; twice over (a recovered object survives the next restart too).
 fn flushed_objects_come_back_after_kill_9(driver: Driver) {
     let dir = temp_dir("recover");
-    let mut srv = server(driver, &dir).start();
-    let mut c = srv.client();
-    let keys: Vec<String> = (0..40)
-        .map(|i| name(&format!("k{i}"), 100_000 + i * 3001, i as u64))
-        .collect();
-    for k in &keys {
-        put_named(&mut c, k);
-    }
+    let (srv, mut c, keys) = filled(driver, &dir, "k", 40, |i| 100_000 + i as usize * 3001);
     let m = settled_media(&mut c, &keys);
     let mut on_ssd: BTreeSet<String> = m
         .iter()
@@ -167,15 +170,7 @@ fn flushed_objects_come_back_after_kill_9(driver: Driver) {
     assert!(on_ssd.len() >= 20, "{m:?}");
     assert!(on_ssd.len() < keys.len(), "some stay in DRAM: {m:?}");
     // A removal answered before the kill stays removed.
-    let gone = on_ssd.pop_first().unwrap();
-    c.request(
-        "DELETE",
-        &format!("/key?key={}", pct(gone.as_bytes())),
-        None,
-    )
-    .assert_error_free();
-    drop(c);
-    srv.kill9();
+    remove_then_kill(srv, c, &on_ssd.pop_first().unwrap());
 
     for round in 0..2 {
         let srv = server(driver, &dir).start();
@@ -234,16 +229,7 @@ fn flushed_objects_come_back_after_kill_9(driver: Driver) {
             srv.log()
         );
         // The next round: one more removal, then a kill again.
-        let gone = on_ssd.pop_last().unwrap();
-        c.request(
-            "DELETE",
-            &format!("/key?key={}", pct(gone.as_bytes())),
-            None,
-        )
-        .assert_error_free();
-        drop(c);
-        let mut srv = srv;
-        srv.kill9();
+        remove_then_kill(srv, c, &on_ssd.pop_last().unwrap());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -254,14 +240,7 @@ fn flushed_objects_come_back_after_kill_9(driver: Driver) {
 /// no GET ever answers wrong bytes.
 fn a_damaged_region_loses_only_its_objects(driver: Driver) {
     let dir = temp_dir("recover-damaged");
-    let mut srv = server(driver, &dir).start();
-    let mut c = srv.client();
-    let keys: Vec<String> = (0..30)
-        .map(|i| name(&format!("d{i}"), 200_000, 100 + i as u64))
-        .collect();
-    for k in &keys {
-        put_named(&mut c, k);
-    }
+    let (mut srv, mut c, keys) = filled(driver, &dir, "d", 30, |_| 200_000);
     let m = settled_media(&mut c, &keys);
     let mut at: Vec<(u64, String)> = m
         .iter()
@@ -331,14 +310,7 @@ fn a_damaged_region_loses_only_its_objects(driver: Driver) {
 /// start with recovery on has nothing to take back either.
 fn recover_false_starts_empty(driver: Driver) {
     let dir = temp_dir("recover-off");
-    let mut srv = server(driver, &dir).start();
-    let mut c = srv.client();
-    let keys: Vec<String> = (0..20)
-        .map(|i| name(&format!("o{i}"), 200_000, i))
-        .collect();
-    for k in &keys {
-        put_named(&mut c, k);
-    }
+    let (mut srv, mut c, keys) = filled(driver, &dir, "o", 20, |_| 200_000);
     let m = settled_media(&mut c, &keys);
     assert!(m.values().any(|m| m.iter().any(|x| x == "SSD")), "{m:?}");
     drop(c);

@@ -338,48 +338,47 @@ pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
             Some((s.rank().to_string(), d.dir().to_string(), d.recovery()?))
         })
         .collect();
-    for &(name, help, kind, f) in RECOVERY {
+    // Each family's series, one per file (or per file and reason).
+    let mut family = |name: &str, help: &str, kind: &str, each: &SeriesOf| {
         o.family(name, help, kind);
         for (rank, path, r) in &files {
-            o.int(name, &[("rank", rank), ("disk_path", path)], f(r));
+            each(o, &[("rank", rank), ("disk_path", path)], r);
         }
+    };
+    for &(name, help, kind, f) in RECOVERY {
+        family(name, help, kind, &move |o, labels, r| {
+            o.int(name, labels, f(r))
+        });
     }
     let name = "memcache_ssd_recovery_dropped_blobs_total";
-    o.family(
+    family(
         name,
         "Blobs an SSD file's journal listed at the start that were not taken back, or were dropped since: past the end of the file or outside the segment (length), malformed (invalid), refused by the index (conflict), bytes not matching their checksum when read back (checksum)",
         "counter",
+        &move |o, labels, r| {
+            for (reason, v) in [
+                ("length", r.dropped_length),
+                ("invalid", r.dropped_invalid),
+                ("conflict", r.dropped_conflict),
+                ("checksum", r.dropped_checksum),
+            ] {
+                o.int(name, &[labels[0], labels[1], ("reason", reason)], v);
+            }
+        },
     );
-    for (rank, path, r) in &files {
-        for (reason, v) in [
-            ("length", r.dropped_length),
-            ("invalid", r.dropped_invalid),
-            ("conflict", r.dropped_conflict),
-            ("checksum", r.dropped_checksum),
-        ] {
-            o.int(
-                name,
-                &[("rank", rank), ("disk_path", path), ("reason", reason)],
-                v,
-            );
-        }
-    }
     let name = "memcache_ssd_recovery_duration_seconds";
-    o.family(
+    family(
         name,
         "How long the start spent recovering an SSD file: reading and rewriting its journal, then indexing its blobs (the server is ready after it; the blobs are read back in the background)",
         "gauge",
+        &move |o, labels, r| o.float(name, labels, r.micros as f64 / 1e6),
     );
-    for (rank, path, r) in &files {
-        o.float(
-            name,
-            &[("rank", rank), ("disk_path", path)],
-            r.micros as f64 / 1e6,
-        );
-    }
 }
 
 type RecoveryField = fn(&RecoveryFigures) -> u64;
+
+/// Writes one file's series of a family (given the file's labels).
+type SeriesOf = dyn Fn(&mut Out<'_>, &[(&str, &str)], &RecoveryFigures);
 
 const RECOVERY: &[(&str, &str, &str, RecoveryField)] = &[
     (

@@ -209,6 +209,19 @@ impl SsdFile {
     /// figures for `shards` shards. Not journaled: a journal left beside it by an earlier
     /// start is removed (its entries name bytes that are gone).
     pub fn create(dir: &str, rank: u32, capacity: u64, shards: usize) -> io::Result<SsdFile> {
+        let (path, file) = SsdFile::open_locked(dir, rank, capacity)?;
+        file.set_len(0)?;
+        file.set_len(capacity)?;
+        match std::fs::remove_file(journal::path_for(&path)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Ok(SsdFile::with_file(path, dir, file, capacity, shards))
+    }
+
+    /// Opens (or creates) rank `rank`'s file in `dir` as it is, locked for this process
+    /// ([`lock_exclusively`]); warns when the file system has less room than `capacity`.
+    fn open_locked(dir: &str, rank: u32, capacity: u64) -> io::Result<(PathBuf, std::fs::File)> {
         std::fs::create_dir_all(dir)?;
         warn_if_short_of_space(dir, capacity);
         let path = SsdFile::path_in(dir, rank);
@@ -219,13 +232,7 @@ impl SsdFile {
             .truncate(false)
             .open(&path)?;
         lock_exclusively(&file, &path)?;
-        file.set_len(0)?;
-        file.set_len(capacity)?;
-        match std::fs::remove_file(journal::path_for(&path)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        Ok(SsdFile::with_file(path, dir, file, capacity, shards))
+        Ok((path, file))
     }
 
     /// The file's record around an open `file` (locked with [`lock_exclusively`]).

@@ -13,9 +13,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::SsdFile;
 use super::journal::{self, Live};
 use super::journaling::Journals;
-use super::{SsdFile, lock_exclusively, warn_if_short_of_space};
 use crate::cluster::catalog::Entry;
 use crate::common::segment::PAGE_BYTES;
 
@@ -57,16 +57,7 @@ pub fn open(
     owner: &dyn Fn(&[u8]) -> usize,
 ) -> io::Result<SsdFile> {
     let started = Instant::now();
-    std::fs::create_dir_all(dir)?;
-    warn_if_short_of_space(dir, capacity);
-    let path = SsdFile::path_in(dir, rank);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)?;
-    lock_exclusively(&file, &path)?;
+    let (path, file) = SsdFile::open_locked(dir, rank, capacity)?;
     let file_len = file.metadata()?.len();
     let jpath = journal::path_for(&path);
     let replayed = match std::fs::read(&jpath) {
