@@ -26,9 +26,13 @@ impl Cluster {
     /// what its SSD file held.
     pub(super) fn recover_local_ssd(&self) -> Result<(), String> {
         let s = &self.config.store;
-        let (Some(journals), Some(rank), true) =
-            (&self.journals, self.config.cluster.local_rank, s.ssd_enable)
-        else {
+        let Some(journals) = &self.journals else {
+            return Ok(());
+        };
+        let Some(rank) = self.config.cluster.local_rank else {
+            log::info!(
+                "ock.mmc.ssd.recover: a local service recovers its SSD file only with ock.mmc.local_service.rank set (the file is named by the rank): this one's starts empty"
+            );
             return Ok(());
         };
         let dir = &s.ssd_dirs[rank as usize % s.ssd_dirs.len()];
