@@ -302,12 +302,21 @@ impl Journals {
                     w.0.store(seq, Release);
                 }
             }
+            // After publishing what was written: a removal waits for its record only, not
+            // for a rewrite (records that come meanwhile wait for it, in the queue).
+            for f in self.lock().iter_mut() {
+                if f.file.is_some() && f.len > f.compact_at {
+                    f.compact();
+                }
+            }
         }
     }
 }
 
 impl FileJournal {
-    /// Appends `buf` (whole records); a journal that cannot be written is dropped.
+    /// Appends `buf` (whole records); a journal that cannot be written is dropped. Past
+    /// `compact_at` the thread rewrites it ([`FileJournal::compact`]) once the pass published
+    /// what it wrote.
     fn append(&mut self, buf: &[u8]) {
         let records = count_records(buf);
         let Some(file) = self.file.as_mut() else {
@@ -322,9 +331,6 @@ impl FileJournal {
         self.len += buf.len() as u64;
         self.figures.bytes.set(self.len);
         self.figures.records.add(records);
-        if self.len > self.compact_at {
-            self.compact();
-        }
     }
 
     /// Rewrites the journal as a snapshot of its live entries.
