@@ -159,7 +159,13 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                         continue;
                     }
                     if let Some((news, mark)) = news {
-                        cluster.local.catalog().apply(news, mark);
+                        // The SSD copies it lands or frees are journaled (and on file)
+                        // before the next heartbeat acknowledges them (`shards/local_ssd.rs`).
+                        let journaled = cluster.journal_mark();
+                        let mut catalog = cluster.local.catalog();
+                        cluster.journal_catalog(catalog.apply_tracked(news, mark));
+                        drop(catalog);
+                        cluster.journal_settle_blocking(journaled);
                     }
                     inputs.push(Input::BeatAnswered { sent_ms, answer });
                 }
@@ -268,7 +274,10 @@ fn act(
             cluster.local.catalog().reset_ack();
             cluster.local.set_joined(true);
         }
-        Action::DiscardCatalog => cluster.local.catalog().clear(),
+        Action::DiscardCatalog => {
+            let mut catalog = cluster.local.catalog();
+            cluster.journal_catalog(catalog.clear_tracked());
+        }
         Action::Beat {
             meta,
             rank,

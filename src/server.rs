@@ -188,6 +188,15 @@ impl Server {
                 cluster.kv_stats.clone(),
             )?;
             let _ = cluster.kv_queue.set(p.queue.clone());
+            // A start that may take blobs back from its SSD files opens its stream with
+            // `AllBlocksCleared` (a router forgets what the previous process announced: its
+            // memory tiers are gone), before the shards announce what they recovered. With HA
+            // each leadership's epoch opens with one instead.
+            let s = &cluster.config.store;
+            if !cluster.config.ha.enable && s.ssd_enable && s.ssd_recover {
+                p.queue
+                    .produce(usize::MAX, &crate::common::event::Event::Cleared);
+            }
             // With HA on, only the leader publishes: idle until this node wins a leadership.
             if cluster.config.ha.enable {
                 let host: Arc<dyn crate::ha::HaHost> = cluster.clone();
@@ -198,6 +207,13 @@ impl Server {
             None
         };
         let boot = boot_id();
+        let recovering: usize = cluster
+            .segments
+            .snapshot()
+            .iter()
+            .filter_map(|s| s.backend.file())
+            .map(|f| f.recovered_pending())
+            .sum();
 
         let (started_tx, started_rx) = mpsc::channel::<(usize, Result<DriverKind, String>)>();
         let mut threads = Vec::with_capacity(shard_count);
@@ -249,16 +265,22 @@ impl Server {
             server.join();
             return Err(e);
         }
-        // Every runtime is up; wait (bounded) until each shard has entered its accept loop.
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Every runtime is up; wait (bounded) until each shard has entered its accept loop
+        // (after indexing its recovered SSD blobs: a second more per 50k of them).
+        let limit = Duration::from_secs(10 + recovering as u64 / 50_000);
+        let deadline = Instant::now() + limit;
         while server.cluster.accepting.load(Ordering::Acquire) < shard_count {
             if Instant::now() > deadline {
                 server.cluster.begin_shutdown();
                 server.join();
-                return Err("shards did not start accepting within 10 s".to_string());
+                return Err(format!(
+                    "shards did not start accepting within {} s",
+                    limit.as_secs()
+                ));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        server.cluster.log_ssd_recovery();
         let mut server = server;
         // A local service never campaigns (its view follows the meta it joins).
         if server.cluster.ha.enabled() {
@@ -294,7 +316,7 @@ impl Server {
             }
         }
         if server.cluster.config.cluster.role == crate::config::Role::Local
-            && let Err(e) = crate::agent::start(server.cluster.clone(), server.local_addr)
+            && let Err(e) = start_agent(&server.cluster, server.local_addr)
         {
             server.cluster.begin_shutdown();
             server.join();
@@ -315,12 +337,54 @@ impl Server {
         if let Some(ha) = self.ha {
             ha.stop();
         }
+        // The shards are gone: what they journaled goes to file, then the thread stops.
+        if let Some(j) = &self.cluster.journals {
+            j.stop();
+        }
         // The shards are gone: publish what they queued, then stop.
         if let Some(p) = self.kv_publisher {
             p.stop();
         }
         clean
     }
+}
+
+/// Starts a local service's agent. One that recovered blobs from its SSD file joins no
+/// earlier than the heartbeat timeout (and a second) after its start: by then its meta has
+/// declared the previous process on the rank lost and dropped its segments, so the catalog it
+/// hands over is adopted into the new membership alone (a hand-over while the previous
+/// membership's segments are still being dropped loses the blobs they share with it).
+fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()> {
+    if !cluster.local.catalog().holds_committed() {
+        return crate::agent::start(cluster.clone(), listen);
+    }
+    let wait = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms + 1000);
+    log::info!(
+        "joining in {} ms, once the meta service declared this rank's previous process lost (its catalog recovered from SSD follows)",
+        wait.as_millis()
+    );
+    let cluster = cluster.clone();
+    std::thread::Builder::new()
+        .name("mmc-agent-wait".into())
+        .spawn(move || {
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                if cluster.local.leaving.load(Ordering::Acquire) {
+                    // Stopped before it joined: nothing to leave.
+                    cluster.local.left.store(true, Ordering::Release);
+                    return;
+                }
+                if cluster.is_shutting_down() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Err(e) = crate::agent::start(cluster, listen) {
+                log::error!("cannot start the local service's agent: {e}");
+                std::process::exit(1);
+            }
+        })
+        .map(|_| ())
 }
 
 /// The life of one shard on its own thread.
@@ -340,6 +404,8 @@ async fn shard_main(
     }
     let bus_shard = shard.clone();
     monoio::spawn(async move { bus_shard.bus.run().await });
+    // The blobs recovered from the SSD files' journals, indexed before the shard accepts.
+    shard.recover_ssd().await;
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {

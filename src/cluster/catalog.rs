@@ -29,6 +29,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::common::medium::Medium;
+mod ssd;
+pub use ssd::SsdChange;
 
 /// Freed records one rank's log holds unacknowledged before it overflows (then: resync).
 pub const LOG_CAPACITY: usize = 65_536;
@@ -778,92 +780,6 @@ mod tests {
             (Medium::Dram, 8192, 0)
         );
         assert_eq!(&*e[0].key, b"h");
-    }
-
-    /// A removal waits for the last unacknowledged record of its key on each rank: passed
-    /// once the service acknowledges it (a push's answer or a heartbeat) or the membership
-    /// ends; one push per rank at a time, carrying every record not acknowledged yet.
-    #[test]
-    fn barriers_pass_on_acknowledgement_or_the_end_of_the_membership() {
-        let logs = FreedLogs::default();
-        assert!(!logs.has_members());
-        logs.begin(3, 11);
-        logs.begin(4, 12);
-        assert!(logs.has_members());
-        logs.push([
-            (3, freed(0, 1, 1), 7),
-            (3, freed(4096, 1, 2), 8),
-            (4, freed(0, 1, 3), 7),
-        ]);
-        let mut b = logs.barrier(Some(7));
-        b.sort_by_key(|b| b.rank);
-        assert_eq!(
-            b,
-            [
-                Barrier {
-                    rank: 3,
-                    epoch: 11,
-                    seq: 1
-                },
-                Barrier {
-                    rank: 4,
-                    epoch: 12,
-                    seq: 1
-                }
-            ]
-        );
-        assert!(logs.barrier(Some(9)).is_empty(), "no record of that key");
-        // A push: every unacknowledged record of the rank, one at a time.
-        let p = logs.take_push(3).unwrap();
-        assert_eq!((p.epoch, p.seq, p.freed.len()), (11, 2, 2));
-        assert!(logs.take_push(3).is_none(), "one push on its way");
-        logs.pushed(3, 11, None);
-        let p = logs.take_push(3).unwrap();
-        logs.pushed(3, 11, Some(p.seq));
-        assert!(logs.passed(&b[0]));
-        assert!(!logs.passed(&b[1]));
-        // Rank 4 acknowledges with a heartbeat... of an earlier record only: still waiting.
-        logs.answer(4, 0);
-        assert!(!logs.passed(&b[1]));
-        // Its membership ends (lost, left): passed, and its log is gone.
-        logs.retire(4, 12);
-        assert!(logs.passed(&b[1]));
-        assert!(logs.barrier(None).is_empty());
-        // A retire of an earlier membership leaves a later one's log alone.
-        logs.begin(3, 13);
-        logs.push([(3, freed(0, 2, 5), 7)]);
-        logs.retire(3, 11);
-        assert_eq!(logs.barrier(Some(7)).len(), 1);
-    }
-
-    /// An overflowed log resyncs the catalog; removals wait until that resync is acknowledged.
-    #[test]
-    fn after_an_overflow_removals_wait_for_the_resync() {
-        let logs = FreedLogs::default();
-        logs.begin(7, 1);
-        logs.push((0..LOG_CAPACITY as u64 + 5).map(|i| (7, freed(i * 4096, 1, i), i)));
-        let b = logs.barrier(Some(3));
-        assert_eq!(
-            b.len(),
-            1,
-            "its record was dropped with the overflow: waits for all"
-        );
-        assert!(
-            logs.take_push(7).is_none(),
-            "an overflowed log is resynced, not pushed"
-        );
-        let LogAnswer::Resync { seq } = logs.answer(7, 0) else {
-            panic!("overflowed")
-        };
-        assert!(!logs.passed(&b[0]), "the resync is not applied yet");
-        assert_eq!(
-            logs.barrier(Some(99)).len(),
-            1,
-            "every removal waits for it"
-        );
-        logs.answer(7, seq);
-        assert!(logs.passed(&b[0]));
-        assert!(logs.barrier(Some(99)).is_empty());
     }
 
     #[test]

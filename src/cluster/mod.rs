@@ -13,3 +13,6 @@
 pub mod agent;
 pub mod catalog;
 pub mod members;
+
+#[cfg(test)]
+mod barrier_tests;

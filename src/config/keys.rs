@@ -318,6 +318,8 @@ pub static KEYS: &[KeySpec] = &[
         "Directories for SSD segment files, comma-separated (rank r uses directory r mod count). Required with the SSD tier."),
     key("ock.mmc.ssd.size", "4GB", Size(|c| &mut c.store.ssd_bytes, PAGE_BYTES, MAX_SEGMENT_BYTES),
         "SSD segment size per rank (a sparse file)."),
+    key("ock.mmc.ssd.recover", "true", Bool(|c| &mut c.store.ssd_recover),
+        "Keep each SSD file's index in a journal beside it (mmc-rank-<r>.ssd.journal: one small append per flush and per removal of a flushed blob, written by a thread of its own) and, at start, take back every blob it lists whose bytes are in the file: listed, counted, readable at once, announced as KV BlockStored (SSD), each read back in the background and dropped if its checksum fails. A local service does so only with ock.mmc.local_service.rank set, and hands what it recovered to its meta. false: the SSD files start empty and keep no journal."),
     key("ock.mmc.lease_ms", "2000", U64(|c| &mut c.store.lease_ms, 0, 3_600_000),
         "Read lease: a read blob cannot be evicted or freed for this long."),
     key("ock.mmc.store.alloc_timeout_ms", "30000", U64(|c| &mut c.store.alloc_timeout_ms, 100, 86_400_000),

@@ -142,6 +142,8 @@ pub struct StoreKeys {
     /// SSD directories (rank r uses `ssd_dirs[r % len]`).
     pub ssd_dirs: Vec<String>,
     pub ssd_bytes: u64,
+    /// Keep each SSD file's index in a journal beside it and recover its blobs at start.
+    pub ssd_recover: bool,
     pub lease_ms: u64,
     pub alloc_timeout_ms: u64,
     pub run_bytes: u64,
@@ -248,6 +250,7 @@ impl Config {
                 ssd_enable: false,
                 ssd_dirs: Vec::new(),
                 ssd_bytes: 0,
+                ssd_recover: false,
                 lease_ms: 0,
                 alloc_timeout_ms: 0,
                 run_bytes: 0,

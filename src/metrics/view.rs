@@ -124,6 +124,35 @@ pub trait DiskFigures {
     fn status(&self) -> u64;
     /// (bytes read, bytes written) in the `secs` seconds up to `now_secs`.
     fn window_bytes(&self, now_secs: u64, secs: u64) -> (u64, u64);
+    /// What the start recovered from the file's journal, and the journal's figures; `None`
+    /// when the file keeps no journal (`ock.mmc.ssd.recover=false`).
+    fn recovery(&self) -> Option<RecoveryFigures>;
+}
+
+/// An SSD file's recovery at the start and its journal since, summed over the shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryFigures {
+    /// Blobs taken back into the index at the start, and their bytes.
+    pub blobs: u64,
+    pub bytes: u64,
+    /// Blobs the journal listed that were not taken or were dropped since: past the end of the
+    /// file or outside the segment, malformed, refused by the index (their range or key
+    /// taken), or whose bytes failed their checksum when read back.
+    pub dropped_length: u64,
+    pub dropped_invalid: u64,
+    pub dropped_conflict: u64,
+    pub dropped_checksum: u64,
+    /// Recovered blobs read back intact, and those still to read back.
+    pub verified: u64,
+    pub verify_pending: u64,
+    /// How long the recovery held the start (reading and rewriting the journal, indexing).
+    pub micros: u64,
+    /// The journal: its size, records appended, rewrites, records it could not take (it was
+    /// dropped: nothing will be recovered from this file at the next start).
+    pub journal_bytes: u64,
+    pub journal_records: u64,
+    pub journal_compactions: u64,
+    pub journal_dropped_records: u64,
 }
 
 /// A snapshot of the mounted segments.

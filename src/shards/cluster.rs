@@ -166,6 +166,9 @@ pub struct Cluster {
     pub copier: Option<Arc<dyn ObjectCopier>>,
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
     pub freed_logs: crate::cluster::catalog::FreedLogs,
+    /// The journals of the SSD files' indexes, with `ock.mmc.ssd.recover` (`None`: SSD files
+    /// start empty and keep no journal).
+    pub journals: Option<Arc<store::ssd::journaling::Journals>>,
 }
 
 impl Cluster {
@@ -196,12 +199,22 @@ impl Cluster {
             HaView::standalone(&config.advertise_address)
         };
         let segments = Arc::new(SegmentTable::with_numa(numa));
+        // One producer slot per shard, and one for writers that are no shard.
+        let journals = (config.store.ssd_enable && config.store.ssd_recover)
+            .then(|| store::ssd::journaling::Journals::new(shard_count + 1));
         let grant_key = crate::grant::GrantKeyCell::default();
         match config.cluster.role {
             // A local service mounts its segments once the meta gave it its rank.
             crate::config::Role::Local => {}
             crate::config::Role::Meta => {
-                store::mount::mount_configured(&config, &segments, shard_count)?;
+                let owner = |key: &[u8]| super::shard_for(key, shard_count);
+                store::mount::mount_configured(
+                    &config,
+                    &segments,
+                    shard_count,
+                    journals.as_ref(),
+                    &owner,
+                )?;
                 grant_key.set(crate::grant::GrantKey::random());
             }
         }
@@ -213,7 +226,7 @@ impl Cluster {
             remote_tier,
             copier,
         } = front;
-        Ok(Arc::new(Cluster {
+        let cluster = Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
@@ -235,7 +248,12 @@ impl Cluster {
             remote_tier,
             copier,
             freed_logs: Default::default(),
-        }))
+            journals,
+        });
+        if cluster.config.cluster.role == crate::config::Role::Local {
+            cluster.recover_local_ssd()?;
+        }
+        Ok(cluster)
     }
 
     pub fn shard_count(&self) -> usize {

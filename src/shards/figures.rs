@@ -14,8 +14,8 @@ use crate::config::Config;
 use crate::ha::Role;
 use crate::metrics::kv_events::KvEventStats;
 use crate::metrics::view::{
-    DiskFigures, HaFigures, RankClient, RemoteDiskFigures, SegmentFigures, SegmentList,
-    ShardFigures, Source,
+    DiskFigures, HaFigures, RankClient, RecoveryFigures, RemoteDiskFigures, SegmentFigures,
+    SegmentList, ShardFigures, Source,
 };
 use crate::numa::NodePart;
 
@@ -145,6 +145,30 @@ impl DiskFigures for SsdFile {
 
     fn window_bytes(&self, now_secs: u64, secs: u64) -> (u64, u64) {
         SsdFile::window_bytes(self, now_secs, secs)
+    }
+
+    fn recovery(&self) -> Option<RecoveryFigures> {
+        let j = self.journal()?;
+        let (r, f) = (&self.recovery, &j.figures);
+        let mut v = RecoveryFigures {
+            dropped_length: r.dropped_length.get(),
+            dropped_invalid: r.dropped_invalid.get(),
+            micros: self.recovery_micros(),
+            journal_bytes: f.bytes.get(),
+            journal_records: f.records.get(),
+            journal_compactions: f.compactions.get(),
+            journal_dropped_records: f.dropped_records.get(),
+            ..Default::default()
+        };
+        for s in self.shard_stats() {
+            v.blobs += s.recovered.get();
+            v.bytes += s.recovered_bytes.get();
+            v.dropped_conflict += s.recover_refused.get();
+            v.dropped_checksum += s.verify_damaged.get();
+            v.verified += s.verified.get();
+            v.verify_pending += s.verify_pending.get().max(0) as u64;
+        }
+        Some(v)
     }
 }
 

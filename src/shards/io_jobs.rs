@@ -34,6 +34,9 @@ impl Shard {
         for job in jobs {
             self.spawn_job(job);
         }
+        if self.store.borrow().has_journal_out() {
+            self.store.borrow_mut().push_journal();
+        }
         if self.store.borrow().has_freed_remote() {
             let freed = self.store.borrow_mut().take_freed_remote();
             self.cluster.freed_logs.push(freed);

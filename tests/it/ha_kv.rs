@@ -83,7 +83,7 @@ type Ev = (String, u64, String);
 
 /// A positional batch `[ts, events, data_parallel_rank]`, as Dynamo and llm-d read it
 /// (decoded with `rmpv`, a consumer's msgpack decoder).
-fn batch_events(mut payload: &[u8]) -> Vec<Ev> {
+pub(crate) fn batch_events(mut payload: &[u8]) -> Vec<Ev> {
     use rmpv::Value;
     let v = rmpv::decode::read_value(&mut payload).expect("a msgpack batch");
     assert!(payload.is_empty(), "bytes after the batch");

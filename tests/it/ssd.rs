@@ -106,7 +106,7 @@ fn media(c: &mut Client, key: &str) -> Vec<String> {
 
 /// What one GET of an acknowledged object answered.
 #[derive(Debug, PartialEq, Eq)]
-enum Read {
+pub(crate) enum Read {
     Identical,
     NotFound,
     Damaged,
@@ -115,7 +115,7 @@ enum Read {
 /// GETs `key` (bounded in time) and classifies the answer; anything else fails the test:
 /// wrong bytes with 200, "retry", or an unexpected error.
 #[track_caller]
-fn read_back(c: &mut Client, key: &str, want: &[u8]) -> Read {
+pub(crate) fn read_back(c: &mut Client, key: &str, want: &[u8]) -> Read {
     let start = Instant::now();
     let r: Response = c.get(&format!("/api/v1/objects?key={}", pct(key.as_bytes())));
     assert!(

@@ -179,12 +179,16 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Not this local service's current membership",
         );
     }
+    // The SSD copies the records free are journaled, and on file before the answer
+    // acknowledges them (a restart of this service does not bring them back).
+    let journaled = ctx.shard.journal_mark();
     let ack = {
         let mut catalog = cluster.local.catalog();
         let mark = catalog.mark();
-        catalog.apply(news, mark);
+        cluster.journal_catalog(catalog.apply_tracked(news, mark));
         catalog.acked()
     };
+    ctx.shard.journal_settle(journaled).await;
     ctx.scratch.clear();
     serde_json::to_writer(&mut *ctx.scratch, &json!({"success": true, "ack": ack}))
         .expect("JSON into a Vec");

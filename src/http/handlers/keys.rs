@@ -111,7 +111,10 @@ pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(r) => return r,
     };
     let removal = super::freed::removal_of(ctx, [&key[..]]);
-    match ctx.shard.execute(Command::Remove { key }).await {
+    let journaled = ctx.shard.journal_mark();
+    let reply = ctx.shard.execute(Command::Remove { key }).await;
+    ctx.shard.journal_settle(journaled).await;
+    match reply {
         Reply::Done if !super::freed::settle(ctx, &removal).await => super::freed::unconfirmed(ctx),
         Reply::Done => ctx.success_message("key deleted"),
         other => ctx.reply_error(other, "Key not found"),
@@ -119,7 +122,9 @@ pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 pub async fn delete_all_keys(ctx: &mut Ctx<'_>) -> Response {
+    let journaled = ctx.shard.journal_mark();
     let replies = ctx.shard.broadcast(|| Command::RemoveAll).await;
+    ctx.shard.journal_settle(journaled).await;
     if replies.iter().any(|r| !matches!(r, Reply::Count(_))) {
         ctx.shard
             .store_stats()

@@ -237,7 +237,10 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
         Method::Delete => {
             let removal = super::freed::removal_of(ctx, [&key[..]]);
-            match ctx.shard.execute(Command::Remove { key }).await {
+            let journaled = ctx.shard.journal_mark();
+            let reply = ctx.shard.execute(Command::Remove { key }).await;
+            ctx.shard.journal_settle(journaled).await;
+            match reply {
                 Reply::Done if !super::freed::settle(ctx, &removal).await => {
                     super::freed::unconfirmed(ctx)
                 }
@@ -738,7 +741,9 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(k) => k,
         Err(r) => return r,
     };
+    let journaled = ctx.shard.journal_mark();
     let replies = ctx.execute_each(&keys, |key| Command::Remove { key }).await;
+    ctx.shard.journal_settle(journaled).await;
     record_batch(ctx, Op::BatchRemove, &replies);
     let removed = keys
         .iter()

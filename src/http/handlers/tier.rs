@@ -167,7 +167,9 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
         IoOutcome::Done => {
             // In the catalog as a copy of the source's entry; handed over once the meta's log
             // says the move landed (it switched its index to the copy).
-            let named = ctx.shard.cluster.local.catalog().add_moved(
+            let cluster = &ctx.shard.cluster;
+            let mut catalog = cluster.local.catalog();
+            let (named, replaced) = catalog.add_moved_tracked(
                 Medium::ALL[from.medium as usize],
                 from.offset,
                 from.size,
@@ -175,6 +177,9 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
                 to.offset,
                 sum,
             );
+            // SSD entries whose range the copy took are journaled as gone.
+            cluster.journal_catalog(replaced);
+            drop(catalog);
             if named {
                 ctx.shard.cluster.local.moved_at_ms.store(
                     ctx.shard.cluster.clock.now_ms(),

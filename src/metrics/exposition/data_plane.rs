@@ -7,7 +7,7 @@ use super::ranks;
 use super::writer::Out;
 use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
-use crate::metrics::view::{RankClient, Source};
+use crate::metrics::view::{RankClient, RecoveryFigures, Source};
 
 type ViewField = fn(&client::OpView) -> Sample;
 
@@ -339,5 +339,108 @@ const PER_DISK: &[(&str, &str, DiskIoField)] = &[
         "memcache_ubs_io_disk_total_bandwidth_bytes_per_sec",
         "Client UBS IO per-disk total bandwidth",
         |d| d.read_bps + d.write_bps,
+    ),
+];
+
+/// The SSD tier's recovery at the start and its journals since, per journaled file.
+pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
+    let segs = cluster.segments();
+    let files: Vec<(String, String, RecoveryFigures)> = segs
+        .iter()
+        .filter_map(|s| {
+            let d = s.disk()?;
+            Some((s.rank().to_string(), d.dir().to_string(), d.recovery()?))
+        })
+        .collect();
+    // Each family's series, one per file (or per file and reason).
+    let mut family = |name: &str, help: &str, kind: &str, each: &SeriesOf| {
+        o.family(name, help, kind);
+        for (rank, path, r) in &files {
+            each(o, &[("rank", rank), ("disk_path", path)], r);
+        }
+    };
+    for &(name, help, kind, f) in RECOVERY {
+        family(name, help, kind, &move |o, labels, r| {
+            o.int(name, labels, f(r))
+        });
+    }
+    let name = "memcache_ssd_recovery_dropped_blobs_total";
+    family(
+        name,
+        "Blobs an SSD file's journal listed at the start that were not taken back, or were dropped since: past the end of the file or outside the segment (length), malformed (invalid), refused by the index (conflict), bytes not matching their checksum when read back (checksum)",
+        "counter",
+        &move |o, labels, r| {
+            for (reason, v) in [
+                ("length", r.dropped_length),
+                ("invalid", r.dropped_invalid),
+                ("conflict", r.dropped_conflict),
+                ("checksum", r.dropped_checksum),
+            ] {
+                o.int(name, &[labels[0], labels[1], ("reason", reason)], v);
+            }
+        },
+    );
+    let name = "memcache_ssd_recovery_duration_seconds";
+    family(
+        name,
+        "How long the start spent recovering an SSD file: reading and rewriting its journal, then indexing its blobs (the server is ready after it; the blobs are read back in the background)",
+        "gauge",
+        &move |o, labels, r| o.float(name, labels, r.micros as f64 / 1e6),
+    );
+}
+
+type RecoveryField = fn(&RecoveryFigures) -> u64;
+
+/// Writes one file's series of a family (given the file's labels).
+type SeriesOf = dyn Fn(&mut Out<'_>, &[(&str, &str)], &RecoveryFigures);
+
+const RECOVERY: &[(&str, &str, &str, RecoveryField)] = &[
+    (
+        "memcache_ssd_recovered_blobs_total",
+        "Blobs taken back from an SSD file at the start (listed by its journal, their bytes in the file)",
+        "counter",
+        |r| r.blobs,
+    ),
+    (
+        "memcache_ssd_recovered_bytes_total",
+        "Object bytes taken back from an SSD file at the start",
+        "counter",
+        |r| r.bytes,
+    ),
+    (
+        "memcache_ssd_recovery_verified_blobs_total",
+        "Recovered blobs read back and found intact (their checksum matched)",
+        "counter",
+        |r| r.verified,
+    ),
+    (
+        "memcache_ssd_recovery_verify_pending_blobs",
+        "Recovered blobs not read back yet (every read of one is checked all the same)",
+        "gauge",
+        |r| r.verify_pending,
+    ),
+    (
+        "memcache_ssd_journal_bytes",
+        "Size of an SSD file's journal (rewritten whole past twice its last rewrite)",
+        "gauge",
+        |r| r.journal_bytes,
+    ),
+    (
+        "memcache_ssd_journal_records_total",
+        "Records appended to an SSD file's journal (a flush that landed, a flushed blob that left, a remove_all per shard)",
+        "counter",
+        |r| r.journal_records,
+    ),
+    (
+        "memcache_ssd_journal_compactions_total",
+        "Rewrites of an SSD file's journal as a snapshot of its live entries",
+        "counter",
+        |r| r.journal_compactions,
+    ),
+    (
+        "memcache_ssd_journal_dropped_records_total",
+        "Records an SSD file's journal could not take: a write failed, the journal was removed, and nothing will be recovered from the file at the next start",
+        "counter",
+        |r| r.journal_dropped_records,
     ),
 ];

@@ -38,6 +38,7 @@ pub fn render_metrics(cluster: &dyn Source, buf: &mut Vec<u8>) {
     families::render_kv_events(cluster, &mut o);
     data_plane::render_client(cluster, &mut o);
     data_plane::render_ubs_io(cluster, &mut o);
+    data_plane::render_ssd_recovery(cluster, &mut o);
     lmcache::render_tiers_and_bus(cluster, &mut o);
     numa::render_numa(cluster, &mut o);
     families::render_server(cluster, &mut o);

@@ -124,12 +124,12 @@ impl Store {
                     self.quiet_removal = false;
                     None
                 } else {
+                    // Copies on this very segment: one on a segment of the rank's previous
+                    // membership (still being dropped) is not this one, and goes with that drop.
                     let on_rank = |off: Option<u64>| {
                         o.blobs.iter().any(|&b| {
                             let b = &self.blobs[b as usize];
-                            b.rank == a.rank
-                                && b.medium == e.medium
-                                && off.is_none_or(|x| x == b.offset)
+                            b.seg == seg && off.is_none_or(|x| x == b.offset)
                         })
                     };
                     if on_rank(Some(e.offset)) {

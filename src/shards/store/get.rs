@@ -189,12 +189,16 @@ impl Store {
         let Some(b) = self.blob_by_handle(src) else {
             return;
         };
-        let (obj, seg) = (b.obj, b.seg);
+        let (obj, seg, unverified) = (b.obj, b.seg, b.unverified);
         if obj == NIL {
             return;
         }
         if let Some(f) = self.seg(seg).seg.backend.file() {
             f.record_damaged(self.shard, "checksum mismatch or short read");
+            if unverified {
+                // Recovered at the start and never read back intact: a loss of the recovery.
+                f.shard_stats()[self.shard].verify_damaged.inc();
+            }
         }
         let others = self.objects[obj as usize]
             .blobs

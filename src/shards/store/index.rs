@@ -142,6 +142,8 @@ impl Store {
         }
         self.stats.stored_keys.add(-(self.readable_objects as i64));
         self.readable_objects = 0;
+        // Before the objects are doomed (they journal no removal then).
+        self.journal_clear();
         // Entries are plain ids: dropping the tables frees two allocations, nothing per key.
         self.index = HashTable::new();
         self.chunks = HashTable::new();

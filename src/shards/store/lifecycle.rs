@@ -99,6 +99,7 @@ impl Store {
             rewarmed_bytes: 0,
             writing: false,
             sum: 0,
+            unverified: false,
         }) as u32;
         self.objects[obj as usize].blobs.push(id);
         id
@@ -127,6 +128,7 @@ impl Store {
         };
         if obj != NIL {
             self.note_freed_remote(id, obj);
+            self.journal_remove(id, obj);
         }
         // What the object looked like before this blob left it.
         let (was_on_medium, was_readable) = if obj != NIL {

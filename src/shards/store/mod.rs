@@ -49,7 +49,7 @@
 //! `index.rs` keys and lookups, listing, remove and remove_all; `lifecycle.rs` the blob states
 //! above, zombies, writer pins, the tick; `put.rs` alloc and commit; `get.rs` reads;
 //! `evict.rs` watermark and forced eviction, `/memory/evict`; `tiering.rs` SSD flush, rewarm,
-//! prefetch; `evacuate.rs` unmount; `rereplicate.rs` new copies for objects below their
+//! prefetch; `recover.rs` the SSD journal's records and the blobs a start recovered; `evacuate.rs` unmount; `rereplicate.rs` new copies for objects below their
 //! replica count; `check.rs` the invariants; `sim.rs` the seeded simulation; `testing.rs`
 //! the store builder of the tests and the simulation.
 
@@ -68,6 +68,8 @@ pub mod lru;
 pub mod mount;
 mod put;
 pub use put::Placement;
+mod recover;
+pub use recover::{Indexed, ToVerify};
 pub mod relocate;
 pub mod remote;
 mod rereplicate;
@@ -195,6 +197,9 @@ struct BlobRec {
     /// SSD blobs: the checksum of the object's bytes, taken when they were flushed and
     /// checked on every read back ([`ssd::checksum`]).
     sum: u64,
+    /// Recovered at the start from a journaled SSD file and not read back yet (`recover.rs`):
+    /// a damaged copy found now is a loss of the recovery.
+    unverified: bool,
 }
 
 /// What the owner and a put's writer share while the body is being written: the writer
@@ -482,6 +487,14 @@ pub struct Store {
     quiet_removal: bool,
     /// Objects below their replica count waiting for a new copy, and the copies being made.
     rerepl: rereplicate::Rereplication,
+    /// Journal records emitted and not yet handed to the journals' queue, in order
+    /// (`recover.rs`), and this shard's number of the last one emitted.
+    journal_out: std::collections::VecDeque<ssd::journaling::Item>,
+    journal_seq: u64,
+    /// The process's journals, once this shard emitted a record.
+    journals: Option<Arc<ssd::journaling::Journals>>,
+    /// Recovered blobs still to read back once (`recover.rs`).
+    verify: std::collections::VecDeque<BlobHandle>,
 }
 
 /// The store's time in ms: the process [`Clock`], or one a simulation sets (the seam that
@@ -538,6 +551,10 @@ impl Store {
             ),
             quiet_removal: false,
             rerepl: Default::default(),
+            journal_out: Default::default(),
+            journal_seq: 0,
+            journals: None,
+            verify: Default::default(),
         };
         s.refresh_segments();
         s

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::segment::{Backend, MAX_SEGMENT_BYTES, Medium, PAGE_BYTES, Segment, SegmentTable};
 use super::ssd::SsdFile;
+use super::ssd::journaling::Journals;
 use crate::accel::HostEmulated;
 use crate::common::memory::MappedRegion;
 use crate::config::Config;
@@ -35,6 +36,20 @@ pub fn build_segment(
     Ok(new_segment(
         table, rank, medium, size, backend, shards, run_bytes,
     ))
+}
+
+/// Rank `rank`'s SSD segment over `file`, opened already (with what it held: a start with
+/// `ock.mmc.ssd.recover`, `ssd::recover::open`).
+pub fn ssd_segment(
+    table: &SegmentTable,
+    rank: u32,
+    size: u64,
+    file: SsdFile,
+    shards: usize,
+    run_bytes: u64,
+) -> Arc<Segment> {
+    let backend = Backend::File(Box::new(file));
+    new_segment(table, rank, Medium::Ssd, size, backend, shards, run_bytes)
 }
 
 /// [`build_segment`] for a shard thread: an SSD file's creation (`create_dir_all`, open with
@@ -244,11 +259,15 @@ pub fn prefault_in_background(seg: &Arc<Segment>) {
 }
 
 /// Mounts the segments of the embedded default / configuration: for each rank, HBM and DRAM
-/// of the configured sizes (when non-zero) and SSD when enabled.
+/// of the configured sizes (when non-zero) and SSD when enabled. With `journals` (recovery
+/// on), each SSD file is opened with what its journal lists (`ssd::recover::open`; `owner`
+/// maps a key to its shard), else created empty.
 pub fn mount_configured(
     config: &Config,
     table: &SegmentTable,
     shards: usize,
+    journals: Option<&Arc<Journals>>,
+    owner: &dyn Fn(&[u8]) -> usize,
 ) -> Result<(), String> {
     let s = &config.store;
     for rank in 0..s.ranks as u32 {
@@ -264,7 +283,16 @@ pub fn mount_configured(
             if size == 0 {
                 continue;
             }
-            let seg = build_segment(table, rank, medium, size, dir, shards, s.run_bytes)?;
+            let seg = match (medium, dir, journals) {
+                (Medium::Ssd, Some(dir), Some(journals)) => {
+                    let name = super::segment::segment_name(rank, medium);
+                    check_size(size)?;
+                    let file = super::ssd::recover::open(dir, rank, size, shards, journals, owner)
+                        .map_err(|e| ssd_error(&name, dir, e))?;
+                    ssd_segment(table, rank, size, file, shards, s.run_bytes)
+                }
+                _ => build_segment(table, rank, medium, size, dir, shards, s.run_bytes)?,
+            };
             if s.prefault {
                 prefault_in_background(&seg);
             }

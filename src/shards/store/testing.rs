@@ -10,6 +10,8 @@ pub(super) struct TestStore {
     /// Segments of remote ranks (their bytes on a local service that tests never reach).
     remote: Vec<(u32, Medium, u64)>,
     ssd_dir: Option<String>,
+    /// A journaled SSD segment of rank 0: its directory, size and journals.
+    journaled: Option<(String, u64, Arc<ssd::journaling::Journals>)>,
     cfg: StoreConfig,
 }
 
@@ -19,6 +21,7 @@ impl TestStore {
             segments: Vec::new(),
             remote: Vec::new(),
             ssd_dir: None,
+            journaled: None,
             cfg: StoreConfig {
                 keep_tombstones: true,
                 lease_ms: 2000,
@@ -53,6 +56,24 @@ impl TestStore {
         self
     }
 
+    /// Mounts rank 0's SSD segment of `size` bytes over the file in `dir`, journaled in
+    /// `journals` (what its journal lists waits in the file: `SsdFile::take_recovered`).
+    pub(super) fn journaled_ssd(
+        mut self,
+        dir: &std::path::Path,
+        size: u64,
+        journals: &Arc<ssd::journaling::Journals>,
+    ) -> TestStore {
+        let dir = dir.to_str().expect("a UTF-8 directory").to_string();
+        self.journaled = Some((dir, size, journals.clone()));
+        self
+    }
+
+    /// A DRAM segment of rank 0.
+    pub(super) fn dram(self, size: u64) -> TestStore {
+        self.segment(0, Medium::Dram, size)
+    }
+
     pub(super) fn config(mut self, f: impl FnOnce(&mut StoreConfig)) -> TestStore {
         f(&mut self.cfg);
         self
@@ -71,6 +92,12 @@ impl TestStore {
                 1 << 20,
             )
             .expect("a segment");
+            table.insert(seg).expect("mounted");
+        }
+        if let Some((dir, size, journals)) = self.journaled {
+            let file =
+                ssd::recover::open(&dir, 0, size, 1, &journals, &|_| 0).expect("an SSD file");
+            let seg = mount::ssd_segment(&table, 0, size, file, 1, 1 << 20);
             table.insert(seg).expect("mounted");
         }
         for (rank, medium, size) in self.remote {

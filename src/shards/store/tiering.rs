@@ -240,6 +240,8 @@ impl Store {
             });
             self.blobs[dst.id as usize].sum = sum;
             self.make_readable(dst.id, now);
+            // Its bytes are written: a journaled file's index learns it now.
+            self.journal_add(dst.id);
             // Before the source's removal: a remote rank's local service hands the SSD copy
             // over from then on (catalog hand-over).
             self.note_landed_remote(dst.id);

@@ -3,8 +3,10 @@
 //! Each SSD segment is one sparse file, `mmc-rank-<r>.ssd`, in a configured directory. Blobs
 //! are flushed to it and read back (rewarm) without a blocking syscall on a shard thread: on
 //! the io_uring driver through the ring (monoio's file ops), on the epoll driver through a
-//! small pool of I/O threads. The SSD tier is a cache, not a durable store: files are
-//! recreated empty at start.
+//! small pool of I/O threads. With `ock.mmc.ssd.recover` (the default) the index of each
+//! file is journaled beside it (`journal.rs`, written by `journaling.rs`'s thread) and a start
+//! on the same path finds its blobs again (`recover.rs`); without it files are recreated
+//! empty at start.
 //!
 //! Errors are counted per file, logged once per (operation, cause), and marked in the disk's
 //! status. A failed write marks the file *faulted*: it takes no flushes (the memory tiers then
@@ -29,124 +31,19 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+mod buffer;
+pub use buffer::IoBuffer;
+pub mod journal;
+pub mod journaling;
 mod pool;
+pub mod recover;
 
-use super::segment::{SegRef, Segment, SegmentId};
+use super::segment::{Segment, SegmentId};
 use crate::common::clock::Clock;
-use crate::metrics::Counter;
 use crate::metrics::window::RateWindow;
+use crate::metrics::{Counter, Gauge};
 pub use pool::IO_QUEUE_CAPACITY;
 use pool::{Job, pool};
-
-/// A buffer for file I/O that is either owned or a view into a segment's host memory (so a
-/// DRAM blob is flushed and rewarmed without an extra copy). Moves between threads with its
-/// owner, as the ring and the I/O pool need.
-pub struct IoBuffer {
-    ptr: *mut u8,
-    cap: usize,
-    init: usize,
-    _owner: Owner,
-}
-
-enum Owner {
-    Vec(#[allow(dead_code)] Vec<u8>),
-    Segment(#[allow(dead_code)] Arc<SegRef>),
-}
-
-// SAFETY: the pointer is into memory the buffer keeps alive (its Vec or its segment's mapping).
-unsafe impl Send for IoBuffer {}
-
-impl IoBuffer {
-    /// An owned buffer of `len` bytes to read into, or holding `data` to write.
-    pub fn owned(mut data: Vec<u8>, init: bool) -> IoBuffer {
-        let cap = if init { data.len() } else { data.capacity() };
-        let init_len = if init { data.len() } else { 0 };
-        let ptr = data.as_mut_ptr();
-        IoBuffer {
-            ptr,
-            cap,
-            init: init_len,
-            _owner: Owner::Vec(data),
-        }
-    }
-
-    /// A view of `[offset, offset + len)` of a host-memory segment.
-    ///
-    /// # Safety
-    /// The range belongs to a blob the caller keeps pinned (for writes to the file) or owns
-    /// (ALLOCATED, for reads from the file) until the I/O completes.
-    pub unsafe fn segment_view(
-        seg: Arc<SegRef>,
-        offset: u64,
-        len: usize,
-        init: bool,
-    ) -> io::Result<IoBuffer> {
-        let region = seg
-            .backend
-            .host_region()
-            .ok_or_else(|| io::Error::other("not a host-memory segment"))?;
-        region.check(offset, len)?;
-        let ptr = region.ptr(offset);
-        Ok(IoBuffer {
-            ptr,
-            cap: len,
-            init: if init { len } else { 0 },
-            _owner: Owner::Segment(seg),
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.init
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.init == 0
-    }
-
-    /// The bytes read (owned buffers).
-    pub fn into_vec(self) -> Vec<u8> {
-        match self._owner {
-            Owner::Vec(mut v) => {
-                // SAFETY: `init` bytes were written by the read.
-                unsafe { v.set_len(self.init) };
-                v
-            }
-            Owner::Segment(_) => Vec::new(),
-        }
-    }
-
-    /// The initialized bytes (what was read, or what is to be written).
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `init` bytes from `ptr` are initialized and alive (see the owner).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.init) }
-    }
-}
-
-// SAFETY: ptr/cap/init describe memory owned by the buffer.
-unsafe impl monoio::buf::IoBuf for IoBuffer {
-    fn read_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-
-    fn bytes_init(&self) -> usize {
-        self.init
-    }
-}
-
-// SAFETY: as above; `set_init` never exceeds `cap` (monoio guarantees it).
-unsafe impl monoio::buf::IoBufMut for IoBuffer {
-    fn write_ptr(&mut self) -> *mut u8 {
-        self.ptr
-    }
-
-    fn bytes_total(&mut self) -> usize {
-        self.cap
-    }
-
-    unsafe fn set_init(&mut self, pos: usize) {
-        self.init = pos.min(self.cap);
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IoOp {
@@ -243,6 +140,31 @@ pub struct SsdShardStats {
     /// Bytes read and written per second, for the disk bandwidth gauges.
     pub read_window: RateWindow,
     pub write_window: RateWindow,
+    /// Recovered blobs this shard took into its index at the start, and their bytes.
+    pub recovered: Counter,
+    pub recovered_bytes: Counter,
+    /// Recovered blobs this shard could not index (their range taken, their key twice).
+    pub recover_refused: Counter,
+    /// Recovered blobs whose bytes were read back and matched their checksum.
+    pub verified: Counter,
+    /// Recovered blobs whose bytes did not match (or came back short): dropped.
+    pub verify_damaged: Counter,
+    /// Recovered blobs still to read back.
+    pub verify_pending: Gauge,
+}
+
+/// What the start found in the file's journal (written once, by the thread that opened it).
+#[derive(Default)]
+pub struct RecoveryFigures {
+    /// Blobs the journal listed that were dropped at once: past the end of the file or
+    /// outside the segment (`length`), malformed (`invalid`).
+    pub dropped_length: Counter,
+    pub dropped_invalid: Counter,
+    /// Bytes at the end of the journal that did not read as intact records (ignored).
+    pub journal_tail_bytes: Counter,
+    /// How long reading the journal and rewriting it took (µs); the shards' indexing adds
+    /// its own time (`SsdFile::index_micros`).
+    pub open_micros: Counter,
 }
 
 /// One SSD segment's file.
@@ -264,26 +186,64 @@ pub struct SsdFile {
     /// the first tick after a fault schedules it one interval later). One shard takes it.
     next_probe_ms: AtomicU64,
     logged: Mutex<HashSet<(IoOp, i32)>>, // LOCK-OK: only when an I/O error is logged
+    /// The journal of the file's index (`None`: the file is not recovered at the next start).
+    journal: Option<journaling::JournalLink>,
+    /// What the start recovered from it.
+    pub recovery: RecoveryFigures,
+    /// Per shard: how long indexing its share of the recovered blobs took (µs).
+    index_micros: Box<[Counter]>,
+    /// The recovered blobs each shard takes into its index at its start.
+    recovered: Mutex<Vec<Vec<crate::cluster::catalog::Entry>>>, // LOCK-OK: once per shard, at its start
 }
 
 /// The `errno` key under which damaged reads are logged once.
 const DAMAGED: i32 = -2;
 
 impl SsdFile {
+    /// The path of rank `rank`'s file in `dir`.
+    pub fn path_in(dir: &str, rank: u32) -> PathBuf {
+        Path::new(dir).join(format!("mmc-rank-{rank}.ssd"))
+    }
+
     /// Creates (or empties) the rank's file in `dir`, sized (sparsely) to `capacity`, with
-    /// figures for `shards` shards.
+    /// figures for `shards` shards. Not journaled: a journal left beside it by an earlier
+    /// start is removed (its entries name bytes that are gone).
     pub fn create(dir: &str, rank: u32, capacity: u64, shards: usize) -> io::Result<SsdFile> {
+        let (path, file) = SsdFile::open_locked(dir, rank, capacity)?;
+        file.set_len(0)?;
+        file.set_len(capacity)?;
+        match std::fs::remove_file(journal::path_for(&path)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        Ok(SsdFile::with_file(path, dir, file, capacity, shards))
+    }
+
+    /// Opens (or creates) rank `rank`'s file in `dir` as it is, locked for this process
+    /// ([`lock_exclusively`]); warns when the file system has less room than `capacity`.
+    fn open_locked(dir: &str, rank: u32, capacity: u64) -> io::Result<(PathBuf, std::fs::File)> {
         std::fs::create_dir_all(dir)?;
         warn_if_short_of_space(dir, capacity);
-        let path = Path::new(dir).join(format!("mmc-rank-{rank}.ssd"));
+        let path = SsdFile::path_in(dir, rank);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .open(&path)?;
-        file.set_len(capacity)?;
-        Ok(SsdFile {
+        lock_exclusively(&file, &path)?;
+        Ok((path, file))
+    }
+
+    /// The file's record around an open `file` (locked with [`lock_exclusively`]).
+    fn with_file(
+        path: PathBuf,
+        dir: &str,
+        file: std::fs::File,
+        capacity: u64,
+        shards: usize,
+    ) -> SsdFile {
+        SsdFile {
             path,
             dir: dir.to_string(),
             file,
@@ -295,7 +255,47 @@ impl SsdFile {
             read_status: AtomicU8::new(0),
             next_probe_ms: AtomicU64::new(0),
             logged: Mutex::new(HashSet::new()), // LOCK-OK: see `logged`
-        })
+            journal: None,
+            recovery: RecoveryFigures::default(),
+            index_micros: (0..shards.max(1)).map(|_| Counter::default()).collect(),
+            recovered: Mutex::new(Vec::new()), // LOCK-OK: see `recovered`
+        }
+    }
+
+    /// The journal of this file's index, when it keeps one.
+    pub fn journal(&self) -> Option<&journaling::JournalLink> {
+        self.journal.as_ref()
+    }
+
+    /// Recovered blobs no shard has taken yet.
+    pub fn recovered_pending(&self) -> usize {
+        let r = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+        r.iter().map(Vec::len).sum()
+    }
+
+    /// Shard `shard`'s share of the blobs recovered at the start (empty after the first call).
+    pub fn take_recovered(&self, shard: usize) -> Vec<crate::cluster::catalog::Entry> {
+        let mut r = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+        r.get_mut(shard).map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Shard `shard` indexed its share of the recovered blobs in `micros`.
+    pub fn record_index_time(&self, shard: usize, micros: u64) {
+        if let Some(c) = self.index_micros.get(shard) {
+            c.set(micros);
+        }
+    }
+
+    /// How long the recovery of this file held the start (µs): opening and rewriting the
+    /// journal, then the slowest shard's indexing.
+    pub fn recovery_micros(&self) -> u64 {
+        self.recovery.open_micros.get()
+            + self
+                .index_micros
+                .iter()
+                .map(Counter::get)
+                .max()
+                .unwrap_or(0)
     }
 
     /// The disk's status (`memcache_ubs_io_disk_status`): 0 normal, else an errno: the one
@@ -438,6 +438,25 @@ impl SsdFile {
             }
         }
     }
+}
+
+/// Takes an exclusive `flock` on an SSD file without waiting, so that a second server on the
+/// same path is refused rather than let write into it. The lock goes with the file's last
+/// descriptor (the unmount, or the process's end: a `kill -9` too).
+fn lock_exclusively(file: &std::fs::File, path: &Path) -> io::Result<()> {
+    // SAFETY: a plain syscall on an open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        io::Error::other(format!(
+            "{} is in use by another process (a server still running on this path)",
+            path.display()
+        ))
+    } else {
+        e
+    })
 }
 
 /// Warns when the directory's file system has less room than the segment may fill.
