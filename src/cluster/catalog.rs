@@ -94,7 +94,7 @@ pub struct Adopted {
 }
 
 /// What a heartbeat answer tells a local service about its catalog.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BeatNews {
     /// The sequence of the last record included: what the local acknowledges next time.
     pub seq: u64,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Ctx, Request, copies};
-use crate::cluster::catalog::{Adopted, Entry, Freed, LogAnswer, key_hash};
+use crate::cluster::catalog::{Adopted, Entry, LogAnswer};
 use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK};
 use crate::config::Role;
 use crate::http::catalog_wire;
@@ -254,15 +254,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
     ctx.shard
         .cluster
         .freed_logs
-        .push(refused.into_iter().map(|a| {
-            let f = Freed {
-                medium: a.entry.medium,
-                offset: a.entry.offset,
-                stamp: a.entry.stamp,
-                landed: false,
-            };
-            (a.rank, f, key_hash(&a.entry.key))
-        }));
+        .push(refused.iter().map(Adopted::refused));
     count
 }
 

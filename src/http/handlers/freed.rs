@@ -23,7 +23,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{Ctx, Request, required};
-use crate::cluster::catalog::{Barrier, key_hash};
+use crate::cluster::catalog::key_hash;
+use crate::cluster::records::{Removal, Settled};
 use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::client;
@@ -52,25 +53,22 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
     }
     let cluster = ctx.shard.cluster.clone();
     let logs = &cluster.freed_logs;
-    let mut barriers: Vec<Barrier> = keys.iter().flat_map(|&k| logs.barrier(Some(k))).collect();
-    if barriers.is_empty() {
-        return true;
-    }
-    let deadline = cluster.clock.now_ms() + cluster.config.cluster.heartbeat_timeout_ms + 1000;
+    let timeout = cluster.config.cluster.heartbeat_timeout_ms;
+    let mut removal = Removal::new(logs, keys, cluster.clock.now_ms(), timeout);
     loop {
-        barriers.retain(|b| !logs.passed(b));
-        if barriers.is_empty() {
-            return true;
-        }
-        if cluster.clock.now_ms() > deadline {
-            let ranks: Vec<u32> = barriers.iter().map(|b| b.rank).collect();
-            log::warn!(
-                "a removal was not confirmed by the local services of ranks {ranks:?} within the heartbeat timeout"
-            );
-            return false;
-        }
-        for b in &barriers {
-            push(&cluster, b.rank);
+        match removal.poll(logs, cluster.clock.now_ms()) {
+            Settled::Confirmed => return true,
+            Settled::Unconfirmed(ranks) => {
+                log::warn!(
+                    "a removal was not confirmed by the local services of ranks {ranks:?} within the heartbeat timeout"
+                );
+                return false;
+            }
+            Settled::Waiting(ranks) => {
+                for rank in ranks {
+                    push(&cluster, rank);
+                }
+            }
         }
         monoio::time::sleep(POLL).await;
     }

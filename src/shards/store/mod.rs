@@ -74,7 +74,7 @@ mod rereplicate;
 pub use rereplicate::RereplicateLimits;
 pub mod segment;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 pub mod ssd;
 #[cfg(test)]
 mod testing;
