@@ -271,6 +271,10 @@ impl Local {
         if g.op == GrantOp::WriteCommit {
             cx.ledger.wrote(&grant, val);
         }
+        cx.log(format!(
+            "wrote k{key} = {val} at {} ({:?}, stamp {}.{}, epoch {})",
+            g.offset, g.op, g.view, g.obj_generation, self.epoch
+        ));
         let cataloged = self.catalog_add(key, &g);
         let hold = Hold {
             to: from,

@@ -52,3 +52,34 @@ fn replay() {
         }
     }
 }
+
+/// The mutation named by `name` switched on.
+fn mutation(name: &str) -> Mutations {
+    let mut m = Mutations::default();
+    match name {
+        "no_removal_barrier" => m.no_removal_barrier = true,
+        "adopt_lost_catalog" => m.adopt_lost_catalog = true,
+        "no_epoch_fencing" => m.no_epoch_fencing = true,
+        "reusable_grants" => m.reusable_grants = true,
+        "" | "none" => {}
+        other => panic!("no mutation {other}"),
+    }
+    m
+}
+
+/// Looks for the seeds a mutation fails on: `MMC_SIM_HUNT=<switch> MMC_SIM_SEEDS=FROM..TO`.
+#[test]
+fn hunt() {
+    let Ok(name) = std::env::var("MMC_SIM_HUNT") else {
+        return;
+    };
+    let (from, to) = seeds_from_env("MMC_SIM_SEEDS").unwrap_or((1, 100));
+    let steps = steps_from_env();
+    let m = mutation(&name);
+    for seed in from..to {
+        if let Err(report) = run(seed, steps, m) {
+            let first = report.lines().nth(1).unwrap_or("");
+            eprintln!("{name}: seed {seed} fails: {first}");
+        }
+    }
+}
