@@ -278,7 +278,7 @@ impl Meta {
                 .retire
                 .map_or(String::new(), |r| format!(", retiring epoch {r}"))
         ));
-        let key = self.master.for_member(rank, incarnation).to_hex();
+        let key = self.master.for_member(rank, incarnation, epoch).to_hex();
         cx.reply(
             from,
             call,
@@ -307,7 +307,7 @@ impl Meta {
     ) -> Result<(), String> {
         let backend = Backend::Remote(RemoteRank::new(
             url.to_string(),
-            self.master.for_member(rank, incarnation),
+            self.master.for_member(rank, incarnation, epoch),
             epoch,
         ));
         let seg = mount::build_remote_segment(

@@ -200,11 +200,12 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         );
     }
     log::info!("rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch})");
-    // The service's own key: grants given to an earlier process on this rank do not verify.
+    // This membership's own key: grants given to an earlier process on this rank, or to an
+    // earlier membership of this one, do not verify.
     let key = cluster
         .grant_key
         .get()
-        .map(|k| k.for_member(rank, incarnation).to_hex())
+        .map(|k| k.for_member(rank, incarnation, epoch).to_hex())
         .unwrap_or_default();
     json_answer(
         ctx,
