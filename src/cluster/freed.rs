@@ -14,9 +14,10 @@ pub const LOG_CAPACITY: usize = 65_536;
 /// Freed records sent in one heartbeat answer (the rest follow in the next ones).
 pub const RECORDS_PER_BEAT: usize = 8192;
 
-/// A freed (or landed) record as a shard notes it: the rank, the record, and a hash of the
-/// object's key ([`key_hash`]), by which a removal finds the records it must see applied.
-pub type Noted = (u32, Freed, u64);
+/// A freed (or landed) record as a shard notes it: the rank, the membership (epoch) whose
+/// segment held the blob, the record, and a hash of the object's key ([`key_hash`]), by which
+/// a removal finds the records it must see applied.
+pub type Noted = (u32, u64, Freed, u64);
 
 /// The hash of an object key that freed records carry on the meta (never sent).
 pub fn key_hash(key: &[u8]) -> u64 {
@@ -27,8 +28,7 @@ pub fn key_hash(key: &[u8]) -> u64 {
 #[derive(Default)]
 struct FreedLog {
     /// The membership (`cluster::members` epoch) whose service the records are for; `None`
-    /// for records noted while no membership of the rank had begun a log (they are handed to
-    /// the next membership, whose catalog ignores stamps it does not hold).
+    /// for a log no membership began (it takes no record).
     epoch: Option<u64>,
     /// Records not acknowledged yet, oldest first, with their sequence numbers and key hashes.
     records: VecDeque<(u64, Freed, u64)>,
@@ -105,11 +105,18 @@ impl FreedLogs {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends freed blobs of remote ranks.
+    /// Appends freed blobs of remote ranks, each to the log of the membership whose segment
+    /// held it. A record of another membership goes nowhere: that membership's catalog is not
+    /// the one this log keeps. (A process that joins again under a new leadership hands its
+    /// catalog over again, and its objects are adopted afresh at the same ranges while the
+    /// previous membership's segments are dropped: their records, same ranges and stamps,
+    /// would drop those entries from the catalog, and a failover would lose the objects.)
     pub fn push(&self, freed: impl IntoIterator<Item = Noted>) {
         let mut logs = self.lock();
-        for (rank, f, key) in freed {
-            let log = logs.entry(rank).or_default();
+        for (rank, epoch, f, key) in freed {
+            let Some(log) = logs.get_mut(&rank).filter(|l| l.epoch == Some(epoch)) else {
+                continue;
+            };
             log.seq += 1;
             if log.records.len() >= LOG_CAPACITY {
                 log.records.clear();

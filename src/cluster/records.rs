@@ -84,9 +84,9 @@ impl Entry {
 }
 
 impl Adopted {
-    /// The freed record of an entry whose adoption was refused: its blob is not this meta's,
-    /// so its local service drops it.
-    pub fn refused(&self) -> Noted {
+    /// The freed record of an entry membership `epoch` handed over and whose adoption was
+    /// refused: its blob is not this meta's, so its local service drops it.
+    pub fn refused(&self, epoch: u64) -> Noted {
         let e = &self.entry;
         let f = Freed {
             medium: e.medium,
@@ -94,7 +94,7 @@ impl Adopted {
             stamp: e.stamp,
             landed: false,
         };
-        (self.rank, f, key_hash(&e.key))
+        (self.rank, epoch, f, key_hash(&e.key))
     }
 }
 
@@ -116,8 +116,8 @@ mod tests {
         let logs = FreedLogs::default();
         logs.begin(3, 7);
         logs.push([
-            (3, freed(0), key_hash(b"a")),
-            (3, freed(4096), key_hash(b"b")),
+            (3, 7, freed(0), key_hash(b"a")),
+            (3, 7, freed(4096), key_hash(b"b")),
         ]);
         // Nothing of "c" on any rank: settled at once.
         assert!(Removal::new(&logs, &[key_hash(b"c")], 0, 1500).is_settled());
@@ -162,8 +162,8 @@ mod tests {
                 sum: 0,
             },
         };
-        let (rank, f, key) = a.refused();
-        assert_eq!((rank, key), (4, key_hash(b"k")));
+        let (rank, epoch, f, key) = a.refused(9);
+        assert_eq!((rank, epoch, key), (4, 9, key_hash(b"k")));
         assert_eq!((f.offset, f.stamp, f.landed), (8192, a.entry.stamp, false));
     }
 }

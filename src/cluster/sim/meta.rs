@@ -390,7 +390,7 @@ impl Meta {
             if adopt {
                 let entries = catalog.unwrap_or_default();
                 let offered = entries.len();
-                let refused = self.adopt(rank, entries);
+                let refused = self.adopt(rank, epoch, entries);
                 cx.log(format!(
                     "rank {rank}: adopted {} of the {offered} blobs in its catalog",
                     offered - refused
@@ -423,7 +423,7 @@ impl Meta {
     }
 
     /// `cluster.rs` `adopt`: returns how many entries were refused (logged as freed).
-    fn adopt(&mut self, rank: u32, catalog: Vec<Entry>) -> usize {
+    fn adopt(&mut self, rank: u32, epoch: u64, catalog: Vec<Entry>) -> usize {
         let offered = catalog
             .into_iter()
             .map(|entry| Adopted { rank, entry })
@@ -431,11 +431,7 @@ impl Meta {
         let refused = self.store.adopt(offered);
         self.after_store();
         let n = refused.len();
-        self.logs.push(
-            refused
-                .iter()
-                .map(crate::cluster::catalog::Adopted::refused),
-        );
+        self.logs.push(refused.iter().map(|a| a.refused(epoch)));
         n
     }
 

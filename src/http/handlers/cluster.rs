@@ -223,7 +223,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 
 /// Adopts a rank's catalog on the owner shards of its keys; returns how many entries
 /// were refused (logged as freed for the rank, so its local service drops them).
-async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
+async fn adopt(ctx: &mut Ctx<'_>, rank: u32, epoch: u64, catalog: Vec<Entry>) -> usize {
     let n = ctx.shard.cluster.shard_count();
     let mut groups: Vec<Vec<Adopted>> = (0..n).map(|_| Vec::new()).collect();
     for entry in catalog {
@@ -255,7 +255,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
     ctx.shard
         .cluster
         .freed_logs
-        .push(refused.iter().map(Adopted::refused));
+        .push(refused.iter().map(|a| a.refused(epoch)));
     count
 }
 
@@ -353,7 +353,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 Vec::new()
             });
             let offered = catalog.len();
-            let refused = adopt(ctx, rank, catalog).await;
+            let refused = adopt(ctx, rank, from.epoch, catalog).await;
             log::info!(
                 "rank {rank}: adopted {} of the {offered} blobs in its catalog",
                 offered - refused
