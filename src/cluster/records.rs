@@ -57,6 +57,7 @@ impl Removal {
             return Settled::Confirmed;
         }
         let mut ranks: Vec<u32> = self.barriers.iter().map(|b| b.rank).collect();
+        ranks.sort_unstable();
         ranks.dedup();
         if now_ms > self.deadline_ms {
             Settled::Unconfirmed(ranks)

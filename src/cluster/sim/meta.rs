@@ -353,13 +353,21 @@ impl Meta {
             .map(|r| r.grant_key.clone())
     }
 
-    /// The sender of a membership message as the handler takes it: with fencing switched
-    /// off, whatever it names is taken for the rank's current membership.
-    fn sender(&self, cx: &Cx, who: (u32, u64, u64)) -> (u32, u64, u64) {
+    /// The sender of a membership message as the handler takes it, with the view it is
+    /// taken under: with fencing switched off, whatever it names is taken for the rank's
+    /// current membership, of whatever leadership.
+    fn sender(&self, cx: &mut Cx, who: (u32, u64, u64)) -> (u64, u32, u64, u64) {
         let (rank, incarnation, epoch) = who;
+        if self
+            .members
+            .get(rank)
+            .is_some_and(|m| (m.incarnation, m.epoch, m.view) != (incarnation, epoch, self.view()))
+        {
+            cx.counts.stale_messages += 1;
+        }
         match self.members.get(rank) {
-            Some(m) if cx.mutations.no_epoch_fencing => (rank, m.incarnation, m.epoch),
-            _ => (rank, incarnation, epoch),
+            Some(m) if cx.mutations.no_epoch_fencing => (m.view, rank, m.incarnation, m.epoch),
+            _ => (self.view(), rank, incarnation, epoch),
         }
     }
 
@@ -376,10 +384,10 @@ impl Meta {
         if !self.gate(cx, from, call) {
             return;
         }
-        let (rank, incarnation, epoch) = self.sender(cx, who);
+        let (view, rank, incarnation, epoch) = self.sender(cx, who);
         let beat = self
             .members
-            .heartbeat(self.view(), rank, incarnation, epoch, (), cx.now);
+            .heartbeat(view, rank, incarnation, epoch, (), cx.now);
         if beat == Beat::Refused {
             cx.reply(from, call, Rep::Forgotten);
             return;
@@ -440,8 +448,8 @@ impl Meta {
         if !self.gate(cx, from, call) {
             return;
         }
-        let (rank, incarnation, epoch) = self.sender(cx, who);
-        if !self.members.leave(self.view(), rank, incarnation, epoch) {
+        let (view, rank, incarnation, epoch) = self.sender(cx, who);
+        if !self.members.leave(view, rank, incarnation, epoch) {
             cx.reply(from, call, Rep::Left(false));
             return;
         }
@@ -487,6 +495,10 @@ impl Meta {
                     };
                     let found = self.store.commit(obj, ok);
                     self.after_store();
+                    cx.log(format!(
+                        "commit k{key} ({}.{}, ok {ok}): found {found}",
+                        g.view, g.obj_generation
+                    ));
                     match (found, ok) {
                         (true, true) => {
                             cx.ledger.committed(text, cx.now);
@@ -530,6 +542,11 @@ impl Meta {
                 return;
             }
         };
+        let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
+        cx.log(format!(
+            "put k{key}: {size} bytes on ranks {ranks:?} ({view}.{})",
+            obj.generation
+        ));
         let expires = cx.wall + GRANT_TTL_MS;
         let mut next: Option<Hop> = None;
         for (i, b) in blobs.iter().enumerate().rev() {

@@ -113,6 +113,7 @@ pub(super) struct Mutations {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Counts {
     pub partitions: u64,
+    pub slow_links: u64,
     pub drops: u64,
     pub duplicates: u64,
     pub delays: u64,
@@ -129,6 +130,7 @@ pub(super) struct Counts {
     pub grant_replays: u64,
     pub client_retries: u64,
     pub leaves: u64,
+    pub stale_messages: u64,
     pub puts_acked: u64,
     pub deletes_acked: u64,
     pub reads_checked: u64,
@@ -143,9 +145,10 @@ impl Counts {
         }
     }
 
-    fn fields(&self) -> [u64; 22] {
+    fn fields(&self) -> [u64; 24] {
         [
             self.partitions,
+            self.slow_links,
             self.drops,
             self.duplicates,
             self.delays,
@@ -162,6 +165,7 @@ impl Counts {
             self.grant_replays,
             self.client_retries,
             self.leaves,
+            self.stale_messages,
             self.puts_acked,
             self.deletes_acked,
             self.reads_checked,
@@ -170,9 +174,10 @@ impl Counts {
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 22] {
+    fn fields_mut(&mut self) -> [&mut u64; 24] {
         [
             &mut self.partitions,
+            &mut self.slow_links,
             &mut self.drops,
             &mut self.duplicates,
             &mut self.delays,
@@ -189,6 +194,7 @@ impl Counts {
             &mut self.grant_replays,
             &mut self.client_retries,
             &mut self.leaves,
+            &mut self.stale_messages,
             &mut self.puts_acked,
             &mut self.deletes_acked,
             &mut self.reads_checked,
@@ -197,8 +203,9 @@ impl Counts {
         ]
     }
 
-    pub const NAMES: [&'static str; 22] = [
+    pub const NAMES: [&'static str; 24] = [
         "partitions",
+        "slow links",
         "dropped messages",
         "duplicated messages",
         "delayed messages",
@@ -215,6 +222,7 @@ impl Counts {
         "grant replays",
         "client retries",
         "leaves",
+        "messages of a replaced membership",
         "puts acknowledged",
         "deletes acknowledged",
         "reads checked",

@@ -182,6 +182,8 @@ pub(super) struct Net {
     seq: u64,
     /// Pairs cut off from each other, until when.
     cuts: BTreeMap<(Node, Node), u64>,
+    /// Pairs whose messages crawl (a slow link: retransmissions, a stalled proxy), until when.
+    slow: BTreeMap<(Node, Node), u64>,
     pub weather: Option<Weather>,
 }
 
@@ -195,12 +197,18 @@ impl Net {
         *e = (*e).max(until);
     }
 
+    pub fn slow_down(&mut self, a: Node, b: Node, until: u64) {
+        let e = self.slow.entry(pair(a, b)).or_default();
+        *e = (*e).max(until);
+    }
+
     pub fn is_cut(&self, a: Node, b: Node, now: u64) -> bool {
         self.cuts.get(&pair(a, b)).is_some_and(|&u| u > now)
     }
 
     pub fn heal_all(&mut self) {
         self.cuts.clear();
+        self.slow.clear();
     }
 
     pub fn calm(&mut self) {
@@ -214,6 +222,14 @@ impl Net {
         }
         let w = self.weather;
         let mut delay = 1 + rng.below(4);
+        if self
+            .slow
+            .get(&pair(env.from, env.to))
+            .is_some_and(|&u| u > now)
+        {
+            counts.delays += 1;
+            delay += 300 + rng.below(2200);
+        }
         if let Some(w) = w {
             if rng.below(1000) < w.drop {
                 counts.drops += 1;

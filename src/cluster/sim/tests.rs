@@ -39,14 +39,16 @@ fn fixed_seeds() {
     );
 }
 
-/// One seed replayed exactly: `MMC_SIM_SEED=N [MMC_SIM_STEPS=S] cargo test --lib cluster::sim::tests::replay -- --nocapture`.
+/// One seed replayed exactly: `MMC_SIM_SEED=N [MMC_SIM_STEPS=S] [MMC_SIM_MUTATION=<switch>]
+/// cargo test --lib cluster::sim::tests::replay -- --nocapture`.
 #[test]
 fn replay() {
     let Some((from, to)) = seeds_from_env("MMC_SIM_SEED") else {
         return;
     };
+    let m = mutation(&std::env::var("MMC_SIM_MUTATION").unwrap_or_default());
     for seed in from..to {
-        match run(seed, steps_from_env(), Mutations::default()) {
+        match run(seed, steps_from_env(), m) {
             Ok(c) => eprintln!("seed {seed} passed:\n{}", c.table()),
             Err(report) => panic!("{report}"),
         }

@@ -72,6 +72,9 @@ struct Host<P> {
     down_until: Option<u64>,
     /// Its wall clock's offset from the true time.
     offset: i64,
+    /// A supervisor kills it then (and starts it again at once): a SIGTERMed process that
+    /// did not get to finish its leave.
+    kill_at: Option<u64>,
 }
 
 impl<P> Host<P> {
@@ -82,6 +85,7 @@ impl<P> Host<P> {
             inbox: Vec::new(),
             down_until: None,
             offset: 0,
+            kill_at: None,
         }
     }
 
@@ -107,9 +111,9 @@ pub(super) struct World {
     pub trace: Trace,
     next_call: u64,
     out: Vec<Envelope>,
-    /// Who served each view (meta, incarnation), and who served last.
+    /// Who served each view (meta, incarnation), and the last leadership that served.
     views: BTreeMap<u64, (usize, u64)>,
-    serving: Option<(usize, u64)>,
+    serving: Option<(usize, u64, u64)>,
     problems: Vec<String>,
 }
 
@@ -331,6 +335,14 @@ impl World {
             }
         }
         for j in 0..self.locals.len() {
+            if self.locals[j].kill_at.is_some_and(|t| t <= now) {
+                self.locals[j].kill_at = None;
+                self.counts.kills += 1;
+                self.trace
+                    .log(now, format!("local {j} killed while leaving"));
+                self.exit_local(j);
+                self.locals[j].down_until = Some(now + 1);
+            }
             if self.locals[j].proc.is_none() && self.locals[j].down_until.is_some_and(|t| t <= now)
             {
                 let l = self.new_local(j);
@@ -447,13 +459,18 @@ impl World {
                 ));
             }
         }
-        if let Some(&(i, inc, _)) = serving.first()
-            && self.serving != Some((i, inc))
+        // A new leadership (another meta, or the same one elected again) takes the catalogs
+        // over again: until they are, objects on local services may read as not found.
+        if let Some(&(i, inc, view)) = serving.first()
+            && self.serving != Some((i, inc, view))
         {
-            if self.serving.is_some() {
+            if self
+                .serving
+                .is_some_and(|(j, jinc, _)| (j, jinc) != (i, inc))
+            {
                 self.counts.failovers += 1;
             }
-            self.serving = Some((i, inc));
+            self.serving = Some((i, inc, view));
             self.ledger.disrupt(now);
         }
     }
@@ -487,8 +504,9 @@ impl World {
         let r = self.rng.below(1000);
         match r {
             0..=349 => self.client_op(),
-            350..=356 => self.partition(),
-            357..=359 => {
+            350..=354 => self.partition(false),
+            355..=358 => self.partition(true),
+            359..=361 => {
                 let j = self.rng.below(self.locals.len() as u64) as usize;
                 if self.locals[j].running(self.now) {
                     let ms = 50 + self.rng.below(5000);
@@ -498,18 +516,18 @@ impl World {
                         .log(self.now, format!("local {j} paused for {ms} ms"));
                 }
             }
-            360..=361 => {
+            362..=363 => {
                 let j = self.rng.below(self.locals.len() as u64) as usize;
                 if self.locals[j].proc.is_some() {
                     self.counts.kills += 1;
                     self.trace.log(self.now, format!("local {j} killed"));
                     self.exit_local(j);
-                    if r == 361 {
+                    if r == 363 {
                         self.locals[j].down_until = Some(self.now + 1);
                     }
                 }
             }
-            362 => {
+            364 => {
                 let j = self.rng.below(self.locals.len() as u64) as usize;
                 if self.locals[j].running(self.now) {
                     self.counts.leaves += 1;
@@ -518,9 +536,12 @@ impl World {
                     let mut cx = cx!(self, Node::Local(j as u8), self.locals[j].offset);
                     self.locals[j].proc.as_mut().expect("running").stop(&mut cx);
                     self.flush();
+                    if self.rng.chance(40) {
+                        self.locals[j].kill_at = Some(self.now + self.rng.below(300));
+                    }
                 }
             }
-            363..=364 => {
+            365..=366 => {
                 let n = self.metas.len() + self.locals.len();
                 let x = self.rng.below(n as u64) as usize;
                 let offset = self.rng.below(2 * MAX_OFFSET_MS as u64 + 1) as i64 - MAX_OFFSET_MS;
@@ -531,7 +552,7 @@ impl World {
                     self.locals[x - self.metas.len()].offset = offset;
                 }
             }
-            365..=372 => {
+            367..=374 => {
                 let c = self.rng.below(self.clients.len() as u64) as usize;
                 let pick = self.rng.next();
                 if self.clients[c].idle() {
@@ -542,13 +563,13 @@ impl World {
                     self.flush();
                 }
             }
-            373 if self.metas.len() > 1 => {
+            375 if self.metas.len() > 1 => {
                 let ms = 500 + self.rng.below(8000);
                 self.etcd.out_until = self.now + ms;
                 self.counts.etcd_outages += 1;
                 self.trace.log(self.now, format!("etcd out for {ms} ms"));
             }
-            374 => {
+            376 => {
                 let i = self.rng.below(self.metas.len() as u64) as usize;
                 if self.metas[i].running(self.now) {
                     let ms = 100 + self.rng.below(6000);
@@ -558,7 +579,7 @@ impl World {
                         .log(self.now, format!("meta {i} paused for {ms} ms"));
                 }
             }
-            375 => {
+            377 => {
                 let i = self.rng.below(self.metas.len() as u64) as usize;
                 if self.metas[i].proc.is_some() {
                     self.metas[i].proc = None;
@@ -602,7 +623,8 @@ impl World {
         self.flush();
     }
 
-    fn partition(&mut self) {
+    /// Cuts a node off from another, or from every other (`slow`: a slow link instead).
+    fn partition(&mut self, slow: bool) {
         let mut nodes: Vec<Node> = (0..self.metas.len())
             .map(|i| Node::Meta(i as u8))
             .chain((0..self.locals.len()).map(|j| Node::Local(j as u8)))
@@ -623,12 +645,22 @@ impl World {
             vec![b]
         };
         for &b in &others {
-            self.net.cut(a, b, self.now + ms);
+            if slow {
+                self.net.slow_down(a, b, self.now + ms);
+            } else {
+                self.net.cut(a, b, self.now + ms);
+            }
         }
-        self.counts.partitions += 1;
+        let what = if slow {
+            self.counts.slow_links += 1;
+            "slow link"
+        } else {
+            self.counts.partitions += 1;
+            "partition"
+        };
         self.trace.log(
             self.now,
-            format!("partition: {a:?} cut from {others:?} for {ms} ms"),
+            format!("{what}: {a:?} from {others:?} for {ms} ms"),
         );
     }
 
@@ -650,6 +682,7 @@ impl World {
         }
         for h in &mut self.locals {
             h.paused_until = h.paused_until.min(now);
+            h.kill_at = None;
             if h.proc.is_none() {
                 h.down_until = Some(now);
             }
