@@ -335,6 +335,8 @@ async fn join(cluster: &Cluster, meta: &str, body: Value) -> (JoinAnswer, Option
         heartbeat_timeout_ms: ms("heartbeat_timeout_ms", c.heartbeat_timeout_ms),
         ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
         discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
+        // A meta that does not say is taken to have admitted this service afresh.
+        fresh: v.get("fresh").and_then(Value::as_bool) != Some(false),
     };
     (JoinAnswer::Admitted(admission), Some(key))
 }

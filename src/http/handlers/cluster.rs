@@ -217,6 +217,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "heartbeat_timeout_ms": cluster.config.cluster.heartbeat_timeout_ms,
             "ha": cluster.config.ha.enable,
             "discard_catalog": discard,
+            "fresh": joined.fresh,
         }),
     )
 }
