@@ -280,7 +280,20 @@ pub(super) struct Shape {
 /// Runs `seed` for `steps` steps and the settling after; `Err` is the failure's report (the
 /// seed, what broke and the trace of the last steps).
 pub(super) fn run(seed: u64, steps: u64, mutations: Mutations) -> Result<Counts, String> {
-    let mut w = world::World::new(seed, mutations);
+    let metas = std::env::var("MMC_SIM_METAS")
+        .ok()
+        .map(|m| m.parse().expect("MMC_SIM_METAS: 1 to 3"));
+    run_with(seed, steps, mutations, metas)
+}
+
+/// [`run`] with that many metas instead of the seed's choice (1: no HA).
+pub(super) fn run_with(
+    seed: u64,
+    steps: u64,
+    mutations: Mutations,
+    metas: Option<usize>,
+) -> Result<Counts, String> {
+    let mut w = world::World::new(seed, mutations, metas);
     let shape = w.shape;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {

@@ -134,10 +134,12 @@ macro_rules! cx {
 }
 
 impl World {
-    pub fn new(seed: u64, mutations: Mutations) -> World {
+    /// The world of `seed`; `metas`: that many metas instead of the seed's choice.
+    pub fn new(seed: u64, mutations: Mutations, metas: Option<usize>) -> World {
         let mut rng = Rng(seed);
+        let drawn = 1 + rng.below(3) as usize;
         let shape = Shape {
-            metas: 1 + rng.below(3) as usize,
+            metas: metas.unwrap_or(drawn),
             locals: 2 + rng.below(3) as usize,
             clients: 2 + rng.below(2) as usize,
             seg_pages: [32, 64, 128][rng.below(3) as usize],
@@ -174,7 +176,12 @@ impl World {
                 .collect(),
             ledger: Ledger::new(),
             counts: Counts::default(),
-            trace: Trace::new(400),
+            trace: Trace::new(
+                std::env::var("MMC_SIM_TRACE")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(400),
+            ),
             next_call: 0,
             out: Vec::new(),
             views: BTreeMap::new(),
@@ -579,6 +586,7 @@ impl World {
                         .log(self.now, format!("meta {i} paused for {ms} ms"));
                 }
             }
+            378..=379 => self.restart_behind_a_slow_link(),
             377 => {
                 let i = self.rng.below(self.metas.len() as u64) as usize;
                 if self.metas[i].proc.is_some() {
@@ -592,6 +600,33 @@ impl World {
             }
             _ => {}
         }
+    }
+
+    /// A local service killed (sometimes while it leaves) and started again at once while its
+    /// link to the metas crawls: what the dead process sent last (a heartbeat, its leave)
+    /// may arrive after its successor joined.
+    fn restart_behind_a_slow_link(&mut self) {
+        let j = self.rng.below(self.locals.len() as u64) as usize;
+        if !self.locals[j].running(self.now) {
+            return;
+        }
+        let ms = 500 + self.rng.below(2500);
+        for i in 0..self.metas.len() {
+            self.net
+                .slow_down(Node::Local(j as u8), Node::Meta(i as u8), self.now + ms);
+        }
+        self.counts.slow_links += 1;
+        if self.rng.chance(50) {
+            self.counts.leaves += 1;
+            let mut cx = cx!(self, Node::Local(j as u8), self.locals[j].offset);
+            self.locals[j].proc.as_mut().expect("running").stop(&mut cx);
+            self.flush();
+        }
+        self.locals[j].kill_at = Some(self.now + 50 + self.rng.below(250));
+        self.trace.log(
+            self.now,
+            format!("local {j}: its link to the metas crawls for {ms} ms; it is killed soon"),
+        );
     }
 
     fn client_op(&mut self) {
