@@ -639,6 +639,7 @@ impl Meta {
                 Verdict::NotFound
             });
         }
+        cx.log(format!("remove {keys:?}: {results:?}"));
         let removal = Removal::new(&self.logs, &hashes, cx.now, HB_TIMEOUT_MS);
         if cx.mutations.no_removal_barrier || removal.is_settled() {
             cx.reply(from, call, Rep::Removed(results));

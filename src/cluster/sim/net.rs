@@ -164,6 +164,8 @@ pub(super) struct Envelope {
     pub from: Node,
     pub to: Node,
     pub msg: Msg,
+    /// A copy the network made: nobody waits for what it does.
+    pub dup: bool,
 }
 
 /// What the run's network does to messages, in per mille of them.
@@ -242,7 +244,9 @@ impl Net {
             if rng.below(1000) < w.dup {
                 counts.duplicates += 1;
                 let again = now + 1 + rng.below(w.slow_ms.max(10));
-                self.push(again, env.clone());
+                let mut copy = env.clone();
+                copy.dup = true;
+                self.push(again, copy);
             }
         }
         self.push(now + delay, env);

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::check::Ledger;
+use super::check::{Ledger, Outcome};
 use super::client::{Ask, Client};
 use super::ha::{Elected, Etcd};
 use super::local::Local;
@@ -44,6 +44,7 @@ impl Cx<'_> {
             from: self.me,
             to,
             msg,
+            dup: false,
         });
         call
     }
@@ -54,6 +55,7 @@ impl Cx<'_> {
             from: self.me,
             to,
             msg,
+            dup: false,
         });
     }
 
@@ -265,6 +267,7 @@ impl World {
                 from: env.to,
                 to: env.from,
                 msg,
+                dup: false,
             };
             self.net
                 .send(&mut self.rng, self.now, back, &mut self.counts);
@@ -281,6 +284,22 @@ impl World {
                 }
                 if !self.metas[i].running(now) {
                     return self.metas[i].inbox.push(env);
+                }
+                if let (
+                    true,
+                    Msg::Req {
+                        req: Req::Delete { keys },
+                        ..
+                    },
+                ) = (env.dup, &env.msg)
+                {
+                    // A removal the network repeated: one more delete, concurrent with
+                    // whatever follows, that nobody hears the answer of.
+                    for &k in keys {
+                        let (op, _) = self.ledger.begin(k, false, now);
+                        self.ledger
+                            .finish(op, now, Outcome::Unknown, &mut self.counts);
+                    }
                 }
                 let mut cx = cx!(self, env.to, self.metas[i].offset);
                 let m = self.metas[i].proc.as_mut().expect("running");
