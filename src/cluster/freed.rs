@@ -223,6 +223,14 @@ impl FreedLogs {
             .is_none_or(|l| l.epoch != Some(b.epoch) || l.acked >= b.seq)
     }
 
+    /// Whether the service of the barrier's membership acknowledged its record, that
+    /// membership still running.
+    pub fn acknowledged(&self, b: &Barrier) -> bool {
+        self.lock()
+            .get(&b.rank)
+            .is_some_and(|l| l.epoch == Some(b.epoch) && l.acked >= b.seq)
+    }
+
     /// The records to push to `rank`'s service now, unless a push is on its way already or
     /// nothing waits (the caller then sends them and reports with [`FreedLogs::pushed`]). An
     /// overflowed log is not pushed: the next heartbeat resyncs it.

@@ -8,7 +8,9 @@
 //! of each such rank applied the freed records of those copies ([`Removal`]): its barriers in
 //! the ranks' logs ([`FreedLogs::barrier`]) are passed when acknowledged, or when their
 //! membership ended. Until then the caller pushes the waiting ranks' records; past the
-//! heartbeat timeout and a second the removal is answered unconfirmed.
+//! heartbeat timeout and a second the removal is answered unconfirmed. With HA only the
+//! acknowledgements count ([`Removal::acknowledged_only`]): a membership declared lost keeps
+//! its catalog, and another leader, which never heard of the loss, may be handed it.
 
 use super::catalog::{Adopted, Barrier, Entry, Freed, FreedLogs, Noted, Stamp, key_hash};
 use crate::common::medium::Medium;
@@ -22,6 +24,7 @@ pub const SETTLE_GRACE_MS: u64 = 1000;
 pub struct Removal {
     barriers: Vec<Barrier>,
     deadline_ms: u64,
+    acknowledged_only: bool,
 }
 
 /// Where a removal stands ([`Removal::poll`]).
@@ -42,7 +45,18 @@ impl Removal {
         Removal {
             barriers: keys.iter().flat_map(|&k| logs.barrier(Some(k))).collect(),
             deadline_ms: now_ms + heartbeat_timeout_ms + SETTLE_GRACE_MS,
+            acknowledged_only: false,
         }
+    }
+
+    /// Only the local services' acknowledgements confirm the removal (with HA): a barrier
+    /// whose membership ended (the rank declared lost, or replaced by the same process under a
+    /// new leadership) confirms nothing, since that service may still hand the catalog that
+    /// lists the removed copy to a leader that never heard of the loss. Such a removal is
+    /// answered unconfirmed (may come back) rather than confirmed.
+    pub fn acknowledged_only(mut self) -> Removal {
+        self.acknowledged_only = true;
+        self
     }
 
     /// Nothing to wait for (no copy on a remote rank, or every record acknowledged already).
@@ -52,14 +66,23 @@ impl Removal {
 
     /// One look at the barriers at `now_ms`.
     pub fn poll(&mut self, logs: &FreedLogs, now_ms: u64) -> Settled {
-        self.barriers.retain(|b| !logs.passed(b));
+        let only = self.acknowledged_only;
+        self.barriers.retain(|b| {
+            if only {
+                !logs.acknowledged(b)
+            } else {
+                !logs.passed(b)
+            }
+        });
         if self.barriers.is_empty() {
             return Settled::Confirmed;
         }
         let mut ranks: Vec<u32> = self.barriers.iter().map(|b| b.rank).collect();
         ranks.sort_unstable();
         ranks.dedup();
-        if now_ms > self.deadline_ms {
+        // A membership that ended will never acknowledge: nothing more to wait for.
+        let hopeless = only && self.barriers.iter().all(|b| logs.passed(b));
+        if now_ms > self.deadline_ms || hopeless {
             Settled::Unconfirmed(ranks)
         } else {
             Settled::Waiting(ranks)
@@ -134,6 +157,28 @@ mod tests {
         // A membership that ended passes its barriers.
         logs.retire(3, 7);
         assert_eq!(r.poll(&logs, 2602), Settled::Confirmed);
+    }
+
+    /// With HA a membership that ended confirms nothing: its service keeps its catalog and may
+    /// hand it to the next leader, which never heard of the loss (the cluster simulation,
+    /// seed 5: a deposed leader declared the holder lost, answered the delete 200, and the next
+    /// leader adopted the deleted object from the holder's catalog).
+    #[test]
+    fn with_ha_only_acknowledgements_confirm_a_removal() {
+        let logs = FreedLogs::default();
+        logs.begin(3, 7);
+        logs.push([(3, 7, freed(0), key_hash(b"a"))]);
+        let mut r = Removal::new(&logs, &[key_hash(b"a")], 0, 1500).acknowledged_only();
+        assert_eq!(r.poll(&logs, 10), Settled::Waiting(vec![3]));
+        logs.retire(3, 7);
+        assert_eq!(r.poll(&logs, 20), Settled::Unconfirmed(vec![3]));
+        // Acknowledged while the membership runs: confirmed.
+        logs.begin(3, 8);
+        logs.push([(3, 8, freed(0), key_hash(b"a"))]);
+        let mut r = Removal::new(&logs, &[key_hash(b"a")], 0, 1500).acknowledged_only();
+        assert_eq!(r.poll(&logs, 10), Settled::Waiting(vec![3]));
+        logs.pushed(3, 8, Some(1));
+        assert_eq!(r.poll(&logs, 30), Settled::Confirmed);
     }
 
     #[test]

@@ -271,6 +271,11 @@ impl Meta {
             }
         }
         let discard = joined.catalog == CatalogFate::Discard && !cx.mutations.adopt_lost_catalog;
+        if joined.catalog == CatalogFate::Discard && !discard {
+            cx.log(format!(
+                "MUTATION adopt_lost_catalog: rank {rank} was declared lost; its catalog is not discarded"
+            ));
+        }
         cx.log(format!(
             "rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch}, {:?}{})",
             joined.catalog,
@@ -367,7 +372,16 @@ impl Meta {
             cx.counts.stale_messages += 1;
         }
         match self.members.get(rank) {
-            Some(m) if cx.mutations.no_epoch_fencing => (m.view, rank, m.incarnation, m.epoch),
+            Some(m) if cx.mutations.no_epoch_fencing => {
+                let current = (m.view, rank, m.incarnation, m.epoch);
+                if current != (self.view(), rank, incarnation, epoch) {
+                    cx.log(format!(
+                        "MUTATION no_epoch_fencing: a message of incarnation {incarnation}, epoch {epoch} taken for rank {rank}'s current membership (epoch {})",
+                        m.epoch
+                    ));
+                }
+                current
+            }
             _ => (self.view(), rank, incarnation, epoch),
         }
     }
@@ -395,6 +409,11 @@ impl Meta {
         }
         let segs = self.member_segments(rank, epoch);
         if let Beat::First { catalog: adopt } = beat {
+            if !adopt && cx.mutations.adopt_lost_catalog && catalog.is_some() {
+                cx.log(format!(
+                    "MUTATION adopt_lost_catalog: rank {rank}'s catalog is adopted though its membership was lost"
+                ));
+            }
             let adopt = adopt || (cx.mutations.adopt_lost_catalog && catalog.is_some());
             if adopt {
                 let entries = catalog.unwrap_or_default();
@@ -640,7 +659,15 @@ impl Meta {
             });
         }
         cx.log(format!("remove {keys:?}: {results:?}"));
-        let removal = Removal::new(&self.logs, &hashes, cx.now, HB_TIMEOUT_MS);
+        let mut removal = Removal::new(&self.logs, &hashes, cx.now, HB_TIMEOUT_MS);
+        if self.ha.is_some() {
+            removal = removal.acknowledged_only();
+        }
+        if cx.mutations.no_removal_barrier && !removal.is_settled() {
+            cx.log(format!(
+                "MUTATION no_removal_barrier: the removal of {keys:?} is answered before its local services dropped the copies"
+            ));
+        }
         if cx.mutations.no_removal_barrier || removal.is_settled() {
             cx.reply(from, call, Rep::Removed(results));
             return;
