@@ -260,8 +260,14 @@ impl Local {
         let Some(g) = self.check(cx, key, &grant, &next_url, true) else {
             return Some(Verdict::Failed);
         };
-        if !cx.mutations.reusable_grants && self.used.admit(&grant, &g, cx.wall).is_err() {
-            return Some(Verdict::Failed);
+        if self.used.admit(&grant, &g, cx.wall).is_err() {
+            if !cx.mutations.reusable_grants {
+                return Some(Verdict::Failed);
+            }
+            cx.log(format!(
+                "MUTATION reusable_grants: a used grant writes k{key} = {val} again at {}",
+                g.offset
+            ));
         }
         let first = g.offset / PAGE_BYTES;
         let end = (g.offset + g.size.max(1)).div_ceil(PAGE_BYTES);

@@ -305,6 +305,9 @@ pub(super) fn run_with(
         w.settle();
     }));
     let violations = w.violations();
+    if std::env::var_os("MMC_SIM_DUMP").is_some() {
+        eprintln!("{}", w.trace.dump());
+    }
     if res.is_ok() && violations.is_empty() {
         return Ok(w.counts.clone());
     }
