@@ -282,6 +282,7 @@ pub(super) struct Shape {
 pub(super) fn run(seed: u64, steps: u64, mutations: Mutations) -> Result<Counts, String> {
     let metas = std::env::var("MMC_SIM_METAS")
         .ok()
+        .filter(|m| !m.is_empty())
         .map(|m| m.parse().expect("MMC_SIM_METAS: 1 to 3"));
     run_with(seed, steps, mutations, metas)
 }
