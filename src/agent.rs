@@ -384,6 +384,8 @@ async fn join(
         heartbeat_timeout_ms: ms("heartbeat_timeout_ms", c.heartbeat_timeout_ms),
         ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
         discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
+        // A meta that does not say is taken to have admitted this service afresh.
+        fresh: v.get("fresh").and_then(Value::as_bool) != Some(false),
     };
     let view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
     (JoinAnswer::Admitted(admission), Some((key, view)), None)

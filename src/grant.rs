@@ -9,10 +9,11 @@
 //! an HMAC-SHA256 over the
 //! object's key, the fields and the next hop's URL (a replicated put's chain), in hex. Only
 //! the meta service and its local services hold the key (each local service its own, derived
-//! from the meta's for its rank and incarnation and handed to it when it joins, over the
-//! cluster-token-authenticated join), so a grant cannot be forged or altered: changing the
-//! key, the rank, the blob or the operation breaks the MAC, and a grant given to a process
-//! that has since been replaced on its rank does not verify on its successor. Grants are short-lived
+//! from the meta's for its rank, incarnation and membership and handed to it when it joins,
+//! over the cluster-token-authenticated join), so a grant cannot be forged or altered: changing
+//! the key, the rank, the blob or the operation breaks the MAC, and a grant given to a process
+//! that has since been replaced on its rank, or to an earlier membership of the same process,
+//! does not verify on its successor. Grants are short-lived
 //! (`ock.mmc.cluster.grant_ttl_ms`, and a read's never outlives its lease).
 //!
 //! A write or move grant is single-use on the process that serves it: [`GrantLedger`] keeps
@@ -146,15 +147,19 @@ impl GrantKey {
         GrantKey::from_bytes(raw)
     }
 
-    /// The key of one local service: rank `rank` in its incarnation `incarnation`. A meta
-    /// hands it to that service when it joins and signs the grants on the rank's blobs with
-    /// it, so a grant given while another process held the rank (one killed and restarted on
-    /// the same address) does not verify on its successor, whose memory holds other bytes.
-    pub fn for_member(&self, rank: u32, incarnation: u64) -> GrantKey {
+    /// The key of one membership of a local service: rank `rank` in its incarnation
+    /// `incarnation`, admitted as membership `epoch` (`cluster::members`). A meta hands it to
+    /// that service when it joins and signs the grants on the rank's blobs with it, so a grant
+    /// given while another process held the rank (one killed and restarted on the same
+    /// address), or while the same process held an earlier membership (declared lost, then
+    /// joined again: the meta dropped that membership's blobs and gives their ranges to other
+    /// objects), does not verify on its successor, whose memory there holds other bytes.
+    pub fn for_member(&self, rank: u32, incarnation: u64, epoch: u64) -> GrantKey {
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(b"mmc local service grant key\n");
         ctx.update(&rank.to_be_bytes());
         ctx.update(&incarnation.to_be_bytes());
+        ctx.update(&epoch.to_be_bytes());
         let mut raw = [0u8; 32];
         raw.copy_from_slice(&ctx.sign().as_ref()[..32]);
         GrantKey::from_bytes(raw)
@@ -559,11 +564,17 @@ mod tests {
     #[test]
     fn a_members_grants_verify_only_with_that_members_key() {
         let master = GrantKey::random();
-        let mine = master.for_member(2, 77);
+        let mine = master.for_member(2, 77, 5);
         let text = sample().sign(&mine, b"k", b"");
-        assert!(Grant::verify(&master.for_member(2, 77), &text, b"k", b"", 0).is_ok());
-        // The rank's next incarnation, another rank, the master key itself: refused.
-        for other in [master.for_member(2, 78), master.for_member(3, 77), master] {
+        assert!(Grant::verify(&master.for_member(2, 77, 5), &text, b"k", b"", 0).is_ok());
+        // The rank's next incarnation, the same process's next membership (it was declared
+        // lost and joined again), another rank, the master key itself: refused.
+        for other in [
+            master.for_member(2, 78, 5),
+            master.for_member(2, 77, 6),
+            master.for_member(3, 77, 5),
+            master,
+        ] {
             assert_eq!(
                 Grant::verify(&other, &text, b"k", b"", 0),
                 Err(GrantError::BadMac)

@@ -24,9 +24,9 @@ fn barriers_pass_on_acknowledgement_or_the_end_of_the_membership() {
     logs.begin(4, 12);
     assert!(logs.has_members());
     logs.push([
-        (3, freed(0, 1, 1), 7),
-        (3, freed(4096, 1, 2), 8),
-        (4, freed(0, 1, 3), 7),
+        (3, 11, freed(0, 1, 1), 7),
+        (3, 11, freed(4096, 1, 2), 8),
+        (4, 12, freed(0, 1, 3), 7),
     ]);
     let mut b = logs.barrier(Some(7));
     b.sort_by_key(|b| b.rank);
@@ -64,7 +64,7 @@ fn barriers_pass_on_acknowledgement_or_the_end_of_the_membership() {
     assert!(logs.barrier(None).is_empty());
     // A retire of an earlier membership leaves a later one's log alone.
     logs.begin(3, 13);
-    logs.push([(3, freed(0, 2, 5), 7)]);
+    logs.push([(3, 13, freed(0, 2, 5), 7)]);
     logs.retire(3, 11);
     assert_eq!(logs.barrier(Some(7)).len(), 1);
 }
@@ -74,7 +74,7 @@ fn barriers_pass_on_acknowledgement_or_the_end_of_the_membership() {
 fn after_an_overflow_removals_wait_for_the_resync() {
     let logs = FreedLogs::default();
     logs.begin(7, 1);
-    logs.push((0..LOG_CAPACITY as u64 + 5).map(|i| (7, freed(i * 4096, 1, i), i)));
+    logs.push((0..LOG_CAPACITY as u64 + 5).map(|i| (7, 1, freed(i * 4096, 1, i), i)));
     let b = logs.barrier(Some(3));
     assert_eq!(
         b.len(),

@@ -5,14 +5,21 @@
 //!
 //! - [`members`]: the meta's membership machine (joins, heartbeats, leaves, losses), fenced
 //!   by incarnation and epoch.
-//! - [`catalog`]: what a local service holds (its catalog) and what the meta freed on each
-//!   rank (the freed logs), with the barriers a removal waits on.
+//! - [`catalog`]: what a local service holds (its catalog); [`freed`]: what the meta freed on
+//!   each rank (the freed logs), with the barriers a removal waits on.
+//! - [`records`]: the entries and records made the one way the handlers and the simulation
+//!   share (a written blob's entry, a refused adoption's record, a removal's wait).
+//! - `sim` (tests only): the deterministic cluster simulation on these machines.
 //!
 //! `docs/cluster-protocol.md` is the protocol: roles, messages, machines, invariants.
 
 pub mod agent;
 pub mod catalog;
+pub mod freed;
 pub mod members;
+pub mod records;
 
 #[cfg(test)]
 mod barrier_tests;
+#[cfg(test)]
+mod sim;

@@ -245,7 +245,7 @@ impl Shard {
                 size,
                 Backend::Remote(RemoteRank::new(
                     url.to_string(),
-                    master.for_member(rank, incarnation),
+                    master.for_member(rank, incarnation, epoch),
                     epoch,
                 )),
                 cluster.shard_count(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Ctx, Request, copies};
-use crate::cluster::catalog::{Adopted, Entry, Freed, LogAnswer, key_hash};
+use crate::cluster::catalog::{Adopted, Entry, LogAnswer};
 use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK};
 use crate::config::Role;
 use crate::http::catalog_wire;
@@ -200,11 +200,12 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         );
     }
     log::info!("rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch})");
-    // The service's own key: grants given to an earlier process on this rank do not verify.
+    // This membership's own key: grants given to an earlier process on this rank, or to an
+    // earlier membership of this one, do not verify.
     let key = cluster
         .grant_key
         .get()
-        .map(|k| k.for_member(rank, incarnation).to_hex())
+        .map(|k| k.for_member(rank, incarnation, epoch).to_hex())
         .unwrap_or_default();
     json_answer(
         ctx,
@@ -218,13 +219,14 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "discard_catalog": discard,
             // What the local service reports as the view of the meta it follows.
             "view_version": view,
+            "fresh": joined.fresh,
         }),
     )
 }
 
 /// Adopts a rank's catalog on the owner shards of its keys; returns how many entries
 /// were refused (logged as freed for the rank, so its local service drops them).
-async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
+async fn adopt(ctx: &mut Ctx<'_>, rank: u32, epoch: u64, catalog: Vec<Entry>) -> usize {
     let n = ctx.shard.cluster.shard_count();
     let mut groups: Vec<Vec<Adopted>> = (0..n).map(|_| Vec::new()).collect();
     for entry in catalog {
@@ -256,15 +258,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, catalog: Vec<Entry>) -> usize {
     ctx.shard
         .cluster
         .freed_logs
-        .push(refused.into_iter().map(|a| {
-            let f = Freed {
-                medium: a.entry.medium,
-                offset: a.entry.offset,
-                stamp: a.entry.stamp,
-                landed: false,
-            };
-            (a.rank, f, key_hash(&a.entry.key))
-        }));
+        .push(refused.iter().map(|a| a.refused(epoch)));
     count
 }
 
@@ -359,7 +353,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 Vec::new()
             });
             let offered = catalog.len();
-            let refused = adopt(ctx, rank, catalog).await;
+            let refused = adopt(ctx, rank, from.epoch, catalog).await;
             log::info!(
                 "rank {rank}: adopted {} of the {offered} blobs in its catalog",
                 offered - refused

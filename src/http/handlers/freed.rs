@@ -10,8 +10,11 @@
 //! carrying every record not yet acknowledged, so concurrent removals share it), and waits
 //! until each barrier is passed: acknowledged by the service (by the push's answer or a
 //! heartbeat's), or its membership over (lost or left: a lost membership's catalog is refused
-//! if it comes back). A rank that neither answers nor is declared lost within the heartbeat
-//! timeout and a second leaves the removal unconfirmed: answered 503.
+//! if it comes back). With HA only acknowledgements count: a lost membership's service keeps
+//! its catalog and may hand it to another leader, which knows nothing of the loss
+//! (`cluster::records::Removal::acknowledged_only`). A rank that neither answers nor is declared
+//! lost (without HA) within the heartbeat timeout and a second leaves the removal unconfirmed:
+//! answered 503.
 //!
 //! Local side ([`receive`]): the push is signed with the service's grant key over its body and
 //! names the membership's epoch; the records are applied to the catalog as a heartbeat's would
@@ -23,7 +26,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{Ctx, Request, required};
-use crate::cluster::catalog::{Barrier, key_hash};
+use crate::cluster::catalog::key_hash;
+use crate::cluster::records::{Removal, Settled};
 use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::client;
@@ -52,34 +56,34 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
     }
     let cluster = ctx.shard.cluster.clone();
     let logs = &cluster.freed_logs;
-    let mut barriers: Vec<Barrier> = keys.iter().flat_map(|&k| logs.barrier(Some(k))).collect();
-    if barriers.is_empty() {
-        return true;
+    let timeout = cluster.config.cluster.heartbeat_timeout_ms;
+    let mut removal = Removal::new(logs, keys, cluster.clock.now_ms(), timeout);
+    if cluster.config.ha.enable {
+        removal = removal.acknowledged_only();
     }
-    let deadline = cluster.clock.now_ms() + cluster.config.cluster.heartbeat_timeout_ms + 1000;
     loop {
-        barriers.retain(|b| !logs.passed(b));
-        if barriers.is_empty() {
-            return true;
-        }
-        if cluster.clock.now_ms() > deadline {
-            let ranks: Vec<u32> = barriers.iter().map(|b| b.rank).collect();
-            log::warn!(
-                "a removal was not confirmed by the local services of ranks {ranks:?} within the heartbeat timeout"
-            );
-            return false;
-        }
-        // Pushes this removal starts are awaited (no polling while one is on its way); one
-        // another removal started is looked at again after a short pause.
-        let mine: Vec<_> = barriers
-            .iter()
-            .filter_map(|b| push(&cluster, b.rank))
-            .collect();
-        if mine.is_empty() {
-            monoio::time::sleep(POLL).await;
-        }
-        for p in mine {
-            p.await;
+        match removal.poll(logs, cluster.clock.now_ms()) {
+            Settled::Confirmed => return true,
+            Settled::Unconfirmed(ranks) => {
+                log::warn!(
+                    "a removal was not confirmed by the local services of ranks {ranks:?} within the heartbeat timeout"
+                );
+                return false;
+            }
+            Settled::Waiting(ranks) => {
+                // Pushes this removal starts are awaited (no polling while one is on its
+                // way); one another removal started is looked at again after a short pause.
+                let mine: Vec<_> = ranks
+                    .into_iter()
+                    .filter_map(|rank| push(&cluster, rank))
+                    .collect();
+                if mine.is_empty() {
+                    monoio::time::sleep(POLL).await;
+                }
+                for p in mine {
+                    p.await;
+                }
+            }
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
 use crate::metrics::client::ClientOp;
-use crate::shards::store::segment::{Medium, PAGE_BYTES, SegRef, Segment};
+use crate::shards::store::segment::{Medium, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
 use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
@@ -551,17 +551,9 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
     if cluster.config.cluster.role != crate::config::Role::Local {
         return false;
     }
-    let entry = Entry {
-        key: key.into(),
-        medium: Medium::ALL[grant.medium as usize],
-        offset: grant.offset,
-        // What the meta allocated for it: the size in whole pages (a grant's `len` is the
-        // size; the store allocates page-rounded ranges, an empty object one page).
-        len: grant.len.max(1).div_ceil(PAGE_BYTES) * PAGE_BYTES,
-        size: grant.size,
-        stamp: grant_stamp(grant),
-        sum: 0,
-    };
+    // A grant's `len` is the object's size; the entry's is what the meta allocated.
+    let medium = Medium::ALL[grant.medium as usize];
+    let entry = Entry::written(key, medium, grant.offset, grant.size, grant_stamp(grant));
     let mut catalog = cluster.local.catalog();
     if grant.op == GrantOp::WriteCommit {
         // Handed over only once the meta answered its commit.

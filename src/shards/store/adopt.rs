@@ -49,9 +49,9 @@ impl Store {
         let Some(Some(ss)) = self.segs.get(b.seg as usize) else {
             return;
         };
-        if ss.seg.backend.remote().is_none() {
+        let Some(epoch) = ss.seg.backend.remote().map(|r| r.epoch) else {
             return;
-        }
+        };
         let f = Freed {
             medium: b.medium,
             offset: b.offset,
@@ -59,7 +59,7 @@ impl Store {
             landed,
         };
         let key = crate::cluster::catalog::key_hash(&self.objects[obj as usize].key);
-        self.freed_remote.push((b.rank, f, key));
+        self.freed_remote.push((b.rank, epoch, f, key));
     }
 
     /// Adopts blobs a local service holds as committed, readable objects at exactly their
@@ -334,23 +334,23 @@ mod tests {
         let freed = old.take_freed_remote();
         assert_eq!(freed.len(), 1);
         assert_eq!(freed[0].0, 4);
-        assert_eq!(freed[0].1.stamp.view, 7);
+        assert_eq!(freed[0].2.stamp.view, 7);
         // The local service's catalog: what it wrote, minus what the log freed.
         let mut catalog = Catalog::default();
         let mut all = old.rank_blobs(4);
         all.push(Entry {
             key: b"k3".as_slice().into(),
-            medium: freed[0].1.medium,
-            offset: freed[0].1.offset,
+            medium: freed[0].2.medium,
+            offset: freed[0].2.offset,
             len: 4096,
             size: 1015,
-            stamp: freed[0].1.stamp,
+            stamp: freed[0].2.stamp,
             sum: 0,
         });
         for e in all {
             catalog.add(e);
         }
-        assert!(catalog.free(&freed[0].1));
+        assert!(catalog.free(&freed[0].2));
         assert_eq!(catalog.len(), 19);
         let used_before = old.medium_totals(Medium::Dram).1;
 
@@ -393,7 +393,7 @@ mod tests {
         new.lease_expire_all();
         assert!(new.remove(b"k0"));
         let f = new.take_freed_remote();
-        assert_eq!(f[0].1.stamp, old.stamp_of(b"k0").unwrap());
+        assert_eq!(f[0].2.stamp, old.stamp_of(b"k0").unwrap());
         new.check();
     }
 
@@ -421,7 +421,7 @@ mod tests {
             let dropped: Vec<u64> = refused
                 .iter()
                 .map(|a| a.entry.stamp.seq)
-                .chain(s.take_freed_remote().iter().map(|(_, f, _)| f.stamp.seq))
+                .chain(s.take_freed_remote().iter().map(|(_, _, f, _)| f.stamp.seq))
                 .collect();
             assert_eq!(dropped, [10]);
             assert_eq!(s.stamp_of(b"k").unwrap().seq, 20);
@@ -481,6 +481,8 @@ mod tests {
         let mut old = build();
         old.set_view(5);
         let logs = FreedLogs::default();
+        // The test stores' remote segments are membership 1's.
+        logs.begin(4, 1);
         let mut catalog = Catalog::default();
         // What the local service sees of the meta's log, one heartbeat.
         let beat = |old: &mut Store, catalog: &mut Catalog| {
@@ -565,7 +567,7 @@ mod tests {
         let f = old.take_freed_remote();
         assert_eq!(f.len(), 1);
         assert_eq!(
-            (f[0].0, f[0].1.medium, f[0].1.offset, f[0].1.landed),
+            (f[0].0, f[0].2.medium, f[0].2.offset, f[0].2.landed),
             (4, Medium::Ssd, removed.offset, false)
         );
         logs.push(f);
@@ -637,6 +639,7 @@ mod tests {
             let mut old = remote_store(&[4]);
             old.set_view(3);
             let logs = FreedLogs::default();
+            logs.begin(4, 1);
             let mut catalog = Catalog::default();
             let steps = 300 + next(300);
             for _ in 0..steps {

@@ -77,7 +77,7 @@ pub mod tombstones;
 pub use rereplicate::RereplicateLimits;
 pub mod segment;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 pub mod ssd;
 #[cfg(test)]
 mod testing;

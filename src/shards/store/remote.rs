@@ -12,7 +12,7 @@ pub struct RemoteRank {
     /// Its data-plane base URL, `http://host:port`.
     pub url: String,
     /// The key the grants on this rank's blobs are signed with: its local service's own,
-    /// for the incarnation that joined ([`crate::grant::GrantKey::for_member`]).
+    /// for the incarnation and membership that joined ([`crate::grant::GrantKey::for_member`]).
     pub grant_key: Arc<GrantKey>,
     /// The membership that mounted this segment (`cluster::members`: the epoch its join was
     /// answered with): dropping that membership drops exactly its segments.

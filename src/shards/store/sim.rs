@@ -18,11 +18,11 @@ use super::*;
 use segment::{Segment, SegmentStatus};
 use testing::TestStore;
 
-/// splitmix64: small, fast, and the same everywhere.
-struct Rng(u64);
+/// splitmix64: small, fast, and the same everywhere (the cluster simulation draws from it too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -30,16 +30,16 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 
-    fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 
     /// Removes and returns a random element.
-    fn take<T>(&mut self, v: &mut Vec<T>) -> Option<T> {
+    pub(crate) fn take<T>(&mut self, v: &mut Vec<T>) -> Option<T> {
         if v.is_empty() {
             return None;
         }

@@ -532,7 +532,7 @@ fn a_remote_ranks_hbm_goes_down_to_its_own_dram_through_a_demotion_job() {
     let freed = s.take_freed_remote();
     let f: Vec<(u32, Medium, bool)> = freed
         .iter()
-        .map(|(r, f, _)| (*r, f.medium, f.landed))
+        .map(|(r, _, f, _)| (*r, f.medium, f.landed))
         .collect();
     assert_eq!(f, [(1, Medium::Dram, true), (1, Medium::Hbm, false)]);
     s.check();

@@ -1,0 +1,259 @@
+//! The meta's freed logs (`catalog.rs` describes the hand-over they serve): per remote rank,
+//! the blobs the meta detached there and the tier moves it landed there, numbered, sent in the
+//! heartbeat answers and pushes until the rank's local service acknowledges them; the barriers
+//! a removal waits on; the resync of a log that overflowed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::catalog::Freed;
+
+/// Freed records one rank's log holds unacknowledged before it overflows (then: resync).
+pub const LOG_CAPACITY: usize = 65_536;
+
+/// Freed records sent in one heartbeat answer (the rest follow in the next ones).
+pub const RECORDS_PER_BEAT: usize = 8192;
+
+/// A freed (or landed) record as a shard notes it: the rank, the membership (epoch) whose
+/// segment held the blob, the record, and a hash of the object's key ([`key_hash`]), by which
+/// a removal finds the records it must see applied.
+pub type Noted = (u32, u64, Freed, u64);
+
+/// The hash of an object key that freed records carry on the meta (never sent).
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+/// One rank's log of freed blobs on the meta.
+#[derive(Default)]
+struct FreedLog {
+    /// The membership (`cluster::members` epoch) whose service the records are for; `None`
+    /// for a log no membership began (it takes no record).
+    epoch: Option<u64>,
+    /// Records not acknowledged yet, oldest first, with their sequence numbers and key hashes.
+    records: VecDeque<(u64, Freed, u64)>,
+    /// The last sequence handed out.
+    seq: u64,
+    /// The highest sequence the service acknowledged (in a heartbeat or a push's answer).
+    acked: u64,
+    /// Records were dropped past [`LOG_CAPACITY`]: the next heartbeat resyncs.
+    overflowed: bool,
+    /// The sequence a resync was answered as of: until the service acknowledges it, every
+    /// removal waits for it (its records were dropped from the log).
+    floor: u64,
+    /// A push of the records to the service is on its way ([`FreedLogs::take_push`]).
+    pushing: bool,
+}
+
+impl FreedLog {
+    fn trim(&mut self, ack: u64) {
+        self.acked = self.acked.max(ack.min(self.seq));
+        while self
+            .records
+            .front()
+            .is_some_and(|&(s, _, _)| s <= self.acked)
+        {
+            self.records.pop_front();
+        }
+    }
+}
+
+/// The meta's freed logs, one per remote rank. Appended by the shards after a command that
+/// detached remote blobs, read by heartbeats (one per rank per interval) and pushes; never
+/// taken by a request for an object on a local rank.
+#[derive(Default)]
+pub struct FreedLogs {
+    // LOCK-OK: removals of remote blobs and heartbeats only, held for a push or a copy
+    inner: Mutex<HashMap<u32, FreedLog>>,
+    /// Some membership ever began a log: until then (a server without local services) a
+    /// removal has no barrier to look for and takes no lock.
+    members: std::sync::atomic::AtomicBool,
+}
+
+/// What a heartbeat gets from the log.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LogAnswer {
+    Records {
+        seq: u64,
+        freed: Vec<(u64, Freed)>,
+    },
+    /// The log overflowed: send the rank's full list, taken after this call, as of `seq`.
+    Resync {
+        seq: u64,
+    },
+}
+
+/// What a removal waits for before it is answered: the record at `seq` of membership
+/// `epoch`'s log of `rank` applied by its service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Barrier {
+    pub rank: u32,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// Records to push to a rank's service now (`POST /cluster/v1/freed`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Push {
+    pub epoch: u64,
+    pub seq: u64,
+    pub freed: Vec<(u64, Freed)>,
+}
+
+impl FreedLogs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, FreedLog>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends freed blobs of remote ranks, each to the log of the membership whose segment
+    /// held it. A record of another membership goes nowhere: that membership's catalog is not
+    /// the one this log keeps. (A process that joins again under a new leadership hands its
+    /// catalog over again, and its objects are adopted afresh at the same ranges while the
+    /// previous membership's segments are dropped: their records, same ranges and stamps,
+    /// would drop those entries from the catalog, and a failover would lose the objects.)
+    pub fn push(&self, freed: impl IntoIterator<Item = Noted>) {
+        let mut logs = self.lock();
+        for (rank, epoch, f, key) in freed {
+            let Some(log) = logs.get_mut(&rank).filter(|l| l.epoch == Some(epoch)) else {
+                continue;
+            };
+            log.seq += 1;
+            if log.records.len() >= LOG_CAPACITY {
+                log.records.clear();
+                log.overflowed = true;
+            }
+            if !log.overflowed {
+                let seq = log.seq;
+                log.records.push_back((seq, f, key));
+            }
+        }
+    }
+
+    /// Membership `epoch` of `rank` begins (a fresh join): its log starts over, empty, at
+    /// sequence 0. Records of an earlier membership go: its catalog is not this one's.
+    pub fn begin(&self, rank: u32, epoch: u64) {
+        self.members
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.lock().insert(
+            rank,
+            FreedLog {
+                epoch: Some(epoch),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Membership `epoch` of `rank` ended (lost, left, replaced): its log goes, unless a later
+    /// membership's has replaced it. Removals waiting on it are answered (its catalog is
+    /// void: a lost membership's is refused if it comes back, a left one's process is gone).
+    pub fn retire(&self, rank: u32, epoch: u64) {
+        let mut logs = self.lock();
+        if logs.get(&rank).is_some_and(|l| l.epoch == Some(epoch)) {
+            logs.remove(&rank);
+        }
+    }
+
+    /// A heartbeat that acknowledged `ack`: the records after it (at most
+    /// [`RECORDS_PER_BEAT`]), or a resync when the log overflowed. Records up to `ack` are
+    /// trimmed.
+    pub fn answer(&self, rank: u32, ack: u64) -> LogAnswer {
+        let mut logs = self.lock();
+        let log = logs.entry(rank).or_default();
+        if log.overflowed {
+            log.overflowed = false;
+            log.records.clear();
+            log.floor = log.seq;
+            return LogAnswer::Resync { seq: log.seq };
+        }
+        log.trim(ack);
+        let freed = log
+            .records
+            .iter()
+            .take(RECORDS_PER_BEAT)
+            .map(|&(s, f, _)| (s, f))
+            .collect::<Vec<_>>();
+        // Nothing held past `ack`: everything up to the log's sequence was delivered.
+        let seq = freed.last().map_or(log.seq, |r| r.0);
+        LogAnswer::Records { seq, freed }
+    }
+
+    /// What a removal of the object with key hash `key` (every object: `None`) must see
+    /// applied before it is answered: for each rank with such a record not yet acknowledged,
+    /// the last one. Records of no membership's log are not waited for.
+    pub fn barrier(&self, key: Option<u64>) -> Vec<Barrier> {
+        let logs = self.lock();
+        let mut out = Vec::new();
+        for (&rank, log) in logs.iter() {
+            let Some(epoch) = log.epoch else { continue };
+            let last = if log.overflowed {
+                Some(log.seq)
+            } else {
+                let record = log
+                    .records
+                    .iter()
+                    .rev()
+                    .find(|&&(_, _, k)| key.is_none_or(|h| h == k))
+                    .map(|&(s, _, _)| s);
+                record.max(Some(log.floor).filter(|&f| f > 0))
+            };
+            if let Some(seq) = last.filter(|&s| s > log.acked) {
+                out.push(Barrier { rank, epoch, seq });
+            }
+        }
+        out
+    }
+
+    /// Whether a local service ever joined (else no removal has a barrier).
+    pub fn has_members(&self) -> bool {
+        self.members.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether a barrier is passed: its service acknowledged the record, or its membership
+    /// ended.
+    pub fn passed(&self, b: &Barrier) -> bool {
+        self.lock()
+            .get(&b.rank)
+            .is_none_or(|l| l.epoch != Some(b.epoch) || l.acked >= b.seq)
+    }
+
+    /// Whether the service of the barrier's membership acknowledged its record, that
+    /// membership still running.
+    pub fn acknowledged(&self, b: &Barrier) -> bool {
+        self.lock()
+            .get(&b.rank)
+            .is_some_and(|l| l.epoch == Some(b.epoch) && l.acked >= b.seq)
+    }
+
+    /// The records to push to `rank`'s service now, unless a push is on its way already or
+    /// nothing waits (the caller then sends them and reports with [`FreedLogs::pushed`]). An
+    /// overflowed log is not pushed: the next heartbeat resyncs it.
+    pub fn take_push(&self, rank: u32) -> Option<Push> {
+        let mut logs = self.lock();
+        let log = logs.get_mut(&rank)?;
+        let epoch = log.epoch?;
+        if log.pushing || log.overflowed || log.records.is_empty() {
+            return None;
+        }
+        log.pushing = true;
+        let freed: Vec<(u64, Freed)> = log
+            .records
+            .iter()
+            .take(RECORDS_PER_BEAT)
+            .map(|&(s, f, _)| (s, f))
+            .collect();
+        let seq = freed.last().map_or(log.seq, |r| r.0);
+        Some(Push { epoch, seq, freed })
+    }
+
+    /// A push of membership `epoch`'s records ended: acknowledged up to `ack` (`None`: it
+    /// failed; the heartbeats carry the records all the same).
+    pub fn pushed(&self, rank: u32, epoch: u64, ack: Option<u64>) {
+        let mut logs = self.lock();
+        if let Some(log) = logs.get_mut(&rank).filter(|l| l.epoch == Some(epoch)) {
+            log.pushing = false;
+            if let Some(a) = ack {
+                log.trim(a);
+            }
+        }
+    }
+}

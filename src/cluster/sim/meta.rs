@@ -1,0 +1,986 @@
+//! A simulated meta service: the real membership machine ([`Members`]), freed logs
+//! ([`FreedLogs`]) and [`Store`] (one shard, the local services' segments mounted per
+//! membership), and the glue the HTTP handlers are (`http/handlers/cluster.rs` join,
+//! heartbeat, leave; `freed.rs` removals that wait for their barriers; `remote.rs` grants and
+//! commits; `shards/ranks.rs` the drop of a membership's segments), kept as close to them as a
+//! page allows. Each `fn` says which handler it mirrors.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::ha::Elector;
+use super::net::{Hop, PushNews, Read, Rep, Req, Verdict};
+use super::timing::*;
+use super::world::Cx;
+use super::{Key, Node, key_bytes};
+use crate::cluster::agent::Admission;
+use crate::cluster::catalog::{Adopted, BeatNews, Entry, FreedLogs, LogAnswer, Stamp, key_hash};
+use crate::cluster::members::{Beat, CatalogFate, JoinRequest, Members};
+use crate::cluster::records::{Removal, Settled};
+use crate::common::clock::Clock;
+use crate::grant::{Grant, GrantKey, GrantOp};
+use crate::metrics::store::StoreStats;
+use crate::shards::store::relocate::Move;
+use crate::shards::store::remote::RemoteRank;
+use crate::shards::store::segment::{
+    Backend, Medium, PAGE_BYTES, Segment, SegmentStatus, SegmentTable,
+};
+use crate::shards::store::{
+    AllocStep, BlobView, GetStep, ObjHandle, Placement, RereplicateLimits, Store, StoreConfig,
+    mount,
+};
+
+/// The run size of the simulated segments.
+const RUN_BYTES: u64 = 64 << 10;
+
+/// A removal waiting for its barriers, and who to answer.
+struct Waiting {
+    to: Node,
+    call: u64,
+    removal: Removal,
+    results: Vec<Verdict>,
+}
+
+/// A membership whose segments are being dropped (`Shard::drop_member_segments`).
+struct Dropping {
+    rank: u32,
+    epoch: u64,
+    segs: Vec<Arc<Segment>>,
+    /// Whether the objects it takes are lost by a documented rule (a lost, left or replaced
+    /// process's), or expected back (the same process joined again with its catalog).
+    documented: bool,
+    retired: bool,
+}
+
+/// A graceful leave being carried out: the drain (`cluster.rs` `leave`, `drain`).
+struct Drain {
+    rank: u32,
+    epoch: u64,
+    to: Node,
+    call: u64,
+    segs: Vec<Arc<Segment>>,
+    moves: Vec<Move>,
+    copying: Option<Move>,
+    moved: u64,
+}
+
+enum Call {
+    Push { rank: u32, epoch: u64 },
+    Fetch,
+    Copy,
+}
+
+pub(super) struct Meta {
+    pub incarnation: u64,
+    master: GrantKey,
+    members: Members<()>,
+    logs: FreedLogs,
+    pub store: Store,
+    table: Arc<SegmentTable>,
+    pub ha: Option<Elector>,
+    waiting: Vec<Waiting>,
+    drops: Vec<Dropping>,
+    drains: Vec<Drain>,
+    calls: BTreeMap<u64, (u64, Call)>,
+    keys: u16,
+}
+
+impl Meta {
+    pub fn new(incarnation: u64, master: [u8; 32], ha: bool, keys: u16, now: u64) -> Meta {
+        let table = Arc::new(SegmentTable::default());
+        let cfg = StoreConfig {
+            keep_tombstones: true,
+            lease_ms: LEASE_MS,
+            high_percent: 90,
+            low_percent: 80,
+            alloc_timeout_ms: ALLOC_TIMEOUT_MS,
+            remote_writer_ms: REMOTE_WRITER_MS,
+            rereplicate: RereplicateLimits::default(),
+        };
+        let stats = Arc::new(StoreStats::default());
+        let mut store = Store::new(0, cfg, table.clone(), stats, Arc::default(), Clock::start());
+        store.set_manual_clock(now);
+        Meta {
+            incarnation,
+            master: GrantKey::from_bytes(master),
+            members: Members::default(),
+            logs: FreedLogs::default(),
+            store,
+            table,
+            ha: ha.then(|| Elector::new(now)),
+            waiting: Vec::new(),
+            drops: Vec::new(),
+            drains: Vec::new(),
+            calls: BTreeMap::new(),
+            keys,
+        }
+    }
+
+    /// Whether this meta serves (HA: the leader, before its step-down deadline).
+    pub fn serving(&self, now: u64) -> bool {
+        self.ha.as_ref().is_none_or(|h| h.serving(now))
+    }
+
+    /// The leadership's `view_version` (0 without HA): `HaView::fence`.
+    fn view(&self) -> u64 {
+        self.ha.as_ref().map_or(0, |h| h.view())
+    }
+
+    /// `verdict()`'s gate: refused with 307 to the leader (or 503) unless serving.
+    fn gate(&self, cx: &mut Cx, from: Node, call: u64) -> bool {
+        if self.serving(cx.now) {
+            return true;
+        }
+        let leader = self.ha.as_ref().and_then(|h| h.leader);
+        cx.reply(from, call, Rep::NotLeader(leader));
+        false
+    }
+
+    /// The stamps of every key of the workload (what a step dropped shows in their diff).
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        (0..self.keys)
+            .map(|k| self.store.stamp_of(&key_bytes(k)))
+            .collect()
+    }
+
+    /// Excuses the keys whose object a step dropped by a documented rule.
+    fn excuse_gone(&self, cx: &mut Cx, before: &[Option<Stamp>], why: &str) {
+        for (k, (b, a)) in before.iter().zip(self.stamps()).enumerate() {
+            if b.is_some() && *b != a {
+                cx.log(format!("k{k} dropped ({why})"));
+                cx.ledger.excuse(k as Key, cx.now);
+            }
+        }
+    }
+
+    /// `Shard::after_store`: the remote blobs the store detached go to their ranks' logs.
+    fn after_store(&mut self) {
+        if self.store.has_freed_remote() {
+            self.logs.push(self.store.take_freed_remote());
+        }
+    }
+
+    pub fn handle(&mut self, cx: &mut Cx, from: Node, call: u64, req: Req) {
+        self.store.set_manual_clock(cx.now);
+        match req {
+            Req::Join {
+                incarnation,
+                rank,
+                catalog_follows,
+                bytes,
+            } => self.join(cx, from, call, incarnation, rank, catalog_follows, bytes),
+            Req::Beat {
+                rank,
+                incarnation,
+                epoch,
+                ack,
+                catalog,
+            } => self.heartbeat(cx, from, call, (rank, incarnation, epoch), ack, catalog),
+            Req::Leave {
+                rank,
+                incarnation,
+                epoch,
+            } => self.leave(cx, from, call, (rank, incarnation, epoch)),
+            Req::Commit {
+                key,
+                grant,
+                next,
+                ok,
+            } => self.commit(cx, from, call, key, &grant, &next, ok),
+            Req::Put {
+                key,
+                pages,
+                replicas,
+            } => self.put(cx, from, call, key, pages, replicas),
+            Req::Get { key } => self.get(cx, from, call, key),
+            Req::Delete { keys } => self.delete(cx, from, call, keys),
+            Req::Push { .. } | Req::Write { .. } | Req::Read { .. } => {
+                cx.reply(from, call, Rep::Done(Verdict::Failed))
+            }
+        }
+        self.after_store();
+        self.store.check();
+    }
+
+    /// `cluster.rs` `join`.
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &mut self,
+        cx: &mut Cx,
+        from: Node,
+        call: u64,
+        incarnation: u64,
+        wanted: Option<u32>,
+        catalog_follows: bool,
+        bytes: u64,
+    ) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let url = from.url();
+        let before = self.members.entries();
+        let joined = self.members.join(JoinRequest {
+            view: self.view(),
+            wanted,
+            url: &url,
+            incarnation,
+            segments: vec![(Medium::Dram, bytes)],
+            catalog_follows,
+            first_free: 1,
+            now_ms: cx.now,
+        });
+        let joined = match joined {
+            Ok(j) => j,
+            Err(e) => {
+                cx.log(format!("refused a join from {url}: {e}"));
+                cx.reply(from, call, Rep::JoinRefused);
+                return;
+            }
+        };
+        let (rank, epoch) = (joined.rank, joined.epoch);
+        if joined.fresh {
+            if let Some(old) = joined.retire {
+                // The old membership's segments leave the table now and are dropped in the
+                // background (after this answer).
+                let same = before
+                    .iter()
+                    .any(|(r, m)| *r == rank && m.incarnation == incarnation);
+                let segs = self.unmount_member(rank, old);
+                self.drops.push(Dropping {
+                    rank,
+                    epoch: old,
+                    segs,
+                    documented: !same || joined.catalog != CatalogFate::Follows,
+                    retired: true,
+                });
+            }
+            self.logs.begin(rank, epoch);
+            if let Err(e) = self.mount(rank, &url, incarnation, epoch, bytes) {
+                cx.log(format!("could not mount rank {rank}'s segments: {e}"));
+                self.members.left(rank, epoch);
+                for seg in self.member_segments(rank, epoch) {
+                    self.table.remove_id(&seg.name, seg.id);
+                }
+                cx.reply(from, call, Rep::JoinRefused);
+                return;
+            }
+        } else {
+            for seg in self.member_segments(rank, epoch) {
+                if seg.status() == SegmentStatus::Ok {
+                    seg.set_status(SegmentStatus::Undefined);
+                }
+            }
+        }
+        let discard = joined.catalog == CatalogFate::Discard && !cx.mutations.adopt_lost_catalog;
+        if joined.catalog == CatalogFate::Discard && !discard {
+            cx.log(format!(
+                "MUTATION adopt_lost_catalog: rank {rank} was declared lost; its catalog is not discarded"
+            ));
+        }
+        cx.log(format!(
+            "rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch}, {:?}{})",
+            joined.catalog,
+            joined
+                .retire
+                .map_or(String::new(), |r| format!(", retiring epoch {r}"))
+        ));
+        let key = self.master.for_member(rank, incarnation, epoch).to_hex();
+        cx.reply(
+            from,
+            call,
+            Rep::Admitted {
+                admission: Admission {
+                    rank,
+                    epoch,
+                    heartbeat_interval_ms: HB_INTERVAL_MS,
+                    heartbeat_timeout_ms: HB_TIMEOUT_MS,
+                    ha: self.ha.is_some(),
+                    discard_catalog: discard,
+                    fresh: joined.fresh,
+                },
+                key,
+            },
+        );
+    }
+
+    /// `Shard::mount_remote`.
+    fn mount(
+        &mut self,
+        rank: u32,
+        url: &str,
+        incarnation: u64,
+        epoch: u64,
+        bytes: u64,
+    ) -> Result<(), String> {
+        let backend = Backend::Remote(RemoteRank::new(
+            url.to_string(),
+            self.master.for_member(rank, incarnation, epoch),
+            epoch,
+        ));
+        let seg = mount::build_remote_segment(
+            &self.table,
+            rank,
+            Medium::Dram,
+            bytes,
+            backend,
+            1,
+            RUN_BYTES,
+        )?;
+        seg.set_status(SegmentStatus::Undefined);
+        self.table.insert(seg)
+    }
+
+    /// `Cluster::member_segments`.
+    fn member_segments(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
+        self.table
+            .snapshot()
+            .iter()
+            .filter(|s| s.rank == rank && s.backend.remote().is_some_and(|r| r.epoch == epoch))
+            .cloned()
+            .collect()
+    }
+
+    /// `Cluster::unmount_member`.
+    fn unmount_member(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
+        let segs = self.member_segments(rank, epoch);
+        for seg in &segs {
+            seg.set_status(SegmentStatus::Unmounting);
+            self.table.remove_id(&seg.name, seg.id);
+        }
+        segs
+    }
+
+    /// `Cluster::remote_segments_of(rank).first()`'s grant key: what a commit is checked with.
+    fn signing_key(&self, rank: u32) -> Option<Arc<GrantKey>> {
+        self.table
+            .snapshot()
+            .iter()
+            .find(|s| s.rank == rank)
+            .and_then(|s| s.backend.remote())
+            .map(|r| r.grant_key.clone())
+    }
+
+    /// The sender of a membership message as the handler takes it, with the view it is
+    /// taken under: with fencing switched off, whatever it names is taken for the rank's
+    /// current membership, of whatever leadership.
+    fn sender(&self, cx: &mut Cx, who: (u32, u64, u64)) -> (u64, u32, u64, u64) {
+        let (rank, incarnation, epoch) = who;
+        if self
+            .members
+            .get(rank)
+            .is_some_and(|m| (m.incarnation, m.epoch, m.view) != (incarnation, epoch, self.view()))
+        {
+            cx.counts.stale_messages += 1;
+        }
+        match self.members.get(rank) {
+            Some(m) if cx.mutations.no_epoch_fencing => {
+                let current = (m.view, rank, m.incarnation, m.epoch);
+                if current != (self.view(), rank, incarnation, epoch) {
+                    cx.log(format!(
+                        "MUTATION no_epoch_fencing: a message of incarnation {incarnation}, epoch {epoch} taken for rank {rank}'s current membership (epoch {})",
+                        m.epoch
+                    ));
+                }
+                current
+            }
+            _ => (self.view(), rank, incarnation, epoch),
+        }
+    }
+
+    /// `cluster.rs` `heartbeat`.
+    fn heartbeat(
+        &mut self,
+        cx: &mut Cx,
+        from: Node,
+        call: u64,
+        who: (u32, u64, u64),
+        ack: u64,
+        catalog: Option<Vec<Entry>>,
+    ) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let (view, rank, incarnation, epoch) = self.sender(cx, who);
+        let beat = self
+            .members
+            .heartbeat(view, rank, incarnation, epoch, (), cx.now);
+        if beat == Beat::Refused {
+            cx.reply(from, call, Rep::Forgotten);
+            return;
+        }
+        let segs = self.member_segments(rank, epoch);
+        if let Beat::First { catalog: adopt } = beat {
+            if !adopt && cx.mutations.adopt_lost_catalog && catalog.is_some() {
+                cx.log(format!(
+                    "MUTATION adopt_lost_catalog: rank {rank}'s catalog is adopted though its membership was lost"
+                ));
+            }
+            let adopt = adopt || (cx.mutations.adopt_lost_catalog && catalog.is_some());
+            if adopt {
+                let entries = catalog.unwrap_or_default();
+                let offered = entries.len();
+                let refused = self.adopt(rank, epoch, entries);
+                cx.log(format!(
+                    "rank {rank}: adopted {} of the {offered} blobs in its catalog",
+                    offered - refused
+                ));
+            }
+            for seg in &segs {
+                if seg.status() == SegmentStatus::Undefined {
+                    seg.set_status(SegmentStatus::Ok);
+                }
+            }
+        }
+        let news = match self.logs.answer(rank, ack) {
+            LogAnswer::Records { seq, freed } => BeatNews {
+                seq,
+                freed,
+                resync: None,
+            },
+            LogAnswer::Resync { seq } => {
+                let list = self.store.rank_blobs(rank);
+                BeatNews {
+                    seq,
+                    freed: Vec::new(),
+                    resync: Some(list),
+                }
+            }
+        };
+        cx.reply(from, call, Rep::Heard(news));
+        self.poll_removals(cx);
+    }
+
+    /// `cluster.rs` `adopt`: returns how many entries were refused (logged as freed).
+    fn adopt(&mut self, rank: u32, epoch: u64, catalog: Vec<Entry>) -> usize {
+        let offered = catalog
+            .into_iter()
+            .map(|entry| Adopted { rank, entry })
+            .collect();
+        let refused = self.store.adopt(offered);
+        self.after_store();
+        let n = refused.len();
+        self.logs.push(refused.iter().map(|a| a.refused(epoch)));
+        n
+    }
+
+    /// `cluster.rs` `leave`: the drain runs from the tick.
+    fn leave(&mut self, cx: &mut Cx, from: Node, call: u64, who: (u32, u64, u64)) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let (view, rank, incarnation, epoch) = self.sender(cx, who);
+        if !self.members.leave(view, rank, incarnation, epoch) {
+            cx.reply(from, call, Rep::Left(false));
+            return;
+        }
+        let segs = self.member_segments(rank, epoch);
+        for seg in &segs {
+            seg.set_status(SegmentStatus::GracefullyUnmounting);
+        }
+        cx.log(format!("rank {rank} (epoch {epoch}) leaves: draining"));
+        self.drains.push(Drain {
+            rank,
+            epoch,
+            to: from,
+            call,
+            segs,
+            moves: Vec::new(),
+            copying: None,
+            moved: 0,
+        });
+    }
+
+    /// `remote.rs` `cluster_commit` and `commit_here`.
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &mut self,
+        cx: &mut Cx,
+        from: Node,
+        call: u64,
+        key: Key,
+        text: &str,
+        next: &str,
+        ok: bool,
+    ) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let verdict = match Grant::rank_in(text).and_then(|r| self.signing_key(r)) {
+            None => Verdict::Failed,
+            Some(gk) => match Grant::verify(&gk, text, &key_bytes(key), next.as_bytes(), 0) {
+                Ok(g) if g.op == GrantOp::WriteCommit => {
+                    let obj = ObjHandle {
+                        id: g.obj_id,
+                        generation: g.obj_generation,
+                    };
+                    let found = self.store.commit(obj, ok);
+                    self.after_store();
+                    cx.log(format!(
+                        "commit k{key} ({}.{}, ok {ok}): found {found}",
+                        g.view, g.obj_generation
+                    ));
+                    match (found, ok) {
+                        (true, true) => {
+                            cx.ledger.committed(text, cx.now);
+                            Verdict::Ok
+                        }
+                        (true, false) => Verdict::Failed,
+                        (false, _) => Verdict::NotFound,
+                    }
+                }
+                _ => Verdict::Failed,
+            },
+        };
+        cx.reply(from, call, Rep::Done(verdict));
+    }
+
+    /// `objects.rs` `put` and `remote.rs` `redirect_write`: the chain's grants.
+    fn put(&mut self, cx: &mut Cx, from: Node, call: u64, key: Key, pages: u64, replicas: u8) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let view = self.view();
+        self.store.set_view(view);
+        let before = self.stamps();
+        let size = pages * PAGE_BYTES - 64;
+        let mut step = self.store.alloc(
+            key_bytes(key),
+            size,
+            Placement::on(Some(Medium::Dram), replicas),
+        );
+        if let AllocStep::WaitForRoom { .. } = step {
+            // The handler waits for leased room, then evicts; the wait is not modelled.
+            step = self.store.alloc_now(
+                key_bytes(key),
+                size,
+                Placement::on(Some(Medium::Dram), replicas),
+            );
+        }
+        self.after_store();
+        self.excuse_gone(cx, &before, "evicted");
+        let (obj, blobs) = match step {
+            AllocStep::Granted { obj, blobs, .. } => (obj, blobs),
+            AllocStep::Refused(why) => {
+                cx.log(format!("put k{key} refused: {why}"));
+                cx.reply(from, call, Rep::Done(Verdict::Refused));
+                return;
+            }
+            AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
+                cx.reply(from, call, Rep::Done(Verdict::Failed));
+                return;
+            }
+        };
+        let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
+        cx.log(format!(
+            "put k{key}: {size} bytes on ranks {ranks:?} ({view}.{})",
+            obj.generation
+        ));
+        let expires = cx.wall + GRANT_TTL_MS;
+        let mut next: Option<Hop> = None;
+        for (i, b) in blobs.iter().enumerate().rev() {
+            let remote = b.seg.backend.remote().expect("only remote ranks here");
+            let g = Grant {
+                op: if i == 0 {
+                    GrantOp::WriteCommit
+                } else {
+                    GrantOp::Write
+                },
+                rank: b.seg.rank,
+                medium: b.seg.medium as u8,
+                offset: b.offset,
+                len: b.len,
+                size: b.len,
+                obj_id: obj.id,
+                obj_generation: obj.generation,
+                view,
+                expires_ms: expires,
+                sum: 0,
+            };
+            let n = next.as_ref().map_or(String::new(), |h| h.url(key));
+            let grant = g.sign(&remote.grant_key, &key_bytes(key), n.as_bytes());
+            next = Some(Hop {
+                to: Node::from_url(&remote.url).expect("a simulated local service"),
+                grant,
+                next: next.map(Box::new),
+            });
+        }
+        cx.reply(from, call, Rep::Redirect(next.expect("a grant has blobs")));
+    }
+
+    /// A read grant on `v` (`remote.rs` `read_grant_url`).
+    fn read_grant(&self, cx: &Cx, key: Key, v: &BlobView) -> Option<Hop> {
+        let remote = v.seg.backend.remote()?;
+        let g = Grant {
+            op: GrantOp::Read,
+            rank: v.seg.rank,
+            medium: v.seg.medium as u8,
+            offset: v.offset,
+            len: v.len,
+            size: v.len,
+            obj_id: 0,
+            obj_generation: 0,
+            view: 0,
+            expires_ms: cx.wall + GRANT_TTL_MS.min(LEASE_MS),
+            sum: v.sum,
+        };
+        Some(Hop {
+            to: Node::from_url(&remote.url)?,
+            grant: g.sign(&remote.grant_key, &key_bytes(key), b""),
+            next: None,
+        })
+    }
+
+    /// `objects.rs` GET and `remote.rs` `redirect_read`.
+    fn get(&mut self, cx: &mut Cx, from: Node, call: u64, key: Key) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let rep = match self.store.get(&key_bytes(key)) {
+            GetStep::Ready(v) => {
+                let hop = self.read_grant(cx, key, &v);
+                self.store.unpin(v.handle);
+                hop.map_or(Rep::Done(Verdict::Failed), Rep::Redirect)
+            }
+            GetStep::NotFound => Rep::Bytes(Read::NotFound),
+            _ => Rep::Done(Verdict::Failed),
+        };
+        cx.reply(from, call, rep);
+    }
+
+    /// `objects.rs` DELETE and `batch_remove`, with `freed.rs` `settle`.
+    fn delete(&mut self, cx: &mut Cx, from: Node, call: u64, keys: Vec<Key>) {
+        if !self.gate(cx, from, call) {
+            return;
+        }
+        let mut hashes = Vec::new();
+        let mut results = Vec::new();
+        for &k in &keys {
+            let found = self.store.remove(&key_bytes(k));
+            self.after_store();
+            if found && self.logs.has_members() {
+                hashes.push(key_hash(&key_bytes(k)));
+            }
+            results.push(if found {
+                Verdict::Ok
+            } else {
+                Verdict::NotFound
+            });
+        }
+        cx.log(format!("remove {keys:?}: {results:?}"));
+        let mut removal = Removal::new(&self.logs, &hashes, cx.now, HB_TIMEOUT_MS);
+        if self.ha.is_some() {
+            removal = removal.acknowledged_only();
+        }
+        if cx.mutations.no_removal_barrier && !removal.is_settled() {
+            cx.log(format!(
+                "MUTATION no_removal_barrier: the removal of {keys:?} is answered before its local services dropped the copies"
+            ));
+        }
+        if cx.mutations.no_removal_barrier || removal.is_settled() {
+            cx.reply(from, call, Rep::Removed(results));
+            return;
+        }
+        self.waiting.push(Waiting {
+            to: from,
+            call,
+            removal,
+            results,
+        });
+        self.poll_removals(cx);
+    }
+
+    /// `freed.rs` `settle`'s loop, one look.
+    fn poll_removals(&mut self, cx: &mut Cx) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            match self.waiting[i].removal.poll(&self.logs, cx.now) {
+                Settled::Confirmed => {
+                    let w = self.waiting.swap_remove(i);
+                    cx.reply(w.to, w.call, Rep::Removed(w.results));
+                }
+                Settled::Unconfirmed(ranks) => {
+                    let w = self.waiting.swap_remove(i);
+                    cx.log(format!(
+                        "a removal was not confirmed by the local services of ranks {ranks:?}"
+                    ));
+                    let failed = vec![Verdict::Failed; w.results.len()];
+                    cx.reply(w.to, w.call, Rep::Removed(failed));
+                }
+                Settled::Waiting(ranks) => {
+                    for r in ranks {
+                        self.push(cx, r);
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// `freed.rs` `push`.
+    fn push(&mut self, cx: &mut Cx, rank: u32) {
+        let Some(p) = self.logs.take_push(rank) else {
+            return;
+        };
+        let target = self.member_segments(rank, p.epoch).first().and_then(|s| {
+            s.backend
+                .remote()
+                .map(|r| (r.url.clone(), r.grant_key.clone()))
+        });
+        let Some((url, key)) = target else {
+            self.logs.pushed(rank, p.epoch, None);
+            return;
+        };
+        let news = PushNews {
+            seq: p.seq,
+            freed: p.freed,
+        };
+        let mac = key.body_mac(&news.body(p.epoch));
+        let to = Node::from_url(&url).expect("a simulated local service");
+        let call = cx.request(
+            to,
+            Req::Push {
+                epoch: p.epoch,
+                news,
+                mac,
+            },
+        );
+        let call_entry = Call::Push {
+            rank,
+            epoch: p.epoch,
+        };
+        self.calls
+            .insert(call, (cx.now + PUSH_TIMEOUT_MS, call_entry));
+    }
+
+    /// An answer to one of this meta's calls (a push, a drain's copy).
+    pub fn on_reply(&mut self, cx: &mut Cx, call: u64, rep: Rep) {
+        self.store.set_manual_clock(cx.now);
+        let Some((_, c)) = self.calls.remove(&call) else {
+            return;
+        };
+        match c {
+            Call::Push { rank, epoch } => {
+                let ack = match rep {
+                    Rep::Pushed(a) => a,
+                    _ => None,
+                };
+                self.logs.pushed(rank, epoch, ack);
+                self.poll_removals(cx);
+            }
+            Call::Fetch | Call::Copy => self.copy_step(cx, Some(rep)),
+        }
+        self.after_store();
+        self.store.check();
+    }
+
+    /// Housekeeping: the store's tick, losses (shard 0's `check_lost_ranks`), drops,
+    /// removals, drains, calls past their deadline.
+    pub fn tick(&mut self, cx: &mut Cx) {
+        self.store.set_manual_clock(cx.now);
+        self.store.tick();
+        self.after_store();
+        for (rank, epoch) in self.members.expire(cx.now, HB_TIMEOUT_MS) {
+            cx.log(format!(
+                "rank {rank} (epoch {epoch}) lost: no heartbeat for {HB_TIMEOUT_MS} ms"
+            ));
+            let segs = self.unmount_member(rank, epoch);
+            self.drops.push(Dropping {
+                rank,
+                epoch,
+                segs,
+                documented: true,
+                retired: false,
+            });
+        }
+        self.run_drops(cx);
+        let late: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, (deadline, _))| *deadline <= cx.now)
+            .map(|(&c, _)| c)
+            .collect();
+        for call in late {
+            self.on_reply(cx, call, Rep::Unreachable);
+        }
+        self.poll_removals(cx);
+        self.drain_step(cx);
+        self.after_store();
+        self.store.check();
+    }
+
+    /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
+    fn run_drops(&mut self, cx: &mut Cx) {
+        let mut i = 0;
+        while i < self.drops.len() {
+            let d = &self.drops[i];
+            self.logs.retire(d.rank, d.epoch);
+            let before = self.stamps();
+            let mut done = true;
+            for seg in &d.segs {
+                done &= self.store.drop_segment(seg.id);
+            }
+            self.after_store();
+            let d = &self.drops[i];
+            let why = if d.retired {
+                "its membership was replaced"
+            } else {
+                "its rank was dropped"
+            };
+            if d.documented {
+                self.excuse_gone(cx, &before, why);
+            } else {
+                for (k, (b, a)) in before.iter().zip(self.stamps()).enumerate() {
+                    if b.is_some() && *b != a {
+                        cx.log(format!("k{k} dropped ({why}; its catalog follows)"));
+                    }
+                }
+            }
+            if !done {
+                i += 1;
+                continue;
+            }
+            let d = self.drops.swap_remove(i);
+            for seg in &d.segs {
+                self.table.remove_id(&seg.name, seg.id);
+                self.store.forget_segment(seg.id);
+            }
+            cx.log(format!("dropped rank {}'s epoch {}", d.rank, d.epoch));
+        }
+    }
+
+    /// One step of the first drain: its next move, or its end.
+    fn drain_step(&mut self, cx: &mut Cx) {
+        let Some(d) = self.drains.first() else {
+            return;
+        };
+        if d.copying.is_some() {
+            return;
+        }
+        if d.moves.is_empty() {
+            let segs = d.segs.clone();
+            for seg in &segs {
+                let step = self.store.begin_moves(seg.id, 64, Default::default());
+                self.drains[0].moves.extend(step.moves);
+            }
+        }
+        let Some(m) = self.drains[0].moves.pop() else {
+            self.finish_drain(cx);
+            return;
+        };
+        let key = super::key_of(&m.key).expect("a workload key");
+        let hop = self.read_grant(cx, key, &m.from);
+        self.drains[0].copying = Some(m);
+        match hop {
+            Some(h) => {
+                let call = cx.request(
+                    h.to,
+                    Req::Read {
+                        key,
+                        grant: h.grant,
+                    },
+                );
+                self.calls
+                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Fetch));
+            }
+            None => self.copy_step(cx, None),
+        }
+    }
+
+    /// The drain moved what it could: the segments are dropped, the rank forgotten, the
+    /// leave answered.
+    fn finish_drain(&mut self, cx: &mut Cx) {
+        let d = self.drains.remove(0);
+        self.unmount_member(d.rank, d.epoch);
+        self.drops.push(Dropping {
+            rank: d.rank,
+            epoch: d.epoch,
+            segs: d.segs,
+            documented: true,
+            retired: false,
+        });
+        self.run_drops(cx);
+        self.members.left(d.rank, d.epoch);
+        cx.log(format!(
+            "rank {} left; {} objects moved to other ranks",
+            d.rank, d.moved
+        ));
+        cx.reply(d.to, d.call, Rep::Left(true));
+    }
+
+    /// A drain's copy (`copies.rs` `copy`): fetched from the leaving rank, written under a
+    /// write grant carrying the object's stamp, then `FinishMove`.
+    fn copy_step(&mut self, cx: &mut Cx, rep: Option<Rep>) {
+        let Some(m) = self.drains.first_mut().and_then(|d| d.copying.take()) else {
+            return;
+        };
+        let key = super::key_of(&m.key).expect("a workload key");
+        let written = match (rep, m.to.seg.backend.remote()) {
+            (Some(Rep::Bytes(Read::Val(v))), Some(remote)) => {
+                let g = Grant {
+                    op: GrantOp::Write,
+                    rank: m.to.seg.rank,
+                    medium: m.to.seg.medium as u8,
+                    offset: m.to.offset,
+                    len: m.to.len,
+                    size: m.to.len,
+                    obj_id: 0,
+                    obj_generation: m.stamp.seq,
+                    view: m.stamp.view,
+                    expires_ms: cx.wall + GRANT_TTL_MS,
+                    sum: 0,
+                };
+                let to = Node::from_url(&remote.url).expect("a simulated local service");
+                let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
+                let write = Req::Write {
+                    key,
+                    val: v,
+                    grant,
+                    next: None,
+                };
+                let call = cx.request(to, write);
+                self.calls
+                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Copy));
+                self.drains[0].copying = Some(m);
+                return;
+            }
+            (Some(Rep::Done(Verdict::Ok)), _) => true,
+            _ => false,
+        };
+        self.drains[0].moved += written as u64;
+        self.store.finish_move(m.to.handle, written);
+    }
+
+    /// A new leader's purge of the objects it held (another leader served since it last
+    /// led): `Command::RemoveAll` on every shard.
+    pub fn purge(&mut self, cx: &mut Cx) {
+        self.store.set_manual_clock(cx.now);
+        let before = self.stamps();
+        self.store.remove_all();
+        while self.store.continue_purge() {}
+        self.after_store();
+        self.excuse_gone(cx, &before, "purged by a new leadership");
+        self.store.check();
+    }
+
+    /// Whether membership `epoch` of `rank` is live here with its segments OK (the end of a
+    /// run compares its catalog with what this meta holds there).
+    pub fn holds(&self, rank: u32, epoch: u64) -> bool {
+        self.members.is_current(rank, epoch)
+            && self
+                .member_segments(rank, epoch)
+                .iter()
+                .all(|s| s.status() == SegmentStatus::Ok)
+    }
+
+    /// Every removal answered, every log acknowledged, nothing dropping or draining.
+    pub fn quiet(&self) -> bool {
+        self.waiting.is_empty()
+            && self.drops.is_empty()
+            && self.drains.is_empty()
+            && self.logs.barrier(None).is_empty()
+    }
+
+    pub fn rank_blobs(&self, rank: u32) -> Vec<Entry> {
+        self.store.rank_blobs(rank)
+    }
+}

@@ -1,0 +1,87 @@
+//! The simulation's tests: a fixed set of seeds (every run must pass), a long campaign when
+//! asked for, one seed replayed (`MMC_SIM_SEED`), and one test per mutation switch showing the
+//! simulation finds the defect it brings back.
+
+use super::{Counts, Mutations, run};
+
+/// Steps of each fixed seed.
+const STEPS: u64 = 1500;
+
+fn seeds_from_env(var: &str) -> Option<(u64, u64)> {
+    let v = std::env::var(var).ok()?;
+    Some(match v.split_once("..") {
+        Some((a, b)) => (a.parse().expect("FROM..TO"), b.parse().expect("FROM..TO")),
+        None => {
+            let s: u64 = v.parse().expect("N or FROM..TO");
+            (s, s + 1)
+        }
+    })
+}
+
+fn steps_from_env() -> u64 {
+    std::env::var("MMC_SIM_STEPS")
+        .ok()
+        .map_or(STEPS, |s| s.parse().expect("MMC_SIM_STEPS: a number"))
+}
+
+#[test]
+fn fixed_seeds() {
+    let mut total = Counts::default();
+    for seed in 1..=8 {
+        match run(seed, STEPS, Mutations::default()) {
+            Ok(c) => total.add(&c),
+            Err(report) => panic!("{report}"),
+        }
+    }
+    eprintln!(
+        "cluster simulation, 8 seeds x {STEPS} steps:\n{}",
+        total.table()
+    );
+}
+
+/// One seed replayed exactly: `MMC_SIM_SEED=N [MMC_SIM_STEPS=S] [MMC_SIM_MUTATION=<switch>]
+/// cargo test --lib cluster::sim::tests::replay -- --nocapture`.
+#[test]
+fn replay() {
+    let Some((from, to)) = seeds_from_env("MMC_SIM_SEED") else {
+        return;
+    };
+    let m = mutation(&std::env::var("MMC_SIM_MUTATION").unwrap_or_default());
+    for seed in from..to {
+        match run(seed, steps_from_env(), m) {
+            Ok(c) => eprintln!("seed {seed} passed:\n{}", c.table()),
+            Err(report) => panic!("{report}"),
+        }
+    }
+}
+
+/// The mutation named by `name` switched on.
+fn mutation(name: &str) -> Mutations {
+    let mut m = Mutations::default();
+    match name {
+        "no_removal_barrier" => m.no_removal_barrier = true,
+        "adopt_lost_catalog" => m.adopt_lost_catalog = true,
+        "no_epoch_fencing" => m.no_epoch_fencing = true,
+        "reusable_grants" => m.reusable_grants = true,
+        "" | "none" => {}
+        other => panic!("no mutation {other}"),
+    }
+    m
+}
+
+/// Looks for the seeds a mutation fails on: `MMC_SIM_HUNT=<switch> MMC_SIM_SEEDS=FROM..TO`.
+#[test]
+fn hunt() {
+    let Ok(name) = std::env::var("MMC_SIM_HUNT") else {
+        return;
+    };
+    let (from, to) = seeds_from_env("MMC_SIM_SEEDS").unwrap_or((1, 100));
+    let steps = steps_from_env();
+    let m = mutation(&name);
+    for seed in from..to {
+        if let Err(report) = run(seed, steps, m) {
+            let first = report.lines().nth(1).unwrap_or("");
+            eprintln!("{name}: seed {seed} fails: {first}");
+        }
+    }
+}

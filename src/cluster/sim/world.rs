@@ -1,0 +1,856 @@
+//! The simulated world: its nodes, the network between them, etcd, one clock, and the steps
+//! that move them. A step may inject a client operation or a fault, then moves time 1–20 ms:
+//! the messages due are delivered in order, then every running node ticks. The checks run
+//! after every step; [`World::settle`] heals everything at the end, lets the cluster come to
+//! rest and checks what it then holds.
+
+use std::collections::BTreeMap;
+
+use super::check::{Ledger, Outcome};
+use super::client::{Ask, Client};
+use super::ha::{Elected, Etcd};
+use super::local::Local;
+use super::meta::Meta;
+use super::net::{Envelope, Msg, Net, Read, Rep, Req, Weather};
+use super::timing::*;
+use super::{Counts, Key, Mutations, Node, Rng, Shape, Trace, key_bytes};
+use crate::shards::store::GetStep;
+
+/// The true time's Unix origin (hosts' wall clocks read it plus their offset).
+const UNIX_BASE_MS: u64 = 1_700_000_000_000;
+/// Keys of the workload (few, so operations on one key meet).
+const KEYS: u16 = 12;
+
+/// What a node handler may do besides changing its own state: send, and tell the ledger.
+pub(super) struct Cx<'a> {
+    pub now: u64,
+    /// This host's wall clock (grants' expiries).
+    pub wall: u64,
+    pub me: Node,
+    pub mutations: Mutations,
+    out: &'a mut Vec<Envelope>,
+    next_call: &'a mut u64,
+    pub ledger: &'a mut Ledger,
+    pub counts: &'a mut Counts,
+    trace: &'a mut Trace,
+}
+
+impl Cx<'_> {
+    pub fn request(&mut self, to: Node, req: Req) -> u64 {
+        *self.next_call += 1;
+        let call = *self.next_call;
+        let msg = Msg::Req { call, req };
+        self.out.push(Envelope {
+            from: self.me,
+            to,
+            msg,
+            dup: false,
+        });
+        call
+    }
+
+    pub fn reply(&mut self, to: Node, call: u64, rep: Rep) {
+        let msg = Msg::Rep { call, rep };
+        self.out.push(Envelope {
+            from: self.me,
+            to,
+            msg,
+            dup: false,
+        });
+    }
+
+    pub fn log(&mut self, line: String) {
+        self.trace.log(self.now, format!("{:?}: {line}", self.me));
+    }
+}
+
+/// A host and the process running on it.
+struct Host<P> {
+    proc: Option<P>,
+    /// SIGSTOPped until then: nothing is handled, messages wait.
+    paused_until: u64,
+    inbox: Vec<Envelope>,
+    /// Down (killed, or gone after a leave) until then, when a new process starts.
+    down_until: Option<u64>,
+    /// Its wall clock's offset from the true time.
+    offset: i64,
+    /// A supervisor kills it then (and starts it again at once): a SIGTERMed process that
+    /// did not get to finish its leave.
+    kill_at: Option<u64>,
+}
+
+impl<P> Host<P> {
+    fn new(proc: P) -> Host<P> {
+        Host {
+            proc: Some(proc),
+            paused_until: 0,
+            inbox: Vec::new(),
+            down_until: None,
+            offset: 0,
+            kill_at: None,
+        }
+    }
+
+    fn running(&self, now: u64) -> bool {
+        self.proc.is_some() && self.paused_until <= now
+    }
+}
+
+pub(super) struct World {
+    pub rng: Rng,
+    pub now: u64,
+    pub steps: u64,
+    pub shape: Shape,
+    mutations: Mutations,
+    net: Net,
+    etcd: Etcd,
+    metas: Vec<Host<Meta>>,
+    locals: Vec<Host<Local>>,
+    ranks: Vec<Option<u32>>,
+    clients: Vec<Client>,
+    ledger: Ledger,
+    pub counts: Counts,
+    pub trace: Trace,
+    next_call: u64,
+    out: Vec<Envelope>,
+    /// Who served each view (meta, incarnation), and the last leadership that served.
+    views: BTreeMap<u64, (usize, u64)>,
+    serving: Option<(usize, u64, u64)>,
+    problems: Vec<String>,
+}
+
+macro_rules! cx {
+    ($w:ident, $me:expr, $offset:expr) => {
+        Cx {
+            now: $w.now,
+            wall: (UNIX_BASE_MS + $w.now).saturating_add_signed($offset),
+            me: $me,
+            mutations: $w.mutations,
+            out: &mut $w.out,
+            next_call: &mut $w.next_call,
+            ledger: &mut $w.ledger,
+            counts: &mut $w.counts,
+            trace: &mut $w.trace,
+        }
+    };
+}
+
+impl World {
+    /// The world of `seed`; `metas`: that many metas instead of the seed's choice.
+    pub fn new(seed: u64, mutations: Mutations, metas: Option<usize>) -> World {
+        let mut rng = Rng(seed);
+        let drawn = 1 + rng.below(3) as usize;
+        let shape = Shape {
+            metas: metas.unwrap_or(drawn),
+            locals: 2 + rng.below(3) as usize,
+            clients: 2 + rng.below(2) as usize,
+            seg_pages: [32, 64, 128][rng.below(3) as usize],
+        };
+        let mut net = Net::default();
+        if !rng.chance(15) {
+            net.weather = Some(Weather {
+                drop: rng.below(30),
+                dup: rng.below(30),
+                slow: rng.below(60),
+                slow_ms: 50 + rng.below(2500),
+            });
+        }
+        // Configured ranks (`local_rank`), unless `MMC_SIM_AUTO_RANKS` lets some services take
+        // the lowest free one (which can make two services displace each other forever: see
+        // the module documentation).
+        let auto = std::env::var_os("MMC_SIM_AUTO_RANKS").is_some();
+        let ranks: Vec<Option<u32>> = (0..shape.locals)
+            .map(|j| (!auto || rng.chance(50)).then_some(j as u32 + 1))
+            .collect();
+        let mut w = World {
+            rng,
+            now: 0,
+            steps: 0,
+            shape,
+            mutations,
+            net,
+            etcd: Etcd::default(),
+            metas: Vec::new(),
+            locals: Vec::new(),
+            ranks,
+            clients: (0..shape.clients)
+                .map(|_| Client::new(shape.metas))
+                .collect(),
+            ledger: Ledger::new(),
+            counts: Counts::default(),
+            trace: Trace::new(
+                std::env::var("MMC_SIM_TRACE")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(400),
+            ),
+            next_call: 0,
+            out: Vec::new(),
+            views: BTreeMap::new(),
+            serving: None,
+            problems: Vec::new(),
+        };
+        for _ in 0..shape.metas {
+            let m = w.new_meta();
+            w.metas.push(Host::new(m));
+        }
+        for j in 0..shape.locals {
+            let l = w.new_local(j);
+            w.locals.push(Host::new(l));
+        }
+        w.trace
+            .log(0, format!("seed {seed}: {shape:?}, {:?}", w.net.weather));
+        w
+    }
+
+    fn incarnation(&mut self) -> u64 {
+        self.rng.next() & ((1 << 53) - 1)
+    }
+
+    fn new_meta(&mut self) -> Meta {
+        let incarnation = self.incarnation();
+        let mut master = [0u8; 32];
+        for chunk in master.chunks_mut(8) {
+            chunk.copy_from_slice(&self.rng.next().to_le_bytes());
+        }
+        Meta::new(incarnation, master, self.shape.metas > 1, KEYS, self.now)
+    }
+
+    fn new_local(&mut self, j: usize) -> Local {
+        let incarnation = self.incarnation();
+        let (metas, pages) = (self.shape.metas, self.shape.seg_pages);
+        Local::new(incarnation, metas, self.ranks[j], pages, self.now)
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.problems
+            .iter()
+            .chain(&self.ledger.violations)
+            .cloned()
+            .collect()
+    }
+
+    /// One step: perhaps an operation or a fault, then 1–20 ms of time.
+    pub fn step(&mut self) {
+        self.steps += 1;
+        self.inject();
+        let dt = 1 + self.rng.below(20);
+        self.advance(self.now + dt);
+    }
+
+    fn advance(&mut self, until: u64) {
+        while let Some((at, env)) = self.net.due(until, &mut self.counts) {
+            self.now = self.now.max(at);
+            self.deliver(env);
+        }
+        self.now = until;
+        self.wake();
+        self.tick_all();
+        self.check_leaders();
+    }
+
+    fn flush(&mut self) {
+        for env in std::mem::take(&mut self.out) {
+            self.net
+                .send(&mut self.rng, self.now, env, &mut self.counts);
+        }
+    }
+
+    /// A request to a node with no process: connection refused.
+    fn refuse(&mut self, env: Envelope) {
+        if let Msg::Req { call, .. } = env.msg {
+            let msg = Msg::Rep {
+                call,
+                rep: Rep::Unreachable,
+            };
+            let back = Envelope {
+                from: env.to,
+                to: env.from,
+                msg,
+                dup: false,
+            };
+            self.net
+                .send(&mut self.rng, self.now, back, &mut self.counts);
+        }
+    }
+
+    fn deliver(&mut self, env: Envelope) {
+        let now = self.now;
+        match env.to {
+            Node::Meta(i) => {
+                let i = i as usize;
+                if self.metas[i].proc.is_none() {
+                    return self.refuse(env);
+                }
+                if !self.metas[i].running(now) {
+                    return self.metas[i].inbox.push(env);
+                }
+                if let (
+                    true,
+                    Msg::Req {
+                        req: Req::Delete { keys },
+                        ..
+                    },
+                ) = (env.dup, &env.msg)
+                {
+                    // A removal the network repeated: one more delete, concurrent with
+                    // whatever follows, that nobody hears the answer of.
+                    for &k in keys {
+                        let (op, _) = self.ledger.begin(k, false, now);
+                        self.ledger
+                            .finish(op, now, Outcome::Unknown, &mut self.counts);
+                    }
+                }
+                let mut cx = cx!(self, env.to, self.metas[i].offset);
+                let m = self.metas[i].proc.as_mut().expect("running");
+                match env.msg {
+                    Msg::Req { call, req } => m.handle(&mut cx, env.from, call, req),
+                    Msg::Rep { call, rep } => m.on_reply(&mut cx, call, rep),
+                }
+            }
+            Node::Local(j) => {
+                let j = j as usize;
+                if self.locals[j].proc.is_none() {
+                    return self.refuse(env);
+                }
+                if !self.locals[j].running(now) {
+                    return self.locals[j].inbox.push(env);
+                }
+                let mut cx = cx!(self, env.to, self.locals[j].offset);
+                let l = self.locals[j].proc.as_mut().expect("running");
+                match env.msg {
+                    Msg::Req { call, req } => l.handle(&mut cx, env.from, call, req),
+                    Msg::Rep { call, rep } => l.on_reply(&mut cx, call, rep),
+                }
+                if l.has_left() {
+                    self.exit_local(j);
+                }
+            }
+            Node::Client(c) => {
+                let pick = self.rng.next();
+                let mut cx = cx!(self, env.to, 0);
+                if let Msg::Rep { call, rep } = env.msg {
+                    self.clients[c as usize].on_reply(&mut cx, call, rep, pick);
+                }
+            }
+            Node::Etcd => {}
+        }
+        self.flush();
+    }
+
+    /// Paused processes whose pause ended take their waiting messages; hosts whose process
+    /// is down start a new one when their time comes.
+    fn wake(&mut self) {
+        let now = self.now;
+        for i in 0..self.metas.len() {
+            if self.metas[i].proc.is_none() && self.metas[i].down_until.is_some_and(|t| t <= now) {
+                let m = self.new_meta();
+                self.trace.log(
+                    now,
+                    format!("meta {i} starts (incarnation {})", m.incarnation),
+                );
+                self.metas[i].proc = Some(m);
+                self.metas[i].down_until = None;
+                self.counts.meta_restarts += 1;
+                self.ledger.disrupt(now);
+            }
+            if self.metas[i].running(now) && !self.metas[i].inbox.is_empty() {
+                for env in std::mem::take(&mut self.metas[i].inbox) {
+                    self.deliver(env);
+                }
+            }
+        }
+        for j in 0..self.locals.len() {
+            if self.locals[j].kill_at.is_some_and(|t| t <= now) {
+                self.locals[j].kill_at = None;
+                self.counts.kills += 1;
+                self.trace
+                    .log(now, format!("local {j} killed while leaving"));
+                self.exit_local(j);
+                self.locals[j].down_until = Some(now + 1);
+            }
+            if self.locals[j].proc.is_none() && self.locals[j].down_until.is_some_and(|t| t <= now)
+            {
+                let l = self.new_local(j);
+                self.trace.log(
+                    now,
+                    format!("local {j} starts (incarnation {})", l.incarnation),
+                );
+                self.locals[j].proc = Some(l);
+                self.locals[j].down_until = None;
+                self.counts.restarts += 1;
+            }
+            if self.locals[j].running(now) && !self.locals[j].inbox.is_empty() {
+                for env in std::mem::take(&mut self.locals[j].inbox) {
+                    self.deliver(env);
+                }
+            }
+        }
+    }
+
+    fn tick_all(&mut self) {
+        let now = self.now;
+        for i in 0..self.metas.len() {
+            if !self.metas[i].running(now) {
+                continue;
+            }
+            self.elect(i);
+            let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
+            if let Some(m) = self.metas[i].proc.as_mut() {
+                m.tick(&mut cx);
+            }
+            self.flush();
+        }
+        for j in 0..self.locals.len() {
+            if !self.locals[j].running(now) {
+                continue;
+            }
+            let mut cx = cx!(self, Node::Local(j as u8), self.locals[j].offset);
+            let l = self.locals[j].proc.as_mut().expect("running");
+            l.tick(&mut cx);
+            if l.has_left() {
+                self.exit_local(j);
+            }
+            self.flush();
+        }
+        for c in 0..self.clients.len() {
+            let mut cx = cx!(self, Node::Client(c as u8), 0);
+            let again = self.clients[c].tick(&mut cx);
+            if let Some(ask) = again
+                && self.rng.chance(50)
+            {
+                self.counts.client_retries += 1;
+                let pick = self.rng.next();
+                let mut cx = cx!(self, Node::Client(c as u8), 0);
+                self.clients[c].start(&mut cx, ask, pick);
+            }
+            self.flush();
+        }
+    }
+
+    /// One look of meta `i`'s election, with what etcd answers it now.
+    fn elect(&mut self, i: usize) {
+        let now = self.now;
+        let reach = self.etcd.up(now) && !self.net.is_cut(Node::Meta(i as u8), Node::Etcd, now);
+        let Some(m) = self.metas[i].proc.as_mut() else {
+            return;
+        };
+        let incarnation = m.incarnation;
+        let Some(e) = m.ha.as_mut() else {
+            return;
+        };
+        match e.step(&mut self.etcd, i as u8, incarnation, reach, now) {
+            Elected::Nothing => {}
+            Elected::Won { view, purge } => {
+                self.trace.log(
+                    now,
+                    format!("meta {i}: elected leader, view {view} (purge: {purge})"),
+                );
+                if purge {
+                    let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
+                    if let Some(m) = self.metas[i].proc.as_mut() {
+                        m.purge(&mut cx);
+                    }
+                }
+            }
+            Elected::SteppedDown(why) => {
+                self.trace
+                    .log(now, format!("meta {i}: stepped down as leader: {why}"));
+            }
+        }
+    }
+
+    /// At most one meta serves at a time, and a view is one meta process's.
+    fn check_leaders(&mut self) {
+        let now = self.now;
+        let serving: Vec<(usize, u64, u64)> = self
+            .metas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let m = h.proc.as_ref()?;
+                let view = m.ha.as_ref().map_or(0, |e| e.view());
+                m.serving(now).then_some((i, m.incarnation, view))
+            })
+            .collect();
+        if serving.len() > 1 {
+            self.problems
+                .push(format!("split brain: {serving:?} serve at once"));
+        }
+        for &(i, inc, view) in &serving {
+            let first = *self.views.entry(view).or_insert((i, inc));
+            if first != (i, inc) && self.shape.metas > 1 {
+                self.problems.push(format!(
+                    "view {view} served by meta {i} (incarnation {inc}) and earlier by {first:?}"
+                ));
+            }
+        }
+        // A new leadership (another meta, or the same one elected again) takes the catalogs
+        // over again: until they are, objects on local services may read as not found.
+        if let Some(&(i, inc, view)) = serving.first()
+            && self.serving != Some((i, inc, view))
+        {
+            if self
+                .serving
+                .is_some_and(|(j, jinc, _)| (j, jinc) != (i, inc))
+            {
+                self.counts.failovers += 1;
+            }
+            self.serving = Some((i, inc, view));
+            self.ledger.disrupt(now);
+        }
+    }
+
+    /// A local service's process ends (killed, or exited after its leave).
+    fn exit_local(&mut self, j: usize) {
+        let Some(l) = self.locals[j].proc.take() else {
+            return;
+        };
+        for v in l.values() {
+            if let Some(k) = self.ledger.key_of(v) {
+                self.ledger.excuse(k, self.now);
+            }
+        }
+        for e in l.catalog.entries() {
+            if let Some(k) = super::key_of(&e.key) {
+                self.ledger.excuse(k, self.now);
+            }
+        }
+        self.locals[j].inbox.clear();
+        self.locals[j].paused_until = 0;
+        let back = self.now + 500 + self.rng.below(4000);
+        self.locals[j].down_until = Some(back);
+        self.trace.log(
+            self.now,
+            format!("local {j} exits (incarnation {})", l.incarnation),
+        );
+    }
+
+    fn inject(&mut self) {
+        let r = self.rng.below(1000);
+        match r {
+            0..=349 => self.client_op(),
+            350..=354 => self.partition(false),
+            355..=358 => self.partition(true),
+            359..=361 => {
+                let j = self.rng.below(self.locals.len() as u64) as usize;
+                if self.locals[j].running(self.now) {
+                    let ms = 50 + self.rng.below(5000);
+                    self.locals[j].paused_until = self.now + ms;
+                    self.counts.pauses += 1;
+                    self.trace
+                        .log(self.now, format!("local {j} paused for {ms} ms"));
+                }
+            }
+            362..=363 => {
+                let j = self.rng.below(self.locals.len() as u64) as usize;
+                if self.locals[j].proc.is_some() {
+                    self.counts.kills += 1;
+                    self.trace.log(self.now, format!("local {j} killed"));
+                    self.exit_local(j);
+                    if r == 363 {
+                        self.locals[j].down_until = Some(self.now + 1);
+                    }
+                }
+            }
+            364 => {
+                let j = self.rng.below(self.locals.len() as u64) as usize;
+                if self.locals[j].running(self.now) {
+                    self.counts.leaves += 1;
+                    self.trace
+                        .log(self.now, format!("local {j}: SIGTERM (leaves)"));
+                    let mut cx = cx!(self, Node::Local(j as u8), self.locals[j].offset);
+                    self.locals[j].proc.as_mut().expect("running").stop(&mut cx);
+                    self.flush();
+                    if self.rng.chance(40) {
+                        self.locals[j].kill_at = Some(self.now + self.rng.below(300));
+                    }
+                }
+            }
+            365..=366 => {
+                let n = self.metas.len() + self.locals.len();
+                let x = self.rng.below(n as u64) as usize;
+                let offset = self.rng.below(2 * MAX_OFFSET_MS as u64 + 1) as i64 - MAX_OFFSET_MS;
+                self.counts.clock_jumps += 1;
+                if x < self.metas.len() {
+                    self.metas[x].offset = offset;
+                } else {
+                    self.locals[x - self.metas.len()].offset = offset;
+                }
+            }
+            367..=374 => {
+                let c = self.rng.below(self.clients.len() as u64) as usize;
+                let pick = self.rng.next();
+                if self.clients[c].idle() {
+                    let mut cx = cx!(self, Node::Client(c as u8), 0);
+                    if self.clients[c].replay(&mut cx, pick) {
+                        self.counts.grant_replays += 1;
+                    }
+                    self.flush();
+                }
+            }
+            375 if self.metas.len() > 1 => {
+                let ms = 500 + self.rng.below(8000);
+                self.etcd.out_until = self.now + ms;
+                self.counts.etcd_outages += 1;
+                self.trace.log(self.now, format!("etcd out for {ms} ms"));
+            }
+            376 => {
+                let i = self.rng.below(self.metas.len() as u64) as usize;
+                if self.metas[i].running(self.now) {
+                    let ms = 100 + self.rng.below(6000);
+                    self.metas[i].paused_until = self.now + ms;
+                    self.counts.meta_pauses += 1;
+                    self.trace
+                        .log(self.now, format!("meta {i} paused for {ms} ms"));
+                }
+            }
+            378..=379 => self.restart_behind_a_slow_link(),
+            377 => {
+                let i = self.rng.below(self.metas.len() as u64) as usize;
+                if self.metas[i].proc.is_some() {
+                    self.metas[i].proc = None;
+                    self.metas[i].inbox.clear();
+                    self.metas[i].paused_until = 0;
+                    self.metas[i].down_until = Some(self.now + 100 + self.rng.below(4000));
+                    self.counts.meta_kills += 1;
+                    self.trace.log(self.now, format!("meta {i} killed"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A local service killed (sometimes while it leaves) and started again at once while its
+    /// link to the metas crawls: what the dead process sent last (a heartbeat, its leave)
+    /// may arrive after its successor joined.
+    fn restart_behind_a_slow_link(&mut self) {
+        let j = self.rng.below(self.locals.len() as u64) as usize;
+        if !self.locals[j].running(self.now) {
+            return;
+        }
+        let ms = 500 + self.rng.below(2500);
+        for i in 0..self.metas.len() {
+            self.net
+                .slow_down(Node::Local(j as u8), Node::Meta(i as u8), self.now + ms);
+        }
+        self.counts.slow_links += 1;
+        if self.rng.chance(50) {
+            self.counts.leaves += 1;
+            let mut cx = cx!(self, Node::Local(j as u8), self.locals[j].offset);
+            self.locals[j].proc.as_mut().expect("running").stop(&mut cx);
+            self.flush();
+        }
+        self.locals[j].kill_at = Some(self.now + 50 + self.rng.below(250));
+        self.trace.log(
+            self.now,
+            format!("local {j}: its link to the metas crawls for {ms} ms; it is killed soon"),
+        );
+    }
+
+    fn client_op(&mut self) {
+        let c = self.rng.below(self.clients.len() as u64) as usize;
+        if !self.clients[c].idle() {
+            return;
+        }
+        let key = self.rng.below(KEYS as u64) as Key;
+        let ask = match self.rng.below(100) {
+            0..=39 => Ask::Put {
+                key,
+                pages: 1 + self.rng.below(3),
+                replicas: 1 + self.rng.chance(30) as u8,
+            },
+            40..=74 => Ask::Get { key },
+            75..=91 => Ask::Delete { keys: vec![key] },
+            _ => {
+                let n = 2 + self.rng.below(2);
+                let mut keys: Vec<Key> =
+                    (0..n).map(|_| self.rng.below(KEYS as u64) as Key).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                Ask::Delete { keys }
+            }
+        };
+        let pick = self.rng.next();
+        let mut cx = cx!(self, Node::Client(c as u8), 0);
+        self.clients[c].start(&mut cx, ask, pick);
+        self.flush();
+    }
+
+    /// Cuts a node off from another, or from every other (`slow`: a slow link instead).
+    fn partition(&mut self, slow: bool) {
+        let mut nodes: Vec<Node> = (0..self.metas.len())
+            .map(|i| Node::Meta(i as u8))
+            .chain((0..self.locals.len()).map(|j| Node::Local(j as u8)))
+            .chain((0..self.clients.len()).map(|c| Node::Client(c as u8)))
+            .collect();
+        if self.metas.len() > 1 {
+            nodes.push(Node::Etcd);
+        }
+        let ms = 100 + self.rng.below(4000);
+        let a = nodes[self.rng.below(nodes.len() as u64) as usize];
+        let others: Vec<Node> = if self.rng.chance(30) {
+            nodes.iter().copied().filter(|&n| n != a).collect()
+        } else {
+            let b = nodes[self.rng.below(nodes.len() as u64) as usize];
+            if a == b {
+                return;
+            }
+            vec![b]
+        };
+        for &b in &others {
+            if slow {
+                self.net.slow_down(a, b, self.now + ms);
+            } else {
+                self.net.cut(a, b, self.now + ms);
+            }
+        }
+        let what = if slow {
+            self.counts.slow_links += 1;
+            "slow link"
+        } else {
+            self.counts.partitions += 1;
+            "partition"
+        };
+        self.trace.log(
+            self.now,
+            format!("{what}: {a:?} from {others:?} for {ms} ms"),
+        );
+    }
+
+    /// The end of a run: faults healed, every process running, time for every operation to
+    /// end and every allocation to be reclaimed; then the local services' catalogs must be
+    /// what the leader holds on their ranks, and every key must read as some history of the
+    /// acknowledged operations explains.
+    pub fn settle(&mut self) {
+        self.trace.log(self.now, "settling: faults healed".into());
+        self.net.calm();
+        self.net.heal_all();
+        self.etcd.out_until = 0;
+        let now = self.now;
+        for h in &mut self.metas {
+            h.paused_until = h.paused_until.min(now);
+            if h.proc.is_none() {
+                h.down_until = Some(now);
+            }
+        }
+        for h in &mut self.locals {
+            h.paused_until = h.paused_until.min(now);
+            h.kill_at = None;
+            if h.proc.is_none() {
+                h.down_until = Some(now);
+            }
+        }
+        let start = self.now;
+        while self.now < start + 120_000 {
+            self.advance(self.now + 10);
+            if !self.violations().is_empty() {
+                return;
+            }
+            if self.now >= start + REMOTE_WRITER_MS + ALLOC_TIMEOUT_MS && self.at_rest() {
+                break;
+            }
+        }
+        if !self.at_rest() {
+            self.problems
+                .push("the cluster did not come to rest within 120 s of healing".into());
+            return;
+        }
+        self.compare_catalogs();
+        self.final_reads();
+    }
+
+    /// The serving meta, if one serves.
+    fn leader(&self) -> Option<usize> {
+        let now = self.now;
+        (0..self.metas.len()).find(|&i| self.metas[i].proc.as_ref().is_some_and(|m| m.serving(now)))
+    }
+
+    /// A leader serves, quiet, and every local service is its member with segments OK.
+    fn at_rest(&self) -> bool {
+        let Some(i) = self.leader() else {
+            return false;
+        };
+        let m = self.metas[i].proc.as_ref().expect("serving");
+        m.quiet()
+            && self.clients.iter().all(Client::idle)
+            && self.locals.iter().all(|h| {
+                h.proc
+                    .as_ref()
+                    .is_some_and(|l| l.joined && l.rank.is_some_and(|r| m.holds(r, l.epoch)))
+            })
+    }
+
+    /// Each local service's catalog lists exactly the blobs the leader holds on its rank
+    /// (but a put whose commit answer never came: its entry was dropped, the meta may hold
+    /// it).
+    fn compare_catalogs(&mut self) {
+        let i = self.leader().expect("at rest");
+        let m = self.metas[i].proc.as_ref().expect("serving");
+        for (j, h) in self.locals.iter().enumerate() {
+            let l = h.proc.as_ref().expect("at rest");
+            let rank = l.rank.expect("at rest");
+            let listed: Vec<_> = l
+                .catalog
+                .entries()
+                .into_iter()
+                .map(|e| (e.offset, e.stamp, e.key))
+                .collect();
+            let held: Vec<_> = m
+                .rank_blobs(rank)
+                .into_iter()
+                .map(|e| (e.offset, e.stamp, e.key))
+                .collect();
+            for e in listed.iter().filter(|e| !held.contains(e)) {
+                self.problems.push(format!(
+                    "local {j} (rank {rank}) lists {:?} at {} ({:?}), which the leader does not hold there: a failover would bring it back",
+                    String::from_utf8_lossy(&e.2),
+                    e.0,
+                    e.1
+                ));
+            }
+            for e in held.iter().filter(|e| !listed.contains(e)) {
+                if l.unlisted.contains(&(rank, e.0, e.1)) {
+                    continue;
+                }
+                self.problems.push(format!(
+                    "the leader holds {:?} at rank {rank} offset {} ({:?}), which local {j}'s catalog does not list: a failover would lose it",
+                    String::from_utf8_lossy(&e.2),
+                    e.0,
+                    e.1
+                ));
+            }
+        }
+    }
+
+    /// Every key read through the leader and the local service holding its copy.
+    fn final_reads(&mut self) {
+        let i = self.leader().expect("at rest");
+        let now = self.now;
+        for k in 0..KEYS {
+            let m = self.metas[i].proc.as_mut().expect("serving");
+            let got = match m.store.get(&key_bytes(k)) {
+                GetStep::Ready(v) => {
+                    m.store.unpin(v.handle);
+                    let l = self
+                        .locals
+                        .iter()
+                        .filter_map(|h| h.proc.as_ref())
+                        .find(|l| l.rank == Some(v.seg.rank));
+                    match l {
+                        Some(l) => l.peek(v.offset, v.len),
+                        None => Read::Empty,
+                    }
+                }
+                GetStep::NotFound => Read::NotFound,
+                other => {
+                    self.problems
+                        .push(format!("k{k}: the settled leader answered {other:?}"));
+                    continue;
+                }
+            };
+            self.trace.log(now, format!("final read k{k}: {got:?}"));
+            self.ledger.read(k, now, now, got, true, &mut self.counts);
+        }
+    }
+}
