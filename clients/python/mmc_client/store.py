@@ -33,6 +33,9 @@ _MAX_QUERY_BYTES = 7000
 # batch_put's body is buffered by the server (ock.mmc.http.max_body_bytes, 64 MB by default).
 _MAX_BATCH_BODY = 16 * 1024 * 1024
 _MISSING = 0xFFFFFFFFFFFFFFFF
+# A get_into body of the wrong size up to this many bytes is read and dropped (the connection
+# stays pooled); a larger one closes the connection instead of crossing the network for nothing.
+_SKIP_LIMIT = 1024 * 1024
 # What batch_put answers for a key it placed on a remote rank (whose bytes it cannot write).
 _REMOTE_BATCH_FAILURE = "Write failed"
 
@@ -244,17 +247,24 @@ class _IntoReader(BodyReader):
     def __init__(self, view):
         self.view = view
         self.code = errors.MMC_OK
+        self.length = None
 
     def read(self, conn, status, headers, length):
         octets = headers.get("content-type", "").startswith("application/octet-stream")
         if status != 200 or not octets or length is None:
             return super().read(conn, status, headers, length)
-        if length > len(self.view):
-            # Too small a buffer: do not read the object, drop the connection instead.
+        self.length = length
+        if length != len(self.view):
+            # The buffer is not the object's size: nothing is written (a shorter object must not
+            # look like a full read over stale bytes). A small body is skipped, keeping the
+            # connection; a large one is not read at all: the connection is dropped.
             self.code = errors.MMC_INVALID_PARAM
+            if length <= _SKIP_LIMIT:
+                conn.skip(length)
+                return length
             conn.close()
             return None
-        conn.read_exact_into(self.view[:length])
+        conn.read_exact_into(self.view)
         return length
 
 
@@ -264,6 +274,8 @@ class _BatchIntoReader(BodyReader):
     def __init__(self, views):
         self.views = views
         self.codes = None
+        # Each object's length as the answer framed it (-1 for a missing key).
+        self.lengths = []
 
     def read(self, conn, status, headers, length):
         octets = headers.get("content-type", "").startswith("application/octet-stream")
@@ -278,14 +290,17 @@ class _BatchIntoReader(BodyReader):
             left -= 8
             if n == _MISSING:
                 codes.append(errors.MMC_UNMATCHED_KEY)
+                self.lengths.append(-1)
                 continue
             if n > left:
                 raise ValueError("batch_get answer ended early")
-            if n > len(view):
+            self.lengths.append(n)
+            if n != len(view):
+                # Not the buffer's size (larger or shorter): nothing is written into it.
                 conn.skip(n)
                 codes.append(errors.MMC_INVALID_PARAM)
             else:
-                conn.read_exact_into(view[:n])
+                conn.read_exact_into(view)
                 codes.append(errors.MMC_OK)
             left -= n
         if left:
@@ -516,7 +531,8 @@ class DistributedObjectStore:
     @_guard(_code)
     def get_into(self, key, buffer_ptr, size, direct=SMEMB_COPY_G2H):
         """Receives the object straight into ``size`` bytes at ``buffer_ptr``: 0; -3102 for a
-        missing key; -3000 when the buffer is smaller than the object (nothing written)."""
+        missing key; -3000 when the buffer is not the object's size, larger or smaller
+        (nothing written: a shorter object is not a full read)."""
         if direct != SMEMB_COPY_G2H:
             return errors.MMC_INVALID_PARAM
         reader = _IntoReader(_view(buffer_ptr, size, True))
