@@ -285,6 +285,7 @@ impl Config {
                 data_parallel_rank: 0,
                 replay_batches: 0,
                 block_size: 0,
+                key_format: Default::default(),
             },
             tls: TlsConfig::default(),
             log_level: log::LevelFilter::Info,

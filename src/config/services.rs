@@ -175,6 +175,8 @@ pub struct KvEventsConfig {
     pub data_parallel_rank: i64,
     pub replay_batches: u64,
     pub block_size: u64,
+    /// `ock.mmc.kv_events.key_format`: how an object key's chunk hash is read.
+    pub key_format: std::sync::Arc<crate::shards::store::KeyFormat>,
 }
 
 #[cfg(test)]
