@@ -94,8 +94,14 @@ def test_put_get_exist_remove(store):
     # Invalid arguments.
     assert store.put("", b"x") == INVALID
     assert store.put("x" * 5000, b"x") == INVALID
-    assert store.put("pg/r", b"x", ReplicateConfig(replicaNum=9)) == INVALID
-    assert store.put("pg/r", 12345) == INVALID
+    # Upstream answers an invalid replica count with -1, and a value of the wrong type raises.
+    assert store.put("pg/r", b"x", ReplicateConfig(replicaNum=9)) == errors.MMC_ERROR
+    with pytest.raises(TypeError):
+        store.put("pg/r", 12345)
+    with pytest.raises(TypeError):
+        store.put("pg/r", "a str")
+    with pytest.raises(TypeError):
+        store.put(b"pg/r", b"x")
     assert store.is_exist("") == INVALID
     assert store.remove("") == INVALID
 
@@ -147,8 +153,11 @@ def test_put_from_get_into_ctypes(store):
     # Bad pointers and directions.
     assert store.put_from("ct/x", 0, 10) == INVALID
     assert store.put_from("ct/x", ctypes.addressof(small), -1) == INVALID
-    assert store.get_into("ct/1", ctypes.addressof(small), 1, direct=1) == INVALID
-    assert store.put_from("ct/x", ctypes.addressof(small), 10, direct=0) == INVALID
+    # The device directions are upstream's unsupported direction here: -1.
+    assert store.get_into("ct/1", ctypes.addressof(small), 1, direct=1) == errors.MMC_ERROR
+    assert store.put_from("ct/x", ctypes.addressof(small), 10, direct=0) == errors.MMC_ERROR
+    with pytest.raises(TypeError):
+        store.put_from("ct/x", "not a buffer", 10)
     # Objects with the buffer protocol are accepted in place of an address.
     arr = bytearray(b"from-buffer")
     assert store.put_from("ct/buf", arr, len(arr)) == OK
@@ -180,8 +189,18 @@ def test_numpy_buffers_and_batches(store):
                                 [1000, 10, 10, 1]) == [OK, INVALID, INVALID, OK]
     assert np.array_equal(d0, srcs[1]) and (d1 == 0x5A).all() and d2[0] == srcs[0][0]
     # Mismatched list lengths.
-    assert store.batch_put_from(["a", "b"], [d0.ctypes.data], [1]) == [INVALID, INVALID]
-    assert store.batch_get_into(["a"], [d0.ctypes.data], [1, 2]) == [INVALID]
+    assert store.batch_put_from(["a", "b"], [d0.ctypes.data], [1]) == [errors.MMC_ERROR] * 2
+    assert store.batch_get_into(["a"], [d0.ctypes.data], [1, 2]) == [errors.MMC_ERROR]
+    # One bad key or buffer fails alone: the others of the batch go on (upstream: per key).
+    assert store.batch_put_from(["np/pk1", "", "np/pk2", "np/pk3"],
+                                [d0.ctypes.data, d0.ctypes.data, 0, d0.ctypes.data],
+                                [1000, 1000, 1000, 1000]) == [OK, INVALID, INVALID, OK]
+    assert store.batch_is_exist(["np/pk1", "", "np/pk2"]) == [1, INVALID, 0]
+    assert store.batch_get_into(["np/pk1", "", "np/pk3"], [d0.ctypes.data] * 3,
+                                [1000] * 3) == [OK, INVALID, OK]
+    assert store.remove_batch(["np/pk1", "x" * 5000, "np/pk3"]) == [OK, INVALID, OK]
+    with pytest.raises(TypeError):
+        store.batch_is_exist(["ok", 5])
     # A float32 tensor round trip through put_from/get_into.
     t = rng.standard_normal((64, 128)).astype(np.float32)
     assert store.put_from("np/tensor", t.ctypes.data, t.nbytes) == OK
