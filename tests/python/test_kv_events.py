@@ -331,3 +331,73 @@ def test_an_unknown_encoding_stops_the_start_with_one_line():
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "ock.mmc.kv_events.encoding" in lines[0] and "array, map" in lines[0], r.stderr
+
+
+# Keys as the KV-cache layers that write to the store form them, and the hash each publishes.
+H64 = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+STACK_KEYS = [
+    # LMCache's CacheEngineKey (model@world_size@worker_id@hash@dtype), a layer id after it.
+    ("llama@1@0@a1@bfloat16", 0xA1),
+    ("llama@1@0@a2@bfloat16@7", 0xA2),
+    # LMCache before 0.2: fmt@model@world_size@worker_id@hash (the hash last, a sha256 digest).
+    ("vllm@llama@4@2@" + H64, 0x8899AABBCCDDEEFF),
+    # LMCache's multiprocess keys (its native L2 adapters): model@kv_rank@group@hash[@salt].
+    ("llama@000000ff@0@000000b1", 0xB1),
+    ("llama@000000ff@1@000000b2@alice", 0xB2),
+    # vllm-ascend: pool keys (the hash last) and layer-wise keys.
+    ("Qwen@pcp0@dcp0@head_or_tp_rank:1@pp_rank:0@group:0@cache_role:kv@cache_family:default"
+     "@c1", 0xC1),
+    ("Qwen@c2@3", 0xC2),
+    ("Qwen@1@c3@3", 0xC3),
+]
+
+
+@pytest.mark.parametrize("key_format", [None, "regex"])
+def test_the_keys_lmcache_and_vllm_ascend_write_publish_their_hash(server_factory, key_format):
+    """LMCache's (every generation's) and vllm-ascend's keys publish their chunk hash; a key of
+    no known form is counted, and the first such key is logged once. With
+    ock.mmc.kv_events.key_format set to a regex, only keys it matches publish."""
+    from mmc_client.lmcache import MmcL2Connector
+
+    pub = free_port()
+    extra = []
+    if key_format == "regex":
+        # (join_stream's probe keys match it too.)
+        extra = ["--set",
+                 r"ock.mmc.kv_events.key_format=^(?:kv/|probe@1@0@)(?P<hash>[0-9a-f]+)"]
+    s = server_factory(kv_args(pub, extra=extra))
+    sub = Subscriber(pub, "array")
+    join_stream(s, sub)
+    if key_format == "regex":
+        s.put("kv/00d1/layer0", b"r", "&medium=dram")
+        s.put("llama@1@0@a1@bfloat16", b"r", "&medium=dram")  # not this form: unparsed
+        s.put("kv/00d2/layer0", b"r", "&medium=dram")
+        assert sub.take(2) == [("stored", [0xD1], "CPU"), ("stored", [0xD2], "CPU")]
+        assert s.json("GET", "/kv_events/status")["skipped_unparsed_keys"] >= 1
+        sub.close()
+        return
+    # The LMCache connector writes LMCache's keys as LMCache gives them (a batch).
+    conn = MmcL2Connector(url="http://%s:%d" % (s.host, s.port))
+    try:
+        names = [k for k, _ in STACK_KEYS]
+        bufs = [bytearray(b"v" * 64) for _ in names]
+        fid = conn.submit_batch_set(names, [memoryview(b) for b in bufs])
+        deadline = time.time() + 10
+        done = []
+        while not done and time.time() < deadline:
+            done = [c for c in conn.drain_completions() if c[0] == fid]
+            time.sleep(0.01)
+        assert done and done[0][1] is True, done
+    finally:
+        conn.close()
+    before = s.json("GET", "/kv_events/status")["skipped_unparsed_keys"]
+    s.put("Qwen@partial@req-7@0@4@1000@3", b"p", "&medium=dram")  # no hash: unparsed
+    s.put("plain-key", b"p", "&medium=dram")
+    got = sub.take(len(STACK_KEYS))
+    assert sorted(e[1][0] for e in got) == sorted(h for _, h in STACK_KEYS), got
+    assert all(e[0] == "stored" for e in got), got
+    wait_until("unparsed keys counted",
+               lambda: s.json("GET", "/kv_events/status")["skipped_unparsed_keys"] >= before + 2)
+    logged = [line for line in s.log if "has no chunk hash" in line]
+    assert len(logged) == 1, logged
+    sub.close()
