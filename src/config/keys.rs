@@ -372,7 +372,7 @@ pub static KEYS: &[KeySpec] = &[
         "The data_parallel_rank element of every EventBatch."),
     key("ock.mmc.kv_events.replay_batches", "10000", U64(|c| &mut c.kv_events.replay_batches, 0, 1 << 24),
         "Batches kept for the replay socket."),
-    key("ock.mmc.kv_events.key_format", "auto", With(|c, v| { c.kv_events.key_format = std::sync::Arc::new(crate::shards::store::KeyFormat::parse(v)?); Ok(()) }),
+    key("ock.mmc.kv_events.key_format", "auto", With(|c, v| { c.kv_events.key_format = std::sync::Arc::new(crate::common::chunk_keys::KeyFormat::parse(v)?); Ok(()) }),
         "How a block's hash is read from an object key: auto (LMCache's CacheEngineKey model@ws@wid@hash@dtype, its legacy fmt@model@ws@wid@hash and multiprocess model@rank@group@hash[@salt] keys, vllm-ascend's pool and layer-wise keys), lmcache, lmcache_legacy, lmcache_mp, vllm_ascend, or a regular expression with a named group hash (hex). A key without a hash publishes no event (counted, the first one logged)."),
     key("ock.mmc.kv_events.block_size", "256", U64(|c| &mut c.kv_events.block_size, 1, 1 << 20),
         "block_size reported in BlockStored events (tokens per chunk; LMCache's default chunk is 256)."),

@@ -176,7 +176,7 @@ pub struct KvEventsConfig {
     pub replay_batches: u64,
     pub block_size: u64,
     /// `ock.mmc.kv_events.key_format`: how an object key's chunk hash is read.
-    pub key_format: std::sync::Arc<crate::shards::store::KeyFormat>,
+    pub key_format: std::sync::Arc<crate::common::chunk_keys::KeyFormat>,
 }
 
 #[cfg(test)]
