@@ -43,6 +43,10 @@ fi
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest numpy requests
 # The Python client and mmcctl (clients/python), tested against the server (test_client.py, test_mmcctl.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check ./clients/python
+# The client is typed (py.typed): mypy --strict keeps it so.
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check mypy==2.4.1
+echo "== mypy --strict clients/python/mmc_client"
+(cd clients/python && ../../target/pyenv/bin/python -m mypy --strict --no-incremental mmc_client)
 # schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import struct
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
 from urllib.parse import quote
 
 from . import _localconf, errors
@@ -612,7 +612,7 @@ class DistributedObjectStore(GvaMixin):
                  and codes[i] == errors.MMC_ERROR]
         quoted = {i: _check_key(keys[i]) for i in valid}
         group: List[int] = []
-        names: set = set()
+        names: Set[str] = set()
         qlen = blen = 0
 
         def flush() -> None:
