@@ -66,9 +66,14 @@ tar xzf "$SDIST" -C "$TESTS" --strip-components=1 "lmcache-$LMCACHE_VERSION/test
 
 # 4. A server on a free loopback port.
 [ -x "$SERVER_BIN" ] || cargo build --locked --bin mmc-server
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+KV_PORT=$(free_port)
 LOG=target/lmcache-server.log
-"$SERVER_BIN" --listen "127.0.0.1:$PORT" --set ock.mmc.local_service.dram.size=2GB >"$LOG" 2>&1 &
+# KV events on: every key LMCache writes must publish its chunk hash (checked at the end).
+"$SERVER_BIN" --listen "127.0.0.1:$PORT" --set ock.mmc.local_service.dram.size=2GB \
+  --set ock.mmc.kv_events.enable=true --set "ock.mmc.kv_events.endpoint=tcp://127.0.0.1:$KV_PORT" \
+  >"$LOG" 2>&1 &
 SERVER_PID=$!
 trap 'kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
@@ -90,6 +95,16 @@ echo "== lmcache: LMCache $LMCACHE_VERSION's own L2 adapter and storage-manager 
     tests/v1/distributed/test_distributed_storage_manager.py "$@"
 )
 t_tests=$((SECONDS - t1))
+
+# The KV events of what LMCache wrote: every key parsed (LMCache's multiprocess form), blocks
+# stored and removed were published.
+curl -sf "http://127.0.0.1:$PORT/kv_events/status" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+stored, removed = s["published_by_type"]["stored"], s["published_by_type"]["removed"]
+print("== lmcache: KV events of what LMCache wrote: %d BlockStored, %d BlockRemoved, %d keys unparsed"
+      % (stored, removed, s["skipped_unparsed_keys"]))
+sys.exit(0 if s["skipped_unparsed_keys"] == 0 and stored > 0 and removed > 0 else 1)'
 
 if [ "${MMC_LMCACHE_BENCH:-}" = 1 ]; then
   echo "== lmcache: lmcache bench l2 --no-skip-verify"
