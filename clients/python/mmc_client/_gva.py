@@ -27,7 +27,7 @@ import bisect
 import ctypes
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from . import errors
 from ._http import TransportError
@@ -280,61 +280,52 @@ class GvaMixin:
             view[:] = dst[off:off + n]
         return errors.MMC_OK
 
-    def _gva_direct(self, direct: Any) -> int:
-        from .store import SMEMB_COPY_G2H, SMEMB_COPY_H2G
+    def _gva_batch(self, gva_ptrs: Any, buffer_ptrs: Any, sizes: Any, direct: Any,
+                   copy: Callable[[int, Any, Any], int]) -> int:
+        """Checks a copy batch's arguments, then ``copy(gva, buffers, sizes)`` per GVA: 0, or the
+        first failure's code. Only the host directions are served (-1 for the others)."""
+        from .store import SMEMB_COPY_G2H, SMEMB_COPY_H2G, _Fail, _seq
 
+        gva_ptrs, buffer_ptrs = _seq(gva_ptrs, "gva_ptrs"), _seq(buffer_ptrs, "buffer_ptrs")
+        sizes = _seq(sizes, "sizes")
         if isinstance(direct, bool) or not isinstance(direct, int):
             raise TypeError("direct must be an int (MmcCopyDirect)")
         if direct not in (SMEMB_COPY_G2H, SMEMB_COPY_H2G):
             return errors.MMC_ERROR
-        return errors.MMC_OK
-
-    def batch_copy(self, gva_ptrs: Sequence[int], buffer_ptrs: Sequence[Any],
-                   sizes: Sequence[int], direct: int) -> int:
-        """Copies ``sizes[i]`` bytes between ``gva_ptrs[i]`` (anywhere inside a range) and the
-        host buffer ``buffer_ptrs[i]``: 0, or the first failure's code (-1)."""
-        from .store import _Fail, _seq
-
-        gva_ptrs, buffer_ptrs = _seq(gva_ptrs, "gva_ptrs"), _seq(buffer_ptrs, "buffer_ptrs")
-        sizes = _seq(sizes, "sizes")
-        code = self._gva_direct(direct)
-        if code != errors.MMC_OK:
-            return code
         if not len(gva_ptrs) == len(buffer_ptrs) == len(sizes):
             return errors.MMC_ERROR
         for g, p, n in zip(gva_ptrs, buffer_ptrs, sizes):
             try:
-                code = self._gva_copy_one(g, p, n, direct)
+                code = copy(g, p, n)
             except _Fail as f:
                 code = f.code
             if code != errors.MMC_OK:
                 return code
         return errors.MMC_OK
 
+    def batch_copy(self, gva_ptrs: Sequence[int], buffer_ptrs: Sequence[Any],
+                   sizes: Sequence[int], direct: int) -> int:
+        """Copies ``sizes[i]`` bytes between ``gva_ptrs[i]`` (anywhere inside a range) and the
+        host buffer ``buffer_ptrs[i]``: 0, or the first failure's code (-1)."""
+        return self._gva_batch(gva_ptrs, buffer_ptrs, sizes, direct,
+                               lambda g, p, n: self._gva_copy_one(g, p, n, direct))
+
     def batch_copy_layers(self, gva_ptrs: Sequence[int], buffer_ptrs: Sequence[Sequence[Any]],
                           sizes: Sequence[Sequence[int]], direct: int) -> int:
         """Per GVA, its layers back to back from that address: 0, or the first failure's
         code."""
-        from .store import MAX_LAYER_NUM, _Fail, _seq
+        from .store import MAX_LAYER_NUM, _seq
 
-        gva_ptrs, buffer_ptrs = _seq(gva_ptrs, "gva_ptrs"), _seq(buffer_ptrs, "buffer_ptrs")
-        sizes = _seq(sizes, "sizes")
-        code = self._gva_direct(direct)
-        if code != errors.MMC_OK:
-            return code
-        if not len(gva_ptrs) == len(buffer_ptrs) == len(sizes):
-            return errors.MMC_ERROR
-        for g, ptrs, lens in zip(gva_ptrs, buffer_ptrs, sizes):
+        def layers(g: int, ptrs: Any, lens: Any) -> int:
             ptrs, lens = _seq(ptrs, "buffer_ptrs[i]"), _seq(lens, "sizes[i]")
             if not ptrs or len(ptrs) > MAX_LAYER_NUM or len(ptrs) != len(lens):
                 return errors.MMC_ERROR
             off = 0
             for p, n in zip(ptrs, lens):
-                try:
-                    code = self._gva_copy_one(g + off, p, n, direct)
-                except _Fail as f:
-                    code = f.code
+                code = self._gva_copy_one(g + off, p, n, direct)
                 if code != errors.MMC_OK:
                     return code
                 off += n
-        return errors.MMC_OK
+            return errors.MMC_OK
+
+        return self._gva_batch(gva_ptrs, buffer_ptrs, sizes, direct, layers)

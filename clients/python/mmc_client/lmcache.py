@@ -146,30 +146,12 @@ class MmcL2Connector:
 
     def submit_batch_set(self, keys: Sequence[str], memoryviews: Sequence[Any]) -> int:
         """Stores each buffer under its key. The buffers must stay alive until completion."""
-        names = self._names(keys)
-        views = list(memoryviews)
-        if len(views) != len(names):
-            return self._fail_now("keys and buffers differ in number")
-
-        def run(lo: int, hi: int) -> List[int]:
-            part = views[lo:hi]
-            return list(self._store.batch_put_from(names[lo:hi], part, [_nbytes(v) for v in part]))
-
-        return self._submit(len(names), run, lambda code: code == errors.MMC_OK, "set")
+        return self._submit_buffers(keys, memoryviews, self._store.batch_put_from, "set")
 
     def submit_batch_get(self, keys: Sequence[str], memoryviews: Sequence[Any]) -> int:
         """Receives each object into its buffer; a key succeeds only when its object exists
         and has exactly the buffer's size (a shorter or longer object fails, buffer untouched)."""
-        names = self._names(keys)
-        views = list(memoryviews)
-        if len(views) != len(names):
-            return self._fail_now("keys and buffers differ in number")
-
-        def run(lo: int, hi: int) -> List[int]:
-            part = views[lo:hi]
-            return list(self._store.batch_get_into(names[lo:hi], part, [_nbytes(v) for v in part]))
-
-        return self._submit(len(names), run, lambda code: code == errors.MMC_OK, "get")
+        return self._submit_buffers(keys, memoryviews, self._store.batch_get_into, "get")
 
     def submit_batch_exists(self, keys: Sequence[str]) -> int:
         names = self._names(keys)
@@ -237,6 +219,21 @@ class MmcL2Connector:
         with self._lock:
             self._done.append(item)
         self._efd.notify()
+
+    def _submit_buffers(self, keys: Sequence[str], memoryviews: Sequence[Any],
+                        batch: Callable[[List[str], List[Any], List[int]], List[int]],
+                        op: str) -> int:
+        """A set or get: ``batch(keys, buffers, sizes)`` over parts of the batch."""
+        names = self._names(keys)
+        views = list(memoryviews)
+        if len(views) != len(names):
+            return self._fail_now("keys and buffers differ in number")
+
+        def run(lo: int, hi: int) -> List[int]:
+            part = views[lo:hi]
+            return list(batch(names[lo:hi], part, [_nbytes(v) for v in part]))
+
+        return self._submit(len(names), run, lambda code: code == errors.MMC_OK, op)
 
     def _fail_now(self, message: str) -> int:
         fid = self._new_id()

@@ -694,32 +694,35 @@ class DistributedObjectStore(GvaMixin):
         codes = self._batch_put(keys, [[_bytes_view(v)] for v in values], replicateConfig)
         return next((c for c in codes if c != errors.MMC_OK), errors.MMC_OK)
 
-    def _buffers_per_key(self, n: int, make: Callable[[int], Parts]) -> Tuple[List[Optional[Parts]], List[int]]:
-        """Each key's buffers, or its own code when they are invalid (a null pointer, a
-        negative size, a bad layer list): the other keys of the batch go on."""
-        codes = [errors.MMC_ERROR] * n
-        out: List[Optional[Parts]] = []
-        for i in range(n):
+    def _buffers_per_key(self, keys: Any, buffer_ptrs: Any, sizes: Any, direct: Any,
+                         host: MmcCopyDirect, make: Callable[[Any, Any], Parts],
+                         ) -> Tuple[List[str], List[Optional[Parts]], List[int]]:
+        """A batch's arguments checked: the keys, each key's buffers (``make(ptr, size)``) or
+        None with its own code when they are invalid (a null pointer, a negative size, a bad
+        layer list: the other keys go on), and the codes so far. Lists of different lengths
+        are -1 for every key."""
+        keys = _str_list(keys)
+        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
+        _direct(direct, host)
+        codes = [errors.MMC_ERROR] * len(keys)
+        out: List[Optional[Parts]] = [None] * len(keys)
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            return keys, out, codes
+        for i in range(len(keys)):
             try:
-                out.append(make(i))
+                out[i] = make(buffer_ptrs[i], sizes[i])
             except _Fail as f:
                 codes[i] = f.code
-                out.append(None)
-        return out, codes
+        return keys, out, codes
 
     @_guard(_codes)
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[Buffer],
                        sizes: Sequence[int], direct: int = SMEMB_COPY_H2G,
                        replicateConfig: Optional[ReplicateConfig] = None) -> List[int]:
         """One code per key; a key with an invalid key or buffer fails alone."""
-        keys = _str_list(keys)
-        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
-        _direct(direct, SMEMB_COPY_H2G)
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [errors.MMC_ERROR] * len(keys)
-        values, codes = self._buffers_per_key(
-            len(keys), lambda i: [_view(buffer_ptrs[i], sizes[i], False)])
-        return self._batch_put(keys, values, replicateConfig, codes)
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_H2G, lambda p, n: [_view(p, n, False)])
+        return self._batch_put(names, values, replicateConfig, codes)
 
     @_guard(_codes)
     def batch_put_from_layers(self, keys: Sequence[str],
@@ -728,14 +731,10 @@ class DistributedObjectStore(GvaMixin):
                               replicateConfig: Optional[ReplicateConfig] = None) -> List[int]:
         """One object per key made of its layers (``buffer_ptrs[i]``, ``sizes[i]``), sent
         through batch_put back to back; one code per key."""
-        keys = _str_list(keys)
-        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
-        _direct(direct, SMEMB_COPY_H2G)
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [errors.MMC_ERROR] * len(keys)
-        values, codes = self._buffers_per_key(
-            len(keys), lambda i: _layer_views(buffer_ptrs[i], sizes[i], False))
-        return self._batch_put(keys, values, replicateConfig, codes)
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_H2G,
+            lambda p, n: _layer_views(p, n, False))
+        return self._batch_put(names, values, replicateConfig, codes)
 
     # -- gets ----------------------------------------------------------------------------
 
@@ -822,14 +821,9 @@ class DistributedObjectStore(GvaMixin):
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[Buffer],
                        sizes: Sequence[int], direct: int = SMEMB_COPY_G2H) -> List[int]:
         """One code per key (as get_into's), each object received into its buffer."""
-        keys = _str_list(keys)
-        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
-        _direct(direct, SMEMB_COPY_G2H)
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [errors.MMC_ERROR] * len(keys)
-        values, codes = self._buffers_per_key(
-            len(keys), lambda i: [_view(buffer_ptrs[i], sizes[i], True)])
-        return self._batch_get_parts(keys, values, codes)
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_G2H, lambda p, n: [_view(p, n, True)])
+        return self._batch_get_parts(names, values, codes)
 
     @_guard(_codes)
     def batch_get_into_layers(self, keys: Sequence[str],
@@ -837,14 +831,10 @@ class DistributedObjectStore(GvaMixin):
                               sizes: Sequence[Sequence[int]],
                               direct: int = SMEMB_COPY_G2H) -> List[int]:
         """One code per key (as get_into_layers'), each object received into its layers."""
-        keys = _str_list(keys)
-        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
-        _direct(direct, SMEMB_COPY_G2H)
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [errors.MMC_ERROR] * len(keys)
-        values, codes = self._buffers_per_key(
-            len(keys), lambda i: _layer_views(buffer_ptrs[i], sizes[i], True))
-        return self._batch_get_parts(keys, values, codes)
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_G2H,
+            lambda p, n: _layer_views(p, n, True))
+        return self._batch_get_parts(names, values, codes)
 
     # -- existence, removal, info --------------------------------------------------------
 
@@ -854,18 +844,23 @@ class DistributedObjectStore(GvaMixin):
         v = _json(self._c().request("GET", "/api/v1/objects/exist?key=" + _check_key(key)))
         return 1 if v.get("exists") else 0
 
+    def _batch_keys(self, keys: Sequence[str], path: str, field: str,
+                    code_of: Callable[[Any], int]) -> List[int]:
+        """A JSON batch route over the valid keys (4096 a request): ``code_of`` reads each
+        key's entry of ``field``; an invalid key gets its code alone."""
+        names = _str_list(keys)
+        out = [errors.MMC_ERROR] * len(names)
+        for part in _chunks(_per_key(names, out)):
+            v = _json(self._batch_json("POST", path, [names[i] for i in part]))
+            for i, e in zip(part, v.get(field, [])):
+                out[i] = code_of(e)
+        return out
+
     @_guard(_codes)
     def batch_is_exist(self, keys: Sequence[str]) -> List[int]:
         """1/0 per key; an invalid key gets its code alone."""
-        keys = _str_list(keys)
-        out = [errors.MMC_ERROR] * len(keys)
-        valid = _per_key(keys, out)
-        for part in _chunks(valid):
-            v = _json(self._batch_json("POST", "/api/v1/objects/batch_exist",
-                                       [keys[i] for i in part]))
-            for i, e in zip(part, v.get("exists", [])):
-                out[i] = 1 if e else 0
-        return out
+        return self._batch_keys(keys, "/api/v1/objects/batch_exist", "exists",
+                                lambda e: 1 if e else 0)
 
     @_guard(_code)
     def remove(self, key: str) -> int:
@@ -875,16 +870,11 @@ class DistributedObjectStore(GvaMixin):
 
     @_guard(_codes)
     def remove_batch(self, keys: Sequence[str]) -> List[int]:
-        keys = _str_list(keys)
-        out = [errors.MMC_ERROR] * len(keys)
-        valid = _per_key(keys, out)
-        for part in _chunks(valid):
-            v = _json(self._batch_json("POST", "/api/v1/objects/batch_remove",
-                                       [keys[i] for i in part]))
-            for i, r in zip(part, v.get("results", [])):
-                out[i] = (errors.MMC_OK if r.get("success")
-                          else errors.from_message(r.get("error_message")))
-        return out
+        """A code per key: 0, or -3102 for a missing one."""
+        return self._batch_keys(
+            keys, "/api/v1/objects/batch_remove", "results",
+            lambda r: errors.MMC_OK if r.get("success")
+            else errors.from_message(r.get("error_message")))
 
     @_guard(_code)
     def remove_all(self) -> int:
