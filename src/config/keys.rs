@@ -353,7 +353,7 @@ pub static KEYS: &[KeySpec] = &[
     key("ock.mmc.kv_events.enable", "false", Bool(|c| &mut c.kv_events.enable),
         "Publish KV cache events (vLLM's ZMQ format) for KV-aware routers."),
     key("ock.mmc.kv_events.encoding", "array", With(set_kv_encoding),
-        "Wire form of each msgpack EventBatch: array (positional, tag-first event arrays: vLLM up to 0.11, llm-d, Dynamo) or map (by field name, events tagged by \"type\": current vLLM)."),
+        "Wire shape of each msgpack EventBatch, by consumer generation: vllm-0.9 (vLLM 0.9.0-0.10.1: positional, no medium), array or vllm-0.10 (vLLM 0.10.2-0.13, llm-d, Dynamo: positional, tag-first event arrays), vllm-0.14 (vLLM 0.14-0.23: positional, with lora_name), vllm-0.24 (vLLM 0.24-0.33: a positional batch of events tagged by \"type\", by name), sglang (as vllm-0.24 with SGLang's medium names), map or vllm-main (vLLM main: by name throughout)."),
     key("ock.mmc.kv_events.endpoint", "tcp://127.0.0.1:5557", Text(|c| &mut c.kv_events.endpoint, endpoint),
         "ZMQ PUB endpoint the events are published on (tcp://HOST:PORT, ipc://PATH)."),
     key("ock.mmc.kv_events.replay_endpoint", "", Optional(|c| &mut c.kv_events.replay_endpoint, endpoint),

@@ -13,7 +13,8 @@ import pytest
 import zmq
 
 from conftest import SERVER, free_port, wait_until
-from vllm_kv_events import decode_typed, llmd_read, simplify_typed
+from vllm_kv_events import BATCH_TYPES, decode_typed, llmd_read, simplify_typed
+from vllm_kv_events import dp_rank as batch_dp_rank
 
 MASK = (1 << 64) - 1
 END_OF_REPLAY = b"\xff" * 8
@@ -39,17 +40,25 @@ def key(h):
     return "llama@1@0@%x@bf16" % h
 
 
+# Encodings whose wire shape is the same (they differ only in medium names).
+SAME_SHAPE = {"vllm-0.24": {"sglang"}, "sglang": {"vllm-0.24"}}
+
+
 def decode_payload(payload, encoding):
     """Every decoder a consumer of `encoding` would use; they must agree. Returns the events as
     (kind, hashes, medium) tuples."""
     batch = decode_typed(payload, encoding)
     assert abs(batch.ts - time.time()) < 60, batch.ts
-    assert batch.data_parallel_rank == 3, batch
+    assert batch_dp_rank(batch) == 3, batch
     events = [simplify_typed(e) for e in batch.events]
-    other = "map" if encoding == "array" else "array"
-    # No hybrid: the other generation's typed decoder rejects the batch.
-    with pytest.raises(msgspec.ValidationError):
-        decode_typed(payload, other)
+    # No hybrid: every other generation's (strict) typed decoder rejects a batch with a
+    # BlockStored (the event whose shape every generation changed; a batch of removals or of
+    # AllBlocksCleared alone is the same in several positional generations).
+    stored = any(e[0] == "stored" for e in events)
+    for other in BATCH_TYPES if stored else ():
+        if other != encoding and other not in SAME_SHAPE.get(encoding, ()):
+            with pytest.raises(msgspec.ValidationError):
+                decode_typed(payload, other)
     if encoding == "array":
         ts, llmd_events, dp_rank = llmd_read(payload)
         assert (ts, llmd_events, dp_rank) == (batch.ts, events, 3)
@@ -160,6 +169,28 @@ def test_subscriber_sees_every_event_in_order(server_factory, encoding):
     assert st["skipped_unparsed_keys"] >= 1
     assert st["last_sequence"] == sub.seqs[-1]
     assert st["enabled"] is True and st["publisher_active"] is True
+    sub.close()
+
+
+@pytest.mark.parametrize("encoding", ["vllm-0.9", "array", "vllm-0.14", "vllm-0.24", "sglang",
+                                      "map"])
+def test_every_consumer_generation_decodes_its_batches(server_factory, encoding):
+    """Each `ock.mmc.kv_events.encoding` is decoded by a copy of its generation's structs (and
+    rejected by every other generation's): stored on two media, removed, cleared."""
+    pub = free_port()
+    s = server_factory(kv_args(pub, encoding=encoding))
+    sub = Subscriber(pub, encoding)
+    join_stream(s, sub)
+    s.put(key(0xA1), b"x" * 100, "&medium=dram")
+    s.put(key(0xA2), b"y" * 100, "&medium=hbm")
+    assert s.json("DELETE", "/key?key=" + key(0xA1))["success"] is True
+    assert s.json("DELETE", "/all_keys")["success"] is True
+    got = sub.take(4)
+    # vLLM 0.9's events carry no medium; SGLang names DRAM CPU_PINNED (read back as CPU).
+    cpu, gpu = (None, None) if encoding == "vllm-0.9" else ("CPU", "GPU")
+    assert got == [("stored", [0xA1], cpu), ("stored", [0xA2], gpu), ("removed", [0xA1], cpu),
+                   ("cleared",)], got
+    assert s.json("GET", "/kv_events/publisher")["encoding"] == encoding
     sub.close()
 
 
@@ -330,7 +361,7 @@ def test_an_unknown_encoding_stops_the_start_with_one_line():
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "ock.mmc.kv_events.encoding" in lines[0] and "array, map" in lines[0], r.stderr
+    assert "ock.mmc.kv_events.encoding" in lines[0] and "vllm-0.14" in lines[0], r.stderr
 
 
 # Keys as the KV-cache layers that write to the store form them, and the hash each publishes.
