@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import random
 import socket
+import ssl
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from urllib.parse import urlsplit
 
 from . import errors
@@ -61,17 +62,25 @@ class Response:
         return self.headers.get(name.lower(), default)
 
 
-def parse_base_url(url: str) -> Tuple[str, int]:
-    """``http://host:port`` (also ``tcp://``, or a bare ``host:port``) -> (host, port)."""
+def parse_url(url: str) -> Tuple[str, int, bool]:
+    """``http://host:port`` or ``https://host:port`` (also ``tcp://``, or a bare ``host:port``,
+    read as http) -> (host, port, https)."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "tcp"):
-        raise ValueError("unsupported scheme %r (only http://)" % parts.scheme)
+    if parts.scheme not in ("http", "https", "tcp"):
+        raise ValueError("unsupported scheme %r (http:// or https://)" % parts.scheme)
     if not parts.hostname:
         raise ValueError("no host in %r" % url)
-    return parts.hostname, parts.port or 80
+    https = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if https else 80), https
+
+
+def parse_base_url(url: str) -> Tuple[str, int]:
+    """(host, port) of a base URL (see :func:`parse_url`)."""
+    host, port, _ = parse_url(url)
+    return host, port
 
 
 def parse_endpoints(urls: str) -> List[Tuple[str, int]]:
@@ -85,10 +94,19 @@ def parse_endpoints(urls: str) -> List[Tuple[str, int]]:
 class Connection:
     """One keep-alive socket with its read buffer. Used by one thread at a time."""
 
-    def __init__(self, host: str, port: int, timeout: Optional[float]) -> None:
+    def __init__(self, host: str, port: int, timeout: Optional[float],
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock: socket.socket = sock
+        self.tls = tls is not None
         self.rbuf = bytearray()
         self.uses = 0
         self.closed = False
@@ -110,6 +128,11 @@ class Connection:
         """Sends every buffer of ``parts`` (bytes or memoryviews) without joining them."""
         views = [memoryview(p).cast("B") if not isinstance(p, bytes) else memoryview(p)
                  for p in parts if len(p)]
+        if self.tls:
+            # TLS sockets have no sendmsg: each buffer is encrypted from where it is.
+            for v in views:
+                self.sock.sendall(v)
+            return
         i = 0
         while i < len(views):
             batch = views[i:i + _IOV_MAX]
@@ -244,13 +267,14 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, host: str, port: int) -> Tuple[Connection, bool]:
-        """(connection, reused)"""
+    def take(self, host: str, port: int,
+             tls: Optional[ssl.SSLContext] = None) -> Tuple[Connection, bool]:
+        """(connection, reused); a new connection speaks TLS with ``tls``."""
         with self._lock:
             idle = self._idle.get((host, port))
             if idle:
                 return idle.pop(), True
-        return Connection(host, port, self.timeout), False
+        return Connection(host, port, self.timeout, tls), False
 
     def give(self, conn: Connection) -> None:
         if conn.closed:
@@ -303,8 +327,17 @@ class Client:
 
     def __init__(self, urls: str, timeout: Optional[float] = 60.0, retry_ms: int = 0,
                  token: Optional[str] = None, expect_continue_bytes: int = 256 * 1024,
-                 expect_timeout: float = 1.0) -> None:
-        self.endpoints = parse_endpoints(urls)
+                 expect_timeout: float = 1.0,
+                 tls: Optional[ssl.SSLContext] = None) -> None:
+        parsed = [parse_url(u) for u in urls.split(",") if u.strip()]
+        if not parsed:
+            raise ValueError("no URL given")
+        self.endpoints = [(h, p) for h, p, _ in parsed]
+        # The servers reached over https (the URLs given, and redirects' Locations).
+        self._https: Set[Tuple[str, int]] = {(h, p) for h, p, https in parsed if https}
+        if self._https and tls is None:
+            tls = ssl.create_default_context()
+        self.tls = tls
         self.current = 0
         self.timeout = timeout
         self.retry_ms = retry_ms
@@ -318,10 +351,16 @@ class Client:
     def close(self) -> None:
         self.pool.close()
 
+    def _scheme(self, host: str, port: int) -> str:
+        return "https" if (host, port) in self._https else "http"
+
+    def _tls_for(self, host: str, port: int) -> Optional[ssl.SSLContext]:
+        return self.tls if (host, port) in self._https else None
+
     @property
     def base_url(self) -> str:
         host, port = self.endpoints[self.current]
-        return "http://%s:%d" % (host, port)
+        return "%s://%s:%d" % (self._scheme(host, port), host, port)
 
     def _rotate(self, failed_index: int) -> None:
         with self._ep_lock:
@@ -398,9 +437,15 @@ class Client:
                 target = loc
             else:
                 parts = urlsplit(loc)
-                if parts.scheme not in ("http", "") or not parts.hostname:
+                if parts.scheme not in ("http", "https") or not parts.hostname:
                     return resp
-                host, port = parts.hostname, parts.port or 80
+                https = parts.scheme == "https"
+                host, port = parts.hostname, parts.port or (443 if https else 80)
+                if https:
+                    with self._ep_lock:
+                        self._https.add((host, port))
+                        if self.tls is None:
+                            self.tls = ssl.create_default_context()
                 target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
             # A local service's URL carries the meta's grant; a standby's names the leader.
             granted = "grant=" in target.partition("?")[2]
@@ -419,10 +464,14 @@ class Client:
         replaced once, transparently."""
         for _ in range(3):
             try:
-                conn, reused = self.pool.take(host, port)
+                conn, reused = self.pool.take(host, port, self._tls_for(host, port))
             except socket.timeout as e:
                 raise TransportError(errors.MMC_TIMEOUT, "connect to %s:%d timed out" % (host, port),
                                      retryable=True) from e
+            except ssl.SSLError as e:
+                # A certificate the CA does not vouch for (or no TLS there) is not transient.
+                raise TransportError(errors.MMC_NOT_CONNET_META,
+                                     "TLS with %s:%d failed: %s" % (host, port, e)) from e
             except OSError as e:
                 self.pool.discard(host, port)
                 raise TransportError(errors.MMC_NOT_CONNET_META,
@@ -534,4 +583,5 @@ class Client:
             data = reader.read(conn, status, hdrs, length)
         keep = (length is not None or _chunked(hdrs)) and body_sent \
             and hdrs.get("connection", "").lower() != "close" and not conn.closed
-        return Response(status, hdrs, data, "http://%s:%d%s" % (host, port, target)), keep
+        return Response(status, hdrs, data, "%s://%s:%d%s" % (self._scheme(host, port), host, port,
+                                                              target)), keep

@@ -93,7 +93,8 @@ class MmcL2Connector:
     ``key_prefix``: prepended to every LMCache key (to share one server between deployments).
     ``token``: the API token (default: env ``MMC_API_TOKEN``). ``num_workers``: threads (and
     connections) working on batches; ``timeout_s`` bounds each socket operation and
-    ``retry_ms`` the retries of a request that reached no server.
+    ``retry_ms`` the retries of a request that reached no server. ``https://`` URLs: the server's
+    CA in ``ca_path``, the client certificate in ``cert_path``/``key_path`` (PEM).
     """
 
     def __init__(
@@ -104,6 +105,9 @@ class MmcL2Connector:
         num_workers: int = 4,
         timeout_s: float = 30.0,
         retry_ms: int = 2000,
+        ca_path: str = "",
+        cert_path: str = "",
+        key_path: str = "",
     ) -> None:
         if isinstance(url, (list, tuple)):
             url = ",".join(str(u) for u in url)
@@ -120,6 +124,7 @@ class MmcL2Connector:
             config.api_token = token
         config.client_timeout_seconds = timeout_s
         config.client_retry_milliseconds = retry_ms
+        config.tls_ca_path, config.tls_cert_path, config.tls_key_path = ca_path, cert_path, key_path
         self._store = DistributedObjectStore()
         if self._store.setup(config) != errors.MMC_OK:
             raise ValueError("invalid url %r" % (config.meta_service_url,))

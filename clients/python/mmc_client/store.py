@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import ssl
 import struct
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
 from urllib.parse import quote
@@ -230,6 +231,10 @@ class LocalConfig:
     ``duplicate_put_is_error`` (False: a put of an existing key returns 0 and keeps the first
     value, as upstream; True: it returns -3006) and ``local_service_id`` (what
     ``get_local_service_id()`` answers; -1: no local service).
+
+    TLS: an ``https://`` URL is verified against ``tls_ca_path`` (PEM; the system's CAs when
+    unset) and presents ``tls_cert_path``/``tls_key_path`` as the client certificate when set
+    (mmc-server's ``ock.mmc.metrics.tls.*`` requires one).
     """
 
     def __init__(self) -> None:
@@ -246,6 +251,18 @@ class LocalConfig:
         self.expect_continue_bytes: int = 256 * 1024
         self.duplicate_put_is_error: bool = False
         self.local_service_id: int = -1
+        self.tls_ca_path: str = ""
+        self.tls_cert_path: str = ""
+        self.tls_key_path: str = ""
+
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        """The TLS context of ``https://`` URLs (None: the client's default, system CAs)."""
+        if not (self.tls_ca_path or self.tls_cert_path):
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls_ca_path or None)
+        if self.tls_cert_path:
+            ctx.load_cert_chain(self.tls_cert_path, self.tls_key_path or None)
+        return ctx
 
     @classmethod
     def from_local_config(cls, path: str) -> "LocalConfig":
@@ -266,6 +283,11 @@ class LocalConfig:
                 c.api_token = keys["ock.mmc.client.api_token"]
             if keys.get("ock.mmc.local_service.protocol"):
                 c.protocol = keys["ock.mmc.local_service.protocol"]
+            c.tls_ca_path = keys.get("ock.mmc.tls.ca.path", "")
+            c.tls_cert_path = keys.get("ock.mmc.tls.cert.path", "")
+            c.tls_key_path = keys.get("ock.mmc.tls.key.path", "")
+            if keys.get("ock.mmc.tls.enable", "").lower() == "true":
+                c.meta_service_url = c.meta_service_url.replace("http://", "https://")
         except ValueError as e:
             raise ValueError("%s: %s" % (path, e)) from None
         return c
@@ -509,6 +531,7 @@ class DistributedObjectStore(GvaMixin):
                 retry_ms=int(cfg.client_retry_milliseconds),
                 token=getattr(cfg, "api_token", None),
                 expect_continue_bytes=int(getattr(cfg, "expect_continue_bytes", 256 * 1024)),
+                tls=cfg.ssl_context() if hasattr(cfg, "ssl_context") else None,
             )
             self._config = cfg
             self._batch_put_remote = False
@@ -519,7 +542,8 @@ class DistributedObjectStore(GvaMixin):
         except TransportError as e:
             log.warning("init: %s", e)
             return e.code
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OSError) as e:
+            # A URL that does not parse, TLS files that cannot be read.
             log.warning("init: %s", e)
             return errors.MMC_INVALID_PARAM
 
