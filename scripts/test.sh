@@ -10,6 +10,8 @@ need_pkgs=()
 # The bundled libzmq (C++) and ring (C) are compiled by the build.
 command -v c++ >/dev/null || need_pkgs+=(g++)
 command -v curl >/dev/null || need_pkgs+=(curl)
+# The client's https:// tests make their certificates with the openssl command.
+command -v openssl >/dev/null || need_pkgs+=(openssl)
 # promtool checks the /metrics exposition; a real Prometheus scrapes it.
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 # The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).

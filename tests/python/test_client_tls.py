@@ -1,8 +1,8 @@
 """The client over https:// to a server with mTLS (ock.mmc.metrics.tls.*): the server's CA
 verifies it, the client presents its certificate; the LMCache connector and upstream's local
-configuration file take the same files. Certificates are made with the openssl command."""
+configuration file take the same files. Certificates are made with the openssl command
+(scripts/test.sh installs it)."""
 
-import shutil
 import subprocess
 
 import numpy as np
@@ -11,9 +11,6 @@ import pytest
 from conftest import Server
 from mmc_client import DistributedObjectStore, LocalConfig, errors
 from mmc_client.lmcache import MmcL2Connector
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
 
 def _openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
