@@ -251,62 +251,41 @@ mod tests {
         ]
     }
 
-    #[test]
-    fn positional_batches_are_arrays_of_tag_first_arrays() {
-        let mut out = Vec::new();
-        batch(&mut out, KvEncoding::Array, 1.5, &events(), 3, 256);
-        assert_eq!(
-            decode_value(&out),
-            A(vec![
-                F(1.5),
-                A(vec![
-                    A(vec![
-                        s("BlockStored"),
-                        A(vec![U(u64::MAX)]),
-                        Nil,
-                        A(vec![]),
-                        U(256),
-                        Nil,
-                        s("CPU"),
-                    ]),
-                    A(vec![s("BlockRemoved"), A(vec![U(7)]), s("DISK")]),
-                    A(vec![s("AllBlocksCleared")]),
-                ]),
-                U(3),
-            ])
-        );
+    fn m(kv: Vec<(&str, V)>) -> V {
+        M(kv.into_iter().map(|(k, v)| (s(k), v)).collect())
+    }
+
+    /// `events()` as the by-name generations write them (DRAM named `cpu`).
+    fn named_events(cpu: &str) -> Vec<V> {
+        vec![
+            m(vec![
+                ("type", s("BlockStored")),
+                ("block_hashes", A(vec![U(u64::MAX)])),
+                ("parent_block_hash", Nil),
+                ("token_ids", A(vec![])),
+                ("block_size", U(256)),
+                ("lora_id", Nil),
+                ("medium", s(cpu)),
+                ("lora_name", Nil),
+            ]),
+            m(vec![
+                ("type", s("BlockRemoved")),
+                ("block_hashes", A(vec![U(7)])),
+                ("medium", s("DISK")),
+            ]),
+            m(vec![("type", s("AllBlocksCleared"))]),
+        ]
     }
 
     #[test]
     fn named_batches_are_maps_of_type_tagged_maps() {
         let mut out = Vec::new();
         batch(&mut out, KvEncoding::Map, 1.5, &events(), 3, 256);
-        let m = |kv: Vec<(&str, V)>| M(kv.into_iter().map(|(k, v)| (s(k), v)).collect());
         assert_eq!(
             decode_value(&out),
             m(vec![
                 ("ts", F(1.5)),
-                (
-                    "events",
-                    A(vec![
-                        m(vec![
-                            ("type", s("BlockStored")),
-                            ("block_hashes", A(vec![U(u64::MAX)])),
-                            ("parent_block_hash", Nil),
-                            ("token_ids", A(vec![])),
-                            ("block_size", U(256)),
-                            ("lora_id", Nil),
-                            ("medium", s("CPU")),
-                            ("lora_name", Nil),
-                        ]),
-                        m(vec![
-                            ("type", s("BlockRemoved")),
-                            ("block_hashes", A(vec![U(7)])),
-                            ("medium", s("DISK")),
-                        ]),
-                        m(vec![("type", s("AllBlocksCleared"))]),
-                    ])
-                ),
+                ("events", A(named_events("CPU"))),
                 ("data_parallel_rank", U(3)),
             ])
         );
@@ -351,41 +330,17 @@ mod tests {
 
     #[test]
     fn vllm_024_and_sglang_send_named_events_in_a_positional_batch() {
-        let m = |kv: Vec<(&str, V)>| M(kv.into_iter().map(|(k, v)| (s(k), v)).collect());
         for (enc, cpu) in [
             (KvEncoding::Vllm024, "CPU"),
             (KvEncoding::Sglang, "CPU_PINNED"),
         ] {
             let mut out = Vec::new();
             batch(&mut out, enc, 1.5, &events(), 3, 256);
-            let V::A(items) = decode_value(&out) else {
-                panic!("{enc:?}: not an array")
-            };
-            assert_eq!((items.len(), &items[0], &items[2]), (3, &F(1.5), &U(3)));
-            let V::A(evs) = &items[1] else { panic!() };
             assert_eq!(
-                evs[0],
-                m(vec![
-                    ("type", s("BlockStored")),
-                    ("block_hashes", A(vec![U(u64::MAX)])),
-                    ("parent_block_hash", Nil),
-                    ("token_ids", A(vec![])),
-                    ("block_size", U(256)),
-                    ("lora_id", Nil),
-                    ("medium", s(cpu)),
-                    ("lora_name", Nil),
-                ]),
+                decode_value(&out),
+                A(vec![F(1.5), A(named_events(cpu)), U(3)]),
                 "{enc:?}"
             );
-            assert_eq!(
-                evs[1],
-                m(vec![
-                    ("type", s("BlockRemoved")),
-                    ("block_hashes", A(vec![U(7)])),
-                    ("medium", s("DISK")),
-                ])
-            );
-            assert_eq!(evs[2], m(vec![("type", s("AllBlocksCleared"))]));
         }
     }
 

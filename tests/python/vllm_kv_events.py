@@ -27,12 +27,9 @@ import msgspec
 U64 = (1 << 64) - 1
 
 
-# --- vllm-0.9: vLLM 0.9.0 - 0.10.1 -------------------------------------------------------------
-class _V09Event(msgspec.Struct, array_like=True, tag=True, forbid_unknown_fields=True):
-    pass
-
-
-class V09BlockStored(_V09Event, tag="BlockStored"):
+# Each generation's event fields, as field-only structs the event classes below derive from
+# (the fields in each generation's order; later generations append).
+class _Stored09(msgspec.Struct):
     block_hashes: list[int]
     parent_block_hash: Optional[int]
     token_ids: list[int]
@@ -40,167 +37,102 @@ class V09BlockStored(_V09Event, tag="BlockStored"):
     lora_id: Optional[int]
 
 
-class V09BlockRemoved(_V09Event, tag="BlockRemoved"):
-    block_hashes: list[int]
-
-
-class V09AllBlocksCleared(_V09Event, tag="AllBlocksCleared"):
-    pass
-
-
-class V09KVEventBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[V09BlockStored, V09BlockRemoved, V09AllBlocksCleared]]
-    data_parallel_rank: Optional[int] = None  # from 0.9.2; 0.9.0 ignores it
-
-
-# --- array: vLLM 0.10.2 - 0.13 (llm-d, Dynamo) -------------------------------------------------
-class _PositionalEvent(msgspec.Struct, array_like=True, tag=True, forbid_unknown_fields=True):
-    pass
-
-
-class PositionalBlockStored(_PositionalEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
+class _Stored010(_Stored09):
     medium: Optional[str]
 
 
-class PositionalBlockRemoved(_PositionalEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: Optional[str]
+class _Stored014(_Stored010):
+    lora_name: Optional[str]  # required from vLLM 0.14
+    extra_keys: Optional[list] = None  # optional from 0.17, omitted at None
+    group_idx: Optional[int] = None  # optional from 0.20
 
 
-class PositionalAllBlocksCleared(_PositionalEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class PositionalKVEventBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[PositionalBlockStored, PositionalBlockRemoved, PositionalAllBlocksCleared]]
-    data_parallel_rank: Optional[int] = None
-
-
-# --- vllm-0.14: vLLM 0.14 - 0.23 (lora_name required; later optional fields trail) ------------
-class _V014Event(msgspec.Struct, array_like=True, tag=True, forbid_unknown_fields=True):
-    pass
-
-
-class V014BlockStored(_V014Event, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str]
-    lora_name: Optional[str]
-    extra_keys: Optional[list] = None
-    group_idx: Optional[int] = None
-
-
-class V014BlockRemoved(_V014Event, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: Optional[str]
-    group_idx: Optional[int] = None
-
-
-class V014AllBlocksCleared(_V014Event, tag="AllBlocksCleared"):
-    pass
-
-
-class V014KVEventBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[V014BlockStored, V014BlockRemoved, V014AllBlocksCleared]]
-    data_parallel_rank: Optional[int] = None
-
-
-# --- by-name events: vLLM 0.24 - 0.33 (positional batch) and vLLM main (batch by name) --------
-class _NamedEvent(msgspec.Struct, tag=True, forbid_unknown_fields=True):
-    pass
-
-
-class NamedBlockStored(_NamedEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str]
-    lora_name: Optional[str]
-    extra_keys: Optional[list] = None
-    group_idx: Optional[int] = None
+class _StoredNamed(_Stored014):
     kv_cache_spec_kind: Optional[str] = None
     kv_cache_spec_sliding_window: Optional[int] = None
 
 
-class NamedBlockRemoved(_NamedEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: Optional[str]
-    group_idx: Optional[int] = None
-
-
-class NamedAllBlocksCleared(_NamedEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class V024KVEventBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[NamedBlockStored, NamedBlockRemoved, NamedAllBlocksCleared]]
-    data_parallel_rank: Optional[int] = None
-
-
-class NamedKVEventBatch(msgspec.Struct, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[NamedBlockStored, NamedBlockRemoved, NamedAllBlocksCleared]]
-    data_parallel_rank: Optional[int] = None
-
-
-# --- sglang: SGLang (positional batch with attn_dp_rank, events by name) -----------------------
-class _SglangEvent(msgspec.Struct, tag=True, forbid_unknown_fields=True):
-    pass
-
-
-class SglangBlockStored(_SglangEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
+class _StoredSglang(_Stored09):
     medium: Optional[str] = None
     cache_salt: Optional[str] = None
     session_id: Optional[str] = None
     lora_name: Optional[str] = None
 
 
-class SglangBlockRemoved(_SglangEvent, tag="BlockRemoved"):
+class _Removed09(msgspec.Struct):
     block_hashes: list[int]
+
+
+class _Removed010(_Removed09):
+    medium: Optional[str]
+
+
+class _RemovedGrouped(_Removed010):
+    group_idx: Optional[int] = None
+
+
+class _RemovedSglang(_Removed09):
     medium: Optional[str] = None
 
 
-class SglangAllBlocksCleared(_SglangEvent, tag="AllBlocksCleared"):
-    pass
+STRICT = {"forbid_unknown_fields": True}
+POSITIONAL = {"array_like": True, **STRICT}
 
 
-class SglangKVEventBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    ts: float
-    events: list[Union[SglangBlockStored, SglangBlockRemoved, SglangAllBlocksCleared]]
-    attn_dp_rank: Optional[int] = None
+# vllm-0.9: vLLM 0.9.0 - 0.10.1, every event positional, no medium.
+class V09BlockStored(_Stored09, tag="BlockStored", **POSITIONAL): ...
+class V09BlockRemoved(_Removed09, tag="BlockRemoved", **POSITIONAL): ...
+class V09AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", **POSITIONAL): ...
+
+
+# array: vLLM 0.10.2 - 0.13 (llm-d, Dynamo), positional with medium.
+class PositionalBlockStored(_Stored010, tag="BlockStored", **POSITIONAL): ...
+class PositionalBlockRemoved(_Removed010, tag="BlockRemoved", **POSITIONAL): ...
+class PositionalAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", **POSITIONAL): ...
+
+
+# vllm-0.14: vLLM 0.14 - 0.23, positional with lora_name.
+class V014BlockStored(_Stored014, tag="BlockStored", **POSITIONAL): ...
+class V014BlockRemoved(_RemovedGrouped, tag="BlockRemoved", **POSITIONAL): ...
+class V014AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", **POSITIONAL): ...
+
+
+# vllm-0.24 and vLLM main: events by name (tagged by "type").
+class NamedBlockStored(_StoredNamed, tag="BlockStored", **STRICT): ...
+class NamedBlockRemoved(_RemovedGrouped, tag="BlockRemoved", **STRICT): ...
+class NamedAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", **STRICT): ...
+
+
+# sglang: events by name, SGLang's optional fields.
+class SglangBlockStored(_StoredSglang, tag="BlockStored", **STRICT): ...
+class SglangBlockRemoved(_RemovedSglang, tag="BlockRemoved", **STRICT): ...
+class SglangAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", **STRICT): ...
+
+
+def _batch(name, events, positional, dp_field="data_parallel_rank"):
+    """A generation's EventBatch: ts, its events, the data-parallel rank (optional)."""
+    return msgspec.defstruct(name, [("ts", float), ("events", list[events]),
+                                    (dp_field, Optional[int], None)],
+                             array_like=positional, forbid_unknown_fields=True)
 
 
 BATCH_TYPES = {
-    "vllm-0.9": V09KVEventBatch,
-    "array": PositionalKVEventBatch,
-    "vllm-0.14": V014KVEventBatch,
-    "vllm-0.24": V024KVEventBatch,
-    "sglang": SglangKVEventBatch,
-    "map": NamedKVEventBatch,
+    # vLLM 0.9.0 has no data_parallel_rank (and ignores the trailing one); 0.9.2 added it.
+    "vllm-0.9": _batch("V09KVEventBatch",
+                       Union[V09BlockStored, V09BlockRemoved, V09AllBlocksCleared], True),
+    "array": _batch("PositionalKVEventBatch", Union[PositionalBlockStored,
+                    PositionalBlockRemoved, PositionalAllBlocksCleared], True),
+    "vllm-0.14": _batch("V014KVEventBatch",
+                        Union[V014BlockStored, V014BlockRemoved, V014AllBlocksCleared], True),
+    "vllm-0.24": _batch("V024KVEventBatch",
+                        Union[NamedBlockStored, NamedBlockRemoved, NamedAllBlocksCleared], True),
+    "sglang": _batch("SglangKVEventBatch", Union[SglangBlockStored, SglangBlockRemoved,
+                     SglangAllBlocksCleared], True, dp_field="attn_dp_rank"),
+    "map": _batch("NamedKVEventBatch",
+                  Union[NamedBlockStored, NamedBlockRemoved, NamedAllBlocksCleared], False),
 }
-STORED = (V09BlockStored, PositionalBlockStored, V014BlockStored, NamedBlockStored,
-          SglangBlockStored)
-REMOVED = (V09BlockRemoved, PositionalBlockRemoved, V014BlockRemoved, NamedBlockRemoved,
-           SglangBlockRemoved)
+STORED = (_Stored09,)
+REMOVED = (_Removed09,)
 CLEARED = (V09AllBlocksCleared, PositionalAllBlocksCleared, V014AllBlocksCleared,
            NamedAllBlocksCleared, SglangAllBlocksCleared)
 
