@@ -38,6 +38,7 @@ fn config(port: u16, batch_max_events: u64) -> KvEventsConfig {
         data_parallel_rank: 0,
         replay_batches: 10000,
         block_size: 256,
+        key_format: Default::default(),
     }
 }
 

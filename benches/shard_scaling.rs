@@ -56,6 +56,7 @@ fn store_of(table: &Arc<SegmentTable>, shard: usize) -> Store {
             alloc_timeout_ms: 30_000,
             remote_writer_ms: 22_250,
             rereplicate: Default::default(),
+            key_format: Default::default(),
         },
         table.clone(),
         Arc::new(StoreStats::default()),

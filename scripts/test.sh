@@ -10,6 +10,8 @@ need_pkgs=()
 # The bundled libzmq (C++) and ring (C) are compiled by the build.
 command -v c++ >/dev/null || need_pkgs+=(g++)
 command -v curl >/dev/null || need_pkgs+=(curl)
+# The client's https:// tests make their certificates with the openssl command.
+command -v openssl >/dev/null || need_pkgs+=(openssl)
 # promtool checks the /metrics exposition; a real Prometheus scrapes it.
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 # The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).
@@ -43,9 +45,15 @@ fi
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest numpy requests
 # The Python client and mmcctl (clients/python), tested against the server (test_client.py, test_mmcctl.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check ./clients/python
+# The client is typed (py.typed): mypy --strict keeps it so.
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check mypy==2.4.1
+echo "== mypy --strict clients/python/mmc_client"
+(cd clients/python && ../../target/pyenv/bin/python -m mypy --strict --no-incremental mmc_client)
 # schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python
+echo "== LMCache 0.5.6's own L2 connector and storage-manager tests through mmc_client.lmcache (scripts/lmcache_tests.sh)"
+MMC_SERVER_BIN="$PWD/target/debug/mmc-server" bash scripts/lmcache_tests.sh
 if [ "${MMC_SKIP_FUZZ:-}" = 1 ] && [ "${CI:-}" != true ]; then
   echo "== fuzzing skipped (MMC_SKIP_FUZZ=1; CI always runs it)"
 else

@@ -32,6 +32,7 @@ pub fn dram_store(capacity_bytes: u64) -> Store {
             alloc_timeout_ms: 30_000,
             remote_writer_ms: 22_250,
             rereplicate: Default::default(),
+            key_format: Default::default(),
         },
         table,
         Arc::new(StoreStats::default()),

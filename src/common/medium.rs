@@ -19,6 +19,8 @@ pub struct MediumNames {
     pub lower: &'static str,
     /// vLLM's KV-event `medium` field, what KV-aware routers accept (`GPU`).
     pub kv_event: &'static str,
+    /// SGLang's KV-event `medium` field (its `StorageMedium`: `GPU`, `CPU_PINNED`, `DISK`).
+    pub sglang_kv_event: &'static str,
     /// The device kind in the contract's capacity report (`npu`, `cpu`; SSD has none).
     pub device: Option<&'static str>,
     /// The LMCache backend that keeps blocks on this medium (`LocalGPUBackend`), accepted as
@@ -32,6 +34,7 @@ pub const NAMES: [MediumNames; 3] = [
         upper: "HBM",
         lower: "hbm",
         kv_event: "GPU",
+        sglang_kv_event: "GPU",
         device: Some("npu"),
         lmcache_backend: "LocalGPUBackend",
     },
@@ -39,6 +42,7 @@ pub const NAMES: [MediumNames; 3] = [
         upper: "DRAM",
         lower: "dram",
         kv_event: "CPU",
+        sglang_kv_event: "CPU_PINNED",
         device: Some("cpu"),
         lmcache_backend: "LocalCPUBackend",
     },
@@ -46,6 +50,7 @@ pub const NAMES: [MediumNames; 3] = [
         upper: "SSD",
         lower: "ssd",
         kv_event: "DISK",
+        sglang_kv_event: "DISK",
         device: None,
         lmcache_backend: "LocalDiskBackend",
     },
@@ -71,6 +76,11 @@ impl Medium {
     /// The name in vLLM's KV events (`GPU`, `CPU`, `DISK`).
     pub const fn kv_event(self) -> &'static str {
         self.names().kv_event
+    }
+
+    /// The name in SGLang's KV events (`GPU`, `CPU_PINNED`, `DISK`).
+    pub const fn sglang_kv_event(self) -> &'static str {
+        self.names().sglang_kv_event
     }
 
     /// Any of the medium's names but the LMCache backend's, in any case: `hbm`, `npu`, `GPU`,

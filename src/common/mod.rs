@@ -10,7 +10,10 @@
 //! - [`memory`]: anonymous memory mappings (DRAM segments, emulated device memory).
 //! - [`local_event`]: a shard-local notification tasks wait on.
 //! - [`fmt`]: number formatting shared by the JSON and Prometheus writers.
+//! - [`chunk_keys`]: the chunk hash inside LMCache's and vllm-ascend's object keys
+//!   (`ock.mmc.kv_events.key_format`).
 
+pub mod chunk_keys;
 pub mod clock;
 pub mod event;
 pub mod fmt;

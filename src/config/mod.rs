@@ -288,6 +288,7 @@ impl Config {
                 data_parallel_rank: 0,
                 replay_batches: 0,
                 block_size: 0,
+                key_format: Default::default(),
             },
             tls: TlsConfig::default(),
             log_level: log::LevelFilter::Info,
@@ -595,6 +596,18 @@ mod tests {
         let mut c = Config::defaults();
         c.set("ock.mmc.kv_events.encoding", " map ").unwrap();
         assert_eq!(c.kv_events.encoding, KvEncoding::Map);
+        for (v, e) in [
+            ("vllm-0.9", KvEncoding::Vllm09),
+            ("vllm-0.10", KvEncoding::Array),
+            ("vllm-0.14", KvEncoding::Vllm014),
+            ("vllm-0.24", KvEncoding::Vllm024),
+            ("sglang", KvEncoding::Sglang),
+            ("vllm-main", KvEncoding::Map),
+        ] {
+            c.set("ock.mmc.kv_events.encoding", v).unwrap();
+            assert_eq!(c.kv_events.encoding, e, "{v}");
+            assert_eq!(KvEncoding::parse(e.name()), Some(e));
+        }
     }
 
     #[test]
@@ -649,7 +662,8 @@ mod tests {
         let e = c.set("ock.mmc.kv_events.encoding", "json").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "invalid value \"json\" for ock.mmc.kv_events.encoding: expected one of array, map"
+            "invalid value \"json\" for ock.mmc.kv_events.encoding: expected one of vllm-0.9, \
+             array (vllm-0.10), vllm-0.14, vllm-0.24, sglang, map (vllm-main)"
         );
         c.set("ock.mmc.evict_threshold_low", "95").unwrap();
         assert!(

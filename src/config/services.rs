@@ -140,35 +140,59 @@ impl Config {
     }
 }
 
-/// `ock.mmc.kv_events.encoding`: which of vLLM's two wire generations batches are sent in.
+/// `ock.mmc.kv_events.encoding`: the wire shape of each supported consumer generation (read off
+/// each vLLM release's `vllm/distributed/kv_events.py` and SGLang's
+/// `sglang/srt/disaggregation/kv_events.py`). A typed decoder of one generation rejects most of
+/// the others, so the setting names the consumers' generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvEncoding {
-    /// Positional (msgspec `array_like`): the batch and every event are arrays, each event
-    /// tag first. vLLM up to 0.11, llm-d's indexer and Dynamo decode this form.
+    /// vLLM 0.9.0 – 0.10.1: the batch and every event positional (msgspec `array_like`, the
+    /// tag first); `BlockStored` has no `medium` (6 slots), `BlockRemoved` only its hashes.
+    Vllm09,
+    /// vLLM 0.10.2 – 0.13 (and llm-d's indexer, Dynamo's positional reader): positional, with
+    /// `medium` (`BlockStored` 7 slots, `BlockRemoved` 3).
     #[default]
     Array,
-    /// By name: the batch and every event are maps, each event tagged by `"type"`. Current
-    /// vLLM decodes this form.
+    /// vLLM 0.14 – 0.23: positional, `BlockStored` with a required `lora_name` (8 slots).
+    Vllm014,
+    /// vLLM 0.24 – 0.33: the batch positional, every event a map tagged by `"type"` (its fields
+    /// by name, `lora_name` included).
+    Vllm024,
+    /// SGLang: vLLM 0.24's shape, with SGLang's medium names (`CPU_PINNED` for DRAM).
+    Sglang,
+    /// vLLM's main branch (after 0.33): the batch and every event maps, by name.
     Map,
 }
 
 impl KvEncoding {
+    /// Every value with its aliases, as `ock.mmc.kv_events.encoding` accepts them.
+    const VALUES: [(KvEncoding, &'static [&'static str]); 6] = [
+        (KvEncoding::Vllm09, &["vllm-0.9"]),
+        (KvEncoding::Array, &["array", "vllm-0.10"]),
+        (KvEncoding::Vllm014, &["vllm-0.14"]),
+        (KvEncoding::Vllm024, &["vllm-0.24"]),
+        (KvEncoding::Sglang, &["sglang"]),
+        (KvEncoding::Map, &["map", "vllm-main"]),
+    ];
+
     /// The values `ock.mmc.kv_events.encoding` accepts, as its error names them.
-    pub const ALLOWED: &'static str = "one of array, map";
+    pub const ALLOWED: &'static str =
+        "one of vllm-0.9, array (vllm-0.10), vllm-0.14, vllm-0.24, sglang, map (vllm-main)";
 
     pub fn parse(v: &str) -> Option<KvEncoding> {
-        match v.trim() {
-            "array" => Some(KvEncoding::Array),
-            "map" => Some(KvEncoding::Map),
-            _ => None,
-        }
+        let v = v.trim();
+        Self::VALUES
+            .iter()
+            .find(|(_, names)| names.contains(&v))
+            .map(|(e, _)| *e)
     }
 
+    /// The canonical name (the first of its names).
     pub fn name(self) -> &'static str {
-        match self {
-            KvEncoding::Array => "array",
-            KvEncoding::Map => "map",
-        }
+        Self::VALUES
+            .iter()
+            .find(|(e, _)| *e == self)
+            .map_or("array", |(_, names)| names[0])
     }
 }
 
@@ -187,6 +211,8 @@ pub struct KvEventsConfig {
     pub data_parallel_rank: i64,
     pub replay_batches: u64,
     pub block_size: u64,
+    /// `ock.mmc.kv_events.key_format`: how an object key's chunk hash is read.
+    pub key_format: std::sync::Arc<crate::common::chunk_keys::KeyFormat>,
 }
 
 #[cfg(test)]

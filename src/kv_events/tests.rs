@@ -16,6 +16,7 @@ fn cfg(soft: u64, hard: u64) -> KvEventsConfig {
         data_parallel_rank: 0,
         replay_batches: 0,
         block_size: 256,
+        key_format: Default::default(),
     }
 }
 

@@ -312,6 +312,7 @@ impl Cluster {
                     .div_ceil(self.shard_count() as u64),
                 queue: cl.rereplicate_queue as usize,
             },
+            key_format: self.config.kv_events.key_format.clone(),
         }
     }
 }

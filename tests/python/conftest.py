@@ -40,7 +40,7 @@ class Server:
         def reader():
             for line in self.proc.stderr:
                 self.log.append(line)
-                m = re.search(r"listening on http://(\S+)", line)
+                m = re.search(r"listening on https?://(\S+)", line)
                 if m and self.addr is None:
                     self.addr = m.group(1)
                     ready.set()

@@ -94,8 +94,14 @@ def test_put_get_exist_remove(store):
     # Invalid arguments.
     assert store.put("", b"x") == INVALID
     assert store.put("x" * 5000, b"x") == INVALID
-    assert store.put("pg/r", b"x", ReplicateConfig(replicaNum=9)) == INVALID
-    assert store.put("pg/r", 12345) == INVALID
+    # Upstream answers an invalid replica count with -1, and a value of the wrong type raises.
+    assert store.put("pg/r", b"x", ReplicateConfig(replicaNum=9)) == errors.MMC_ERROR
+    with pytest.raises(TypeError):
+        store.put("pg/r", 12345)
+    with pytest.raises(TypeError):
+        store.put("pg/r", "a str")
+    with pytest.raises(TypeError):
+        store.put(b"pg/r", b"x")
     assert store.is_exist("") == INVALID
     assert store.remove("") == INVALID
 
@@ -128,22 +134,30 @@ def test_put_from_get_into_ctypes(store):
         assert store.get_into(key, ctypes.addressof(dst), size) == OK
         assert bytes(dst) == src.raw
         assert store.get(key) == src.raw
-    # A larger buffer than the object: its first bytes are filled.
-    big = ctypes.create_string_buffer(8192)
-    assert store.get_into("ct/4096", ctypes.addressof(big), 8192) == OK
+    # A larger buffer than the object: not a full read, so not a success (a shorter object must
+    # never look like a hit over the buffer's stale bytes): -3000, and not one byte written.
+    big = ctypes.create_string_buffer(b"\x55" * 8192, 8192)
+    assert store.get_into("ct/4096", ctypes.addressof(big), 8192) == INVALID
+    assert big.raw == b"\x55" * 8192
+    # The 4 KiB body was read past: the same connection serves the next call.
+    assert store.get_into("ct/4096", ctypes.addressof(big), 4096) == OK
     assert big.raw[:4096] == store.get("ct/4096")
     # Too small a buffer: -3000, and not one byte written.
     small = ctypes.create_string_buffer(b"\xaa" * 100, 100)
     assert store.get_into("ct/4096", ctypes.addressof(small), 100) == INVALID
     assert small.raw == b"\xaa" * 100
     # The connection dropped for it does not disturb the next calls.
-    assert store.get_into("ct/1", ctypes.addressof(small), 100) == OK
+    assert store.get_into("ct/1", ctypes.addressof(small), 1) == OK
+    assert store.get_into("ct/1", ctypes.addressof(small), 100) == INVALID
     assert store.get_into("ct/missing", ctypes.addressof(small), 100) == NOT_FOUND
     # Bad pointers and directions.
     assert store.put_from("ct/x", 0, 10) == INVALID
     assert store.put_from("ct/x", ctypes.addressof(small), -1) == INVALID
-    assert store.get_into("ct/1", ctypes.addressof(small), 100, direct=1) == INVALID
-    assert store.put_from("ct/x", ctypes.addressof(small), 10, direct=0) == INVALID
+    # The device directions are upstream's unsupported direction here: -1.
+    assert store.get_into("ct/1", ctypes.addressof(small), 1, direct=1) == errors.MMC_ERROR
+    assert store.put_from("ct/x", ctypes.addressof(small), 10, direct=0) == errors.MMC_ERROR
+    with pytest.raises(TypeError):
+        store.put_from("ct/x", "not a buffer", 10)
     # Objects with the buffer protocol are accepted in place of an address.
     arr = bytearray(b"from-buffer")
     assert store.put_from("ct/buf", arr, len(arr)) == OK
@@ -166,14 +180,27 @@ def test_numpy_buffers_and_batches(store):
     assert codes == [OK] * len(sizes) + [NOT_FOUND]
     for s, d in zip(srcs, dsts):
         assert np.array_equal(s, d)
-    # One buffer too small: that key alone fails, the others arrive.
-    d0, d1 = np.zeros(1000, dtype=np.uint8), np.zeros(10, dtype=np.uint8)
-    assert store.batch_get_into(["np/1", "np/2", "np/0"], [d0.ctypes.data, d1.ctypes.data,
-                                d1.ctypes.data], [1000, 10, 10]) == [OK, INVALID, OK]
-    assert np.array_equal(d0, srcs[1]) and d1[0] == srcs[0][0]
+    # One buffer too small, one too large: those keys alone fail and their buffers are left as
+    # they were (a shorter object is not a hit over stale bytes); the others arrive.
+    d0, d1 = np.zeros(1000, dtype=np.uint8), np.full(10, 0x5A, dtype=np.uint8)
+    d2 = np.zeros(1, dtype=np.uint8)
+    assert store.batch_get_into(["np/1", "np/2", "np/0", "np/0"],
+                                [d0.ctypes.data, d1.ctypes.data, d1.ctypes.data, d2.ctypes.data],
+                                [1000, 10, 10, 1]) == [OK, INVALID, INVALID, OK]
+    assert np.array_equal(d0, srcs[1]) and (d1 == 0x5A).all() and d2[0] == srcs[0][0]
     # Mismatched list lengths.
-    assert store.batch_put_from(["a", "b"], [d0.ctypes.data], [1]) == [INVALID, INVALID]
-    assert store.batch_get_into(["a"], [d0.ctypes.data], [1, 2]) == [INVALID]
+    assert store.batch_put_from(["a", "b"], [d0.ctypes.data], [1]) == [errors.MMC_ERROR] * 2
+    assert store.batch_get_into(["a"], [d0.ctypes.data], [1, 2]) == [errors.MMC_ERROR]
+    # One bad key or buffer fails alone: the others of the batch go on (upstream: per key).
+    assert store.batch_put_from(["np/pk1", "", "np/pk2", "np/pk3"],
+                                [d0.ctypes.data, d0.ctypes.data, 0, d0.ctypes.data],
+                                [1000, 1000, 1000, 1000]) == [OK, INVALID, INVALID, OK]
+    assert store.batch_is_exist(["np/pk1", "", "np/pk2"]) == [1, INVALID, 0]
+    assert store.batch_get_into(["np/pk1", "", "np/pk3"], [d0.ctypes.data] * 3,
+                                [1000] * 3) == [OK, INVALID, OK]
+    assert store.remove_batch(["np/pk1", "x" * 5000, "np/pk3"]) == [OK, INVALID, OK]
+    with pytest.raises(TypeError):
+        store.batch_is_exist(["ok", 5])
     # A float32 tensor round trip through put_from/get_into.
     t = rng.standard_normal((64, 128)).astype(np.float32)
     assert store.put_from("np/tensor", t.ctypes.data, t.nbytes) == OK

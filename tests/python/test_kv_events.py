@@ -13,7 +13,8 @@ import pytest
 import zmq
 
 from conftest import SERVER, free_port, wait_until
-from vllm_kv_events import decode_typed, llmd_read, simplify_typed
+from vllm_kv_events import BATCH_TYPES, decode_typed, llmd_read, simplify_typed
+from vllm_kv_events import dp_rank as batch_dp_rank
 
 MASK = (1 << 64) - 1
 END_OF_REPLAY = b"\xff" * 8
@@ -39,17 +40,25 @@ def key(h):
     return "llama@1@0@%x@bf16" % h
 
 
+# Encodings whose wire shape is the same (they differ only in medium names).
+SAME_SHAPE = {"vllm-0.24": {"sglang"}, "sglang": {"vllm-0.24"}}
+
+
 def decode_payload(payload, encoding):
     """Every decoder a consumer of `encoding` would use; they must agree. Returns the events as
     (kind, hashes, medium) tuples."""
     batch = decode_typed(payload, encoding)
     assert abs(batch.ts - time.time()) < 60, batch.ts
-    assert batch.data_parallel_rank == 3, batch
+    assert batch_dp_rank(batch) == 3, batch
     events = [simplify_typed(e) for e in batch.events]
-    other = "map" if encoding == "array" else "array"
-    # No hybrid: the other generation's typed decoder rejects the batch.
-    with pytest.raises(msgspec.ValidationError):
-        decode_typed(payload, other)
+    # No hybrid: every other generation's (strict) typed decoder rejects a batch with a
+    # BlockStored (the event whose shape every generation changed; a batch of removals or of
+    # AllBlocksCleared alone is the same in several positional generations).
+    stored = any(e[0] == "stored" for e in events)
+    for other in BATCH_TYPES if stored else ():
+        if other != encoding and other not in SAME_SHAPE.get(encoding, ()):
+            with pytest.raises(msgspec.ValidationError):
+                decode_typed(payload, other)
     if encoding == "array":
         ts, llmd_events, dp_rank = llmd_read(payload)
         assert (ts, llmd_events, dp_rank) == (batch.ts, events, 3)
@@ -160,6 +169,28 @@ def test_subscriber_sees_every_event_in_order(server_factory, encoding):
     assert st["skipped_unparsed_keys"] >= 1
     assert st["last_sequence"] == sub.seqs[-1]
     assert st["enabled"] is True and st["publisher_active"] is True
+    sub.close()
+
+
+@pytest.mark.parametrize("encoding", ["vllm-0.9", "array", "vllm-0.14", "vllm-0.24", "sglang",
+                                      "map"])
+def test_every_consumer_generation_decodes_its_batches(server_factory, encoding):
+    """Each `ock.mmc.kv_events.encoding` is decoded by a copy of its generation's structs (and
+    rejected by every other generation's): stored on two media, removed, cleared."""
+    pub = free_port()
+    s = server_factory(kv_args(pub, encoding=encoding))
+    sub = Subscriber(pub, encoding)
+    join_stream(s, sub)
+    s.put(key(0xA1), b"x" * 100, "&medium=dram")
+    s.put(key(0xA2), b"y" * 100, "&medium=hbm")
+    assert s.json("DELETE", "/key?key=" + key(0xA1))["success"] is True
+    assert s.json("DELETE", "/all_keys")["success"] is True
+    got = sub.take(4)
+    # vLLM 0.9's events carry no medium; SGLang names DRAM CPU_PINNED (read back as CPU).
+    cpu, gpu = (None, None) if encoding == "vllm-0.9" else ("CPU", "GPU")
+    assert got == [("stored", [0xA1], cpu), ("stored", [0xA2], gpu), ("removed", [0xA1], cpu),
+                   ("cleared",)], got
+    assert s.json("GET", "/kv_events/publisher")["encoding"] == encoding
     sub.close()
 
 
@@ -330,4 +361,74 @@ def test_an_unknown_encoding_stops_the_start_with_one_line():
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "ock.mmc.kv_events.encoding" in lines[0] and "array, map" in lines[0], r.stderr
+    assert "ock.mmc.kv_events.encoding" in lines[0] and "vllm-0.14" in lines[0], r.stderr
+
+
+# Keys as the KV-cache layers that write to the store form them, and the hash each publishes.
+H64 = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+STACK_KEYS = [
+    # LMCache's CacheEngineKey (model@world_size@worker_id@hash@dtype), a layer id after it.
+    ("llama@1@0@a1@bfloat16", 0xA1),
+    ("llama@1@0@a2@bfloat16@7", 0xA2),
+    # LMCache before 0.2: fmt@model@world_size@worker_id@hash (the hash last, a sha256 digest).
+    ("vllm@llama@4@2@" + H64, 0x8899AABBCCDDEEFF),
+    # LMCache's multiprocess keys (its native L2 adapters): model@kv_rank@group@hash[@salt].
+    ("llama@000000ff@0@000000b1", 0xB1),
+    ("llama@000000ff@1@000000b2@alice", 0xB2),
+    # vllm-ascend: pool keys (the hash last) and layer-wise keys.
+    ("Qwen@pcp0@dcp0@head_or_tp_rank:1@pp_rank:0@group:0@cache_role:kv@cache_family:default"
+     "@c1", 0xC1),
+    ("Qwen@c2@3", 0xC2),
+    ("Qwen@1@c3@3", 0xC3),
+]
+
+
+@pytest.mark.parametrize("key_format", [None, "regex"])
+def test_the_keys_lmcache_and_vllm_ascend_write_publish_their_hash(server_factory, key_format):
+    """LMCache's (every generation's) and vllm-ascend's keys publish their chunk hash; a key of
+    no known form is counted, and the first such key is logged once. With
+    ock.mmc.kv_events.key_format set to a regex, only keys it matches publish."""
+    from mmc_client.lmcache import MmcL2Connector
+
+    pub = free_port()
+    extra = []
+    if key_format == "regex":
+        # (join_stream's probe keys match it too.)
+        extra = ["--set",
+                 r"ock.mmc.kv_events.key_format=^(?:kv/|probe@1@0@)(?P<hash>[0-9a-f]+)"]
+    s = server_factory(kv_args(pub, extra=extra))
+    sub = Subscriber(pub, "array")
+    join_stream(s, sub)
+    if key_format == "regex":
+        s.put("kv/00d1/layer0", b"r", "&medium=dram")
+        s.put("llama@1@0@a1@bfloat16", b"r", "&medium=dram")  # not this form: unparsed
+        s.put("kv/00d2/layer0", b"r", "&medium=dram")
+        assert sub.take(2) == [("stored", [0xD1], "CPU"), ("stored", [0xD2], "CPU")]
+        assert s.json("GET", "/kv_events/status")["skipped_unparsed_keys"] >= 1
+        sub.close()
+        return
+    # The LMCache connector writes LMCache's keys as LMCache gives them (a batch).
+    conn = MmcL2Connector(url="http://%s:%d" % (s.host, s.port))
+    try:
+        names = [k for k, _ in STACK_KEYS]
+        bufs = [bytearray(b"v" * 64) for _ in names]
+        fid = conn.submit_batch_set(names, [memoryview(b) for b in bufs])
+        deadline = time.time() + 10
+        done = []
+        while not done and time.time() < deadline:
+            done = [c for c in conn.drain_completions() if c[0] == fid]
+            time.sleep(0.01)
+        assert done and done[0][1] is True, done
+    finally:
+        conn.close()
+    before = s.json("GET", "/kv_events/status")["skipped_unparsed_keys"]
+    s.put("Qwen@partial@req-7@0@4@1000@3", b"p", "&medium=dram")  # no hash: unparsed
+    s.put("plain-key", b"p", "&medium=dram")
+    got = sub.take(len(STACK_KEYS))
+    assert sorted(e[1][0] for e in got) == sorted(h for _, h in STACK_KEYS), got
+    assert all(e[0] == "stored" for e in got), got
+    wait_until("unparsed keys counted",
+               lambda: s.json("GET", "/kv_events/status")["skipped_unparsed_keys"] >= before + 2)
+    logged = [line for line in s.log if "has no chunk hash" in line]
+    assert len(logged) == 1, logged
+    sub.close()

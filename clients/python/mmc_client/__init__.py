@@ -6,6 +6,10 @@
 
 from . import errors
 from .store import (
+    G2H,
+    G2L,
+    H2G,
+    L2G,
     MEDIA_DRAM,
     MEDIA_HBM,
     MEDIA_SSD,
@@ -16,6 +20,7 @@ from .store import (
     DistributedObjectStore,
     KeyInfo,
     LocalConfig,
+    MmcCopyDirect,
     ReplicateConfig,
 )
 
@@ -25,8 +30,13 @@ __all__ = [
     "DistributedObjectStore",
     "KeyInfo",
     "LocalConfig",
+    "MmcCopyDirect",
     "ReplicateConfig",
     "errors",
+    "G2H",
+    "G2L",
+    "H2G",
+    "L2G",
     "MEDIA_HBM",
     "MEDIA_DRAM",
     "MEDIA_SSD",

@@ -7,10 +7,14 @@ Everything here raises :class:`TransportError` (with an upstream-style code) or 
 :class:`Response`; the store turns both into return codes.
 """
 
+from __future__ import annotations
+
 import random
 import socket
+import ssl
 import threading
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from urllib.parse import urlsplit
 
 from . import errors
@@ -29,10 +33,14 @@ class TransportError(Exception):
     ``retryable`` whether it is safe and useful to try again (nothing reached the server, or
     the server said so)."""
 
-    def __init__(self, code, message, retryable=False):
+    def __init__(self, code: int, message: str, retryable: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.retryable = retryable
+        # Set on the way out: whether a meta service (not a local service) failed, and the
+        # answer that made the request fail when there was one (a 429 or 503).
+        self.at_meta = True
+        self.response: Optional[Response] = None
 
 
 class _StaleConnection(Exception):
@@ -42,7 +50,7 @@ class _StaleConnection(Exception):
 class Response:
     __slots__ = ("status", "headers", "body", "url", "from_meta")
 
-    def __init__(self, status, headers, body, url):
+    def __init__(self, status: int, headers: Dict[str, str], body: Any, url: str) -> None:
         self.status = status
         self.headers = headers
         self.body = body
@@ -50,24 +58,32 @@ class Response:
         # Whether a meta service answered (not a local service reached through a grant).
         self.from_meta = True
 
-    def header(self, name, default=None):
+    def header(self, name: str, default: Any = None) -> Any:
         return self.headers.get(name.lower(), default)
 
 
-def parse_base_url(url):
-    """``http://host:port`` (also ``tcp://``, or a bare ``host:port``) -> (host, port)."""
+def parse_url(url: str) -> Tuple[str, int, bool]:
+    """``http://host:port`` or ``https://host:port`` (also ``tcp://``, or a bare ``host:port``,
+    read as http) -> (host, port, https)."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "tcp"):
-        raise ValueError("unsupported scheme %r (only http://)" % parts.scheme)
+    if parts.scheme not in ("http", "https", "tcp"):
+        raise ValueError("unsupported scheme %r (http:// or https://)" % parts.scheme)
     if not parts.hostname:
         raise ValueError("no host in %r" % url)
-    return parts.hostname, parts.port or 80
+    https = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if https else 80), https
 
 
-def parse_endpoints(urls):
+def parse_base_url(url: str) -> Tuple[str, int]:
+    """(host, port) of a base URL (see :func:`parse_url`)."""
+    host, port, _ = parse_url(url)
+    return host, port
+
+
+def parse_endpoints(urls: str) -> List[Tuple[str, int]]:
     """A comma-separated list of base URLs (HA: several meta services) -> [(host, port)]."""
     eps = [parse_base_url(u) for u in urls.split(",") if u.strip()]
     if not eps:
@@ -78,15 +94,24 @@ def parse_endpoints(urls):
 class Connection:
     """One keep-alive socket with its read buffer. Used by one thread at a time."""
 
-    def __init__(self, host, port, timeout):
+    def __init__(self, host: str, port: int, timeout: Optional[float],
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock: socket.socket = sock
+        self.tls = tls is not None
         self.rbuf = bytearray()
         self.uses = 0
         self.closed = False
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             self.closed = True
             try:
@@ -94,15 +119,20 @@ class Connection:
             except OSError:
                 pass
 
-    def settimeout(self, t):
+    def settimeout(self, t: Optional[float]) -> None:
         self.sock.settimeout(t)
 
     # -- sending -------------------------------------------------------------------------
 
-    def send(self, parts):
+    def send(self, parts: Sequence[Any]) -> None:
         """Sends every buffer of ``parts`` (bytes or memoryviews) without joining them."""
         views = [memoryview(p).cast("B") if not isinstance(p, bytes) else memoryview(p)
                  for p in parts if len(p)]
+        if self.tls:
+            # TLS sockets have no sendmsg: each buffer is encrypted from where it is.
+            for v in views:
+                self.sock.sendall(v)
+            return
         i = 0
         while i < len(views):
             batch = views[i:i + _IOV_MAX]
@@ -118,13 +148,13 @@ class Connection:
 
     # -- receiving -----------------------------------------------------------------------
 
-    def _fill(self):
+    def _fill(self) -> None:
         data = self.sock.recv(_HEAD_CHUNK)
         if not data:
             raise EOFError("connection closed by the server")
         self.rbuf += data
 
-    def read_head(self):
+    def read_head(self) -> Tuple[int, Dict[str, str]]:
         """Reads one response head: (status, headers dict with lower-case names)."""
         start = 0
         while True:
@@ -148,7 +178,7 @@ class Connection:
             headers[name.strip().lower()] = value.strip()
         return status, headers
 
-    def read_exact_into(self, view):
+    def read_exact_into(self, view: memoryview) -> None:
         """Fills ``view`` (a writable byte memoryview) from the buffer, then the socket."""
         n = len(view)
         have = min(n, len(self.rbuf))
@@ -162,19 +192,21 @@ class Connection:
                 raise EOFError("connection closed in the middle of a body")
             pos += got
 
-    def read_exact(self, n):
+    def read_exact(self, n: int) -> bytearray:
         out = bytearray(n)
         self.read_exact_into(memoryview(out))
         return out
 
-    def skip(self, n):
-        scratch = memoryview(bytearray(min(n, _RECV_CHUNK))) if n else None
+    def skip(self, n: int) -> None:
+        if n <= 0:
+            return
+        scratch = memoryview(bytearray(min(n, _RECV_CHUNK)))
         while n > 0:
             k = min(n, len(scratch))
             self.read_exact_into(scratch[:k])
             n -= k
 
-    def read_line(self):
+    def read_line(self) -> bytes:
         while True:
             i = self.rbuf.find(b"\r\n")
             if i >= 0:
@@ -185,7 +217,7 @@ class Connection:
                 raise ValueError("line too long")
             self._fill()
 
-    def read_chunked(self):
+    def read_chunked(self) -> bytearray:
         out = bytearray()
         while True:
             size = int(self.read_line().split(b";", 1)[0].strip(), 16)
@@ -197,7 +229,7 @@ class Connection:
             if self.read_line():
                 raise ValueError("chunk not followed by CRLF")
 
-    def read_to_close(self):
+    def read_to_close(self) -> bytearray:
         out = bytearray(self.rbuf)
         self.rbuf.clear()
         while True:
@@ -211,13 +243,14 @@ class BodyReader:
     """Reads a response body. The default keeps the whole body as bytes; a data-path caller
     passes its own (``get_into``, ``batch_get_into``) to receive bytes where they belong."""
 
-    def read(self, conn, status, headers, length):
+    def read(self, conn: Connection, status: int, headers: Dict[str, str],
+             length: Optional[int]) -> Any:
         if length is None:
             return bytes(conn.read_chunked() if _chunked(headers) else conn.read_to_close())
         return bytes(conn.read_exact(length))
 
 
-def _chunked(headers):
+def _chunked(headers: Dict[str, str]) -> bool:
     return "chunked" in headers.get("transfer-encoding", "").lower()
 
 
@@ -227,22 +260,23 @@ _DEFAULT_READER = BodyReader()
 class Pool:
     """Idle keep-alive connections per (host, port), shared by every thread of a store."""
 
-    def __init__(self, timeout, max_idle_per_host=64):
+    def __init__(self, timeout: Optional[float], max_idle_per_host: int = 64) -> None:
         self.timeout = timeout
         self.max_idle = max_idle_per_host
-        self._idle = {}
+        self._idle: Dict[Tuple[str, int], List[Connection]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, host, port):
-        """(connection, reused)"""
+    def take(self, host: str, port: int,
+             tls: Optional[ssl.SSLContext] = None) -> Tuple[Connection, bool]:
+        """(connection, reused); a new connection speaks TLS with ``tls``."""
         with self._lock:
             idle = self._idle.get((host, port))
             if idle:
                 return idle.pop(), True
-        return Connection(host, port, self.timeout), False
+        return Connection(host, port, self.timeout, tls), False
 
-    def give(self, conn):
+    def give(self, conn: Connection) -> None:
         if conn.closed:
             return
         with self._lock:
@@ -253,14 +287,14 @@ class Pool:
                     return
         conn.close()
 
-    def discard(self, host, port):
+    def discard(self, host: str, port: int) -> None:
         """Closes the idle connections to a server that failed (it died, or restarted)."""
         with self._lock:
             conns = self._idle.pop((host, port), [])
         for c in conns:
             c.close()
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             self._closed = True
             conns = [c for lst in self._idle.values() for c in lst]
@@ -268,7 +302,7 @@ class Pool:
         for c in conns:
             c.close()
 
-    def idle_count(self):
+    def idle_count(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._idle.values())
 
@@ -291,9 +325,19 @@ class Client:
     to learn where keys live.
     """
 
-    def __init__(self, urls, timeout=60.0, retry_ms=0, token=None,
-                 expect_continue_bytes=256 * 1024, expect_timeout=1.0):
-        self.endpoints = parse_endpoints(urls)
+    def __init__(self, urls: str, timeout: Optional[float] = 60.0, retry_ms: int = 0,
+                 token: Optional[str] = None, expect_continue_bytes: int = 256 * 1024,
+                 expect_timeout: float = 1.0,
+                 tls: Optional[ssl.SSLContext] = None) -> None:
+        parsed = [parse_url(u) for u in urls.split(",") if u.strip()]
+        if not parsed:
+            raise ValueError("no URL given")
+        self.endpoints = [(h, p) for h, p, _ in parsed]
+        # The servers reached over https (the URLs given, and redirects' Locations).
+        self._https: Set[Tuple[str, int]] = {(h, p) for h, p, https in parsed if https}
+        if self._https and tls is None:
+            tls = ssl.create_default_context()
+        self.tls = tls
         self.current = 0
         self.timeout = timeout
         self.retry_ms = retry_ms
@@ -304,20 +348,26 @@ class Client:
         self.on_redirect = None
         self._ep_lock = threading.Lock()
 
-    def close(self):
+    def close(self) -> None:
         self.pool.close()
 
-    @property
-    def base_url(self):
-        host, port = self.endpoints[self.current]
-        return "http://%s:%d" % (host, port)
+    def _scheme(self, host: str, port: int) -> str:
+        return "https" if (host, port) in self._https else "http"
 
-    def _rotate(self, failed_index):
+    def _tls_for(self, host: str, port: int) -> Optional[ssl.SSLContext]:
+        return self.tls if (host, port) in self._https else None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.endpoints[self.current]
+        return "%s://%s:%d" % (self._scheme(host, port), host, port)
+
+    def _rotate(self, failed_index: int) -> None:
         with self._ep_lock:
             if self.current == failed_index and len(self.endpoints) > 1:
                 self.current = (failed_index + 1) % len(self.endpoints)
 
-    def _prefer(self, host, port):
+    def _prefer(self, host: str, port: int) -> None:
         """A standby named the leader: go there first from now on, when it is one of ours."""
         with self._ep_lock:
             try:
@@ -325,7 +375,9 @@ class Client:
             except ValueError:
                 pass
 
-    def request(self, method, target, body=(), headers=None, reader=_DEFAULT_READER):
+    def request(self, method: str, target: str, body: Sequence[Any] = (),
+                headers: Optional[Dict[str, str]] = None,
+                reader: BodyReader = _DEFAULT_READER) -> Response:
         """``body`` is a sequence of buffers sent back to back (no copy)."""
         deadline = time.monotonic() + self.retry_ms / 1000.0
         attempt = 0
@@ -346,7 +398,7 @@ class Client:
                 if not e.retryable:
                     raise
                 failure = e
-            at_meta = getattr(failure, "at_meta", True)
+            at_meta = failure.at_meta
             if at_meta:
                 self._rotate(index)
                 quick += 1
@@ -355,9 +407,8 @@ class Client:
             now = time.monotonic()
             free = at_meta and quick < len(self.endpoints)
             if now >= deadline and not free:
-                resp = getattr(failure, "response", None)
-                if resp is not None:
-                    return resp
+                if failure.response is not None:
+                    return failure.response
                 raise failure
             if not free:
                 quick = 0
@@ -365,7 +416,8 @@ class Client:
                 pause = min(0.005 * (2 ** min(attempt, 8)), 0.5) * (0.5 + random.random() / 2)
                 time.sleep(min(pause, max(0.0, deadline - now)))
 
-    def _follow(self, method, host, port, target, body, headers, reader):
+    def _follow(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
+                headers: Optional[Dict[str, str]], reader: BodyReader) -> Response:
         at_meta = True
         first = True
         for _ in range(_MAX_REDIRECTS + 1):
@@ -385,9 +437,15 @@ class Client:
                 target = loc
             else:
                 parts = urlsplit(loc)
-                if parts.scheme not in ("http", "") or not parts.hostname:
+                if parts.scheme not in ("http", "https") or not parts.hostname:
                     return resp
-                host, port = parts.hostname, parts.port or 80
+                https = parts.scheme == "https"
+                host, port = parts.hostname, parts.port or (443 if https else 80)
+                if https:
+                    with self._ep_lock:
+                        self._https.add((host, port))
+                        if self.tls is None:
+                            self.tls = ssl.create_default_context()
                 target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
             # A local service's URL carries the meta's grant; a standby's names the leader.
             granted = "grant=" in target.partition("?")[2]
@@ -399,16 +457,21 @@ class Client:
                 self.on_redirect(method, target, host, port)
         raise TransportError(errors.MMC_ERROR, "too many redirects")
 
-    def _exchange(self, method, host, port, target, body, headers, reader, expect=False,
-                  at_meta=True):
+    def _exchange(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
+                  headers: Optional[Dict[str, str]], reader: BodyReader, expect: bool = False,
+                  at_meta: bool = True) -> Response:
         """One request on one (pooled or new) connection; a stale pooled connection is
         replaced once, transparently."""
         for _ in range(3):
             try:
-                conn, reused = self.pool.take(host, port)
+                conn, reused = self.pool.take(host, port, self._tls_for(host, port))
             except socket.timeout as e:
                 raise TransportError(errors.MMC_TIMEOUT, "connect to %s:%d timed out" % (host, port),
                                      retryable=True) from e
+            except ssl.SSLError as e:
+                # A certificate the CA does not vouch for (or no TLS there) is not transient.
+                raise TransportError(errors.MMC_NOT_CONNET_META,
+                                     "TLS with %s:%d failed: %s" % (host, port, e)) from e
             except OSError as e:
                 self.pool.discard(host, port)
                 raise TransportError(errors.MMC_NOT_CONNET_META,
@@ -444,7 +507,9 @@ class Client:
             return resp
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
-    def _on(self, conn, reused, method, host, port, target, body, headers, reader, expect):
+    def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+            target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],
+            reader: BodyReader, expect: bool) -> Tuple[Response, bool]:
         body_len = sum(len(b) for b in body)
         lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]
         if body_len or method in ("PUT", "POST"):
@@ -460,7 +525,7 @@ class Client:
         conn.uses += 1
         sent_any_answer = [False]
 
-        def read_final_head():
+        def read_final_head() -> Tuple[int, Dict[str, str]]:
             while True:
                 try:
                     status, hdrs = conn.read_head()
@@ -483,7 +548,8 @@ class Client:
                     status, hdrs = conn.read_head()
                     sent_any_answer[0] = True
                 except socket.timeout:
-                    status, hdrs = 100, None
+                    # No answer in time: send the body anyway (RFC 9110 allows it).
+                    status, hdrs = 100, {}
                 except EOFError:
                     if reused and not conn.rbuf:
                         raise _StaleConnection()
@@ -509,12 +575,13 @@ class Client:
             if reused and not sent_any_answer[0]:
                 raise _StaleConnection()
             raise
-        length = hdrs.get("content-length")
-        length = int(length) if length is not None else None
+        clen = hdrs.get("content-length")
+        length = int(clen) if clen is not None else None
         if method == "HEAD" or status in (204, 304):
             data, length = b"", 0
         else:
             data = reader.read(conn, status, hdrs, length)
         keep = (length is not None or _chunked(hdrs)) and body_sent \
             and hdrs.get("connection", "").lower() != "close" and not conn.closed
-        return Response(status, hdrs, data, "http://%s:%d%s" % (host, port, target)), keep
+        return Response(status, hdrs, data, "%s://%s:%d%s" % (self._scheme(host, port), host, port,
+                                                              target)), keep

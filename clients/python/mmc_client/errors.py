@@ -1,6 +1,8 @@
 """Upstream MemCache Hybrid's return codes (``MmcErrorCode``) and how this client maps the
 server's answers onto them. The table is in clients/python/README.md."""
 
+from typing import Dict, Optional
+
 MMC_OK = 0
 MMC_ERROR = -1
 MMC_INVALID_PARAM = -3000
@@ -16,10 +18,10 @@ MMC_NOT_CONNET_META = -3017
 MMC_CLIENT_NOT_INIT = -3019
 MMC_UNMATCHED_KEY = -3102
 
-NAMES = {v: k for k, v in dict(globals()).items() if k.startswith("MMC_")}
+NAMES: Dict[int, str] = {v: k for k, v in dict(globals()).items() if k.startswith("MMC_")}
 
 
-def from_message(message):
+def from_message(message: Optional[str]) -> int:
     """A business error's ``error_message`` -> code."""
     m = message or ""
     if m == "Key not found":
@@ -39,7 +41,7 @@ def from_message(message):
     return MMC_ERROR
 
 
-def from_status(status):
+def from_status(status: int) -> int:
     """A protocol error's HTTP status -> code."""
     if status in (400, 411, 413, 414, 415, 431):
         return MMC_INVALID_PARAM

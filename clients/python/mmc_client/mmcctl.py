@@ -7,11 +7,14 @@ evict HASH... [--location L], prefetch HASH..., summary, kv-events,
 watch [--interval S] [--count N].
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import sys
 import time
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
 from ._http import Client, TransportError
@@ -22,14 +25,14 @@ class Failure(Exception):
 
 
 class Api:
-    def __init__(self, url, token, timeout):
+    def __init__(self, url: str, token: Optional[str], timeout: float) -> None:
         try:
             self.client = Client(url, timeout=timeout, token=token)
         except ValueError as e:
             raise Failure("bad URL %r: %s" % (url, e)) from None
         self.url = url
 
-    def raw(self, method, target, body=None):
+    def raw(self, method: str, target: str, body: Optional[bytes] = None) -> bytes:
         parts = [body] if body else []
         headers = {"Content-Type": "application/json"} if body else None
         try:
@@ -39,9 +42,9 @@ class Api:
         if resp.status != 200:
             raise Failure("%s %s: HTTP %d%s" % (method, target, resp.status,
                                                 _envelope_text(resp.body)))
-        return resp.body
+        return bytes(resp.body)
 
-    def json(self, method, target, body=None):
+    def json(self, method: str, target: str, body: Optional[bytes] = None) -> Any:
         data = self.raw(method, target, body)
         try:
             v = json.loads(data)
@@ -51,11 +54,11 @@ class Api:
             raise Failure(v.get("error_message") or "request failed")
         return v
 
-    def text(self, target):
+    def text(self, target: str) -> str:
         return self.raw("GET", target).decode("utf-8", "replace")
 
 
-def _envelope_text(body):
+def _envelope_text(body: Any) -> str:
     try:
         msg = json.loads(body).get("error_message")
         return ": " + msg if msg else ""
@@ -63,7 +66,7 @@ def _envelope_text(body):
         return ""
 
 
-def human_bytes(n):
+def human_bytes(n: Any) -> str:
     try:
         n = float(n)
     except (TypeError, ValueError):
@@ -75,32 +78,32 @@ def human_bytes(n):
     return str(n)
 
 
-def pct(x):
+def pct(x: Any) -> str:
     try:
         return "%.1f%%" % (float(x) * 100)
     except (TypeError, ValueError):
         return str(x)
 
 
-def table(headers, rows):
-    rows = [["" if c is None else str(c) for c in r] for r in rows]
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [["" if c is None else str(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
-    for r in rows:
+    for r in cells:
         for i, c in enumerate(r):
             widths[i] = max(widths[i], len(c))
     lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
+    for r in cells:
         lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
     return "\n".join(lines)
 
 
-def kv_table(pairs):
+def kv_table(pairs: Sequence[Tuple[str, Any]]) -> str:
     return table(["FIELD", "VALUE"], pairs)
 
 
-def flatten(d, prefix=""):
-    out = []
+def flatten(d: Dict[str, Any], prefix: str = "") -> List[Tuple[str, Any]]:
+    out: List[Tuple[str, Any]] = []
     for k, v in d.items():
         name = prefix + k
         if isinstance(v, dict):
@@ -110,8 +113,8 @@ def flatten(d, prefix=""):
     return out
 
 
-def parse_summary(text):
-    out = {}
+def parse_summary(text: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
     for field in text.split():
         k, _, v = field.partition("=")
         try:
@@ -124,12 +127,12 @@ def parse_summary(text):
 # -- commands ----------------------------------------------------------------------------
 
 
-def cmd_health(api, args):
+def cmd_health(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = api.json("GET", "/health")
     return v, kv_table(flatten(v))
 
 
-def cmd_segments(api, args):
+def cmd_segments(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     names = [s for s in api.text("/get_all_segments").split("\n") if s.strip()]
     rem = api.json("GET", "/api/v1/capacity/segment_remaining")
     by_name = {s.get("segment_name"): s for s in rem.get("segments", [])}
@@ -147,7 +150,7 @@ def cmd_segments(api, args):
         ["SEGMENT", "MEDIUM", "STATUS", "TOTAL", "USED", "FREE", "USED%"], rows)
 
 
-def cmd_capacity(api, args):
+def cmd_capacity(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = api.json("GET", "/api/v1/capacity/usage")
     rows = []
     for tier, t in v.items():
@@ -160,7 +163,7 @@ def cmd_capacity(api, args):
     return v, text
 
 
-def cmd_keys(api, args):
+def cmd_keys(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     q = {}
     if args.prefix:
         q["prefix"] = args.prefix
@@ -171,7 +174,7 @@ def cmd_keys(api, args):
     return {"keys": keys, "count": len(keys)}, "\n".join(keys + ["(%d keys)" % len(keys)])
 
 
-def cmd_key(api, args):
+def cmd_key(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = api.json("GET", "/query_key?key=" + quote(args.key, safe=""))
     head = kv_table([("key", v.get("key")), ("size", "%s (%s)" % (v.get("size"), human_bytes(
         v.get("size")))), ("valid", v.get("valid")), ("copies", v.get("numBlobs"))])
@@ -180,7 +183,7 @@ def cmd_key(api, args):
     return v, head + "\n\n" + table(["RANK", "MEDIUM", "STATE", "LEASE_MS"], rows)
 
 
-def cmd_evict(api, args):
+def cmd_evict(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     body = {"chunk_hashes": args.hashes}
     if args.location:
         body["locations"] = args.location
@@ -188,17 +191,17 @@ def cmd_evict(api, args):
     return v, kv_table(flatten(v))
 
 
-def cmd_prefetch(api, args):
+def cmd_prefetch(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = api.json("POST", "/memory/prefetch", json.dumps({"chunk_hashes": args.hashes}).encode())
     return v, kv_table(flatten(v))
 
 
-def cmd_summary(api, args):
+def cmd_summary(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = parse_summary(api.text("/metrics/summary"))
     return v, kv_table(list(v.items()))
 
 
-def cmd_kv_events(api, args):
+def cmd_kv_events(api: Api, args: argparse.Namespace) -> Tuple[Any, str]:
     v = api.json("GET", "/kv_events/status")
     return v, kv_table(flatten(v))
 
@@ -208,7 +211,8 @@ _RATES = [("put", "alloc_req"), ("batch_put", "batch_alloc_req"), ("get", "get_r
           ("exist", "exist_key_req")]
 
 
-def watch_frame(cap, summ, prev, dt):
+def watch_frame(cap: Tuple[Any, str], summ: Dict[str, Any], prev: Optional[Dict[str, Any]],
+                dt: float) -> Tuple[str, Dict[str, Optional[float]], Optional[float]]:
     gets = summ.get("get_req", 0) + summ.get("batch_get_req", 0)
     hits = summ.get("get_success", 0) + summ.get("batch_get_success", 0)
     lines = ["mmc-server watch  %s" % time.strftime("%H:%M:%S"), ""]
@@ -218,7 +222,7 @@ def watch_frame(cap, summ, prev, dt):
         summ.get("keys"), pct(hits / gets) if gets else "-", hits, gets, summ.get("evict"),
         summ.get("rewarm")))
     rows = []
-    rates = {}
+    rates: Dict[str, Optional[float]] = {}
     for name, field in _RATES:
         cur = summ.get(field, 0)
         rate = (cur - prev.get(field, 0)) / dt if prev and dt > 0 else None
@@ -228,8 +232,9 @@ def watch_frame(cap, summ, prev, dt):
     return "\n".join(lines), rates, (hits / gets if gets else None)
 
 
-def cmd_watch(api, args, out):
-    prev, t_prev = None, None
+def cmd_watch(api: Api, args: argparse.Namespace, out: IO[str]) -> None:
+    prev: Optional[Dict[str, Any]] = None
+    t_prev: Optional[float] = None
     n = 0
     while True:
         cap = cmd_capacity(api, args)
@@ -251,7 +256,7 @@ def cmd_watch(api, args, out):
         time.sleep(args.interval)
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmcctl", description="Operate an mmc-server.")
     p.add_argument("--url", default=os.environ.get("MMC_URL", "http://127.0.0.1:8000"),
                    help="server base URL (env MMC_URL; default http://127.0.0.1:8000)")
@@ -283,12 +288,12 @@ def build_parser():
     return p
 
 
-COMMANDS = {"health": cmd_health, "segments": cmd_segments, "capacity": cmd_capacity,
+COMMANDS: Dict[str, Callable[[Api, argparse.Namespace], Tuple[Any, str]]] = {"health": cmd_health, "segments": cmd_segments, "capacity": cmd_capacity,
             "keys": cmd_keys, "key": cmd_key, "evict": cmd_evict, "prefetch": cmd_prefetch,
             "summary": cmd_summary, "kv-events": cmd_kv_events}
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     api = None
     try:

@@ -1,25 +1,45 @@
 """``DistributedObjectStore``: upstream MemCache Hybrid's Python API over mmc-server's HTTP data
 plane. Every data-path method returns upstream's codes (0 success, negative errors), ``get``
-returns ``b""`` on failure, ``is_exist`` 1/0; none raises."""
+returns ``b""`` on failure, ``is_exist`` 1/0. As upstream's binding, an argument of the wrong
+type raises ``TypeError`` (a ``str`` where bytes are expected, a key that is not a ``str``);
+nothing else raises on the data path."""
+
+from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import json
 import logging
 import os
+import ssl
 import struct
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
 from urllib.parse import quote
 
-from . import errors
-from ._http import BodyReader, Client, TransportError
+from . import _localconf, errors
+from ._gva import GvaMixin
+from ._http import BodyReader, Client, Connection, TransportError
 
 log = logging.getLogger("mmc_client")
 
-# Copy directions, as upstream's MmcCopyDirect (only host memory is supported here).
-SMEMB_COPY_L2G = 0
-SMEMB_COPY_G2L = 1
-SMEMB_COPY_G2H = 2
-SMEMB_COPY_H2G = 3
+
+class MmcCopyDirect(enum.IntEnum):
+    """Copy directions, as upstream's ``MmcCopyDirect``: local (device) or host memory to and
+    from the global pool. Only the host directions are served here (no device memory)."""
+
+    SMEMB_COPY_L2G = 0
+    SMEMB_COPY_G2L = 1
+    SMEMB_COPY_G2H = 2
+    SMEMB_COPY_H2G = 3
+
+
+SMEMB_COPY_L2G = MmcCopyDirect.SMEMB_COPY_L2G
+SMEMB_COPY_G2L = MmcCopyDirect.SMEMB_COPY_G2L
+SMEMB_COPY_G2H = MmcCopyDirect.SMEMB_COPY_G2H
+SMEMB_COPY_H2G = MmcCopyDirect.SMEMB_COPY_H2G
+# Upstream's short names.
+L2G, G2L, G2H, H2G = SMEMB_COPY_L2G, SMEMB_COPY_G2L, SMEMB_COPY_G2H, SMEMB_COPY_H2G
 
 # Media codes of KeyInfo.type_list(), as upstream's MediaType.
 MEDIA_HBM = 0
@@ -33,8 +53,13 @@ _MAX_QUERY_BYTES = 7000
 # batch_put's body is buffered by the server (ock.mmc.http.max_body_bytes, 64 MB by default).
 _MAX_BATCH_BODY = 16 * 1024 * 1024
 _MISSING = 0xFFFFFFFFFFFFFFFF
+# A get_into body of the wrong size up to this many bytes is read and dropped (the connection
+# stays pooled); a larger one closes the connection instead of crossing the network for nothing.
+_SKIP_LIMIT = 1024 * 1024
 # What batch_put answers for a key it placed on a remote rank (whose bytes it cannot write).
 _REMOTE_BATCH_FAILURE = "Write failed"
+# Upstream's limit on the layers of one object (*_layers).
+MAX_LAYER_NUM = 255
 
 _PyMemoryView_FromMemory = ctypes.pythonapi.PyMemoryView_FromMemory
 _PyMemoryView_FromMemory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
@@ -42,57 +67,106 @@ _PyMemoryView_FromMemory.restype = ctypes.py_object
 _PyBUF_READ = 0x100
 _PyBUF_WRITE = 0x200
 
+# A buffer argument: an address of host memory (int) or an object with the buffer protocol.
+Buffer = Any
+# One object's bytes as the buffers they are sent from or received into, back to back.
+Parts = List[memoryview]
+
 
 class _Fail(Exception):
-    def __init__(self, code):
+    def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
 
 
-def _view(ptr, size, writable):
+class _ArgTypeError(TypeError):
+    """An argument of the wrong type: raised to the caller, as upstream's binding does."""
+
+
+def _view(ptr: Buffer, size: int, writable: bool) -> memoryview:
     """A byte memoryview over ``size`` bytes of host memory at address ``ptr`` (an int from
     ctypes.addressof, numpy's ``ctypes.data``, torch's ``data_ptr()``), or over an object that
     exposes the buffer protocol. No copy."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise _ArgTypeError("size must be an int, not %s" % type(size).__name__)
+    if size < 0:
         raise _Fail(errors.MMC_INVALID_PARAM)
     if isinstance(ptr, int) and not isinstance(ptr, bool):
         if ptr == 0:
             raise _Fail(errors.MMC_INVALID_PARAM)
         if size == 0:
             return memoryview(b"")
-        return _PyMemoryView_FromMemory(ptr, size, _PyBUF_WRITE if writable else _PyBUF_READ)
+        return cast(memoryview, _PyMemoryView_FromMemory(
+            ptr, size, _PyBUF_WRITE if writable else _PyBUF_READ))
+    if isinstance(ptr, str):
+        raise _ArgTypeError("a buffer address (int) or a buffer is expected, not str")
     try:
         mv = memoryview(ptr).cast("B")
     except TypeError:
-        raise _Fail(errors.MMC_INVALID_PARAM) from None
+        raise _ArgTypeError("a buffer address (int) or an object with the buffer protocol is "
+                            "expected, not %s" % type(ptr).__name__) from None
     if len(mv) < size or (writable and mv.readonly):
         raise _Fail(errors.MMC_INVALID_PARAM)
     return mv[:size]
 
 
-def _bytes_view(buf):
+def _bytes_view(buf: Any) -> memoryview:
+    if isinstance(buf, str):
+        raise _ArgTypeError("bytes-like value expected, not str (encode it)")
     try:
         return memoryview(buf).cast("B")
     except TypeError:
-        if isinstance(buf, str):
-            return memoryview(buf.encode())
-        raise _Fail(errors.MMC_INVALID_PARAM) from None
+        raise _ArgTypeError("bytes-like value expected, not %s" % type(buf).__name__) from None
 
 
-def _check_key(key):
-    if not isinstance(key, str) or not key or len(key.encode()) > 4096:
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise _ArgTypeError("key must be a str, not %s" % type(key).__name__)
+    if not key or len(key.encode()) > 4096:
         raise _Fail(errors.MMC_INVALID_PARAM)
     return quote(key, safe="")
 
 
-def _code_of_envelope(resp):
+def _str_list(keys: Any, what: str = "keys") -> List[str]:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        raise _ArgTypeError("%s must be a list of str" % what)
+    for k in keys:
+        if not isinstance(k, str):
+            raise _ArgTypeError("%s must be a list of str, found %s" % (what, type(k).__name__))
+    return list(keys)
+
+
+def _seq(v: Any, what: str) -> List[Any]:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)):
+        raise _ArgTypeError("%s must be a list" % what)
+    return list(v)
+
+
+def _direct(direct: Any, host: MmcCopyDirect) -> None:
+    """Only the host direction is served: a device direction or an unknown value is upstream's
+    code for an unsupported direction, -1."""
+    if isinstance(direct, bool) or not isinstance(direct, int):
+        raise _ArgTypeError("direct must be an int (MmcCopyDirect)")
+    if direct != host:
+        raise _Fail(errors.MMC_ERROR)
+
+
+def _layer_views(ptrs: Any, sizes: Any, writable: bool) -> Parts:
+    """One object's layers: the buffers it is sent from or received into, in order."""
+    ptrs, sizes = _seq(ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
+    if not ptrs or len(ptrs) > MAX_LAYER_NUM or len(ptrs) != len(sizes):
+        raise _Fail(errors.MMC_ERROR)
+    return [_view(p, n, writable) for p, n in zip(ptrs, sizes)]
+
+
+def _code_of_envelope(resp: Any) -> Optional[int]:
     """The code of a JSON answer that is an error envelope or a protocol error, else None."""
     if resp.status != 200:
         return errors.from_status(resp.status)
     return None
 
 
-def _json(resp):
+def _json(resp: Any) -> Any:
     code = _code_of_envelope(resp)
     if code is not None:
         raise _Fail(code)
@@ -105,14 +179,20 @@ def _json(resp):
     return v
 
 
-def _guard(default):
-    """Never raise from the data path: unexpected exceptions become ``default(self, *args)``."""
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-    def wrap(fn):
+
+def _guard(default: Callable[[int, Tuple[Any, ...]], Any]) -> Callable[[_F], _F]:
+    """Never raise from the data path (but for wrong argument types): failures become
+    ``default(code, args)``."""
+
+    def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
-        def inner(self, *args, **kwargs):
+        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(self, *args, **kwargs)
+            except _ArgTypeError:
+                raise
             except _Fail as f:
                 return default(f.code, args)
             except TransportError as e:
@@ -122,16 +202,16 @@ def _guard(default):
                 log.warning("%s failed: %r", fn.__name__, e)
                 return default(errors.MMC_ERROR, args)
 
-        return inner
+        return cast(_F, inner)
 
     return wrap
 
 
-def _code(code, _args):
+def _code(code: int, _args: Tuple[Any, ...]) -> int:
     return code
 
 
-def _codes(code, args):
+def _codes(code: int, args: Tuple[Any, ...]) -> List[int]:
     n = len(args[0]) if args and isinstance(args[0], (list, tuple)) else 0
     return [code] * n
 
@@ -147,26 +227,72 @@ class LocalConfig:
       server (refused), or that the server answered 429/503, rotating through the URLs.
 
     Extensions: ``api_token`` (default: env ``MMC_API_TOKEN``), ``expect_continue_bytes``
-    (bodies from this size are sent after the server's ``100 Continue``), and
+    (bodies from this size are sent after the server's ``100 Continue``),
     ``duplicate_put_is_error`` (False: a put of an existing key returns 0 and keeps the first
-    value, as upstream; True: it returns -3006).
+    value, as upstream; True: it returns -3006) and ``local_service_id`` (what
+    ``get_local_service_id()`` answers; -1: no local service).
+
+    TLS: an ``https://`` URL is verified against ``tls_ca_path`` (PEM; the system's CAs when
+    unset) and presents ``tls_cert_path``/``tls_key_path`` as the client certificate when set
+    (mmc-server's ``ock.mmc.metrics.tls.*`` requires one).
     """
 
-    def __init__(self):
-        self.meta_service_url = os.environ.get("MMC_URL", "http://127.0.0.1:8000")
+    def __init__(self) -> None:
+        self.meta_service_url: str = os.environ.get("MMC_URL", "http://127.0.0.1:8000")
         self.config_store_url = "tcp://127.0.0.1:6000"
         self.log_level = "info"
         self.world_size = 256
         self.protocol = "host_tcp"
         self.dram_size = "0"
         self.hbm_size = "0"
-        self.client_retry_milliseconds = 0
-        self.client_timeout_seconds = 60
-        self.api_token = os.environ.get("MMC_API_TOKEN") or None
-        self.expect_continue_bytes = 256 * 1024
-        self.duplicate_put_is_error = False
+        self.client_retry_milliseconds: int = 0
+        self.client_timeout_seconds: float = 60
+        self.api_token: Optional[str] = os.environ.get("MMC_API_TOKEN") or None
+        self.expect_continue_bytes: int = 256 * 1024
+        self.duplicate_put_is_error: bool = False
+        self.local_service_id: int = -1
+        self.tls_ca_path: str = ""
+        self.tls_cert_path: str = ""
+        self.tls_key_path: str = ""
 
-    def __repr__(self):
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        """The TLS context of ``https://`` URLs (None: the client's default, system CAs)."""
+        if not (self.tls_ca_path or self.tls_cert_path):
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls_ca_path or None)
+        if self.tls_cert_path:
+            ctx.load_cert_chain(self.tls_cert_path, self.tls_key_path or None)
+        return ctx
+
+    @classmethod
+    def from_local_config(cls, path: str) -> "LocalConfig":
+        """Upstream's local configuration file (the one ``MMC_LOCAL_CONFIG_PATH`` names);
+        ``ValueError`` when it cannot be read or a value does not parse."""
+        keys = _localconf.read(path)
+        c = cls()
+        try:
+            if "ock.mmc.meta_service_url" in keys:
+                c.meta_service_url = _localconf.meta_urls(keys["ock.mmc.meta_service_url"])
+            if keys.get("ock.mmc.client.timeout.seconds"):
+                c.client_timeout_seconds = float(keys["ock.mmc.client.timeout.seconds"])
+            if keys.get("ock.mmc.client.retry_milliseconds"):
+                c.client_retry_milliseconds = int(keys["ock.mmc.client.retry_milliseconds"])
+            if keys.get("ock.mmc.local_service.rank"):
+                c.local_service_id = int(keys["ock.mmc.local_service.rank"])
+            if keys.get("ock.mmc.client.api_token"):
+                c.api_token = keys["ock.mmc.client.api_token"]
+            if keys.get("ock.mmc.local_service.protocol"):
+                c.protocol = keys["ock.mmc.local_service.protocol"]
+            c.tls_ca_path = keys.get("ock.mmc.tls.ca.path", "")
+            c.tls_cert_path = keys.get("ock.mmc.tls.cert.path", "")
+            c.tls_key_path = keys.get("ock.mmc.tls.key.path", "")
+            if keys.get("ock.mmc.tls.enable", "").lower() == "true":
+                c.meta_service_url = c.meta_service_url.replace("http://", "https://")
+        except ValueError as e:
+            raise ValueError("%s: %s" % (path, e)) from None
+        return c
+
+    def __repr__(self) -> str:
         fields = ", ".join("%s=%r" % (k, v) for k, v in sorted(vars(self).items())
                            if k != "api_token")
         return "LocalConfig(%s)" % fields
@@ -174,25 +300,32 @@ class LocalConfig:
 
 class ReplicateConfig:
     """``replicaNum`` (1-8) copies on distinct ranks. ``preferredLocalServiceIDs``: the first
-    id is the rank the first copy goes to when it has room (``prefer_rank=``); the others are
-    ignored. Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
+    id is the rank the first copy goes to when it has room (``prefer_rank=``; a negative id,
+    as ``get_local_service_id()`` answers without a local service, is no preference); the others
+    are ignored. Extension: ``medium`` ``"hbm"``/``"dram"``/None."""
 
-    def __init__(self, replicaNum=1, preferredLocalServiceIDs=None, medium=None):
+    def __init__(self, replicaNum: int = 1,
+                 preferredLocalServiceIDs: Optional[Sequence[int]] = None,
+                 medium: Optional[str] = None) -> None:
         self.replicaNum = replicaNum
         self.preferredLocalServiceIDs = list(preferredLocalServiceIDs or [])
         self.medium = medium
 
-    def query(self):
+    def query(self) -> str:
         q = ""
         if self.replicaNum is not None and self.replicaNum != 1:
-            if not isinstance(self.replicaNum, int) or not 1 <= self.replicaNum <= 8:
-                raise _Fail(errors.MMC_INVALID_PARAM)
+            if isinstance(self.replicaNum, bool) or not isinstance(self.replicaNum, int):
+                raise _ArgTypeError("replicaNum must be an int")
+            if not 1 <= self.replicaNum <= 8:
+                # Upstream answers an invalid replica count with -1.
+                raise _Fail(errors.MMC_ERROR)
             q += "&replicas=%d" % self.replicaNum
         if self.preferredLocalServiceIDs:
             rank = self.preferredLocalServiceIDs[0]
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-                raise _Fail(errors.MMC_INVALID_PARAM)
-            q += "&prefer_rank=%d" % rank
+            if isinstance(rank, bool) or not isinstance(rank, int):
+                raise _ArgTypeError("preferredLocalServiceIDs must be ints")
+            if rank >= 0:
+                q += "&prefer_rank=%d" % rank
         if self.medium:
             if self.medium not in ("hbm", "dram"):
                 raise _Fail(errors.MMC_INVALID_PARAM)
@@ -202,34 +335,40 @@ class ReplicateConfig:
 
 class KeyInfo:
     """What upstream's ``get_key_info`` returns: size, the ranks of the copies and their media
-    (0 HBM, 1 DRAM, 2 SSD). A missing key is ``KeyInfo(0, [])``."""
+    (0 HBM, 1 DRAM, 2 SSD), and ``gva_list()``: the global address this client gives the object
+    for ``batch_add_lease``/``batch_copy``. A missing key is ``KeyInfo(0, [])``."""
 
-    def __init__(self, size=0, locs=(), types=(), leases_ms=()):
+    def __init__(self, size: int = 0, locs: Sequence[int] = (), types: Sequence[int] = (),
+                 leases_ms: Sequence[int] = (), gvas: Sequence[int] = ()) -> None:
         self._size = size
         self._locs = list(locs)
         self._types = list(types)
         self._leases = list(leases_ms)
+        self._gvas = list(gvas)
 
-    def size(self):
+    def size(self) -> int:
         return self._size
 
-    def loc_list(self):
+    def loc_list(self) -> List[int]:
         return list(self._locs)
 
-    def type_list(self):
+    def type_list(self) -> List[int]:
         return list(self._types)
 
-    def lease_list(self):
+    def gva_list(self) -> List[int]:
+        return list(self._gvas)
+
+    def lease_list(self) -> List[int]:
         """Extension: the remaining lease of each copy, in ms."""
         return list(self._leases)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "KeyInfo(size=%d, locs=%s, types=%s)" % (self._size, self._locs, self._types)
 
     __repr__ = __str__
 
     @classmethod
-    def from_query(cls, v):
+    def from_query(cls, v: Any) -> "KeyInfo":
         if not v or not v.get("valid"):
             return cls()
         blobs = v.get("blobs") or []
@@ -238,54 +377,76 @@ class KeyInfo:
                    [b.get("leaseTimeoutTtlMs", 0) for b in blobs])
 
 
+def _skip_or_close(conn: Connection, length: int) -> Optional[int]:
+    if length <= _SKIP_LIMIT:
+        conn.skip(length)
+        return length
+    conn.close()
+    return None
+
+
 class _IntoReader(BodyReader):
-    """get_into: an object's bytes go straight into the caller's memory."""
+    """get_into (and get_into_layers): an object's bytes go straight into the caller's memory,
+    its layers one after the other; only when the object has exactly their total size."""
 
-    def __init__(self, view):
-        self.view = view
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self.total = sum(len(v) for v in parts)
         self.code = errors.MMC_OK
+        self.length: Optional[int] = None
 
-    def read(self, conn, status, headers, length):
+    def read(self, conn: Connection, status: int, headers: Dict[str, str],
+             length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
         if status != 200 or not octets or length is None:
             return super().read(conn, status, headers, length)
-        if length > len(self.view):
-            # Too small a buffer: do not read the object, drop the connection instead.
+        self.length = length
+        if length != self.total:
+            # The buffer is not the object's size: nothing is written (a shorter object must
+            # not look like a full read over stale bytes).
             self.code = errors.MMC_INVALID_PARAM
-            conn.close()
-            return None
-        conn.read_exact_into(self.view[:length])
+            return _skip_or_close(conn, length)
+        for view in self.parts:
+            conn.read_exact_into(view)
         return length
 
 
 class _BatchIntoReader(BodyReader):
-    """batch_get_into: the length-prefixed answer is read key by key into each buffer."""
+    """batch_get_into (and the layers form): the length-prefixed answer is read key by key
+    into each key's buffers."""
 
-    def __init__(self, views):
-        self.views = views
-        self.codes = None
+    def __init__(self, parts: Sequence[Parts]) -> None:
+        self.parts = parts
+        self.codes: Optional[List[int]] = None
+        # Each object's length as the answer framed it (-1 for a missing key).
+        self.lengths: List[int] = []
 
-    def read(self, conn, status, headers, length):
+    def read(self, conn: Connection, status: int, headers: Dict[str, str],
+             length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
         if status != 200 or not octets or length is None:
             return super().read(conn, status, headers, length)
         codes = []
         left = length
-        for view in self.views:
+        for views in self.parts:
             if left < 8:
                 raise ValueError("batch_get answer ended early")
             (n,) = struct.unpack(">Q", bytes(conn.read_exact(8)))
             left -= 8
             if n == _MISSING:
                 codes.append(errors.MMC_UNMATCHED_KEY)
+                self.lengths.append(-1)
                 continue
             if n > left:
                 raise ValueError("batch_get answer ended early")
-            if n > len(view):
+            self.lengths.append(n)
+            if n != sum(len(v) for v in views):
+                # Not the buffers' size (larger or shorter): nothing is written into them.
                 conn.skip(n)
                 codes.append(errors.MMC_INVALID_PARAM)
             else:
-                conn.read_exact_into(view[:n])
+                for view in views:
+                    conn.read_exact_into(view)
                 codes.append(errors.MMC_OK)
             left -= n
         if left:
@@ -294,8 +455,8 @@ class _BatchIntoReader(BodyReader):
         return None
 
 
-def _split_batch_get(body, count):
-    out = []
+def _split_batch_get(body: bytes, count: int) -> List[Optional[bytes]]:
+    out: List[Optional[bytes]] = []
     pos = 0
     for _ in range(count):
         (n,) = struct.unpack_from(">Q", body, pos)
@@ -308,24 +469,40 @@ def _split_batch_get(body, count):
     return out
 
 
-def _chunks(items, limit=_MAX_BATCH_KEYS):
-    for i in range(0, len(items), limit):
-        yield items[i:i + limit]
+_T = TypeVar("_T")
 
 
-class DistributedObjectStore:
+def _chunks(items: Sequence[_T], limit: int = _MAX_BATCH_KEYS) -> List[Sequence[_T]]:
+    return [items[i:i + limit] for i in range(0, len(items), limit)]
+
+
+def _per_key(keys: Sequence[str], codes: List[int]) -> List[int]:
+    """The indexes of the keys that are valid; an invalid one gets its own code in ``codes``
+    (upstream answers batches key by key: one bad key does not fail the others)."""
+    ok = []
+    for i, k in enumerate(keys):
+        try:
+            _check_key(k)
+            ok.append(i)
+        except _Fail as f:
+            codes[i] = f.code
+    return ok
+
+
+class DistributedObjectStore(GvaMixin):
     """Upstream's ``memcache_hybrid.DistributedObjectStore`` over HTTP. Safe to share between
     threads: each call takes its own pooled keep-alive connection."""
 
-    def __init__(self):
-        self._config = None
-        self._client = None
+    def __init__(self) -> None:
+        super().__init__()
+        self._config: Optional[LocalConfig] = None
+        self._client: Optional[Client] = None
         # Set when a batch_put answered that every key went to a remote rank (a pure meta).
         self._batch_put_remote = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def setup(self, config):
+    def setup(self, config: LocalConfig) -> int:
         """Takes a :class:`LocalConfig`; 0, or -3000 when its URL does not parse."""
         try:
             Client(config.meta_service_url).close()
@@ -334,13 +511,18 @@ class DistributedObjectStore:
         self._config = config
         return errors.MMC_OK
 
-    def init(self, device_id=0, init_bm=True):
+    def init(self, device_id: int = 0, init_bm: bool = True) -> int:
         """Connects to the meta service (waiting up to ``client_retry_milliseconds`` for it).
+        Without ``setup()``, the configuration is upstream's local configuration file named by
+        ``MMC_LOCAL_CONFIG_PATH`` (``ValueError`` when it cannot be read), else the defaults.
         ``device_id`` and ``init_bm`` are accepted for compatibility: this client never
         contributes memory, and reads and writes work in either mode. 0, or -3017 when the
         server cannot be reached, -3004 on a timeout."""
+        cfg = self._config
+        if cfg is None:
+            path = _localconf.env_path()
+            cfg = LocalConfig.from_local_config(path) if path else LocalConfig()
         try:
-            cfg = self._config or LocalConfig()
             if self._client is not None:
                 self._client.close()
             self._client = Client(
@@ -349,6 +531,7 @@ class DistributedObjectStore:
                 retry_ms=int(cfg.client_retry_milliseconds),
                 token=getattr(cfg, "api_token", None),
                 expect_continue_bytes=int(getattr(cfg, "expect_continue_bytes", 256 * 1024)),
+                tls=cfg.ssl_context() if hasattr(cfg, "ssl_context") else None,
             )
             self._config = cfg
             self._batch_put_remote = False
@@ -359,46 +542,57 @@ class DistributedObjectStore:
         except TransportError as e:
             log.warning("init: %s", e)
             return e.code
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OSError) as e:
+            # A URL that does not parse, TLS files that cannot be read.
             log.warning("init: %s", e)
             return errors.MMC_INVALID_PARAM
 
-    def close(self):
+    def close(self) -> int:
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._gva_reset()
         return errors.MMC_OK
 
-    def __enter__(self):
+    def __enter__(self) -> "DistributedObjectStore":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def register_buffer(self, buffer_ptr, size):
+    def register_buffer(self, buffer_ptr: Buffer, size: int) -> int:
         """Host memory needs no registration over HTTP: 0."""
         return errors.MMC_OK
 
-    def unregister_buffer(self, buffer_ptr, size):
+    def unregister_buffer(self, buffer_ptr: Buffer, size: int) -> int:
         return errors.MMC_OK
 
-    def _c(self):
+    def get_local_service_id(self) -> int:
+        """The rank of this client's local service: ``LocalConfig.local_service_id``
+        (``ock.mmc.local_service.rank`` of the local configuration file); -1 when it has none
+        (this client contributes no memory of its own)."""
+        cfg = self._config
+        return int(getattr(cfg, "local_service_id", -1)) if cfg is not None else -1
+
+    def _c(self) -> Client:
         c = self._client
         if c is None:
             raise _Fail(errors.MMC_CLIENT_NOT_INIT)
         return c
 
-    def _put_code(self, code):
-        if code == errors.MMC_DUPLICATED_OBJECT and not self._config.duplicate_put_is_error:
+    def _put_code(self, code: int) -> int:
+        cfg = self._config
+        if code == errors.MMC_DUPLICATED_OBJECT and not (cfg and cfg.duplicate_put_is_error):
             return errors.MMC_OK
         return code
 
     # -- puts ----------------------------------------------------------------------------
 
-    def _put_view(self, key, view, replicateConfig):
+    def _put_parts(self, key: str, parts: Parts,
+                   replicateConfig: Optional[ReplicateConfig]) -> int:
         q = _check_key(key)
         extra = (replicateConfig or ReplicateConfig()).query()
-        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, [view])
+        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts))
         try:
             _json(resp)
         except _Fail as f:
@@ -406,38 +600,60 @@ class DistributedObjectStore:
         return errors.MMC_OK
 
     @_guard(_code)
-    def put(self, key, buf, replicateConfig=None):
-        return self._put_view(key, _bytes_view(buf), replicateConfig)
+    def put(self, key: str, buf: Any, replicateConfig: Optional[ReplicateConfig] = None) -> int:
+        return self._put_parts(key, [_bytes_view(buf)], replicateConfig)
 
     @_guard(_code)
-    def put_from(self, key, buffer_ptr, size, direct=SMEMB_COPY_H2G, replicateConfig=None):
-        if direct != SMEMB_COPY_H2G:
-            return errors.MMC_INVALID_PARAM
-        return self._put_view(key, _view(buffer_ptr, size, False), replicateConfig)
+    def put_from(self, key: str, buffer_ptr: Buffer, size: int,
+                 direct: int = SMEMB_COPY_H2G,
+                 replicateConfig: Optional[ReplicateConfig] = None) -> int:
+        _check_key(key)
+        _direct(direct, SMEMB_COPY_H2G)
+        return self._put_parts(key, [_view(buffer_ptr, size, False)], replicateConfig)
 
-    def _batch_put(self, keys, views, replicateConfig):
+    @_guard(_code)
+    def put_from_layers(self, key: str, buffer_ptrs: Sequence[Buffer], sizes: Sequence[int],
+                        direct: int = SMEMB_COPY_H2G,
+                        replicateConfig: Optional[ReplicateConfig] = None) -> int:
+        """One object made of layers: the buffers are sent back to back (one ``sendmsg`` iovec
+        list, no concatenation); the object's size is the sum of ``sizes``. 0; -1 for an
+        unsupported ``direct`` (only ``SMEMB_COPY_H2G``: host memory), no layer, more than 255,
+        or ``sizes`` of another length."""
+        _check_key(key)
+        _direct(direct, SMEMB_COPY_H2G)
+        return self._put_parts(key, _layer_views(buffer_ptrs, sizes, False), replicateConfig)
+
+    def _batch_put(self, keys: List[str], values: Sequence[Optional[Parts]],
+                   replicateConfig: Optional[ReplicateConfig],
+                   codes: Optional[List[int]] = None) -> List[int]:
         """Puts through batch_put, split so each request's target and body fit; returns one
-        code per key."""
-        if len(keys) != len(views):
-            raise _Fail(errors.MMC_INVALID_PARAM)
+        code per key. A key whose value is None (or whose code is already set) is skipped."""
+        if len(keys) != len(values):
+            raise _Fail(errors.MMC_ERROR)
         extra = (replicateConfig or ReplicateConfig()).query()
-        quoted = [_check_key(k) for k in keys]
-        codes = [errors.MMC_ERROR] * len(keys)
-        group, qlen, blen, names = [], 0, 0, set()
+        codes = codes if codes is not None else [errors.MMC_ERROR] * len(keys)
+        valid = [i for i in _per_key(keys, codes) if values[i] is not None
+                 and codes[i] == errors.MMC_ERROR]
+        quoted = {i: _check_key(keys[i]) for i in valid}
+        group: List[int] = []
+        names: Set[str] = set()
+        qlen = blen = 0
 
-        def flush():
+        def flush() -> None:
             if group:
-                self._batch_put_group(group, quoted, views, extra, codes, keys,
+                self._batch_put_group(group, quoted, values, extra, codes, keys,
                                       replicateConfig)
             group.clear()
             names.clear()
 
-        for i, q in enumerate(quoted):
-            n = len(views[i])
+        for i in valid:
+            parts = cast(Parts, values[i])
+            n = sum(len(v) for v in parts)
+            q = quoted[i]
             if n > _MAX_BATCH_BODY:
                 flush()
                 qlen = blen = 0
-                codes[i] = self._put_view(keys[i], views[i], replicateConfig)
+                codes[i] = self._put_parts(keys[i], parts, replicateConfig)
                 continue
             item = len(q) + len(str(n)) + 2
             if group and (qlen + item > _MAX_QUERY_BYTES or blen + n > _MAX_BATCH_BODY
@@ -451,18 +667,22 @@ class DistributedObjectStore:
         flush()
         return codes
 
-    def _batch_put_group(self, group, quoted, views, extra, codes, keys, replicateConfig):
+    def _batch_put_group(self, group: List[int], quoted: Dict[int, str],
+                         values: Sequence[Optional[Parts]], extra: str, codes: List[int],
+                         keys: List[str], replicateConfig: Optional[ReplicateConfig]) -> None:
+        parts_of = [cast(Parts, values[i]) for i in group]
         if self._batch_put_remote:
             # The meta service holds none of the bytes (a pure meta): one put per key, each
             # redirected to its local service.
-            for i in group:
-                codes[i] = self._put_view(keys[i], views[i], replicateConfig)
+            for i, parts in zip(group, parts_of):
+                codes[i] = self._put_parts(keys[i], parts, replicateConfig)
             return
         target = "/api/v1/objects/batch_put?keys=%s&sizes=%s%s" % (
             ",".join(quoted[i] for i in group),
-            ",".join(str(len(views[i])) for i in group), extra)
+            ",".join(str(sum(len(v) for v in p)) for p in parts_of), extra)
         try:
-            resp = self._c().request("POST", target, [views[i] for i in group])
+            body = [v for p in parts_of for v in p]
+            resp = self._c().request("POST", target, body)
             v = _json(resp)
         except (_Fail, TransportError) as f:
             for i in group:
@@ -475,7 +695,7 @@ class DistributedObjectStore:
             if r.get("success"):
                 codes[i] = errors.MMC_OK
             elif r.get("error_message") == _REMOTE_BATCH_FAILURE:
-                remote.append(i)
+                remote.append(j)
             else:
                 codes[i] = self._put_code(errors.from_message(r.get("error_message")))
         if remote and len(remote) == len(group):
@@ -484,151 +704,229 @@ class DistributedObjectStore:
             self._batch_put_remote = True
         # batch_put writes only the meta's own ranks; a key placed on a remote rank failed
         # (and was released): put it alone, which follows the redirect to its local service.
-        for i in remote:
-            codes[i] = self._put_view(keys[i], views[i], replicateConfig)
+        for j in remote:
+            i = group[j]
+            codes[i] = self._put_parts(keys[i], parts_of[j], replicateConfig)
 
     @_guard(_code)
-    def put_batch(self, keys, values, replicateConfig=None):
+    def put_batch(self, keys: Sequence[str], values: Sequence[Any],
+                  replicateConfig: Optional[ReplicateConfig] = None) -> int:
         """0 when every object was stored, else the first failing key's code."""
-        codes = self._batch_put(list(keys), [_bytes_view(v) for v in values], replicateConfig)
+        keys = _str_list(keys)
+        if len(keys) != len(values):
+            return errors.MMC_INVALID_PARAM
+        codes = self._batch_put(keys, [[_bytes_view(v)] for v in values], replicateConfig)
         return next((c for c in codes if c != errors.MMC_OK), errors.MMC_OK)
 
+    def _buffers_per_key(self, keys: Any, buffer_ptrs: Any, sizes: Any, direct: Any,
+                         host: MmcCopyDirect, make: Callable[[Any, Any], Parts],
+                         ) -> Tuple[List[str], List[Optional[Parts]], List[int]]:
+        """A batch's arguments checked: the keys, each key's buffers (``make(ptr, size)``) or
+        None with its own code when they are invalid (a null pointer, a negative size, a bad
+        layer list: the other keys go on), and the codes so far. Lists of different lengths
+        are -1 for every key."""
+        keys = _str_list(keys)
+        buffer_ptrs, sizes = _seq(buffer_ptrs, "buffer_ptrs"), _seq(sizes, "sizes")
+        _direct(direct, host)
+        codes = [errors.MMC_ERROR] * len(keys)
+        out: List[Optional[Parts]] = [None] * len(keys)
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            return keys, out, codes
+        for i in range(len(keys)):
+            try:
+                out[i] = make(buffer_ptrs[i], sizes[i])
+            except _Fail as f:
+                codes[i] = f.code
+        return keys, out, codes
+
     @_guard(_codes)
-    def batch_put_from(self, keys, buffer_ptrs, sizes, direct=SMEMB_COPY_H2G,
-                       replicateConfig=None):
-        """One code per key."""
-        if direct != SMEMB_COPY_H2G or not (len(keys) == len(buffer_ptrs) == len(sizes)):
-            return [errors.MMC_INVALID_PARAM] * len(keys)
-        views = [_view(p, s, False) for p, s in zip(buffer_ptrs, sizes)]
-        return self._batch_put(list(keys), views, replicateConfig)
+    def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[Buffer],
+                       sizes: Sequence[int], direct: int = SMEMB_COPY_H2G,
+                       replicateConfig: Optional[ReplicateConfig] = None) -> List[int]:
+        """One code per key; a key with an invalid key or buffer fails alone."""
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_H2G, lambda p, n: [_view(p, n, False)])
+        return self._batch_put(names, values, replicateConfig, codes)
+
+    @_guard(_codes)
+    def batch_put_from_layers(self, keys: Sequence[str],
+                              buffer_ptrs: Sequence[Sequence[Buffer]],
+                              sizes: Sequence[Sequence[int]], direct: int = SMEMB_COPY_H2G,
+                              replicateConfig: Optional[ReplicateConfig] = None) -> List[int]:
+        """One object per key made of its layers (``buffer_ptrs[i]``, ``sizes[i]``), sent
+        through batch_put back to back; one code per key."""
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_H2G,
+            lambda p, n: _layer_views(p, n, False))
+        return self._batch_put(names, values, replicateConfig, codes)
 
     # -- gets ----------------------------------------------------------------------------
 
     @_guard(lambda code, args: b"")
-    def get(self, key):
+    def get(self, key: str) -> bytes:
         """The object's bytes, or ``b""`` on any failure."""
         resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key))
         if resp.status == 200 and resp.header("content-type", "").startswith(
                 "application/octet-stream"):
-            return resp.body
+            return cast(bytes, resp.body)
         return b""
 
-    @_guard(_code)
-    def get_into(self, key, buffer_ptr, size, direct=SMEMB_COPY_G2H):
-        """Receives the object straight into ``size`` bytes at ``buffer_ptr``: 0; -3102 for a
-        missing key; -3000 when the buffer is smaller than the object (nothing written)."""
-        if direct != SMEMB_COPY_G2H:
-            return errors.MMC_INVALID_PARAM
-        reader = _IntoReader(_view(buffer_ptr, size, True))
+    def _get_parts(self, key: str, parts: Parts) -> int:
+        reader = _IntoReader(parts)
         resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader)
         if isinstance(resp.body, bytes):
             _json(resp)
             return errors.MMC_ERROR
         return reader.code
 
-    def _batch_json(self, method, path, keys, reader=None):
-        body = json.dumps({"keys": keys}).encode()
+    @_guard(_code)
+    def get_into(self, key: str, buffer_ptr: Buffer, size: int,
+                 direct: int = SMEMB_COPY_G2H) -> int:
+        """Receives the object straight into ``size`` bytes at ``buffer_ptr``: 0; -3102 for a
+        missing key; -3000 when the buffer is not the object's size, larger or smaller
+        (nothing written: a shorter object is not a full read)."""
+        _check_key(key)
+        _direct(direct, SMEMB_COPY_G2H)
+        return self._get_parts(key, [_view(buffer_ptr, size, True)])
+
+    @_guard(_code)
+    def get_into_layers(self, key: str, buffer_ptrs: Sequence[Buffer], sizes: Sequence[int],
+                        direct: int = SMEMB_COPY_G2H) -> int:
+        """Receives the object into its layers, each buffer filled in turn: 0 when the object is
+        exactly ``sum(sizes)`` bytes; -3000 otherwise (nothing written); -3102 missing."""
+        _check_key(key)
+        _direct(direct, SMEMB_COPY_G2H)
+        return self._get_parts(key, _layer_views(buffer_ptrs, sizes, True))
+
+    def _batch_json(self, method: str, path: str, keys: Sequence[str],
+                    reader: Optional[BodyReader] = None) -> Any:
+        body = json.dumps({"keys": list(keys)}).encode()
         kwargs = {"reader": reader} if reader is not None else {}
         return self._c().request(method, path, [body], {"Content-Type": "application/json"},
                                  **kwargs)
 
     @_guard(lambda code, args: [b""] * len(args[0]) if args else [])
-    def get_batch(self, keys):
-        """One bytes object per key, ``b""`` for a missing one."""
-        keys = list(keys)
-        for k in keys:
-            _check_key(k)
-        out = []
-        for part in _chunks(keys):
-            resp = self._batch_json("POST", "/api/v1/objects/batch_get", part)
+    def get_batch(self, keys: Sequence[str]) -> List[bytes]:
+        """One bytes object per key, ``b""`` for a missing or invalid one."""
+        keys = _str_list(keys)
+        out = [b""] * len(keys)
+        valid = _per_key(keys, [0] * len(keys))
+        for part in _chunks(valid):
+            resp = self._batch_json("POST", "/api/v1/objects/batch_get", [keys[i] for i in part])
             if resp.status != 200 or not resp.header("content-type", "").startswith(
                     "application/octet-stream"):
                 _json(resp)
                 raise _Fail(errors.MMC_ERROR)
-            out += [v if v is not None else b"" for v in _split_batch_get(resp.body, len(part))]
+            for i, v in zip(part, _split_batch_get(resp.body, len(part))):
+                out[i] = v if v is not None else b""
         return out
 
-    @_guard(_codes)
-    def batch_get_into(self, keys, buffer_ptrs, sizes, direct=SMEMB_COPY_G2H):
-        """One code per key (as get_into's), each object received into its buffer."""
-        keys = list(keys)
-        if direct != SMEMB_COPY_G2H or not (len(keys) == len(buffer_ptrs) == len(sizes)):
-            return [errors.MMC_INVALID_PARAM] * len(keys)
-        for k in keys:
-            _check_key(k)
-        views = [_view(p, s, True) for p, s in zip(buffer_ptrs, sizes)]
-        codes = []
-        for start in range(0, len(keys), _MAX_BATCH_KEYS):
-            part = keys[start:start + _MAX_BATCH_KEYS]
-            reader = _BatchIntoReader(views[start:start + _MAX_BATCH_KEYS])
+    def _batch_get_parts(self, keys: List[str], values: Sequence[Optional[Parts]],
+                         codes: List[int]) -> List[int]:
+        """batch_get into each key's buffers; keys whose code is already set are skipped."""
+        valid = [i for i in _per_key(keys, codes) if values[i] is not None
+                 and codes[i] == errors.MMC_ERROR]
+        for part in _chunks(valid):
+            reader = _BatchIntoReader([cast(Parts, values[i]) for i in part])
             try:
-                resp = self._batch_json("POST", "/api/v1/objects/batch_get", part, reader)
+                resp = self._batch_json("POST", "/api/v1/objects/batch_get",
+                                        [keys[i] for i in part], reader)
                 if reader.codes is None:
                     _json(resp)
                     raise _Fail(errors.MMC_ERROR)
-                codes += reader.codes
+                for i, c in zip(part, reader.codes):
+                    codes[i] = c
             except (_Fail, TransportError) as f:
-                codes += [f.code] * len(part)
+                for i in part:
+                    codes[i] = f.code
         return codes
+
+    @_guard(_codes)
+    def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[Buffer],
+                       sizes: Sequence[int], direct: int = SMEMB_COPY_G2H) -> List[int]:
+        """One code per key (as get_into's), each object received into its buffer."""
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_G2H, lambda p, n: [_view(p, n, True)])
+        return self._batch_get_parts(names, values, codes)
+
+    @_guard(_codes)
+    def batch_get_into_layers(self, keys: Sequence[str],
+                              buffer_ptrs: Sequence[Sequence[Buffer]],
+                              sizes: Sequence[Sequence[int]],
+                              direct: int = SMEMB_COPY_G2H) -> List[int]:
+        """One code per key (as get_into_layers'), each object received into its layers."""
+        names, values, codes = self._buffers_per_key(
+            keys, buffer_ptrs, sizes, direct, SMEMB_COPY_G2H,
+            lambda p, n: _layer_views(p, n, True))
+        return self._batch_get_parts(names, values, codes)
 
     # -- existence, removal, info --------------------------------------------------------
 
     @_guard(_code)
-    def is_exist(self, key):
+    def is_exist(self, key: str) -> int:
         """1 present, 0 absent, negative on error."""
         v = _json(self._c().request("GET", "/api/v1/objects/exist?key=" + _check_key(key)))
         return 1 if v.get("exists") else 0
 
-    @_guard(_codes)
-    def batch_is_exist(self, keys):
-        keys = list(keys)
-        for k in keys:
-            _check_key(k)
-        out = []
-        for part in _chunks(keys):
-            v = _json(self._batch_json("POST", "/api/v1/objects/batch_exist", part))
-            out += [1 if e else 0 for e in v.get("exists", [])]
+    def _batch_keys(self, keys: Sequence[str], path: str, field: str,
+                    code_of: Callable[[Any], int]) -> List[int]:
+        """A JSON batch route over the valid keys (4096 a request): ``code_of`` reads each
+        key's entry of ``field``; an invalid key gets its code alone."""
+        names = _str_list(keys)
+        out = [errors.MMC_ERROR] * len(names)
+        for part in _chunks(_per_key(names, out)):
+            v = _json(self._batch_json("POST", path, [names[i] for i in part]))
+            for i, e in zip(part, v.get(field, [])):
+                out[i] = code_of(e)
         return out
 
+    @_guard(_codes)
+    def batch_is_exist(self, keys: Sequence[str]) -> List[int]:
+        """1/0 per key; an invalid key gets its code alone."""
+        return self._batch_keys(keys, "/api/v1/objects/batch_exist", "exists",
+                                lambda e: 1 if e else 0)
+
     @_guard(_code)
-    def remove(self, key):
+    def remove(self, key: str) -> int:
         """0, or -3102 for a missing key."""
         _json(self._c().request("DELETE", "/api/v1/objects?key=" + _check_key(key)))
         return errors.MMC_OK
 
     @_guard(_codes)
-    def remove_batch(self, keys):
-        keys = list(keys)
-        for k in keys:
-            _check_key(k)
-        out = []
-        for part in _chunks(keys):
-            v = _json(self._batch_json("POST", "/api/v1/objects/batch_remove", part))
-            for r in v.get("results", []):
-                out.append(errors.MMC_OK if r.get("success")
-                           else errors.from_message(r.get("error_message")))
-        return out
+    def remove_batch(self, keys: Sequence[str]) -> List[int]:
+        """A code per key: 0, or -3102 for a missing one."""
+        return self._batch_keys(
+            keys, "/api/v1/objects/batch_remove", "results",
+            lambda r: errors.MMC_OK if r.get("success")
+            else errors.from_message(r.get("error_message")))
 
     @_guard(_code)
-    def remove_all(self):
+    def remove_all(self) -> int:
         _json(self._c().request("DELETE", "/all_keys"))
         return errors.MMC_OK
 
     @_guard(lambda code, args: KeyInfo())
-    def get_key_info(self, key):
+    def get_key_info(self, key: str) -> KeyInfo:
         resp = self._c().request("GET", "/query_key?key=" + _check_key(key))
         try:
-            return KeyInfo.from_query(_json(resp))
+            info = KeyInfo.from_query(_json(resp))
         except _Fail:
             return KeyInfo()
+        return self._with_gva(key, info)
+
+    def _key_infos(self, keys: List[str]) -> List[KeyInfo]:
+        out = [KeyInfo() for _ in keys]
+        valid = _per_key(keys, [0] * len(keys))
+        for part in _chunks(valid):
+            v = _json(self._batch_json("POST", "/batch_query_keys", [keys[i] for i in part]))
+            for i, d in zip(part, v.get("data", [])):
+                out[i] = KeyInfo.from_query(d)
+        return out
 
     @_guard(lambda code, args: [KeyInfo() for _ in args[0]] if args else [])
-    def batch_get_key_info(self, keys):
-        keys = list(keys)
-        for k in keys:
-            _check_key(k)
-        out = []
-        for part in _chunks(keys):
-            v = _json(self._batch_json("POST", "/batch_query_keys", part))
-            out += [KeyInfo.from_query(d) for d in v.get("data", [])]
-        return out
+    def batch_get_key_info(self, keys: Sequence[str], query_type: int = 0) -> List[KeyInfo]:
+        """A ``KeyInfo`` per key (``KeyInfo()`` for a missing or invalid one). ``query_type``
+        (upstream's newer second argument) is accepted: every answer here is of readable
+        objects."""
+        keys = _str_list(keys)
+        return [self._with_gva(k, i) for k, i in zip(keys, self._key_infos(keys))]

@@ -90,6 +90,7 @@ impl Meta {
         let table = Arc::new(SegmentTable::default());
         let cfg = StoreConfig {
             keep_tombstones: true,
+            key_format: Default::default(),
             lease_ms: LEASE_MS,
             high_percent: 90,
             low_percent: 80,

@@ -74,6 +74,7 @@ pub mod relocate;
 pub mod remote;
 mod rereplicate;
 pub mod tombstones;
+pub use keys::KeyFormat;
 pub use rereplicate::RereplicateLimits;
 pub mod segment;
 #[cfg(test)]
@@ -387,6 +388,8 @@ pub struct StoreConfig {
     pub remote_writer_ms: u64,
     /// What bounds re-replication on this shard (the default: none is done).
     pub rereplicate: RereplicateLimits,
+    /// How an object key's chunk hash is read (`ock.mmc.kv_events.key_format`).
+    pub key_format: Arc<KeyFormat>,
 }
 
 pub const MAX_REPLICAS: usize = 8;

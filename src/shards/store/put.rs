@@ -362,7 +362,7 @@ impl Store {
         remote_until_ms: Option<u64>,
     ) -> (u32, u64, Arc<WriterLink>) {
         let generation = self.new_tag();
-        let chunk = keys::chunk_hash(&key);
+        let chunk = keys::chunk_hash_logged(&self.cfg.key_format, &key);
         let obj = self.objects.insert(Object {
             key,
             size,

@@ -34,6 +34,7 @@ impl TestStore {
                     bytes_per_sec: 0,
                     queue: 1024,
                 },
+                key_format: Default::default(),
             },
         }
     }
