@@ -330,3 +330,59 @@ def test_a_restarted_collector_gets_the_pushes_again(started):
     started[1].append(r2)
     wait_until("pushes after a restart", lambda: len(r2.metrics) >= 1)
     assert any("works again" in line for line in s.log), "".join(s.log)
+
+
+def test_the_redirect_hop_and_the_chain_carry_the_trace(started):
+    import requests
+
+    import cluster_ready
+
+    r = Receiver()
+    started[1].append(r)
+    otlp = ["--set", "ock.mmc.otlp.endpoint=" + r.url, "--set", "ock.mmc.otlp.trace_sample_ratio=1"]
+    meta = Server(["--set", "ock.mmc.embedded.ranks=0",
+                   "--set", "ock.mmc.otlp.service_instance_id=meta"] + otlp, driver="epoll")
+    started[0].append(meta)
+    for i in range(2):
+        started[0].append(Server(["--role", "local",
+                                  "--set", "ock.mmc.meta_service_url=http://%s" % meta.addr,
+                                  "--set", "ock.mmc.local_service.dram.size=64MB",
+                                  "--set", "ock.mmc.local_service.hbm.size=0",
+                                  "--set", "ock.mmc.otlp.service_instance_id=local-%d" % i] + otlp,
+                                 driver="epoll"))
+    wait_until("both ranks joined", lambda: cluster_ready.ready_count(meta.get) == 2)
+    trace_id = os.urandom(16).hex()
+    tp = {"traceparent": "00-%s-%s-01" % (trace_id, os.urandom(8).hex())}
+    base = "http://%s/api/v1/objects" % meta.addr
+    with requests.Session() as s:
+        got = s.put(base, params={"key": "hop", "replicas": 2}, data=b"h" * 5000, headers=tp, timeout=30)
+        assert got.status_code == 200 and [h.status_code for h in got.history] == [307], got.text
+        assert "traceparent=00-" + trace_id in got.history[0].headers["Location"]
+
+    def spans_by_instance():
+        out = {}
+        with r.lock:
+            reqs = list(r.traces)
+        for req in reqs:
+            for rs in req.resource_spans:
+                inst = attrs(rs.resource.attributes)["service.instance.id"]
+                for ss in rs.scope_spans:
+                    for sp in ss.spans:
+                        if sp.trace_id.hex() == trace_id:
+                            out.setdefault(inst, []).append(sp)
+        return out
+
+    # The meta's 307, the first local hop under it, the second hop under the first, and the
+    # first hop's commit on the meta under the first hop.
+    wait_until("the hop's spans", lambda: len(spans_by_instance().get("meta", [])) >= 2
+               and sum(len(v) for k, v in spans_by_instance().items() if k != "meta") >= 2)
+    by = spans_by_instance()
+    meta_put = [x for x in by["meta"] if x.name == "PUT /api/v1/objects"][0]
+    assert attrs(meta_put.attributes)["http.response.status_code"] == 307
+    assert attrs(meta_put.attributes)["mmc.redirect"].endswith("/api/v1/objects")
+    local_spans = [x for k, v in by.items() if k != "meta" for x in v]
+    first = [x for x in local_spans if x.parent_span_id == meta_put.span_id]
+    assert len(first) == 1, local_spans
+    assert [x for x in local_spans if x.parent_span_id == first[0].span_id], "the chain's next hop"
+    commit = [x for x in by["meta"] if x.name.startswith("POST /cluster/v1/commit")]
+    assert commit and commit[0].parent_span_id == first[0].span_id
