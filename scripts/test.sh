@@ -42,7 +42,9 @@ echo "== Python tests: KV-event subscribers (pyzmq; msgspec and msgpack decoders
 if [ ! -x target/pyenv/bin/python ]; then
   python3 -m venv target/pyenv
 fi
-target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest numpy requests
+# opentelemetry-proto: the OTLP receiver of tests/python/test_otlp.py decodes what the server
+# pushes with the official OpenTelemetry protobuf definitions.
+target/pyenv/bin/python -m pip install -q --disable-pip-version-check pyzmq msgpack msgspec pytest numpy requests opentelemetry-proto
 # The Python client and mmcctl (clients/python), tested against the server (test_client.py, test_mmcctl.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check ./clients/python
 # The client is typed (py.typed): mypy --strict keeps it so.

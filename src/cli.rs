@@ -84,6 +84,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("MMC_API_TOKEN", "ock.mmc.http.auth_token"),
     ("MMC_METRICS_TOKEN", "ock.mmc.http.metrics_token"),
     ("MMC_CLUSTER_TOKEN", "ock.mmc.cluster.token"),
+    ("MMC_OTLP_HEADERS", "ock.mmc.otlp.headers"),
 ];
 
 pub fn plan_with_cpus(args: &Args, allowed: &[usize]) -> Result<Plan, String> {

@@ -281,6 +281,8 @@ impl Server {
             std::thread::sleep(Duration::from_millis(1));
         }
         server.cluster.log_ssd_recovery();
+        crate::http::otlp::start(server.cluster.clone())
+            .map_err(|e| format!("cannot start the OTLP exporter thread: {e}"))?;
         let mut server = server;
         // A local service never campaigns (its view follows the meta it joins).
         if server.cluster.ha.enabled() {

@@ -215,6 +215,73 @@ fn set_kv_encoding(c: &mut Config, v: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A collector's base URL: `http[s]://host:port` and an optional path, without a trailing `/`.
+fn otlp_endpoint(v: &str) -> Result<String, String> {
+    const ALLOWED: &str = "an http://HOST:PORT or https://HOST:PORT URL, optionally with a path";
+    let v = v.trim().trim_end_matches('/');
+    let (scheme, rest) = v.split_once("://").ok_or(ALLOWED)?;
+    let (authority, _path) = rest.split_once('/').unwrap_or((rest, ""));
+    let ok = matches!(scheme, "http" | "https")
+        && !v.bytes().any(|b| {
+            b.is_ascii_whitespace() || b.is_ascii_control() || b == b'?' || b == b'#' || b == b'@'
+        })
+        && authority
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(ALLOWED.to_string())
+    }
+}
+
+fn set_sample_ratio(c: &mut Config, v: &str) -> Result<(), String> {
+    const ALLOWED: &str = "a number from 0 to 1";
+    let r: f64 = v.trim().parse().map_err(|_| ALLOWED.to_string())?;
+    if !(0.0..=1.0).contains(&r) {
+        return Err(ALLOWED.to_string());
+    }
+    c.otlp.trace_sample_ratio = r;
+    Ok(())
+}
+
+/// `name=value,name=value`: header names are tokens, values visible ASCII and spaces.
+fn set_otlp_headers(c: &mut Config, v: &str) -> Result<(), String> {
+    const ALLOWED: &str = "NAME=VALUE pairs separated by commas (names: letters, digits and -; values: visible ASCII and spaces)";
+    let mut out = Vec::new();
+    for item in comma_list(v) {
+        let (name, value) = item.split_once('=').ok_or(ALLOWED)?;
+        let (name, value) = (name.trim(), value.trim());
+        let name_ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let value_ok = value.len() <= 4096 && value.bytes().all(|b| (0x20..0x7f).contains(&b));
+        let reserved = [
+            "host",
+            "content-length",
+            "content-type",
+            "connection",
+            "transfer-encoding",
+        ]
+        .iter()
+        .any(|r| name.eq_ignore_ascii_case(r));
+        if !name_ok || !value_ok || reserved {
+            return Err(ALLOWED.to_string());
+        }
+        out.push((name.to_string(), value.to_string()));
+    }
+    c.otlp.headers = out;
+    Ok(())
+}
+
+fn instance_id(v: &str) -> Result<String, String> {
+    if v.len() > 256 || !v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err("at most 256 visible ASCII characters (no spaces)".to_string());
+    }
+    Ok(v.to_string())
+}
+
 fn set_log_level(c: &mut Config, v: &str) -> Result<(), String> {
     c.log_level = v
         .trim()
@@ -378,6 +445,20 @@ pub static KEYS: &[KeySpec] = &[
         "How a block's hash is read from an object key: auto (LMCache's CacheEngineKey model@ws@wid@hash@dtype, its legacy fmt@model@ws@wid@hash and multiprocess model@rank@group@hash[@salt] keys, vllm-ascend's pool and layer-wise keys), lmcache, lmcache_legacy, lmcache_mp, vllm_ascend, or a regular expression with a named group hash (hex). A key without a hash publishes no event (counted, the first one logged)."),
     key("ock.mmc.kv_events.block_size", "256", U64(|c| &mut c.kv_events.block_size, 1, 1 << 20),
         "block_size reported in BlockStored events (tokens per chunk; LMCache's default chunk is 256)."),
+    key("ock.mmc.otlp.endpoint", "", Optional(|c| &mut c.otlp.endpoint, otlp_endpoint),
+        "OpenTelemetry collector to push to over OTLP/HTTP (protobuf): http://HOST:PORT or https://HOST:PORT, optionally with a base path; metrics go to ENDPOINT/v1/metrics, spans to ENDPOINT/v1/traces. https:// verifies the collector with ock.mmc.cluster.tls.ca.path (and presents ock.mmc.cluster.tls.cert.path when set). Empty: no push (off)."),
+    key("ock.mmc.otlp.interval_ms", "10000", U64(|c| &mut c.otlp.interval_ms, 100, 3_600_000),
+        "How often every /metrics family is pushed (cumulative counters, gauges, histograms with their buckets)."),
+    key("ock.mmc.otlp.trace_sample_ratio", "0", With(set_sample_ratio),
+        "Spans: the share of requests without a sampled traceparent that get a span, from 0 to 1 (a request whose traceparent is sampled always gets one, an unsampled one never); background work (flush, rewarm) sampled alike, drains and failovers always. 0: no spans at all."),
+    KeySpec { name: "ock.mmc.otlp.headers", default: "", secret: true, set: With(set_otlp_headers),
+        doc: "Headers sent with every push, NAME=VALUE pairs separated by commas (e.g. authorization=Bearer TOKEN; env MMC_OTLP_HEADERS). A secret: never printed or logged." },
+    key("ock.mmc.otlp.service_instance_id", "", Optional(|c| &mut c.otlp.service_instance_id, instance_id),
+        "The service.instance.id resource attribute of everything pushed; empty: a random UUID chosen at start (stable for the process)."),
+    key("ock.mmc.otlp.timeout_ms", "5000", U64(|c| &mut c.otlp.timeout_ms, 100, 60_000),
+        "How long one push may take (connect, send, answer) before it counts as failed and is retried."),
+    key("ock.mmc.otlp.queue_spans", "2048", U64(|c| &mut c.otlp.queue_spans, 16, 1 << 20),
+        "Finished spans queued for the exporter thread; past it new spans are dropped and counted (memcache_otlp_spans_dropped_total), never waited for."),
     key("ock.mmc.log.level", "info", With(set_log_level),
         "Log level: error, warn, info, debug or trace (RUST_LOG overrides it)."),
 ];

@@ -16,7 +16,7 @@ use std::path::Path;
 use keys::BODY_TIMEOUT_MARGIN_MS;
 pub use keys::{KEYS, KeySpec, REDACTED};
 pub use services::{
-    ClusterTls, HaConfig, KvEncoding, KvEventsConfig, MemPolicy, NumaMode, TlsConfig,
+    ClusterTls, HaConfig, KvEncoding, KvEventsConfig, MemPolicy, NumaMode, OtlpConfig, TlsConfig,
 };
 pub use values::HostPort;
 
@@ -42,6 +42,7 @@ pub struct Config {
     pub store: StoreKeys,
     pub metrics: MetricsConfig,
     pub kv_events: KvEventsConfig,
+    pub otlp: OtlpConfig,
     pub tls: TlsConfig,
     pub log_level: log::LevelFilter,
     pub cluster: ClusterConfig,
@@ -290,6 +291,7 @@ impl Config {
                 block_size: 0,
                 key_format: Default::default(),
             },
+            otlp: OtlpConfig::default(),
             tls: TlsConfig::default(),
             log_level: log::LevelFilter::Info,
             raw: KEYS.iter().map(|k| k.default.to_string()).collect(),
@@ -389,6 +391,7 @@ impl Config {
             }
         }
         self.validate_cluster_tls()?;
+        self.validate_otlp()?;
         let cl = &self.cluster;
         if cl.heartbeat_timeout_ms < 2 * cl.heartbeat_interval_ms {
             return Err(ConfigError::Conflict(format!(
@@ -557,6 +560,7 @@ const LOCAL_SERVICE_KEYS: &[&str] = &[
     "ock.mmc.numa.",
     "ock.mmc.metrics.window_secs",
     "ock.mmc.metrics.tls.",
+    "ock.mmc.otlp.",
     "ock.mmc.log.",
 ];
 

@@ -28,6 +28,23 @@ pub struct ClusterTls {
     pub key_path: String,
 }
 
+/// `ock.mmc.otlp.*`: the push of metrics and spans to an OpenTelemetry collector (OTLP
+/// protobuf over HTTP); the exporter in `http::otlp`, the formats in `metrics::otlp`.
+#[derive(Clone, Debug, Default)]
+pub struct OtlpConfig {
+    /// The collector's base URL (`http[s]://host:port[/path]`, no trailing `/`); empty: off.
+    pub endpoint: String,
+    pub interval_ms: u64,
+    /// Root request spans sampled (0: no spans at all; 1: every request).
+    pub trace_sample_ratio: f64,
+    /// Headers sent with every export (an authorization header): a secret.
+    pub headers: Vec<(String, String)>,
+    /// `service.instance.id`; empty: a random UUID per process.
+    pub service_instance_id: String,
+    pub timeout_ms: u64,
+    pub queue_spans: u64,
+}
+
 /// `ock.mmc.meta.ha.*`.
 #[derive(Clone, Debug)]
 pub struct HaConfig {
@@ -135,6 +152,17 @@ impl Config {
             return conflict(format!(
                 "ock.mmc.local_service.advertise_url {advertised} is http:// but this service listens with TLS (ock.mmc.metrics.tls.enable): advertise https://"
             ));
+        }
+        Ok(())
+    }
+
+    /// An `https://` collector needs a CA to verify it (the cluster client's).
+    pub(super) fn validate_otlp(&self) -> Result<(), ConfigError> {
+        if self.otlp.endpoint.starts_with("https://") && self.cluster_tls().is_none() {
+            return Err(ConfigError::Conflict(format!(
+                "ock.mmc.otlp.endpoint {} is https:// but no CA is set to verify it: set ock.mmc.cluster.tls.ca.path (or ock.mmc.metrics.tls.ca.path)",
+                self.otlp.endpoint
+            )));
         }
         Ok(())
     }
@@ -341,5 +369,83 @@ impl MemPolicy {
             MemPolicy::Preferred => "prefer",
             MemPolicy::Bind => "bind",
         }
+    }
+}
+
+#[cfg(test)]
+mod otlp_tests {
+    use super::super::{Config, KEYS, REDACTED};
+
+    #[test]
+    fn otlp_keys_read_validate_and_redact() {
+        let mut c = Config::defaults();
+        assert!(c.otlp.endpoint.is_empty(), "off by default");
+        assert_eq!(
+            (c.otlp.interval_ms, c.otlp.trace_sample_ratio),
+            (10_000, 0.0)
+        );
+        c.set("ock.mmc.otlp.endpoint", " http://collector:4318/ ")
+            .unwrap();
+        assert_eq!(c.otlp.endpoint, "http://collector:4318");
+        c.set("ock.mmc.otlp.endpoint", "http://127.0.0.1:4318/otlp")
+            .unwrap();
+        assert_eq!(c.otlp.endpoint, "http://127.0.0.1:4318/otlp");
+        for bad in [
+            "collector:4318",
+            "ftp://c:1",
+            "http://c",
+            "http://u:p@c:1",
+            "http://c:1/?q",
+        ] {
+            assert!(c.set("ock.mmc.otlp.endpoint", bad).is_err(), "{bad}");
+        }
+        c.set("ock.mmc.otlp.trace_sample_ratio", "0.25").unwrap();
+        assert_eq!(c.otlp.trace_sample_ratio, 0.25);
+        for bad in ["-0.1", "1.5", "half", "NaN"] {
+            assert!(
+                c.set("ock.mmc.otlp.trace_sample_ratio", bad).is_err(),
+                "{bad}"
+            );
+        }
+        c.set(
+            "ock.mmc.otlp.headers",
+            "authorization=Bearer abc def, x-tenant = t1",
+        )
+        .unwrap();
+        assert_eq!(
+            c.otlp.headers,
+            [
+                ("authorization".to_string(), "Bearer abc def".to_string()),
+                ("x-tenant".to_string(), "t1".to_string())
+            ]
+        );
+        // A secret: its value is in no error and no printed configuration.
+        let e = c
+            .set("ock.mmc.otlp.headers", "authorization: Bearer leaked")
+            .unwrap_err();
+        assert!(!e.to_string().contains("leaked"), "{e}");
+        assert!(c.set("ock.mmc.otlp.headers", "host=x").is_err());
+        assert!(
+            KEYS.iter()
+                .any(|k| k.name == "ock.mmc.otlp.headers" && k.secret)
+        );
+        let text = c.render();
+        assert!(
+            text.contains(&format!("ock.mmc.otlp.headers = {REDACTED}\n")),
+            "{text}"
+        );
+        assert!(!text.contains("abc def"));
+        c.validate().unwrap();
+        // https needs a CA to verify the collector with.
+        c.set("ock.mmc.otlp.endpoint", "https://collector:4318")
+            .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("ock.mmc.cluster.tls.ca.path"), "{e}");
+        c.set("ock.mmc.cluster.tls.ca.path", "/etc/mmc/ca.pem")
+            .unwrap();
+        c.validate().unwrap();
+        assert!(c.set("ock.mmc.otlp.service_instance_id", "a b").is_err());
+        c.set("ock.mmc.otlp.service_instance_id", "meta-1").unwrap();
+        assert_eq!(c.otlp.service_instance_id, "meta-1");
     }
 }

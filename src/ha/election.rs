@@ -348,8 +348,17 @@ impl Elector {
         }
     }
 
-    /// Won: `starting` while the `/metadata` entries are loaded, then `serving`.
-    fn become_leader(&mut self, mut l: Leadership) -> Phase {
+    /// Won: `starting` while the `/metadata` entries are loaded, then `serving` (its span
+    /// recorded: what clients wait on in a failover).
+    fn become_leader(&mut self, l: Leadership) -> Phase {
+        let (start, view) = (Instant::now(), l.revision as u64);
+        let phase = self.take_leadership(l);
+        let ok = matches!(phase, Phase::Lead(_));
+        self.host.failover_span(start.elapsed(), ok, view);
+        phase
+    }
+
+    fn take_leadership(&mut self, mut l: Leadership) -> Phase {
         let view = l.revision as u64;
         let me = Some(self.cfg.advertise_url.clone());
         self.publish(Role::Leader, HaState::Starting, me.clone(), view);

@@ -116,6 +116,10 @@ pub trait HaHost: Send + Sync + 'static {
     fn shutting_down(&self) -> bool;
     /// The owner shard of the `/metadata` key `key`.
     fn owner_shard(&self, key: &[u8]) -> usize;
+    /// Records the span of a leadership's start (`mmc.failover`: from winning the election
+    /// to serving, or to resigning when `ok` is false) that took `elapsed` (OTLP, when tracing
+    /// is on). The default records nothing.
+    fn failover_span(&self, _elapsed: std::time::Duration, _ok: bool, _view: u64) {}
 }
 
 /// A `/metadata` write queued by its owner shard for the writer thread.

@@ -103,7 +103,22 @@ pub async fn request<B: IoBuf>(
     body: B,
     timeout: Duration,
 ) -> Result<Answer, String> {
-    match monoio::time::timeout(timeout, exchange(base, method, target, bearer, body)).await {
+    request_with(base, method, target, bearer, &[], body, timeout).await
+}
+
+/// [`request`] with more header fields (`name`, `value`), sent as given: a `traceparent`,
+/// an OTLP export's content type and configured headers.
+pub async fn request_with<B: IoBuf>(
+    base: &str,
+    method: &str,
+    target: &str,
+    bearer: Option<&str>,
+    headers: &[(&str, &str)],
+    body: B,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let call = exchange(base, method, target, bearer, headers, body);
+    match monoio::time::timeout(timeout, call).await {
         Ok(r) => r,
         Err(_) => Err(format!(
             "{method} {base}{target}: no answer within {} ms",
@@ -119,6 +134,17 @@ pub async fn request_url<B: IoBuf>(
     body: B,
     timeout: Duration,
 ) -> Result<Answer, String> {
+    request_url_with(url, method, &[], body, timeout).await
+}
+
+/// [`request_url`] with more header fields (see [`request_with`]).
+pub async fn request_url_with<B: IoBuf>(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: B,
+    timeout: Duration,
+) -> Result<Answer, String> {
     let (_, rest) = split_scheme(url)?;
     let split = rest.find('/').unwrap_or(rest.len());
     let base = &url[..url.len() - rest.len() + split];
@@ -127,7 +153,7 @@ pub async fn request_url<B: IoBuf>(
     } else {
         &rest[split..]
     };
-    request(base, method, target, None, body, timeout).await
+    request_with(base, method, target, None, headers, body, timeout).await
 }
 
 /// Bodies up to this size go on pooled keep-alive connections (the cluster's small JSON
@@ -178,6 +204,7 @@ async fn exchange<B: IoBuf>(
     method: &str,
     target: &str,
     bearer: Option<&str>,
+    headers: &[(&str, &str)],
     body: B,
 ) -> Result<Answer, String> {
     let (host, addr) = authority(base)?;
@@ -191,6 +218,12 @@ async fn exchange<B: IoBuf>(
     if let Some(t) = bearer.filter(|t| !t.is_empty()) {
         head.push_str("Authorization: Bearer ");
         head.push_str(t);
+        head.push_str("\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(name);
+        head.push_str(": ");
+        head.push_str(value);
         head.push_str("\r\n");
     }
     head.push_str("\r\n");

@@ -18,11 +18,13 @@ pub mod conn;
 pub mod handlers;
 pub mod json;
 pub mod openapi;
+pub mod otlp;
 pub mod parse;
 pub mod query;
 pub mod report_wire;
 pub mod response;
 pub mod router;
+pub mod spans;
 pub mod tls;
 
 use std::cell::{Cell, RefCell};

@@ -10,6 +10,7 @@ pub mod exposition;
 pub mod hdr;
 pub mod hist;
 pub mod kv_events;
+pub mod otlp;
 pub mod process;
 pub mod requests;
 pub mod store;

@@ -169,6 +169,8 @@ pub struct Cluster {
     /// The journals of the SSD files' indexes, with `ock.mmc.ssd.recover` (`None`: SSD files
     /// start empty and keep no journal).
     pub journals: Option<Arc<store::ssd::journaling::Journals>>,
+    /// OTLP (`ock.mmc.otlp.*`): the span sampler and queue, the exporter's statistics.
+    pub telemetry: Arc<crate::metrics::otlp::Telemetry>,
 }
 
 impl Cluster {
@@ -226,6 +228,7 @@ impl Cluster {
             remote_tier,
             copier,
         } = front;
+        let telemetry = Arc::new(crate::metrics::otlp::Telemetry::new(&config));
         let cluster = Arc::new(Cluster {
             openapi,
             shards: (0..shard_count)
@@ -249,6 +252,7 @@ impl Cluster {
             copier,
             freed_logs: Default::default(),
             journals,
+            telemetry,
         });
         if cluster.config.cluster.role == crate::config::Role::Local {
             cluster.recover_local_ssd()?;

@@ -6,7 +6,16 @@ use std::time::Instant;
 
 use super::Shard;
 use super::store::{self, IoJob, IoOutcome};
+use crate::metrics::otlp::{Attr, Kind, SpanRecord};
 use crate::metrics::trace::Tp;
+
+fn outcome_name(o: IoOutcome) -> &'static str {
+    match o {
+        IoOutcome::Done => "done",
+        IoOutcome::Failed => "failed",
+        IoOutcome::Damaged => "damaged",
+    }
+}
 
 /// The answer to a read whose SSD copy came back damaged (and was dropped).
 pub const DAMAGED_ON_SSD: &str =
@@ -92,11 +101,39 @@ impl Shard {
             IoJob::Rewarm { .. } | IoJob::ReadSsd { .. } => Tp::Rewarm,
         };
         let span = self.remote().tracer.begin(tp);
+        let otlp = self.job_span(job);
         let start = Instant::now();
         let (outcome, sum) = self.run_job_io(job).await;
-        let micros = start.elapsed().as_micros() as u64;
+        let elapsed = start.elapsed();
         span.end(outcome == IoOutcome::Done);
-        (outcome, sum, micros)
+        if let Some(mut s) = otlp {
+            s.attr("mmc.outcome", Attr::Static(outcome_name(outcome)));
+            s.error = outcome != IoOutcome::Done;
+            s.end(elapsed);
+            self.cluster.telemetry.record(s);
+        }
+        (outcome, sum, elapsed.as_micros() as u64)
+    }
+
+    /// The OTLP span of a job (sampled as a root at the configured ratio): its kind, bytes,
+    /// source rank and medium, and this shard.
+    fn job_span(&self, job: &IoJob) -> Option<SpanRecord> {
+        let t = &self.cluster.telemetry;
+        if !t.tracing() {
+            return None;
+        }
+        let (ctx, _) = t.start(None)?;
+        let (name, view) = match job {
+            IoJob::Flush { src_view, .. } => ("mmc.flush", src_view),
+            IoJob::Rewarm { src_view, .. } => ("mmc.rewarm", src_view),
+            IoJob::Demote { src_view, .. } => ("mmc.demote", src_view),
+            IoJob::ReadSsd { src_view, .. } => ("mmc.ssd_read", src_view),
+        };
+        let mut s = SpanRecord::begin(ctx, None, name, Kind::Internal);
+        s.attr("mmc.bytes", Attr::Int(view.len as i64))
+            .attr("mmc.rank", Attr::Int(i64::from(view.seg.rank)))
+            .attr("mmc.shard", Attr::Int(self.id as i64));
+        Some(s)
     }
 
     /// Publishes the one `Cleared` event of a remove_all (after every shard cleared).

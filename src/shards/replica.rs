@@ -29,6 +29,21 @@ impl HaHost for Cluster {
     fn owner_shard(&self, key: &[u8]) -> usize {
         shard_for(key, self.shard_count())
     }
+
+    fn failover_span(&self, elapsed: std::time::Duration, ok: bool, view: u64) {
+        use crate::metrics::otlp::{Attr, Kind, SpanRecord};
+        let t = &self.telemetry;
+        let Some((ctx, _)) = t.start_always(None) else {
+            return;
+        };
+        let mut s = SpanRecord::begin(ctx, None, "mmc.failover", Kind::Internal);
+        s.start_ns = s.start_ns.saturating_sub(elapsed.as_nanos() as u64);
+        s.attr("mmc.ha.view_version", Attr::Int(view as i64))
+            .attr("mmc.ha.serving", Attr::Bool(ok));
+        s.error = !ok;
+        s.end(elapsed);
+        t.record(s);
+    }
 }
 
 impl From<MetaReply> for Reply {

@@ -40,7 +40,14 @@ pub(super) async fn stream_put<S: Io>(
     let started = std::time::Instant::now();
     let shard = conn.front.shard();
     shard.stats().http_requests.inc();
-    let mut ctx = Ctx { shard, scratch };
+    let telemetry = &shard.cluster.telemetry;
+    let span = crate::http::spans::RequestSpan::start(telemetry, &head, started);
+    let trace = span.as_ref().map(|s| s.context());
+    let mut ctx = Ctx {
+        shard,
+        scratch,
+        trace,
+    };
     // With `Expect: 100-continue` the client sends the body only after our go-ahead, so a put
     // refused before allocation is answered at once and the connection closed.
     let mut refused_unread = false;
@@ -77,6 +84,21 @@ pub(super) async fn stream_put<S: Io>(
         }
     };
     let close = refused_unread || !head.keep_alive || conn.front.is_draining();
+    if let Some(span) = span {
+        let (id, shards) = (shard.id, shard.cluster.shard_count());
+        let body = body_len as u64;
+        let route = Some(Route::Objects);
+        span.finish(
+            telemetry,
+            &head,
+            route,
+            id,
+            shards,
+            body,
+            &resp,
+            scratch.len(),
+        );
+    }
     Some(encode_put_answer(
         conn, &head, resp, close, started, scratch, wbuf,
     ))

@@ -13,6 +13,7 @@ use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
 use crate::http::response::{self, Body, Response, Status};
+use crate::http::spans::RequestSpan;
 
 /// Answers one framed request: dispatches it through auth, router and handler (`verdict` is
 /// [`verdict`] of `head`; `body_since` is when its body started to arrive, if over several
@@ -37,7 +38,14 @@ pub(super) async fn answer<S: Io>(
     let stats = shard.stats();
     stats.http_requests.inc();
     let routed = verdict.dispatched();
-    let mut ctx = Ctx { shard, scratch };
+    let telemetry = &shard.cluster.telemetry;
+    let span = RequestSpan::start(telemetry, head, started);
+    let trace = span.as_ref().map(RequestSpan::context);
+    let mut ctx = Ctx {
+        shard,
+        scratch,
+        trace,
+    };
     let mut resp = match (early, verdict) {
         (None, Verdict::Dispatch(route)) => {
             let req = Request {
@@ -68,6 +76,21 @@ pub(super) async fn answer<S: Io>(
         resp.close = true;
     }
     let close = resp.close;
+    if let Some(span) = span {
+        let shards = shard.cluster.shard_count();
+        let body = req_bytes.len().saturating_sub(head.len) as u64;
+        let scratch_len = scratch.len();
+        span.finish(
+            telemetry,
+            head,
+            routed,
+            shard.id,
+            shards,
+            body,
+            &resp,
+            scratch_len,
+        );
+    }
     let transfer = resp.transfer.take().map(|t| booked(t, &resp.body));
     let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);

@@ -263,6 +263,7 @@ async fn make_room<S: Io>(
         let mut ctx = Ctx {
             shard: front.shard(),
             scratch: &mut b.scratch,
+            trace: None,
         };
         let mut resp = ctx.overloaded();
         resp.close = true;

@@ -2,6 +2,7 @@
 //! commit is with the grants, `remote.rs`). Guarded by the cluster token when one is set;
 //! a meta listening off loopback without one admits nobody (fail-closed).
 
+use crate::metrics::otlp::{Attr, Kind, SpanRecord};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -438,6 +439,24 @@ const DRAIN_ROOM_WAIT: Duration = Duration::from_secs(10);
 /// process's memory directly, on another local service under a write grant): a drain is the
 /// one time a remote rank's bytes pass through the meta service. Returns the objects moved.
 pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
+    // Its span (whenever tracing is on), under the request's when that one is sampled.
+    let t = ctx.shard.cluster.telemetry.clone();
+    let span = t.start_always(ctx.trace.as_ref()).map(|(c, parent)| {
+        let mut s = SpanRecord::begin(c, parent, "mmc.drain", Kind::Internal);
+        let names = segs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
+        s.attr("mmc.segments", Attr::Text(names.join(",")));
+        (s, Instant::now())
+    });
+    let moved = drain_segments(ctx, segs).await;
+    if let Some((mut s, start)) = span {
+        s.attr("mmc.moved_objects", Attr::Int(moved as i64));
+        s.end(start.elapsed());
+        t.record(s);
+    }
+    moved
+}
+
+async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
     for seg in segs {
         seg.set_status(SegmentStatus::GracefullyUnmounting);
     }

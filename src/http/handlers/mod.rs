@@ -105,6 +105,9 @@ pub struct Ctx<'a> {
     pub shard: &'a Rc<Shard>,
     /// Reused buffer for bodies built per request (JSON, error envelopes).
     pub scratch: &'a mut Vec<u8>,
+    /// The request's span context, when it is sampled (`http::spans`): carried on the
+    /// redirects and the calls its handler makes to other processes.
+    pub trace: Option<crate::metrics::otlp::TraceContext>,
 }
 
 impl Ctx<'_> {

@@ -26,6 +26,7 @@ use crate::http::client::{self, encode_query};
 use crate::http::json::JsonWriter;
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Part, Response, Status};
+use crate::http::spans::Outgoing;
 use crate::metrics::client::ClientOp;
 use crate::shards::store::segment::{Medium, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
@@ -65,7 +66,8 @@ fn object_url(base: &str, key: &[u8], grant: &str, next: Option<&str>) -> String
     url
 }
 
-fn redirect(ctx: &mut Ctx<'_>, location: String) -> Response {
+fn redirect(ctx: &mut Ctx<'_>, mut location: String) -> Response {
+    crate::http::spans::carry(&mut location, ctx.trace);
     ctx.scratch.clear();
     let mut w = JsonWriter::new(ctx.scratch);
     w.begin_object();
@@ -508,7 +510,7 @@ pub(super) async fn grant_put(
     // when the chain or the commit fails, or when the meta later frees the blob.
     let cataloged = catalog_add(ctx, key, &grant);
     if let Some(n) = &next
-        && let Err(why) = forward(&seg, &grant, n).await
+        && let Err(why) = forward(&seg, &grant, n, Outgoing::of(ctx.trace)).await
     {
         catalog_drop(ctx, &grant, cataloged);
         return Some(finish_failed(ctx, key, &grant, text, next.as_deref(), why).await);
@@ -586,7 +588,12 @@ fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
 /// Sends the bytes just written on to the chain's next hop; the error is the client's message.
 /// From host memory they go to the socket from where they are; from device memory through a
 /// copy.
-async fn forward(seg: &Arc<SegRef>, grant: &Grant, next: &str) -> Result<(), &'static str> {
+async fn forward(
+    seg: &Arc<SegRef>,
+    grant: &Grant,
+    next: &str,
+    tp: Outgoing,
+) -> Result<(), &'static str> {
     let read_failed = |e: std::io::Error| {
         log::error!(
             "reading back {} bytes for a replica failed: {e}",
@@ -602,10 +609,10 @@ async fn forward(seg: &Arc<SegRef>, grant: &Grant, next: &str) -> Result<(), &'s
         let view =
             unsafe { IoBuffer::segment_view(seg.clone(), grant.offset, grant.size as usize, true) }
                 .map_err(read_failed)?;
-        client::request_url(next, "PUT", view, HOP_TIMEOUT).await
+        client::request_url_with(next, "PUT", &tp.fields(), view, HOP_TIMEOUT).await
     } else {
         let bytes = read_back(seg, grant.offset, grant.size).map_err(read_failed)?;
-        client::request_url(next, "PUT", bytes, HOP_TIMEOUT).await
+        client::request_url_with(next, "PUT", &tp.fields(), bytes, HOP_TIMEOUT).await
     };
     match sent {
         Ok(a) if a.status == 200 && !body_failed(&a.body) => Ok(()),
@@ -687,8 +694,12 @@ async fn commit(
         target.push_str("&next=");
         target.push_str(&encode_query(n.as_bytes()));
     }
-    let token = cluster.config.cluster.token.as_str();
-    match client::request(&meta, "POST", &target, Some(token), Vec::new(), HOP_TIMEOUT).await {
+    let (t, tp) = (
+        Some(cluster.config.cluster.token.as_str()),
+        Outgoing::of(ctx.trace),
+    );
+    let h = tp.fields();
+    match client::request_with(&meta, "POST", &target, t, &h, vec![], HOP_TIMEOUT).await {
         Ok(a) if a.status == 200 => {
             ctx.scratch.clear();
             ctx.scratch.extend_from_slice(&a.body);

@@ -13,6 +13,8 @@ use crate::metrics::trace::Tp;
 pub fn metrics(ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
     exposition::render_metrics(&*ctx.shard.cluster, ctx.scratch);
+    // The OTLP exporter's own families (`memcache_otlp_*`), after the others.
+    ctx.shard.cluster.telemetry.render(ctx.scratch);
     Response::new(Status::OK, ContentType::Prometheus, Body::Scratch)
 }
 
