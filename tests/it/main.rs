@@ -1,5 +1,5 @@
 //! Integration tests against a real `mmc-server` process (one test binary, per the style
-//! guide). Each server listens on 127.0.0.1 on a port the kernel picks.
+//! guide, docs/STYLE.md). Each server listens on 127.0.0.1 on a port the kernel picks.
 
 mod harness;
 

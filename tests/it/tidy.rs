@@ -257,3 +257,64 @@ fn medium_names_are_written_only_in_their_table() {
         found.join("\n")
     );
 }
+
+/// The Markdown files a reader follows links between: the top-level ones, `docs/`, and the
+/// READMEs of the folders.
+fn markdown_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["", "docs", "clients/python", "deploy", "perf", "fuzz"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The relative link targets of a Markdown text (`[text](target)`, anchors cut off; web links
+/// and pure anchors left out).
+fn relative_links(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        let end = rest.find(')').unwrap_or(rest.len());
+        let target = rest[..end].split('#').next().unwrap_or("");
+        if !target.is_empty() && !target.contains("://") && !target.contains(char::is_whitespace) {
+            out.push(target);
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// Every relative link in the docs leads to a file of the repository (the docs were split
+/// into pages; a moved section must not leave a dead link behind).
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = markdown_files(root);
+    assert!(files.len() > 10, "found the docs: {files:?}");
+    let mut dead = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for t in relative_links(&text) {
+            if !f.parent().unwrap().join(t).exists() {
+                dead.push(format!("{}: {t}", rel(f)));
+            }
+        }
+    }
+    assert!(dead.is_empty(), "dead links: {dead:?}");
+}
+
+#[test]
+fn the_link_check_reads_links() {
+    let links = relative_links("a [x](docs/a.md#b) [y](https://e.org) [z](#top) [w](../c)");
+    assert_eq!(links, ["docs/a.md", "../c"]);
+}

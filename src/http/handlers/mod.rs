@@ -209,7 +209,7 @@ fn tracepoint(route: Route, method: Method) -> Option<Tp> {
 }
 
 /// The `operation` label of `memcache_http_request_duration_seconds` for a request to
-/// `route` (`None`: no route matched) with `method`. README's Metrics section lists them.
+/// `route` (`None`: no route matched) with `method`. docs/metrics.md lists them.
 pub fn request_op(route: Option<Route>, method: Method) -> ReqOp {
     let Some(route) = route else {
         return ReqOp::Other;

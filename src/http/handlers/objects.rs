@@ -5,7 +5,7 @@
 //! pinned read whose bytes go from the blob to the socket. Batch forms group keys per owner
 //! shard and run the owners in parallel.
 //!
-//! Batch formats (documented in `openapi.json` and the README):
+//! Batch formats (documented in `openapi.json` and docs/api.md):
 //! - `POST /api/v1/objects/batch_put?keys=a,b&sizes=3,5`: the body is the objects' bytes
 //!   concatenated in key order.
 //! - `GET /api/v1/objects/batch_get?keys=a,b`: the body is, per key in order, an 8-byte
