@@ -44,8 +44,8 @@ PERF=$TARGET_DIR/release/mmc-perf
 for tool in wrk nginx taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y wrk nginx-light curl util-linux)" >&2; exit 2; }
 done
-if [ ! -x "$MMC" ]; then
-  echo "building $MMC" >&2
+if [ ! -x "$MMC" ] || [ ! -x "$PERF" ]; then
+  echo "building $MMC and $PERF" >&2
   timeout 1200 cargo build --release --bin mmc-server --bin mmc-perf >&2
 fi
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::common::fmt::size_text;
 use crate::config::values::{HostPort, parse_cpu_list};
 use crate::config::{Config, ConfigError};
 use crate::shards::runtime::{DriverChoice, allowed_cpus, format_cpu_list};
@@ -75,7 +76,58 @@ pub struct Plan {
 
 /// Turns the arguments into a plan, or the one line that explains why the server cannot start.
 pub fn plan(args: &Args) -> Result<Plan, String> {
-    plan_with(args, &allowed_cpus(), |var| std::env::var(var).ok())
+    let mut plan = plan_with(args, &allowed_cpus(), |var| std::env::var(var).ok())?;
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| mem_total(&m));
+    plan.warnings.extend(memory_warnings(&plan.config, total));
+    Ok(plan)
+}
+
+/// `MemTotal` of `/proc/meminfo`'s text, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Sizes in host memory larger than the machine's (`total` bytes, `MemTotal`): accepted, since
+/// segments are committed only as they fill, but the machine cannot hold them full and the
+/// process would be OOM-killed on the way. The DRAM and (emulated) HBM segments of every rank
+/// this process mounts count.
+pub fn memory_warnings(config: &Config, total: Option<u64>) -> Vec<String> {
+    let Some(total) = total else {
+        return Vec::new();
+    };
+    let store = &config.store;
+    let ranks = match config.cluster.role {
+        crate::config::Role::Local => 1,
+        crate::config::Role::Meta => store.ranks,
+    };
+    let mut out = Vec::new();
+    for (key, size) in [
+        ("ock.mmc.local_service.dram.size", store.dram_bytes),
+        ("ock.mmc.local_service.hbm.size", store.hbm_bytes),
+    ] {
+        if ranks > 0 && size > total {
+            out.push(format!(
+                "{key} = {} is more than this machine's memory (MemTotal {}): segments are committed as they fill, and the process will be killed for lack of memory before this one is full; give it less",
+                size_text(size),
+                size_text(total)
+            ));
+        }
+    }
+    let all = ranks.saturating_mul(store.dram_bytes.saturating_add(store.hbm_bytes));
+    if out.is_empty() && all > total {
+        out.push(format!(
+            "the memory segments come to {} ({ranks} ranks × (DRAM {} + emulated HBM {})), more than this machine's memory (MemTotal {}): the process will be killed for lack of memory before they are full; give them less",
+            size_text(all),
+            size_text(store.dram_bytes),
+            size_text(store.hbm_bytes),
+            size_text(total)
+        ));
+    }
+    out
 }
 
 /// Environment variables that set configuration keys: applied after the config file and
@@ -229,6 +281,56 @@ mod tests {
             p.warnings,
             vec!["--set: unknown key ock.mmc.unknown (ignored)"]
         );
+    }
+
+    #[test]
+    fn memory_sizes_past_the_machine_are_warned_about() {
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:  1 kB\n";
+        let total = mem_total(meminfo);
+        assert_eq!(total, Some(24_000_000 * 1024));
+        let p = plan_with_cpus(
+            &args(&["--set", "ock.mmc.local_service.dram.size=64GB"]),
+            &[0],
+        )
+        .unwrap();
+        let w = memory_warnings(&p.config, total);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("ock.mmc.local_service.dram.size = 64 GiB (68719476736 bytes) is more than this machine's memory (MemTotal 22.9 GiB (24576000000 bytes))"),
+            "{}",
+            w[0]
+        );
+        // Within the machine: nothing; past it only together: the sum is named.
+        let p = plan_with_cpus(&args(&[]), &[0]).unwrap();
+        assert!(memory_warnings(&p.config, total).is_empty());
+        let p = plan_with_cpus(
+            &args(&[
+                "--set",
+                "ock.mmc.embedded.ranks=3",
+                "--set",
+                "ock.mmc.local_service.dram.size=8GB",
+            ]),
+            &[0],
+        )
+        .unwrap();
+        let w = memory_warnings(&p.config, total);
+        assert!(
+            w[0].contains("27 GiB (28991029248 bytes) (3 ranks"),
+            "{w:?}"
+        );
+        // A pure meta (no ranks) holds no segment; no meminfo, no warning.
+        let p = plan_with_cpus(
+            &args(&[
+                "--set",
+                "ock.mmc.embedded.ranks=0",
+                "--set",
+                "ock.mmc.local_service.dram.size=64GB",
+            ]),
+            &[0],
+        )
+        .unwrap();
+        assert!(memory_warnings(&p.config, total).is_empty());
+        assert!(memory_warnings(&p.config, None).is_empty());
     }
 
     #[test]

@@ -1,7 +1,27 @@
 //! Number formatting shared by the JSON writer (`http::json`) and the Prometheus writer
-//! (`metrics::exposition`).
+//! (`metrics::exposition`), and byte counts as log lines give them ([`size_text`]).
 
 use std::io::Write;
+
+/// A byte count as an operator reads it: `64 GiB (68719476736 bytes)`.
+pub fn size_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} bytes");
+    }
+    let figure = if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    };
+    format!("{figure} {} ({bytes} bytes)", UNITS[unit])
+}
 
 /// Writes `value` in Rust's shortest round-trip form; non-finite values (which neither JSON
 /// nor the scrapers we serve accept) as 0.

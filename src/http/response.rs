@@ -12,6 +12,7 @@ impl Status {
     pub const CONTINUE: Status = Status(100);
     pub const OK: Status = Status(200);
     pub const NO_CONTENT: Status = Status(204);
+    pub const FOUND: Status = Status(302);
     pub const TEMPORARY_REDIRECT: Status = Status(307);
     pub const BAD_REQUEST: Status = Status(400);
     pub const UNAUTHORIZED: Status = Status(401);
@@ -38,6 +39,7 @@ impl Status {
             100 => b"HTTP/1.1 100 Continue\r\n",
             200 => b"HTTP/1.1 200 OK\r\n",
             204 => b"HTTP/1.1 204 No Content\r\n",
+            302 => b"HTTP/1.1 302 Found\r\n",
             307 => b"HTTP/1.1 307 Temporary Redirect\r\n",
             400 => b"HTTP/1.1 400 Bad Request\r\n",
             401 => b"HTTP/1.1 401 Unauthorized\r\n",

@@ -103,6 +103,7 @@ routes! {
     b"/kv_events/status" => KvEventsStatus, GET;
     b"/kv_events/publisher" => KvEventsPublisher, GET;
     b"/ui" => Ui, GET;
+    b"/" => Root, GET;
     b"/cluster/v1/join" => ClusterJoin, POST;
     b"/cluster/v1/heartbeat" => ClusterHeartbeat, POST;
     b"/cluster/v1/commit" => ClusterCommit, POST;

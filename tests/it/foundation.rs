@@ -18,6 +18,7 @@ both_drivers!(
     malformed_input_gets_400_and_the_server_keeps_serving,
     unknown_paths_and_methods,
     head_and_options,
+    root_leads_to_the_status_page,
     request_ids_are_echoed_or_generated,
     connection_management,
     idle_and_stalled_connections_are_closed,
@@ -436,6 +437,31 @@ fn head_and_options(driver: Driver) {
     let r = c.request("OPTIONS", "*", None);
     assert_eq!(r.status, 204);
     assert_eq!(c.get("/role").text(), "leader");
+}
+
+/// `/` is no contract route: a browser pointed at the server is sent to the status page.
+fn root_leads_to_the_status_page(driver: Driver) {
+    let srv = Server::start(driver);
+    let mut c = srv.client();
+    let r = c.get("/");
+    assert_eq!(r.status, 302, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/ui"));
+    assert_eq!(c.get("/ui").status, 200);
+    // The query is not carried over: the page takes its tokens from the fragment.
+    assert_eq!(c.get("/?x=1").header("location"), Some("/ui"));
+    let head = c.request("HEAD", "/", None);
+    assert_eq!(head.status, 302);
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("location"), Some("/ui"));
+    let r = c.request("POST", "/", Some(b"{}"));
+    r.assert_error(405, "Method not allowed");
+    assert_eq!(r.header("allow"), Some("GET, HEAD, OPTIONS"));
+    assert_eq!(c.request("OPTIONS", "/", None).status, 204);
+    // Still the data token's, like the page it leads to.
+    let srv = ServerBuilder::new(driver)
+        .set("ock.mmc.http.auth_token", "t0k")
+        .start();
+    assert_eq!(srv.client().get("/").status, 401);
 }
 
 fn request_ids_are_echoed_or_generated(driver: Driver) {

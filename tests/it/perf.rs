@@ -1,17 +1,52 @@
 //! `mmc-perf kvcache` against a real server (issue 19): a short run prints JSON with a hit
 //! ratio and the bytes moved.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::harness::{Driver, Server, ServerBuilder};
 
-const PERF_BIN: &str = env!("CARGO_BIN_EXE_mmc-perf");
+/// The `mmc-perf` binary. It is a package of its own (`perf/mmc-perf`), so Cargo gives this
+/// test no `CARGO_BIN_EXE_mmc-perf`: it is taken from `MMC_PERF_BIN`, else from the profile
+/// directory this test binary runs from (`target/<profile>/mmc-perf`), where a `cargo build`
+/// or `cargo test` at the root (both packages are default members) puts it. A binary older
+/// than its sources is refused rather than tested: `cargo test --test it` alone does not
+/// rebuild it.
+fn perf_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("MMC_PERF_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/it-<hash> → target/<profile>/mmc-perf
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("mmc-perf");
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; build the load generator first: cargo build -p mmc-perf",
+                bin.display()
+            )
+        });
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("perf/mmc-perf/src");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let changed = std::fs::metadata(&p).unwrap().modified().unwrap();
+        assert!(
+            changed <= built,
+            "{} is older than {}: rebuild it (cargo build -p mmc-perf) or run `cargo test` at \
+             the root, which builds both packages",
+            bin.display(),
+            p.display()
+        );
+    }
+    bin
+}
 
 /// Runs mmc-perf (bounded: it must end within 30 s), expecting success and one JSON object.
 fn run_perf(args: &[&str]) -> serde_json::Value {
     let started = Instant::now();
-    let out = Command::new(PERF_BIN)
+    let out = Command::new(perf_bin())
         .args(args)
         .output()
         .expect("run mmc-perf");
@@ -129,7 +164,7 @@ fn helpers_write_reports() {
         assert_charts(d, &v, &["bandwidth.svg"]);
     }
     let cmp = report_dir("memcpy-cmp");
-    let out = Command::new(PERF_BIN)
+    let out = Command::new(perf_bin())
         .args(["compare", a.to_str().unwrap(), b.to_str().unwrap()])
         .args(["--out", cmp.to_str().unwrap()])
         .output()
@@ -249,7 +284,7 @@ fn zipf_keys_with_a_report() {
 
 #[test]
 fn kvcache_help_describes_prefix_chains() {
-    let out = Command::new(PERF_BIN)
+    let out = Command::new(perf_bin())
         .args(["kvcache", "--help"])
         .output()
         .expect("run mmc-perf");
@@ -277,7 +312,7 @@ fn kv_sub_reports_the_events_it_received() {
         .set("ock.mmc.kv_events.endpoint", &endpoint)
         .start();
     let dir = report_dir("kvsub-events");
-    let sub = Command::new(PERF_BIN)
+    let sub = Command::new(perf_bin())
         .args(["kv-sub", "--endpoint", &endpoint, "--secs", "3", "--json"])
         .args(["--report", dir.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())

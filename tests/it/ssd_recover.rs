@@ -21,6 +21,7 @@ both_drivers!(
     flushed_objects_come_back_after_kill_9,
     a_damaged_region_loses_only_its_objects,
     recover_false_starts_empty,
+    what_the_ssd_tier_creates_is_logged,
     kill_9_during_flushes_never_yields_a_wrong_byte,
 );
 
@@ -308,6 +309,38 @@ fn a_damaged_region_loses_only_its_objects(driver: Driver) {
 
 /// `ock.mmc.ssd.recover=false`: the SSD file starts empty and keeps no journal, so a later
 /// start with recovery on has nothing to take back either.
+/// The directory and the file the SSD tier creates are logged with their paths and the file's
+/// size (issue 31: `/mnt/nvme/mmc` and a 4 GiB file appeared without a word); a start on them
+/// again says it opened the file, one without recovery that it emptied it.
+fn what_the_ssd_tier_creates_is_logged(driver: Driver) {
+    let top = temp_dir("ssd-logged");
+    let dir = top.join("nvme/mmc");
+    let file = dir.join("mmc-rank-0.ssd");
+    let waits_for = |srv: &Server, line: &str| {
+        eventually(line, || srv.log().contains(line));
+    };
+    let mut srv = server(driver, &dir).start();
+    waits_for(&srv, &format!("SSD directory {} created", dir.display()));
+    waits_for(
+        &srv,
+        &format!(
+            "SSD file {} created for rank 0's SSD segment: 256 MiB (268435456 bytes)",
+            file.display()
+        ),
+    );
+    srv.stop();
+    let mut srv = server(driver, &dir).start();
+    waits_for(&srv, &format!("SSD file {} opened", file.display()));
+    assert!(!srv.log().contains("SSD directory"), "{}", srv.log());
+    srv.stop();
+    let srv = server(driver, &dir)
+        .set("ock.mmc.ssd.recover", "false")
+        .start();
+    waits_for(&srv, &format!("SSD file {} emptied", file.display()));
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&top);
+}
+
 fn recover_false_starts_empty(driver: Driver) {
     let dir = temp_dir("recover-off");
     let (mut srv, mut c, keys) = filled(driver, &dir, "o", 20, |_| 200_000);

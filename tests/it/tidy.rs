@@ -12,6 +12,8 @@
 //!   spells one as a string literal.
 //! - Layers import only what their row of [`layers::LAYERS`] allows, and no import cycle runs
 //!   between them ([`layers`]).
+//! - The server package's dependency graph has no chart library: `plotters` belongs to the
+//!   load generator's package (`perf/mmc-perf`).
 
 use std::path::{Path, PathBuf};
 
@@ -317,4 +319,50 @@ fn every_relative_link_in_the_docs_resolves() {
 fn the_link_check_reads_links() {
     let links = relative_links("a [x](docs/a.md#b) [y](https://e.org) [z](#top) [w](../c)");
     assert_eq!(links, ["docs/a.md", "../c"]);
+}
+
+/// The crates of `package`'s dependency graph (normal, build and dev edges: what
+/// `cargo tree -p <package>` shows), from the workspace's Cargo.lock, offline.
+fn dependency_crates(package: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args(["tree", "--offline", "--locked", "-p", package])
+        .args([
+            "-e",
+            "normal,build,dev",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_server_package_has_no_chart_library() {
+    let server = dependency_crates("memcache-hybrid");
+    assert!(server.iter().any(|c| c == "monoio"), "{server:?}");
+    assert!(
+        !server.iter().any(|c| c == "plotters"),
+        "plotters is in the server's dependency graph (`cargo tree -p memcache-hybrid -i \
+         plotters` says through what): charts belong to mmc-perf's package"
+    );
+    // The check sees the library where it is.
+    assert!(
+        dependency_crates("mmc-perf")
+            .iter()
+            .any(|c| c == "plotters")
+    );
 }

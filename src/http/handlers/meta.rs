@@ -40,6 +40,20 @@ pub fn ui() -> Response {
     r
 }
 
+/// `/`: a 302 to the status page, so that a browser pointed at the server's address lands
+/// somewhere (the contract defines no `/`). The Location is relative and carries no fragment,
+/// so a browser keeps the one it was given: `/#token=…` opens `/ui#token=…`.
+pub fn root() -> Response {
+    let mut r = Response::new(
+        Status::FOUND,
+        ContentType::Text,
+        Body::Static(b"The status page is at /ui\n"),
+    );
+    r.location = Some("/ui".into());
+    r.no_store = false;
+    r
+}
+
 pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
     let mut r = Response::new(
         Status::OK,

@@ -337,6 +337,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::KvEventsStatus => scrape::kv_events_status(ctx),
         Route::KvEventsPublisher => scrape::kv_events_publisher(ctx),
         Route::Ui => meta::ui(),
+        Route::Root => meta::root(),
         Route::ClusterJoin => cluster::join(req, ctx).await,
         Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,

@@ -210,6 +210,12 @@ impl SsdFile {
     /// start is removed (its entries name bytes that are gone).
     pub fn create(dir: &str, rank: u32, capacity: u64, shards: usize) -> io::Result<SsdFile> {
         let (path, file) = SsdFile::open_locked(dir, rank, capacity)?;
+        if file.metadata()?.len() > 0 {
+            log::info!(
+                "SSD file {} emptied: this segment starts empty (ock.mmc.ssd.recover = false, or a mount at run time)",
+                path.display()
+            );
+        }
         file.set_len(0)?;
         file.set_len(capacity)?;
         match std::fs::remove_file(journal::path_for(&path)) {
@@ -221,10 +227,15 @@ impl SsdFile {
 
     /// Opens (or creates) rank `rank`'s file in `dir` as it is, locked for this process
     /// ([`lock_exclusively`]); warns when the file system has less room than `capacity`.
+    /// What it creates, the directory and the file, is logged with its path and size.
     fn open_locked(dir: &str, rank: u32, capacity: u64) -> io::Result<(PathBuf, std::fs::File)> {
-        std::fs::create_dir_all(dir)?;
+        if !Path::new(dir).is_dir() {
+            std::fs::create_dir_all(dir)?;
+            log::info!("SSD directory {dir} created");
+        }
         warn_if_short_of_space(dir, capacity);
         let path = SsdFile::path_in(dir, rank);
+        let existed = path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -232,6 +243,12 @@ impl SsdFile {
             .truncate(false)
             .open(&path)?;
         lock_exclusively(&file, &path)?;
+        log::info!(
+            "SSD file {} {} for rank {rank}'s SSD segment: {} (ock.mmc.ssd.size; a sparse file, its disk blocks taken as blobs are flushed)",
+            path.display(),
+            if existed { "opened" } else { "created" },
+            crate::common::fmt::size_text(capacity)
+        );
         Ok((path, file))
     }
 

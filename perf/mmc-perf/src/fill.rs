@@ -204,8 +204,23 @@ pub fn main(args: &Args) -> Result<(), String> {
     if clean {
         Ok(())
     } else {
-        Err("some keys were not stored".into())
+        Err(not_stored(p.business_failures, &args.target))
     }
+}
+
+/// Why a fill stored less than it was asked to, and what to do. A batch with a refused key is
+/// most often one whose keys are in the server already (a second fill of the same keys): a
+/// put never overwrites ("Duplicated object: key already exists").
+fn not_stored(batches_refusing_a_key: u64, target: &str) -> String {
+    if batches_refusing_a_key == 0 {
+        return "some keys were not stored (batches failed: see the figures above)".into();
+    }
+    format!(
+        "some keys were not stored: {batches_refusing_a_key} batches had keys the server refused, \
+         most often because they exist already (a put never overwrites: \"Duplicated object: key \
+         already exists\"); fill other keys (--first, --key-format) or remove these first \
+         (curl -X DELETE http://{target}/all_keys removes every key)"
+    )
 }
 
 /// Keys in a batch_put request (the `keys=` list of its target).
@@ -252,6 +267,15 @@ fn chart(stored: &[(f64, f64)], secs: f64) -> Vec<crate::report::LineChart> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_key_is_explained() {
+        let e = not_stored(3, "127.0.0.1:8000");
+        assert!(e.contains("3 batches had keys the server refused"), "{e}");
+        assert!(e.contains("exist already"), "{e}");
+        assert!(e.contains("http://127.0.0.1:8000/all_keys"), "{e}");
+        assert!(!not_stored(0, "h:1").contains("exist"));
+    }
 
     #[test]
     fn keys_from_the_format() {

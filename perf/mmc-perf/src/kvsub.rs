@@ -145,18 +145,26 @@ pub fn main(args: &Args) -> Result<(), String> {
         println!("{figures}");
     } else {
         println!(
-            "kv-sub {}: {} batches, {} events, {} bytes, sequences {:?}..{:?}, {} missing, {} malformed",
+            "kv-sub {}: {} batches, {} events, {} bytes, {}, {} missing, {} malformed",
             args.endpoint,
             r.batches,
             r.events,
             r.bytes,
-            r.first_seq,
-            r.last_seq,
+            sequences(r.first_seq, r.last_seq),
             r.missing,
             r.malformed
         );
     }
     Ok(())
+}
+
+/// The sequence numbers received, as a reader wants them: `sequences 0..921`, or
+/// `no sequence` when no batch came.
+fn sequences(first: Option<u64>, last: Option<u64>) -> String {
+    match (first, last) {
+        (Some(f), Some(l)) => format!("sequences {f}..{l}"),
+        _ => "no sequence".to_string(),
+    }
 }
 
 /// `events.svg`: events and batches received per second over the run.
@@ -235,5 +243,7 @@ mod tests {
             ),
             (4, 8, Some(0), Some(5), 2, 2)
         );
+        assert_eq!(sequences(r.first_seq, r.last_seq), "sequences 0..5");
+        assert_eq!(sequences(None, None), "no sequence");
     }
 }
