@@ -27,8 +27,11 @@ if ((${#need_pkgs[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"
 fi
 
-# etcd is installed now: the HA tests must run, never skip.
+# etcd is installed now: the HA tests must run, never skip. So must the SSD tests that mount a
+# tmpfs (as root) and the NUMA placement test (on two CPUs or more).
 export MMC_REQUIRE_ETCD=1
+if [ "$(id -u)" -eq 0 ]; then export MMC_REQUIRE_TMPFS=1; fi
+if [ "$(nproc)" -ge 2 ]; then export MMC_REQUIRE_TWO_CPUS=1; fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
