@@ -466,11 +466,15 @@ def test_timeout_is_honoured():
         silent.close()
 
 
-def test_token(server_factory):
+def test_token(server_factory, caplog):
     srv = server_factory(["--set", "ock.mmc.http.auth_token=sekrit-data-token"])
     url = "http://%s" % srv.addr
     no_token = make_store(url, api_token=None)
-    assert no_token.init(0) == errors.MMC_ERROR
+    with caplog.at_level("WARNING", logger="mmc_client"):
+        assert no_token.init(0) == errors.MMC_ERROR
+    # The -1 has no code of its own upstream: the log says what the server said.
+    refused = [r.getMessage() for r in caplog.records if "refused the request, 401" in r.getMessage()]
+    assert refused and "api_token" in refused[0], caplog.text
     s = make_store(url, api_token="sekrit-data-token")
     assert s.init(0) == 0
     assert s.put("tok/a", b"1") == OK

@@ -1,7 +1,8 @@
 """Upstream MemCache Hybrid's return codes (``MmcErrorCode``) and how this client maps the
 server's answers onto them. The table is in clients/python/README.md."""
 
-from typing import Dict, Optional
+import json
+from typing import Any, Dict, Optional
 
 MMC_OK = 0
 MMC_ERROR = -1
@@ -50,3 +51,18 @@ def from_status(status: int) -> int:
     if status == 503:
         return MMC_NOT_CONNET_META
     return MMC_ERROR
+
+
+def message_of(body: Any) -> str:
+    """The ``error_message`` of an error envelope's body (bytes), or the body's text."""
+    try:
+        raw = bytes(body or b"")
+    except TypeError:
+        return ""
+    try:
+        v = json.loads(raw)
+        if isinstance(v, dict) and isinstance(v.get("error_message"), str):
+            return str(v["error_message"])
+    except ValueError:
+        pass
+    return raw[:200].decode("utf-8", "replace")

@@ -159,10 +159,19 @@ def _layer_views(ptrs: Any, sizes: Any, writable: bool) -> Parts:
     return [_view(p, n, writable) for p, n in zip(ptrs, sizes)]
 
 
+def _status_code(resp: Any) -> int:
+    """The code of a protocol error; an authorization failure (401, 403), which has no code of
+    its own upstream (-1), is logged with the server's message, since the code cannot say it."""
+    if resp.status in (401, 403):
+        log.warning("the server at %s refused the request, %d: %s (check api_token)",
+                    resp.url, resp.status, errors.message_of(resp.body))
+    return errors.from_status(resp.status)
+
+
 def _code_of_envelope(resp: Any) -> Optional[int]:
     """The code of a JSON answer that is an error envelope or a protocol error, else None."""
     if resp.status != 200:
-        return errors.from_status(resp.status)
+        return _status_code(resp)
     return None
 
 
@@ -537,7 +546,7 @@ class DistributedObjectStore(GvaMixin):
             self._batch_put_remote = False
             resp = self._client.request("GET", "/health")
             if resp.status != 200:
-                return errors.from_status(resp.status)
+                return _status_code(resp)
             return errors.MMC_OK
         except TransportError as e:
             log.warning("init: %s", e)
