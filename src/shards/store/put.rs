@@ -190,7 +190,7 @@ impl Store {
         if self.purge.is_some() {
             self.continue_purge();
         }
-        let medium = match self.alloc_target(&key, size, medium, replicas) {
+        let medium = match self.alloc_target(&key, size, medium, replicas, prefer_rank) {
             Ok(m) => m,
             Err(why) => {
                 self.stats.record(Op::Alloc, Outcome::Failure, None);
@@ -236,11 +236,15 @@ impl Store {
         size: u64,
         medium: Option<Medium>,
         replicas: usize,
+        prefer_rank: Option<u32>,
     ) -> Result<Medium, Cow<'static, str>> {
         if self.find(key).is_some() {
             return Err(Cow::Borrowed("Duplicated object: key already exists"));
         }
-        let Some(medium) = medium.or_else(|| self.default_medium()) else {
+        // With no medium asked for, a preferred rank without HBM takes the put in its DRAM
+        // (rather than the default HBM of another rank, which would ignore the preference).
+        let preferred = prefer_rank.and_then(|r| self.default_medium_of(Some(r)));
+        let Some(medium) = medium.or(preferred).or_else(|| self.default_medium()) else {
             return Err(Cow::Borrowed("No memory segment is mounted"));
         };
         let ranks = self.ranks_of(medium);
@@ -409,11 +413,17 @@ impl Store {
 
     /// The medium a put goes to when the client names none: the fastest one mounted.
     pub(super) fn default_medium(&self) -> Option<Medium> {
+        self.default_medium_of(None)
+    }
+
+    /// The default medium (HBM when mounted, else DRAM) among the segments of `rank` (`None`:
+    /// of every rank).
+    fn default_medium_of(&self, rank: Option<u32>) -> Option<Medium> {
         [Medium::Hbm, Medium::Dram].into_iter().find(|&m| {
             self.view
                 .segments()
                 .iter()
-                .any(|s| s.medium == m && s.is_allocatable())
+                .any(|s| s.medium == m && s.is_allocatable() && rank.is_none_or(|r| s.rank == r))
         })
     }
 
