@@ -17,6 +17,8 @@ mod families;
 mod lmcache;
 mod numa;
 mod summary;
+#[cfg(test)]
+mod tests;
 mod writer;
 
 use std::collections::BTreeSet;
