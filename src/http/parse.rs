@@ -89,6 +89,8 @@ pub struct Head<'b> {
     pub request_id: Option<&'b [u8]>,
     pub content_type: Option<&'b [u8]>,
     pub authorization: Option<&'b [u8]>,
+    /// The first `Accept` header (what `/metrics` answers with).
+    pub accept: Option<&'b [u8]>,
 }
 
 /// A request the server refuses at the protocol level. The connection is closed after the
@@ -171,6 +173,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     let mut request_id = None;
     let mut content_type = None;
     let mut authorization = None;
+    let mut accept = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = trim(h.value);
@@ -232,6 +235,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             12 if name.eq_ignore_ascii_case(b"x-request-id") => request_id = Some(value),
             12 if name.eq_ignore_ascii_case(b"content-type") => content_type = Some(value),
             13 if name.eq_ignore_ascii_case(b"authorization") => authorization = Some(value),
+            6 if accept.is_none() && name.eq_ignore_ascii_case(b"accept") => accept = Some(value),
             _ => {}
         }
     }
@@ -279,6 +283,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         request_id,
         content_type,
         authorization,
+        accept,
     })
 }
 

@@ -66,6 +66,8 @@ pub enum ContentType {
     Json,
     Text,
     Prometheus,
+    /// The Prometheus protobuf exposition (delimited `MetricFamily` messages).
+    PrometheusProtobuf,
     OctetStream,
     Html,
 }
@@ -76,6 +78,9 @@ impl ContentType {
             ContentType::Json => b"Content-Type: application/json; charset=utf-8\r\n",
             ContentType::Text => b"Content-Type: text/plain; charset=utf-8\r\n",
             ContentType::Prometheus => b"Content-Type: text/plain; version=0.0.4\r\n",
+            ContentType::PrometheusProtobuf => {
+                b"Content-Type: application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited\r\n"
+            }
             ContentType::OctetStream => b"Content-Type: application/octet-stream\r\n",
             ContentType::Html => b"Content-Type: text/html; charset=utf-8\r\n",
         }

@@ -384,7 +384,9 @@ fn summary_is_the_golden_text() {
 #[test]
 fn ptracer_table_has_the_golden_shape() {
     let f = fake();
-    let text = render_ptracer(&f, 1_767_625_023, |_| true);
+    let mut text = Vec::new();
+    render_ptracer(&f, 1_767_625_023, |_| true, &mut text);
+    let text = String::from_utf8(text).unwrap();
     // Latencies are measured (spans end as they begin): only the columns that are figures of the fake are
     // compared, i.e. everything before P50.
     let fixed: String = text.lines().map(|l| format!("{}\n", &l[..123])).collect();
