@@ -13,7 +13,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{
-    AtomicU64,
+    AtomicU16, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -163,6 +163,10 @@ pub struct ClientStats {
     clock: Clock,
     window_secs: u64,
     pairs: Box<[OnceLock<OpWindow>]>,
+    /// The slots of `pairs` taken so far, in the order they were (the first `taken`): a
+    /// scrape visits these, not every slot.
+    used: Box<[AtomicU16]>,
+    taken: AtomicUsize,
 }
 
 /// The merged view of one (rank, operation) over the last full window and the current one.
@@ -187,6 +191,8 @@ impl ClientStats {
             clock,
             window_secs: window_secs.max(1),
             pairs: (0..MAX_PAIRS).map(|_| OnceLock::new()).collect(),
+            used: (0..MAX_PAIRS).map(|_| AtomicU16::new(0)).collect(),
+            taken: AtomicUsize::new(0),
         }
     }
 
@@ -199,13 +205,32 @@ impl ClientStats {
     fn pair(&self, rank: u32, op: ClientOp) -> Option<&OpWindow> {
         let start = (rank as usize).wrapping_mul(3).wrapping_add(op as usize) % MAX_PAIRS;
         for i in 0..MAX_PAIRS {
-            let slot = &self.pairs[(start + i) % MAX_PAIRS];
-            let w = slot.get_or_init(|| OpWindow::new(rank, op));
+            let at = (start + i) % MAX_PAIRS;
+            let slot = &self.pairs[at];
+            let w = match slot.get() {
+                Some(w) => w,
+                None => {
+                    let w = slot.get_or_init(|| OpWindow::new(rank, op));
+                    // Listed once the slot is set, so a reader finds it filled.
+                    let n = self.taken.load(Relaxed);
+                    self.used[n].store(at as u16, Relaxed);
+                    self.taken.store(n + 1, Release);
+                    w
+                }
+            };
             if w.rank == rank && w.op == op {
                 return Some(w);
             }
         }
         None
+    }
+
+    /// Any thread: the slots taken so far.
+    fn taken(&self) -> impl Iterator<Item = &OpWindow> {
+        let n = self.taken.load(Acquire);
+        self.used[..n]
+            .iter()
+            .filter_map(|at| self.pairs[at.load(Relaxed) as usize].get())
     }
 
     /// Records one data-plane operation of `bytes` whose bytes took `transfer_ns` to move and
@@ -241,7 +266,7 @@ impl ClientStats {
     /// Drops everything recorded for `rank` (its last segment was unmounted: its series go
     /// with it, and a rank mounted again later starts from zero). Any thread may call this.
     pub fn forget_rank(&self, rank: u32) {
-        for w in self.pairs.iter().filter_map(OnceLock::get) {
+        for w in self.taken() {
             if w.rank == rank {
                 w.forgotten.fetch_add(1, Release);
             }
@@ -252,7 +277,7 @@ impl ClientStats {
     /// histograms are read in place, nothing is copied).
     pub fn merge_into<'a>(&'a self, acc: &mut Vec<(OpView, Reading<'a>)>) {
         let idx = self.window_index();
-        for w in self.pairs.iter().filter_map(OnceLock::get) {
+        for w in self.taken() {
             if !w.live() {
                 continue;
             }

@@ -1,10 +1,13 @@
 //! The standard `process_*` figures (as Prometheus client libraries export them), read when
-//! scraped: `/proc/self/stat` (CPU time, memory, start time) through a descriptor kept open
-//! for it (one `pread` a scrape, no path lookup), the entries of `/proc/self/fd`, and the
-//! open-files limit. Whatever is stored, a few system calls.
+//! scraped, in a few cheap system calls whatever is stored: the CPU time from `times(2)`
+//! (the very utime and stime `/proc/self/stat` shows, in clock ticks, without the kernel
+//! writing out its 52 fields), the memory from `/proc/self/statm`, the entries of
+//! `/proc/self/fd`, the open-files limit. The two files stay open (a `pread` or a rewind
+//! reads them afresh, no path lookup); the start time is read once.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock};
 
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Process {
@@ -12,7 +15,8 @@ pub struct Process {
     pub cpu_seconds: f64,
     pub resident_bytes: u64,
     pub virtual_bytes: u64,
-    /// Open file descriptors (with the one kept on `/proc/self/stat`).
+    /// Open file descriptors, as a listing of `/proc/self/fd` counts them (the one reading
+    /// the directory included, the ones this module keeps open for its files not).
     pub open_fds: u64,
     pub max_fds: u64,
     /// Unix time the process started, seconds.
@@ -77,40 +81,67 @@ fn max_fds() -> u64 {
     lim.rlim_cur
 }
 
-/// `/proc/self/stat`, opened once: each `pread` at 0 reads it afresh.
-fn stat_file() -> Option<&'static OwnedFd> {
-    static STAT: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    STAT.get_or_init(|| {
-        std::fs::File::open("/proc/self/stat")
-            .ok()
-            .map(OwnedFd::from)
-    })
-    .as_ref()
+fn open(path: &std::ffi::CStr, flags: libc::c_int) -> Option<OwnedFd> {
+    // SAFETY: a NUL-terminated path; the descriptor returned is owned by the `OwnedFd`.
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_RDONLY | libc::O_CLOEXEC) };
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    (fd >= 0).then(|| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
-/// Reads `/proc/self/stat` into `buf` (empty when it cannot be read).
-fn read_stat(buf: &mut [u8; 1024]) -> &str {
-    let Some(fd) = stat_file() else {
-        return "";
+/// `/proc/self/statm`, kept open.
+static STATM: OnceLock<Option<OwnedFd>> = OnceLock::new();
+
+/// `/proc/self/fd`, kept open once a scrape opened it ([`DIR_KEPT`]).
+// LOCK-OK: taken by a scrape only, and never waited for (a busy one is passed by).
+static DIR: Mutex<Option<OwnedFd>> = Mutex::new(None);
+static DIR_KEPT: AtomicBool = AtomicBool::new(false);
+
+/// Descriptors this module keeps open (which `open_fds` does not count).
+fn kept() -> u64 {
+    u64::from(STATM.get().is_some_and(Option::is_some)) + u64::from(DIR_KEPT.load(Relaxed))
+}
+
+/// (total, resident) pages from `/proc/self/statm`, kept open: each `pread` at 0 reads it
+/// afresh. Its first two fields are the `vsize` (in pages) and `rss` fields of
+/// `/proc/self/stat`.
+fn statm() -> (u64, u64) {
+    let Some(fd) = STATM.get_or_init(|| open(c"/proc/self/statm", 0)).as_ref() else {
+        return (0, 0);
     };
-    // SAFETY: the descriptor is open for the life of the process; `buf` is writable for
-    // its length.
+    let mut buf = [0u8; 128];
+    // SAFETY: the descriptor is open for the life of the process; `buf` is writable for its
+    // length.
     let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    let n = usize::try_from(n).unwrap_or(0);
-    std::str::from_utf8(&buf[..n]).unwrap_or("")
+    let text = std::str::from_utf8(&buf[..usize::try_from(n).unwrap_or(0)]).unwrap_or("");
+    let mut f = text
+        .split_ascii_whitespace()
+        .map(|v| v.parse::<u64>().unwrap_or(0));
+    (f.next().unwrap_or(0), f.next().unwrap_or(0))
 }
 
-/// The entries of `/proc/self/fd` (the descriptor reading it among them), read with
-/// `getdents64` into a buffer on the stack.
-fn open_fds() -> u64 {
-    // SAFETY: a NUL-terminated path; the descriptor is closed below.
-    let dir = unsafe {
-        libc::open(
-            c"/proc/self/fd".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if dir < 0 {
+/// User plus system CPU time in clock ticks, all threads: `times(2)`, which reads the same
+/// adjusted thread-group times as `/proc/self/stat`'s utime and stime, in the same unit.
+fn cpu_ticks() -> u64 {
+    // SAFETY: an all-zero `tms` is valid; `times` fills it.
+    let mut t: libc::tms = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` is writable.
+    unsafe { libc::times(&mut t) };
+    (t.tms_utime as u64).wrapping_add(t.tms_stime as u64)
+}
+
+/// Unix time the process started, from `/proc/self/stat` (read once).
+fn start_time(ticks: u64) -> f64 {
+    static START: OnceLock<f64> = OnceLock::new();
+    *START.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        from_stat(&stat, ticks, 0, boot_time()).start_time_seconds
+    })
+}
+
+/// Counts the entries of the directory `dir` (rewound first), `.` and `..` left out.
+fn count_entries(dir: libc::c_int) -> u64 {
+    // SAFETY: `dir` is an open directory.
+    if unsafe { libc::lseek(dir, 0, libc::SEEK_SET) } != 0 {
         return 0;
     }
     let mut buf = [0u8; 8192];
@@ -135,24 +166,43 @@ fn open_fds() -> u64 {
             at += reclen;
         }
     }
-    // SAFETY: `dir` was opened above and is closed once.
-    unsafe { libc::close(dir) };
     count
+}
+
+/// The open descriptors, as a fresh listing of `/proc/self/fd` counts them: its own
+/// descriptor included, those this module keeps open left out. The directory stays open for
+/// the next scrape (a scrape on another shard meanwhile opens its own for the moment).
+fn open_fds() -> u64 {
+    match DIR.try_lock() {
+        Ok(mut dir) => {
+            if dir.is_none() {
+                *dir = open(c"/proc/self/fd", libc::O_DIRECTORY);
+                DIR_KEPT.store(dir.is_some(), Relaxed);
+            }
+            // The kept directory is the reading one.
+            dir.as_ref().map_or(0, |d| {
+                (count_entries(d.as_raw_fd()) + 1).saturating_sub(kept())
+            })
+        }
+        // The one opened now is the reading one.
+        Err(_) => open(c"/proc/self/fd", libc::O_DIRECTORY)
+            .map_or(0, |d| count_entries(d.as_raw_fd()).saturating_sub(kept())),
+    }
 }
 
 /// Reads the figures now. What cannot be read is 0 (this is a scrape, not a health check).
 pub fn read() -> Process {
-    let mut buf = [0u8; 1024];
-    let stat = read_stat(&mut buf);
-    let mut p = from_stat(
-        stat,
-        sysconf(libc::_SC_CLK_TCK),
-        sysconf(libc::_SC_PAGESIZE),
-        boot_time(),
-    );
-    p.open_fds = open_fds();
-    p.max_fds = max_fds();
-    p
+    let ticks = sysconf(libc::_SC_CLK_TCK);
+    let page = sysconf(libc::_SC_PAGESIZE);
+    let (total, resident) = statm();
+    Process {
+        cpu_seconds: cpu_ticks() as f64 / ticks.max(1) as f64,
+        resident_bytes: resident * page,
+        virtual_bytes: total * page,
+        open_fds: open_fds(),
+        max_fds: max_fds(),
+        start_time_seconds: start_time(ticks),
+    }
 }
 
 #[cfg(test)]

@@ -168,6 +168,66 @@ pub(super) struct Native<'a> {
     pub counts: &'a [u64],
 }
 
+/// Appends `s` to `buf`. Pieces of up to 128 bytes (prepared lines, names, digits) are
+/// copied with a few unaligned moves of 8 to 32 bytes, the first and last ones overlapping,
+/// rather than by a call to `memcpy`: a scrape appends a thousand of them.
+#[inline(always)]
+fn put(buf: &mut Vec<u8>, s: &[u8]) {
+    let n = s.len();
+    if n > 128 {
+        buf.extend_from_slice(s);
+        return;
+    }
+    buf.reserve(128);
+    /// Copies `N` bytes from `src` to `dst` (unaligned).
+    ///
+    /// SAFETY: `src` is readable and `dst` writable for `N` bytes.
+    #[inline(always)]
+    unsafe fn mv<const N: usize>(src: *const u8, dst: *mut u8) {
+        // SAFETY: as the caller promises.
+        unsafe {
+            dst.cast::<[u8; N]>()
+                .write_unaligned(src.cast::<[u8; N]>().read_unaligned())
+        }
+    }
+    let src = s.as_ptr();
+    // SAFETY: the buffer has room for 128 more bytes, so `dst..dst + n` is writable; every
+    // move reads within `s` (the last ones end at its end) and writes within `dst..dst + n`.
+    unsafe {
+        let dst = buf.as_mut_ptr().add(buf.len());
+        match n {
+            65..=128 => {
+                mv::<32>(src, dst);
+                mv::<32>(src.add(32), dst.add(32));
+                mv::<32>(src.add(n - 64), dst.add(n - 64));
+                mv::<32>(src.add(n - 32), dst.add(n - 32));
+            }
+            32..=64 => {
+                mv::<32>(src, dst);
+                mv::<32>(src.add(n - 32), dst.add(n - 32));
+            }
+            16..=31 => {
+                mv::<16>(src, dst);
+                mv::<16>(src.add(n - 16), dst.add(n - 16));
+            }
+            8..=15 => {
+                mv::<8>(src, dst);
+                mv::<8>(src.add(n - 8), dst.add(n - 8));
+            }
+            4..=7 => {
+                mv::<4>(src, dst);
+                mv::<4>(src.add(n - 4), dst.add(n - 4));
+            }
+            _ => {
+                for i in 0..n {
+                    *dst.add(i) = *src.add(i);
+                }
+            }
+        }
+        buf.set_len(buf.len() + n);
+    }
+}
+
 /// `{k="v",…}` with each value escaped (`\`, `"` and newline), nothing when there are no
 /// labels.
 fn write_labels(buf: &mut Vec<u8>, labels: &[(&str, &str)]) {
@@ -175,16 +235,16 @@ fn write_labels(buf: &mut Vec<u8>, labels: &[(&str, &str)]) {
         return;
     };
     buf.push(b'{');
-    buf.extend_from_slice(k0.as_bytes());
-    buf.extend_from_slice(b"=\"");
+    put(buf, k0.as_bytes());
+    put(buf, b"=\"");
     escaped(buf, v0);
     for (k, v) in rest {
-        buf.extend_from_slice(b"\",");
-        buf.extend_from_slice(k.as_bytes());
-        buf.extend_from_slice(b"=\"");
+        put(buf, b"\",");
+        put(buf, k.as_bytes());
+        put(buf, b"=\"");
         escaped(buf, v);
     }
-    buf.extend_from_slice(b"\"}");
+    put(buf, b"\"}");
 }
 
 /// A label value with `\`, `"` and newlines escaped. (These are ASCII, so a UTF-8 value is
@@ -192,7 +252,7 @@ fn write_labels(buf: &mut Vec<u8>, labels: &[(&str, &str)]) {
 fn escaped(buf: &mut Vec<u8>, v: &str) {
     let v = v.as_bytes();
     if !v.iter().any(|&b| matches!(b, b'\\' | b'"' | b'\n')) {
-        buf.extend_from_slice(v);
+        put(buf, v);
         return;
     }
     for &b in v {
@@ -289,11 +349,10 @@ impl<'a> Out<'a> {
         if self.proto.is_some() {
             return self.metric(labels, v as f64);
         }
-        self.buf.extend_from_slice(self.name().as_bytes());
+        put(self.buf, self.name().as_bytes());
         write_labels(self.buf, labels);
         self.buf.push(b' ');
-        self.buf
-            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        put(self.buf, itoa::Buffer::new().format(v).as_bytes());
         self.buf.push(b'\n');
     }
 
@@ -303,7 +362,7 @@ impl<'a> Out<'a> {
         if self.proto.is_some() {
             return self.metric(labels, v);
         }
-        self.buf.extend_from_slice(self.name().as_bytes());
+        put(self.buf, self.name().as_bytes());
         write_labels(self.buf, labels);
         self.buf.push(b' ');
         write_f64(self.buf, v);
@@ -354,17 +413,15 @@ impl<'a> Out<'a> {
         let mut digits = itoa::Buffer::new();
         for (i, c) in counts.iter().enumerate() {
             cumulative += c;
-            self.buf.extend_from_slice(lines.line(i));
-            self.buf
-                .extend_from_slice(digits.format(cumulative).as_bytes());
+            put(self.buf, lines.line(i));
+            put(self.buf, digits.format(cumulative).as_bytes());
             self.buf.push(b'\n');
         }
-        self.buf.extend_from_slice(lines.line(counts.len()));
+        put(self.buf, lines.line(counts.len()));
         write_f64(self.buf, sum);
         self.buf.push(b'\n');
-        self.buf.extend_from_slice(lines.line(counts.len() + 1));
-        self.buf
-            .extend_from_slice(digits.format(cumulative).as_bytes());
+        put(self.buf, lines.line(counts.len() + 1));
+        put(self.buf, digits.format(cumulative).as_bytes());
         self.buf.push(b'\n');
     }
 
@@ -423,6 +480,19 @@ mod tests {
             "# HELP m_total Things\n# TYPE m_total counter\nm_total 3\n\
              m_total{a=\"x\\\"y\\\\z\\nw\",b=\"ü\"} 4\nm_total{a=\"1\"} 0.25\n"
         );
+    }
+
+    #[test]
+    fn pieces_of_every_length_are_appended_whole() {
+        let src: Vec<u8> = (0..=255u8).collect();
+        for n in 0..=200 {
+            let mut buf = vec![7u8; 3];
+            put(&mut buf, &src[..n]);
+            put(&mut buf, &src[..n]);
+            assert_eq!(buf.len(), 3 + 2 * n);
+            assert_eq!(&buf[3..3 + n], &src[..n], "{n}");
+            assert_eq!(&buf[3 + n..], &src[..n], "{n}");
+        }
     }
 
     #[test]
