@@ -8,7 +8,8 @@
 #   ROUTES ("metrics": any of metrics, proto (the protobuf /metrics, asked for with the Accept
 #   header of a Prometheus with native histograms), summary, ptracer), NGINX_SENDFILE (on, as
 #   Debian's stock nginx.conf has it; off: read + writev), MMC (the server binary; default
-#   target/release/mmc-server), MMC_ARGS (more server options), QUIET_PCT (5), QUIET_WAIT (60),
+#   target/release/mmc-server), MMC_BEFORE (another mmc-server binary, e.g. main's, measured
+#   in the same rounds: before/after side by side), MMC_ARGS (more server options), QUIET_PCT (5), QUIET_WAIT (60),
 #   CLEAN_PCT (5) and RETRIES (2) as in compare_nginx.sh, OUT (a directory that keeps the raw
 #   results, the scraped bodies and the logs).
 #
@@ -71,7 +72,8 @@ trap 'exit 130' INT TERM
 
 port_nginx=$BASE_PORT
 port_mmc=$((BASE_PORT + 1))
-for p in $port_nginx $port_mmc; do
+port_before=$((BASE_PORT + 2))
+for p in $port_nginx $port_mmc $port_before; do
   if curl -s -m 1 -o /dev/null "http://127.0.0.1:$p/"; then
     echo "port $p is already in use; set BASE_PORT" >&2; exit 2
   fi
@@ -82,27 +84,34 @@ wait_up() { # URL: up to 10 s for a 200
 }
 
 # mmc-server from a copy with another name (a clean-up by name elsewhere on a shared machine
-# would stop it mid-run), one shard.
-cp "$MMC" "$work/mmcscrape-server"
-# shellcheck disable=SC2086
-taskset -c "$SERVER_CPU" "$work/mmcscrape-server" --listen "127.0.0.1:$port_mmc" --shards 1 ${MMC_ARGS:-} \
-  > "$work/mmc.log" 2>&1 &
-mmc_pid=$!
-pids+=("$mmc_pid")
-wait_up "http://127.0.0.1:$port_mmc/ready"
-
-# Figures in every family: puts, gets, lookups, removals, metadata, listings and scrapes.
-target=127.0.0.1:$port_mmc
-timeout 60 "$PERF" --target "$target" --connections 4 --duration 1 --warmup 0 --pin "$LOAD_CPU" --json \
-  --keys 2000 --body-bytes 4096 --request "PUT /api/v1/objects?key=w-{seq} 4" \
-  --request "GET /api/v1/objects?key=w-{key} 8" --request "GET /api/v1/objects/exist?key=w-{key} 2" \
-  --request "GET /query_key?key=w-{key} 2" --request "DELETE /api/v1/objects?key=w-{key} 1" \
-  --request "PUT /metadata?key=m-{key} 1" --request "GET /metadata?key=m-{key} 2" \
-  --request "GET /batch_query_keys?keys=w-1,w-2 1" --request "GET /health 1" \
-  --request "GET /metrics/summary 1" --request "GET /api/v1/capacity/usage 1" > "$work/warmup.json"
-if [ "$KEYS" -gt 0 ]; then
-  timeout 1200 "$PERF" fill --target "$target" --keys "$KEYS" --value-bytes 0 > "$work/fill.json"
+# would stop it mid-run), one shard; the same for MMC_BEFORE.
+start_mmc() { # NAME BINARY PORT -> sets srv_pid
+  cp "$2" "$work/mmcscrape-$1"
+  # shellcheck disable=SC2086
+  taskset -c "$SERVER_CPU" "$work/mmcscrape-$1" --listen "127.0.0.1:$3" --shards 1 ${MMC_ARGS:-} \
+    > "$work/$1.log" 2>&1 &
+  srv_pid=$!
+  pids+=("$srv_pid")
+  wait_up "http://127.0.0.1:$3/ready"
+  # Figures in every family: puts, gets, lookups, removals, metadata, listings and scrapes.
+  timeout 60 "$PERF" --target "127.0.0.1:$3" --connections 4 --duration 1 --warmup 0 --pin "$LOAD_CPU" --json \
+    --keys 2000 --body-bytes 4096 --request "PUT /api/v1/objects?key=w-{seq} 4" \
+    --request "GET /api/v1/objects?key=w-{key} 8" --request "GET /api/v1/objects/exist?key=w-{key} 2" \
+    --request "GET /query_key?key=w-{key} 2" --request "DELETE /api/v1/objects?key=w-{key} 1" \
+    --request "PUT /metadata?key=m-{key} 1" --request "GET /metadata?key=m-{key} 2" \
+    --request "GET /batch_query_keys?keys=w-1,w-2 1" --request "GET /health 1" \
+    --request "GET /metrics/summary 1" --request "GET /api/v1/capacity/usage 1" > "$work/warmup-$1.json"
+  if [ "$KEYS" -gt 0 ]; then
+    timeout 1200 "$PERF" fill --target "127.0.0.1:$3" --keys "$KEYS" --value-bytes 0 > "$work/fill-$1.json"
+  fi
+}
+start_mmc mmc "$MMC" "$port_mmc"; mmc_pid=$srv_pid
+servers="nginx mmc"
+if [ -n "${MMC_BEFORE:-}" ]; then
+  start_mmc before "$MMC_BEFORE" "$port_before"; before_pid=$srv_pid
+  servers="nginx before mmc"
 fi
+target=127.0.0.1:$port_mmc
 
 accept_of() { [ "$1" = proto ] && echo "$PROTO_ACCEPT" || echo '*/*'; }
 path_of() {
@@ -187,31 +196,52 @@ measure() { # ROUTE SERVER PID PORT PATH
 }
 
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $(uname -r), $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo)"
-echo "# mmc-server $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+changes') pid $mmc_pid; nginx $(nginx -v 2>&1 | sed 's/.*\///') worker pid $nginx_pid, sendfile $NGINX_SENDFILE; $KEYS keys"
+echo "# mmc-server $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+changes') pid $mmc_pid${MMC_BEFORE:+; before: $MMC_BEFORE pid $before_pid}; nginx $(nginx -v 2>&1 | sed 's/.*\///') worker pid $nginx_pid, sendfile $NGINX_SENDFILE; $KEYS keys"
 echo "# $RUNS rounds of $SECS s per server and route, one scraper connection on CPU $LOAD_CPU, servers on CPU $SERVER_CPU"
 for r in $ROUTES; do
   echo "# $r: $(stat -c %s "$work/www/$r") bytes, $(grep -i '^content-type' "$work/www/$r.head" | tr -d '\r')"
 done
 echo "# route server scrapes/s server_us_per_scrape ksoftirqd_us_per_scrape other_cpu_pct"
+# One run of SERVER on ROUTE.
+run_one() { # SERVER ROUTE
+  case $1 in
+    nginx) measure "$2" nginx "$nginx_pid" "$port_nginx" "/$2" ;;
+    mmc) measure "$2" mmc "$mmc_pid" "$port_mmc" "$(path_of "$2")" ;;
+    before) measure "$2" before "$before_pid" "$port_before" "$(path_of "$2")" ;;
+  esac
+}
 for round in $(seq "$RUNS"); do
+  # The servers take turns, in an order that rotates from round to round.
+  # shellcheck disable=SC2086
+  set -- $servers
+  order=("$@")
+  n=${#order[@]}
   for r in $ROUTES; do
-    if [ $((round % 2)) -eq 1 ]; then
-      measure "$r" nginx "$nginx_pid" "$port_nginx" "/$r"
-      measure "$r" mmc "$mmc_pid" "$port_mmc" "$(path_of "$r")"
-    else
-      measure "$r" mmc "$mmc_pid" "$port_mmc" "$(path_of "$r")"
-      measure "$r" nginx "$nginx_pid" "$port_nginx" "/$r"
-    fi
+    for k in $(seq 0 $((n - 1))); do
+      s=${order[$(((k + round) % n))]}
+      # (A server from before the protobuf exposition would answer text.)
+      [ "$s" = before ] && [ "$r" = proto ] && continue
+      run_one "$s" "$r"
+    done
   done
 done
 
 col() { awk -v r="$1" -v s="$2" -v c="$3" '$1==r && $2==s {print $c}' "$results" | median %.2f; }
 echo
-echo "| route | bytes | nginx µs/scrape | mmc µs/scrape | mmc / nginx | nginx scrapes/s | mmc scrapes/s | ksoftirqd µs (nginx / mmc) |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+# Per route and server: medians of the runs, and the median of the per-round ratios to nginx.
+ratio_median() { # ROUTE SERVER
+  awk -v r="$1" -v s="$2" '$1==r && $2=="nginx" {n[++i]=$4} $1==r && $2==s {m[++j]=$4}
+    END {for (k=1; k<=j && k<=i; k++) print m[k]/n[k]}' "$results" | median %.2f
+}
+echo "| route | bytes | server | µs/scrape (median) | ÷ nginx (medians) | median of per-round ratios | scrapes/s | ksoftirqd µs/scrape |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|"
 for r in $ROUTES; do
-  n=$(col "$r" nginx 4); m=$(col "$r" mmc 4)
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s / %s |\n' "$r" "$(stat -c %s "$work/www/$r")" "$n" "$m" \
-    "$(awk -v a="$m" -v b="$n" 'BEGIN{printf "%.2f", a/b}')" "$(col "$r" nginx 3)" "$(col "$r" mmc 3)" \
-    "$(col "$r" nginx 5)" "$(col "$r" mmc 5)"
+  n=$(col "$r" nginx 4)
+  for s in $servers; do
+    [ "$s" = before ] && [ "$r" = proto ] && continue
+    m=$(col "$r" "$s" 4)
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$r" "$(stat -c %s "$work/www/$r")" "$s" "$m" \
+      "$(awk -v a="$m" -v b="$n" 'BEGIN{printf "%.2f", a/b}')" "$( [ "$s" = nginx ] && echo 1.00 || ratio_median "$r" "$s")" \
+      "$(col "$r" "$s" 3)" "$(col "$r" "$s" 5)"
+  done
 done

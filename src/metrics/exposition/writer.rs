@@ -5,7 +5,12 @@
 //! lines (at compile time by [`family!`], or once per process for names made at run time),
 //! and a classic histogram's sample names with their labels and bounds ([`HistogramLines`]).
 //! A scrape then copies those bytes and writes the numbers after them (`itoa`, and
-//! `common::fmt::write_f64` for floats, which writes exactly what `Display` writes).
+//! `common::fmt::write_f64` for floats, which writes exactly what `Display` writes). A
+//! histogram whose figures are those it had at this thread's last scrape is copied whole
+//! from that scrape's text (most operations' request durations do not move between scrapes).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use super::proto::{self, field};
 use crate::common::fmt::write_f64;
@@ -156,6 +161,20 @@ impl HistogramLines {
     pub fn buckets(&self) -> usize {
         self.bounds.len() + 1
     }
+}
+
+/// One histogram's text as this thread last wrote it, and the figures it was written for.
+#[derive(Default)]
+struct Written {
+    counts: Vec<u64>,
+    sum: u64,
+    text: Vec<u8>,
+}
+
+thread_local! {
+    /// This thread's last text of each histogram, by the address of its (static) lines.
+    static WRITTEN: RefCell<HashMap<usize, Written, foldhash::fast::RandomState>> =
+        RefCell::new(HashMap::default());
 }
 
 /// A native histogram's buckets (protobuf only): `counts[i]` is bucket `first_key + i` of
@@ -409,6 +428,23 @@ impl<'a> Out<'a> {
         if self.proto.is_some() {
             return self.proto_histogram(lines, labels, counts, sum, native);
         }
+        WRITTEN.with_borrow_mut(|written| {
+            let last = written.entry(lines as *const _ as usize).or_default();
+            if last.counts == counts && last.sum == sum.to_bits() && !last.text.is_empty() {
+                self.buf.extend_from_slice(&last.text);
+                return;
+            }
+            let start = self.buf.len();
+            self.histogram_text(lines, counts, sum);
+            last.counts.clear();
+            last.counts.extend_from_slice(counts);
+            last.sum = sum.to_bits();
+            last.text.clear();
+            last.text.extend_from_slice(&self.buf[start..]);
+        });
+    }
+
+    fn histogram_text(&mut self, lines: &HistogramLines, counts: &[u64], sum: f64) {
         let mut cumulative = 0u64;
         let mut digits = itoa::Buffer::new();
         for (i, c) in counts.iter().enumerate() {
