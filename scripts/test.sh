@@ -10,7 +10,8 @@ need_pkgs=()
 # The bundled libzmq (C++) and ring (C) are compiled by the build.
 command -v c++ >/dev/null || need_pkgs+=(g++)
 command -v curl >/dev/null || need_pkgs+=(curl)
-# promtool checks the /metrics exposition; a real Prometheus scrapes it.
+# promtool checks the /metrics exposition; a real Prometheus scrapes it (text, and protobuf
+# with native histograms: --enable-feature=native-histograms).
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 # The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3 python3-venv)
