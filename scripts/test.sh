@@ -12,7 +12,8 @@ command -v c++ >/dev/null || need_pkgs+=(g++)
 command -v curl >/dev/null || need_pkgs+=(curl)
 # The client's https:// tests make their certificates with the openssl command.
 command -v openssl >/dev/null || need_pkgs+=(openssl)
-# promtool checks the /metrics exposition; a real Prometheus scrapes it.
+# promtool checks the /metrics exposition; a real Prometheus scrapes it (text, and protobuf
+# with native histograms: --enable-feature=native-histograms).
 command -v promtool >/dev/null && command -v prometheus >/dev/null || need_pkgs+=(prometheus)
 # The KV-event subscriber tests run pyzmq in a virtualenv (Debian splits venv/ensurepip out).
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3 python3-venv)

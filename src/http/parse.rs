@@ -91,6 +91,8 @@ pub struct Head<'b> {
     pub authorization: Option<&'b [u8]>,
     /// The W3C trace context the request came with (read only when tracing is on).
     pub traceparent: Option<&'b [u8]>,
+    /// The first `Accept` header (what `/metrics` answers with).
+    pub accept: Option<&'b [u8]>,
 }
 
 /// A request the server refuses at the protocol level. The connection is closed after the
@@ -174,6 +176,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     let mut content_type = None;
     let mut authorization = None;
     let mut traceparent = None;
+    let mut accept = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = trim(h.value);
@@ -236,6 +239,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             12 if name.eq_ignore_ascii_case(b"content-type") => content_type = Some(value),
             13 if name.eq_ignore_ascii_case(b"authorization") => authorization = Some(value),
             11 if name.eq_ignore_ascii_case(b"traceparent") => traceparent = Some(value),
+            6 if accept.is_none() && name.eq_ignore_ascii_case(b"accept") => accept = Some(value),
             _ => {}
         }
     }
@@ -284,6 +288,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         content_type,
         authorization,
         traceparent,
+        accept,
     })
 }
 

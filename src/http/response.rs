@@ -68,6 +68,8 @@ pub enum ContentType {
     Json,
     Text,
     Prometheus,
+    /// The Prometheus protobuf exposition (delimited `MetricFamily` messages).
+    PrometheusProtobuf,
     OctetStream,
     Html,
 }
@@ -78,6 +80,9 @@ impl ContentType {
             ContentType::Json => b"Content-Type: application/json; charset=utf-8\r\n",
             ContentType::Text => b"Content-Type: text/plain; charset=utf-8\r\n",
             ContentType::Prometheus => b"Content-Type: text/plain; version=0.0.4\r\n",
+            ContentType::PrometheusProtobuf => {
+                b"Content-Type: application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited\r\n"
+            }
             ContentType::OctetStream => b"Content-Type: application/octet-stream\r\n",
             ContentType::Html => b"Content-Type: text/html; charset=utf-8\r\n",
         }
@@ -92,6 +97,10 @@ pub enum Body {
     Bytes(Bytes),
     /// The body was written into the connection's scratch buffer.
     Scratch,
+    /// The same, written to the socket from there after the head (one vectored write of
+    /// both, no copy): what the connection makes of a large [`Body::Scratch`] on a plain
+    /// socket.
+    ScratchInPlace,
     /// A sequence of parts (framing bytes and pinned blobs), written one after the other;
     /// blobs in host memory go to the socket without a copy.
     Parts(Vec<Part>),
@@ -129,11 +138,14 @@ pub struct KeyListing {
     pub limit: u64,
 }
 
-/// What the connection writes after the head: nothing more, parts, or a key stream.
+/// What the connection writes after the head: nothing more, parts, a key stream, or the
+/// scratch buffer.
 #[derive(Debug)]
 pub enum Tail {
     Parts(Vec<Part>),
     KeyStream(KeyListing),
+    /// The body is in the scratch buffer ([`Body::ScratchInPlace`]).
+    Scratch,
 }
 
 #[derive(Debug)]
@@ -223,7 +235,7 @@ impl Response {
             Body::Empty => 0,
             Body::Static(s) => s.len(),
             Body::Bytes(b) => b.len(),
-            Body::Scratch => scratch.len(),
+            Body::Scratch | Body::ScratchInPlace => scratch.len(),
             Body::Parts(parts) => parts.iter().map(Part::len).sum(),
             Body::KeyStream(_) => return None,
             Body::Omitted(n) => *n as usize,
@@ -246,6 +258,10 @@ pub struct Envelope<'a> {
 /// Bodies at least this large are written from their own buffer instead of being copied into
 /// the write buffer.
 pub const SEPARATE_BODY_BYTES: usize = 64 * 1024;
+
+/// A body in the scratch buffer at least this large (a scrape) goes to a plain socket from
+/// there, in one vectored write with its head ([`Body::ScratchInPlace`]).
+pub const SCRATCH_IN_PLACE_BYTES: usize = 16 * 1024;
 
 /// Encodes the status line and headers, and the body when it is small; a large body, blobs
 /// and streams are returned for the caller to write after the head.
@@ -319,6 +335,7 @@ pub fn encode(
             out.extend_from_slice(scratch);
             None
         }
+        Body::ScratchInPlace => Some(Tail::Scratch),
         Body::Bytes(b) if b.len() >= SEPARATE_BODY_BYTES => Some(Tail::Parts(vec![Part::Bytes(b)])),
         Body::Bytes(b) => {
             out.extend_from_slice(&b);

@@ -11,17 +11,14 @@
 //! transfer shorter than a millisecond (a 4 KiB copy takes well under a microsecond) still
 //! counts.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{
-    AtomicU64,
+    AtomicU16, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use hdrhistogram::Histogram;
-
 use super::counter::Counter;
-use super::hdr::AtomicHdr;
+use super::hdr::{AtomicHdr, Reading};
 use crate::common::clock::Clock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,7 +142,7 @@ impl OpWindow {
     }
 
     /// Any thread: adds window `idx` and the one before it into `v` and `h`.
-    fn add_windows(&self, idx: u64, v: &mut OpView, h: &mut Histogram<u64>) {
+    fn add_windows<'a>(&'a self, idx: u64, v: &mut OpView, h: &mut Reading<'a>) {
         for (s, lat) in self.sums.iter().zip(&self.latency_us) {
             let stamp = s.stamp.load(Acquire);
             if stamp == 0 || !(stamp == idx + 1 || stamp == idx) {
@@ -154,7 +151,7 @@ impl OpWindow {
             v.bytes += s.bytes.get();
             v.duration_ns += s.transfer_ns.get();
             v.ops += s.ops.get();
-            lat.add_to(h);
+            h.add(lat);
         }
     }
 }
@@ -166,6 +163,10 @@ pub struct ClientStats {
     clock: Clock,
     window_secs: u64,
     pairs: Box<[OnceLock<OpWindow>]>,
+    /// The slots of `pairs` taken so far, in the order they were (the first `taken`): a
+    /// scrape visits these, not every slot.
+    used: Box<[AtomicU16]>,
+    taken: AtomicUsize,
 }
 
 /// The merged view of one (rank, operation) over the last full window and the current one.
@@ -190,6 +191,8 @@ impl ClientStats {
             clock,
             window_secs: window_secs.max(1),
             pairs: (0..MAX_PAIRS).map(|_| OnceLock::new()).collect(),
+            used: (0..MAX_PAIRS).map(|_| AtomicU16::new(0)).collect(),
+            taken: AtomicUsize::new(0),
         }
     }
 
@@ -202,13 +205,32 @@ impl ClientStats {
     fn pair(&self, rank: u32, op: ClientOp) -> Option<&OpWindow> {
         let start = (rank as usize).wrapping_mul(3).wrapping_add(op as usize) % MAX_PAIRS;
         for i in 0..MAX_PAIRS {
-            let slot = &self.pairs[(start + i) % MAX_PAIRS];
-            let w = slot.get_or_init(|| OpWindow::new(rank, op));
+            let at = (start + i) % MAX_PAIRS;
+            let slot = &self.pairs[at];
+            let w = match slot.get() {
+                Some(w) => w,
+                None => {
+                    let w = slot.get_or_init(|| OpWindow::new(rank, op));
+                    // Listed once the slot is set, so a reader finds it filled.
+                    let n = self.taken.load(Relaxed);
+                    self.used[n].store(at as u16, Relaxed);
+                    self.taken.store(n + 1, Release);
+                    w
+                }
+            };
             if w.rank == rank && w.op == op {
                 return Some(w);
             }
         }
         None
+    }
+
+    /// Any thread: the slots taken so far.
+    fn taken(&self) -> impl Iterator<Item = &OpWindow> {
+        let n = self.taken.load(Acquire);
+        self.used[..n]
+            .iter()
+            .filter_map(|at| self.pairs[at.load(Relaxed) as usize].get())
     }
 
     /// Records one data-plane operation of `bytes` whose bytes took `transfer_ns` to move and
@@ -244,26 +266,32 @@ impl ClientStats {
     /// Drops everything recorded for `rank` (its last segment was unmounted: its series go
     /// with it, and a rank mounted again later starts from zero). Any thread may call this.
     pub fn forget_rank(&self, rank: u32) {
-        for w in self.pairs.iter().filter_map(OnceLock::get) {
+        for w in self.taken() {
             if w.rank == rank {
                 w.forgotten.fetch_add(1, Release);
             }
         }
     }
 
-    /// Adds this shard's figures into `acc` (keyed by rank and operation).
-    pub fn merge_into(&self, acc: &mut HashMap<(u32, ClientOp), (OpView, Histogram<u64>)>) {
+    /// Adds this shard's figures into `acc` (one entry per rank and operation; its latency
+    /// histograms are read in place, nothing is copied).
+    pub fn merge_into<'a>(&'a self, acc: &mut Vec<(OpView, Reading<'a>)>) {
         let idx = self.window_index();
-        for w in self.pairs.iter().filter_map(OnceLock::get) {
+        for w in self.taken() {
             if !w.live() {
                 continue;
             }
-            let (v, h) = acc.entry((w.rank, w.op)).or_insert_with(|| {
-                (
-                    OpView::empty(w.rank, w.op),
-                    w.latency_us[0].empty_histogram(),
-                )
-            });
+            let at = match acc
+                .iter()
+                .position(|(v, _)| (v.rank, v.op) == (w.rank, w.op))
+            {
+                Some(at) => at,
+                None => {
+                    acc.push((OpView::empty(w.rank, w.op), Reading::default()));
+                    acc.len() - 1
+                }
+            };
+            let (v, h) = &mut acc[at];
             w.add_windows(idx, v, h);
             v.cum_bytes += w.cum_bytes.get();
             v.cum_duration_ns += w.cum_duration_ns.get();
@@ -340,18 +368,19 @@ pub fn tally<A: smallvec::Array<Item = (u32, u64)>>(
     }
 }
 
-/// Finishes merged views: latency quantiles in seconds.
-pub fn finish(acc: HashMap<(u32, ClientOp), (OpView, Histogram<u64>)>) -> Vec<OpView> {
+/// Finishes merged views, by rank and operation: latency quantiles in seconds (what an
+/// `hdrhistogram` of the windows' latencies answers).
+pub fn finish(acc: Vec<(OpView, Reading<'_>)>) -> Vec<OpView> {
     let mut out: Vec<OpView> = acc
-        .into_values()
+        .into_iter()
         .map(|(mut v, h)| {
             if !h.is_empty() {
                 let s = |us: u64| us as f64 / 1e6;
                 v.latency = [
-                    s(h.value_at_quantile(0.5)),
-                    s(h.value_at_quantile(0.9)),
-                    s(h.value_at_quantile(0.99)),
-                    h.mean() / 1e6,
+                    s(h.bucket_quantile(0.5)),
+                    s(h.bucket_quantile(0.9)),
+                    s(h.bucket_quantile(0.99)),
+                    h.bucket_mean() / 1e6,
                 ];
             }
             v
@@ -373,7 +402,7 @@ mod tests {
         a.record(0, ClientOp::BatchPut, 1000, 1_500_000, 2000);
         b.record(0, ClientOp::BatchPut, 3000, 500_000, 4000);
         b.record(1, ClientOp::BatchGet, 10, 100_000, 100);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         a.merge_into(&mut acc);
         b.merge_into(&mut acc);
         let v = finish(acc);
@@ -416,7 +445,7 @@ mod tests {
             .unwrap()
             .stamp;
         stamp.store(stamp.load(Relaxed) - 5, Relaxed);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let v = finish(acc);
         assert_eq!(
@@ -433,7 +462,7 @@ mod tests {
             s.record(0, ClientOp::BatchGet, 32 << 20, 700_000, 900);
         }
         s.record(0, ClientOp::BatchPut, 4096, 300, 1);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let v = finish(acc);
         assert_eq!(
@@ -455,7 +484,7 @@ mod tests {
     fn an_operation_over_several_ranks_books_each_ranks_bytes() {
         let s = ClientStats::new(Clock::start(), 10);
         s.record_ranks(&[(0, 300), (2, 100)], ClientOp::BatchGet, 4000, 7);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let v = finish(acc);
         let got: Vec<(u32, u64, u64, u64)> = v
@@ -484,7 +513,7 @@ mod tests {
         s.record(0, ClientOp::BatchGet, 5, 5, 5);
         s.record(1, ClientOp::BatchGet, 5, 5, 5);
         s.forget_rank(1);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let ranks: Vec<u32> = finish(acc).iter().map(|v| v.rank).collect();
         assert_eq!(ranks, [0]);
@@ -504,28 +533,28 @@ mod tests {
         // Scrapes while the owner records: figures only grow.
         let mut last = 0;
         while !owner.is_finished() {
-            let mut acc = HashMap::new();
+            let mut acc = Vec::new();
             s.merge_into(&mut acc);
             let ops: u64 = finish(acc).iter().map(|v| v.ops).sum();
             assert!(ops >= last, "{ops} < {last}");
             last = ops;
         }
         owner.join().unwrap();
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let v = finish(acc);
         assert_eq!(v.iter().map(|v| v.ops).sum::<u64>(), 20_000);
         assert_eq!(v.iter().map(|v| v.cum_bytes).sum::<u64>(), 200_000);
         // Forgetting from another thread hides the rank at once; the owner clears it.
         s.forget_rank(1);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         assert_eq!(
             finish(acc).iter().map(|v| v.rank).collect::<Vec<_>>(),
             [0, 2]
         );
         s.record(1, ClientOp::BatchGet, 5, 5, 5);
-        let mut acc = HashMap::new();
+        let mut acc = Vec::new();
         s.merge_into(&mut acc);
         let again = finish(acc);
         assert_eq!((again[1].rank, again[1].ops, again[1].cum_bytes), (1, 1, 5));

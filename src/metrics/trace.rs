@@ -1,12 +1,15 @@
 //! ptracer: a tracepoint per meta operation, counting BEGIN, GOOD_END and BAD_END, with the
 //! latency of every end in a per-shard HDR histogram (nanoseconds, 3 significant digits).
-//! `/metrics/ptracer` merges the shards' histograms when it is read: percentiles from the
-//! buckets, clamped to the exact minimum and maximum; MAX and AVG exact (`hdr::Merged`).
+//! `/metrics/ptracer` reads the shards' histograms as one when it is read, in place
+//! (`hdr::Reading`): percentiles from the buckets, clamped to the exact minimum and maximum;
+//! MAX and AVG exact.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use super::hdr::{AtomicHdr, Merged};
+use std::io::Write;
+
+use super::hdr::{AtomicHdr, Reading};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tp {
@@ -195,31 +198,29 @@ pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<Po
     for tp in Tp::ALL {
         let i = tp as usize;
         let (mut begin, mut good, mut bad) = (0, 0, 0);
-        let mut merged: Option<Merged> = None;
+        let mut latency = Reading::default();
         for t in tracers.clone() {
             let p = &t.points[i];
             begin += p.begin.load(Relaxed);
             good += p.good.load(Relaxed);
             bad += p.bad.load(Relaxed);
-            if !p.latency_ns.is_empty() {
-                merged
-                    .get_or_insert_with(|| Merged::new(&p.latency_ns))
-                    .add(&p.latency_ns);
-            }
+            latency.add(&p.latency_ns);
         }
         if begin == 0 {
             continue;
         }
         let us = |ns: u64| ns as f64 / 1000.0;
-        let (p50, p99, p999, avg, max) = match merged.filter(|m| !m.is_empty()) {
-            Some(m) => (
+        let m = &latency;
+        let (p50, p99, p999, avg, max) = if m.is_empty() {
+            (0.0, 0.0, 0.0, 0.0, 0.0)
+        } else {
+            (
                 us(m.quantile(0.5)),
                 us(m.quantile(0.99)),
                 us(m.quantile(0.999)),
                 m.mean() / 1000.0,
                 us(m.max()),
-            ),
-            None => (0.0, 0.0, 0.0, 0.0, 0.0),
+            )
         };
         out.push(PointSnapshot {
             tp,
@@ -237,25 +238,18 @@ pub fn snapshot<'a>(tracers: impl Iterator<Item = &'a Tracer> + Clone) -> Vec<Po
 }
 
 /// The ptracer table: the seed's header and fixed-width rows (TIME 23 wide, NAME 40, each
-/// number 15; the last column unpadded). `filter` selects rows.
-pub fn render(points: &[PointSnapshot], time: &str, filter: impl Fn(Tp) -> bool) -> String {
-    let mut out = format!(
-        "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{}\n",
-        "TIME",
-        "NAME",
-        "BEGIN",
-        "GOOD_END",
-        "BAD_END",
-        "ON_FLY",
-        "P50(us)",
-        "P99(us)",
-        "P999(us)",
-        "AVG(us)",
-        "MAX(us)"
-    );
+/// number 15; the last column unpadded), appended to `out`. `filter` selects rows.
+pub fn render(
+    points: &[PointSnapshot],
+    time: &str,
+    filter: impl Fn(Tp) -> bool,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(HEADER.as_bytes());
     for p in points.iter().filter(|p| filter(p.tp)) {
-        out.push_str(&format!(
-            "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15.3}{:<15.3}{:<15.3}{:<15.3}{:.3}\n",
+        let _ = writeln!(
+            out,
+            "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15.3}{:<15.3}{:<15.3}{:<15.3}{:.3}",
             time,
             p.tp.name(),
             p.begin,
@@ -267,10 +261,12 @@ pub fn render(points: &[PointSnapshot], time: &str, filter: impl Fn(Tp) -> bool)
             p.p999_us,
             p.avg_us,
             p.max_us
-        ));
+        );
     }
-    out
 }
+
+/// The table's header line.
+const HEADER: &str = "TIME                   NAME                                    BEGIN          GOOD_END       BAD_END        ON_FLY         P50(us)        P99(us)        P999(us)       AVG(us)        MAX(us)\n";
 
 /// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time.
 pub fn format_time(unix_secs: u64) -> String {
@@ -297,6 +293,26 @@ pub fn format_time(unix_secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header is the one the seed's format string writes.
+    #[test]
+    fn the_header_is_the_seeds() {
+        let seed = format!(
+            "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{:<15}{}\n",
+            "TIME",
+            "NAME",
+            "BEGIN",
+            "GOOD_END",
+            "BAD_END",
+            "ON_FLY",
+            "P50(us)",
+            "P99(us)",
+            "P999(us)",
+            "AVG(us)",
+            "MAX(us)"
+        );
+        assert_eq!(HEADER, seed);
+    }
 
     #[test]
     fn times() {
@@ -326,7 +342,9 @@ mod tests {
             snap.iter().all(|p| p.tp != Tp::Mount),
             "untouched tracepoints are not listed"
         );
-        let text = render(&snap, "2026-01-05 14:57:03", |_| true);
+        let mut text = Vec::new();
+        render(&snap, "2026-01-05 14:57:03", |_| true, &mut text);
+        let text = String::from_utf8(text).unwrap();
         let mut lines = text.lines();
         assert_eq!(
             lines.next().unwrap(),
@@ -355,7 +373,9 @@ mod tests {
             [a.p50_us, a.p99_us, a.p999_us, a.avg_us, a.max_us],
             [73.312; 5]
         );
-        let row = render(&snap, "2026-01-05 14:57:03", |_| true);
+        let mut row = Vec::new();
+        render(&snap, "2026-01-05 14:57:03", |_| true, &mut row);
+        let row = String::from_utf8(row).unwrap();
         assert!(row.trim_end().ends_with("73.312         73.312"), "{row}");
         for v in [1_000u64, 5_123, 99_999, 123_457, 1_000_001] {
             t.points[Tp::Alloc as usize].latency_ns.record(v);

@@ -60,7 +60,7 @@ impl dyn Source + '_ {
     /// The client figures this process recorded, merged over its shards, by rank and
     /// operation (only the pairs something was recorded for).
     pub fn recorded_client_views(&self) -> Vec<OpView> {
-        let mut acc = std::collections::HashMap::new();
+        let mut acc = Vec::new();
         for s in self.shards() {
             s.client.merge_into(&mut acc);
         }

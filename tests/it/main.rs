@@ -20,6 +20,7 @@ mod ha_kv;
 mod latency_histograms;
 mod lifecycle;
 mod metrics_contract;
+mod metrics_protobuf;
 mod numa;
 mod observability;
 mod perf;

@@ -153,6 +153,12 @@ struct Args {
     /// The first number that `{seq}` in a path becomes (then +1 per request, over all threads).
     #[arg(long, default_value_t = 0, value_name = "N")]
     seq_start: u64,
+
+    /// A header line every request carries after `Host` ("Name: value"); repeatable (e.g.
+    /// "Accept: application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily;
+    /// encoding=delimited" for the protobuf `/metrics`).
+    #[arg(long = "header", value_name = "LINE")]
+    headers: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -249,14 +255,22 @@ fn validate(args: &Args) -> Result<Config, String> {
             .map(|s| mix::parse_spec(s))
             .collect::<Result<Vec<_>, _>>()?
     };
-    let mix = Mix::new(
-        specs,
-        &args.target,
-        args.body_bytes,
-        args.keys,
-        args.seq_start,
-    )?
-    .with_key_dist(&zipf::KeyDist::parse(&args.key_dist)?);
+    if let Some(bad) = args
+        .headers
+        .iter()
+        .find(|h| !h.contains(':') || h.contains(['\r', '\n']))
+    {
+        return Err(format!(
+            "invalid --header {bad:?}: one \"Name: value\" line"
+        ));
+    }
+    // The extra header lines follow the Host line's value, each on its own line.
+    let host = std::iter::once(args.target.as_str())
+        .chain(args.headers.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    let mix = Mix::new(specs, &host, args.body_bytes, args.keys, args.seq_start)?
+        .with_key_dist(&zipf::KeyDist::parse(&args.key_dist)?);
     if args.preload && mix.keys == 0 {
         return Err("--preload needs a --request path with {key} (and --keys N)".into());
     }

@@ -452,6 +452,7 @@ pub(super) async fn write_tail<S: Io>(
         Tail::KeyStream(listing) => {
             super::flush(stream, wbuf).await && stream_keys(front, stream, listing, !http10).await
         }
+        Tail::Scratch => unreachable!("a body in place in scratch is written by `answer`"),
     }
 }
 

@@ -5,25 +5,29 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
-use super::Io;
+use std::os::fd::RawFd;
+
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
+use super::{Io, send_with_body};
 use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
 use crate::http::parse::{Head, ProtocolError};
-use crate::http::response::{self, Body, Response, Status};
+use crate::http::response::{self, Body, Response, SCRATCH_IN_PLACE_BYTES, Status, Tail};
 use crate::http::spans::RequestSpan;
 
 /// Answers one framed request: dispatches it through auth, router and handler (`verdict` is
 /// [`verdict`] of `head`; `body_since` is when its body started to arrive, if over several
 /// reads), writes its answer (the head into `wbuf`, then a tail straight to the socket) and
-/// records its transfer. `None`: the connection broke; else whether it closes after this
-/// answer.
+/// records its transfer. `direct`: the plain socket under `stream`, to which a large body
+/// built in `scratch` is written from there with its head. `None`: the connection broke;
+/// else whether it closes after this answer.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn answer<S: Io>(
     front: &Front,
     stream: &mut S,
+    direct: Option<RawFd>,
     head: &Head<'_>,
     verdict: Verdict,
     req_bytes: &[u8],
@@ -91,6 +95,14 @@ pub(super) async fn answer<S: Io>(
             scratch_len,
         );
     }
+    // A large body built in scratch (a scrape) is not copied after its head: both go to the
+    // socket in one vectored write (but for the last answer, which carries the FIN).
+    let in_place = direct.filter(|_| {
+        !close && matches!(resp.body, Body::Scratch) && scratch.len() >= SCRATCH_IN_PLACE_BYTES
+    });
+    if in_place.is_some() {
+        resp.body = Body::ScratchInPlace;
+    }
     let transfer = resp.transfer.take().map(|t| booked(t, &resp.body));
     let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);
@@ -101,11 +113,19 @@ pub(super) async fn answer<S: Io>(
         .request_durations
         .observe(op, started.elapsed());
     let sending = transfer.map(|(t, ranks)| (t, ranks, from));
-    if let Some(tail) = tail {
-        // The head with the body from where it is.
-        if !write_tail(front, stream, wbuf, tail, head.minor_version == 0).await {
-            return None;
+    match (tail, in_place) {
+        (Some(Tail::Scratch), Some(fd)) => {
+            if !send_with_body(fd, wbuf, scratch) {
+                return None;
+            }
         }
+        // The head with the body from where it is.
+        (Some(tail), _) => {
+            if !write_tail(front, stream, wbuf, tail, head.minor_version == 0).await {
+                return None;
+            }
+        }
+        (None, _) => {}
     }
     record_transfer(front, sending);
     Some(close)

@@ -36,6 +36,8 @@ impl<T: AsyncReadRent + AsyncWriteRent> Io for T {}
 
 /// A connection's buffers and framing state, carried between reads.
 struct Bufs {
+    /// The plain socket under the stream (no TLS), which answers may be written to directly.
+    direct: Option<RawFd>,
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
     scratch: Vec<u8>,
@@ -53,6 +55,7 @@ pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd, plain: bool)
     let direct = plain.then_some(fd);
     let conn = front.register(fd);
     let mut b = Bufs {
+        direct,
         rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
         wbuf: Vec::with_capacity(4096),
         scratch: Vec::new(),
@@ -188,6 +191,7 @@ async fn answer_buffered<S: Io>(
         let closes = answer(
             front,
             stream,
+            b.direct,
             &head,
             verdict,
             req,
@@ -352,6 +356,48 @@ async fn flush_answers<S: Io>(
         }
     }
     flush(stream, wbuf).await
+}
+
+/// Writes the answers in `wbuf` and then `body` (an answer's body, after its head in `wbuf`)
+/// to the plain socket `fd` with one non-blocking vectored `sendmsg`, which takes them whole
+/// when its buffer has room; what it does not take is left in `wbuf` (the body's rest
+/// copied there) for the connection's next flush. False: the connection broke.
+pub(super) fn send_with_body(fd: RawFd, wbuf: &mut Vec<u8>, body: &[u8]) -> bool {
+    let mut iov = [
+        libc::iovec {
+            iov_base: wbuf.as_ptr() as *mut libc::c_void,
+            iov_len: wbuf.len(),
+        },
+        libc::iovec {
+            iov_base: body.as_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+    ];
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `fd` is the open socket of the connection; the iovecs point into `wbuf` and
+    // `body`, valid for their lengths and unchanged during the call.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    let sent = if n >= 0 {
+        n as usize
+    } else {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if e != Some(libc::EAGAIN) && e != Some(libc::EINTR) {
+            return false;
+        }
+        0
+    };
+    if sent >= wbuf.len() {
+        let from = sent - wbuf.len();
+        wbuf.clear();
+        wbuf.extend_from_slice(&body[from..]);
+    } else {
+        wbuf.drain(..sent);
+        wbuf.extend_from_slice(body);
+    }
+    true
 }
 
 /// Holds back a partial segment until the socket's write side is shut down (`linger`), so a

@@ -330,7 +330,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ObjectsBatchRemove => objects::batch_remove(req, ctx).await,
         Route::SegmentsMount => segments::mount(req, ctx).await,
         Route::SegmentsUnmount => segments::unmount(req, ctx).await,
-        Route::Metrics => scrape::metrics(ctx),
+        Route::Metrics => scrape::metrics(req, ctx),
         Route::MetricsSummary => scrape::summary(ctx),
         Route::MetricsPtracer => scrape::ptracer(ctx, false),
         Route::AllocFreeLatency => scrape::ptracer(ctx, true),

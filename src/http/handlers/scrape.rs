@@ -4,18 +4,27 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::Ctx;
+use super::{Ctx, Request};
 use crate::http::response::{Body, ContentType, Response, Status};
-use crate::metrics::exposition;
+use crate::metrics::exposition::{self, Format};
 use crate::metrics::kv_events::{EventType, MEDIUM_LABELS};
 use crate::metrics::trace::Tp;
 
-pub fn metrics(ctx: &mut Ctx<'_>) -> Response {
+/// `/metrics`: the text format, or the protobuf exposition (with native histograms) when the
+/// scraper's `Accept` header prefers it.
+pub fn metrics(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
-    exposition::render_metrics(&*ctx.shard.cluster, ctx.scratch);
-    // The OTLP exporter's own families (`memcache_otlp_*`), after the others.
-    ctx.shard.cluster.telemetry.render(ctx.scratch);
-    Response::new(Status::OK, ContentType::Prometheus, Body::Scratch)
+    let format = exposition::negotiate(req.head.accept);
+    exposition::render_metrics_as(&*ctx.shard.cluster, format, ctx.scratch);
+    let content_type = match format {
+        Format::Text => {
+            // The OTLP exporter's own families (`memcache_otlp_*`), after the others.
+            ctx.shard.cluster.telemetry.render(ctx.scratch);
+            ContentType::Prometheus
+        }
+        Format::Protobuf => ContentType::PrometheusProtobuf,
+    };
+    Response::new(Status::OK, content_type, Body::Scratch)
 }
 
 pub fn summary(ctx: &mut Ctx<'_>) -> Response {
@@ -87,8 +96,12 @@ pub fn kv_events_publisher(ctx: &mut Ctx<'_>) -> Response {
 /// The ptracer table; `alloc_free_only`: just the alloc and remove rows.
 pub fn ptracer(ctx: &mut Ctx<'_>, alloc_free_only: bool) -> Response {
     let now = ctx.shard.clock.unix_secs();
-    let text = exposition::render_ptracer(&*ctx.shard.cluster, now, |tp| {
-        !alloc_free_only || matches!(tp, Tp::Alloc | Tp::Remove)
-    });
-    Response::new(Status::OK, ContentType::Text, Body::Bytes(text.into()))
+    ctx.scratch.clear();
+    exposition::render_ptracer(
+        &*ctx.shard.cluster,
+        now,
+        |tp| !alloc_free_only || matches!(tp, Tp::Alloc | Tp::Remove),
+        ctx.scratch,
+    );
+    Response::new(Status::OK, ContentType::Text, Body::Scratch)
 }

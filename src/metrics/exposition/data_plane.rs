@@ -1,10 +1,8 @@
 //! The data plane's own families: client bandwidth per rank and operation
 //! (`memcache_bandwidth_*`, `memcache_metric_stale`) and the SSD tier's UBS IO figures.
 
-use std::collections::HashMap;
-
 use super::ranks;
-use super::writer::Out;
+use super::writer::{Family, Out, family};
 use crate::common::medium::Medium;
 use crate::metrics::client::{self, ClientOp};
 use crate::metrics::view::{RankClient, RecoveryFigures, Source};
@@ -17,6 +15,12 @@ enum Sample {
     Int(u64),
     MsOfNs(u64),
 }
+
+static METRIC_STALE: Family = family!(
+    "memcache_metric_stale",
+    "Client metric stale status (1 = stale, 0 = fresh)",
+    gauge
+);
 
 /// The client metric families (the data plane's own traffic, `RankMetricView` upstream):
 /// `memcache_metric_stale` for every rank with a mounted segment and every lost remote rank,
@@ -43,21 +47,14 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
         .map(|&r| (r, cluster.rank_client(r)))
         .collect();
     let views = client_views(cluster, &sources);
-    o.family(
-        "memcache_metric_stale",
-        "Client metric stale status (1 = stale, 0 = fresh)",
-        "gauge",
-    );
+    let mut digits = itoa::Buffer::new();
+    o.family(&METRIC_STALE);
     for (r, source) in &sources {
         let stale = *source == RankClient::Silent;
-        o.int(
-            "memcache_metric_stale",
-            &[("rank", &r.to_string())],
-            stale as u64,
-        );
+        o.int(&[("rank", digits.format(*r))], stale as u64);
     }
     for &r in &lost {
-        o.int("memcache_metric_stale", &[("rank", &r.to_string())], 1);
+        o.int(&[("rank", digits.format(r))], 1);
     }
     render_bandwidth(o, &views);
     render_latency_and_rate(o, &views);
@@ -66,11 +63,8 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
 /// The merged views of every online rank's operations, empty ones included, by rank: what
 /// this process recorded, plus what a remote rank's local service reported.
 fn client_views(cluster: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<client::OpView> {
-    let mut recorded: HashMap<(u32, ClientOp), client::OpView> = cluster
-        .recorded_client_views()
-        .into_iter()
-        .map(|v| ((v.rank, v.op), v))
-        .collect();
+    // By rank and operation.
+    let recorded = cluster.recorded_client_views();
     let mut out = Vec::new();
     for (r, source) in sources {
         let reported: &[client::OpView] = match source {
@@ -79,9 +73,10 @@ fn client_views(cluster: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<clie
             RankClient::Silent => continue,
         };
         for op in ClientOp::ALL {
-            let mut v = recorded
-                .remove(&(*r, op))
-                .unwrap_or_else(|| client::OpView::empty(*r, op));
+            let mut v = match recorded.binary_search_by_key(&(*r, op), |v| (v.rank, v.op)) {
+                Ok(i) => recorded[i].clone(),
+                Err(_) => client::OpView::empty(*r, op),
+            };
             for other in reported.iter().filter(|x| x.op == op) {
                 v.absorb(other);
             }
@@ -91,81 +86,93 @@ fn client_views(cluster: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<clie
     out
 }
 
-/// The window and cumulative byte and duration families: (metric, HELP, type, only for
-/// operations that move bytes, value).
-const BANDWIDTH: &[(&str, &str, &str, bool, ViewField)] = &[
+/// The window and cumulative byte and duration families: (family, only for operations that
+/// move bytes, value).
+static BANDWIDTH: [(Family, bool, ViewField); 4] = [
     (
-        "memcache_bandwidth_bytes",
-        "Client bandwidth window bytes transferred",
-        "gauge",
+        family!(
+            "memcache_bandwidth_bytes",
+            "Client bandwidth window bytes transferred",
+            gauge
+        ),
         true,
         |v| Sample::Int(v.bytes),
     ),
     (
-        "memcache_bandwidth_duration_ms",
-        "Client bandwidth window duration in milliseconds",
-        "gauge",
+        family!(
+            "memcache_bandwidth_duration_ms",
+            "Client bandwidth window duration in milliseconds",
+            gauge
+        ),
         false,
         |v| Sample::MsOfNs(v.duration_ns),
     ),
     (
-        "memcache_bandwidth_bytes_cum_total",
-        "Client bandwidth cumulative bytes transferred",
-        "counter",
+        family!(
+            "memcache_bandwidth_bytes_cum_total",
+            "Client bandwidth cumulative bytes transferred",
+            counter
+        ),
         true,
         |v| Sample::Int(v.cum_bytes),
     ),
     (
-        "memcache_bandwidth_duration_ms_cum_total",
-        "Client bandwidth cumulative duration in milliseconds",
-        "counter",
+        family!(
+            "memcache_bandwidth_duration_ms_cum_total",
+            "Client bandwidth cumulative duration in milliseconds",
+            counter
+        ),
         false,
         |v| Sample::MsOfNs(v.cum_duration_ns),
     ),
 ];
 
 fn render_bandwidth(o: &mut Out<'_>, views: &[client::OpView]) {
-    for &(name, help, kind, bytes_only, f) in BANDWIDTH {
-        o.family(name, help, kind);
+    let mut digits = itoa::Buffer::new();
+    for (family, bytes_only, f) in &BANDWIDTH {
+        o.family(family);
         for v in views {
-            if bytes_only && !v.op.moves_bytes() {
+            if *bytes_only && !v.op.moves_bytes() {
                 continue;
             }
-            let labels = [("rank", &*v.rank.to_string()), ("operation", v.op.name())];
+            let labels = [("rank", digits.format(v.rank)), ("operation", v.op.name())];
             match f(v) {
-                Sample::Int(n) => o.int(name, &labels, n),
-                Sample::MsOfNs(ns) => o.float(name, &labels, ns as f64 / 1e6),
+                Sample::Int(n) => o.int(&labels, n),
+                Sample::MsOfNs(ns) => o.float(&labels, ns as f64 / 1e6),
             }
         }
     }
 }
 
+static LATENCY: Family = family!(
+    "memcache_bandwidth_latency_seconds",
+    "Client bandwidth operation latency in seconds",
+    gauge
+);
+
+static BYTES_PER_SEC: Family = family!(
+    "memcache_bandwidth_bytes_per_sec",
+    "Client bandwidth instantaneous bytes per second",
+    gauge
+);
+
 /// Latency quantiles and the window's transfer rate.
 fn render_latency_and_rate(o: &mut Out<'_>, views: &[client::OpView]) {
-    o.family(
-        "memcache_bandwidth_latency_seconds",
-        "Client bandwidth operation latency in seconds",
-        "gauge",
-    );
+    let mut digits = itoa::Buffer::new();
+    o.family(&LATENCY);
     for v in views {
-        let rank = v.rank.to_string();
+        let rank = digits.format(v.rank);
         for (q, val) in ["P50", "P90", "P99", "Avg"].iter().zip(v.latency) {
             o.float(
-                "memcache_bandwidth_latency_seconds",
-                &[("rank", &rank), ("operation", v.op.name()), ("quantile", q)],
+                &[("rank", rank), ("operation", v.op.name()), ("quantile", q)],
                 val,
             );
         }
     }
-    o.family(
-        "memcache_bandwidth_bytes_per_sec",
-        "Client bandwidth instantaneous bytes per second",
-        "gauge",
-    );
+    o.family(&BYTES_PER_SEC);
     for v in views.iter().filter(|v| v.op.moves_bytes()) {
         o.int(
-            "memcache_bandwidth_bytes_per_sec",
-            &[("rank", &v.rank.to_string()), ("operation", v.op.name())],
+            &[("rank", digits.format(v.rank)), ("operation", v.op.name())],
             v.bytes_per_sec(),
         );
     }
@@ -173,7 +180,7 @@ fn render_latency_and_rate(o: &mut Out<'_>, views: &[client::OpView]) {
 
 /// One rank's UBS IO figures.
 struct RankIo {
-    rank: String,
+    rank: u32,
     disk_capacity: u64,
     disk_used: u64,
     mem_capacity: u64,
@@ -184,7 +191,7 @@ struct RankIo {
 
 /// One SSD directory's figures.
 struct DiskIo {
-    rank: String,
+    rank: u32,
     path: String,
     status: u64,
     read_bps: u64,
@@ -200,17 +207,21 @@ type DiskIoField = fn(&DiskIo) -> u64;
 /// series with an empty `disk_path` and value 0.
 pub(super) fn render_ubs_io(cluster: &dyn Source, o: &mut Out<'_>) {
     let ranks = rank_io(cluster);
-    for &(name, help, f) in PER_RANK {
-        o.family(name, help, "gauge");
+    let mut digits = itoa::Buffer::new();
+    for (family, f) in &PER_RANK {
+        o.family(family);
         for r in &ranks {
-            o.int(name, &[("rank", &r.rank)], f(r));
+            o.int(&[("rank", digits.format(r.rank))], f(r));
         }
     }
     let disks = disk_io(cluster, &ranks);
-    for &(name, help, f) in PER_DISK {
-        o.family(name, help, "gauge");
+    for (family, f) in &PER_DISK {
+        o.family(family);
         for d in &disks {
-            o.int(name, &[("rank", &d.rank), ("disk_path", &d.path)], f(d));
+            o.int(
+                &[("rank", digits.format(d.rank)), ("disk_path", &d.path)],
+                f(d),
+            );
         }
     }
 }
@@ -225,7 +236,7 @@ fn rank_io(cluster: &dyn Source) -> Vec<RankIo> {
     ranks(cluster)
         .iter()
         .map(|&r| RankIo {
-            rank: r.to_string(),
+            rank: r,
             disk_capacity: of_rank(r, Medium::Ssd).map(|s| s.capacity()).sum(),
             disk_used: of_rank(r, Medium::Ssd).map(|s| s.used_bytes()).sum(),
             mem_capacity: of_rank(r, Medium::Dram).map(|s| s.capacity()).sum(),
@@ -255,7 +266,7 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
                 // the fault count reads it).
                 let r = cluster.remote_disk(s.rank());
                 return Some(DiskIo {
-                    rank: s.rank().to_string(),
+                    rank: s.rank(),
                     path: r.path,
                     status,
                     read_bps: r.read_bps,
@@ -265,7 +276,7 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
             let f = s.disk()?;
             let (read, written) = f.window_bytes(now_secs, window);
             Some(DiskIo {
-                rank: s.rank().to_string(),
+                rank: s.rank(),
                 path: f.dir().to_string(),
                 status: f.status(),
                 read_bps: read / window,
@@ -275,172 +286,222 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
         .collect();
     for r in ranks.iter().filter(|r| r.disks == 0) {
         disks.push(DiskIo {
-            rank: r.rank.clone(),
+            rank: r.rank,
             path: String::new(),
             status: 0,
             read_bps: 0,
             write_bps: 0,
         });
     }
-    disks.sort_by_key(|d| (d.rank.parse::<u32>().unwrap_or(u32::MAX), d.path.is_empty()));
+    disks.sort_by_key(|d| (d.rank, d.path.is_empty()));
     disks
 }
 
-const PER_RANK: &[(&str, &str, RankIoField)] = &[
+static PER_RANK: [(Family, RankIoField); 6] = [
     (
-        "memcache_ubs_io_disk_capacity_bytes",
-        "Client UBS IO SSD total capacity in bytes",
+        family!(
+            "memcache_ubs_io_disk_capacity_bytes",
+            "Client UBS IO SSD total capacity in bytes",
+            gauge
+        ),
         |r| r.disk_capacity,
     ),
     (
-        "memcache_ubs_io_disk_used_bytes",
-        "Client UBS IO SSD used bytes",
+        family!(
+            "memcache_ubs_io_disk_used_bytes",
+            "Client UBS IO SSD used bytes",
+            gauge
+        ),
         |r| r.disk_used,
     ),
     (
-        "memcache_ubs_io_mem_capacity_bytes",
-        "Client UBS IO memory total capacity in bytes",
+        family!(
+            "memcache_ubs_io_mem_capacity_bytes",
+            "Client UBS IO memory total capacity in bytes",
+            gauge
+        ),
         |r| r.mem_capacity,
     ),
     (
-        "memcache_ubs_io_mem_used_bytes",
-        "Client UBS IO memory used bytes",
+        family!(
+            "memcache_ubs_io_mem_used_bytes",
+            "Client UBS IO memory used bytes",
+            gauge
+        ),
         |r| r.mem_used,
     ),
     (
-        "memcache_ubs_io_disk_num",
-        "Client UBS IO total disk count",
+        family!(
+            "memcache_ubs_io_disk_num",
+            "Client UBS IO total disk count",
+            gauge
+        ),
         |r| r.disks,
     ),
     (
-        "memcache_ubs_io_fault_disk_num",
-        "Client UBS IO fault disk count",
+        family!(
+            "memcache_ubs_io_fault_disk_num",
+            "Client UBS IO fault disk count",
+            gauge
+        ),
         |r| r.faulty,
     ),
 ];
 
-const PER_DISK: &[(&str, &str, DiskIoField)] = &[
+static PER_DISK: [(Family, DiskIoField); 4] = [
     (
-        "memcache_ubs_io_disk_status",
-        "Client UBS IO per-disk status (0=normal, non-zero=fault)",
+        family!(
+            "memcache_ubs_io_disk_status",
+            "Client UBS IO per-disk status (0=normal, non-zero=fault)",
+            gauge
+        ),
         |d| d.status,
     ),
     (
-        "memcache_ubs_io_disk_read_bandwidth_bytes_per_sec",
-        "Client UBS IO per-disk read bandwidth",
+        family!(
+            "memcache_ubs_io_disk_read_bandwidth_bytes_per_sec",
+            "Client UBS IO per-disk read bandwidth",
+            gauge
+        ),
         |d| d.read_bps,
     ),
     (
-        "memcache_ubs_io_disk_write_bandwidth_bytes_per_sec",
-        "Client UBS IO per-disk write bandwidth",
+        family!(
+            "memcache_ubs_io_disk_write_bandwidth_bytes_per_sec",
+            "Client UBS IO per-disk write bandwidth",
+            gauge
+        ),
         |d| d.write_bps,
     ),
     (
-        "memcache_ubs_io_disk_total_bandwidth_bytes_per_sec",
-        "Client UBS IO per-disk total bandwidth",
+        family!(
+            "memcache_ubs_io_disk_total_bandwidth_bytes_per_sec",
+            "Client UBS IO per-disk total bandwidth",
+            gauge
+        ),
         |d| d.read_bps + d.write_bps,
     ),
 ];
 
+static RECOVERY_DROPPED: Family = family!(
+    "memcache_ssd_recovery_dropped_blobs_total",
+    "Blobs an SSD file's journal listed at the start that were not taken back, or were dropped since: past the end of the file or outside the segment (length), malformed (invalid), refused by the index (conflict), bytes not matching their checksum when read back (checksum)",
+    counter
+);
+
+static RECOVERY_DURATION: Family = family!(
+    "memcache_ssd_recovery_duration_seconds",
+    "How long the start spent recovering an SSD file: reading and rewriting its journal, then indexing its blobs (the server is ready after it; the blobs are read back in the background)",
+    gauge
+);
+
 /// The SSD tier's recovery at the start and its journals since, per journaled file.
 pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
     let segs = cluster.segments();
-    let files: Vec<(String, String, RecoveryFigures)> = segs
+    let files: Vec<(u32, &str, RecoveryFigures)> = segs
         .iter()
         .filter_map(|s| {
             let d = s.disk()?;
-            Some((s.rank().to_string(), d.dir().to_string(), d.recovery()?))
+            Some((s.rank(), d.dir(), d.recovery()?))
         })
         .collect();
-    // Each family's series, one per file (or per file and reason).
-    let mut family = |name: &str, help: &str, kind: &str, each: &SeriesOf| {
-        o.family(name, help, kind);
+    let mut digits = itoa::Buffer::new();
+    for (family, f) in &RECOVERY {
+        o.family(family);
         for (rank, path, r) in &files {
-            each(o, &[("rank", rank), ("disk_path", path)], r);
+            o.int(&[("rank", digits.format(*rank)), ("disk_path", path)], f(r));
         }
-    };
-    for &(name, help, kind, f) in RECOVERY {
-        family(name, help, kind, &move |o, labels, r| {
-            o.int(name, labels, f(r))
-        });
     }
-    let name = "memcache_ssd_recovery_dropped_blobs_total";
-    family(
-        name,
-        "Blobs an SSD file's journal listed at the start that were not taken back, or were dropped since: past the end of the file or outside the segment (length), malformed (invalid), refused by the index (conflict), bytes not matching their checksum when read back (checksum)",
-        "counter",
-        &move |o, labels, r| {
-            for (reason, v) in [
-                ("length", r.dropped_length),
-                ("invalid", r.dropped_invalid),
-                ("conflict", r.dropped_conflict),
-                ("checksum", r.dropped_checksum),
-            ] {
-                o.int(name, &[labels[0], labels[1], ("reason", reason)], v);
-            }
-        },
-    );
-    let name = "memcache_ssd_recovery_duration_seconds";
-    family(
-        name,
-        "How long the start spent recovering an SSD file: reading and rewriting its journal, then indexing its blobs (the server is ready after it; the blobs are read back in the background)",
-        "gauge",
-        &move |o, labels, r| o.float(name, labels, r.micros as f64 / 1e6),
-    );
+    o.family(&RECOVERY_DROPPED);
+    for (rank, path, r) in &files {
+        for (reason, v) in [
+            ("length", r.dropped_length),
+            ("invalid", r.dropped_invalid),
+            ("conflict", r.dropped_conflict),
+            ("checksum", r.dropped_checksum),
+        ] {
+            let labels = [
+                ("rank", digits.format(*rank)),
+                ("disk_path", path),
+                ("reason", reason),
+            ];
+            o.int(&labels, v);
+        }
+    }
+    o.family(&RECOVERY_DURATION);
+    for (rank, path, r) in &files {
+        o.float(
+            &[("rank", digits.format(*rank)), ("disk_path", path)],
+            r.micros as f64 / 1e6,
+        );
+    }
 }
 
 type RecoveryField = fn(&RecoveryFigures) -> u64;
 
-/// Writes one file's series of a family (given the file's labels).
-type SeriesOf = dyn Fn(&mut Out<'_>, &[(&str, &str)], &RecoveryFigures);
-
-const RECOVERY: &[(&str, &str, &str, RecoveryField)] = &[
+static RECOVERY: [(Family, RecoveryField); 8] = [
     (
-        "memcache_ssd_recovered_blobs_total",
-        "Blobs taken back from an SSD file at the start (listed by its journal, their bytes in the file)",
-        "counter",
+        family!(
+            "memcache_ssd_recovered_blobs_total",
+            "Blobs taken back from an SSD file at the start (listed by its journal, their bytes in the file)",
+            counter
+        ),
         |r| r.blobs,
     ),
     (
-        "memcache_ssd_recovered_bytes_total",
-        "Object bytes taken back from an SSD file at the start",
-        "counter",
+        family!(
+            "memcache_ssd_recovered_bytes_total",
+            "Object bytes taken back from an SSD file at the start",
+            counter
+        ),
         |r| r.bytes,
     ),
     (
-        "memcache_ssd_recovery_verified_blobs_total",
-        "Recovered blobs read back and found intact (their checksum matched)",
-        "counter",
+        family!(
+            "memcache_ssd_recovery_verified_blobs_total",
+            "Recovered blobs read back and found intact (their checksum matched)",
+            counter
+        ),
         |r| r.verified,
     ),
     (
-        "memcache_ssd_recovery_verify_pending_blobs",
-        "Recovered blobs not read back yet (every read of one is checked all the same)",
-        "gauge",
+        family!(
+            "memcache_ssd_recovery_verify_pending_blobs",
+            "Recovered blobs not read back yet (every read of one is checked all the same)",
+            gauge
+        ),
         |r| r.verify_pending,
     ),
     (
-        "memcache_ssd_journal_bytes",
-        "Size of an SSD file's journal (rewritten whole past twice its last rewrite)",
-        "gauge",
+        family!(
+            "memcache_ssd_journal_bytes",
+            "Size of an SSD file's journal (rewritten whole past twice its last rewrite)",
+            gauge
+        ),
         |r| r.journal_bytes,
     ),
     (
-        "memcache_ssd_journal_records_total",
-        "Records appended to an SSD file's journal (a flush that landed, a flushed blob that left, a remove_all per shard)",
-        "counter",
+        family!(
+            "memcache_ssd_journal_records_total",
+            "Records appended to an SSD file's journal (a flush that landed, a flushed blob that left, a remove_all per shard)",
+            counter
+        ),
         |r| r.journal_records,
     ),
     (
-        "memcache_ssd_journal_compactions_total",
-        "Rewrites of an SSD file's journal as a snapshot of its live entries",
-        "counter",
+        family!(
+            "memcache_ssd_journal_compactions_total",
+            "Rewrites of an SSD file's journal as a snapshot of its live entries",
+            counter
+        ),
         |r| r.journal_compactions,
     ),
     (
-        "memcache_ssd_journal_dropped_records_total",
-        "Records an SSD file's journal could not take: a write failed, the journal was removed, and nothing will be recovered from the file at the next start",
-        "counter",
+        family!(
+            "memcache_ssd_journal_dropped_records_total",
+            "Records an SSD file's journal could not take: a write failed, the journal was removed, and nothing will be recovered from the file at the next start",
+            counter
+        ),
         |r| r.journal_dropped_records,
     ),
 ];

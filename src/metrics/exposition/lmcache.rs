@@ -1,10 +1,12 @@
 //! LMCache-compatible tier and event-bus families (memory media = L1, SSD = L2).
 
-use super::writer::Out;
+use std::sync::OnceLock;
+
+use super::writer::{Family, HistogramLines, Out, family};
 use super::{medium_usage, sum, sum_i};
 use crate::common::medium::Medium;
 use crate::metrics::bus::{BusStats, SUBSCRIBERS, TierStats};
-use crate::metrics::hist::BucketHistogram;
+use crate::metrics::hist::{BucketHistogram, GBS_BUCKETS, SECONDS_BUCKETS};
 use crate::metrics::view::Source;
 
 type Labels = &'static [(&'static str, &'static str)];
@@ -29,195 +31,290 @@ pub(super) fn render_tiers_and_bus(cluster: &dyn Source, o: &mut Out<'_>) {
     render_bus(cluster, o);
 }
 
+static L1_USAGE: Family = family!(
+    "lmcache_mp_l1_memory_usage_bytes",
+    "Bytes currently held in L1 (HBM and DRAM)",
+    gauge
+);
+
+static L1_RATIO: Family = family!(
+    "lmcache_mp_l1_usage_ratio",
+    "L1 used bytes over L1 capacity",
+    gauge
+);
+
+static L2_USAGE: Family = family!(
+    "lmcache_mp_l2_usage_bytes",
+    "Bytes currently held in L2 (SSD)",
+    gauge
+);
+
 /// L1 and L2 usage.
 fn render_usage(cluster: &dyn Source, o: &mut Out<'_>) {
     let (hbm_c, hbm_u) = medium_usage(cluster, Medium::Hbm);
     let (dram_c, dram_u) = medium_usage(cluster, Medium::Dram);
     let (ssd_c, ssd_u) = medium_usage(cluster, Medium::Ssd);
     let (l1_cap, l1_used) = (hbm_c + dram_c, hbm_u + dram_u);
-    o.single(
-        "lmcache_mp_l1_memory_usage_bytes",
-        "Bytes currently held in L1 (HBM and DRAM)",
-        "gauge",
-        l1_used,
-    );
-    let ratio = "lmcache_mp_l1_usage_ratio";
-    o.family(ratio, "L1 used bytes over L1 capacity", "gauge");
+    o.single(&L1_USAGE, l1_used);
+    o.family(&L1_RATIO);
     let r = if l1_cap == 0 {
         0.0
     } else {
         l1_used as f64 / l1_cap as f64
     };
-    o.float(ratio, &[], r);
+    o.float(&[], r);
     if ssd_c > 0 || ssd_u > 0 {
-        let l2 = "lmcache_mp_l2_usage_bytes";
-        o.family(l2, "Bytes currently held in L2 (SSD)", "gauge");
-        o.int(l2, SSD, ssd_u);
+        o.family(&L2_USAGE);
+        o.int(SSD, ssd_u);
     }
 }
 
-/// The chunk and L2 task families, in output order: (metric, HELP, type, labels, value).
-type Task = (
-    &'static str,
-    &'static str,
-    &'static str,
-    Labels,
-    fn(&dyn Source) -> u64,
-);
+/// The chunk and L2 task families, in output order: (family, labels, value).
+type Task = (Family, Labels, fn(&dyn Source) -> u64);
 
-const TASKS: &[Task] = &[
+static TASKS: &[Task] = &[
     (
-        "lmcache_mp_l1_read_chunks_total",
-        "Chunks read from L1",
-        "counter",
+        family!(
+            "lmcache_mp_l1_read_chunks_total",
+            "Chunks read from L1",
+            counter
+        ),
         &[],
         |c| t(c, |s| s.l1_read_chunks.get()),
     ),
     (
-        "lmcache_mp_l1_write_chunks_total",
-        "Chunks written to L1",
-        "counter",
+        family!(
+            "lmcache_mp_l1_write_chunks_total",
+            "Chunks written to L1",
+            counter
+        ),
         &[],
         |c| t(c, |s| s.l1_write_chunks.get()),
     ),
     (
-        "lmcache_mp_l1_evicted_chunks_total",
-        "Chunks evicted from L1",
-        "counter",
+        family!(
+            "lmcache_mp_l1_evicted_chunks_total",
+            "Chunks evicted from L1",
+            counter
+        ),
         &[],
         |c| t(c, |s| s.l1_evicted_chunks.get()),
     ),
     (
-        "lmcache_mp_l2_evicted_chunks_total",
-        "Chunks evicted from L2",
-        "counter",
+        family!(
+            "lmcache_mp_l2_evicted_chunks_total",
+            "Chunks evicted from L2",
+            counter
+        ),
         &[],
         |c| t(c, |s| s.l2_evicted_chunks.get()),
     ),
     (
-        "lmcache_mp_l2_store_submitted_requests_total",
-        "L1 to L2 store tasks submitted",
-        "counter",
+        family!(
+            "lmcache_mp_l2_store_submitted_requests_total",
+            "L1 to L2 store tasks submitted",
+            counter
+        ),
         &[],
         |c| t(c, |s| s.l2_store_submitted.get()),
     ),
     (
-        "lmcache_mp_l2_store_completed_requests_total",
-        "L1 to L2 store tasks completed",
-        "counter",
+        family!(
+            "lmcache_mp_l2_store_completed_requests_total",
+            "L1 to L2 store tasks completed",
+            counter
+        ),
         SSD,
         |c| t(c, |s| s.l2_store_completed.get()),
     ),
     (
-        "lmcache_mp_l2_store_failed_requests_total",
-        "L1 to L2 store tasks that failed (the L1 copy was kept)",
-        "counter",
+        family!(
+            "lmcache_mp_l2_store_failed_requests_total",
+            "L1 to L2 store tasks that failed (the L1 copy was kept)",
+            counter
+        ),
         SSD,
         |c| t(c, |s| s.l2_store_failed.get()),
     ),
     (
-        "lmcache_mp_l2_load_completed_requests_total",
-        "L2 to L1 load tasks completed",
-        "counter",
+        family!(
+            "lmcache_mp_l2_load_completed_requests_total",
+            "L2 to L1 load tasks completed",
+            counter
+        ),
         SSD,
         |c| t(c, |s| s.l2_load_completed.get()),
     ),
     (
-        "lmcache_mp_l2_load_failed_requests_total",
-        "L2 to L1 load tasks that failed",
-        "counter",
+        family!(
+            "lmcache_mp_l2_load_failed_requests_total",
+            "L2 to L1 load tasks that failed",
+            counter
+        ),
         SSD,
         |c| t(c, |s| s.l2_load_failed.get()),
     ),
     (
-        "lmcache_mp_num_inflight_l2_stores",
-        "In-flight L2 store tasks",
-        "gauge",
+        family!(
+            "lmcache_mp_num_inflight_l2_stores",
+            "In-flight L2 store tasks",
+            gauge
+        ),
         SSD_IDX,
         |c| ti(c, |s| s.inflight_l2_stores.get()),
     ),
     (
-        "lmcache_mp_num_inflight_l2_loads",
-        "In-flight L2 load tasks",
-        "gauge",
+        family!(
+            "lmcache_mp_num_inflight_l2_loads",
+            "In-flight L2 load tasks",
+            gauge
+        ),
         SSD_IDX,
         |c| ti(c, |s| s.inflight_l2_loads.get()),
     ),
     (
-        "lmcache_mp_inflight_load_memory_usage_bytes",
-        "L1 bytes reserved by in-flight L2 loads",
-        "gauge",
+        family!(
+            "lmcache_mp_inflight_load_memory_usage_bytes",
+            "L1 bytes reserved by in-flight L2 loads",
+            gauge
+        ),
         SSD_IDX,
         |c| ti(c, |s| s.inflight_load_bytes.get()),
     ),
     (
-        "lmcache_mp_active_prefetch_jobs",
-        "Prefetch rewarms in flight",
-        "gauge",
+        family!(
+            "lmcache_mp_active_prefetch_jobs",
+            "Prefetch rewarms in flight",
+            gauge
+        ),
         &[],
         |c| ti(c, |s| s.active_prefetch_jobs.get()),
     ),
 ];
 
 fn render_tasks(cluster: &dyn Source, o: &mut Out<'_>) {
-    for &(name, help, kind, labels, f) in TASKS {
-        o.family(name, help, kind);
-        o.int(name, labels, f(cluster));
+    for (family, labels, f) in TASKS {
+        o.family(family);
+        o.int(labels, f(cluster));
     }
 }
 
 type H = fn(&TierStats) -> &BucketHistogram;
 
-/// The histogram families: (metric, HELP, labels, histogram).
-const HISTOGRAMS: &[(&str, &str, Labels, H)] = &[
+/// The histogram families: (family, labels, bounds, histogram).
+static HISTOGRAMS: [(Family, Labels, &[f64], H); 4] = [
     (
-        "lmcache_mp_l1_chunk_lifetime_seconds",
-        "Time from store to eviction of L1 chunks",
+        family!(
+            "lmcache_mp_l1_chunk_lifetime_seconds",
+            "Time from store to eviction of L1 chunks",
+            histogram
+        ),
         &[],
+        SECONDS_BUCKETS,
         |s| &s.l1_chunk_lifetime,
     ),
     (
-        "lmcache_mp_l1_chunk_idle_before_evict_seconds",
-        "Time from last access to eviction of L1 chunks",
+        family!(
+            "lmcache_mp_l1_chunk_idle_before_evict_seconds",
+            "Time from last access to eviction of L1 chunks",
+            histogram
+        ),
         &[],
+        SECONDS_BUCKETS,
         |s| &s.l1_chunk_idle_before_evict,
     ),
     (
-        "lmcache_mp_l2_store_throughput_GBs",
-        "Throughput of L1 to L2 stores in GB/s",
+        family!(
+            "lmcache_mp_l2_store_throughput_GBs",
+            "Throughput of L1 to L2 stores in GB/s",
+            histogram
+        ),
         SSD,
+        GBS_BUCKETS,
         |s| &s.l2_store_throughput,
     ),
     (
-        "lmcache_mp_l2_load_throughput_GBs",
-        "Throughput of L2 to L1 loads in GB/s",
+        family!(
+            "lmcache_mp_l2_load_throughput_GBs",
+            "Throughput of L2 to L1 loads in GB/s",
+            histogram
+        ),
         SSD,
+        GBS_BUCKETS,
         |s| &s.l2_load_throughput,
     ),
 ];
 
+/// Buckets a histogram of these families has at most (`+Inf` included).
+const MAX_BUCKETS: usize = 16;
+
+/// Each histogram family's lines, made once from its bounds (written as `Display` writes
+/// them: `0.01`, `1`, `3600`).
+fn histogram_lines() -> &'static [HistogramLines] {
+    static LINES: OnceLock<Vec<HistogramLines>> = OnceLock::new();
+    LINES.get_or_init(|| {
+        HISTOGRAMS
+            .iter()
+            .map(|(family, labels, bounds, _)| {
+                let les: Vec<String> = bounds.iter().map(|b| format!("{b}")).collect();
+                let les: Vec<&str> = les.iter().map(String::as_str).collect();
+                HistogramLines::new(family.name, labels, &les)
+            })
+            .collect()
+    })
+}
+
 fn render_histograms(cluster: &dyn Source, o: &mut Out<'_>) {
-    for &(name, help, labels, h) in HISTOGRAMS {
-        let bounds = h(cluster.shard(0).tier_stats).bounds;
-        let mut counts = vec![0u64; bounds.len() + 1];
+    for ((family, labels, bounds, h), lines) in HISTOGRAMS.iter().zip(histogram_lines()) {
+        let buckets = bounds.len() + 1;
+        let mut counts = [0u64; MAX_BUCKETS];
+        let counts = &mut counts[..buckets];
         let mut total = 0.0;
         for s in cluster.shards() {
-            h(s.tier_stats).add_to(&mut counts, &mut total);
+            let hist = h(s.tier_stats);
+            debug_assert_eq!(hist.bounds, *bounds);
+            hist.add_to(counts, &mut total);
         }
-        let les: Vec<String> = bounds.iter().map(|b| format!("{b}")).collect();
-        let les: Vec<&str> = les.iter().map(String::as_str).collect();
-        o.family(name, help, "histogram");
-        o.histogram(name, labels, &les, &counts, total);
+        o.family(family);
+        o.histogram(lines, labels, counts, total, None);
     }
 }
+
+static BUS_DEPTH: Family = family!(
+    "lmcache_mp_event_bus_queue_depth",
+    "Events waiting in the event bus queues",
+    gauge
+);
+
+static BUS_LAG: Family = family!(
+    "lmcache_mp_event_bus_drain_lag_seconds",
+    "Age of the oldest queued event, 0 when the queues are empty",
+    gauge
+);
+
+static BUS_DROPPED: Family = family!(
+    "lmcache_mp_event_bus_dropped_events_total",
+    "Events dropped because a bus queue was full",
+    counter
+);
+
+static BUS_PUBLISHED: Family = family!(
+    "lmcache_mp_event_bus_published_events_total",
+    "Events published to the event bus",
+    counter
+);
+
+static BUS_PANICS: Family = family!(
+    "lmcache_mp_event_bus_subscriber_exceptions_total",
+    "Subscriber callbacks that panicked, by subscriber",
+    counter
+);
 
 /// The event bus watching itself.
 fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
     let b = |f: fn(&BusStats) -> u64| sum(cluster, |s| f(s.bus_stats));
     o.single(
-        "lmcache_mp_event_bus_queue_depth",
-        "Events waiting in the event bus queues",
-        "gauge",
+        &BUS_DEPTH,
         sum_i(cluster, |s| s.bus_stats.queue_depth.get()),
     );
     let now_ms = cluster.clock().now_ms() as i64;
@@ -226,35 +323,14 @@ fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
         .map(|s| s.bus_stats.oldest_ms.get())
         .filter(|&t| t > 0)
         .min();
-    let lag = "lmcache_mp_event_bus_drain_lag_seconds";
-    o.family(
-        lag,
-        "Age of the oldest queued event, 0 when the queues are empty",
-        "gauge",
-    );
+    o.family(&BUS_LAG);
     o.float(
-        lag,
         &[],
         oldest.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
     );
-    o.single(
-        "lmcache_mp_event_bus_dropped_events_total",
-        "Events dropped because a bus queue was full",
-        "counter",
-        b(|s| s.dropped.get()),
-    );
-    o.single(
-        "lmcache_mp_event_bus_published_events_total",
-        "Events published to the event bus",
-        "counter",
-        b(|s| s.published.get()),
-    );
-    let panics = "lmcache_mp_event_bus_subscriber_exceptions_total";
-    o.family(
-        panics,
-        "Subscriber callbacks that panicked, by subscriber",
-        "counter",
-    );
+    o.single(&BUS_DROPPED, b(|s| s.dropped.get()));
+    o.single(&BUS_PUBLISHED, b(|s| s.published.get()));
+    o.family(&BUS_PANICS);
     for (i, name) in SUBSCRIBERS.iter().enumerate() {
         // Only subscribers that are installed have series (the test subscriber is not, in
         // production).
@@ -262,6 +338,6 @@ fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
             continue;
         }
         let n = sum(cluster, |s| s.bus_stats.subscriber_panics[i].get());
-        o.int(panics, &[("subscriber_name", name)], n);
+        o.int(&[("subscriber_name", name)], n);
     }
 }

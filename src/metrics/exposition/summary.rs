@@ -1,24 +1,50 @@
 //! `/metrics/summary`: one line of `key=value`, the seed's 71 fields in order, then the
-//! per-rank fields.
-
-use std::io::Write;
+//! per-rank fields, written straight into the answer's buffer.
 
 use super::families::{TIER_FAMILIES, tier_rank, tier_total};
 use super::{medium_usage, per_rank_ranks, sum, sum_i};
 use crate::common::medium::Medium;
-use crate::metrics::store::Op;
+use crate::metrics::store::{Op, OpCounters, TierCounters};
 use crate::metrics::view::Source;
+
+/// Writes `key=value` fields separated by spaces.
+struct Fields<'a> {
+    buf: &'a mut Vec<u8>,
+    first: bool,
+    digits: itoa::Buffer,
+}
+
+impl Fields<'_> {
+    fn key(&mut self, k: &[&str]) {
+        if !self.first {
+            self.buf.push(b' ');
+        }
+        self.first = false;
+        for part in k {
+            self.buf.extend_from_slice(part.as_bytes());
+        }
+        self.buf.push(b'=');
+    }
+
+    fn int(&mut self, k: &[&str], v: u64) {
+        self.key(k);
+        self.buf.extend_from_slice(self.digits.format(v).as_bytes());
+    }
+}
 
 /// Renders `/metrics/summary`: the seed's 71 fields in order, then the per-rank fields.
 pub fn render_summary(cluster: &dyn Source, buf: &mut Vec<u8>) {
-    let mut fields: Vec<(String, String)> = Vec::with_capacity(96);
-    let mut put = |k: &str, v: String| fields.push((k.to_string(), v));
-    put(
-        "keys",
-        sum_i(cluster, |s| s.store_stats.stored_keys.get()).to_string(),
+    let mut out = Fields {
+        buf,
+        first: true,
+        digits: itoa::Buffer::new(),
+    };
+    out.int(
+        &["keys"],
+        sum_i(cluster, |s| s.store_stats.stored_keys.get()),
     );
     for (field, name) in TIER_FIELDS {
-        put(field, tier_total(cluster, tier(name)).to_string());
+        out.int(&[field], tier_total(cluster, tier(name)));
     }
     for (field, m) in [
         ("hbm_used", Medium::Hbm),
@@ -26,23 +52,21 @@ pub fn render_summary(cluster: &dyn Source, buf: &mut Vec<u8>) {
         ("ssd_used", Medium::Ssd),
     ] {
         let (c, u) = medium_usage(cluster, m);
-        put(field, format!("{u}/{c}"));
+        out.int(&[field], u);
+        out.buf.push(b'/');
+        out.buf
+            .extend_from_slice(itoa::Buffer::new().format(c).as_bytes());
     }
-    op_fields(cluster, &mut put);
+    op_fields(cluster, &mut out);
     let per_rank = per_rank_ranks(cluster);
+    let mut rank = itoa::Buffer::new();
     for base in PER_RANK_FIELDS {
         for &r in &per_rank {
-            put(
-                &format!("{base}_by_rank_{r}"),
-                tier_rank(cluster, r, tier(base)).to_string(),
+            out.int(
+                &[base, "_by_rank_", rank.format(r)],
+                tier_rank(cluster, r, tier(base)),
             );
         }
-    }
-    for (i, (k, v)) in fields.iter().enumerate() {
-        if i > 0 {
-            buf.push(b' ');
-        }
-        let _ = write!(buf, "{k}={v}");
     }
 }
 
@@ -73,27 +97,25 @@ const PER_RANK_FIELDS: [&str; 9] = [
 ];
 
 /// The tier counter behind a summary name.
-fn tier(name: &str) -> fn(&crate::metrics::store::TierCounters) -> i64 {
+fn tier(name: &str) -> fn(&TierCounters) -> i64 {
     TIER_FAMILIES
         .iter()
         .find(|t| t.1 == name)
-        .map(|t| t.4)
+        .map(|t| t.2)
         .expect("known tier field")
 }
 
 /// `<op>_req`, `_success`, `_fail` (and `_not_found`) of every business operation.
-fn op_fields(cluster: &dyn Source, put: &mut impl FnMut(&str, String)) {
+fn op_fields(cluster: &dyn Source, out: &mut Fields<'_>) {
     for op in Op::ALL {
         let i = op as usize;
         let n = op.name();
-        let ops = |f: fn(&crate::metrics::store::OpCounters) -> u64| {
-            sum(cluster, |s| f(&s.store_stats.ops[i])).to_string()
-        };
-        put(&format!("{n}_req"), ops(|c| c.requests.get()));
-        put(&format!("{n}_success"), ops(|c| c.successes.get()));
-        put(&format!("{n}_fail"), ops(|c| c.failures.get()));
+        let ops = |f: fn(&OpCounters) -> u64| sum(cluster, |s| f(&s.store_stats.ops[i]));
+        out.int(&[n, "_req"], ops(|c| c.requests.get()));
+        out.int(&[n, "_success"], ops(|c| c.successes.get()));
+        out.int(&[n, "_fail"], ops(|c| c.failures.get()));
         if op.has_not_found() {
-            put(&format!("{n}_not_found"), ops(|c| c.not_found.get()));
+            out.int(&[n, "_not_found"], ops(|c| c.not_found.get()));
         }
     }
 }

@@ -1,0 +1,376 @@
+//! The server's own families: the HTTP front end, what the tiers let go, re-replication, the
+//! HA view, request latency histograms, and the process's figures.
+
+use std::sync::OnceLock;
+
+use super::families::{Single, singles};
+use super::writer::{Family, HistogramLines, Native, Out, family};
+use super::{sum, sum_i};
+use crate::metrics::ShardStats;
+use crate::metrics::process::Process;
+use crate::metrics::requests::{self, ReqOp};
+use crate::metrics::store::StoreStats;
+use crate::metrics::view::Source;
+
+fn st(c: &dyn Source, f: fn(&ShardStats) -> u64) -> u64 {
+    sum(c, |s| f(s.stats))
+}
+
+fn st_i(c: &dyn Source, f: fn(&ShardStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.stats))
+}
+
+/// The HTTP front end's families after `memcache_http_responses_total`, in output order.
+static SERVER_SINGLES: &[Single] = &[
+    (
+        family!(
+            "memcache_http_connections_open",
+            "Open HTTP connections",
+            gauge
+        ),
+        |c| st_i(c, |s| s.connections_open.get()),
+    ),
+    (
+        family!(
+            "memcache_http_connections_accepted_total",
+            "HTTP connections accepted",
+            counter
+        ),
+        |c| st(c, |s| s.connections_accepted.get()),
+    ),
+    (
+        family!(
+            "memcache_http_connections_rejected_total",
+            "HTTP connections refused at the per-shard limit",
+            counter
+        ),
+        |c| st(c, |s| s.connections_rejected.get()),
+    ),
+    (
+        family!(
+            "memcache_http_connections_timed_out_total",
+            "HTTP connections closed for idleness or a stalled request",
+            counter
+        ),
+        |c| st(c, |s| s.connections_timed_out.get()),
+    ),
+    (
+        family!(
+            "memcache_shard_cross_requests_total",
+            "Requests a shard sent to the key's owner shard",
+            counter
+        ),
+        |c| st(c, |s| s.cross_shard_requests.get()),
+    ),
+    (
+        family!(
+            "memcache_overload_rejections_total",
+            "Requests answered 429 because a shard queue was full",
+            counter
+        ),
+        |c| st(c, |s| s.overload_rejections.get()),
+    ),
+    (
+        family!(
+            "memcache_http_buffered_bytes",
+            "Read-buffer bytes held for requests still arriving (bounded per shard by ock.mmc.http.max_buffered_bytes_per_shard)",
+            gauge
+        ),
+        |c| st_i(c, |s| s.buffered_bytes.get()),
+    ),
+    (
+        family!(
+            "memcache_tls_handshake_failures_total",
+            "TLS handshakes refused or timed out (missing or invalid client certificates)",
+            counter
+        ),
+        |c| st(c, |s| s.tls_handshake_failures.get()),
+    ),
+    (
+        family!(
+            "memcache_metadata_keys",
+            "Keys stored through /metadata",
+            gauge
+        ),
+        |c| st_i(c, |s| s.metadata_keys.get()),
+    ),
+    (
+        family!(
+            "memcache_metadata_bytes",
+            "Bytes used by /metadata keys and values",
+            gauge
+        ),
+        |c| st_i(c, |s| s.metadata_bytes.get()),
+    ),
+    (
+        family!("memcache_shards", "Shards (cores) serving", gauge),
+        |c| c.shard_count() as u64,
+    ),
+    (
+        family!(
+            "memcache_uptime_seconds",
+            "Seconds since the server started",
+            gauge
+        ),
+        |c| c.clock().now_secs(),
+    ),
+];
+
+/// The HTTP front end and shard messaging.
+fn store(c: &dyn Source, f: fn(&StoreStats) -> u64) -> u64 {
+    sum(c, |s| f(s.store_stats))
+}
+
+/// A gauge of [`StoreStats`], summed over shards.
+fn store_i(c: &dyn Source, f: fn(&StoreStats) -> i64) -> u64 {
+    sum_i(c, |s| f(s.store_stats))
+}
+
+/// What became of the blobs the tiers let go, beyond the contract's tier counters: the
+/// outcomes an operator alerts on (objects the cache dropped, an SSD that takes no flushes).
+static TIER_OUTCOMES: &[Single] = &[
+    (
+        family!(
+            "memcache_demoted_blobs_total",
+            "Blobs moved down between memory tiers (HBM to DRAM) by eviction",
+            counter
+        ),
+        |c| store(c, |s| s.demoted_blobs.get()),
+    ),
+    (
+        family!(
+            "memcache_flush_failed_total",
+            "Flushes to SSD that failed (the memory copy was kept)",
+            counter
+        ),
+        |c| store(c, |s| s.flush_failed.get()),
+    ),
+    (
+        family!(
+            "memcache_evict_deleted_objects_total",
+            "Objects deleted by eviction because no lower tier had room for their last copy",
+            counter
+        ),
+        |c| store(c, |s| s.evicted_objects_deleted.get()),
+    ),
+];
+
+/// Re-replication: objects left below their replica count by a lost copy, given a new one on
+/// another rank in the background (`ock.mmc.cluster.rereplicate.*`).
+static REREPLICATION: &[Single] = &[
+    (
+        family!(
+            "memcache_rereplicated_objects_total",
+            "Objects below their replica count given a new copy on another rank",
+            counter
+        ),
+        |c| store(c, |s| s.rereplicated.get()),
+    ),
+    (
+        family!(
+            "memcache_rereplicate_failed_total",
+            "Re-replication copies that failed (the new blob was freed; an object is tried 3 times)",
+            counter
+        ),
+        |c| store(c, |s| s.rereplicate_failed.get()),
+    ),
+    (
+        family!(
+            "memcache_rereplicate_overflow_total",
+            "Objects below their replica count not queued for re-replication: the shard's queue was full",
+            counter
+        ),
+        |c| store(c, |s| s.rereplicate_overflow.get()),
+    ),
+    (
+        family!(
+            "memcache_rereplicate_pending",
+            "Objects below their replica count queued for a new copy or being copied",
+            gauge
+        ),
+        |c| store_i(c, |s| s.rereplicate_pending.get()),
+    ),
+];
+
+static HTTP_REQUESTS: Family = family!(
+    "memcache_http_requests_total",
+    "HTTP requests answered",
+    counter
+);
+
+static HTTP_RESPONSES: Family = family!(
+    "memcache_http_responses_total",
+    "HTTP responses by status class",
+    counter
+);
+
+static GRANTS_REFUSED: Family = family!(
+    "memcache_grants_refused_total",
+    "Write and move grants refused on this process: used already (a replay), or the ledger of used grants full",
+    counter
+);
+
+pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
+    o.single(&HTTP_REQUESTS, st(cluster, |s| s.http_requests.get()));
+    o.family(&HTTP_RESPONSES);
+    for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+        let n = sum(cluster, |s| s.stats.http_responses[i].get());
+        o.int(&[("code", class)], n);
+    }
+    singles(cluster, o, SERVER_SINGLES);
+    o.family(&GRANTS_REFUSED);
+    for (reason, f) in [
+        (
+            "used",
+            (|s| s.grants_refused_used.get()) as fn(&ShardStats) -> u64,
+        ),
+        ("ledger_full", |s| s.grants_refused_ledger_full.get()),
+    ] {
+        o.int(&[("reason", reason)], st(cluster, f));
+    }
+    singles(cluster, o, TIER_OUTCOMES);
+    singles(cluster, o, REREPLICATION);
+    render_ha(cluster, o);
+}
+
+static HA_ROLE: Family = family!(
+    "memcache_ha_role",
+    "This meta's HA role: 1 for the current one (leader, standby or unknown)",
+    gauge
+);
+
+static HA_SERVING: Family = family!(
+    "memcache_ha_serving",
+    "1 when this meta is the leader and serving (HA off: always 1)",
+    gauge
+);
+
+static HA_VIEW_VERSION: Family = family!(
+    "memcache_ha_view_version",
+    "The HA view version: the etcd revision of the current leadership (0 without HA)",
+    gauge
+);
+
+/// The HA view: which role this node has now (one series per role, 1 for the current one)
+/// and the view_version. Standalone nodes report `leader` and 0.
+fn render_ha(cluster: &dyn Source, o: &mut Out<'_>) {
+    let ha = cluster.ha();
+    o.family(&HA_ROLE);
+    for (role, now) in ha.roles {
+        o.int(&[("role", role)], u64::from(now));
+    }
+    o.single(&HA_SERVING, u64::from(ha.serving));
+    o.single(&HA_VIEW_VERSION, ha.view_version);
+}
+
+static REQUEST_DURATIONS: Family = family!(
+    "memcache_http_request_duration_seconds",
+    "HTTP request latency from the parsed head to the queued answer, by operation",
+    histogram
+);
+
+/// Each operation's histogram lines, in [`ReqOp::ALL`] order, made once.
+fn request_duration_lines() -> &'static [HistogramLines] {
+    static LINES: OnceLock<Vec<HistogramLines>> = OnceLock::new();
+    LINES.get_or_init(|| {
+        let les: Vec<&str> = requests::BOUNDS.iter().map(|&(_, le)| le).collect();
+        ReqOp::ALL
+            .iter()
+            .map(|op| {
+                HistogramLines::new(REQUEST_DURATIONS.name, &[("operation", op.name())], &les)
+            })
+            .collect()
+    })
+}
+
+/// `memcache_http_request_duration_seconds`: every operation's histogram, summed over shards,
+/// zeros included (the series exist from the start). The protobuf form adds each
+/// operation's native histogram (schema [`requests::NATIVE_SCHEMA`]).
+pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
+    o.family(&REQUEST_DURATIONS);
+    let mut native = requests::NativeMerged::default();
+    for (op, lines) in ReqOp::ALL.iter().zip(request_duration_lines()) {
+        let mut m = requests::Merged::default();
+        for s in cluster.shards() {
+            s.stats.request_durations.add_to(*op, &mut m);
+        }
+        let sum = m.sum_ns as f64 / 1e9;
+        let labels = [("operation", op.name())];
+        if !o.is_protobuf() {
+            o.histogram(lines, &labels, &m.counts, sum, None);
+            continue;
+        }
+        native.clear();
+        for s in cluster.shards() {
+            s.stats.request_durations.add_native_to(*op, &mut native);
+        }
+        let n = Native {
+            schema: requests::NATIVE_SCHEMA,
+            zero_threshold: requests::NATIVE_ZERO_THRESHOLD,
+            zero_count: native.zero,
+            first_key: requests::NATIVE_MIN_KEY,
+            counts: &native.counts,
+        };
+        o.histogram(lines, &labels, &m.counts, sum, Some(&n));
+    }
+}
+
+static PROCESS_CPU: Family = family!(
+    "process_cpu_seconds_total",
+    "Total user and system CPU time spent in seconds.",
+    counter
+);
+
+static PROCESS_START: Family = family!(
+    "process_start_time_seconds",
+    "Start time of the process since unix epoch in seconds.",
+    gauge
+);
+
+type ProcessField = fn(&Process) -> u64;
+
+static PROCESS_GAUGES: [(Family, ProcessField); 4] = [
+    (
+        family!(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            gauge
+        ),
+        |p| p.resident_bytes,
+    ),
+    (
+        family!(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            gauge
+        ),
+        |p| p.virtual_bytes,
+    ),
+    (
+        family!(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            gauge
+        ),
+        |p| p.open_fds,
+    ),
+    (
+        family!(
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            gauge
+        ),
+        |p| p.max_fds,
+    ),
+];
+
+/// The standard `process_*` families, of figures read now.
+pub(super) fn render_process(p: &Process, o: &mut Out<'_>) {
+    o.family(&PROCESS_CPU);
+    o.float(&[], p.cpu_seconds);
+    for (family, f) in &PROCESS_GAUGES {
+        o.single(family, f(p));
+    }
+    o.family(&PROCESS_START);
+    o.float(&[], p.start_time_seconds);
+}
