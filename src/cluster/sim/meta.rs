@@ -957,6 +957,9 @@ impl Meta {
         let before = self.stamps();
         self.store.remove_all();
         while self.store.continue_purge() {}
+        // `replica.rs` `ShardMsg::Purge`: catalogs handed over now come from the other
+        // leader's lineage, which this node's removals do not concern.
+        self.store.reset_tombstones();
         self.after_store();
         self.excuse_gone(cx, &before, "purged by a new leadership");
         self.store.check();
