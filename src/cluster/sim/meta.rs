@@ -296,7 +296,7 @@ impl Meta {
                     heartbeat_timeout_ms: HB_TIMEOUT_MS,
                     ha: self.ha.is_some(),
                     discard_catalog: discard,
-                    fresh: joined.fresh,
+                    fresh: !joined.continued,
                 },
                 key,
             },
