@@ -152,7 +152,7 @@ fn caught(name: &str, seed: u64, steps: u64, metas: Option<usize>, violation: &s
 /// copies comes back with a catalog after a failover.
 #[test]
 fn without_removal_barriers_a_delete_comes_back() {
-    caught("no_removal_barrier", 9, 3000, Some(2), "resurrected delete");
+    caught("no_removal_barrier", 5, 3000, Some(2), "resurrected delete");
 }
 
 /// A lost membership's catalog adopted when its process comes back: the leader and the
