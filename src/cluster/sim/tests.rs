@@ -47,6 +47,10 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // heartbeat timeout without HA kept a catalog the restarted meta never adopted, and the
     // meta gave its ranges to new puts (`Joined::continued`).
     (139, 3000, None),
+    // A newer put lost with its rank (documented), then an older version of the key on
+    // another service adopted from its late catalog: the older value read after the newer
+    // put was acknowledged (`tombstones.rs`'s floors).
+    (174, 3000, None),
 ];
 
 #[test]
