@@ -64,7 +64,9 @@ pub struct Admission {
     /// The meta declared this service's previous membership lost: drop the catalog.
     pub discard_catalog: bool,
     /// A new membership: false when the meta continued this service's current one (the same
-    /// service asking again), which it holds with its objects and its freed log.
+    /// service asking again, a heartbeat of it heard), which it holds with its objects and its
+    /// freed log. A repeated join of a membership no heartbeat named yet is fresh to the
+    /// service (`members::Joined::continued`).
     pub fresh: bool,
 }
 

@@ -57,6 +57,8 @@ pub struct Member<R> {
     awaiting_beat: bool,
     /// Joined fresh saying its catalog follows: its next heartbeat carries it.
     awaiting_catalog: bool,
+    /// A heartbeat named this membership: the service read the join's answer.
+    heard: bool,
 }
 
 /// What a join says.
@@ -93,6 +95,12 @@ pub struct Joined {
     pub epoch: u64,
     /// A new membership (not the same one asking again): its segments are mounted anew.
     pub fresh: bool,
+    /// The service knew this membership before this join: the same membership asking again
+    /// after a heartbeat named it (the meta continued the one the service reported under).
+    /// False for a fresh one, and for a repeated join of a membership no heartbeat named yet:
+    /// the service may never have read the earlier answer (lost, or a duplicated request's
+    /// first answer), so to it the membership is new. What the answer's `fresh` says.
+    pub continued: bool,
     /// The epoch of the membership this join replaces, whose segments are dropped (a restart
     /// faster than the heartbeat timeout, a lost rank back, a membership of an earlier
     /// leadership).
@@ -193,6 +201,7 @@ impl<R: Clone> Members<R> {
                         rank,
                         epoch: e.epoch,
                         fresh: false,
+                        continued: e.heard,
                         retire: None,
                         catalog: CatalogFate::None,
                     });
@@ -233,12 +242,14 @@ impl<R: Clone> Members<R> {
                 report: None,
                 awaiting_beat: true,
                 awaiting_catalog: catalog == CatalogFate::Follows,
+                heard: false,
             },
         );
         Ok(Joined {
             rank,
             epoch: self.epoch,
             fresh: true,
+            continued: false,
             retire,
             catalog,
         })
@@ -276,6 +287,7 @@ impl<R: Clone> Members<R> {
         };
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
         e.report = Some(report);
+        e.heard = true;
         if std::mem::take(&mut e.awaiting_beat) {
             Beat::First {
                 catalog: std::mem::take(&mut e.awaiting_catalog),
@@ -400,6 +412,7 @@ mod tests {
                 rank: 1,
                 epoch: a.epoch,
                 fresh: false,
+                continued: false,
                 retire: None,
                 catalog: CatalogFate::None
             }
@@ -495,6 +508,32 @@ mod tests {
         assert_eq!(j.catalog, CatalogFate::Discard);
         let j = m.join(req(Some(6), "http://b", 42, 9, 0)).unwrap();
         assert_eq!(j.catalog, CatalogFate::Follows);
+    }
+
+    /// A join repeated before any heartbeat named its membership (the first answer lost, or
+    /// the request duplicated) is new to the service: the answer does not say the meta
+    /// continued the service's membership (a service silent past the heartbeat timeout
+    /// without HA keeps its catalog only on such an answer; found by the cluster simulation,
+    /// seed 139). Once a heartbeat named it, a repeated join continues it.
+    #[test]
+    fn a_repeated_join_continues_a_membership_only_once_a_heartbeat_named_it() {
+        let mut m = M::default();
+        let a = m.join(req(Some(2), "http://a", 1, 0, 0)).unwrap();
+        assert!(a.fresh && !a.continued);
+        let again = m.join(req(Some(2), "http://a", 1, 0, 1)).unwrap();
+        assert_eq!(
+            (again.epoch, again.fresh, again.continued),
+            (a.epoch, false, false)
+        );
+        assert_eq!(
+            m.heartbeat(0, 2, 1, a.epoch, (), 2),
+            Beat::First { catalog: true }
+        );
+        let later = m.join(req(Some(2), "http://a", 1, 0, 3)).unwrap();
+        assert_eq!(
+            (later.epoch, later.fresh, later.continued),
+            (a.epoch, false, true)
+        );
     }
 
     #[test]

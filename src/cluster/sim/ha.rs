@@ -29,6 +29,9 @@ pub(super) struct Etcd {
     revision: u64,
     last_leader: u64,
     next_lease: u64,
+    /// `<prefix>lost/<rank>`: the incarnation a leader last declared lost there
+    /// (`ha/losses.rs`).
+    pub lost: BTreeMap<u32, u64>,
 }
 
 impl Etcd {
@@ -44,6 +47,22 @@ impl Etcd {
         {
             self.key = None;
         }
+    }
+
+    /// `record_loss`'s transaction: stored when the leader key is `me`'s under `view`.
+    pub fn record_loss(
+        &mut self,
+        me: u8,
+        view: u64,
+        rank: u32,
+        incarnation: u64,
+        now: u64,
+    ) -> bool {
+        if self.holder(now) != Some((me, view)) {
+            return false;
+        }
+        self.lost.insert(rank, incarnation);
+        true
     }
 
     /// The meta holding the leader key, and its revision.

@@ -50,6 +50,20 @@ struct Dropping {
     /// process's), or expected back (the same process joined again with its catalog).
     documented: bool,
     retired: bool,
+    /// The membership's freed log stays (`Shard::drop_segments_keeping_log`): its loss could
+    /// not be recorded in etcd, so removals waiting on it must not take it as ended.
+    keep_log: bool,
+}
+
+/// A loss being recorded in etcd (`shards/ranks.rs` `check_lost_ranks`, `ha/losses.rs`
+/// `record_loss`): the rank's segments are unmounted; they are dropped once etcd answers.
+pub(super) struct Recording {
+    pub rank: u32,
+    epoch: u64,
+    pub incarnation: u64,
+    segs: Vec<Arc<Segment>>,
+    /// `record_loss` gives up then (the lease TTL).
+    pub deadline: u64,
 }
 
 /// A graceful leave being carried out: the drain (`cluster.rs` `leave`, `drain`).
@@ -80,6 +94,8 @@ pub(super) struct Meta {
     pub ha: Option<Elector>,
     waiting: Vec<Waiting>,
     drops: Vec<Dropping>,
+    /// Losses on their way to etcd (HA).
+    pub recording: Vec<Recording>,
     drains: Vec<Drain>,
     calls: BTreeMap<u64, (u64, Call)>,
     keys: u16,
@@ -111,6 +127,7 @@ impl Meta {
             ha: ha.then(|| Elector::new(now)),
             waiting: Vec::new(),
             drops: Vec::new(),
+            recording: Vec::new(),
             drains: Vec::new(),
             calls: BTreeMap::new(),
             keys,
@@ -253,6 +270,7 @@ impl Meta {
                     segs,
                     documented: !same || joined.catalog != CatalogFate::Follows,
                     retired: true,
+                    keep_log: false,
                 });
             }
             self.logs.begin(rank, epoch);
@@ -297,7 +315,7 @@ impl Meta {
                     heartbeat_timeout_ms: HB_TIMEOUT_MS,
                     ha: self.ha.is_some(),
                     discard_catalog: discard,
-                    fresh: joined.fresh,
+                    fresh: !joined.continued,
                 },
                 key,
             },
@@ -784,13 +802,27 @@ impl Meta {
             cx.log(format!(
                 "rank {rank} (epoch {epoch}) lost: no heartbeat for {HB_TIMEOUT_MS} ms"
             ));
+            let incarnation = self.members.get(rank).map_or(0, |m| m.incarnation);
             let segs = self.unmount_member(rank, epoch);
+            if self.ha.is_some() {
+                // Recorded in etcd first (the world carries the call out): a later leader
+                // then refuses this process's catalog too.
+                self.recording.push(Recording {
+                    rank,
+                    epoch,
+                    incarnation,
+                    segs,
+                    deadline: cx.now + HA_TTL_MS,
+                });
+                continue;
+            }
             self.drops.push(Dropping {
                 rank,
                 epoch,
                 segs,
                 documented: true,
                 retired: false,
+                keep_log: false,
             });
         }
         self.run_drops(cx);
@@ -809,12 +841,47 @@ impl Meta {
         self.store.check();
     }
 
+    /// The loss `recording[i]` was recorded in etcd (`ok`), or could not be: its segments are
+    /// dropped, with its freed log only when it was.
+    pub fn loss_recorded(&mut self, cx: &mut Cx, i: usize, ok: bool) {
+        self.store.set_manual_clock(cx.now);
+        let r = self.recording.remove(i);
+        if ok {
+            cx.log(format!("rank {}'s loss recorded in etcd", r.rank));
+        } else {
+            cx.log(format!(
+                "rank {}: its loss could not be recorded in etcd; removals waiting on it are not confirmed",
+                r.rank
+            ));
+        }
+        self.drops.push(Dropping {
+            rank: r.rank,
+            epoch: r.epoch,
+            segs: r.segs,
+            documented: true,
+            retired: false,
+            keep_log: !ok,
+        });
+        self.run_drops(cx);
+        self.poll_removals(cx);
+        self.after_store();
+        self.store.check();
+    }
+
+    /// The memberships earlier leaders declared lost, loaded from etcd before a new
+    /// leadership serves (`server.rs`'s recovery step, `Members::note_lost`).
+    pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
+        self.members.note_lost(lost);
+    }
+
     /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
     fn run_drops(&mut self, cx: &mut Cx) {
         let mut i = 0;
         while i < self.drops.len() {
             let d = &self.drops[i];
-            self.logs.retire(d.rank, d.epoch);
+            if !d.keep_log {
+                self.logs.retire(d.rank, d.epoch);
+            }
             let before = self.stamps();
             let mut done = true;
             for seg in &d.segs {
@@ -898,6 +965,7 @@ impl Meta {
             segs: d.segs,
             documented: true,
             retired: false,
+            keep_log: false,
         });
         self.run_drops(cx);
         self.members.left(d.rank, d.epoch);
@@ -958,6 +1026,9 @@ impl Meta {
         let before = self.stamps();
         self.store.remove_all();
         while self.store.continue_purge() {}
+        // `replica.rs` `ShardMsg::Purge`: catalogs handed over now come from the other
+        // leader's lineage, which this node's removals do not concern.
+        self.store.reset_tombstones();
         self.after_store();
         self.excuse_gone(cx, &before, "purged by a new leadership");
         self.store.check();
@@ -977,6 +1048,7 @@ impl Meta {
     pub fn quiet(&self) -> bool {
         self.waiting.is_empty()
             && self.drops.is_empty()
+            && self.recording.is_empty()
             && self.drains.is_empty()
             && self.logs.barrier(None).is_empty()
     }

@@ -400,6 +400,7 @@ impl World {
                 m.tick(&mut cx);
             }
             self.flush();
+            self.record_losses(i);
         }
         for j in 0..self.locals.len() {
             if !self.locals[j].running(now) {
@@ -446,6 +447,10 @@ impl World {
                     now,
                     format!("meta {i}: elected leader, view {view} (purge: {purge})"),
                 );
+                // Before it serves: the losses earlier leaders recorded.
+                if let Some(m) = self.metas[i].proc.as_mut() {
+                    m.note_lost(self.etcd.lost.iter().map(|(&r, &inc)| (r, inc)));
+                }
                 if purge {
                     let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
                     if let Some(m) = self.metas[i].proc.as_mut() {
@@ -458,6 +463,33 @@ impl World {
                     .log(now, format!("meta {i}: stepped down as leader: {why}"));
             }
         }
+    }
+
+    /// Meta `i`'s losses on their way to etcd: stored if etcd answers and the leader key is
+    /// still this leadership's; refused when it is not; given up past their deadline.
+    fn record_losses(&mut self, i: usize) {
+        let now = self.now;
+        let reach = self.etcd.up(now) && !self.net.is_cut(Node::Meta(i as u8), Node::Etcd, now);
+        let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
+        let Some(m) = self.metas[i].proc.as_mut() else {
+            return;
+        };
+        let view = m.ha.as_ref().map_or(0, |e| e.view());
+        let mut k = 0;
+        while k < m.recording.len() {
+            let r = &m.recording[k];
+            let ok = if reach {
+                self.etcd
+                    .record_loss(i as u8, view, r.rank, r.incarnation, now)
+            } else if now >= r.deadline {
+                false
+            } else {
+                k += 1;
+                continue;
+            };
+            m.loss_recorded(&mut cx, k, ok);
+        }
+        self.flush();
     }
 
     /// At most one meta serves at a time, and a view is one meta process's.

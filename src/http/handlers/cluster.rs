@@ -220,7 +220,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "discard_catalog": discard,
             // What the local service reports as the view of the meta it follows.
             "view_version": view,
-            "fresh": joined.fresh,
+            // False only when the meta continued the membership the service reported under
+            // (`Joined::continued`): a service silent past the heartbeat timeout keeps its
+            // catalog only then.
+            "fresh": !joined.continued,
         }),
     )
 }

@@ -105,10 +105,11 @@ impl Store {
         if e.len == 0 || e.len % segment::PAGE_BYTES != 0 || e.size > e.len {
             return false;
         }
-        // Removed here since: its catalog may not know yet (tombstones.rs).
+        // Removed here since (its catalog may not know yet), or a newer version lost with its
+        // rank (tombstones.rs).
         if self
             .tombstones
-            .refuses(crate::cluster::catalog::key_hash(&e.key))
+            .refuses(crate::cluster::catalog::key_hash(&e.key), e.stamp)
         {
             return false;
         }

@@ -104,7 +104,13 @@ impl Store {
                     .is_some_and(|w| w.remote_until_ms.is_some());
                 let generation = self.objects[obj as usize].generation;
                 // Lost with its rank, not removed by anyone: a restarted service that
-                // recovered it (its SSD) may hand it over again (tombstones.rs).
+                // recovered it (its SSD) may hand it over again, but no older version may
+                // take its place (tombstones.rs).
+                if !doomed && !self.uncommitted.contains_key(&obj) {
+                    let o = &self.objects[obj as usize];
+                    let key = crate::cluster::catalog::key_hash(&o.key);
+                    self.tombstones.note_floor(key, o.stamp);
+                }
                 self.quiet_removal = true;
                 self.remove_object(obj, now);
                 self.quiet_removal = false;
