@@ -231,7 +231,7 @@ echo
 # Per route and server: medians of the runs, and the median of the per-round ratios to nginx.
 ratio_median() { # ROUTE SERVER
   awk -v r="$1" -v s="$2" '$1==r && $2=="nginx" {n[++i]=$4} $1==r && $2==s {m[++j]=$4}
-    END {for (k=1; k<=j && k<=i; k++) print m[k]/n[k]}' "$results" | median %.2f
+    END {for (k=1; k<=j && k<=i; k++) print m[k]/n[k]}' "$results" | median | awk '{printf "%.2f", $1}'
 }
 echo "| route | bytes | server | µs/scrape (median) | ÷ nginx (medians) | median of per-round ratios | scrapes/s | ksoftirqd µs/scrape |"
 echo "|---|---:|---|---:|---:|---:|---:|---:|"

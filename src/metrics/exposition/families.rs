@@ -227,21 +227,52 @@ fn business_families() -> &'static [(usize, Family, OpField)] {
     })
 }
 
+thread_local! {
+    /// A block's figures, gathered before it is written (reused).
+    static FIGURES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Gathers a block's figures with `gather`, then writes the block from them (`Out::block`).
+pub(super) fn block(
+    o: &mut Out<'_>,
+    first: &'static Family,
+    gather: impl FnOnce(&mut Vec<u64>),
+    write: impl FnOnce(&mut Out<'_>, &[u64]),
+) {
+    FIGURES.with_borrow_mut(|figures| {
+        figures.clear();
+        gather(figures);
+        o.block(first, figures, |o| write(o, figures));
+    });
+}
+
 /// The business-call counters: requests, successes, failures (and not-found results) per
 /// operation, in total and per rank.
 pub(super) fn render_business(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
-    let mut digits = itoa::Buffer::new();
-    for (i, family, f) in business_families() {
-        let i = *i;
-        o.family(family);
-        o.int(&[], sum(cluster, |s| f(&s.store_stats.ops[i])));
-        for &r in per_rank {
-            o.int(
-                &[("rank", digits.format(r))],
-                sum(cluster, |s| f(&s.store_stats.ops_by_rank[r as usize][i])),
-            );
+    let families = business_families();
+    let gather = |figures: &mut Vec<u64>| {
+        figures.extend(per_rank.iter().map(|&r| u64::from(r)));
+        for (i, _, f) in families {
+            figures.push(sum(cluster, |s| f(&s.store_stats.ops[*i])));
+            for &r in per_rank {
+                figures.push(sum(cluster, |s| {
+                    f(&s.store_stats.ops_by_rank[r as usize][*i])
+                }));
+            }
         }
-    }
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let mut digits = itoa::Buffer::new();
+        let mut v = figures[per_rank.len()..].iter();
+        for (_, family, _) in families {
+            o.family(family);
+            o.int(&[], *v.next().expect("a figure"));
+            for &r in per_rank {
+                o.int(&[("rank", digits.format(r))], *v.next().expect("a figure"));
+            }
+        }
+    };
+    block(o, &families[0].1, gather, write);
 }
 
 static EVICT_RUNNING: Family = family!(
@@ -258,21 +289,34 @@ static STORED_KEYS: Family = family!(
 
 /// Eviction, flush, rewarm and hit counters, in total and per rank; stored keys.
 pub(super) fn render_tiers(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
-    let mut digits = itoa::Buffer::new();
-    for (idx, (family, _, f)) in TIER_FAMILIES.iter().enumerate() {
-        o.family(family);
-        o.int(&[], tier_total(cluster, *f));
-        for &r in per_rank {
-            o.int(&[("rank", digits.format(r))], tier_rank(cluster, r, *f));
+    let gather = |figures: &mut Vec<u64>| {
+        figures.extend(per_rank.iter().map(|&r| u64::from(r)));
+        for (_, _, f) in TIER_FAMILIES {
+            figures.push(tier_total(cluster, *f));
+            figures.extend(per_rank.iter().map(|&r| tier_rank(cluster, r, *f)));
         }
-        if idx == 0 {
-            o.single(&EVICT_RUNNING, evict_running(cluster));
+        figures.push(evict_running(cluster));
+        figures.push(sum_i(cluster, |s| s.store_stats.stored_keys.get()));
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let mut digits = itoa::Buffer::new();
+        let mut v = figures[per_rank.len()..].iter().copied();
+        let mut next = || v.next().expect("a figure");
+        let running = figures[figures.len() - 2];
+        for (idx, (family, _, _)) in TIER_FAMILIES.iter().enumerate() {
+            o.family(family);
+            o.int(&[], next());
+            for &r in per_rank {
+                o.int(&[("rank", digits.format(r))], next());
+            }
+            if idx == 0 {
+                o.single(&EVICT_RUNNING, running);
+            }
         }
-    }
-    o.single(
-        &STORED_KEYS,
-        sum_i(cluster, |s| s.store_stats.stored_keys.get()),
-    );
+        next();
+        o.single(&STORED_KEYS, next());
+    };
+    block(o, &TIER_FAMILIES[0].0, gather, write);
 }
 
 type ClusterField = fn(&dyn Source) -> u64;
@@ -374,26 +418,32 @@ static KV_SINGLES: &[Single] = &[
     ),
 ];
 
-pub(super) fn singles(cluster: &dyn Source, o: &mut Out<'_>, table: &'static [Single]) {
-    for (family, f) in table {
-        o.single(family, f(cluster));
-    }
-}
-
 /// The KV-event publisher's families.
 pub(super) fn render_kv_events(cluster: &dyn Source, o: &mut Out<'_>) {
     let kv = cluster.kv_stats();
-    o.single(&KV_PUBLISHED, kv.published_events.get());
-    o.family(&KV_BY_TYPE);
-    for t in EventType::ALL {
-        let n = kv.published_by_type[t as usize].get();
-        o.int(&[("type", t.name())], n);
-    }
-    o.family(&KV_BY_MEDIUM);
-    for (i, m) in MEDIUM_LABELS.iter().enumerate() {
-        o.int(&[("medium", m)], kv.published_by_medium[i].get());
-    }
-    singles(cluster, o, KV_SINGLES);
+    let gather = |figures: &mut Vec<u64>| {
+        figures.push(kv.published_events.get());
+        figures.extend(EventType::ALL.map(|t| kv.published_by_type[t as usize].get()));
+        figures.extend((0..MEDIUM_LABELS.len()).map(|i| kv.published_by_medium[i].get()));
+        figures.extend(KV_SINGLES.iter().map(|(_, f)| f(cluster)));
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let mut v = figures.iter().copied();
+        let mut next = || v.next().expect("a figure");
+        o.single(&KV_PUBLISHED, next());
+        o.family(&KV_BY_TYPE);
+        for t in EventType::ALL {
+            o.int(&[("type", t.name())], next());
+        }
+        o.family(&KV_BY_MEDIUM);
+        for m in MEDIUM_LABELS {
+            o.int(&[("medium", m)], next());
+        }
+        for (family, _) in KV_SINGLES {
+            o.single(family, next());
+        }
+    };
+    block(o, &KV_PUBLISHED, gather, write);
 }
 
 #[cfg(test)]

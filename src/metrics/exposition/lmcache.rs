@@ -193,10 +193,14 @@ static TASKS: &[Task] = &[
 ];
 
 fn render_tasks(cluster: &dyn Source, o: &mut Out<'_>) {
-    for (family, labels, f) in TASKS {
-        o.family(family);
-        o.int(labels, f(cluster));
-    }
+    let gather = |figures: &mut Vec<u64>| figures.extend(TASKS.iter().map(|t| t.2(cluster)));
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        for ((family, labels, _), v) in TASKS.iter().zip(figures) {
+            o.family(family);
+            o.int(labels, *v);
+        }
+    };
+    super::families::block(o, &TASKS[0].0, gather, write);
 }
 
 type H = fn(&TierStats) -> &BucketHistogram;

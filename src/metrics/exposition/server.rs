@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use super::families::{Single, singles};
+use super::families::Single;
 use super::writer::{Family, HistogramLines, Native, Out, family};
 use super::{sum, sum_i};
 use crate::metrics::ShardStats;
@@ -210,6 +210,14 @@ static GRANTS_REFUSED: Family = family!(
     counter
 );
 
+/// The figures of the grants' family, by reason.
+type StatField = fn(&ShardStats) -> u64;
+
+static GRANT_REASONS: [(&str, StatField); 2] = [
+    ("used", |s| s.grants_refused_used.get()),
+    ("ledger_full", |s| s.grants_refused_ledger_full.get()),
+];
+
 pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
     o.single(&HTTP_REQUESTS, st(cluster, |s| s.http_requests.get()));
     o.family(&HTTP_RESPONSES);
@@ -217,20 +225,40 @@ pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
         let n = sum(cluster, |s| s.stats.http_responses[i].get());
         o.int(&[("code", class)], n);
     }
-    singles(cluster, o, SERVER_SINGLES);
-    o.family(&GRANTS_REFUSED);
-    for (reason, f) in [
-        (
-            "used",
-            (|s| s.grants_refused_used.get()) as fn(&ShardStats) -> u64,
-        ),
-        ("ledger_full", |s| s.grants_refused_ledger_full.get()),
-    ] {
-        o.int(&[("reason", reason)], st(cluster, f));
-    }
-    singles(cluster, o, TIER_OUTCOMES);
-    singles(cluster, o, REREPLICATION);
-    render_ha(cluster, o);
+    // The rest moves less often than the requests counted above: one block.
+    let ha = cluster.ha();
+    let tables = [SERVER_SINGLES, TIER_OUTCOMES, REREPLICATION];
+    let gather = |figures: &mut Vec<u64>| {
+        figures.extend(SERVER_SINGLES.iter().map(|(_, f)| f(cluster)));
+        figures.extend(GRANT_REASONS.iter().map(|(_, f)| st(cluster, *f)));
+        figures.extend(TIER_OUTCOMES.iter().map(|(_, f)| f(cluster)));
+        figures.extend(REREPLICATION.iter().map(|(_, f)| f(cluster)));
+        figures.extend(ha.roles.iter().map(|&(_, now)| u64::from(now)));
+        figures.push(u64::from(ha.serving));
+        figures.push(ha.view_version);
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let mut v = figures.iter().copied();
+        let mut next = || v.next().expect("a figure");
+        for (i, table) in tables.iter().enumerate() {
+            for (family, _) in table.iter() {
+                o.single(family, next());
+            }
+            if i == 0 {
+                o.family(&GRANTS_REFUSED);
+                for (reason, _) in &GRANT_REASONS {
+                    o.int(&[("reason", reason)], next());
+                }
+            }
+        }
+        o.family(&HA_ROLE);
+        for (role, _) in ha.roles {
+            o.int(&[("role", role)], next());
+        }
+        o.single(&HA_SERVING, next());
+        o.single(&HA_VIEW_VERSION, next());
+    };
+    super::families::block(o, &SERVER_SINGLES[0].0, gather, write);
 }
 
 static HA_ROLE: Family = family!(
@@ -250,18 +278,6 @@ static HA_VIEW_VERSION: Family = family!(
     "The HA view version: the etcd revision of the current leadership (0 without HA)",
     gauge
 );
-
-/// The HA view: which role this node has now (one series per role, 1 for the current one)
-/// and the view_version. Standalone nodes report `leader` and 0.
-fn render_ha(cluster: &dyn Source, o: &mut Out<'_>) {
-    let ha = cluster.ha();
-    o.family(&HA_ROLE);
-    for (role, now) in ha.roles {
-        o.int(&[("role", role)], u64::from(now));
-    }
-    o.single(&HA_SERVING, u64::from(ha.serving));
-    o.single(&HA_VIEW_VERSION, ha.view_version);
-}
 
 static REQUEST_DURATIONS: Family = family!(
     "memcache_http_request_duration_seconds",

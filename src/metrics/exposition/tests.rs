@@ -373,6 +373,47 @@ fn metrics_text_is_the_golden_text() {
     assert_eq!(without_process(&buf), without_process(&again));
 }
 
+/// What a scrape copies from the last one (histograms, blocks of families whose figures did
+/// not move) is written again as soon as a figure moves.
+#[test]
+fn a_moved_figure_is_written_again() {
+    let f = fake();
+    let mut first = Vec::new();
+    render_metrics(&f, &mut first);
+    let s = &f.shards[1];
+    s.store.ops[0].requests.add(1_000);
+    s.store.tier.evict.add(1_000);
+    s.stats.grants_refused_used.add(1_000);
+    f.kv.published_by_medium[0].add(1_000);
+    s.tier.l1_read_chunks.add(1_000);
+    s.stats
+        .request_durations
+        .observe(ReqOp::Other, Duration::from_secs(20));
+    s.tier.l1_chunk_lifetime.observe(7.0);
+    let mut second = Vec::new();
+    render_metrics(&f, &mut second);
+    let (first, second) = (
+        String::from_utf8(first).unwrap(),
+        String::from_utf8(second).unwrap(),
+    );
+    for (series, before, after) in [
+        ("memcache_alloc_requests_total ", "30", "1030"),
+        ("memcache_evict_operations_total ", "15", "1015"),
+        ("memcache_grants_refused_total{reason=\"used\"} ", "3", "1003"),
+        ("memcache_kv_events_published_by_medium_total{medium=\"hbm\"} ", "0", "1000"),
+        ("lmcache_mp_l1_read_chunks_total ", "231", "1231"),
+        (
+            "memcache_http_request_duration_seconds_bucket{operation=\"other\",le=\"+Inf\"} ",
+            "6",
+            "7",
+        ),
+        ("lmcache_mp_l1_chunk_lifetime_seconds_count ", "12", "13"),
+    ] {
+        assert!(first.contains(&format!("\n{series}{before}\n")), "{series}{before}");
+        assert!(second.contains(&format!("\n{series}{after}\n")), "{series}{after}");
+    }
+}
+
 #[test]
 fn summary_is_the_golden_text() {
     let f = fake();

@@ -175,6 +175,10 @@ thread_local! {
     /// This thread's last text of each histogram, by the address of its (static) lines.
     static WRITTEN: RefCell<HashMap<usize, Written, foldhash::fast::RandomState>> =
         RefCell::new(HashMap::default());
+    /// This thread's last text of each block of families ([`Out::block`]), by the address
+    /// of the block's first family: the figures it was written for, and the text.
+    static BLOCKS: RefCell<HashMap<usize, Written, foldhash::fast::RandomState>> =
+        RefCell::new(HashMap::default());
 }
 
 /// A native histogram's buckets (protobuf only): `counts[i]` is bucket `first_key + i` of
@@ -355,6 +359,35 @@ impl<'a> Out<'a> {
 
     fn name(&self) -> &'static str {
         self.family.expect("a sample follows its family").name
+    }
+
+    /// Writes a block of families whose text depends on `figures` alone (every number the
+    /// block shows, and whatever decides its labels that are not fixed): the text this thread
+    /// wrote for the block at its last scrape when the figures are the same, else what
+    /// `write` writes from them (kept for the next scrape). `first`: the block's first
+    /// family, which names it. Blocks do not nest.
+    pub fn block(
+        &mut self,
+        first: &'static Family,
+        figures: &[u64],
+        write: impl FnOnce(&mut Self),
+    ) {
+        if self.proto.is_some() {
+            return write(self);
+        }
+        BLOCKS.with_borrow_mut(|blocks| {
+            let last = blocks.entry(first as *const _ as usize).or_default();
+            if last.counts == figures && !last.text.is_empty() {
+                self.buf.extend_from_slice(&last.text);
+                return;
+            }
+            let start = self.buf.len();
+            write(self);
+            last.counts.clear();
+            last.counts.extend_from_slice(figures);
+            last.text.clear();
+            last.text.extend_from_slice(&self.buf[start..]);
+        });
     }
 
     /// A one-sample family without labels.
