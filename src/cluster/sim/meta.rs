@@ -9,26 +9,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::ha::Elector;
-use super::net::{Hop, PushNews, Read, Rep, Req, Verdict};
+use super::net::{Rep, Req, Verdict};
 use super::timing::*;
 use super::world::Cx;
 use super::{Key, Node, key_bytes};
 use crate::cluster::agent::Admission;
-use crate::cluster::catalog::{Adopted, BeatNews, Entry, FreedLogs, LogAnswer, Stamp, key_hash};
+use crate::cluster::catalog::{Adopted, BeatNews, Entry, FreedLogs, LogAnswer, Stamp};
 use crate::cluster::members::{Beat, CatalogFate, JoinRequest, Members};
-use crate::cluster::records::{Removal, Settled};
+use crate::cluster::records::Removal;
 use crate::common::clock::Clock;
 use crate::grant::{Grant, GrantKey, GrantOp};
 use crate::metrics::store::StoreStats;
 use crate::shards::store::relocate::Move;
 use crate::shards::store::remote::RemoteRank;
-use crate::shards::store::segment::{
-    Backend, Medium, PAGE_BYTES, Segment, SegmentStatus, SegmentTable,
-};
-use crate::shards::store::{
-    AllocStep, BlobView, GetStep, ObjHandle, Placement, RereplicateLimits, Store, StoreConfig,
-    mount,
-};
+use crate::shards::store::segment::{Backend, Medium, Segment, SegmentStatus, SegmentTable};
+use crate::shards::store::{ObjHandle, RereplicateLimits, Store, StoreConfig, mount};
 
 /// The run size of the simulated segments.
 const RUN_BYTES: u64 = 64 << 10;
@@ -100,6 +95,9 @@ pub(super) struct Meta {
     calls: BTreeMap<u64, (u64, Call)>,
     keys: u16,
 }
+
+mod drain;
+mod objects;
 
 impl Meta {
     pub fn new(incarnation: u64, master: [u8; 32], ha: bool, keys: u16, now: u64) -> Meta {
@@ -553,224 +551,6 @@ impl Meta {
         cx.reply(from, call, Rep::Done(verdict));
     }
 
-    /// `objects.rs` `put` and `remote.rs` `redirect_write`: the chain's grants.
-    fn put(&mut self, cx: &mut Cx, from: Node, call: u64, key: Key, pages: u64, replicas: u8) {
-        if !self.gate(cx, from, call) {
-            return;
-        }
-        let view = self.view();
-        self.store.set_view(view);
-        let before = self.stamps();
-        let size = pages * PAGE_BYTES - 64;
-        let mut step = self.store.alloc(
-            key_bytes(key),
-            size,
-            Placement::on(Some(Medium::Dram), replicas),
-        );
-        if let AllocStep::WaitForRoom { .. } = step {
-            // The handler waits for leased room, then evicts; the wait is not modelled.
-            step = self.store.alloc_now(
-                key_bytes(key),
-                size,
-                Placement::on(Some(Medium::Dram), replicas),
-            );
-        }
-        self.after_store();
-        self.excuse_gone(cx, &before, "evicted");
-        let (obj, blobs) = match step {
-            AllocStep::Granted { obj, blobs, .. } => (obj, blobs),
-            AllocStep::Refused(why) => {
-                cx.log(format!("put k{key} refused: {why}"));
-                cx.reply(from, call, Rep::Done(Verdict::Refused));
-                return;
-            }
-            AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
-                cx.reply(from, call, Rep::Done(Verdict::Failed));
-                return;
-            }
-        };
-        let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
-        cx.log(format!(
-            "put k{key}: {size} bytes on ranks {ranks:?} ({view}.{})",
-            obj.generation
-        ));
-        let expires = cx.wall + GRANT_TTL_MS;
-        let mut next: Option<Hop> = None;
-        for (i, b) in blobs.iter().enumerate().rev() {
-            let remote = b.seg.backend.remote().expect("only remote ranks here");
-            let g = Grant {
-                op: if i == 0 {
-                    GrantOp::WriteCommit
-                } else {
-                    GrantOp::Write
-                },
-                rank: b.seg.rank,
-                medium: b.seg.medium as u8,
-                offset: b.offset,
-                len: b.len,
-                size: b.len,
-                obj_id: obj.id,
-                obj_generation: obj.generation,
-                view,
-                expires_ms: expires,
-                sum: 0,
-            };
-            let n = next.as_ref().map_or(String::new(), |h| h.url(key));
-            let grant = g.sign(&remote.grant_key, &key_bytes(key), n.as_bytes());
-            next = Some(Hop {
-                to: Node::from_url(&remote.url).expect("a simulated local service"),
-                grant,
-                next: next.map(Box::new),
-            });
-        }
-        cx.reply(from, call, Rep::Redirect(next.expect("a grant has blobs")));
-    }
-
-    /// A read grant on `v` (`remote.rs` `read_grant_url`).
-    fn read_grant(&self, cx: &Cx, key: Key, v: &BlobView) -> Option<Hop> {
-        let remote = v.seg.backend.remote()?;
-        let g = Grant {
-            op: GrantOp::Read,
-            rank: v.seg.rank,
-            medium: v.seg.medium as u8,
-            offset: v.offset,
-            len: v.len,
-            size: v.len,
-            obj_id: 0,
-            obj_generation: 0,
-            view: 0,
-            expires_ms: cx.wall + GRANT_TTL_MS.min(LEASE_MS),
-            sum: v.sum,
-        };
-        Some(Hop {
-            to: Node::from_url(&remote.url)?,
-            grant: g.sign(&remote.grant_key, &key_bytes(key), b""),
-            next: None,
-        })
-    }
-
-    /// `objects.rs` GET and `remote.rs` `redirect_read`.
-    fn get(&mut self, cx: &mut Cx, from: Node, call: u64, key: Key) {
-        if !self.gate(cx, from, call) {
-            return;
-        }
-        let rep = match self.store.get(&key_bytes(key)) {
-            GetStep::Ready(v) => {
-                let hop = self.read_grant(cx, key, &v);
-                self.store.unpin(v.handle);
-                hop.map_or(Rep::Done(Verdict::Failed), Rep::Redirect)
-            }
-            GetStep::NotFound => Rep::Bytes(Read::NotFound),
-            _ => Rep::Done(Verdict::Failed),
-        };
-        cx.reply(from, call, rep);
-    }
-
-    /// `objects.rs` DELETE and `batch_remove`, with `freed.rs` `settle`.
-    fn delete(&mut self, cx: &mut Cx, from: Node, call: u64, keys: Vec<Key>) {
-        if !self.gate(cx, from, call) {
-            return;
-        }
-        let mut hashes = Vec::new();
-        let mut results = Vec::new();
-        for &k in &keys {
-            let found = self.store.remove(&key_bytes(k));
-            self.after_store();
-            if found && self.logs.has_members() {
-                hashes.push(key_hash(&key_bytes(k)));
-            }
-            results.push(if found {
-                Verdict::Ok
-            } else {
-                Verdict::NotFound
-            });
-        }
-        cx.log(format!("remove {keys:?}: {results:?}"));
-        let mut removal = Removal::new(&self.logs, &hashes, cx.now, HB_TIMEOUT_MS);
-        if self.ha.is_some() {
-            removal = removal.acknowledged_only();
-        }
-        if cx.mutations.no_removal_barrier && !removal.is_settled() {
-            cx.log(format!(
-                "MUTATION no_removal_barrier: the removal of {keys:?} is answered before its local services dropped the copies"
-            ));
-        }
-        if cx.mutations.no_removal_barrier || removal.is_settled() {
-            cx.reply(from, call, Rep::Removed(results));
-            return;
-        }
-        self.waiting.push(Waiting {
-            to: from,
-            call,
-            removal,
-            results,
-        });
-        self.poll_removals(cx);
-    }
-
-    /// `freed.rs` `settle`'s loop, one look.
-    fn poll_removals(&mut self, cx: &mut Cx) {
-        let mut i = 0;
-        while i < self.waiting.len() {
-            match self.waiting[i].removal.poll(&self.logs, cx.now) {
-                Settled::Confirmed => {
-                    let w = self.waiting.swap_remove(i);
-                    cx.reply(w.to, w.call, Rep::Removed(w.results));
-                }
-                Settled::Unconfirmed(ranks) => {
-                    let w = self.waiting.swap_remove(i);
-                    cx.log(format!(
-                        "a removal was not confirmed by the local services of ranks {ranks:?}"
-                    ));
-                    let failed = vec![Verdict::Failed; w.results.len()];
-                    cx.reply(w.to, w.call, Rep::Removed(failed));
-                }
-                Settled::Waiting(ranks) => {
-                    for r in ranks {
-                        self.push(cx, r);
-                    }
-                    i += 1;
-                }
-            }
-        }
-    }
-
-    /// `freed.rs` `push`.
-    fn push(&mut self, cx: &mut Cx, rank: u32) {
-        let Some(p) = self.logs.take_push(rank) else {
-            return;
-        };
-        let target = self.member_segments(rank, p.epoch).first().and_then(|s| {
-            s.backend
-                .remote()
-                .map(|r| (r.url.clone(), r.grant_key.clone()))
-        });
-        let Some((url, key)) = target else {
-            self.logs.pushed(rank, p.epoch, None);
-            return;
-        };
-        let news = PushNews {
-            seq: p.seq,
-            freed: p.freed,
-        };
-        let mac = key.body_mac(&news.body(p.epoch));
-        let to = Node::from_url(&url).expect("a simulated local service");
-        let call = cx.request(
-            to,
-            Req::Push {
-                epoch: p.epoch,
-                news,
-                mac,
-            },
-        );
-        let call_entry = Call::Push {
-            rank,
-            epoch: p.epoch,
-        };
-        self.calls
-            .insert(call, (cx.now + PUSH_TIMEOUT_MS, call_entry));
-    }
-
     /// An answer to one of this meta's calls (a push, a drain's copy).
     pub fn on_reply(&mut self, cx: &mut Cx, call: u64, rep: Rep) {
         self.store.set_manual_clock(cx.now);
@@ -872,151 +652,6 @@ impl Meta {
     /// leadership serves (`server.rs`'s recovery step, `Members::note_lost`).
     pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
         self.members.note_lost(lost);
-    }
-
-    /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
-    fn run_drops(&mut self, cx: &mut Cx) {
-        let mut i = 0;
-        while i < self.drops.len() {
-            let d = &self.drops[i];
-            if !d.keep_log {
-                self.logs.retire(d.rank, d.epoch);
-            }
-            let before = self.stamps();
-            let mut done = true;
-            for seg in &d.segs {
-                done &= self.store.drop_segment(seg.id);
-            }
-            self.after_store();
-            let d = &self.drops[i];
-            let why = if d.retired {
-                "its membership was replaced"
-            } else {
-                "its rank was dropped"
-            };
-            if d.documented {
-                self.excuse_gone(cx, &before, why);
-            } else {
-                for (k, (b, a)) in before.iter().zip(self.stamps()).enumerate() {
-                    if b.is_some() && *b != a {
-                        cx.log(format!("k{k} dropped ({why}; its catalog follows)"));
-                    }
-                }
-            }
-            if !done {
-                i += 1;
-                continue;
-            }
-            let d = self.drops.swap_remove(i);
-            for seg in &d.segs {
-                self.table.remove_id(&seg.name, seg.id);
-                self.store.forget_segment(seg.id);
-            }
-            cx.log(format!("dropped rank {}'s epoch {}", d.rank, d.epoch));
-        }
-    }
-
-    /// One step of the first drain: its next move, or its end.
-    fn drain_step(&mut self, cx: &mut Cx) {
-        let Some(d) = self.drains.first() else {
-            return;
-        };
-        if d.copying.is_some() {
-            return;
-        }
-        if d.moves.is_empty() {
-            let segs = d.segs.clone();
-            for seg in &segs {
-                let step = self.store.begin_moves(seg.id, 64, Default::default());
-                self.drains[0].moves.extend(step.moves);
-            }
-        }
-        let Some(m) = self.drains[0].moves.pop() else {
-            self.finish_drain(cx);
-            return;
-        };
-        let key = super::key_of(&m.key).expect("a workload key");
-        let hop = self.read_grant(cx, key, &m.from);
-        self.drains[0].copying = Some(m);
-        match hop {
-            Some(h) => {
-                let call = cx.request(
-                    h.to,
-                    Req::Read {
-                        key,
-                        grant: h.grant,
-                    },
-                );
-                self.calls
-                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Fetch));
-            }
-            None => self.copy_step(cx, None),
-        }
-    }
-
-    /// The drain moved what it could: the segments are dropped, the rank forgotten, the
-    /// leave answered.
-    fn finish_drain(&mut self, cx: &mut Cx) {
-        let d = self.drains.remove(0);
-        self.unmount_member(d.rank, d.epoch);
-        self.drops.push(Dropping {
-            rank: d.rank,
-            epoch: d.epoch,
-            segs: d.segs,
-            documented: true,
-            retired: false,
-            keep_log: false,
-        });
-        self.run_drops(cx);
-        self.members.left(d.rank, d.epoch);
-        cx.log(format!(
-            "rank {} left; {} objects moved to other ranks",
-            d.rank, d.moved
-        ));
-        cx.reply(d.to, d.call, Rep::Left(true));
-    }
-
-    /// A drain's copy (`copies.rs` `copy`): fetched from the leaving rank, written under a
-    /// write grant carrying the object's stamp, then `FinishMove`.
-    fn copy_step(&mut self, cx: &mut Cx, rep: Option<Rep>) {
-        let Some(m) = self.drains.first_mut().and_then(|d| d.copying.take()) else {
-            return;
-        };
-        let key = super::key_of(&m.key).expect("a workload key");
-        let written = match (rep, m.to.seg.backend.remote()) {
-            (Some(Rep::Bytes(Read::Val(v))), Some(remote)) => {
-                let g = Grant {
-                    op: GrantOp::Write,
-                    rank: m.to.seg.rank,
-                    medium: m.to.seg.medium as u8,
-                    offset: m.to.offset,
-                    len: m.to.len,
-                    size: m.to.len,
-                    obj_id: 0,
-                    obj_generation: m.stamp.seq,
-                    view: m.stamp.view,
-                    expires_ms: cx.wall + GRANT_TTL_MS,
-                    sum: 0,
-                };
-                let to = Node::from_url(&remote.url).expect("a simulated local service");
-                let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
-                let write = Req::Write {
-                    key,
-                    val: v,
-                    grant,
-                    next: None,
-                };
-                let call = cx.request(to, write);
-                self.calls
-                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Copy));
-                self.drains[0].copying = Some(m);
-                return;
-            }
-            (Some(Rep::Done(Verdict::Ok)), _) => true,
-            _ => false,
-        };
-        self.drains[0].moved += written as u64;
-        self.store.finish_move(m.to.handle, written);
     }
 
     /// A new leader's purge of the objects it held (another leader served since it last

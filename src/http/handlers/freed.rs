@@ -10,10 +10,9 @@
 //! carrying every record not yet acknowledged, so concurrent removals share it), and waits
 //! until each barrier is passed: acknowledged by the service (by the push's answer or a
 //! heartbeat's), or its membership over (lost or left: a lost membership's catalog is refused
-//! if it comes back). With HA only acknowledgements count: a lost membership's service keeps
-//! its catalog and may hand it to another leader, which knows nothing of the loss
-//! (`cluster::records::Removal::acknowledged_only`). A rank that neither answers nor is declared
-//! lost (without HA) within the heartbeat timeout and a second leaves the removal unconfirmed:
+//! if it comes back; with HA the loss is recorded in etcd before the membership ends, so
+//! every later leader refuses that catalog too, `ha/losses.rs`). A rank that neither answers
+//! nor is declared lost within the heartbeat timeout and a second leaves the removal unconfirmed:
 //! answered 503.
 //!
 //! Local side ([`receive`]): the push is signed with the service's grant key over its body and
@@ -58,9 +57,6 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
     let logs = &cluster.freed_logs;
     let timeout = cluster.config.cluster.heartbeat_timeout_ms;
     let mut removal = Removal::new(logs, keys, cluster.clock.now_ms(), timeout);
-    if cluster.config.ha.enable {
-        removal = removal.acknowledged_only();
-    }
     loop {
         match removal.poll(logs, cluster.clock.now_ms()) {
             Settled::Confirmed => return true,

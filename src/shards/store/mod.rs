@@ -86,6 +86,8 @@ mod testing;
 mod tests;
 #[cfg(test)]
 mod tests_leases;
+#[cfg(test)]
+mod tests_placement;
 mod tiering;
 
 use std::borrow::Cow;

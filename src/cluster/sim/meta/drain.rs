@@ -1,0 +1,156 @@
+//! A meta's drops of ended memberships and drains of leaving ones (`meta.rs`), mirroring
+//! `Shard::drop_member_segments` and the drain's moves.
+
+use super::super::net::{Read, Rep, Req, Verdict};
+use super::super::timing::*;
+use super::super::world::Cx;
+use super::super::{Node, key_bytes};
+use super::*;
+use crate::grant::{Grant, GrantOp};
+
+impl Meta {
+    /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
+    pub(super) fn run_drops(&mut self, cx: &mut Cx) {
+        let mut i = 0;
+        while i < self.drops.len() {
+            let d = &self.drops[i];
+            if !d.keep_log {
+                self.logs.retire(d.rank, d.epoch);
+            }
+            let before = self.stamps();
+            let mut done = true;
+            for seg in &d.segs {
+                done &= self.store.drop_segment(seg.id);
+            }
+            self.after_store();
+            let d = &self.drops[i];
+            let why = if d.retired {
+                "its membership was replaced"
+            } else {
+                "its rank was dropped"
+            };
+            if d.documented {
+                self.excuse_gone(cx, &before, why);
+            } else {
+                for (k, (b, a)) in before.iter().zip(self.stamps()).enumerate() {
+                    if b.is_some() && *b != a {
+                        cx.log(format!("k{k} dropped ({why}; its catalog follows)"));
+                    }
+                }
+            }
+            if !done {
+                i += 1;
+                continue;
+            }
+            let d = self.drops.swap_remove(i);
+            for seg in &d.segs {
+                self.table.remove_id(&seg.name, seg.id);
+                self.store.forget_segment(seg.id);
+            }
+            cx.log(format!("dropped rank {}'s epoch {}", d.rank, d.epoch));
+        }
+    }
+
+    /// One step of the first drain: its next move, or its end.
+    pub(super) fn drain_step(&mut self, cx: &mut Cx) {
+        let Some(d) = self.drains.first() else {
+            return;
+        };
+        if d.copying.is_some() {
+            return;
+        }
+        if d.moves.is_empty() {
+            let segs = d.segs.clone();
+            for seg in &segs {
+                let step = self.store.begin_moves(seg.id, 64, Default::default());
+                self.drains[0].moves.extend(step.moves);
+            }
+        }
+        let Some(m) = self.drains[0].moves.pop() else {
+            self.finish_drain(cx);
+            return;
+        };
+        let key = super::super::key_of(&m.key).expect("a workload key");
+        let hop = self.read_grant(cx, key, &m.from);
+        self.drains[0].copying = Some(m);
+        match hop {
+            Some(h) => {
+                let call = cx.request(
+                    h.to,
+                    Req::Read {
+                        key,
+                        grant: h.grant,
+                    },
+                );
+                self.calls
+                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Fetch));
+            }
+            None => self.copy_step(cx, None),
+        }
+    }
+
+    /// The drain moved what it could: the segments are dropped, the rank forgotten, the
+    /// leave answered.
+    pub(super) fn finish_drain(&mut self, cx: &mut Cx) {
+        let d = self.drains.remove(0);
+        self.unmount_member(d.rank, d.epoch);
+        self.drops.push(Dropping {
+            rank: d.rank,
+            epoch: d.epoch,
+            segs: d.segs,
+            documented: true,
+            retired: false,
+            keep_log: false,
+        });
+        self.run_drops(cx);
+        self.members.left(d.rank, d.epoch);
+        cx.log(format!(
+            "rank {} left; {} objects moved to other ranks",
+            d.rank, d.moved
+        ));
+        cx.reply(d.to, d.call, Rep::Left(true));
+    }
+
+    /// A drain's copy (`copies.rs` `copy`): fetched from the leaving rank, written under a
+    /// write grant carrying the object's stamp, then `FinishMove`.
+    pub(super) fn copy_step(&mut self, cx: &mut Cx, rep: Option<Rep>) {
+        let Some(m) = self.drains.first_mut().and_then(|d| d.copying.take()) else {
+            return;
+        };
+        let key = super::super::key_of(&m.key).expect("a workload key");
+        let written = match (rep, m.to.seg.backend.remote()) {
+            (Some(Rep::Bytes(Read::Val(v))), Some(remote)) => {
+                let g = Grant {
+                    op: GrantOp::Write,
+                    rank: m.to.seg.rank,
+                    medium: m.to.seg.medium as u8,
+                    offset: m.to.offset,
+                    len: m.to.len,
+                    size: m.to.len,
+                    obj_id: 0,
+                    obj_generation: m.stamp.seq,
+                    view: m.stamp.view,
+                    expires_ms: cx.wall + GRANT_TTL_MS,
+                    sum: 0,
+                };
+                let to = Node::from_url(&remote.url).expect("a simulated local service");
+                let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
+                let write = Req::Write {
+                    key,
+                    val: v,
+                    grant,
+                    next: None,
+                };
+                let call = cx.request(to, write);
+                self.calls
+                    .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Copy));
+                self.drains[0].copying = Some(m);
+                return;
+            }
+            (Some(Rep::Done(Verdict::Ok)), _) => true,
+            _ => false,
+        };
+        self.drains[0].moved += written as u64;
+        self.store.finish_move(m.to.handle, written);
+    }
+}
