@@ -399,8 +399,16 @@ fn a_moved_figure_is_written_again() {
     for (series, before, after) in [
         ("memcache_alloc_requests_total ", "30", "1030"),
         ("memcache_evict_operations_total ", "15", "1015"),
-        ("memcache_grants_refused_total{reason=\"used\"} ", "3", "1003"),
-        ("memcache_kv_events_published_by_medium_total{medium=\"hbm\"} ", "0", "1000"),
+        (
+            "memcache_grants_refused_total{reason=\"used\"} ",
+            "3",
+            "1003",
+        ),
+        (
+            "memcache_kv_events_published_by_medium_total{medium=\"hbm\"} ",
+            "0",
+            "1000",
+        ),
         ("lmcache_mp_l1_read_chunks_total ", "231", "1231"),
         (
             "memcache_http_request_duration_seconds_bucket{operation=\"other\",le=\"+Inf\"} ",
@@ -409,8 +417,14 @@ fn a_moved_figure_is_written_again() {
         ),
         ("lmcache_mp_l1_chunk_lifetime_seconds_count ", "12", "13"),
     ] {
-        assert!(first.contains(&format!("\n{series}{before}\n")), "{series}{before}");
-        assert!(second.contains(&format!("\n{series}{after}\n")), "{series}{after}");
+        assert!(
+            first.contains(&format!("\n{series}{before}\n")),
+            "{series}{before}"
+        );
+        assert!(
+            second.contains(&format!("\n{series}{after}\n")),
+            "{series}{after}"
+        );
     }
 }
 
