@@ -305,6 +305,7 @@ fn request_duration_lines() -> &'static [HistogramLines] {
 pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
     o.family(&REQUEST_DURATIONS);
     let mut native = requests::NativeMerged::default();
+    let mut merged = false;
     for (op, lines) in ReqOp::ALL.iter().zip(request_duration_lines()) {
         let mut m = requests::Merged::default();
         for s in cluster.shards() {
@@ -316,16 +317,23 @@ pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
             o.histogram(lines, &labels, &m.counts, sum, None);
             continue;
         }
-        native.clear();
-        for s in cluster.shards() {
-            s.stats.request_durations.add_native_to(*op, &mut native);
+        // An operation nothing was recorded for has empty native buckets: nothing to add.
+        if merged {
+            native.clear();
+            merged = false;
+        }
+        if m.counts.iter().any(|&c| c != 0) {
+            for s in cluster.shards() {
+                s.stats.request_durations.add_native_to(*op, &mut native);
+            }
+            merged = true;
         }
         let n = Native {
             schema: requests::NATIVE_SCHEMA,
             zero_threshold: requests::NATIVE_ZERO_THRESHOLD,
             zero_count: native.zero,
             first_key: requests::NATIVE_MIN_KEY,
-            counts: &native.counts,
+            counts: if merged { &native.counts } else { &[] },
         };
         o.histogram(lines, &labels, &m.counts, sum, Some(&n));
     }
