@@ -6,13 +6,12 @@
 //! their counts. And a real Prometheus with native histograms enabled ingests one.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use prost::Message;
 
 use crate::harness::{Client, Driver, ServerBuilder};
-use crate::store::{data, get_bytes, put_ok, temp_dir};
+use crate::observability::Prometheus;
+use crate::store::{data, get_bytes, put_ok};
 
 /// What Prometheus (2.x, native histograms enabled) sends.
 const PROMETHEUS_ACCEPT: &str = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
@@ -311,53 +310,15 @@ fn metrics_protobuf_a_real_prometheus_ingests_native_histograms() {
     let srv = ServerBuilder::new(Driver::Epoll).start();
     let mut c = srv.client();
     busy(&mut c);
-    let prom_dir = temp_dir("prometheus-native");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let config = prom_dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: mmc\n    static_configs:\n      - targets: ['{}']\n",
-            srv.addr
-        ),
-    )
-    .unwrap();
-    let mut prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            prom_dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--enable-feature=native-histograms")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (installed by scripts/test.sh)");
+    let prom = Prometheus::start(
+        "prometheus-native",
+        srv.addr,
+        &["--enable-feature=native-histograms"],
+    );
     let query =
         "/api/v1/query?query=memcache_http_request_duration_seconds%7Boperation%3D%22put%22%7D";
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut found = None;
-    while Instant::now() < deadline && found.is_none() {
-        std::thread::sleep(Duration::from_millis(500));
-        let Some(mut q) = Client::try_connect(format!("127.0.0.1:{port}").parse().unwrap()) else {
-            continue;
-        };
-        let r = q.get(query);
-        if r.status != 200 {
-            continue;
-        }
-        let v = r.json();
-        if let Some(first) = v["data"]["result"].as_array().and_then(|a| a.first()) {
-            found = Some(first.clone());
-        }
-    }
-    let _ = prom.kill();
-    let _ = prom.wait();
-    let _ = std::fs::remove_dir_all(&prom_dir);
+    let found = prom.first_result(query, 60);
+    drop(prom);
     let series = found.expect("Prometheus never ingested the request-duration histogram");
     // A native histogram is one series with a histogram value (classic ones would be
     // _bucket series and no value of the bare name).

@@ -488,57 +488,85 @@ fn promtool_accepts_the_exposition() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A real Prometheus (installed by scripts/test.sh) scraping `target` every second, on a free
+/// loopback port, with `extra` flags; killed and its data removed on drop.
+pub(crate) struct Prometheus {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Prometheus {
+    pub(crate) fn start(tag: &str, target: std::net::SocketAddr, extra: &[&str]) -> Prometheus {
+        let dir = temp_dir(tag);
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: mmc\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (installed by scripts/test.sh)");
+        Prometheus { child, port, dir }
+    }
+
+    /// The first series `target` (`/api/v1/query?query=…`) answers, asked every half second
+    /// for at most `secs` seconds.
+    pub(crate) fn first_result(&self, target: &str, secs: u64) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(500));
+            let addr = format!("127.0.0.1:{}", self.port).parse().unwrap();
+            let Some(mut c) = Client::try_connect(addr) else {
+                continue;
+            };
+            let r = c.get(target);
+            if r.status != 200 {
+                continue;
+            }
+            let v = r.json();
+            if let Some(first) = v["data"]["result"].as_array().and_then(|a| a.first()) {
+                return Some(first.clone());
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn a_real_prometheus_scrapes_it() {
     let (srv, dir) = busy_server("prometheus");
-    let prom_dir = temp_dir("prometheus-data");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let config = prom_dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: mmc\n    static_configs:\n      - targets: ['{}']\n",
-            srv.addr
-        ),
-    )
-    .unwrap();
-    let mut prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            prom_dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (installed by scripts/test.sh)");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut ok = false;
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(500));
-        let Some(mut c) = Client::try_connect(format!("127.0.0.1:{port}").parse().unwrap()) else {
-            continue;
-        };
-        let r = c.get("/api/v1/query?query=memcache_stored_keys");
-        if r.status != 200 {
-            continue;
-        }
-        let v = r.json();
-        if let Some(result) = v["data"]["result"].as_array().filter(|a| !a.is_empty()) {
-            assert_eq!(result[0]["value"][1], "20", "{v}");
-            let up = c.get("/api/v1/query?query=up").json();
-            assert_eq!(up["data"]["result"][0]["value"][1], "1", "{up}");
-            ok = true;
-            break;
-        }
-    }
-    let _ = prom.kill();
-    let _ = prom.wait();
-    assert!(ok, "Prometheus never ingested a scrape");
+    let prom = Prometheus::start("prometheus-data", srv.addr, &[]);
+    let keys = prom
+        .first_result("/api/v1/query?query=memcache_stored_keys", 30)
+        .expect("Prometheus never ingested a scrape");
+    assert_eq!(keys["value"][1], "20", "{keys}");
+    let up = prom.first_result("/api/v1/query?query=up", 5).expect("up");
+    assert_eq!(up["value"][1], "1", "{up}");
+    drop(prom);
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(&prom_dir);
 }
