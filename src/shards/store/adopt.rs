@@ -159,6 +159,9 @@ impl Store {
                 let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, 1, now, None);
                 self.uncommitted.remove(&obj);
                 self.objects[obj as usize].stamp = e.stamp;
+                // Its copies on other ranks are this version too (tombstones.rs).
+                let key_hash = crate::cluster::catalog::key_hash(&e.key);
+                self.tombstones.allow(key_hash, e.stamp);
                 obj
             }
         };
