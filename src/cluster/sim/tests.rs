@@ -54,6 +54,9 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // A key deleted while absent (a tombstone), put again, and its catalogs handed over again
     // to the same leader re-elected: the tombstone refused the new version (lost).
     (28, 3000, None),
+    // A removal raced a remote put's chain: its freed record reached a later hop's service
+    // before the write did, which then stayed in that catalog (`Orphan::freed`).
+    (263, 3000, Some(2)),
 ];
 
 #[test]
