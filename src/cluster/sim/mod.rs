@@ -2,7 +2,12 @@
 //! network, etcd and the clocks) on the real machines, in the style of FoundationDB's and
 //! TigerBeetle's simulators; see `world.rs` for one step.
 //!
-//! (Module documentation: see the end of this comment block in the final version.)
+//! What is and is not modelled, how to run it, the campaign figures and what it found:
+//! docs/cluster-protocol.md, Simulation. In short: the real membership, catalog, freed-log and
+//! store machines on every node, the handlers' glue mirrored (`meta.rs`, `local.rs`), etcd's
+//! leader key, leases and loss records (`ha.rs`), a faulty network (`net.rs`), and a checker of
+//! every read against the clients' history (`check.rs`); not SSD tiers, tier moves,
+//! re-replication, embedded ranks, several shards or the `/metadata` KV.
 
 mod check;
 mod client;

@@ -45,13 +45,23 @@ impl Store {
     }
 
     fn note_remote(&mut self, blob: u32, obj: u32, landed: bool) {
+        if let Some(n) = self.remote_record(blob, obj, landed) {
+            self.freed_remote.push(n);
+        }
+    }
+
+    /// The freed (or landed) record of `blob` of `obj`, when it is on a remote rank.
+    pub(super) fn remote_record(
+        &self,
+        blob: u32,
+        obj: u32,
+        landed: bool,
+    ) -> Option<crate::cluster::catalog::Noted> {
         let b = &self.blobs[blob as usize];
         let Some(Some(ss)) = self.segs.get(b.seg as usize) else {
-            return;
+            return None;
         };
-        let Some(epoch) = ss.seg.backend.remote().map(|r| r.epoch) else {
-            return;
-        };
+        let epoch = ss.seg.backend.remote().map(|r| r.epoch)?;
         let f = Freed {
             medium: b.medium,
             offset: b.offset,
@@ -59,7 +69,7 @@ impl Store {
             landed,
         };
         let key = crate::cluster::catalog::key_hash(&self.objects[obj as usize].key);
-        self.freed_remote.push((b.rank, epoch, f, key));
+        Some((b.rank, epoch, f, key))
     }
 
     /// Adopts blobs a local service holds as committed, readable objects at exactly their
@@ -159,6 +169,9 @@ impl Store {
                 let (obj, _, _) = self.insert_object(e.key.clone(), e.size, 0, 1, now, None);
                 self.uncommitted.remove(&obj);
                 self.objects[obj as usize].stamp = e.stamp;
+                // Its copies on other ranks are this version too (tombstones.rs).
+                let key_hash = crate::cluster::catalog::key_hash(&e.key);
+                self.tombstones.allow(key_hash, e.stamp);
                 obj
             }
         };

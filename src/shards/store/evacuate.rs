@@ -151,6 +151,7 @@ impl Store {
                     Orphan {
                         blobs: rest,
                         until_ms: held.until_ms,
+                        freed: held.freed,
                     },
                 );
             }

@@ -208,9 +208,14 @@ impl Store {
                 .collect();
             if !held.is_empty() {
                 let generation = self.objects[obj as usize].generation;
+                let freed = held
+                    .iter()
+                    .filter_map(|&b| self.remote_record(b, obj, false))
+                    .collect();
                 let orphan = Orphan {
                     blobs: held,
                     until_ms: w.remote_until_ms,
+                    freed,
                 };
                 self.orphaned.insert(generation, orphan);
             }
@@ -297,12 +302,13 @@ impl Store {
     /// Ends a writer's hold on the blobs orphaned from the object of `generation` (its grant
     /// ended, or its memory is gone); they are freed unless something else holds them.
     pub(super) fn release_orphans(&mut self, generation: u64, now: u64) {
-        for b in self
-            .orphaned
-            .remove(&generation)
-            .map(|o| o.blobs)
-            .unwrap_or_default()
-        {
+        let Some(o) = self.orphaned.remove(&generation) else {
+            return;
+        };
+        // No write under its grants lands after this: their records again, so a catalog that
+        // took a write after the first ones drops it (`Orphan::freed`).
+        self.freed_remote.extend(o.freed);
+        for b in o.blobs {
             self.release_writer(b, now);
         }
     }

@@ -253,6 +253,11 @@ struct Orphan {
     blobs: SmallVec<[u32; 2]>,
     /// A remote writer's `Uncommitted::remote_until_ms`: the tick frees them then.
     until_ms: Option<u64>,
+    /// The freed records of its blobs on remote ranks, noted when it was removed and noted
+    /// again when the writers let go: a write under its grant that reached a local service
+    /// after the first record (the removal raced the chain) would otherwise stay in that
+    /// service's catalog.
+    freed: SmallVec<[crate::cluster::catalog::Noted; 2]>,
 }
 
 /// What one object looks like to `/query_key`.

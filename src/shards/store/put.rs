@@ -208,6 +208,10 @@ impl Store {
         let remote_until_ms = remote.then(|| now + self.cfg.remote_writer_ms);
         let (obj, generation, link) =
             self.insert_object(key, size, prot, replicas as u8, now, remote_until_ms);
+        // A key removed here and put again: catalogs may list this version (tombstones.rs).
+        let o = &self.objects[obj as usize];
+        let key_hash = crate::cluster::catalog::key_hash(&o.key);
+        self.tombstones.allow(key_hash, o.stamp);
         let mut views = SmallVec::new();
         for (seg, offset, len) in placed {
             let id = self.insert_blob(obj, seg, offset, len, BlobState::Allocated, now);

@@ -17,7 +17,7 @@
 //! bound. A new HA leadership after another leader's (whose objects were purged) starts a new
 //! log: its catalogs come from that other leader's lineage.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::cluster::catalog::Stamp;
 
@@ -30,7 +30,9 @@ pub struct Tombstones {
     on: bool,
     cap: usize,
     order: VecDeque<u64>,
-    set: HashSet<u64, foldhash::fast::RandomState>,
+    /// Per removed key hash, the version this meta put since (`None`: none): the one entry
+    /// of the key a catalog may still hand over.
+    set: HashMap<u64, Option<Stamp>, foldhash::fast::RandomState>,
     /// Per key hash, the newest version lost with its rank: older entries are refused.
     floors: HashMap<u64, Stamp, foldhash::fast::RandomState>,
     /// Every catalog is refused: a `remove_all`, or more tombstones than the bound.
@@ -43,7 +45,7 @@ impl Tombstones {
             on,
             cap,
             order: VecDeque::new(),
-            set: HashSet::default(),
+            set: HashMap::default(),
             floors: HashMap::default(),
             cut: false,
         }
@@ -51,7 +53,7 @@ impl Tombstones {
 
     /// The key with hash `key` left the index.
     pub fn note(&mut self, key: u64) {
-        if !self.on || self.cut || !self.set.insert(key) {
+        if !self.on || self.cut || self.set.insert(key, None).is_some() {
             return;
         }
         self.order.push_back(key);
@@ -61,6 +63,15 @@ impl Tombstones {
                 self.cap
             );
             self.cut_all();
+        }
+    }
+
+    /// This meta created version `stamp` of the key with hash `key` (a put): if the key has a
+    /// tombstone, entries of that version are handed over again from now on (a leadership
+    /// re-elected without another in between adopts the catalogs again), older ones still not.
+    pub fn allow(&mut self, key: u64, stamp: Stamp) {
+        if let Some(allowed) = self.set.get_mut(&key) {
+            *allowed = Some(stamp);
         }
     }
 
@@ -85,7 +96,7 @@ impl Tombstones {
     pub fn cut_all(&mut self) {
         self.cut = self.on;
         self.order = VecDeque::new();
-        self.set = HashSet::default();
+        self.set = HashMap::default();
         self.floors = HashMap::default();
     }
 
@@ -93,7 +104,7 @@ impl Tombstones {
     pub fn reset(&mut self) {
         self.cut = false;
         self.order = VecDeque::new();
-        self.set = HashSet::default();
+        self.set = HashMap::default();
         self.floors = HashMap::default();
     }
 
@@ -101,7 +112,7 @@ impl Tombstones {
     pub fn refuses(&self, key: u64, stamp: Stamp) -> bool {
         self.on
             && (self.cut
-                || self.set.contains(&key)
+                || self.set.get(&key).is_some_and(|&a| a != Some(stamp))
                 || self.floors.get(&key).is_some_and(|&f| stamp < f))
     }
 
@@ -150,6 +161,24 @@ mod tests {
         assert!(t.refuses(1, S0) && t.refuses(2, S0) && !t.refuses(3, S0));
         t.reset();
         assert!(!t.refuses(1, S0));
+    }
+
+    /// A key removed, then put again by this meta: its new version's entries are adopted (a
+    /// re-elected leadership taking its catalogs again), older ones are not; a second removal
+    /// refuses the new version too (found by the cluster simulation, seed 28).
+    #[test]
+    fn a_key_put_again_after_its_removal_hands_its_new_version_over() {
+        let s = |view, seq| Stamp { view, seq };
+        let mut t = Tombstones::new(true, 4);
+        t.allow(1, s(5, 1));
+        assert!(!t.refuses(1, s(5, 1)), "no tombstone: nothing refused");
+        t.note(1);
+        t.allow(1, s(5, 12));
+        assert!(!t.refuses(1, s(5, 12)));
+        assert!(t.refuses(1, s(5, 3)) && t.refuses(1, s(9, 1)));
+        t.note(1);
+        assert!(t.refuses(1, s(5, 12)));
+        assert_eq!(t.len(), 1);
     }
 
     #[test]
