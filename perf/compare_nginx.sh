@@ -52,11 +52,7 @@ fi
 work=$(mktemp -d /tmp/mmc-compare.XXXXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null || true
-  done
+  stop_pids "${pids[@]}"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -65,11 +61,7 @@ trap 'exit 130' INT TERM
 port_nginx=$BASE_PORT
 port_uring=$((BASE_PORT + 1))
 port_epoll=$((BASE_PORT + 2))
-for p in $port_nginx $port_uring $port_epoll; do
-  if curl -s -m 1 -o /dev/null "http://127.0.0.1:$p/"; then
-    echo "port $p is already in use; set BASE_PORT" >&2; exit 2
-  fi
-done
+ports_free $port_nginx $port_uring $port_epoll
 
 wait_up() { # URL: wait up to 5 s for an answer
   for _ in $(seq 50); do curl -s -m 1 -o /dev/null "$1" && return 0; sleep 0.1; done

@@ -23,3 +23,21 @@ wait_quiet() { # up to QUIET_WAIT s for a second with < QUIET_PCT% of the machin
 median() {
   sort -g | awk -v f="${1:-%.6g}" '{a[NR]=$1} END{ if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf f "\n", (a[NR/2]+a[NR/2+1])/2 }'
 }
+
+stop_pids() { # PID...: TERM each, up to 5 s for it to exit, then KILL
+  local p
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+}
+
+ports_free() { # PORT...: exit 2 when something answers on one of them
+  local p
+  for p in "$@"; do
+    if curl -s -m 1 -o /dev/null "http://127.0.0.1:$p/"; then
+      echo "port $p is already in use; set BASE_PORT" >&2; exit 2
+    fi
+  done
+}

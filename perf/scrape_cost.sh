@@ -58,12 +58,7 @@ work=$(mktemp -d /tmp/mmc-scrape.XXXXXX)
 chmod 755 "$work" # nginx's worker (user nobody when started as root) reads the bodies
 pids=()
 cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null || true
-  done
+  stop_pids "${pids[@]}"
   if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp -r "$work"/results.txt "$work"/*.log "$work"/www "$OUT"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
@@ -73,11 +68,7 @@ trap 'exit 130' INT TERM
 port_nginx=$BASE_PORT
 port_mmc=$((BASE_PORT + 1))
 port_before=$((BASE_PORT + 2))
-for p in $port_nginx $port_mmc $port_before; do
-  if curl -s -m 1 -o /dev/null "http://127.0.0.1:$p/"; then
-    echo "port $p is already in use; set BASE_PORT" >&2; exit 2
-  fi
-done
+ports_free $port_nginx $port_mmc $port_before
 wait_up() { # URL: up to 10 s for a 200
   for _ in $(seq 100); do curl -sf -m 1 -o /dev/null "$1" && return 0; sleep 0.1; done
   echo "no answer from $1" >&2; return 1
