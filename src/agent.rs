@@ -123,6 +123,8 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
         heartbeat_timeout_ms: c.heartbeat_timeout_ms,
     };
     let mut agent = Agent::new(config, cluster.clock.now_ms());
+    // A catalog recovered with the SSD file says which leadership it was last in step with.
+    agent.recovered_in_step(cluster.local.in_step.load(Ordering::Acquire));
     let inbox: Inbox = Rc::default();
     let mut pending_key: Option<(GrantKey, u64)> = None;
     // Why the last join failed, said with the machine's warning that no meta admitted us.
@@ -221,6 +223,7 @@ fn act(
             meta,
             rank,
             catalog_follows,
+            in_step,
         } => {
             // Grants of the meta left behind are void from now on: none is accepted until the
             // join's answer brings the next meta's key, and bodies still arriving under one
@@ -242,6 +245,7 @@ fn act(
                     .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
                     .collect::<Vec<Value>>(),
                 "catalog_follows": catalog_follows,
+                "in_step": in_step,
             });
             let (cluster, inbox) = (cluster.clone(), inbox.clone());
             monoio::spawn(async move {
@@ -274,6 +278,7 @@ fn act(
             cluster.local.catalog().reset_ack();
             cluster.local.set_joined(true);
         }
+        Action::InStep(view) => cluster.record_in_step(view),
         Action::DiscardCatalog => {
             let mut catalog = cluster.local.catalog();
             cluster.journal_catalog(catalog.clear_tracked());
@@ -376,6 +381,7 @@ async fn join(
         return failed("answered a join without rank, epoch or grant key".into());
     };
     let c = &cluster.config.cluster;
+    let admission_view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
     let ms = |name: &str, default: u64| v.get(name).and_then(Value::as_u64).unwrap_or(default);
     let admission = Admission {
         rank,
@@ -383,12 +389,16 @@ async fn join(
         heartbeat_interval_ms: ms("heartbeat_interval_ms", c.heartbeat_interval_ms),
         heartbeat_timeout_ms: ms("heartbeat_timeout_ms", c.heartbeat_timeout_ms),
         ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
+        view: admission_view,
         discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
         // A meta that does not say is taken to have admitted this service afresh.
         fresh: v.get("fresh").and_then(Value::as_bool) != Some(false),
     };
-    let view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
-    (JoinAnswer::Admitted(admission), Some((key, view)), None)
+    (
+        JoinAnswer::Admitted(admission),
+        Some((key, admission_view)),
+        None,
+    )
 }
 
 /// `http[s]://host:port` of a URL.

@@ -287,24 +287,27 @@ impl Server {
         // A local service never campaigns (its view follows the meta it joins).
         if server.cluster.ha.enabled() {
             if server.cluster.config.cluster.role == crate::config::Role::Meta {
-                // A new leader learns which memberships earlier leaders declared lost before
-                // it serves (`ha::losses`): those processes' catalogs are void here too.
+                // A new leader records itself and learns which memberships earlier leaders
+                // declared lost and which leaderships served, before it serves (`ha::losses`):
+                // those processes' catalogs, and catalogs that missed a leadership, are void.
                 let weak = Arc::downgrade(&server.cluster);
                 server
                     .cluster
                     .ha
-                    .add_recovery_step(Box::new(move |_view, deadline| {
+                    .add_recovery_step(Box::new(move |view, deadline| {
                         let Some(cluster) = weak.upgrade() else {
                             return Ok(());
                         };
-                        let losses = cluster.ha.load_losses(deadline)?;
-                        if !losses.is_empty() {
+                        let history = cluster.ha.load_history(view, deadline)?;
+                        if !history.losses.is_empty() {
                             log::info!(
                                 "HA: {} memberships earlier leaders declared lost are void here",
-                                losses.len()
+                                history.losses.len()
                             );
                         }
-                        cluster.ranks.lock().note_lost(losses);
+                        let mut ranks = cluster.ranks.lock();
+                        ranks.note_lost(history.losses);
+                        ranks.note_served(history.served);
                         Ok(())
                     }));
             }

@@ -61,6 +61,9 @@ pub struct Admission {
     pub heartbeat_timeout_ms: u64,
     /// The meta runs with HA (a failover's new leader knows which memberships were lost).
     pub ha: bool,
+    /// The meta's `view_version` (0 without HA): once a heartbeat of this membership is
+    /// answered, the catalog is in step with this leadership.
+    pub view: u64,
     /// The meta declared this service's previous membership lost: drop the catalog.
     pub discard_catalog: bool,
     /// A new membership: false when the meta continued this service's current one (the same
@@ -116,6 +119,8 @@ pub enum Action {
         meta: String,
         rank: Option<u32>,
         catalog_follows: bool,
+        /// The leadership the catalog was last in step with (`members::JoinRequest::in_step`).
+        in_step: u64,
     },
     /// The join was admitted: mount this host's segments as `rank`, take the grant key from
     /// the answer, reset the catalog's acknowledgements (a new freed log starts at 0).
@@ -126,6 +131,10 @@ pub enum Action {
     },
     /// Drop every catalog entry without handing it over.
     DiscardCatalog,
+    /// The catalog is in step with this leadership from now on (a heartbeat of a membership
+    /// under it was answered): a service that keeps its catalog across restarts (its SSD
+    /// journal) records it, and says it when it joins.
+    InStep(u64),
     /// Send a heartbeat (with the catalog when `hand_over`).
     Beat {
         meta: String,
@@ -152,6 +161,8 @@ struct Member {
     interval_ms: u64,
     timeout_ms: u64,
     ha: bool,
+    /// The leadership that admitted this membership.
+    view: u64,
     /// The next heartbeat carries the catalog (until one is answered).
     hand_over: bool,
     /// No heartbeat sent since the join: the first goes at once, since the meta keeps this
@@ -203,6 +214,8 @@ pub struct Agent {
     suspect_ms: Option<u64>,
     /// Ticks when a tier move's report was sent last.
     last_move_report_ms: u64,
+    /// The leadership the catalog was last in step with (0: none known).
+    in_step: u64,
 }
 
 impl Agent {
@@ -226,7 +239,18 @@ impl Agent {
             held: false,
             suspect_ms: None,
             last_move_report_ms: 0,
+            in_step: 0,
         }
+    }
+
+    /// A catalog kept across a restart (the SSD journal) was last in step with `view`.
+    pub fn recovered_in_step(&mut self, view: u64) {
+        self.in_step = view;
+    }
+
+    /// The leadership the catalog was last in step with.
+    pub fn in_step(&self) -> u64 {
+        self.in_step
     }
 
     /// The rank and epoch of the current membership.
@@ -385,6 +409,7 @@ impl Agent {
                     // places.
                     rank: rank.or(if self.held { self.mounted_rank } else { None }),
                     catalog_follows: follows,
+                    in_step: self.in_step,
                 });
             }
             Phase::Member(m) => {
@@ -449,7 +474,8 @@ impl Agent {
                 let suspect = self.suspect_ms.take();
                 if a.discard_catalog {
                     out.push(Action::Warn(format!(
-                        "the meta service at {meta} declared this service lost before: its catalog is dropped (its objects were removed there)"
+                        "the meta service at {meta} said this service's catalog is void (it declared this service lost before, or the catalog missed a leadership that served since leadership {}): it is dropped",
+                        self.in_step
                     )));
                     out.push(Action::DiscardCatalog);
                 } else if let Some(silent) = suspect.filter(|_| a.fresh) {
@@ -477,6 +503,7 @@ impl Agent {
                     interval_ms: a.heartbeat_interval_ms.max(10),
                     timeout_ms: a.heartbeat_timeout_ms.max(20),
                     ha: a.ha,
+                    view: a.view,
                     hand_over: hand_over && !a.discard_catalog,
                     first_beat: true,
                     last_sent_ms: now_ms,
@@ -519,11 +546,19 @@ impl Agent {
                 m.hand_over = false;
                 m.last_heard_ms = now_ms;
                 self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
+                if self.in_step != m.view {
+                    self.in_step = m.view;
+                    out.push(Action::InStep(m.view));
+                }
             }
             BeatAnswer::CatalogTooLarge => {
                 m.hand_over = false;
                 m.last_heard_ms = now_ms;
                 self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
+                if self.in_step != m.view {
+                    self.in_step = m.view;
+                    out.push(Action::InStep(m.view));
+                }
                 out.push(Action::Warn(format!(
                     "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
                     m.meta

@@ -99,6 +99,18 @@ impl HaConfig {
         format!("{}lost/", self.prefix).into_bytes()
     }
 
+    /// Where each leadership records itself before it serves: `<prefix>served/<view_version>`,
+    /// so a later leader knows which leaderships a local service's catalog may have missed.
+    pub fn served_key(&self, view: u64) -> Vec<u8> {
+        let mut k = self.served_prefix();
+        k.extend_from_slice(view.to_string().as_bytes());
+        k
+    }
+
+    pub fn served_prefix(&self) -> Vec<u8> {
+        format!("{}served/", self.prefix).into_bytes()
+    }
+
     pub fn metadata_prefix(&self) -> Vec<u8> {
         format!("{}metadata/", self.prefix).into_bytes()
     }

@@ -5,6 +5,12 @@
 //! the lost incarnation before the meta relies on it, and every new leader loads the records
 //! before it serves (`cluster::members::Members::note_lost`).
 //!
+//! Leaderships recorded in etcd: each leader writes `<prefix>served/<view_version>` before it
+//! serves (`HaView::load_history`, the same transaction that reads the records back), so a
+//! later leader can tell a local service whose catalog was last in step with an earlier
+//! leadership that it missed one that served: that leader may have put newer versions of its
+//! keys, or deleted them, and left no tombstone behind (`members::Members::missed`).
+//!
 //! The calls block (etcd's JSON gateway); a loss is rare, so each runs on a thread of its own
 //! and answers on a channel the shard awaits. Loading runs on the election thread, as a
 //! recovery step.
@@ -59,37 +65,67 @@ impl HaView {
         rx
     }
 
-    /// The memberships earlier leaders declared lost: (rank, incarnation). Blocking: for a
-    /// recovery step on the election thread.
-    pub fn load_losses(&self, deadline: Instant) -> Result<Vec<(u32, u64)>, String> {
+    /// Before this leadership serves: records it under `<prefix>served/<view>` (fenced, so
+    /// only while it holds the leader key) and reads back what earlier leaders left, in one
+    /// transaction. Blocking: a recovery step on the election thread.
+    pub fn load_history(&self, view: u64, deadline: Instant) -> Result<History, String> {
         let Some(cfg) = self.config() else {
-            return Ok(Vec::new());
+            return Ok(History::default());
         };
         let mut etcd = Etcd::new(cfg.etcd_endpoints.clone());
-        let from = cfg.lost_prefix();
-        let end = prefix_end(&from);
-        let v = etcd
-            .range(&from, Some(&end), 0, deadline)
-            .map_err(|e| format!("{e:?}"))?;
-        let kvs = v
-            .get("kvs")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        Ok(kvs
+        let (lost, served) = (cfg.lost_prefix(), cfg.served_prefix());
+        let range = |from: &[u8]| json!({"request_range": {"key": b64(from), "range_end": b64(&prefix_end(from))}});
+        let txn = json!({
+            "compare": [{
+                "key": b64(&cfg.election_key()),
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": view.to_string(),
+            }],
+            "success": [
+                {"request_put": {"key": b64(&cfg.served_key(view)), "value": b64(b"1")}},
+                range(&lost),
+                range(&served),
+            ],
+        });
+        let v = etcd.txn(&txn, deadline).map_err(|e| format!("{e:?}"))?;
+        if v.get("succeeded").and_then(Value::as_bool) != Some(true) {
+            return Err("not the leader any more".into());
+        }
+        let kvs = |i: usize| {
+            v.pointer(&format!("/responses/{i}/response_range/kvs"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let suffix = |kv: &Value, prefix: &[u8]| -> Option<u64> {
+            let key = bytes(kv, "key");
+            std::str::from_utf8(key.strip_prefix(prefix)?)
+                .ok()?
+                .parse()
+                .ok()
+        };
+        let losses = kvs(1)
             .iter()
             .filter_map(|kv| {
-                let key = bytes(kv, "key");
-                let rank = std::str::from_utf8(key.strip_prefix(from.as_slice())?)
-                    .ok()?
-                    .parse()
-                    .ok()?;
+                let rank = u32::try_from(suffix(kv, &lost)?).ok()?;
                 let incarnation = std::str::from_utf8(&bytes(kv, "value"))
                     .ok()?
                     .parse()
                     .ok()?;
                 Some((rank, incarnation))
             })
-            .collect())
+            .collect();
+        let served = kvs(2).iter().filter_map(|kv| suffix(kv, &served)).collect();
+        Ok(History { losses, served })
     }
+}
+
+/// What earlier leaderships left in etcd for a new leader.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Memberships declared lost: (rank, incarnation).
+    pub losses: Vec<(u32, u64)>,
+    /// The leaderships that served (`view_version`s), this one included.
+    pub served: Vec<u64>,
 }

@@ -63,8 +63,13 @@ impl Cluster {
         for e in entries {
             catalog.add(e);
         }
+        drop(catalog);
+        let in_step = read_in_step(&in_step_path(dir, rank));
+        self.local
+            .in_step
+            .store(in_step, std::sync::atomic::Ordering::Release);
         log::info!(
-            "{name}: {n} blobs ({bytes} bytes) recovered from the SSD file in {:.1} ms: they are in the catalog the first join hands over",
+            "{name}: {n} blobs ({bytes} bytes) recovered from the SSD file in {:.1} ms: they are in the catalog the first join hands over (last in step with leadership {in_step})",
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(())
@@ -118,5 +123,80 @@ impl Cluster {
         while !j.settled(&mark) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
+    }
+
+    /// The catalog is in step with leadership `view` from now on: recorded beside the SSD file
+    /// a restart recovers (written to a temporary file, synced, renamed), so the next process
+    /// says it when it joins (`members::JoinRequest::in_step`). Blocking (the agent's thread).
+    /// A record that fails to land leaves an older view there: the next leader may void the
+    /// catalog, never adopt one that missed a leadership.
+    pub fn record_in_step(&self, view: u64) {
+        self.local
+            .in_step
+            .store(view, std::sync::atomic::Ordering::Release);
+        let s = &self.config.store;
+        let (true, Some(rank), false) = (
+            s.ssd_enable && s.ssd_recover,
+            self.config.cluster.local_rank,
+            s.ssd_dirs.is_empty(),
+        ) else {
+            return;
+        };
+        let path = in_step_path(&s.ssd_dirs[rank as usize % s.ssd_dirs.len()], rank);
+        if let Err(e) = write_in_step(&path, view) {
+            log::warn!(
+                "cannot record in {} that the catalog is in step with leadership {view}: {e} (after a restart its SSD blobs may be dropped rather than handed over)",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Beside rank `rank`'s SSD file: the leadership its catalog was last in step with.
+fn in_step_path(dir: &str, rank: u32) -> std::path::PathBuf {
+    let mut p = super::store::ssd::SsdFile::path_in(dir, rank).into_os_string();
+    p.push(".in_step");
+    p.into()
+}
+
+/// 0 when absent or unreadable: a catalog in step with no known leadership.
+fn read_in_step(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_in_step(path: &std::path::Path, view: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{view}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_step_record_is_read_back_and_absent_is_zero() {
+        let dir = std::env::temp_dir().join(format!("mmc-in-step-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = in_step_path(dir.to_str().unwrap(), 3);
+        assert_eq!(read_in_step(&path), 0);
+        write_in_step(&path, 41).unwrap();
+        write_in_step(&path, 57).unwrap();
+        assert_eq!(read_in_step(&path), 57);
+        std::fs::write(&path, "garbage").unwrap();
+        assert_eq!(read_in_step(&path), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

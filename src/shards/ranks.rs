@@ -107,6 +107,9 @@ pub struct LocalIdentity {
     /// writing into a range the next meta may have given to another object (an allocation the
     /// previous meta never committed is in no catalog, hence free there).
     writers: arc_swap::ArcSwap<super::store::WriterLink>,
+    /// The leadership (`view_version`) the catalog was last in step with: recovered with the
+    /// SSD file at start, then kept by the agent (`cluster::agent::Action::InStep`).
+    pub in_step: std::sync::atomic::AtomicU64,
 }
 
 impl LocalIdentity {
@@ -121,6 +124,7 @@ impl LocalIdentity {
             catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
             moved_at_ms: Default::default(),
             writers: Default::default(),
+            in_step: Default::default(),
         }
     }
 

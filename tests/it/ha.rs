@@ -1376,3 +1376,74 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
     drop(locals);
     drop(standby);
 }
+
+/// A catalog that missed a whole leadership is void on the next leader: rank 8 holds `k`
+/// (put under leader A) and freezes; A dies; B leads without ever hearing from rank 8, puts
+/// `k` anew on rank 7 and deletes it (its tombstone dies with it); B dies; A comes back and
+/// leads; rank 8 resumes and joins it with a catalog last in step with A's first leadership.
+/// B served in between (each leadership records itself in etcd before it serves), so the
+/// catalog is void and the delete holds: `k` is not found, not A's first value (the cluster
+/// simulation's seeds 61, 136 and 211).
+#[test]
+fn a_catalog_that_missed_a_leadership_is_void_on_the_next_leader() {
+    let Some(etcd) = Etcd::start("missed-leadership") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let (mut first, second) = leader_first(a, b);
+    let first_port = first.addr.port();
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            local_of(driver, &second, &first)
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    for (local, rank) in locals.iter().zip([7, 8]) {
+        wait_joined(first.addr, &format!("rank-{rank}-dram"), local);
+    }
+    let r = follow(
+        first.addr,
+        "PUT",
+        "/api/v1/objects?key=k&prefer_rank=8",
+        Some(&blob(1, 1)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    locals[1].signal(libc::SIGSTOP);
+    first.kill9();
+    let mut second = second;
+    wait_new_leader(second.addr);
+    wait_joined(second.addr, "rank-7-dram", &locals[0]);
+    let r = follow(
+        second.addr,
+        "PUT",
+        "/api/v1/objects?key=k",
+        Some(&blob(2, 2)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    let r = crate::harness::Client::connect(second.addr).request(
+        "DELETE",
+        "/api/v1/objects?key=k",
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    second.kill9();
+    let again = pure_meta(driver, &etcd, first_port);
+    wait_new_leader(again.addr);
+    locals[1].signal(libc::SIGCONT);
+    wait_joined(again.addr, "rank-7-dram", &locals[0]);
+    wait_joined(again.addr, "rank-8-dram", &locals[1]);
+    follow(again.addr, "GET", "/api/v1/objects?key=k", None).assert_error(200, "Key not found");
+    assert!(
+        again.log().contains("it missed leadership"),
+        "rank 8's catalog was not refused for the leadership it missed:\n{}",
+        again.log()
+    );
+    drop(locals);
+}

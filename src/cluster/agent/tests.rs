@@ -18,6 +18,7 @@ fn admitted(rank: u32, epoch: u64, ha: bool) -> JoinAnswer {
         heartbeat_interval_ms: 100,
         heartbeat_timeout_ms: 1000,
         ha,
+        view: 0,
         discard_catalog: false,
         fresh: true,
     })
@@ -34,7 +35,8 @@ fn joined(ha: bool) -> Agent {
         [Action::Join {
             meta: "http://m1".into(),
             rank: None,
-            catalog_follows: false
+            catalog_follows: false,
+            in_step: 0,
         }]
     );
     let acts = a.step(
@@ -212,7 +214,8 @@ fn a_catalog_survives_a_short_silence_or_a_continued_membership() {
             [Action::Join {
                 meta: "http://m1".into(),
                 rank: Some(3),
-                catalog_follows: follows
+                catalog_follows: follows,
+                in_step: 0,
             }]
         );
         let mut answer = admitted(3, 7 + fresh as u64, ha);
@@ -272,4 +275,56 @@ fn a_meta_that_declared_the_service_lost_has_it_drop_its_catalog() {
     );
     assert!(acts.contains(&Action::DiscardCatalog));
     assert_eq!(a.membership(), Some((4, 9)));
+}
+
+/// The catalog is in step with a leadership once a heartbeat of a membership under it is
+/// answered (not at the join: the leader adopts the catalog from that heartbeat), and every
+/// later join says so; a restarted service says what its journal recovered.
+#[test]
+fn a_join_says_which_leadership_the_catalog_was_last_in_step_with() {
+    let mut a = Agent::new(config(), 0);
+    a.recovered_in_step(4);
+    let join = |acts: Vec<Action>| {
+        acts.into_iter()
+            .find_map(|x| match x {
+                Action::Join { in_step, .. } => Some(in_step),
+                _ => None,
+            })
+            .expect("a join")
+    };
+    assert_eq!(join(a.step(Input::Tick { moved_at_ms: 0 }, 0, true)), 4);
+    let mut answer = admitted(3, 7, true);
+    if let JoinAnswer::Admitted(x) = &mut answer {
+        x.view = 9;
+    }
+    let meta = "http://m1".to_string();
+    a.step(Input::JoinAnswered { meta, answer }, 1, true);
+    assert_eq!(a.in_step(), 4, "not before a heartbeat is answered");
+    let acts = tick(&mut a, 2);
+    assert!(acts.iter().any(|x| matches!(x, Action::Beat { .. })));
+    let acts = a.step(
+        Input::BeatAnswered {
+            sent_ms: 2,
+            answer: BeatAnswer::Heard,
+        },
+        3,
+        true,
+    );
+    assert!(acts.contains(&Action::InStep(9)), "{acts:?}");
+    assert_eq!(a.in_step(), 9);
+    // Forgotten by the meta: the next join says 9.
+    let acts = a.step(
+        Input::BeatAnswered {
+            sent_ms: 3,
+            answer: BeatAnswer::Forgotten,
+        },
+        4,
+        true,
+    );
+    let acts = if acts.iter().any(|x| matches!(x, Action::Join { .. })) {
+        acts
+    } else {
+        a.step(Input::Tick { moved_at_ms: 0 }, 400, true)
+    };
+    assert_eq!(join(acts), 9);
 }

@@ -32,6 +32,9 @@ pub(super) struct Etcd {
     /// `<prefix>lost/<rank>`: the incarnation a leader last declared lost there
     /// (`ha/losses.rs`).
     pub lost: BTreeMap<u32, u64>,
+    /// `<prefix>served/<view>`: the leaderships that recorded themselves before serving
+    /// (`ha/losses.rs` `load_history`).
+    pub served: std::collections::BTreeSet<u64>,
 }
 
 impl Etcd {

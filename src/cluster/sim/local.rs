@@ -132,6 +132,7 @@ impl Local {
                 meta,
                 rank,
                 catalog_follows,
+                in_step,
             } => {
                 self.grant_key = None;
                 self.joined = false;
@@ -140,6 +141,7 @@ impl Local {
                     incarnation: self.incarnation,
                     rank,
                     catalog_follows,
+                    in_step,
                     bytes: self.pages * PAGE_BYTES,
                 };
                 let call = cx.request(to, req);
@@ -162,6 +164,8 @@ impl Local {
                 self.joined = true;
             }
             Action::DiscardCatalog => self.discard(cx, "catalog discarded"),
+            // No SSD file in the model: a restarted service starts empty, so nothing records it.
+            Action::InStep(_) => {}
             Action::Beat {
                 meta,
                 rank,

@@ -183,8 +183,17 @@ impl Meta {
                 incarnation,
                 rank,
                 catalog_follows,
+                in_step,
                 bytes,
-            } => self.join(cx, from, call, incarnation, rank, catalog_follows, bytes),
+            } => self.join(
+                cx,
+                from,
+                call,
+                incarnation,
+                rank,
+                (catalog_follows, in_step),
+                bytes,
+            ),
             Req::Beat {
                 rank,
                 incarnation,
@@ -227,7 +236,7 @@ impl Meta {
         call: u64,
         incarnation: u64,
         wanted: Option<u32>,
-        catalog_follows: bool,
+        (catalog_follows, in_step): (bool, u64),
         bytes: u64,
     ) {
         if !self.gate(cx, from, call) {
@@ -242,6 +251,11 @@ impl Meta {
             incarnation,
             segments: vec![(Medium::Dram, bytes)],
             catalog_follows,
+            in_step: if cx.mutations.adopt_missed_catalog {
+                self.view()
+            } else {
+                in_step
+            },
             first_free: 1,
             now_ms: cx.now,
         });
@@ -312,6 +326,7 @@ impl Meta {
                     heartbeat_interval_ms: HB_INTERVAL_MS,
                     heartbeat_timeout_ms: HB_TIMEOUT_MS,
                     ha: self.ha.is_some(),
+                    view: self.view(),
                     discard_catalog: discard,
                     fresh: !joined.continued,
                 },
@@ -652,6 +667,11 @@ impl Meta {
     /// leadership serves (`server.rs`'s recovery step, `Members::note_lost`).
     pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
         self.members.note_lost(lost);
+    }
+
+    /// The leaderships that served, from etcd, before this one serves.
+    pub fn note_served(&mut self, views: impl IntoIterator<Item = u64>) {
+        self.members.note_served(views);
     }
 
     /// A new leader's purge of the objects it held (another leader served since it last

@@ -107,6 +107,8 @@ pub(super) struct Mutations {
     /// A membership declared lost that joins again hands its catalog over (its objects were
     /// removed here, deletes answered relying on that).
     pub adopt_lost_catalog: bool,
+    /// A catalog that missed a leadership which served is adopted (`Members::missed`).
+    pub adopt_missed_catalog: bool,
     /// A heartbeat or leave is taken for the rank's current membership whatever incarnation
     /// and epoch it names.
     pub no_epoch_fencing: bool,

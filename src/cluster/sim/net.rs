@@ -46,6 +46,7 @@ pub(super) enum Req {
         incarnation: u64,
         rank: Option<u32>,
         catalog_follows: bool,
+        in_step: u64,
         bytes: u64,
     },
     Beat {

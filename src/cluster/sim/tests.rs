@@ -57,6 +57,13 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // A removal raced a remote put's chain: its freed record reached a later hop's service
     // before the write did, which then stayed in that catalog (`Orphan::freed`).
     (263, 3000, Some(2)),
+    // A local service frozen through a whole leadership handed its catalog to the next
+    // leader, which adopted an older version of a key the leadership it missed had put anew
+    // (or deleted): catalogs say which leadership they were last in step with, and each
+    // leadership records itself in etcd before it serves (`Members::missed`). Also 61 at 1500
+    // steps with two metas (the mutation test below).
+    (136, 1500, Some(3)),
+    (211, 3000, Some(3)),
 ];
 
 #[test]
@@ -90,6 +97,7 @@ fn mutation(name: &str) -> Mutations {
     match name {
         "no_removal_barrier" => m.no_removal_barrier = true,
         "adopt_lost_catalog" => m.adopt_lost_catalog = true,
+        "adopt_missed_catalog" => m.adopt_missed_catalog = true,
         "no_epoch_fencing" => m.no_epoch_fencing = true,
         "reusable_grants" => m.reusable_grants = true,
         "" | "none" => {}
@@ -170,6 +178,13 @@ fn without_removal_barriers_a_delete_comes_back() {
 #[test]
 fn adopting_a_lost_membership_s_catalog_is_caught() {
     caught("adopt_lost_catalog", 48, 3000, Some(2), "stale overwrite");
+}
+
+/// A catalog that missed a whole leadership adopted by the next leader: an older value comes
+/// back in place of a newer put (the defect seeds 61, 136 and 211 found).
+#[test]
+fn adopting_a_catalog_that_missed_a_leadership_is_caught() {
+    caught("adopt_missed_catalog", 61, 1500, Some(2), "stale overwrite");
 }
 
 /// Messages of an old incarnation or epoch taken for the current membership: a stale

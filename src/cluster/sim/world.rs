@@ -447,9 +447,13 @@ impl World {
                     now,
                     format!("meta {i}: elected leader, view {view} (purge: {purge})"),
                 );
-                // Before it serves: the losses earlier leaders recorded.
+                // Before it serves: it records itself, and loads the losses earlier leaders
+                // recorded and the leaderships that served (one transaction; the campaign's
+                // own answer stands for its reach of etcd).
+                self.etcd.served.insert(view);
                 if let Some(m) = self.metas[i].proc.as_mut() {
                     m.note_lost(self.etcd.lost.iter().map(|(&r, &inc)| (r, inc)));
+                    m.note_served(self.etcd.served.iter().copied());
                 }
                 if purge {
                     let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);

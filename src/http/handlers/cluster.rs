@@ -136,6 +136,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // The service holds blobs it will list in its first heartbeat (after it has this meta's
     // grant key, so no adopted object is served before the service can check its grants).
     let catalog_follows = v.get("catalog_follows").and_then(Value::as_bool) == Some(true);
+    // The leadership the catalog was last in step with (absent: none known, so with HA a
+    // catalog is adopted only if no leadership served before this one).
+    let in_step = v.get("in_step").and_then(Value::as_u64).unwrap_or(0);
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
@@ -146,6 +149,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         incarnation,
         segments: segments.clone(),
         catalog_follows,
+        in_step,
         first_free,
         now_ms: cluster.clock.now_ms(),
     });
@@ -195,7 +199,11 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
     }
     let discard = joined.catalog == CatalogFate::Discard;
-    if discard {
+    if let Some(missed) = joined.missed {
+        log::warn!(
+            "rank {rank} joined from {url} with a catalog last in step with leadership {in_step}: it missed leadership {missed}, which served (it may have put newer versions of those keys or deleted them), so its catalog is void"
+        );
+    } else if discard {
         log::warn!(
             "rank {rank} joined again from {url} after it was declared lost: its catalog is void (its objects were dropped here)"
         );

@@ -84,10 +84,15 @@ impl Store {
             if obj == NIL {
                 continue;
             }
-            let elsewhere = self.objects[obj as usize]
-                .blobs
-                .iter()
-                .any(|&o| o != id && self.blobs[o as usize].seg != seg);
+            // A copy elsewhere keeps the object: any, for a put still being written (its other
+            // replicas are being written too); only a readable one for a committed object (a
+            // move's, a rewarm's or a re-replication's destination still being copied from
+            // this segment will never be written: the object's last copy is here).
+            let writing = self.uncommitted.contains_key(&obj);
+            let elsewhere = self.objects[obj as usize].blobs.iter().any(|&o| {
+                let other = &self.blobs[o as usize];
+                o != id && other.seg != seg && (writing || other.state == BlobState::Readable)
+            });
             if elsewhere && !self.doomed(obj) {
                 // A put still being written: its writer's hold on this copy ends here (the
                 // memory is gone). Its commit or abort only releases the copies still
