@@ -279,6 +279,14 @@ fn act(
             cluster.local.set_joined(true);
         }
         Action::InStep(view) => cluster.record_in_step(view),
+        Action::DropUnconfirmed => {
+            let n = cluster.local.catalog().drop_unconfirmed();
+            if n > 0 {
+                log::info!(
+                    "{n} catalog entries awaiting a commit or a landing under the previous membership are dropped (the meta dropped those blobs)"
+                );
+            }
+        }
         Action::DiscardCatalog => {
             let mut catalog = cluster.local.catalog();
             cluster.journal_catalog(catalog.clear_tracked());

@@ -131,6 +131,9 @@ pub enum Action {
     },
     /// Drop every catalog entry without handing it over.
     DiscardCatalog,
+    /// Drop the entries not handed over yet (a new membership confirms none of them: a commit
+    /// answer still on its way under the previous one must not list its blob).
+    DropUnconfirmed,
     /// The catalog is in step with this leadership from now on (a heartbeat of a membership
     /// under it was answered): a service that keeps its catalog across restarts (its SSD
     /// journal) records it, and says it when it joins.
@@ -484,6 +487,13 @@ impl Agent {
                         a.rank
                     )));
                     out.push(Action::DiscardCatalog);
+                } else if a.fresh && !hand_over {
+                    // A new membership that took no catalog: what the catalog lists now (a
+                    // commit answered since the join was sent) is of a membership the meta
+                    // dropped with its blobs.
+                    out.push(Action::DiscardCatalog);
+                } else if a.fresh {
+                    out.push(Action::DropUnconfirmed);
                 }
                 out.push(Action::Become {
                     meta: meta.clone(),

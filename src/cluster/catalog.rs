@@ -223,6 +223,16 @@ impl Catalog {
         self.acked = 0;
     }
 
+    /// Drops the entries not yet handed over (puts awaiting their commit, tier moves awaiting
+    /// their `landed` record): a new membership's meta will confirm none of them, since it
+    /// dropped the previous membership's blobs it had not adopted. Returns how many went.
+    pub fn drop_unconfirmed(&mut self) -> usize {
+        let before = self.entries.len();
+        self.entries
+            .retain(|_, (_, _, known)| *known == Known::Committed);
+        before - self.entries.len()
+    }
+
     /// Forgets acknowledgements (a new membership: the meta's sequence starts again).
     pub fn reset_ack(&mut self) {
         self.acked = 0;
@@ -322,6 +332,18 @@ mod tests {
         h.medium = Medium::Hbm;
         c.add(h);
         assert_eq!(c.len(), 3);
+    }
+
+    /// A new membership confirms none of the previous one's pending puts: they are dropped,
+    /// and a commit answer arriving afterwards lists nothing (sim seed 1091, three metas).
+    #[test]
+    fn a_commit_answered_after_a_new_membership_lists_nothing() {
+        let mut c = Catalog::default();
+        c.add(entry("kept", 0, 4096, 1, 10));
+        c.add_pending(entry("late", 4096, 4096, 1, 11));
+        assert_eq!(c.drop_unconfirmed(), 1);
+        c.confirm(&freed(4096, 1, 11));
+        assert_eq!(keys(&c), ["kept"]);
     }
 
     #[test]

@@ -328,3 +328,30 @@ fn a_join_says_which_leadership_the_catalog_was_last_in_step_with() {
     };
     assert_eq!(join(acts), 9);
 }
+
+/// A new membership confirms nothing of the previous one: admitted afresh with the catalog,
+/// the entries not handed over yet go; admitted afresh without it, everything goes (a commit
+/// answered after the join was sent may have listed a blob the meta dropped); a continued
+/// membership keeps all.
+#[test]
+fn a_fresh_membership_drops_what_the_previous_one_left_unconfirmed() {
+    for (held, fresh, want) in [
+        (true, true, Some(Action::DropUnconfirmed)),
+        (false, true, Some(Action::DiscardCatalog)),
+        (true, false, None),
+        (false, false, None),
+    ] {
+        let mut a = Agent::new(config(), 0);
+        a.step(Input::Tick { moved_at_ms: 0 }, 0, held);
+        let mut answer = admitted(3, 7, true);
+        if let JoinAnswer::Admitted(x) = &mut answer {
+            x.fresh = fresh;
+        }
+        let meta = "http://m1".to_string();
+        let acts = a.step(Input::JoinAnswered { meta, answer }, 1, held);
+        let got = acts
+            .into_iter()
+            .find(|x| matches!(x, Action::DropUnconfirmed | Action::DiscardCatalog));
+        assert_eq!(got, want, "held {held}, fresh {fresh}");
+    }
+}

@@ -164,6 +164,12 @@ impl Local {
                 self.joined = true;
             }
             Action::DiscardCatalog => self.discard(cx, "catalog discarded"),
+            Action::DropUnconfirmed => {
+                let n = self.catalog.drop_unconfirmed();
+                if n > 0 {
+                    cx.log(format!("{n} unconfirmed catalog entries dropped"));
+                }
+            }
             // No SSD file in the model: a restarted service starts empty, so nothing records it.
             Action::InStep(_) => {}
             Action::Beat {

@@ -600,6 +600,16 @@ impl Meta {
             let incarnation = self.members.get(rank).map_or(0, |m| m.incarnation);
             let segs = self.unmount_member(rank, epoch);
             if self.ha.is_some() {
+                // The objects whose only copies were there are lost from now on (reads find
+                // no copy, and the service, joining again, is told to drop its catalog),
+                // whether or not the loss reaches etcd.
+                let ids: Vec<_> = segs.iter().map(|s| s.id).collect();
+                for k in 0..self.keys {
+                    if self.store.readable_only_on(&key_bytes(k), &ids) {
+                        cx.log(format!("k{k} lost with rank {rank} (its only copy)"));
+                        cx.ledger.excuse(k as Key, cx.now);
+                    }
+                }
                 // Recorded in etcd first (the world carries the call out): a later leader
                 // then refuses this process's catalog too.
                 self.recording.push(Recording {

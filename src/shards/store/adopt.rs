@@ -222,6 +222,17 @@ impl Store {
     pub fn stamp_of(&self, key: &[u8]) -> Option<Stamp> {
         self.find(key).map(|o| self.objects[o as usize].stamp)
     }
+
+    /// Whether `key`'s object has no readable copy but on `segs` (tests).
+    #[cfg(test)]
+    pub fn readable_only_on(&self, key: &[u8], segs: &[SegmentId]) -> bool {
+        self.find(key).is_some_and(|o| {
+            !self.objects[o as usize].blobs.iter().any(|&b| {
+                let b = &self.blobs[b as usize];
+                b.state == BlobState::Readable && !segs.contains(&b.seg)
+            })
+        })
+    }
 }
 
 #[cfg(test)]

@@ -109,6 +109,9 @@ impl Store {
     pub(super) fn free_blob(&mut self, id: u32) {
         let b = self.blobs.remove(id as usize);
         debug_assert!(b.lru == NIL && b.pins == 0 && !b.writing);
+        if let Some(n) = self.renote.remove(&id) {
+            self.freed_remote.push(n);
+        }
         if b.rewarmed_bytes > 0 {
             let bytes = b.rewarmed_bytes as i64;
             self.stats
@@ -129,6 +132,13 @@ impl Store {
         if obj != NIL {
             self.note_freed_remote(id, obj);
             self.journal_remove(id, obj);
+            let b = &self.blobs[id as usize];
+            if b.pins > 0
+                && b.state == BlobState::Allocated
+                && let Some(n) = self.remote_record(id, obj, false)
+            {
+                self.renote.insert(id, n);
+            }
         }
         // What the object looked like before this blob left it.
         let (was_on_medium, was_readable) = if obj != NIL {

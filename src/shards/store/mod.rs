@@ -490,6 +490,11 @@ pub struct Store {
     /// Blobs on remote ranks detached since the shard last collected them (for the ranks'
     /// freed logs: their local services drop them from their catalogs).
     freed_remote: Vec<crate::cluster::catalog::Noted>,
+    /// The freed records of detached remote blobs that a write may still reach (allocated and
+    /// pinned: a move's, a copy's destination), noted again when the blob is freed: a write
+    /// that reached its local service after the first record would otherwise stay listed in
+    /// that service's catalog (as `Orphan::freed` does for a put's writers).
+    renote: std::collections::HashMap<u32, crate::cluster::catalog::Noted>,
     /// Keys removed from the index, refused when a catalog hands them over (`tombstones.rs`).
     tombstones: tombstones::Tombstones,
     /// A removal that is no client's or eviction's (adoption replacing an older version of a
@@ -555,6 +560,7 @@ impl Store {
             clock: StoreClock::Real(clock),
             stamp_view: 0,
             freed_remote: Vec::new(),
+            renote: Default::default(),
             tombstones: tombstones::Tombstones::new(
                 keep_tombstones,
                 tombstones::TOMBSTONES_PER_SHARD,
