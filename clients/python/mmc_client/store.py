@@ -165,7 +165,7 @@ def _status_code(resp: Any) -> int:
     if resp.status in (401, 403):
         log.warning("the server at %s refused the request, %d: %s (check api_token)",
                     resp.url, resp.status, errors.message_of(resp.body))
-    return errors.from_status(resp.status)
+    return errors.from_answer(resp)
 
 
 def _code_of_envelope(resp: Any) -> Optional[int]:
@@ -184,7 +184,7 @@ def _json(resp: Any) -> Any:
     except ValueError:
         raise _Fail(errors.MMC_ERROR) from None
     if isinstance(v, dict) and v.get("success") is False:
-        raise _Fail(errors.from_message(v.get("error_message")))
+        raise _Fail(errors.from_answer(resp, v.get("error_message")))
     return v
 
 

@@ -11,6 +11,7 @@
 //! - `GET /api/v1/objects/batch_get?keys=a,b`: the body is, per key in order, an 8-byte
 //!   big-endian length and that many bytes; a missing key has length `u64::MAX` and no bytes.
 
+use crate::common::error_kind::{ErrorKind, Refusal};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -41,7 +42,12 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         None => None,
         Some(m) => match std::str::from_utf8(&m).ok().and_then(Medium::parse) {
             Some(m) if m.is_memory() => Some(m),
-            _ => return Err(ctx.business_error("Invalid 'medium' parameter: expected hbm or dram")),
+            _ => {
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'medium' parameter: expected hbm or dram",
+                ));
+            }
         },
     };
     let replicas = match optional(req, ctx, "replicas")? {
@@ -49,9 +55,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         Some(r) => match parse_uint(&r, 1, MAX_REPLICAS as u64) {
             Some(n) => n as u8,
             None => {
-                return Err(ctx.business_error(&format!(
-                    "Invalid 'replicas' parameter: expected 1 to {MAX_REPLICAS}"
-                )));
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    &format!("Invalid 'replicas' parameter: expected 1 to {MAX_REPLICAS}"),
+                ));
             }
         },
     };
@@ -60,9 +67,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         Some(r) => match parse_uint(&r, 0, crate::shards::ranks::MAX_RANK as u64) {
             Some(n) => Some(n as u32),
             None => {
-                return Err(
-                    ctx.business_error("Invalid 'prefer_rank' parameter: expected a rank number")
-                );
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'prefer_rank' parameter: expected a rank number",
+                ));
             }
         },
     };
@@ -176,8 +184,8 @@ async fn head_object(req: &Request<'_>, ctx: &mut Ctx<'_>, key: Box<[u8]>) -> Re
         Reply::Query(q) if q.valid => {
             Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(q.size))
         }
-        Reply::Query(_) => ctx.business_error("Key not found"),
-        other => ctx.reply_error(other, "Key not found"),
+        Reply::Query(_) => ctx.refuse(super::KEY_NOT_FOUND),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -220,7 +228,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             Reply::Value(bytes) => {
                 Response::new(Status::OK, ContentType::OctetStream, Body::Bytes(bytes))
             }
-            other => ctx.reply_error(other, "Key not found"),
+            other => ctx.reply_error(other, super::KEY_NOT_FOUND),
         },
         Method::Put => {
             let body = req.body;
@@ -245,7 +253,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                     super::freed::unconfirmed(ctx)
                 }
                 Reply::Done => ctx.success_message("key deleted"),
-                other => ctx.reply_error(other, "Key not found"),
+                other => ctx.reply_error(other, super::KEY_NOT_FOUND),
             }
         }
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
@@ -310,7 +318,7 @@ pub async fn put(
     let grant = match ctx.shard.execute(cmd).await {
         Reply::Granted(g) => g,
         other => {
-            let r = ctx.reply_error(other, "Key not found");
+            let r = ctx.reply_error(other, super::KEY_NOT_FOUND);
             return consumed(ctx, fill, r).await;
         }
     };
@@ -333,9 +341,10 @@ pub async fn put(
         Filled::SegmentError(e) => {
             log::error!("writing {size} bytes for a put failed: {e}");
             commit(ctx, key, grant, false).await;
-            return Some(
-                ctx.business_error("Write failed: could not copy the object into its segment"),
-            );
+            return Some(ctx.business_error(
+                ErrorKind::Failed,
+                "Write failed: could not copy the object into its segment",
+            ));
         }
         Filled::Ok => {}
     }
@@ -353,8 +362,8 @@ pub async fn put(
             );
             put_success(ctx, &key, size)
         }
-        Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
-        other => ctx.reply_error(other, "Key not found"),
+        Reply::NotFound => ctx.refuse(Refusal::of(ErrorKind::WriteRevoked)),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     })
 }
 
@@ -393,7 +402,7 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 w.field_bool("exists", found);
             })
         }
-        other => ctx.reply_error(other, "Key not found"),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -476,28 +485,36 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         match parse_uint(s, 0, u64::MAX) {
             Some(n) => sizes.push(n),
             None => {
-                return ctx
-                    .business_error("Invalid 'sizes' parameter: expected non-negative integers");
+                return ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'sizes' parameter: expected non-negative integers",
+                );
             }
         }
     }
     if sizes.len() != keys.len() {
-        return ctx.business_error(&format!(
-            "'keys' names {} objects but 'sizes' gives {} sizes",
-            keys.len(),
-            sizes.len()
-        ));
+        return ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!(
+                "'keys' names {} objects but 'sizes' gives {} sizes",
+                keys.len(),
+                sizes.len()
+            ),
+        );
     }
     let total: u128 = sizes.iter().map(|&s| s as u128).sum();
     if total != req.body.len() as u128 {
-        return ctx.business_error(&format!(
-            "Body length {} does not match the sum of sizes {total}",
-            req.body.len()
-        ));
+        return ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!(
+                "Body length {} does not match the sum of sizes {total}",
+                req.body.len()
+            ),
+        );
     }
     for (i, k) in keys.iter().enumerate() {
         if keys[..i].contains(k) {
-            return ctx.business_error("Duplicated key in batch");
+            return ctx.business_error(ErrorKind::InvalidParam, "Duplicated key in batch");
         }
     }
     let opts = match put_options(req, ctx) {
