@@ -107,6 +107,26 @@ fn each_error_the_client_maps_carries_its_kind(driver: Driver) {
     let r = third.read_response(false);
     assert_kind(&r, 429, "Too many connections", "overloaded");
 
+    // A batch's failed items carry their kinds in `error_code` (the answer itself succeeded).
+    let r = c.request(
+        "POST",
+        "/api/v1/objects/batch_put?keys=a,fresh&sizes=1,1",
+        Some(b"xy"),
+    );
+    assert_eq!(r.header("x-mmc-error-code"), None);
+    let v = r.json();
+    assert_eq!(v["results"][0]["error_code"], "duplicated_object", "{v}");
+    assert_eq!(v["results"][1]["success"], true, "{v}");
+    assert!(v["results"][1].get("error_code").is_none(), "{v}");
+    let r = c.request(
+        "POST",
+        "/api/v1/objects/batch_remove?keys=absent,fresh",
+        None,
+    );
+    let v = r.json();
+    assert_eq!(v["results"][0]["error_code"], "key_not_found", "{v}");
+    assert_eq!(v["results"][1]["success"], true, "{v}");
+
     // A success carries no kind.
     assert_eq!(c.get("/health").header("x-mmc-error-code"), None);
 }

@@ -489,6 +489,17 @@ def test_error_codes_come_from_the_kind_header_not_the_text():
         assert s.remove("k/a") == NOT_FOUND
         answer["now"] = _envelope("No space on DRAM for 5 bytes, even after eviction", "brand_new")
         assert s.put("k/b", b"12345") == errors.MMC_NOT_ENOUGH_MEMORY
+        # A batch's failed items: their error_code decides, else their text.
+        results = [{"key": "a", "success": True},
+                   {"key": "b", "success": False, "error_message": "Something new",
+                    "error_code": "key_not_found"},
+                   {"key": "c", "success": False, "error_message": "Key not found",
+                    "error_code": "invalid_param"},
+                   {"key": "d", "success": False, "error_message": "Key not found"}]
+        body = json.dumps({"success": True, "results": results}).encode()
+        answer["now"] = ("HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+                         "Content-Length: %d\r\n\r\n" % len(body)).encode() + body
+        assert s.remove_batch(["a", "b", "c", "d"]) == [OK, NOT_FOUND, INVALID, NOT_FOUND]
         s.close()
     finally:
         stub.close()

@@ -4,7 +4,8 @@ server's answers onto them. The table is in clients/python/README.md.
 An error answer of mmc-server says its kind in the ``X-MMC-Error-Code`` header (docs/api.md,
 *Errors*): :func:`from_answer` maps that kind. The text of ``error_message`` (:func:`from_message`)
 and the HTTP status (:func:`from_status`) are read only when the header is absent: a server
-from before the header, or the per-key results of a batch, which have no header of their own."""
+from before the header, or a kind this client does not know. A batch's per-key results carry
+their kind in ``error_code`` (:func:`from_item`)."""
 
 import json
 from typing import Any, Dict, Optional
@@ -52,6 +53,15 @@ def from_kind(kind: Optional[str]) -> Optional[int]:
     if not kind:
         return None
     return KINDS.get(kind.strip())
+
+
+def from_item(item: Any) -> int:
+    """The code of a failed item of a batch's ``results``: its ``error_code`` kind; without one,
+    its ``error_message``."""
+    if not isinstance(item, dict):
+        return MMC_ERROR
+    code = from_kind(item.get("error_code"))
+    return code if code is not None else from_message(item.get("error_message"))
 
 
 def from_answer(resp: Any, message: Optional[str] = None) -> int:

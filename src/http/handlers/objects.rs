@@ -435,7 +435,7 @@ fn outcome_of(r: &Reply) -> Outcome {
 fn batch_results(
     ctx: &mut Ctx<'_>,
     keys: &[Box<[u8]>],
-    results: &[Result<Option<u64>, String>],
+    results: &[Result<Option<u64>, Refusal>],
 ) -> Response {
     ctx.json_object(|w| {
         w.field_bool("success", true);
@@ -450,9 +450,11 @@ fn batch_results(
                         w.field_u64("size", *s);
                     }
                 }
-                Err(m) => {
+                Err(why) => {
                     w.field_bool("success", false);
-                    w.field_str("error_message", m.as_bytes());
+                    w.field_str("error_message", why.message.as_bytes());
+                    // The item's kind, as `X-MMC-Error-Code` gives a whole answer's.
+                    w.field_str("error_code", why.kind.name().as_bytes());
                 }
             }
             w.end_object();
@@ -461,12 +463,15 @@ fn batch_results(
     })
 }
 
-fn reply_message(r: &Reply, not_found: &str) -> String {
+fn reply_refusal(r: &Reply, not_found: Refusal) -> Refusal {
     match r {
-        Reply::Refused(m) => m.to_string(),
-        Reply::NotFound => not_found.to_string(),
-        Reply::Overloaded => "Server overloaded: shard queue full, retry later".to_string(),
-        _ => "Internal server error".to_string(),
+        Reply::Refused(why) => why.clone(),
+        Reply::NotFound => not_found,
+        Reply::Overloaded => Refusal::new(
+            ErrorKind::Overloaded,
+            "Server overloaded: shard queue full, retry later",
+        ),
+        _ => Refusal::of(ErrorKind::Failed),
     }
 }
 
@@ -535,7 +540,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 
     // Write every granted object from its slice of the body.
     let write_start = Instant::now();
-    let mut results: Vec<Result<Option<u64>, String>> = Vec::with_capacity(keys.len());
+    let mut results: Vec<Result<Option<u64>, Refusal>> = Vec::with_capacity(keys.len());
     let mut grants: Vec<(usize, WriteGrant, bool)> = Vec::new();
     let mut offset = 0usize;
     for (i, (reply, &size)) in granted.into_iter().zip(&sizes).enumerate() {
@@ -547,11 +552,11 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 results.push(if ok {
                     Ok(Some(size))
                 } else {
-                    Err("Write failed".to_string())
+                    Err(Refusal::new(ErrorKind::Failed, "Write failed"))
                 });
                 grants.push((i, g, ok));
             }
-            other => results.push(Err(reply_message(&other, "Key not found"))),
+            other => results.push(Err(reply_refusal(&other, super::KEY_NOT_FOUND))),
         }
     }
     let transfer_ns = nanos_since(body_start(req, write_start));
@@ -576,10 +581,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 copies_of(&g, sizes[i], &mut stored);
             }
             if ok && !matches!(r, Reply::Done) {
-                results[i] = Err(reply_message(
-                    &r,
-                    "Key was removed while it was being written",
-                ));
+                results[i] = Err(reply_refusal(&r, Refusal::of(ErrorKind::WriteRevoked)));
             }
         }
         if !stored.is_empty() {
@@ -771,11 +773,11 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if !super::freed::settle(ctx, &removal).await {
         return super::freed::unconfirmed(ctx);
     }
-    let results: Vec<Result<Option<u64>, String>> = replies
+    let results: Vec<Result<Option<u64>, Refusal>> = replies
         .iter()
         .map(|r| match r {
             Reply::Done => Ok(None),
-            other => Err(reply_message(other, "Key not found")),
+            other => Err(reply_refusal(other, super::KEY_NOT_FOUND)),
         })
         .collect();
     batch_results(ctx, &keys, &results)
