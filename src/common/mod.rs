@@ -10,11 +10,13 @@
 //! - [`memory`]: anonymous memory mappings (DRAM segments, emulated device memory).
 //! - [`local_event`]: a shard-local notification tasks wait on.
 //! - [`fmt`]: number formatting shared by the JSON and Prometheus writers.
+//! - [`error_kind`]: the kind of an error answer (`X-MMC-Error-Code`) and its upstream code.
 //! - [`chunk_keys`]: the chunk hash inside LMCache's and vllm-ascend's object keys
 //!   (`ock.mmc.kv_events.key_format`).
 
 pub mod chunk_keys;
 pub mod clock;
+pub mod error_kind;
 pub mod event;
 pub mod fmt;
 pub mod local_event;

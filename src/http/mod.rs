@@ -444,6 +444,7 @@ async fn refuse(front: Rc<Front>, mut stream: TcpStream) {
     let mut scratch = Vec::new();
     let mut resp = Response::error(
         response::Status::TOO_MANY_REQUESTS,
+        crate::common::error_kind::ErrorKind::Overloaded,
         "Too many connections",
         front.unix_secs(),
         &mut scratch,

@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 use super::auth;
 use super::parse::Method;
 use super::router::{ROUTES, Route};
+use crate::common::error_kind::ErrorKind;
 use crate::config::{Config, Role};
 
 /// Per-operation fragments and the shared schemas.
@@ -253,9 +254,21 @@ fn request_id_header() -> Value {
     })
 }
 
+/// `X-MMC-Error-Code`, the kind of an error envelope (`common::error_kind`): on every error
+/// answer (`required`), and on a 200 answer when it is a business error.
+fn error_code_header(required: bool) -> Value {
+    let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.name()).collect();
+    json!({
+        "description": "The kind of the error, on every error envelope: a client maps it to its return code without reading error_message (docs/api.md, Errors)",
+        "required": required,
+        "schema": {"type": "string", "enum": kinds}
+    })
+}
+
 fn error_response(description: &str, extra_headers: &[(&str, Value)]) -> Value {
     let mut headers = Map::new();
     headers.insert("X-Request-ID".into(), request_id_header());
+    headers.insert("X-MMC-Error-Code".into(), error_code_header(true));
     for (name, h) in extra_headers {
         headers.insert((*name).into(), h.clone());
     }
@@ -382,8 +395,8 @@ fn operation(path: &str, fragment: Option<Value>, scheme: Option<&str>) -> Value
     if responses.is_empty() {
         responses.insert("200".into(), json!({"description": "Success"}));
     }
-    // Every answer carries X-Request-ID.
-    for r in responses.values_mut() {
+    // Every answer carries X-Request-ID; a 200 may be a business error, with its kind.
+    for (status, r) in responses.iter_mut() {
         if let Some(r) = r.as_object_mut()
             && !r.contains_key("$ref")
         {
@@ -392,6 +405,10 @@ fn operation(path: &str, fragment: Option<Value>, scheme: Option<&str>) -> Value
                 .or_insert_with(|| Value::Object(Map::new()));
             if let Some(h) = headers.as_object_mut() {
                 h.entry("X-Request-ID").or_insert_with(request_id_header);
+                if status == "200" {
+                    h.entry("X-MMC-Error-Code")
+                        .or_insert_with(|| error_code_header(false));
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use super::json::JsonWriter;
+use crate::common::error_kind::ErrorKind;
 use crate::shards::PinnedBlob;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +168,8 @@ pub struct Response {
     pub close: bool,
     /// The body is the error envelope (for tracepoints: a bad end).
     pub failed: bool,
+    /// `X-MMC-Error-Code`: the kind of an error envelope (every one has it).
+    pub error_kind: Option<ErrorKind>,
     /// The data-plane bytes of this body, recorded in the client bandwidth metrics once the
     /// connection has sent them (their transfer time is the sending).
     pub transfer: Option<Transfer>,
@@ -201,6 +204,7 @@ impl Response {
             no_store: true,
             close: false,
             failed: false,
+            error_kind: None,
             transfer: None,
         }
     }
@@ -215,8 +219,15 @@ impl Response {
     }
 
     /// The contract's error envelope, `{"success":false,"error_message":…,"timestamp":…}`,
-    /// written into `scratch`. Business errors use status 200; protocol errors their own.
-    pub fn error(status: Status, message: &str, unix_secs: u64, scratch: &mut Vec<u8>) -> Response {
+    /// written into `scratch`, with `kind` in `X-MMC-Error-Code`. Business errors use status
+    /// 200; protocol errors their own.
+    pub fn error(
+        status: Status,
+        kind: ErrorKind,
+        message: &str,
+        unix_secs: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Response {
         scratch.clear();
         let mut w = JsonWriter::new(scratch);
         w.begin_object();
@@ -226,6 +237,7 @@ impl Response {
         w.end_object();
         let mut r = Response::json_scratch(status);
         r.failed = true;
+        r.error_kind = Some(kind);
         r
     }
 
@@ -311,6 +323,11 @@ pub fn encode(
         out.extend_from_slice(location.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    if let Some(kind) = resp.error_kind {
+        out.extend_from_slice(b"X-MMC-Error-Code: ");
+        out.extend_from_slice(kind.name().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     if resp.www_authenticate {
         out.extend_from_slice(b"WWW-Authenticate: ");
         out.extend_from_slice(crate::http::auth::CHALLENGE.as_bytes());
@@ -392,6 +409,7 @@ mod tests {
         let mut scratch = Vec::new();
         let r = Response::error(
             Status::OK,
+            ErrorKind::InvalidParam,
             "Missing 'key' parameter",
             1_700_000_000,
             &mut scratch,
@@ -410,7 +428,7 @@ mod tests {
         let expected = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n\
              Content-Length: {}\r\nX-Request-ID: abc\r\nCache-Control: no-store\r\n\
-             Date: Sun, 29 Nov 2026 17:51:12 GMT\r\n\r\n{body}",
+             Date: Sun, 29 Nov 2026 17:51:12 GMT\r\nX-MMC-Error-Code: invalid_param\r\n\r\n{body}",
             body.len()
         );
         assert_eq!(String::from_utf8(out).unwrap(), expected);

@@ -9,6 +9,7 @@ use super::store::segment::{Medium, SegmentId};
 use super::store::{self, AllocStep, GetStep, IoJob, Placement};
 use super::waits::Waiting;
 use super::{Command, PinnedBlob, Reply, Shard, WriteGrant};
+use crate::common::error_kind::{ErrorKind, Refusal};
 
 /// A command applied now, or work that completes later (I/O, waiting for a flush).
 pub enum Applied {
@@ -345,7 +346,7 @@ impl Shard {
             )),
             AllocStep::Refused(m) => Reply::Refused(m),
             AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
-                Reply::refused("No space, even after eviction")
+                Reply::Refused(Refusal::of(ErrorKind::NoSpace))
             }
         }
     }

@@ -4,7 +4,7 @@
 //! owner shard applies them and answers with a [`Reply`]. Commands are owned values so they
 //! can travel to another shard's inbox unchanged.
 
-use std::borrow::Cow;
+use crate::common::error_kind::{ErrorKind, Refusal};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -297,8 +297,8 @@ pub enum Reply {
     Value(Bytes),
     Done,
     NotFound,
-    /// The operation failed; the text is the error message for the client.
-    Refused(Cow<'static, str>),
+    /// The operation failed: its kind and the error message for the client.
+    Refused(Refusal),
     /// The owner shard could not take the request (its inbox, or our outstanding limit, is
     /// full). The client should retry later (429).
     Overloaded,
@@ -324,7 +324,7 @@ pub enum Reply {
 }
 
 impl Reply {
-    pub fn refused(msg: &'static str) -> Reply {
-        Reply::Refused(Cow::Borrowed(msg))
+    pub fn refused(kind: ErrorKind, msg: &'static str) -> Reply {
+        Reply::Refused(Refusal::new(kind, msg))
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::apply::Applied;
 use super::{Command, Notice, Reply, Shard, ShardId};
+use crate::common::error_kind::{ErrorKind, Refusal};
 
 /// A request travelling to its owner shard.
 pub struct Envelope {
@@ -103,7 +104,7 @@ impl Shard {
                         out[i] = Some(if overloaded {
                             Reply::Overloaded
                         } else {
-                            Reply::refused("Internal server error")
+                            Reply::Refused(Refusal::of(ErrorKind::Failed))
                         });
                     }
                 }

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use hashbrown::HashMap;
 
 use super::command::Reply;
+use crate::common::error_kind::ErrorKind;
 
 /// Bytes charged per entry beyond key and value: the map slot and the value's allocation
 /// header, so that many tiny entries cannot exceed the memory budget unnoticed.
@@ -54,7 +55,7 @@ impl MetadataStore {
         let new_cost = cost(&key, &value);
         let old_cost = self.map.get(&key).map_or(0, |old| cost(&key, old));
         if self.bytes_used - old_cost + new_cost + self.bytes_reserved > self.bytes_max {
-            return Reply::refused("Metadata store full");
+            return Reply::refused(ErrorKind::NoSpace, "Metadata store full");
         }
         self.bytes_used = self.bytes_used - old_cost + new_cost;
         self.map.insert(key, value);
@@ -137,7 +138,7 @@ mod tests {
         ));
         let r = m.put(key(b"b"), Bytes::from(vec![2; 150]));
         assert!(
-            matches!(r, Reply::Refused(ref msg) if msg == "Metadata store full"),
+            matches!(r, Reply::Refused(ref why) if why.message == "Metadata store full" && why.kind == ErrorKind::NoSpace),
             "{r:?}"
         );
         assert!(matches!(m.get(b"b"), Reply::NotFound));

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use super::apply::Applied;
 use super::metadata::MetadataStore;
 use super::{Cluster, Reply, Shard, shard_for};
+use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::config::Config;
 use crate::ha::{HaHost, HaView, MetaOp, MetaReply, ShardMsg, WriteReq};
 
@@ -51,7 +52,7 @@ impl From<MetaReply> for Reply {
         match r {
             MetaReply::Done => Reply::Done,
             MetaReply::NotFound => Reply::NotFound,
-            MetaReply::Refused(msg) => Reply::Refused(msg),
+            MetaReply::Refused(msg) => Reply::Refused(Refusal::new(ErrorKind::Failed, msg)),
         }
     }
 }
@@ -65,7 +66,7 @@ impl Shard {
             MetaOp::Delete(_) => 0,
         };
         if !self.metadata.borrow_mut().reserve(reserved) {
-            return Applied::Now(Reply::refused("Metadata store full"));
+            return Applied::Now(Reply::refused(ErrorKind::NoSpace, "Metadata store full"));
         }
         let (done, answer) = flume::bounded(1);
         let req = WriteReq {
@@ -81,7 +82,7 @@ impl Shard {
         }
         Applied::Later(Box::pin(async move {
             answer.recv_async().await.map_or_else(
-                |_| Reply::refused("The /metadata write was abandoned"),
+                |_| Reply::refused(ErrorKind::Failed, "The /metadata write was abandoned"),
                 Reply::from,
             )
         }))
@@ -135,7 +136,7 @@ impl Shard {
                             match op {
                                 MetaOp::Put(k, v) => match md.put(k, v) {
                                     Reply::Done => MetaReply::Done,
-                                    Reply::Refused(msg) => MetaReply::Refused(msg),
+                                    Reply::Refused(why) => MetaReply::Refused(why.message),
                                     other => unreachable!("a /metadata put answers {other:?}"),
                                 },
                                 MetaOp::Delete(k) => {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::io_jobs::{DAMAGED_ON_SSD, read_outcome};
 use super::store::{self, AllocStep, GetStep, IoJob, IoOutcome, Placement};
 use super::{Reply, Shard};
+use crate::common::error_kind::{ErrorKind, Refusal};
 
 /// What a read waits for before it looks at the object again (with the event generation
 /// seen before the attempt that decided to wait, so no notification is missed).
@@ -72,7 +73,7 @@ impl Shard {
             match step {
                 AllocStep::WaitForFlush => {
                     if flush_waits == FLUSH_WAITS {
-                        return Reply::refused("No space, even after eviction");
+                        return Reply::Refused(Refusal::of(ErrorKind::NoSpace));
                     }
                     flush_waits += 1;
                     self.flush_done.wait_since(flushes).await;
@@ -160,10 +161,13 @@ impl Shard {
             crate::metrics::store::Outcome::Failure,
             Some(rank),
         );
-        Err(Reply::refused(match outcome {
-            IoOutcome::Damaged => DAMAGED_ON_SSD,
-            _ => "I/O error while rewarming the object from SSD",
-        }))
+        Err(Reply::refused(
+            ErrorKind::Failed,
+            match outcome {
+                IoOutcome::Damaged => DAMAGED_ON_SSD,
+                _ => "I/O error while rewarming the object from SSD",
+            },
+        ))
     }
 
     /// The (rewarm, flush) event generations, taken before an attempt that may wait.
@@ -198,8 +202,11 @@ impl Shard {
         self.after_store();
         match outcome {
             IoOutcome::Done => Reply::Value(bytes::Bytes::from(buf.into_vec())),
-            IoOutcome::Damaged => Reply::refused(DAMAGED_ON_SSD),
-            IoOutcome::Failed => Reply::refused("I/O error while reading the object from SSD"),
+            IoOutcome::Damaged => Reply::refused(ErrorKind::Failed, DAMAGED_ON_SSD),
+            IoOutcome::Failed => Reply::refused(
+                ErrorKind::Failed,
+                "I/O error while reading the object from SSD",
+            ),
         }
     }
 
@@ -229,6 +236,6 @@ impl Shard {
                 return Reply::Done;
             }
         }
-        Reply::refused(stuck)
+        Reply::refused(ErrorKind::Failed, stuck)
     }
 }

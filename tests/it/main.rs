@@ -13,6 +13,7 @@ mod cluster_ssd;
 mod cluster_ssd_recover;
 mod cluster_tiers;
 mod cluster_tls;
+mod errors;
 mod foundation;
 mod framing;
 mod ha;

@@ -1032,7 +1032,7 @@ fn batch_routes(driver: Driver) {
     assert_eq!(results[0], json!({"key":"b0","success":true,"size":7}));
     assert_eq!(
         results[2],
-        json!({"key":"exists","success":false,"error_message":"Duplicated object: key already exists"})
+        json!({"key":"exists","success":false,"error_message":"Duplicated object: key already exists","error_code":"duplicated_object"})
     );
     assert_eq!(results[4]["success"], true);
     c.request(
@@ -1073,7 +1073,7 @@ fn batch_routes(driver: Driver) {
     let r = c.request("POST", "/api/v1/objects/batch_remove?keys=b0,nope,b3", None);
     assert_eq!(
         r.text(),
-        r#"{"success":true,"results":[{"key":"b0","success":true},{"key":"nope","success":false,"error_message":"Key not found"},{"key":"b3","success":true}]}"#
+        r#"{"success":true,"results":[{"key":"b0","success":true},{"key":"nope","success":false,"error_message":"Key not found","error_code":"key_not_found"},{"key":"b3","success":true}]}"#
     );
     let r = c.get("/api/v1/objects/batch_exist?keys=b0,b3,b4");
     assert_eq!(r.text(), r#"{"success":true,"exists":[false,false,true]}"#);

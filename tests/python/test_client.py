@@ -3,6 +3,8 @@ codes, ctypes and NumPy buffers, threads sharing one store, retries, timeouts, H
 307 redirects (followed with Expect: 100-continue, against a stub)."""
 
 import ctypes
+import http.client
+import json
 import socket
 import threading
 import time
@@ -448,6 +450,76 @@ def test_redirect_loop_and_protocol_errors_are_codes():
     finally:
         loop.close()
         garbage.close()
+
+
+def _envelope(message, kind=None):
+    """A business error as mmc-server answers it, with ``kind`` in X-MMC-Error-Code (None: a
+    server from before the header)."""
+    body = json.dumps({"success": False, "error_message": message, "timestamp": 1}).encode()
+    extra = "X-MMC-Error-Code: %s\r\n" % kind if kind else ""
+    return ("HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+            "Content-Length: %d\r\n%s\r\n" % (len(body), extra)).encode() + body
+
+
+def test_error_codes_come_from_the_kind_header_not_the_text():
+    answer = {}
+
+    def reply(head):
+        if head.startswith("GET /health"):
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        return answer["now"]
+
+    stub = Stub(reply, linger=0)
+    try:
+        s = make_store("http://127.0.0.1:%d" % stub.port)
+        assert s.init(0) == OK
+        # The header decides, whatever the text says (a text no prefix rule knows, or one
+        # that would map to another code).
+        answer["now"] = _envelope("Out of room in a way this client never saw", "no_space")
+        assert s.put("k/a", b"x") == errors.MMC_NOT_ENOUGH_MEMORY
+        answer["now"] = _envelope("No space, even after eviction", "key_not_found")
+        assert s.remove("k/a") == NOT_FOUND
+        answer["now"] = _envelope("Key not found", "invalid_param")
+        assert s.remove("k/a") == INVALID
+        answer["now"] = _envelope("Key not found", "failed")
+        assert s.remove("k/a") == errors.MMC_ERROR
+        # Without the header (an older server), or with a kind this client does not know (a
+        # newer server's), the text decides as before.
+        answer["now"] = _envelope("Key not found")
+        assert s.remove("k/a") == NOT_FOUND
+        answer["now"] = _envelope("No space on DRAM for 5 bytes, even after eviction", "brand_new")
+        assert s.put("k/b", b"12345") == errors.MMC_NOT_ENOUGH_MEMORY
+        # A batch's failed items: their error_code decides, else their text.
+        results = [{"key": "a", "success": True},
+                   {"key": "b", "success": False, "error_message": "Something new",
+                    "error_code": "key_not_found"},
+                   {"key": "c", "success": False, "error_message": "Key not found",
+                    "error_code": "invalid_param"},
+                   {"key": "d", "success": False, "error_message": "Key not found"}]
+        body = json.dumps({"success": True, "results": results}).encode()
+        answer["now"] = ("HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+                         "Content-Length: %d\r\n\r\n" % len(body)).encode() + body
+        assert s.remove_batch(["a", "b", "c", "d"]) == [OK, NOT_FOUND, INVALID, NOT_FOUND]
+        s.close()
+    finally:
+        stub.close()
+    # Every kind the server has maps to one of upstream's codes.
+    assert set(errors.KINDS.values()) <= set(errors.NAMES)
+
+
+def test_the_server_sends_the_kinds_the_client_maps(server, store):
+    """The real server's errors carry the kinds (tests/it/errors.rs checks each one)."""
+    host, port = server.addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=10)
+    for method, target, kind in [("GET", "/api/v1/objects?key=kinds/absent", "key_not_found"),
+                                 ("GET", "/api/v1/objects", "invalid_param"),
+                                 ("PUT", "/api/v1/objects?key=kinds/a&medium=tape", "invalid_param")]:
+        c.request(method, target, body=b"1" if method == "PUT" else None)
+        r = c.getresponse()
+        assert json.loads(r.read())["success"] is False
+        assert r.getheader("X-MMC-Error-Code") == kind, target
+    c.close()
+    assert store.remove("kinds/absent") == NOT_FOUND
 
 
 def test_timeout_is_honoured():

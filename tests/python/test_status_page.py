@@ -1,17 +1,24 @@
-"""GET /ui: the status page renders live values in headless Chromium (Debian `chromium`), loads
-nothing from outside the server, and is guarded like the routes it reads.
+"""GET /ui: the status page renders live values in headless Chromium (Debian `chromium`): the
+figures, the ranks with their state and staleness, and the charts of request rate, latency and
+tier usage it draws from polling; it loads nothing from outside the server, and is guarded like
+the routes it reads.
 
 A screenshot is kept under target/ (target/ui-status-page.png) as a test artifact.
 """
 
+import http.client
 import os
 import re
 import shutil
 import subprocess
+import threading
+
+import signal
 
 import pytest
 
-from conftest import ROOT, Server
+import cluster_ready
+from conftest import ROOT, Server, wait_until
 
 ARTIFACT = os.path.join(ROOT, "target", "ui-status-page.png")
 MB = 1 << 20
@@ -57,8 +64,35 @@ def test_status_page_renders_live_values(busy_server, tmp_path):
     segments = {x["segment_name"]: x for x in s.json("GET", "/api/v1/capacity/segment_remaining")["segments"]}
     assert set(segments) == {"rank-0-hbm", "rank-0-dram", "rank-0-ssd"}
 
-    url = "http://%s:%d/ui" % (s.host, s.port)
-    dom = browse(url, "--dump-dom", tmp=tmp_path / "profile-dom")
+    # Each tier's use, as the page charts it: its segments' used bytes over their total.
+    usage = {}
+    for seg in segments.values():
+        used, total = usage.get(seg["medium"], (0, 0))
+        usage[seg["medium"]] = (used + seg["used_bytes"], total + seg["total_bytes"])
+
+    # Gets keep coming while the page loads, so that its charts have rates and latencies to
+    # draw; the page refreshes every second (six times within the virtual-time budget).
+    stop = threading.Event()
+
+    def traffic():
+        c = http.client.HTTPConnection(s.host, s.port, timeout=10)
+        while not stop.is_set():
+            c.request("GET", "/api/v1/objects/exist?key=ui-0")
+            c.getresponse().read()
+        c.close()
+
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    url = "http://%s:%d/ui?refresh=1" % (s.host, s.port)
+    try:
+        dom = browse(url, "--dump-dom", tmp=tmp_path / "profile-dom")
+        os.makedirs(os.path.dirname(ARTIFACT), exist_ok=True)
+        if os.path.exists(ARTIFACT):
+            os.remove(ARTIFACT)
+        browse(url, "--screenshot=%s" % ARTIFACT, tmp=tmp_path / "profile-shot")
+    finally:
+        stop.set()
+        t.join(10)
 
     def text(id_):
         m = re.search(r'id="%s"[^>]*>([^<]*)<' % id_, dom)
@@ -84,13 +118,84 @@ def test_status_page_renders_live_values(busy_server, tmp_path):
     assert lat and 0 < float(lat.group(1)) <= float(lat.group(2)), dom
     assert re.search(r"<td>dropped events</td><td class=\"n\">0</td>", dom)
 
-    os.makedirs(os.path.dirname(ARTIFACT), exist_ok=True)
-    if os.path.exists(ARTIFACT):
-        os.remove(ARTIFACT)
-    browse(url, "--screenshot=%s" % ARTIFACT, tmp=tmp_path / "profile-shot")
+    # The ranks: rank 0 with its three segments, all OK, its figures current.
+    ranks = re.findall(r'<tr class="rank" data-rank="(\d+)"><td>\d+</td><td>([^<]*)</td>'
+                       r'<td class="state state-(ok|bad)">([^<]*)</td><td class="figures">([^<]*)</td>', dom)
+    assert ranks == [("0", "HBM, DRAM, SSD", "ok", "OK", "current")], ranks
+
+    # The charts: inline SVG, one polyline per series, drawn from the samples the page took.
+    def chart(id_):
+        m = re.search(r'<svg class="chart" id="%s"[^>]*data-samples="(\d+)"[^>]*>(.*?)</svg>' % id_, dom)
+        assert m, "no chart #%s in:\n%s" % (id_, dom[:4000])
+        width = float(re.search(r'viewBox="0 0 ([0-9.]+) ', m.group(0)).group(1))
+        lines = {}
+        for attrs in re.findall(r"<polyline([^>]*)>", m.group(2)):
+            a = dict(re.findall(r'([\w-]+)="([^"]*)"', attrs))
+            points = [tuple(map(float, p.split(","))) for p in a["points"].split()]
+            assert len(points) == int(a["data-points"]), a
+            # Every point is drawn inside the chart, the latest at its right ("now") end.
+            assert all(0 < x <= width and 0 <= y <= 140 for x, y in points), a
+            assert not points or points[-1][0] > width * 0.9, a
+            lines[a["data-series"]] = (len(points), a["data-last"])
+        return int(m.group(1)), lines
+
+    samples, lines = chart("rate_chart")
+    assert samples >= 3, samples
+    assert set(lines) == {"requests", "failed"}
+    assert lines["requests"][0] >= 2 and float(lines["failed"][1]) == 0, lines
+    samples, lines = chart("latency_chart")
+    assert set(lines) == {"p50", "p99"}
+    assert lines["p99"][0] >= 2 and 0 < float(lines["p50"][1]) <= float(lines["p99"][1]), lines
+    samples, lines = chart("tiers_chart")
+    assert set(lines) == {"HBM", "DRAM", "SSD"} == set(usage), (lines, usage)
+    for tier, (points, value) in lines.items():
+        assert points >= 3
+        want = 100 * usage[tier][0] / usage[tier][1]
+        assert abs(float(value) - want) < 0.01, (tier, value, want)
+    assert float(lines["HBM"][1]) >= 50
+
     with open(ARTIFACT, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(ARTIFACT) > 10_000
+
+
+def test_status_page_shows_each_rank_s_state_and_a_lost_one_s_staleness(tmp_path):
+    """A meta and two local services; one is frozen until the meta declares it lost: the page
+    lists the live rank OK with current figures, and the lost one (its segment dropped, its
+    figures kept) as stale."""
+    beat = ["--set", "ock.mmc.cluster.heartbeat_interval_ms=200"]
+    meta = Server(["--set", "ock.mmc.embedded.ranks=0",
+                   "--set", "ock.mmc.cluster.heartbeat_timeout_ms=1500"] + beat)
+    locals_ = []
+    try:
+        for _ in range(2):
+            locals_.append(Server(["--role", "local",
+                                   "--set", "ock.mmc.meta_service_url=http://%s" % meta.addr,
+                                   "--set", "ock.mmc.local_service.dram.size=16MB",
+                                   "--set", "ock.mmc.local_service.hbm.size=0"] + beat))
+        wait_until("both ranks joined", lambda: cluster_ready.ready_count(meta.get) == 2)
+        before = set(cluster_ready.segments(meta.get))
+        locals_[1].proc.send_signal(signal.SIGSTOP)
+        wait_until("the frozen rank is lost", lambda: len(cluster_ready.segments(meta.get)) == 1)
+        live = cluster_ready.segments(meta.get)[0]
+        lost = (before - {live}).pop()
+        rank = lambda seg: seg.split("-")[1]
+
+        dom = browse("http://%s/ui?refresh=1" % meta.addr, "--dump-dom", tmp=tmp_path / "profile")
+        rows = dict((r[0], r[1:]) for r in re.findall(
+            r'<tr class="rank" data-rank="(\d+)"><td>\d+</td><td>([^<]*)</td>'
+            r'<td class="state[^"]*">([^<]*)</td><td class="figures[^"]*">([^<]*)</td>', dom))
+        assert rows[rank(live)] == ("DRAM", "OK", "current"), rows
+        media, state, figures = rows[rank(lost)]
+        assert media == "–" and state.startswith("no segment"), rows
+        assert re.fullmatch(r"stale for \d+ s", figures), rows
+        assert set(rows) == {rank(live), rank(lost)}, rows
+    finally:
+        if locals_ and len(locals_) > 1:
+            locals_[1].proc.send_signal(signal.SIGCONT)
+        for srv in locals_:
+            srv.stop()
+        assert meta.stop() == 0, "".join(meta.log)
 
 
 def test_status_page_loads_nothing_from_outside(busy_server):
@@ -106,7 +211,7 @@ def test_status_page_loads_nothing_from_outside(busy_server):
     # Every request goes through the page's one fetch helper, with literal same-origin paths.
     assert html.count("fetch(") == 1 and "XMLHttpRequest" not in html and "WebSocket" not in html
     paths = re.findall(r'(?<![.\w])get\("([^"]*)"', html)
-    assert len(paths) == 5, paths
+    assert len(paths) == 7, paths
     for target in paths:
         assert target.startswith("/") and not target.startswith("//"), target
     assert "<link" not in html and "@import" not in html and "url(" not in html
@@ -126,5 +231,7 @@ def test_status_page_is_guarded_like_the_routes_it_reads():
         html = body.decode()
         assert 'get("/health", dataToken)' in html
         assert 'get("/metrics/summary", metricsToken)' in html
+        assert 'get("/metrics", metricsToken)' in html
+        assert 'get("/api/v1/segments/status?segment=" + ' in html
     finally:
         assert s.stop() == 0, "".join(s.log)

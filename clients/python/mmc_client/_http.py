@@ -390,7 +390,7 @@ class Client:
                 resp = self._follow(method, host, port, target, body, headers, reader)
                 if resp.status not in (429, 503):
                     return resp
-                failure = TransportError(errors.from_status(resp.status),
+                failure = TransportError(errors.from_answer(resp),
                                          "server answered %d" % resp.status, retryable=True)
                 failure.at_meta = resp.from_meta
                 failure.response = resp

@@ -165,7 +165,7 @@ def _status_code(resp: Any) -> int:
     if resp.status in (401, 403):
         log.warning("the server at %s refused the request, %d: %s (check api_token)",
                     resp.url, resp.status, errors.message_of(resp.body))
-    return errors.from_status(resp.status)
+    return errors.from_answer(resp)
 
 
 def _code_of_envelope(resp: Any) -> Optional[int]:
@@ -184,7 +184,7 @@ def _json(resp: Any) -> Any:
     except ValueError:
         raise _Fail(errors.MMC_ERROR) from None
     if isinstance(v, dict) and v.get("success") is False:
-        raise _Fail(errors.from_message(v.get("error_message")))
+        raise _Fail(errors.from_answer(resp, v.get("error_message")))
     return v
 
 
@@ -706,7 +706,7 @@ class DistributedObjectStore(GvaMixin):
             elif r.get("error_message") == _REMOTE_BATCH_FAILURE:
                 remote.append(j)
             else:
-                codes[i] = self._put_code(errors.from_message(r.get("error_message")))
+                codes[i] = self._put_code(errors.from_item(r))
         if remote and len(remote) == len(group):
             # Every key was placed on another host's rank: this meta has no rank of its own
             # (or none with room); later batches go key by key straight away.
@@ -907,7 +907,7 @@ class DistributedObjectStore(GvaMixin):
         return self._batch_keys(
             keys, "/api/v1/objects/batch_remove", "results",
             lambda r: errors.MMC_OK if r.get("success")
-            else errors.from_message(r.get("error_message")))
+            else errors.from_item(r))
 
     @_guard(_code)
     def remove_all(self) -> int:

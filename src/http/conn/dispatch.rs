@@ -138,7 +138,8 @@ pub(super) fn answer_malformed(
     scratch: &mut Vec<u8>,
     wbuf: &mut Vec<u8>,
 ) {
-    let mut resp = Response::error(e.status, e.message, front.unix_secs(), scratch);
+    let kind = crate::common::error_kind::ErrorKind::for_status(e.status.0);
+    let mut resp = Response::error(e.status, kind, e.message, front.unix_secs(), scratch);
     resp.close = true;
     front.encode(resp, None, scratch, wbuf);
 }

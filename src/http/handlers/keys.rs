@@ -2,6 +2,7 @@
 //! `DELETE /all_keys`, `/get_all_keys`.
 
 use super::{Ctx, Request, batch_key_list, object_key, optional, parse_uint};
+use crate::common::error_kind::ErrorKind;
 use crate::http::json::JsonWriter;
 use crate::http::response::{Body, ContentType, KeyListing, Response, Status};
 use crate::metrics::store::{Op, Outcome};
@@ -54,7 +55,7 @@ pub async fn query_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             write_query(&mut JsonWriter::new(ctx.scratch), &key, Some(&q));
             Response::json_scratch(Status::OK)
         }
-        other => ctx.reply_error(other, "Key not found"),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -117,7 +118,7 @@ pub async fn delete_key(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     match reply {
         Reply::Done if !super::freed::settle(ctx, &removal).await => super::freed::unconfirmed(ctx),
         Reply::Done => ctx.success_message("key deleted"),
-        other => ctx.reply_error(other, "Key not found"),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -150,8 +151,10 @@ pub fn get_all_keys(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(Some(v)) => match parse_uint(&v, 0, u64::MAX) {
             Some(n) => n,
             None => {
-                return ctx
-                    .business_error("Invalid 'limit' parameter: expected a non-negative integer");
+                return ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'limit' parameter: expected a non-negative integer",
+                );
             }
         },
         Err(r) => return r,

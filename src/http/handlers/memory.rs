@@ -1,6 +1,7 @@
 //! `/memory/evict` and `/memory/prefetch`: tier moves named by chunk hashes (LMCache's
 //! internal API as the contract adapts it). Bodies are parsed by [`crate::http::bodies`].
 
+use crate::common::error_kind::ErrorKind;
 use std::sync::Arc;
 
 use super::{Ctx, Request};
@@ -14,7 +15,7 @@ fn refuse(ctx: &mut Ctx<'_>, e: BodyError) -> Response {
             Status::UNSUPPORTED_MEDIA_TYPE,
             "Unsupported media type: expected Content-Type: application/json",
         ),
-        BodyError::Invalid(m) => ctx.business_error(&m),
+        BodyError::Invalid(m) => ctx.business_error(ErrorKind::InvalidParam, &m),
     }
 }
 
@@ -40,7 +41,7 @@ pub async fn evict(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     for r in replies {
         match r {
             Reply::Count(n) => evicted += n,
-            other => return ctx.reply_error(other, "Key not found"),
+            other => return ctx.reply_error(other, super::KEY_NOT_FOUND),
         }
     }
     ctx.json_object(|w| {
@@ -63,7 +64,7 @@ pub async fn prefetch(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         })
         .await;
     if let Some(bad) = replies.into_iter().find(|r| !matches!(r, Reply::Count(_))) {
-        return ctx.reply_error(bad, "Key not found");
+        return ctx.reply_error(bad, super::KEY_NOT_FOUND);
     }
     ctx.json_object(|w| {
         w.field_str("status", b"prefetch_started");

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use super::{Ctx, Request, required_key};
+use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Response, Status};
 use crate::shards::{Command, Reply};
@@ -86,6 +87,12 @@ pub fn leader(ctx: &mut Ctx<'_>) -> Response {
     })
 }
 
+/// A `/metadata` key that holds no value (the kind of a missing object key).
+const METADATA_KEY_NOT_FOUND: Refusal = Refusal {
+    kind: ErrorKind::KeyNotFound,
+    message: std::borrow::Cow::Borrowed("Metadata key not found"),
+};
+
 pub async fn metadata(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let key = match required_key(req, ctx, "key") {
         Ok(k) => k,
@@ -94,18 +101,18 @@ pub async fn metadata(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     match req.head.method {
         Method::Get | Method::Head => match ctx.shard.execute(Command::MetadataGet { key }).await {
             Reply::Value(v) => Response::new(Status::OK, ContentType::Text, Body::Bytes(v)),
-            other => ctx.reply_error(other, "Metadata key not found"),
+            other => ctx.reply_error(other, METADATA_KEY_NOT_FOUND),
         },
         Method::Put => {
             let value = Bytes::copy_from_slice(req.body);
             match ctx.shard.execute(Command::MetadataPut { key, value }).await {
                 Reply::Done => Response::text("metadata updated"),
-                other => ctx.reply_error(other, "Metadata key not found"),
+                other => ctx.reply_error(other, METADATA_KEY_NOT_FOUND),
             }
         }
         Method::Delete => match ctx.shard.execute(Command::MetadataDelete { key }).await {
             Reply::Done => Response::text("metadata deleted"),
-            other => ctx.reply_error(other, "Metadata key not found"),
+            other => ctx.reply_error(other, METADATA_KEY_NOT_FOUND),
         },
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
     }

@@ -27,6 +27,7 @@ use super::parse::{Head, Method};
 use super::query;
 use super::response::{Response, Status};
 use super::router::Route;
+use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::config::Config;
 use crate::limits::MAX_KEY_BYTES;
 use crate::metrics::requests::ReqOp;
@@ -100,6 +101,9 @@ impl Request<'_> {
     }
 }
 
+/// `Key not found`, the answer to a key that names no readable object.
+pub const KEY_NOT_FOUND: Refusal = Refusal::of(ErrorKind::KeyNotFound);
+
 /// Everything a handler may use besides the request.
 pub struct Ctx<'a> {
     pub shard: &'a Rc<Shard>,
@@ -140,19 +144,34 @@ impl Ctx<'_> {
         })
     }
 
-    /// A business error: HTTP 200 with the contract's envelope.
-    pub fn business_error(&mut self, message: &str) -> Response {
+    /// A business error: HTTP 200 with the contract's envelope, `kind` in its
+    /// `X-MMC-Error-Code`.
+    pub fn business_error(&mut self, kind: ErrorKind, message: &str) -> Response {
         Response::error(
             Status::OK,
+            kind,
             message,
             self.shard.clock.unix_secs(),
             self.scratch,
         )
     }
 
-    /// A protocol error: its own status, the same envelope.
+    /// A refused operation as a business error.
+    pub fn refuse(&mut self, why: Refusal) -> Response {
+        self.business_error(why.kind, &why.message)
+    }
+
+    /// A protocol error: its own status, the same envelope, the status's kind
+    /// ([`ErrorKind::for_status`]).
     pub fn protocol_error(&mut self, status: Status, message: &str) -> Response {
-        Response::error(status, message, self.shard.clock.unix_secs(), self.scratch)
+        let kind = ErrorKind::for_status(status.0);
+        Response::error(
+            status,
+            kind,
+            message,
+            self.shard.clock.unix_secs(),
+            self.scratch,
+        )
     }
 
     /// 429 with `Retry-After` (estimated from the work waiting and the recent pace), for a
@@ -161,23 +180,21 @@ impl Ctx<'_> {
         let backlog = self.shard.remote().inbox_depth();
         let retry = self.shard.load.retry_after_secs(backlog);
         self.shard.stats().overload_rejections.inc();
-        let mut r = self.protocol_error(
-            Status::TOO_MANY_REQUESTS,
-            "Server overloaded: too much work waiting, retry later",
-        );
+        let overloaded = Refusal::of(ErrorKind::Overloaded);
+        let mut r = self.protocol_error(Status::TOO_MANY_REQUESTS, &overloaded.message);
         r.retry_after_secs = Some(retry);
         r
     }
 
     /// The response for a reply that is not the handler's success case.
-    pub fn reply_error(&mut self, reply: Reply, not_found: &str) -> Response {
+    pub fn reply_error(&mut self, reply: Reply, not_found: Refusal) -> Response {
         match reply {
             Reply::Overloaded => self.overloaded(),
-            Reply::Refused(msg) => self.business_error(&msg),
-            Reply::NotFound => self.business_error(not_found),
+            Reply::Refused(why) => self.refuse(why),
+            Reply::NotFound => self.refuse(not_found),
             other => {
                 log::error!("unexpected reply {other:?}");
-                self.business_error("Internal server error")
+                self.refuse(Refusal::of(ErrorKind::Failed))
             }
         }
     }
@@ -318,7 +335,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::CapacityUsage => segments::capacity_usage(ctx),
         Route::SegmentRemaining => segments::segment_remaining(ctx),
         Route::DrainJobs | Route::DrainJobsQuery | Route::DrainJobsCancel => {
-            ctx.business_error("Not supported")
+            ctx.refuse(Refusal::of(ErrorKind::Unsupported))
         }
         Route::MemoryEvict => memory::evict(req, ctx).await,
         Route::MemoryPrefetch => memory::prefetch(req, ctx).await,
@@ -371,7 +388,10 @@ fn required<'q>(
 ) -> Result<Cow<'q, [u8]>, Response> {
     match optional(req, ctx, name)? {
         Some(v) if !v.is_empty() => Ok(v),
-        _ => Err(ctx.business_error(&format!("Missing '{name}' parameter"))),
+        _ => Err(ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!("Missing '{name}' parameter"),
+        )),
     }
 }
 
@@ -379,7 +399,10 @@ fn required<'q>(
 fn required_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<[u8]>, Response> {
     let k = required(req, ctx, name)?;
     if k.len() > MAX_KEY_BYTES {
-        return Err(ctx.business_error(&format!("Key too long (max {MAX_KEY_BYTES} bytes)")));
+        return Err(ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!("Key too long (max {MAX_KEY_BYTES} bytes)"),
+        ));
     }
     Ok(k.into_owned().into_boxed_slice())
 }
@@ -393,9 +416,12 @@ fn object_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<[u
 
 fn check_object_key(k: &[u8], ctx: &mut Ctx<'_>) -> Result<(), Response> {
     if k.len() > MAX_KEY_BYTES {
-        return Err(ctx.business_error(&format!("Key too long (max {MAX_KEY_BYTES} bytes)")));
+        return Err(ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!("Key too long (max {MAX_KEY_BYTES} bytes)"),
+        ));
     }
-    object_keys::validate(k).map_err(|m| ctx.business_error(m))
+    object_keys::validate(k).map_err(|m| ctx.business_error(ErrorKind::InvalidParam, m))
 }
 
 /// A comma-separated list (`keys=a,b`): split first, then each item percent-decoded, so a
@@ -407,7 +433,10 @@ fn list_param(
 ) -> Result<Vec<Box<[u8]>>, Response> {
     let raw = raw_param(req.head.query, name);
     let Some(raw) = raw.filter(|r| !r.is_empty()) else {
-        return Err(ctx.business_error(&format!("Missing '{name}' parameter")));
+        return Err(ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!("Missing '{name}' parameter"),
+        ));
     };
     let mut out = Vec::new();
     for item in raw.split(|&b| b == b',') {
@@ -421,9 +450,10 @@ fn list_param(
             continue;
         }
         if out.len() == MAX_BATCH_KEYS {
-            return Err(
-                ctx.business_error(&format!("Too many keys (max {MAX_BATCH_KEYS} per request)"))
-            );
+            return Err(ctx.business_error(
+                ErrorKind::InvalidParam,
+                &format!("Too many keys (max {MAX_BATCH_KEYS} per request)"),
+            ));
         }
         out.push(item.into_owned().into_boxed_slice());
     }
@@ -451,16 +481,19 @@ fn batch_key_list(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Vec<Box<[u8]>>
         return list_param(req, ctx, "keys");
     }
     if raw_param(req.head.query, "keys").is_some() {
-        return Err(
-            ctx.business_error("Give 'keys' either in the query or in a JSON body, not both")
-        );
+        return Err(ctx.business_error(
+            ErrorKind::InvalidParam,
+            "Give 'keys' either in the query or in a JSON body, not both",
+        ));
     }
     crate::http::bodies::parse_batch_keys(req.head.content_type, req.body).map_err(|e| match e {
         crate::http::bodies::BodyError::MediaType => ctx.protocol_error(
             Status::UNSUPPORTED_MEDIA_TYPE,
             "Unsupported media type: expected Content-Type: application/json",
         ),
-        crate::http::bodies::BodyError::Invalid(m) => ctx.business_error(&m),
+        crate::http::bodies::BodyError::Invalid(m) => {
+            ctx.business_error(ErrorKind::InvalidParam, &m)
+        }
     })
 }
 

@@ -11,6 +11,7 @@
 //! - `GET /api/v1/objects/batch_get?keys=a,b`: the body is, per key in order, an 8-byte
 //!   big-endian length and that many bytes; a missing key has length `u64::MAX` and no bytes.
 
+use crate::common::error_kind::{ErrorKind, Refusal};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -41,7 +42,12 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         None => None,
         Some(m) => match std::str::from_utf8(&m).ok().and_then(Medium::parse) {
             Some(m) if m.is_memory() => Some(m),
-            _ => return Err(ctx.business_error("Invalid 'medium' parameter: expected hbm or dram")),
+            _ => {
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'medium' parameter: expected hbm or dram",
+                ));
+            }
         },
     };
     let replicas = match optional(req, ctx, "replicas")? {
@@ -49,9 +55,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         Some(r) => match parse_uint(&r, 1, MAX_REPLICAS as u64) {
             Some(n) => n as u8,
             None => {
-                return Err(ctx.business_error(&format!(
-                    "Invalid 'replicas' parameter: expected 1 to {MAX_REPLICAS}"
-                )));
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    &format!("Invalid 'replicas' parameter: expected 1 to {MAX_REPLICAS}"),
+                ));
             }
         },
     };
@@ -60,9 +67,10 @@ fn put_options(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Placement, Respon
         Some(r) => match parse_uint(&r, 0, crate::shards::ranks::MAX_RANK as u64) {
             Some(n) => Some(n as u32),
             None => {
-                return Err(
-                    ctx.business_error("Invalid 'prefer_rank' parameter: expected a rank number")
-                );
+                return Err(ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'prefer_rank' parameter: expected a rank number",
+                ));
             }
         },
     };
@@ -176,8 +184,8 @@ async fn head_object(req: &Request<'_>, ctx: &mut Ctx<'_>, key: Box<[u8]>) -> Re
         Reply::Query(q) if q.valid => {
             Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(q.size))
         }
-        Reply::Query(_) => ctx.business_error("Key not found"),
-        other => ctx.reply_error(other, "Key not found"),
+        Reply::Query(_) => ctx.refuse(super::KEY_NOT_FOUND),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -220,7 +228,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             Reply::Value(bytes) => {
                 Response::new(Status::OK, ContentType::OctetStream, Body::Bytes(bytes))
             }
-            other => ctx.reply_error(other, "Key not found"),
+            other => ctx.reply_error(other, super::KEY_NOT_FOUND),
         },
         Method::Put => {
             let body = req.body;
@@ -245,7 +253,7 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                     super::freed::unconfirmed(ctx)
                 }
                 Reply::Done => ctx.success_message("key deleted"),
-                other => ctx.reply_error(other, "Key not found"),
+                other => ctx.reply_error(other, super::KEY_NOT_FOUND),
             }
         }
         _ => unreachable!("the router admits only GET, HEAD, PUT, DELETE here"),
@@ -310,7 +318,7 @@ pub async fn put(
     let grant = match ctx.shard.execute(cmd).await {
         Reply::Granted(g) => g,
         other => {
-            let r = ctx.reply_error(other, "Key not found");
+            let r = ctx.reply_error(other, super::KEY_NOT_FOUND);
             return consumed(ctx, fill, r).await;
         }
     };
@@ -333,9 +341,10 @@ pub async fn put(
         Filled::SegmentError(e) => {
             log::error!("writing {size} bytes for a put failed: {e}");
             commit(ctx, key, grant, false).await;
-            return Some(
-                ctx.business_error("Write failed: could not copy the object into its segment"),
-            );
+            return Some(ctx.business_error(
+                ErrorKind::Failed,
+                "Write failed: could not copy the object into its segment",
+            ));
         }
         Filled::Ok => {}
     }
@@ -353,8 +362,8 @@ pub async fn put(
             );
             put_success(ctx, &key, size)
         }
-        Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
-        other => ctx.reply_error(other, "Key not found"),
+        Reply::NotFound => ctx.refuse(Refusal::of(ErrorKind::WriteRevoked)),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     })
 }
 
@@ -393,7 +402,7 @@ pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 w.field_bool("exists", found);
             })
         }
-        other => ctx.reply_error(other, "Key not found"),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 
@@ -426,7 +435,7 @@ fn outcome_of(r: &Reply) -> Outcome {
 fn batch_results(
     ctx: &mut Ctx<'_>,
     keys: &[Box<[u8]>],
-    results: &[Result<Option<u64>, String>],
+    results: &[Result<Option<u64>, Refusal>],
 ) -> Response {
     ctx.json_object(|w| {
         w.field_bool("success", true);
@@ -441,9 +450,11 @@ fn batch_results(
                         w.field_u64("size", *s);
                     }
                 }
-                Err(m) => {
+                Err(why) => {
                     w.field_bool("success", false);
-                    w.field_str("error_message", m.as_bytes());
+                    w.field_str("error_message", why.message.as_bytes());
+                    // The item's kind, as `X-MMC-Error-Code` gives a whole answer's.
+                    w.field_str("error_code", why.kind.name().as_bytes());
                 }
             }
             w.end_object();
@@ -452,12 +463,15 @@ fn batch_results(
     })
 }
 
-fn reply_message(r: &Reply, not_found: &str) -> String {
+fn reply_refusal(r: &Reply, not_found: Refusal) -> Refusal {
     match r {
-        Reply::Refused(m) => m.to_string(),
-        Reply::NotFound => not_found.to_string(),
-        Reply::Overloaded => "Server overloaded: shard queue full, retry later".to_string(),
-        _ => "Internal server error".to_string(),
+        Reply::Refused(why) => why.clone(),
+        Reply::NotFound => not_found,
+        Reply::Overloaded => Refusal::new(
+            ErrorKind::Overloaded,
+            "Server overloaded: shard queue full, retry later",
+        ),
+        _ => Refusal::of(ErrorKind::Failed),
     }
 }
 
@@ -476,28 +490,36 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         match parse_uint(s, 0, u64::MAX) {
             Some(n) => sizes.push(n),
             None => {
-                return ctx
-                    .business_error("Invalid 'sizes' parameter: expected non-negative integers");
+                return ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'sizes' parameter: expected non-negative integers",
+                );
             }
         }
     }
     if sizes.len() != keys.len() {
-        return ctx.business_error(&format!(
-            "'keys' names {} objects but 'sizes' gives {} sizes",
-            keys.len(),
-            sizes.len()
-        ));
+        return ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!(
+                "'keys' names {} objects but 'sizes' gives {} sizes",
+                keys.len(),
+                sizes.len()
+            ),
+        );
     }
     let total: u128 = sizes.iter().map(|&s| s as u128).sum();
     if total != req.body.len() as u128 {
-        return ctx.business_error(&format!(
-            "Body length {} does not match the sum of sizes {total}",
-            req.body.len()
-        ));
+        return ctx.business_error(
+            ErrorKind::InvalidParam,
+            &format!(
+                "Body length {} does not match the sum of sizes {total}",
+                req.body.len()
+            ),
+        );
     }
     for (i, k) in keys.iter().enumerate() {
         if keys[..i].contains(k) {
-            return ctx.business_error("Duplicated key in batch");
+            return ctx.business_error(ErrorKind::InvalidParam, "Duplicated key in batch");
         }
     }
     let opts = match put_options(req, ctx) {
@@ -518,7 +540,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 
     // Write every granted object from its slice of the body.
     let write_start = Instant::now();
-    let mut results: Vec<Result<Option<u64>, String>> = Vec::with_capacity(keys.len());
+    let mut results: Vec<Result<Option<u64>, Refusal>> = Vec::with_capacity(keys.len());
     let mut grants: Vec<(usize, WriteGrant, bool)> = Vec::new();
     let mut offset = 0usize;
     for (i, (reply, &size)) in granted.into_iter().zip(&sizes).enumerate() {
@@ -530,11 +552,11 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 results.push(if ok {
                     Ok(Some(size))
                 } else {
-                    Err("Write failed".to_string())
+                    Err(Refusal::new(ErrorKind::Failed, "Write failed"))
                 });
                 grants.push((i, g, ok));
             }
-            other => results.push(Err(reply_message(&other, "Key not found"))),
+            other => results.push(Err(reply_refusal(&other, super::KEY_NOT_FOUND))),
         }
     }
     let transfer_ns = nanos_since(body_start(req, write_start));
@@ -559,10 +581,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 copies_of(&g, sizes[i], &mut stored);
             }
             if ok && !matches!(r, Reply::Done) {
-                results[i] = Err(reply_message(
-                    &r,
-                    "Key was removed while it was being written",
-                ));
+                results[i] = Err(reply_refusal(&r, Refusal::of(ErrorKind::WriteRevoked)));
             }
         }
         if !stored.is_empty() {
@@ -754,11 +773,11 @@ pub async fn batch_remove(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if !super::freed::settle(ctx, &removal).await {
         return super::freed::unconfirmed(ctx);
     }
-    let results: Vec<Result<Option<u64>, String>> = replies
+    let results: Vec<Result<Option<u64>, Refusal>> = replies
         .iter()
         .map(|r| match r {
             Reply::Done => Ok(None),
-            other => Err(reply_message(other, "Key not found")),
+            other => Err(reply_refusal(other, super::KEY_NOT_FOUND)),
         })
         .collect();
     batch_results(ctx, &keys, &results)

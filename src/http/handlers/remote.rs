@@ -13,6 +13,7 @@
 //! is in this process's memory and the range inside it), then the bytes go between the socket
 //! and the segment as for any put or get here.
 
+use crate::common::error_kind::{ErrorKind, Refusal};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -415,9 +416,12 @@ pub(super) async fn grant_get(
                 // The meta drops its listing of the copy before the reader hears of it, so
                 // its next read of the key finds the object gone, not the same damage.
                 super::tier::report_damaged(ctx, key, text).await;
-                ctx.business_error(DAMAGED_ON_SSD)
+                ctx.business_error(ErrorKind::Failed, DAMAGED_ON_SSD)
             }
-            Err(_) => ctx.business_error("I/O error while reading the object from SSD"),
+            Err(_) => ctx.business_error(
+                ErrorKind::Failed,
+                "I/O error while reading the object from SSD",
+            ),
         };
     }
     let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.cluster.clone());
@@ -652,7 +656,7 @@ async fn finish_failed(
     message: &str,
 ) -> Response {
     abort(ctx, key, grant, text, next).await;
-    ctx.business_error(message)
+    ctx.business_error(ErrorKind::Failed, message)
 }
 
 /// A first hop that will not commit (its write or the chain failed, the body broke off or
@@ -736,9 +740,9 @@ async fn commit_here(ctx: &mut Ctx<'_>, key: Box<[u8]>, grant: &Grant, ok: bool)
         .await;
     match reply {
         Reply::Done if ok => put_success(ctx, &key, grant.size),
-        Reply::Done => ctx.business_error("Write failed"),
-        Reply::NotFound => ctx.business_error("Key was removed while it was being written"),
-        other => ctx.reply_error(other, "Key not found"),
+        Reply::Done => ctx.business_error(ErrorKind::Failed, "Write failed"),
+        Reply::NotFound => ctx.refuse(Refusal::of(ErrorKind::WriteRevoked)),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }
 

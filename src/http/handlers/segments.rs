@@ -1,6 +1,7 @@
 //! Segments and capacity: `/get_all_segments`, `/query_segment`, `/api/v1/segments/status`,
 //! `/api/v1/capacity/*`, and the admin routes that mount and unmount segments.
 
+use crate::common::error_kind::{ErrorKind, Refusal};
 use std::sync::Arc;
 
 use super::{Ctx, Request, optional, parse_uint, required};
@@ -35,7 +36,7 @@ fn find_segment(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Arc<Segment>, Re
         .cluster
         .segments
         .find(&name)
-        .ok_or_else(|| ctx.business_error("Segment not found"))
+        .ok_or_else(|| ctx.business_error(ErrorKind::NotFound, "Segment not found"))
 }
 
 pub fn query_segment(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
@@ -146,15 +147,21 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let stats = ctx.shard.store_stats();
     let parsed = (|| -> Result<(u32, Medium, u64, Option<String>), Response> {
         let rank = required(req, ctx, "rank")?;
-        let rank = parse_uint(&rank, 0, 1 << 20)
-            .ok_or_else(|| ctx.business_error("Invalid 'rank' parameter: expected an integer"))?
-            as u32;
+        let rank = parse_uint(&rank, 0, 1 << 20).ok_or_else(|| {
+            ctx.business_error(
+                ErrorKind::InvalidParam,
+                "Invalid 'rank' parameter: expected an integer",
+            )
+        })? as u32;
         let medium = required(req, ctx, "medium")?;
         let medium = std::str::from_utf8(&medium)
             .ok()
             .and_then(Medium::parse)
             .ok_or_else(|| {
-                ctx.business_error("Invalid 'medium' parameter: expected hbm, dram or ssd")
+                ctx.business_error(
+                    ErrorKind::InvalidParam,
+                    "Invalid 'medium' parameter: expected hbm, dram or ssd",
+                )
             })?;
         let size = required(req, ctx, "size")?;
         let size = std::str::from_utf8(&size)
@@ -163,6 +170,7 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .filter(|&n| n > 0 && n <= MAX_SEGMENT_BYTES)
             .ok_or_else(|| {
                 ctx.business_error(
+                    ErrorKind::InvalidParam,
                     "Invalid 'size' parameter: expected a size such as 1GB (at most 1TB)",
                 )
             })?;
@@ -183,7 +191,7 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             let dirs = &cluster.config.store.ssd_dirs;
             if dirs.is_empty() {
                 stats.record(Op::Mount, Outcome::Failure, Some(rank));
-                return ctx.business_error(
+                return ctx.business_error(ErrorKind::InvalidParam,
                     "Missing 'path' parameter: no SSD directory is configured (ock.mmc.ssd.path), so an SSD mount must name its path",
                 );
             }
@@ -194,7 +202,10 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let name = crate::common::segment::segment_name(rank, medium);
     if cluster.segments.find(&name).is_some() {
         stats.record(Op::Mount, Outcome::Failure, Some(rank));
-        return ctx.business_error(&format!("Segment {name} is already mounted"));
+        return ctx.business_error(
+            ErrorKind::Failed,
+            &format!("Segment {name} is already mounted"),
+        );
     }
     let built = build_segment_off_shard(
         &cluster.segments,
@@ -220,7 +231,7 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
         Err(e) => {
             stats.record(Op::Mount, Outcome::Failure, Some(rank));
-            ctx.business_error(&e)
+            ctx.business_error(ErrorKind::Failed, &e)
         }
     }
 }
@@ -240,7 +251,10 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // (UNDEFINED: a remote rank's segment before its first heartbeat, unmountable as well.)
     if !matches!(seg.status(), SegmentStatus::Ok | SegmentStatus::Undefined) {
         stats.record(Op::Unmount, Outcome::Failure, Some(seg.rank));
-        return ctx.business_error(&format!("Segment {} is already being unmounted", seg.name));
+        return ctx.business_error(
+            ErrorKind::Failed,
+            &format!("Segment {} is already being unmounted", seg.name),
+        );
     }
     if seg.backend.remote().is_some() {
         // A remote rank's segment: its objects move to other ranks (their bytes fetched from
@@ -260,7 +274,7 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     if let Some(bad) = replies.into_iter().find(|r| !matches!(r, Reply::Done)) {
         seg.set_status(SegmentStatus::Ok);
         stats.record(Op::Unmount, Outcome::Failure, Some(seg.rank));
-        return ctx.reply_error(bad, "Segment not found");
+        return ctx.reply_error(bad, Refusal::new(ErrorKind::NotFound, "Segment not found"));
     }
     ctx.shard.cluster.segments.remove(&seg.name);
     // Out of the table, no shard adopts it again: each drops its share, so the mapping (or

@@ -324,6 +324,6 @@ pub(super) async fn cluster_damaged(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Res
             w.end_object();
             Response::json_scratch(Status::OK)
         }
-        other => ctx.reply_error(other, "Key not found"),
+        other => ctx.reply_error(other, super::KEY_NOT_FOUND),
     }
 }

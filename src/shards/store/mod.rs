@@ -90,7 +90,6 @@ mod tests_leases;
 mod tests_placement;
 mod tiering;
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -100,6 +99,7 @@ use slab::Slab;
 use smallvec::SmallVec;
 
 use crate::common::clock::Clock;
+use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::common::event::Event;
 use crate::metrics::store::{Op, Outcome, StoreStats};
 use crate::metrics::trace::{Tp, Tracer};
@@ -349,7 +349,7 @@ pub enum AllocStep {
         blobs: SmallVec<[BlobView; 2]>,
         link: Arc<WriterLink>,
     },
-    Refused(Cow<'static, str>),
+    Refused(Refusal),
     /// No room now, but flushes in flight will free some: wait for one and try again.
     WaitForFlush,
     /// No room now, but this shard's zombies on the medium hold at least as much and give it
@@ -376,7 +376,7 @@ pub enum GetStep {
     /// DRAM has no room to rewarm (its blobs are leased): run this read of the SSD copy and
     /// serve the bytes from it.
     ReadDirect(IoJob),
-    Failed(Cow<'static, str>),
+    Failed(Refusal),
 }
 
 #[derive(Clone, Debug)]

@@ -241,35 +241,46 @@ impl Store {
         medium: Option<Medium>,
         replicas: usize,
         prefer_rank: Option<u32>,
-    ) -> Result<Medium, Cow<'static, str>> {
+    ) -> Result<Medium, Refusal> {
         if self.find(key).is_some() {
-            return Err(Cow::Borrowed("Duplicated object: key already exists"));
+            return Err(Refusal::of(ErrorKind::DuplicatedObject));
         }
         // With no medium asked for, a preferred rank without HBM takes the put in its DRAM
         // (rather than the default HBM of another rank, which would ignore the preference).
         let preferred = prefer_rank.and_then(|r| self.default_medium_of(Some(r)));
         let Some(medium) = medium.or(preferred).or_else(|| self.default_medium()) else {
-            return Err(Cow::Borrowed("No memory segment is mounted"));
+            return Err(Refusal::new(
+                ErrorKind::Failed,
+                "No memory segment is mounted",
+            ));
         };
         let ranks = self.ranks_of(medium);
         if ranks < replicas {
-            return Err(Cow::Owned(if ranks == 0 {
-                let key = match medium {
-                    Medium::Hbm => "set ock.mmc.local_service.hbm.size",
-                    Medium::Dram => "set ock.mmc.local_service.dram.size",
-                    Medium::Ssd => "set ock.mmc.ssd.enable and ock.mmc.ssd.path",
-                };
-                format!("No {medium} segment is mounted: mount one, or {key}")
-            } else {
-                format!("Not enough ranks for {replicas} replicas on {medium} ({ranks} available)")
-            }));
+            return Err(Refusal::new(
+                ErrorKind::Failed,
+                if ranks == 0 {
+                    let key = match medium {
+                        Medium::Hbm => "set ock.mmc.local_service.hbm.size",
+                        Medium::Dram => "set ock.mmc.local_service.dram.size",
+                        Medium::Ssd => "set ock.mmc.ssd.enable and ock.mmc.ssd.path",
+                    };
+                    format!("No {medium} segment is mounted: mount one, or {key}")
+                } else {
+                    format!(
+                        "Not enough ranks for {replicas} replicas on {medium} ({ranks} available)"
+                    )
+                },
+            ));
         }
         // Capacity only: summing used bytes would read every shard's counters on each put.
         let capacity = self.medium_capacity(medium);
         if size > capacity {
-            return Err(Cow::Owned(format!(
-                "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
-            )));
+            return Err(Refusal::new(
+                ErrorKind::Failed,
+                format!(
+                    "Object of {size} bytes is larger than {medium} capacity ({capacity} bytes)"
+                ),
+            ));
         }
         Ok(medium)
     }
@@ -327,9 +338,10 @@ impl Store {
                 return Err(Box::new(AllocStep::WaitForFlush));
             }
             self.stats.record(Op::Alloc, Outcome::Failure, None);
-            return Err(Box::new(AllocStep::Refused(Cow::Owned(format!(
-                "No space on {medium} for {size} bytes, even after eviction"
-            )))));
+            return Err(Box::new(AllocStep::Refused(Refusal::new(
+                ErrorKind::NoSpace,
+                format!("No space on {medium} for {size} bytes, even after eviction"),
+            ))));
         }
         Ok(placed)
     }
