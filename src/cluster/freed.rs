@@ -43,6 +43,8 @@ struct FreedLog {
     floor: u64,
     /// A push of the records to the service is on its way ([`FreedLogs::take_push`]).
     pushing: bool,
+    /// How many of `records` each key hash has ([`FreedLogs::unconfirmed`]).
+    keys: HashMap<u64, u32>,
 }
 
 impl FreedLog {
@@ -53,8 +55,30 @@ impl FreedLog {
             .front()
             .is_some_and(|&(s, _, _)| s <= self.acked)
         {
-            self.records.pop_front();
+            if let Some((_, _, k)) = self.records.pop_front() {
+                self.forget_key(k);
+            }
         }
+    }
+
+    fn forget_key(&mut self, k: u64) {
+        if let Some(n) = self.keys.get_mut(&k) {
+            *n -= 1;
+            if *n == 0 {
+                self.keys.remove(&k);
+            }
+        }
+    }
+
+    fn clear_records(&mut self) {
+        self.records.clear();
+        self.keys.clear();
+    }
+
+    /// A record of `key` may be unapplied on the service: one is unacknowledged, or the log
+    /// overflowed or awaits its resync's acknowledgement (its records are unknown).
+    fn unconfirmed(&self, key: u64) -> bool {
+        self.overflowed || (self.floor > self.acked) || self.keys.contains_key(&key)
     }
 }
 
@@ -119,12 +143,13 @@ impl FreedLogs {
             };
             log.seq += 1;
             if log.records.len() >= LOG_CAPACITY {
-                log.records.clear();
+                log.clear_records();
                 log.overflowed = true;
             }
             if !log.overflowed {
                 let seq = log.seq;
                 log.records.push_back((seq, f, key));
+                *log.keys.entry(key).or_default() += 1;
             }
         }
     }
@@ -161,7 +186,7 @@ impl FreedLogs {
         let log = logs.entry(rank).or_default();
         if log.overflowed {
             log.overflowed = false;
-            log.records.clear();
+            log.clear_records();
             log.floor = log.seq;
             return LogAnswer::Resync { seq: log.seq };
         }
@@ -201,6 +226,20 @@ impl FreedLogs {
             }
         }
         out
+    }
+
+    /// Whether a blob of the object with key hash `key` was detached on some rank and its
+    /// service may not have dropped it yet: a put of that key waits for those records to be
+    /// applied (as a removal does, [`crate::cluster::records::Removal`]) before it takes a new
+    /// version, so no newer version is acknowledged that an older copy, handed to a later
+    /// leader, could shadow. A map lookup per log (no scan); no lock before a service joined.
+    pub fn unconfirmed(&self, key: u64) -> bool {
+        if !self.has_members() {
+            return false;
+        }
+        self.lock()
+            .values()
+            .any(|l| l.epoch.is_some() && l.unconfirmed(key))
     }
 
     /// Whether a local service ever joined (else no removal has a barrier).

@@ -135,6 +135,37 @@ mod tests {
         }
     }
 
+    /// A put of a key waits while a record of an older copy of it is unapplied on some rank
+    /// (sim seed 3310: a newer version acknowledged while the older copy's removal was
+    /// unconfirmed was shadowed by it after a failover).
+    #[test]
+    fn a_key_is_unconfirmed_while_a_record_of_it_is_unacknowledged() {
+        let logs = FreedLogs::default();
+        assert!(
+            !logs.unconfirmed(key_hash(b"a")),
+            "no service joined: no lookup"
+        );
+        logs.begin(3, 7);
+        logs.push([
+            (3, 7, freed(0), key_hash(b"a")),
+            (3, 7, freed(4096), key_hash(b"a")),
+            (3, 7, freed(8192), key_hash(b"b")),
+        ]);
+        assert!(logs.unconfirmed(key_hash(b"a")));
+        assert!(!logs.unconfirmed(key_hash(b"c")));
+        logs.pushed(3, 7, Some(1));
+        assert!(
+            logs.unconfirmed(key_hash(b"a")),
+            "one of its two records is left"
+        );
+        logs.pushed(3, 7, Some(2));
+        assert!(!logs.unconfirmed(key_hash(b"a")));
+        assert!(logs.unconfirmed(key_hash(b"b")));
+        // A membership that ended takes its records with it.
+        logs.retire(3, 7);
+        assert!(!logs.unconfirmed(key_hash(b"b")));
+    }
+
     #[test]
     fn a_removal_waits_for_its_ranks_then_for_nothing_past_its_deadline() {
         let logs = FreedLogs::default();

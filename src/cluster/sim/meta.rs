@@ -28,12 +28,15 @@ use crate::shards::store::{ObjHandle, RereplicateLimits, Store, StoreConfig, mou
 /// The run size of the simulated segments.
 const RUN_BYTES: u64 = 64 << 10;
 
-/// A removal waiting for its barriers, and who to answer.
+/// A removal waiting for its barriers, and who to answer; or a put waiting for an older
+/// copy's records to be applied (`freed.rs` `older_copies_unconfirmed`), then tried again.
 struct Waiting {
     to: Node,
     call: u64,
     removal: Removal,
     results: Vec<Verdict>,
+    /// A put's (key, pages, replicas).
+    put: Option<(Key, u64, u8)>,
 }
 
 /// A membership whose segments are being dropped (`Shard::drop_member_segments`).

@@ -109,6 +109,8 @@ pub(super) struct Mutations {
     pub adopt_lost_catalog: bool,
     /// A catalog that missed a leadership which served is adopted (`Members::missed`).
     pub adopt_missed_catalog: bool,
+    /// A put takes a new version while an older copy's removal is unconfirmed.
+    pub put_over_unconfirmed: bool,
     /// A heartbeat or leave is taken for the rank's current membership whatever incarnation
     /// and epoch it names.
     pub no_epoch_fencing: bool,

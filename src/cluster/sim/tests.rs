@@ -79,6 +79,7 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // not its loss reaches etcd before the leader steps down (excused then, not at the drop).
     (1456, 3000, None),
 ];
+// Seed 3310 (drawn shape, 3000 steps) is the mutation test `put_over_unconfirmed` below.
 
 #[test]
 fn found_seeds() {
@@ -112,6 +113,7 @@ fn mutation(name: &str) -> Mutations {
         "no_removal_barrier" => m.no_removal_barrier = true,
         "adopt_lost_catalog" => m.adopt_lost_catalog = true,
         "adopt_missed_catalog" => m.adopt_missed_catalog = true,
+        "put_over_unconfirmed" => m.put_over_unconfirmed = true,
         "no_epoch_fencing" => m.no_epoch_fencing = true,
         "reusable_grants" => m.reusable_grants = true,
         "" | "none" => {}
@@ -199,6 +201,13 @@ fn adopting_a_lost_membership_s_catalog_is_caught() {
 #[test]
 fn adopting_a_catalog_that_missed_a_leadership_is_caught() {
     caught("adopt_missed_catalog", 61, 1500, Some(2), "stale overwrite");
+}
+
+/// A put taking a new version while an older copy's removal is unconfirmed (its rank lost,
+/// the loss not in etcd): the older copy shadows the newer after a failover.
+#[test]
+fn a_put_over_an_unconfirmed_removal_is_caught() {
+    caught("put_over_unconfirmed", 3310, 3000, None, "stale overwrite");
 }
 
 /// Messages of an old incarnation or epoch taken for the current membership: a stale

@@ -84,6 +84,37 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
     }
 }
 
+/// Before a put takes new versions of `keys`: the indices of those whose older copies a local
+/// service may still hold (a detached blob's record not applied yet: a removal, an eviction,
+/// a loss etcd did not take) and did not confirm dropping within the heartbeat timeout and a
+/// second. Their records are pushed and awaited as a removal's are; most puts find none and
+/// take one lookup. A newer version acknowledged while an older copy lives could be shadowed
+/// by it after a failover, once the newer one is deleted or lost.
+pub(super) async fn older_copies_unconfirmed(ctx: &mut Ctx<'_>, keys: &[&[u8]]) -> Vec<usize> {
+    let logs = &ctx.shard.cluster.freed_logs;
+    if !logs.has_members() {
+        return Vec::new();
+    }
+    let (idx, hashes): (Vec<usize>, Vec<u64>) = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i, key_hash(k)))
+        .filter(|&(_, h)| logs.unconfirmed(h))
+        .unzip();
+    if idx.is_empty() || settle(ctx, &hashes).await {
+        return Vec::new();
+    }
+    idx
+}
+
+/// Why a put was refused by [`older_copies_unconfirmed`].
+pub(super) fn older_copy_refusal() -> crate::common::error_kind::Refusal {
+    crate::common::error_kind::Refusal::new(
+        crate::common::error_kind::ErrorKind::Unavailable,
+        "An older copy of this key on a local service has not confirmed its removal: retry later",
+    )
+}
+
 /// The answer of a removal that was applied here but not confirmed by every local service.
 pub(super) fn unconfirmed(ctx: &mut Ctx<'_>) -> Response {
     let mut r = ctx.protocol_error(

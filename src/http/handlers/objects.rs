@@ -310,6 +310,13 @@ pub async fn put(
         Ok(o) => o,
         Err(r) => return consumed(ctx, fill, r).await,
     };
+    if !super::freed::older_copies_unconfirmed(ctx, &[&key])
+        .await
+        .is_empty()
+    {
+        let r = ctx.refuse(super::freed::older_copy_refusal());
+        return consumed(ctx, fill, r).await;
+    }
     let cmd = Command::Alloc {
         key: key.clone(),
         size,
@@ -526,16 +533,31 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(o) => o,
         Err(r) => return r,
     };
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let unsure = super::freed::older_copies_unconfirmed(ctx, &refs).await;
     let allocs = keys
         .iter()
         .zip(&sizes)
-        .map(|(k, &size)| Command::Alloc {
+        .enumerate()
+        .filter(|(i, _)| !unsure.contains(i))
+        .map(|(_, (k, &size))| Command::Alloc {
             key: k.clone(),
             size,
             placement: opts,
         })
         .collect();
-    let granted = ctx.shard.execute_many(allocs).await;
+    let mut allocated = ctx.shard.execute_many(allocs).await.into_iter();
+    let granted: Vec<Reply> = (0..keys.len())
+        .map(|i| {
+            if unsure.contains(&i) {
+                Reply::Refused(super::freed::older_copy_refusal())
+            } else {
+                allocated
+                    .next()
+                    .unwrap_or(Reply::Refused(Refusal::of(ErrorKind::Failed)))
+            }
+        })
+        .collect();
     record_batch(ctx, Op::BatchAlloc, &granted);
 
     // Write every granted object from its slice of the body.

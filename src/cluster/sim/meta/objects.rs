@@ -26,6 +26,22 @@ impl Meta {
         if !self.gate(cx, from, call) {
             return;
         }
+        let hash = key_hash(&key_bytes(key));
+        if self.logs.unconfirmed(hash) && !cx.mutations.put_over_unconfirmed {
+            let removal = Removal::new(&self.logs, &[hash], cx.now, HB_TIMEOUT_MS);
+            cx.log(format!(
+                "put k{key} waits for an older copy's removal to be confirmed"
+            ));
+            self.waiting.push(Waiting {
+                to: from,
+                call,
+                removal,
+                results: Vec::new(),
+                put: Some((key, pages, replicas)),
+            });
+            self.poll_removals(cx);
+            return;
+        }
         let view = self.view();
         self.store.set_view(view);
         let before = self.stamps();
@@ -169,6 +185,7 @@ impl Meta {
             call,
             removal,
             results,
+            put: None,
         });
         self.poll_removals(cx);
     }
@@ -180,10 +197,22 @@ impl Meta {
             match self.waiting[i].removal.poll(&self.logs, cx.now) {
                 Settled::Confirmed => {
                     let w = self.waiting.swap_remove(i);
-                    cx.reply(w.to, w.call, Rep::Removed(w.results));
+                    match w.put {
+                        Some((key, pages, replicas)) => {
+                            self.put(cx, w.to, w.call, key, pages, replicas)
+                        }
+                        None => cx.reply(w.to, w.call, Rep::Removed(w.results)),
+                    }
                 }
                 Settled::Unconfirmed(ranks) => {
                     let w = self.waiting.swap_remove(i);
+                    if let Some((key, ..)) = w.put {
+                        cx.log(format!(
+                            "put k{key} refused: an older copy on ranks {ranks:?} did not confirm its removal"
+                        ));
+                        cx.reply(w.to, w.call, Rep::Done(Verdict::Refused));
+                        continue;
+                    }
                     cx.log(format!(
                         "a removal was not confirmed by the local services of ranks {ranks:?}"
                     ));
