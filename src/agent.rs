@@ -184,6 +184,8 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
         for input in inputs {
             let now = cluster.clock.now_ms();
             let held = cluster.local.catalog().holds_committed();
+            agent
+                .set_commits_in_flight(cluster.local.commits_in_flight.load(Ordering::Acquire) > 0);
             for action in agent.step(input, now, held) {
                 let action = match action {
                     Action::Warn(w) if w.starts_with("no meta service admitted") => {

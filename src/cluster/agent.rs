@@ -28,6 +28,11 @@ pub const AFTER_MOVE_MS: [u64; 2] = [50, 400];
 /// after [`FIRST_WARN_MS`]).
 pub const WARN_EVERY_MS: u64 = 30_000;
 pub const FIRST_WARN_MS: u64 = 1_000;
+/// How long a join waits for the commits this service has on their way to a meta: their
+/// answers say which pending entries of the catalog are objects (confirmed, so handed over
+/// with it) and which are not (dropped). A live meta answers in milliseconds; one that does
+/// not within this is left behind, and what it may have committed is lost.
+pub const COMMITS_WAIT_MS: u64 = 1_000;
 
 /// What the machine is configured with.
 #[derive(Clone, Debug)]
@@ -219,6 +224,10 @@ pub struct Agent {
     last_move_report_ms: u64,
     /// The leadership the catalog was last in step with (0: none known).
     in_step: u64,
+    /// Commits of writes under grants are on their way to a meta (the adapter says so before
+    /// each step), and since when a join waits for them.
+    commits_in_flight: bool,
+    commits_wait_since: Option<u64>,
 }
 
 impl Agent {
@@ -243,6 +252,17 @@ impl Agent {
             suspect_ms: None,
             last_move_report_ms: 0,
             in_step: 0,
+            commits_in_flight: false,
+            commits_wait_since: None,
+        }
+    }
+
+    /// Whether commits are on their way to a meta now (the adapter says so before a step):
+    /// a join waits for them, at most [`COMMITS_WAIT_MS`].
+    pub fn set_commits_in_flight(&mut self, yes: bool) {
+        self.commits_in_flight = yes;
+        if !yes {
+            self.commits_wait_since = None;
         }
     }
 
@@ -382,6 +402,14 @@ impl Agent {
             } => {
                 if *in_flight || now_ms < *not_before_ms {
                     return;
+                }
+                // A commit answered after the join would confirm an entry the join's catalog
+                // did not carry (listed, not held) or find it dropped (an object lost).
+                if self.commits_in_flight {
+                    let since = *self.commits_wait_since.get_or_insert(now_ms);
+                    if now_ms.saturating_sub(since) < COMMITS_WAIT_MS {
+                        return;
+                    }
                 }
                 if *next >= candidates.len() {
                     // A round failed: pause, then try the configured list again.

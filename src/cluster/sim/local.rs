@@ -121,6 +121,11 @@ impl Local {
     /// One step of the machine, its actions carried out (`agent.rs` `run` and `act`).
     fn step(&mut self, cx: &mut Cx, input: Input) {
         let held = self.catalog.holds_committed();
+        let commits = self
+            .calls
+            .values()
+            .any(|(_, c)| matches!(c, Call::Commit(_)));
+        self.agent.set_commits_in_flight(commits);
         for action in self.agent.step(input, cx.now, held) {
             self.act(cx, action);
         }

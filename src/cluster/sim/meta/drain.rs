@@ -32,10 +32,18 @@ impl Meta {
             if d.documented {
                 self.excuse_gone(cx, &before, why);
             } else {
+                let mut any = false;
                 for (k, (b, a)) in before.iter().zip(self.stamps()).enumerate() {
                     if b.is_some() && *b != a {
                         cx.log(format!("k{k} dropped ({why}; its catalog follows)"));
+                        any = true;
                     }
+                }
+                // Until the catalog is adopted (the first heartbeat), those objects read as
+                // not found, as after a leader change; the reads once the cluster settled
+                // must find them.
+                if any {
+                    cx.ledger.disrupt(cx.now);
                 }
             }
             if !done {
