@@ -49,6 +49,8 @@ pub(super) struct Ledger {
     excused: BTreeMap<Key, Vec<u64>>,
     /// When the serving leader changed or a meta restarted.
     disrupted: Vec<u64>,
+    /// Per key, when a meta applied a removal of it.
+    removed: BTreeMap<Key, Vec<u64>>,
     next_vid: Vid,
     pub violations: Vec<String>,
 }
@@ -62,6 +64,7 @@ impl Ledger {
             by_grant: BTreeMap::new(),
             excused: BTreeMap::new(),
             disrupted: Vec::new(),
+            removed: BTreeMap::new(),
             next_vid: 1,
             violations: Vec::new(),
         }
@@ -125,6 +128,12 @@ impl Ledger {
 
     pub fn excuse(&mut self, key: Key, now: u64) {
         self.excused.entry(key).or_default().push(now);
+    }
+
+    /// A meta applied a removal of `key` at `now` (a client's, or a duplicate of one the
+    /// network delivered late, which may land after a newer put: it explains a Not Found).
+    pub fn removed(&mut self, key: Key, now: u64) {
+        self.removed.entry(key).or_default().push(now);
     }
 
     pub fn disrupt(&mut self, now: u64) {
@@ -243,6 +252,13 @@ impl Ledger {
             if !required {
                 continue;
             }
+            let removed = self
+                .removed
+                .get(&key)
+                .is_some_and(|t| t.iter().any(|&t| t >= effect && t <= done));
+            if removed {
+                continue;
+            }
             let excused = self
                 .excused
                 .get(&key)
@@ -252,9 +268,23 @@ impl Ledger {
                 counts.losses_excused += 1;
                 continue;
             }
+            let history: Vec<String> = ops
+                .iter()
+                .map(|&x| {
+                    let w = &self.ops[x];
+                    format!(
+                        "{} {}..{:?} {:?}",
+                        w.val.map_or("delete".to_string(), |v| format!("put {v}")),
+                        w.invoke,
+                        w.done,
+                        w.outcome
+                    )
+                })
+                .collect();
             self.violations.push(format!(
-                "lost: k{key}'s acknowledged put (value {}, in effect at {effect}, acknowledged at {acked}) read Not Found at {invoke}..{done}, and no documented rule dropped it",
-                o.val.unwrap_or(0)
+                "lost: k{key}'s acknowledged put (value {}, in effect at {effect}, acknowledged at {acked}) read Not Found at {invoke}..{done}, and no documented rule dropped it (the key's operations: {})",
+                o.val.unwrap_or(0),
+                history.join("; ")
             ));
             return;
         }

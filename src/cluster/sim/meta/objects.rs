@@ -160,6 +160,9 @@ impl Meta {
         for &k in &keys {
             let found = self.store.remove(&key_bytes(k));
             self.after_store();
+            if found {
+                cx.ledger.removed(k, cx.now);
+            }
             if found && self.logs.has_members() {
                 hashes.push(key_hash(&key_bytes(k)));
             }
