@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from . import _localconf, errors
 from ._gva import GvaMixin
-from ._http import BodyReader, Client, Connection, TransportError
+from ._http import BodyReader, Client, Connection, TransportError, iov_header
 
 log = logging.getLogger("mmc_client")
 
@@ -386,6 +386,17 @@ class KeyInfo:
                    [b.get("leaseTimeoutTtlMs", 0) for b in blobs])
 
 
+def _local_iov(parts: Parts) -> Optional[str]:
+    """The ``X-Mmc-Iov`` of an object's buffers, for a same-host server (None: nothing to
+    copy, the bytes go on the socket)."""
+    if not sum(len(v) for v in parts):
+        return None
+    try:
+        return iov_header(parts)
+    except ValueError:
+        return None
+
+
 def _skip_or_close(conn: Connection, length: int) -> Optional[int]:
     if length <= _SKIP_LIMIT:
         conn.skip(length)
@@ -407,6 +418,13 @@ class _IntoReader(BodyReader):
     def read(self, conn: Connection, status: int, headers: Dict[str, str],
              length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
+        delivered = headers.get("x-mmc-delivered")
+        if status == 200 and octets and delivered is not None and length == 0:
+            # Same host: the server copied the object into the buffers itself (only when it
+            # is exactly their size).
+            self.length = int(delivered)
+            self.code = errors.MMC_OK if self.length == self.total else errors.MMC_ERROR
+            return self.length
         if status != 200 or not octets or length is None:
             return super().read(conn, status, headers, length)
         self.length = length
@@ -589,6 +607,13 @@ class DistributedObjectStore(GvaMixin):
             raise _Fail(errors.MMC_CLIENT_NOT_INIT)
         return c
 
+    def _same_host_now(self) -> bool:
+        """Whether the meta service this client talks to now is reached on this host through
+        its same-host socket (docs/same-host.md)."""
+        c = self._c()
+        host, port = c.endpoints[c.current]
+        return c.local_path(host, port) is not None
+
     def _put_code(self, code: int) -> int:
         cfg = self._config
         if code == errors.MMC_DUPLICATED_OBJECT and not (cfg and cfg.duplicate_put_is_error):
@@ -601,7 +626,8 @@ class DistributedObjectStore(GvaMixin):
                    replicateConfig: Optional[ReplicateConfig]) -> int:
         q = _check_key(key)
         extra = (replicateConfig or ReplicateConfig()).query()
-        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts))
+        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts),
+                                 local=_local_iov(parts))
         try:
             _json(resp)
         except _Fail as f:
@@ -680,7 +706,9 @@ class DistributedObjectStore(GvaMixin):
                          values: Sequence[Optional[Parts]], extra: str, codes: List[int],
                          keys: List[str], replicateConfig: Optional[ReplicateConfig]) -> None:
         parts_of = [cast(Parts, values[i]) for i in group]
-        if self._batch_put_remote:
+        if self._batch_put_remote or self._same_host_now():
+            # Same host: each object is copied by the server straight from its buffers (one
+            # request per key on the same-host socket, instead of one body of them all).
             # The meta service holds none of the bytes (a pure meta): one put per key, each
             # redirected to its local service.
             for i, parts in zip(group, parts_of):
@@ -782,7 +810,8 @@ class DistributedObjectStore(GvaMixin):
 
     def _get_parts(self, key: str, parts: Parts) -> int:
         reader = _IntoReader(parts)
-        resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader)
+        resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader,
+                                 local=_local_iov(parts))
         if isinstance(resp.body, bytes):
             _json(resp)
             return errors.MMC_ERROR
@@ -810,9 +839,8 @@ class DistributedObjectStore(GvaMixin):
     def _batch_json(self, method: str, path: str, keys: Sequence[str],
                     reader: Optional[BodyReader] = None) -> Any:
         body = json.dumps({"keys": list(keys)}).encode()
-        kwargs = {"reader": reader} if reader is not None else {}
         return self._c().request(method, path, [body], {"Content-Type": "application/json"},
-                                 **kwargs)
+                                 reader if reader is not None else BodyReader())
 
     @_guard(lambda code, args: [b""] * len(args[0]) if args else [])
     def get_batch(self, keys: Sequence[str]) -> List[bytes]:
@@ -835,6 +863,14 @@ class DistributedObjectStore(GvaMixin):
         """batch_get into each key's buffers; keys whose code is already set are skipped."""
         valid = [i for i in _per_key(keys, codes) if values[i] is not None
                  and codes[i] == errors.MMC_ERROR]
+        if valid and self._same_host_now():
+            # Same host: each object is copied by the server straight into its buffers.
+            for i in valid:
+                try:
+                    codes[i] = self._get_parts(keys[i], cast(Parts, values[i]))
+                except (_Fail, TransportError) as f:
+                    codes[i] = f.code
+            return codes
         for part in _chunks(valid):
             reader = _BatchIntoReader([cast(Parts, values[i]) for i in part])
             try:
