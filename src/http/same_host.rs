@@ -266,28 +266,194 @@ impl LocalPeer {
         if !self.alive() {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
-        let l = libc::iovec {
-            iov_base: local.cast(),
-            iov_len: len,
-        };
-        // SAFETY: `l` is valid per the caller's contract; `remote` names the peer's memory,
-        // which the kernel checks (a bad address fails the call, or shortens it).
-        let n = unsafe {
-            if out {
-                libc::process_vm_writev(self.pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
-            } else {
-                libc::process_vm_readv(self.pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
-            }
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+        if len < SPLIT_MIN_BYTES {
+            // SAFETY: forwarded contract.
+            return unsafe { vm_copy(self.pid, remote, local, len, out) };
         }
-        if n as usize != len {
-            // Part of the range was not the peer's memory (or it exited meanwhile).
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        Ok(())
+        // A large copy in two halves at once: the first on this shard's copy helper, the
+        // second here (one core copies at about half of memmove's speed through the kernel;
+        // the client's thread waits meanwhile, so another core is usually free).
+        let half = len / 2;
+        let job = Job {
+            pid: self.pid,
+            remote: sub_iov(remote, 0, half),
+            local: local as usize,
+            len: half,
+            out,
+            done: std::sync::Arc::new(Done {
+                state: std::sync::atomic::AtomicU8::new(PENDING),
+                waiter: std::thread::current(),
+            }),
+        };
+        let done = job.done.clone();
+        let handed = HELPER.with(|h| h.send(job));
+        // SAFETY: forwarded contract, for the second half.
+        let mine = unsafe {
+            vm_copy(
+                self.pid,
+                &sub_iov(remote, half, len - half),
+                local.add(half),
+                len - half,
+                out,
+            )
+        };
+        let theirs = match handed {
+            // The helper is gone (it cannot be, but for a failed spawn): this thread copies
+            // the first half too.
+            // SAFETY: forwarded contract, for the first half.
+            Err(job) => unsafe { vm_copy(job.pid, &job.remote, local, half, out) },
+            // Whatever happened here, the helper's half is waited for: it writes into memory
+            // the caller owns only until this call returns.
+            Ok(()) => done.wait(),
+        };
+        mine.and(theirs)
     }
+}
+
+/// Copies at least this many bytes in two halves on two threads (below it, the hand-over
+/// costs more than it saves).
+const SPLIT_MIN_BYTES: usize = 256 * 1024;
+
+/// One `process_vm_readv` (`out`: `process_vm_writev`) of `len` bytes between `local` and the
+/// peer `pid`'s `remote`: all of them or an error.
+///
+/// # Safety
+/// As [`LocalPeer::read`] and [`LocalPeer::write`].
+unsafe fn vm_copy(
+    pid: libc::pid_t,
+    remote: &[libc::iovec],
+    local: *mut u8,
+    len: usize,
+    out: bool,
+) -> io::Result<()> {
+    let l = libc::iovec {
+        iov_base: local.cast(),
+        iov_len: len,
+    };
+    // SAFETY: `l` is valid per the caller's contract; `remote` names the peer's memory, which
+    // the kernel checks (a bad address fails the call, or shortens it).
+    let n = unsafe {
+        if out {
+            libc::process_vm_writev(pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
+        } else {
+            libc::process_vm_readv(pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
+        }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != len {
+        // Part of the range was not the peer's memory (or it exited meanwhile).
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
+/// Half of a large copy, for a shard's copy helper.
+struct Job {
+    pid: libc::pid_t,
+    remote: Vec<libc::iovec>,
+    /// The local address (as an integer: the job crosses threads; the shard waits for it).
+    local: usize,
+    len: usize,
+    out: bool,
+    done: std::sync::Arc<Done>,
+}
+
+// SAFETY: the iovecs name the peer's memory (only the kernel reads them) and `local` is an
+// address the sending shard keeps valid until `done` says the job is over.
+unsafe impl Send for Job {}
+
+const PENDING: u8 = 0;
+const OK: u8 = 1;
+const FAILED: u8 = 2;
+
+/// A job's end, and the shard thread waiting for it.
+struct Done {
+    state: std::sync::atomic::AtomicU8,
+    waiter: std::thread::Thread,
+}
+
+impl Done {
+    fn finish(&self, ok: bool) {
+        use std::sync::atomic::Ordering::Release;
+        self.state.store(if ok { OK } else { FAILED }, Release);
+        self.waiter.unpark();
+    }
+
+    fn wait(&self) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Acquire;
+        loop {
+            match self.state.load(Acquire) {
+                OK => return Ok(()),
+                FAILED => return Err(io::Error::from_raw_os_error(libc::EFAULT)),
+                _ => std::thread::park(),
+            }
+        }
+    }
+}
+
+/// A shard thread's copy helper: a thread that takes the first half of its large copies,
+/// started at its first one, ending with the shard thread (its channel closes).
+struct Helper {
+    tx: Option<std::sync::mpsc::Sender<Job>>,
+}
+
+impl Helper {
+    /// Hands `job` over; gives it back when there is no helper thread.
+    fn send(&self, job: Job) -> Result<(), Job> {
+        match &self.tx {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+
+    fn start() -> Helper {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let name = format!(
+            "mmc-copy-{}",
+            std::thread::current().name().unwrap_or("shard")
+        );
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                // SAFETY: the sender keeps `local` valid for `len` bytes until `done`.
+                let r = unsafe {
+                    vm_copy(job.pid, &job.remote, job.local as *mut u8, job.len, job.out)
+                };
+                job.done.finish(r.is_ok());
+            }
+        });
+        Helper {
+            tx: spawned.ok().map(|_| tx),
+        }
+    }
+}
+
+thread_local! {
+    static HELPER: Helper = Helper::start();
+}
+
+/// The entries of `iov` that cover bytes `[from, from + len)` of what it names.
+pub fn sub_iov(iov: &[libc::iovec], from: usize, len: usize) -> Vec<libc::iovec> {
+    let mut out = Vec::new();
+    let (mut skip, mut left) = (from, len);
+    for e in iov {
+        if left == 0 {
+            break;
+        }
+        if skip >= e.iov_len {
+            skip -= e.iov_len;
+            continue;
+        }
+        let n = (e.iov_len - skip).min(left);
+        out.push(libc::iovec {
+            iov_base: (e.iov_base as usize + skip) as *mut libc::c_void,
+            iov_len: n,
+        });
+        skip = 0;
+        left -= n;
+    }
+    out
 }
 
 /// The sum of the entries' lengths (`None` on overflow).
@@ -418,6 +584,79 @@ mod tests {
             iov_len: 100,
         }];
         assert!(unsafe { peer.read(&bad, dst.as_mut_ptr(), 100) }.is_err());
+    }
+
+    #[test]
+    fn large_copies_are_split_and_fail_whole() {
+        let peer = LocalPeer::this_process();
+        let len = 3 * SPLIT_MIN_BYTES + 12345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        // Three entries, of which the split falls inside the second.
+        let cut = [100_000, 400_000];
+        let remote = [
+            libc::iovec {
+                iov_base: src.as_ptr() as *mut _,
+                iov_len: cut[0],
+            },
+            libc::iovec {
+                iov_base: src[cut[0]..].as_ptr() as *mut _,
+                iov_len: cut[1],
+            },
+            libc::iovec {
+                iov_base: src[cut[0] + cut[1]..].as_ptr() as *mut _,
+                iov_len: len - cut[0] - cut[1],
+            },
+        ];
+        for _ in 0..3 {
+            let mut dst = vec![0u8; len];
+            unsafe { peer.read(&remote, dst.as_mut_ptr(), len).unwrap() };
+            assert!(dst == src);
+            let mut back = vec![0u8; len];
+            let into = [libc::iovec {
+                iov_base: back.as_mut_ptr().cast(),
+                iov_len: len,
+            }];
+            unsafe { peer.write(&into, dst.as_ptr(), len).unwrap() };
+            assert!(back == src);
+        }
+        // A bad address in either half fails the whole copy (and both halves are waited for).
+        for bad_at in [0, len - 8] {
+            let mut remote = remote.to_vec();
+            remote.push(libc::iovec {
+                iov_base: 8 as *mut _,
+                iov_len: 8,
+            });
+            if bad_at == 0 {
+                remote.rotate_right(1);
+            }
+            let mut dst = vec![0u8; len + 8];
+            assert!(unsafe { peer.read(&remote, dst.as_mut_ptr(), len + 8) }.is_err());
+        }
+    }
+
+    #[test]
+    fn a_range_of_an_iov_is_the_entries_that_cover_it() {
+        let iov = |entries: &[(usize, usize)]| -> Vec<libc::iovec> {
+            entries
+                .iter()
+                .map(|&(a, n)| libc::iovec {
+                    iov_base: a as *mut libc::c_void,
+                    iov_len: n,
+                })
+                .collect()
+        };
+        let pairs = |v: &[libc::iovec]| -> Vec<(usize, usize)> {
+            v.iter().map(|e| (e.iov_base as usize, e.iov_len)).collect()
+        };
+        let v = iov(&[(1000, 10), (5000, 20), (9000, 5)]);
+        assert_eq!(
+            pairs(&sub_iov(&v, 0, 35)),
+            [(1000, 10), (5000, 20), (9000, 5)]
+        );
+        assert_eq!(pairs(&sub_iov(&v, 5, 10)), [(1005, 5), (5000, 5)]);
+        assert_eq!(pairs(&sub_iov(&v, 10, 20)), [(5000, 20)]);
+        assert_eq!(pairs(&sub_iov(&v, 29, 6)), [(5019, 1), (9000, 5)]);
+        assert!(sub_iov(&v, 35, 0).is_empty());
     }
 
     #[test]

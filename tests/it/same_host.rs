@@ -153,7 +153,7 @@ fn puts_and_gets_copy_between_the_clients_memory_and_the_segment(driver: Driver)
     }
     // Buffers of another size than the object: the bytes come on the socket as over TCP
     // (nothing is written into them).
-    let mut small = vec![7u8; 100];
+    let mut small = [7u8; 100];
     let g = request(
         &mut s,
         "GET",

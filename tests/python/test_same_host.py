@@ -60,14 +60,20 @@ def socket_path(server):
 
 def count_transports(monkeypatch):
     """Counts the requests sent per transport (same-host socket or TCP)."""
-    seen = {"unix": 0, "tcp": 0}
-    real = _http.Client._on
+    seen = {"unix": 0, "tcp": 0, "pipelined": 0}
+    real, real_pipeline = _http.Client._on, _http.Client.pipeline
 
     def on(self, conn, *args, **kwargs):
         seen["unix" if conn.sock.family == socket.AF_UNIX else "tcp"] += 1
         return real(self, conn, *args, **kwargs)
 
+    def pipeline(self, requests):
+        answers = real_pipeline(self, requests)
+        seen["pipelined"] += sum(a is not None for a in answers)
+        return answers
+
     monkeypatch.setattr(_http.Client, "_on", on)
+    monkeypatch.setattr(_http.Client, "pipeline", pipeline)
     return seen
 
 
@@ -115,9 +121,19 @@ def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, sto
     small = np.full(10, 7, dtype=np.uint8)
     assert store.get_into("sh/4096", small.ctypes.data, 10) == INVALID
     assert (small == 7).all()
-    # Every put and get of bytes went over the socket (one request per key of a batch); only
-    # the bytes API's gets (which return new bytes objects) over TCP.
-    assert seen == {"unix": 32, "tcp": 5}, seen
+    # Every put and get of bytes went over the socket (a batch's keys as single requests sent
+    # back to back); only the bytes API's gets (which return new bytes objects) over TCP.
+    assert seen == {"unix": 13, "pipelined": 19, "tcp": 5}, seen
+    # A batch whose buffers do not fit some objects: those keys are -3000 (the bytes come on
+    # the socket and are dropped, or the connection is closed past 1 MiB), the others intact.
+    outs = [np.zeros_like(v) for v in vals]
+    wrong = [np.zeros(10, dtype=np.uint8), np.zeros(2 << 20, dtype=np.uint8)]
+    bufs = [wrong[0], outs[1], wrong[1], outs[3], outs[4], outs[5], np.zeros(10, np.uint8)]
+    assert store.batch_get_into(keys + ["sh/%d" % (5 << 20)], [b.ctypes.data for b in bufs],
+                                [b.nbytes for b in bufs]) == [INVALID, OK, INVALID, OK, OK, OK,
+                                                              INVALID]
+    assert all(np.array_equal(vals[i], outs[i]) for i in (1, 3, 4, 5))
+    assert not wrong[0].any() and not wrong[1].any()
 
 
 def test_mmc_transport_tcp_forces_tcp(server, monkeypatch):

@@ -645,21 +645,65 @@ class Client:
             return resp
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
-    def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
-            target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],
-            reader: BodyReader, expect: bool) -> Tuple[Response, bool]:
-        body_len = sum(len(b) for b in body)
+    def _head(self, method: str, host: str, port: int, target: str, body_len: int,
+              headers: Optional[Dict[str, str]], expect: bool) -> bytes:
         lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]
         if body_len or method in ("PUT", "POST"):
             lines.append("Content-Length: %d" % body_len)
-        expect = expect and body_len > 0
         if expect:
             lines.append("Expect: 100-continue")
         if self.token:
             lines.append("Authorization: Bearer " + self.token)
         for k, v in (headers or {}).items():
             lines.append("%s: %s" % (k, v))
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def pipeline(self, requests: Sequence[Tuple[str, str, str, BodyReader]]
+                 ) -> List[Optional[Response]]:
+        """Same host: ``(method, target, X-Mmc-Iov, reader)`` requests to the current meta
+        sent back to back on one same-host connection, their answers read in order (the
+        server answers pipelined requests in order, with one write for those it has). One
+        ``Response`` per request, or None for each one not answered (no same-host socket,
+        the connection broke): the caller sends those alone."""
+        out: List[Optional[Response]] = [None] * len(requests)
+        host, port = self.endpoints[self.current]
+        path = self.local_path(host, port)
+        if path is None or not requests:
+            return out
+        try:
+            conn, _ = self.pool.take(host, port, None, path)
+        except OSError:
+            return out
+        try:
+            conn.send([self._head(m, host, port, t, 0, {"X-Mmc-Iov": iov}, False)
+                       for m, t, iov, _ in requests])
+            keep = True
+            for i, (method, target, _, reader) in enumerate(requests):
+                status, hdrs = conn.read_head()
+                clen = hdrs.get("content-length")
+                length = int(clen) if clen is not None else None
+                data = reader.read(conn, status, hdrs, length)
+                out[i] = Response(status, hdrs, data, "unix:%s%s" % (path, target))
+                keep = length is not None and hdrs.get("connection", "").lower() != "close"
+                if not keep:
+                    break
+        except (OSError, EOFError, ValueError):
+            keep = False
+        except BaseException:
+            conn.close()
+            raise
+        if keep and not conn.closed:
+            self.pool.give(conn)
+        else:
+            conn.close()
+        return out
+
+    def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+            target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],
+            reader: BodyReader, expect: bool) -> Tuple[Response, bool]:
+        body_len = sum(len(b) for b in body)
+        expect = expect and body_len > 0
+        head = self._head(method, host, port, target, body_len, headers, expect)
         conn.uses += 1
         sent_any_answer = [False]
 

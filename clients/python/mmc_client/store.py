@@ -53,6 +53,8 @@ _MAX_QUERY_BYTES = 7000
 # batch_put's body is buffered by the server (ock.mmc.http.max_body_bytes, 64 MB by default).
 _MAX_BATCH_BODY = 16 * 1024 * 1024
 _MISSING = 0xFFFFFFFFFFFFFFFF
+# Same host: the single requests of a batch sent back to back on one connection at a time.
+_PIPELINE = 64
 # A get_into body of the wrong size up to this many bytes is read and dropped (the connection
 # stays pooled); a larger one closes the connection instead of crossing the network for nothing.
 _SKIP_LIMIT = 1024 * 1024
@@ -607,6 +609,53 @@ class DistributedObjectStore(GvaMixin):
             raise _Fail(errors.MMC_CLIENT_NOT_INIT)
         return c
 
+    def _pipelined(self, method: str, idxs: Sequence[int], keys: List[str],
+                   values: Sequence[Optional[Parts]], codes: List[int],
+                   replicateConfig: Optional[ReplicateConfig]) -> None:
+        """Same host: a batch as single puts or gets (``method``) of each key, sent
+        ``_PIPELINE`` at a time back to back on one same-host connection; a key whose answer
+        is not final there (none, a redirect to a local service, a refusal) goes alone."""
+        extra = (replicateConfig or ReplicateConfig()).query() if method == "PUT" else ""
+        alone: List[int] = []
+        for lo in range(0, len(idxs), _PIPELINE):
+            part, reqs, readers = [], [], []
+            for i in idxs[lo:lo + _PIPELINE]:
+                parts = cast(Parts, values[i])
+                iov = _local_iov(parts)
+                if iov is None:
+                    alone.append(i)
+                    continue
+                reader = _IntoReader(parts) if method == "GET" else BodyReader()
+                part.append(i)
+                readers.append(reader)
+                reqs.append((method, "/api/v1/objects?key=" + _check_key(keys[i]) + extra,
+                             iov, reader))
+            answers = self._c().pipeline(reqs)
+            for i, reader, resp in zip(part, readers, answers):
+                if resp is None or resp.status in (307, 308, 429, 503) or (
+                        resp.status in (400, 403) and b"same-host" in bytes(resp.body or b"")):
+                    alone.append(i)
+                    continue
+                try:
+                    if method == "GET":
+                        if isinstance(resp.body, bytes):
+                            _json(resp)
+                            codes[i] = errors.MMC_ERROR
+                        else:
+                            codes[i] = cast(_IntoReader, reader).code
+                    else:
+                        _json(resp)
+                        codes[i] = errors.MMC_OK
+                except _Fail as f:
+                    codes[i] = self._put_code(f.code) if method == "PUT" else f.code
+        for i in alone:
+            try:
+                parts = cast(Parts, values[i])
+                codes[i] = self._get_parts(keys[i], parts) if method == "GET" \
+                    else self._put_parts(keys[i], parts, replicateConfig)
+            except (_Fail, TransportError) as f:
+                codes[i] = f.code
+
     def _same_host_now(self) -> bool:
         """Whether the meta service this client talks to now is reached on this host through
         its same-host socket (docs/same-host.md)."""
@@ -706,9 +755,12 @@ class DistributedObjectStore(GvaMixin):
                          values: Sequence[Optional[Parts]], extra: str, codes: List[int],
                          keys: List[str], replicateConfig: Optional[ReplicateConfig]) -> None:
         parts_of = [cast(Parts, values[i]) for i in group]
-        if self._batch_put_remote or self._same_host_now():
+        if self._same_host_now():
             # Same host: each object is copied by the server straight from its buffers (one
             # request per key on the same-host socket, instead of one body of them all).
+            self._pipelined("PUT", group, keys, values, codes, replicateConfig)
+            return
+        if self._batch_put_remote:
             # The meta service holds none of the bytes (a pure meta): one put per key, each
             # redirected to its local service.
             for i, parts in zip(group, parts_of):
@@ -865,11 +917,7 @@ class DistributedObjectStore(GvaMixin):
                  and codes[i] == errors.MMC_ERROR]
         if valid and self._same_host_now():
             # Same host: each object is copied by the server straight into its buffers.
-            for i in valid:
-                try:
-                    codes[i] = self._get_parts(keys[i], cast(Parts, values[i]))
-                except (_Fail, TransportError) as f:
-                    codes[i] = f.code
+            self._pipelined("GET", valid, keys, values, codes, None)
             return codes
         for part in _chunks(valid):
             reader = _BatchIntoReader([cast(Parts, values[i]) for i in part])

@@ -6,7 +6,7 @@
 use super::body_io::staging;
 use crate::http::handlers::{self, Ctx, Filled, Request};
 use crate::http::response::{Body, Part, Response, SameHost, Status};
-use crate::http::same_host::{LocalPeer, total};
+use crate::http::same_host::{LocalPeer, sub_iov, total};
 use crate::limits::STAGING_BYTES;
 use crate::shards::WriteGrant;
 
@@ -185,59 +185,4 @@ fn write_blob(peer: &LocalPeer, to: &[libc::iovec], p: &crate::shards::PinnedBlo
     }
     staging::give(buf);
     true
-}
-
-/// The entries of `iov` that cover bytes `[from, from + len)` of what it names.
-fn sub_iov(iov: &[libc::iovec], from: usize, len: usize) -> Vec<libc::iovec> {
-    let mut out = Vec::new();
-    let (mut skip, mut left) = (from, len);
-    for e in iov {
-        if left == 0 {
-            break;
-        }
-        if skip >= e.iov_len {
-            skip -= e.iov_len;
-            continue;
-        }
-        let n = (e.iov_len - skip).min(left);
-        out.push(libc::iovec {
-            iov_base: (e.iov_base as usize + skip) as *mut libc::c_void,
-            iov_len: n,
-        });
-        skip = 0;
-        left -= n;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn iov(entries: &[(usize, usize)]) -> Vec<libc::iovec> {
-        entries
-            .iter()
-            .map(|&(a, n)| libc::iovec {
-                iov_base: a as *mut libc::c_void,
-                iov_len: n,
-            })
-            .collect()
-    }
-
-    fn pairs(v: &[libc::iovec]) -> Vec<(usize, usize)> {
-        v.iter().map(|e| (e.iov_base as usize, e.iov_len)).collect()
-    }
-
-    #[test]
-    fn a_range_of_an_iov_is_the_entries_that_cover_it() {
-        let v = iov(&[(1000, 10), (5000, 20), (9000, 5)]);
-        assert_eq!(
-            pairs(&sub_iov(&v, 0, 35)),
-            [(1000, 10), (5000, 20), (9000, 5)]
-        );
-        assert_eq!(pairs(&sub_iov(&v, 5, 10)), [(1005, 5), (5000, 5)]);
-        assert_eq!(pairs(&sub_iov(&v, 10, 20)), [(5000, 20)]);
-        assert_eq!(pairs(&sub_iov(&v, 29, 6)), [(5019, 1), (9000, 5)]);
-        assert!(sub_iov(&v, 35, 0).is_empty());
-    }
 }
