@@ -330,3 +330,43 @@ def test_a_socket_of_another_server_at_the_advertised_path_is_not_used(server, t
         c.close()
     finally:
         assert other.stop() == 0
+
+
+def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
+    """A pure meta and a local service on this host: a put or get goes to the meta's socket,
+    which answers 307 to the local service holding the blob (under its grant); the client
+    follows it to that local service's own socket, where the bytes are copied."""
+    from test_cluster_client import Cluster
+
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    c = Cluster()
+    try:
+        s = make_store("http://%s" % c.meta.addr)
+        seen = count_transports(monkeypatch)
+        hops = []
+        s._client.on_redirect = lambda method, target, host, port: hops.append(port)
+        src = data(3 << 20, 11)
+        out = np.zeros_like(src)
+        assert s.put_from("sh/cl", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("sh/cl", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        keys = ["sh/cl%d" % i for i in range(4)]
+        vals = [data(200_000, 20 + i) for i in range(4)]
+        assert s.batch_put_from(keys, [v.ctypes.data for v in vals],
+                                [v.nbytes for v in vals]) == [OK] * 4
+        outs = [np.zeros_like(v) for v in vals]
+        assert s.batch_get_into(keys, [o.ctypes.data for o in outs],
+                                [o.nbytes for o in outs]) == [OK] * 4
+        assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+        local_ports = {l.port for l in c.locals}
+        assert hops and set(hops) <= local_ports, hops
+        for l in c.locals:
+            if l.port in hops:
+                assert s._client.local_path(l.host, l.port) == socket_path(l)
+        # The meta's and the local services' sockets carried every request with bytes; TCP
+        # only asked each server's /health once, for its socket.
+        assert seen["tcp"] <= 1 + len(c.locals), seen
+        s.close()
+    finally:
+        codes = c.stop()
+        assert codes == [0] * len(codes), "".join(c.meta.log)

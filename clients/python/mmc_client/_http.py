@@ -645,6 +645,27 @@ class Client:
             return resp
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
+    def follow(self, resp: Response, method: str, body: Sequence[Any], reader: BodyReader,
+               local: Optional[str]) -> Response:
+        """Carries a request on from the ``307``/``308`` it was answered (a pipelined one:
+        the meta allocated or leased for it, so it goes where the meta said, not again to
+        the meta)."""
+        loc = str(resp.header("location") or "")
+        parts = urlsplit(loc)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return resp
+        https = parts.scheme == "https"
+        host, port = parts.hostname, parts.port or (443 if https else 80)
+        if https:
+            with self._ep_lock:
+                self._https.add((host, port))
+                if self.tls is None:
+                    self.tls = ssl.create_default_context()
+        target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        if self.on_redirect is not None:
+            self.on_redirect(method, target, host, port)
+        return self._follow(method, host, port, target, body, None, reader, local)
+
     def _head(self, method: str, host: str, port: int, target: str, body_len: int,
               headers: Optional[Dict[str, str]], expect: bool) -> bytes:
         lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]

@@ -632,11 +632,19 @@ class DistributedObjectStore(GvaMixin):
                              iov, reader))
             answers = self._c().pipeline(reqs)
             for i, reader, resp in zip(part, readers, answers):
-                if resp is None or resp.status in (307, 308, 429, 503) or (
-                        resp.status in (400, 403) and b"same-host" in bytes(resp.body or b"")):
-                    alone.append(i)
-                    continue
                 try:
+                    if resp is not None and resp.status in (307, 308):
+                        # The meta allocated (or leased) for this request: on to the local
+                        # service it names, under its grant, as a single request does.
+                        parts = cast(Parts, values[i])
+                        reader = _IntoReader(parts) if method == "GET" else BodyReader()
+                        resp = self._c().follow(resp, method, parts if method == "PUT" else (),
+                                                reader, _local_iov(parts))
+                    if resp is None or resp.status in (429, 503) or (
+                            resp.status in (400, 403)
+                            and b"same-host" in bytes(resp.body or b"")):
+                        alone.append(i)
+                        continue
                     if method == "GET":
                         if isinstance(resp.body, bytes):
                             _json(resp)
@@ -648,6 +656,8 @@ class DistributedObjectStore(GvaMixin):
                         codes[i] = errors.MMC_OK
                 except _Fail as f:
                     codes[i] = self._put_code(f.code) if method == "PUT" else f.code
+                except TransportError as e:
+                    codes[i] = e.code
         for i in alone:
             try:
                 parts = cast(Parts, values[i])
