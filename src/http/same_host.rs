@@ -281,7 +281,7 @@ impl LocalPeer {
             len: half,
             out,
             done: std::sync::Arc::new(Done {
-                state: std::sync::atomic::AtomicU8::new(PENDING),
+                state: std::sync::atomic::AtomicU8::new(QUEUED),
                 waiter: std::thread::current(),
             }),
         };
@@ -302,6 +302,12 @@ impl LocalPeer {
             // the first half too.
             // SAFETY: forwarded contract, for the first half.
             Err(job) => unsafe { vm_copy(job.pid, &job.remote, local, half, out) },
+            // Not started yet (on a busy machine the helper may wait for a core): this thread
+            // takes its half back rather than wait for it.
+            // SAFETY: forwarded contract, for the first half.
+            Ok(()) if done.take_back() => unsafe {
+                vm_copy(self.pid, &sub_iov(remote, 0, half), local, half, out)
+            },
             // Whatever happened here, the helper's half is waited for: it writes into memory
             // the caller owns only until this call returns.
             Ok(()) => done.wait(),
@@ -364,9 +370,12 @@ struct Job {
 // address the sending shard keeps valid until `done` says the job is over.
 unsafe impl Send for Job {}
 
-const PENDING: u8 = 0;
-const OK: u8 = 1;
-const FAILED: u8 = 2;
+/// A job's states: handed over, started by the helper (or taken back by the shard: the
+/// helper then skips it), finished.
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const OK: u8 = 2;
+const FAILED: u8 = 3;
 
 /// A job's end, and the shard thread waiting for it.
 struct Done {
@@ -375,6 +384,27 @@ struct Done {
 }
 
 impl Done {
+    /// The helper starts the job; false when the shard took it back.
+    fn start(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.state
+            .compare_exchange(
+                QUEUED,
+                STARTED,
+                AcqRel,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The shard takes the job back; false when the helper started it.
+    fn take_back(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.state
+            .compare_exchange(QUEUED, OK, AcqRel, std::sync::atomic::Ordering::Relaxed)
+            .is_ok()
+    }
+
     fn finish(&self, ok: bool) {
         use std::sync::atomic::Ordering::Release;
         self.state.store(if ok { OK } else { FAILED }, Release);
@@ -389,6 +419,7 @@ impl Done {
                 FAILED => return Err(io::Error::from_raw_os_error(libc::EFAULT)),
                 _ => std::thread::park(),
             }
+            // (A park may end without an unpark: the state is read again.)
         }
     }
 }
@@ -416,6 +447,9 @@ impl Helper {
         );
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
             while let Ok(job) = rx.recv() {
+                if !job.done.start() {
+                    continue;
+                }
                 // SAFETY: the sender keeps `local` valid for `len` bytes until `done`.
                 let r = unsafe {
                     vm_copy(job.pid, &job.remote, job.local as *mut u8, job.len, job.out)
