@@ -343,8 +343,13 @@ def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
     try:
         s = make_store("http://%s" % c.meta.addr)
         seen = count_transports(monkeypatch)
-        hops = []
-        s._client.on_redirect = lambda method, target, host, port: hops.append(port)
+        hops, grants = [], []
+
+        def redirected(method, target, host, port):
+            hops.append(port)
+            grants.append((method, target, host, port))
+
+        s._client.on_redirect = redirected
         src = data(3 << 20, 11)
         out = np.zeros_like(src)
         assert s.put_from("sh/cl", src.ctypes.data, src.nbytes) == OK
@@ -363,6 +368,18 @@ def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
         for l in c.locals:
             if l.port in hops:
                 assert s._client.local_path(l.host, l.port) == socket_path(l)
+        # A write grant is used once: the same Location sent again on the local service's
+        # socket with other bytes is refused before any of them lands.
+        method, target, host, port = next(g for g in grants if g[0] == "PUT")
+        other = data(3 << 20, 99)
+        with socket.socket(socket.AF_UNIX) as u:
+            u.connect(socket_path(next(l for l in c.locals if l.port == port)))
+            u.sendall(("PUT %s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nX-Mmc-Iov: %x:%d"
+                       "\r\n\r\n" % (target, other.ctypes.data, other.nbytes)).encode())
+            answer = u.recv(65536).decode("latin-1")
+        assert answer.startswith("HTTP/1.1 403"), answer
+        assert s.get_into("sh/cl", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
         # The meta's and the local services' sockets carried every request with bytes; TCP
         # only asked each server's /health once, for its socket.
         assert seen["tcp"] <= 1 + len(c.locals), seen
