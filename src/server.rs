@@ -182,10 +182,15 @@ impl Server {
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
         let boot = boot_id();
-        let same_host = bind_same_host(&plan.config.http.same_host_socket, local_addr.port(), boot);
         let ring_entries = plan.config.shard.ring_entries as u32;
         let front = crate::http::front_assets(&plan.config)?;
         let cluster = Cluster::with_numa(plan.config, shard_count, front, numa)?;
+        // After everything that may refuse the start (its error is then the one line shown).
+        let same_host = bind_same_host(
+            &cluster.config.http.same_host_socket,
+            local_addr.port(),
+            boot,
+        );
         let kv_publisher = if cluster.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
                 cluster.config.kv_events.clone(),

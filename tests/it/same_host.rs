@@ -288,3 +288,47 @@ fn the_socket_can_be_turned_off_or_put_elsewhere() {
     assert!(!path.exists(), "the socket is removed at the end");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_socket_checks_tokens_as_tcp_does() {
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .set("ock.mmc.http.auth_token", "sekret-token-123")
+        .start();
+    let r = srv.client().request_with(
+        "GET",
+        "/health",
+        &[("Authorization", "Bearer sekret-token-123")],
+        None,
+    );
+    let path = r
+        .header("x-mmc-same-host")
+        .unwrap()
+        .split_once(' ')
+        .unwrap()
+        .1
+        .to_string();
+    let data = pattern(5000, 3);
+    let mut s = connect(&path);
+    let put = request(
+        &mut s,
+        "PUT",
+        "/api/v1/objects?key=sh/tok",
+        Some(&iov_of(&[&data])),
+    );
+    assert_eq!(put.status, 401);
+    let req = format!(
+        "PUT /api/v1/objects?key=sh/tok HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nAuthorization: Bearer sekret-token-123\r\nX-Mmc-Iov: {}\r\n\r\n",
+        iov_of(&[&data])
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut text = vec![0u8; 4096];
+    let n = s.read(&mut text).unwrap();
+    assert!(String::from_utf8_lossy(&text[..n]).starts_with("HTTP/1.1 200"));
+    let got = srv.client().request_with(
+        "GET",
+        "/api/v1/objects?key=sh/tok",
+        &[("Authorization", "Bearer sekret-token-123")],
+        None,
+    );
+    assert!(got.body == data);
+}
