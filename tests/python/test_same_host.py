@@ -7,6 +7,7 @@ once, a read holds its lease while the server copies."""
 import ctypes
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -387,3 +388,41 @@ def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
     finally:
         codes = c.stop()
         assert codes == [0] * len(codes), "".join(c.meta.log)
+
+
+def test_a_server_and_client_of_one_unprivileged_user_use_the_socket():
+    """The usual deployment: server and client run as one ordinary user (no CAP_SYS_PTRACE);
+    the server's copies into the client's memory are allowed as for any process of the user."""
+    from conftest import SERVER
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start both as another user")
+    proc = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             SERVER, "--listen", "127.0.0.1:0", "--shards", "2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        addr = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://(\S+)", line)
+            if m:
+                addr = m.group(1)
+                break
+        assert addr, "the server did not start"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+
+        class At:
+            pass
+
+        srv = At()
+        srv.addr = addr
+        srv.host, port = addr.rsplit(":", 1)
+        srv.port = int(port)
+        path = socket_path(srv)
+        out = run_as_nobody(srv, path)
+        assert out["raw"].startswith("HTTP/1.1 200"), out
+        assert (out["put"], out["get"], out["intact"]) == (0, 0, True), out
+        assert out["local"] == path and out["unix_pooled"], out
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0

@@ -566,7 +566,7 @@ class Client:
         hdrs["X-Mmc-Iov"] = local
         for _ in range(3):
             try:
-                conn, reused = self.pool.take(host, port, None, path)
+                conn, reused = self._take_local(host, port, path)
             except OSError:
                 self._forget_local(host, port)
                 return None
@@ -599,6 +599,18 @@ class Client:
                 return None
             return resp
         return None
+
+    def _take_local(self, host: str, port: int, path: str) -> Tuple[Connection, bool]:
+        """A pooled or new connection to a same-host socket. A new one (in a process forked
+        after the socket was found, too) names its server as this process's ptracer where Yama
+        asks for it (see _allow_ptrace)."""
+        conn, reused = self.pool.take(host, port, None, path)
+        if not reused:
+            try:
+                _allow_ptrace(_peer_cred(conn.sock)[0])
+            except OSError:
+                pass
+        return conn, reused
 
     def _forget_local(self, host: str, port: int) -> None:
         with self._ep_lock:
@@ -701,7 +713,7 @@ class Client:
         if path is None or not requests:
             return out
         try:
-            conn, _ = self.pool.take(host, port, None, path)
+            conn, _ = self._take_local(host, port, path)
         except OSError:
             return out
         try:
