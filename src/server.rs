@@ -24,6 +24,8 @@ pub struct Server {
     kv_publisher: Option<crate::kv_events::KvPublisher>,
     /// The election and `/metadata` writer threads (HA on).
     ha: Option<crate::ha::election::HaThreads>,
+    /// The same-host socket's path (`ock.mmc.http.same_host_socket`), removed at the end.
+    same_host_path: Option<std::path::PathBuf>,
 }
 
 /// Backlog of each shard's listening socket: deep enough for a burst of new connections
@@ -179,9 +181,16 @@ impl Server {
         let numa = numa_layout(&plan)?;
         let listeners = bind_listeners(addr, shard_count)?;
         let local_addr = listeners[0].local_addr().map_err(|e| e.to_string())?;
+        let boot = boot_id();
         let ring_entries = plan.config.shard.ring_entries as u32;
         let front = crate::http::front_assets(&plan.config)?;
         let cluster = Cluster::with_numa(plan.config, shard_count, front, numa)?;
+        // After everything that may refuse the start (its error is then the one line shown).
+        let same_host = bind_same_host(
+            &cluster.config.http.same_host_socket,
+            local_addr.port(),
+            boot,
+        );
         let kv_publisher = if cluster.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
                 cluster.config.kv_events.clone(),
@@ -206,7 +215,6 @@ impl Server {
         } else {
             None
         };
-        let boot = boot_id();
         let recovering: usize = cluster
             .segments
             .snapshot()
@@ -221,6 +229,15 @@ impl Server {
             let cluster = cluster.clone();
             let started = started_tx.clone();
             let driver = plan.driver;
+            let unix = same_host
+                .as_ref()
+                .and_then(|(l, _, advert)| match l.try_clone() {
+                    Ok(l) => Some((l, advert.clone())),
+                    Err(e) => {
+                        log::warn!("shard {id}: no same-host socket: {e}");
+                        None
+                    }
+                });
             let spawn = std::thread::Builder::new()
                 .name(format!("mmc-shard-{id}"))
                 .spawn(move || {
@@ -229,7 +246,7 @@ impl Server {
                     }
                     let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
                         let _ = started.send((id, Ok(kind)));
-                        shard_main(id, cluster, listener, boot, kind != DriverKind::Epoll)
+                        shard_main(id, cluster, listener, unix, boot, kind != DriverKind::Epoll)
                     });
                     if let Err(e) = ran {
                         let _ = started.send((id, Err(e)));
@@ -258,6 +275,7 @@ impl Server {
             drivers,
             threads,
             kv_publisher,
+            same_host_path: same_host.map(|(_, path, _)| path),
             ha: None,
         };
         if let Some(e) = failure {
@@ -350,6 +368,9 @@ impl Server {
         if let Some(p) = self.kv_publisher {
             p.stop();
         }
+        if let Some(path) = &self.same_host_path {
+            let _ = std::fs::remove_file(path);
+        }
         clean
     }
 }
@@ -392,11 +413,43 @@ fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()
         .map(|_| ())
 }
 
+/// Binds the same-host socket (`http::same_host`) for the TCP `port`: the listener, its path
+/// and what `/health` says of it. `None` when it is off or cannot be bound (logged: clients
+/// then use TCP).
+fn bind_same_host(
+    value: &str,
+    port: u16,
+    boot: u32,
+) -> Option<(
+    std::os::unix::net::UnixListener,
+    std::path::PathBuf,
+    Box<str>,
+)> {
+    let path = crate::http::same_host::socket_path(value, port)?;
+    let bound = crate::http::same_host::bind(&path, value == "auto")
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    match bound {
+        Ok(l) => {
+            log::info!("same-host data path on {}", path.display());
+            let advert = crate::http::same_host::advert(boot, &path);
+            Some((l, path, advert))
+        }
+        Err(e) => {
+            log::warn!(
+                "no same-host data path: cannot bind {}: {e} (clients use TCP)",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
 /// The life of one shard on its own thread.
 async fn shard_main(
     id: usize,
     cluster: Arc<Cluster>,
     listener: std::net::TcpListener,
+    unix: Option<(std::os::unix::net::UnixListener, Box<str>)>,
     boot_id: u32,
     uring: bool,
 ) {
@@ -419,6 +472,14 @@ async fn shard_main(
         }
     };
     let accept = monoio::spawn(front.clone().serve(listener));
+    if let Some((unix, advert)) = unix {
+        match monoio::net::UnixListener::from_std(unix) {
+            Ok(l) => {
+                monoio::spawn(front.clone().serve_same_host(l, advert));
+            }
+            Err(e) => log::warn!("shard {id}: cannot register the same-host socket: {e}"),
+        }
+    }
     cluster.accepting.fetch_add(1, Ordering::AcqRel);
 
     shard.shutdown_requested().await;

@@ -42,6 +42,13 @@ pub trait DeviceMemory: Send + Sync {
         Ok(())
     }
 
+    /// The host mapping behind the device's memory, when it has one (an emulated device):
+    /// the same-host data path copies between a client's memory and a blob there directly.
+    /// Default: none (real device memory is not host-addressable).
+    fn host_region(&self) -> Option<&MappedRegion> {
+        None
+    }
+
     /// The range is free: the device may release what backs it.
     ///
     /// # Safety
@@ -89,6 +96,10 @@ impl DeviceMemory for HostEmulated {
 
     fn prefault(&self, offset: u64, len: u64) -> io::Result<()> {
         self.region.populate(offset, len)
+    }
+
+    fn host_region(&self) -> Option<&MappedRegion> {
+        Some(&self.region)
     }
 }
 

@@ -105,6 +105,18 @@ fn comma_list(v: &str) -> impl Iterator<Item = &str> {
     v.split(',').map(str::trim).filter(|i| !i.is_empty())
 }
 
+/// `auto`, `off`, or an absolute path for the same-host Unix socket.
+fn same_host_socket(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    if v == "auto" || v == "off" || (v.starts_with('/') && v.len() < 100 && !v.contains('\0')) {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "{v:?}: expected auto, off or an absolute path (under 100 bytes)"
+        ))
+    }
+}
+
 fn host_port(v: &str) -> Result<String, String> {
     values::HostPort::parse(v).map_err(str::to_string)?;
     Ok(v.to_string())
@@ -335,6 +347,8 @@ pub static KEYS: &[KeySpec] = &[
         "Requests one shard may be working on at once (waiting for other shards or the SSD); past it: 429."),
     key("ock.mmc.http.max_buffered_bytes_per_shard", "512MB", Size(|c| &mut c.http.max_buffered_bytes_per_shard, 1 << 20, 1 << 40),
         "Read-buffer memory one shard's connections may hold for requests still arriving (bodies are buffered, except large object puts, which stream); past it: 429. At least max_body_bytes."),
+    key("ock.mmc.http.same_host_socket", "auto", Text(|c| &mut c.http.same_host_socket, same_host_socket),
+        "The Unix socket of the same-host data path (docs/same-host.md): clients of this host running as the server's user send requests there and the server copies object bytes straight between their memory and the segments. auto: $XDG_RUNTIME_DIR/mmc-server/PORT.sock, else /tmp/mmc-server-UID/PORT.sock (a directory of mode 0700); off: none; or an absolute path."),
     key("ock.mmc.metadata.max_value_bytes", "1MB", Size(|c| &mut c.metadata.max_value_bytes, 1, 1 << 32),
         "Largest value PUT /metadata accepts (413 beyond)."),
     key("ock.mmc.metadata.max_total_bytes", "256MB", Size(|c| &mut c.metadata.max_total_bytes, 1024, 1 << 44),

@@ -105,6 +105,9 @@ pub struct HttpConfig {
     pub metrics_token: String,
     pub max_inflight_per_shard: u64,
     pub max_buffered_bytes_per_shard: u64,
+    /// `ock.mmc.http.same_host_socket`: `auto`, `off` or the Unix socket's absolute path
+    /// (the same-host data path, `http::same_host`).
+    pub same_host_socket: String,
 }
 
 #[derive(Clone, Debug)]
@@ -227,6 +230,7 @@ impl Config {
                 metrics_token: String::new(),
                 max_inflight_per_shard: 0,
                 max_buffered_bytes_per_shard: 0,
+                same_host_socket: String::new(),
             },
             metadata: MetadataConfig {
                 max_value_bytes: 0,

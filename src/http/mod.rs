@@ -24,6 +24,7 @@ pub mod query;
 pub mod report_wire;
 pub mod response;
 pub mod router;
+pub mod same_host;
 pub mod spans;
 pub mod tls;
 
@@ -108,6 +109,8 @@ pub struct Front {
     /// lingering without a wake-up of their own: `conn::linger_at_ticks`).
     ticks: Cell<u64>,
     tick_waiters: RefCell<Vec<std::task::Waker>>,
+    /// What `/health` says of the same-host socket (`X-Mmc-Same-Host`), when it is on.
+    same_host_advert: std::cell::OnceCell<Box<str>>,
 }
 
 /// A registered connection; leaving the registry when dropped.
@@ -172,6 +175,7 @@ impl Front {
             tls,
             ticks: Cell::new(0),
             tick_waiters: RefCell::new(Vec::new()),
+            same_host_advert: std::cell::OnceCell::new(),
         };
         front.refresh_date();
         Rc::new(front)
@@ -195,6 +199,10 @@ impl Front {
 
     pub fn unix_secs(&self) -> u64 {
         self.shard.clock.unix_secs()
+    }
+
+    pub fn same_host_advert(&self) -> Option<&str> {
+        self.same_host_advert.get().map(|s| &**s)
     }
 
     pub fn is_draining(&self) -> bool {
@@ -256,6 +264,7 @@ impl Front {
             head_only: head.is_some_and(|h| h.method == parse::Method::Head),
             http10_keep_alive: head.is_some_and(|h| h.minor_version == 0 && h.keep_alive),
             http10: head.is_some_and(|h| h.minor_version == 0),
+            same_host_advert: self.same_host_advert(),
         };
         response::encode(resp, &env, scratch, out)
     }
@@ -389,7 +398,7 @@ impl Front {
                     let fd = stream.as_raw_fd();
                     match &self.tls {
                         None => {
-                            monoio::spawn(conn::run(self.clone(), stream, fd, true));
+                            monoio::spawn(conn::run(self.clone(), stream, fd, true, None));
                         }
                         Some(acceptor) => {
                             monoio::spawn(tls_handshake(
@@ -427,7 +436,7 @@ async fn tls_handshake(
 ) {
     let limit = Duration::from_millis(front.config().http.header_timeout_ms);
     match monoio::time::timeout(limit, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => conn::run(front, tls, fd, false).await,
+        Ok(Ok(tls)) => conn::run(front, tls, fd, false, None).await,
         Ok(Err(e)) => {
             front.shard.stats().tls_handshake_failures.inc();
             log::debug!("shard {}: TLS handshake refused: {e}", front.shard.id);

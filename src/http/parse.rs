@@ -93,6 +93,9 @@ pub struct Head<'b> {
     pub traceparent: Option<&'b [u8]>,
     /// The first `Accept` header (what `/metrics` answers with).
     pub accept: Option<&'b [u8]>,
+    /// `X-Mmc-Iov`: where the object's bytes are in the client's memory (honoured on the
+    /// same-host Unix socket only, `http::same_host`; ignored on TCP).
+    pub same_host_iov: Option<&'b [u8]>,
 }
 
 /// A request the server refuses at the protocol level. The connection is closed after the
@@ -177,6 +180,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     let mut authorization = None;
     let mut traceparent = None;
     let mut accept = None;
+    let mut same_host_iov = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = trim(h.value);
@@ -240,6 +244,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             13 if name.eq_ignore_ascii_case(b"authorization") => authorization = Some(value),
             11 if name.eq_ignore_ascii_case(b"traceparent") => traceparent = Some(value),
             6 if accept.is_none() && name.eq_ignore_ascii_case(b"accept") => accept = Some(value),
+            9 if name.eq_ignore_ascii_case(b"x-mmc-iov") => same_host_iov = Some(value),
             _ => {}
         }
     }
@@ -289,6 +294,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         authorization,
         traceparent,
         accept,
+        same_host_iov,
     })
 }
 

@@ -173,6 +173,19 @@ pub struct Response {
     /// The data-plane bytes of this body, recorded in the client bandwidth metrics once the
     /// connection has sent them (their transfer time is the sending).
     pub transfer: Option<Transfer>,
+    /// What the same-host data path (`http::same_host`) adds to the answer.
+    pub same_host: SameHost,
+}
+
+/// A same-host header (one byte: a `Response` travels by value and stays small).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SameHost {
+    No,
+    /// `X-Mmc-Same-Host: ID PATH` (`/health`, when the socket is on: [`Envelope`] has it).
+    Advert,
+    /// The body ([`Body::Omitted`], its length) was copied into the client's memory:
+    /// `Content-Length: 0` and `X-Mmc-Delivered: LENGTH`.
+    Delivered,
 }
 
 /// A data-plane body on its way out: recorded in the client bandwidth metrics when sent.
@@ -206,6 +219,7 @@ impl Response {
             failed: false,
             error_kind: None,
             transfer: None,
+            same_host: SameHost::No,
         }
     }
 
@@ -265,6 +279,8 @@ pub struct Envelope<'a> {
     pub http10_keep_alive: bool,
     /// The client spoke HTTP/1.0 (no chunked responses).
     pub http10: bool,
+    /// What `X-Mmc-Same-Host` says ([`SameHost::Advert`]), when the socket is on.
+    pub same_host_advert: Option<&'a str>,
 }
 
 /// Bodies at least this large are written from their own buffer instead of being copied into
@@ -283,7 +299,12 @@ pub fn encode(
     scratch: &[u8],
     out: &mut Vec<u8>,
 ) -> Option<Tail> {
-    let body_len = resp.body_len(scratch);
+    let mut body_len = resp.body_len(scratch);
+    // A body copied into a same-host client's memory: no byte of it on the socket.
+    let delivered = (resp.same_host == SameHost::Delivered).then(|| body_len.unwrap_or(0));
+    if delivered.is_some() {
+        body_len = Some(0);
+    }
     out.extend_from_slice(resp.status.line());
     if let Some(ct) = resp.content_type {
         out.extend_from_slice(ct.header());
@@ -328,6 +349,16 @@ pub fn encode(
         out.extend_from_slice(kind.name().as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    if let (SameHost::Advert, Some(advert)) = (resp.same_host, env.same_host_advert) {
+        out.extend_from_slice(b"X-Mmc-Same-Host: ");
+        out.extend_from_slice(advert.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(n) = delivered {
+        out.extend_from_slice(b"X-Mmc-Delivered: ");
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     if resp.www_authenticate {
         out.extend_from_slice(b"WWW-Authenticate: ");
         out.extend_from_slice(crate::http::auth::CHALLENGE.as_bytes());
@@ -339,7 +370,7 @@ pub fn encode(
         out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if env.head_only {
+    if env.head_only || delivered.is_some() {
         return None;
     }
     match resp.body {
@@ -420,6 +451,7 @@ mod tests {
             head_only: false,
             http10_keep_alive: false,
             http10: false,
+            same_host_advert: None,
         };
         let mut out = Vec::new();
         assert!(encode(r, &env, &scratch, &mut out).is_none());
@@ -442,6 +474,7 @@ mod tests {
             head_only: true,
             http10_keep_alive: true,
             http10: true,
+            same_host_advert: None,
         };
         let mut out = Vec::new();
         encode(Response::text("ok"), &env, &[], &mut out);
@@ -449,5 +482,46 @@ mod tests {
         assert!(s.contains("Content-Length: 2\r\n"), "{s}");
         assert!(s.contains("Connection: keep-alive\r\n"), "{s}");
         assert!(s.ends_with("\r\n\r\n"), "{s}");
+    }
+
+    #[test]
+    fn same_host_answers_say_what_was_delivered_and_where_the_socket_is() {
+        let env = Envelope {
+            request_id: b"r",
+            date: b"d",
+            head_only: false,
+            http10_keep_alive: false,
+            http10: false,
+            same_host_advert: Some("0000abcd-42 /run/x.sock"),
+        };
+        let mut r = Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(1 << 20));
+        r.same_host = SameHost::Delivered;
+        let mut out = Vec::new();
+        assert!(encode(r, &env, &[], &mut out).is_none(), "no body follows");
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("Content-Length: 0\r\n"), "{s}");
+        assert!(s.contains("X-Mmc-Delivered: 1048576\r\n"), "{s}");
+        assert!(!s.contains("X-Mmc-Same-Host"), "{s}");
+        assert!(s.ends_with("\r\n\r\n"), "{s}");
+        let mut r = Response::text("ok");
+        r.same_host = SameHost::Advert;
+        let mut out = Vec::new();
+        encode(r, &env, &[], &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(
+            s.contains("X-Mmc-Same-Host: 0000abcd-42 /run/x.sock\r\n"),
+            "{s}"
+        );
+        assert!(s.ends_with("\r\n\r\nok"), "{s}");
+        // Without the socket, /health says nothing of it.
+        let mut r = Response::text("ok");
+        r.same_host = SameHost::Advert;
+        let mut out = Vec::new();
+        let env = Envelope {
+            same_host_advert: None,
+            ..env
+        };
+        encode(r, &env, &[], &mut out);
+        assert!(!String::from_utf8(out).unwrap().contains("X-Mmc"));
     }
 }

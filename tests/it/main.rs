@@ -25,6 +25,7 @@ mod metrics_protobuf;
 mod numa;
 mod observability;
 mod perf;
+mod same_host;
 mod security;
 mod ssd;
 mod ssd_recover;

@@ -3,15 +3,25 @@ with ``socket.sendmsg`` from memoryviews and received with ``recv_into`` straigh
 caller's memory, ``Expect: 100-continue`` for large bodies, and ``307``/``308`` redirects
 followed (the body is sent once per hop, only after the target's go-ahead).
 
+Same host (docs/same-host.md): a server on this host running as this user serves the same
+requests on a Unix socket, where an object's bytes are not sent at all: the request names
+where they are in this process's memory (``X-Mmc-Iov``) and the server copies them itself.
+Used per server reached (a meta, the local service a redirect names) when its ``/health``
+advertises the socket and the socket answers as the same process; TCP otherwise, and always
+with ``MMC_TRANSPORT=tcp``.
+
 Everything here raises :class:`TransportError` (with an upstream-style code) or returns a
 :class:`Response`; the store turns both into return codes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import random
 import socket
 import ssl
+import struct
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -95,10 +105,29 @@ class Connection:
     """One keep-alive socket with its read buffer. Used by one thread at a time."""
 
     def __init__(self, host: str, port: int, timeout: Optional[float],
-                 tls: Optional[ssl.SSLContext] = None) -> None:
+                 tls: Optional[ssl.SSLContext] = None, unix_path: Optional[str] = None) -> None:
         self.host, self.port = host, port
-        sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The process that opened it: a same-host server copies to and from its memory only.
+        self.pid = os.getpid()
+        if unix_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(unix_path)
+                if timeout is not None:
+                    # Blocking calls bounded by the kernel (SO_RCVTIMEO/SO_SNDTIMEO; past it
+                    # they fail with EAGAIN) instead of Python's timeout mode, which polls
+                    # before every call: 30 us more per request, measured.
+                    tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+                    sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((host, port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is not None:
             try:
                 sock = tls.wrap_socket(sock, server_hostname=host)
@@ -267,14 +296,25 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, host: str, port: int,
-             tls: Optional[ssl.SSLContext] = None) -> Tuple[Connection, bool]:
-        """(connection, reused); a new connection speaks TLS with ``tls``."""
+    def take(self, host: str, port: int, tls: Optional[ssl.SSLContext] = None,
+             unix_path: Optional[str] = None) -> Tuple[Connection, bool]:
+        """(connection, reused); a new connection speaks TLS with ``tls``, or goes to the
+        same-host socket ``unix_path`` (pooled apart from the TCP ones)."""
+        key = (host, port) if unix_path is None else ("unix:" + unix_path, 0)
+        pid = os.getpid()
         with self._lock:
-            idle = self._idle.get((host, port))
-            if idle:
-                return idle.pop(), True
-        return Connection(host, port, self.timeout, tls), False
+            idle = self._idle.get(key)
+            while idle:
+                conn = idle.pop()
+                if conn.pid == pid:
+                    return conn, True
+                # Inherited through fork: the server of a same-host connection copies to and
+                # from the parent's memory, so it is never used here (nor closed: it is the
+                # parent's).
+        conn = Connection(host, port, self.timeout, tls, unix_path)
+        if unix_path is not None:
+            conn.host, conn.port = key
+        return conn, False
 
     def give(self, conn: Connection) -> None:
         if conn.closed:
@@ -347,6 +387,10 @@ class Client:
         self.pool = Pool(timeout)
         self.on_redirect = None
         self._ep_lock = threading.Lock()
+        # The same-host socket of each server reached: its path, or None (TCP). Filled on
+        # the first data-path request to that server.
+        self.same_host = os.environ.get("MMC_TRANSPORT", "").strip().lower() != "tcp"
+        self._local: Dict[Tuple[str, int], Optional[str]] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -377,8 +421,11 @@ class Client:
 
     def request(self, method: str, target: str, body: Sequence[Any] = (),
                 headers: Optional[Dict[str, str]] = None,
-                reader: BodyReader = _DEFAULT_READER) -> Response:
-        """``body`` is a sequence of buffers sent back to back (no copy)."""
+                reader: BodyReader = _DEFAULT_READER,
+                local: Optional[str] = None) -> Response:
+        """``body`` is a sequence of buffers sent back to back (no copy). ``local``: the
+        ``X-Mmc-Iov`` of the object's buffers (the put's body, the get's destination), for a
+        server on this host that takes it instead of bytes on the socket."""
         deadline = time.monotonic() + self.retry_ms / 1000.0
         attempt = 0
         # Failures in a row that moved to the next URL: each URL gets one try without waiting.
@@ -387,7 +434,7 @@ class Client:
             index = self.current
             host, port = self.endpoints[index]
             try:
-                resp = self._follow(method, host, port, target, body, headers, reader)
+                resp = self._follow(method, host, port, target, body, headers, reader, local)
                 if resp.status not in (429, 503):
                     return resp
                 failure = TransportError(errors.from_answer(resp),
@@ -417,15 +464,20 @@ class Client:
                 time.sleep(min(pause, max(0.0, deadline - now)))
 
     def _follow(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
-                headers: Optional[Dict[str, str]], reader: BodyReader) -> Response:
+                headers: Optional[Dict[str, str]], reader: BodyReader,
+                local: Optional[str] = None) -> Response:
         at_meta = True
         first = True
         for _ in range(_MAX_REDIRECTS + 1):
             body_len = sum(len(b) for b in body)
             expect = 0 < body_len and body_len >= self.expect_continue_bytes
             try:
-                resp = self._exchange(method, host, port, target, body, headers, reader, expect,
-                                      at_meta)
+                resp = None
+                if local is not None:
+                    resp = self._same_host(method, host, port, target, headers, reader, local)
+                if resp is None:
+                    resp = self._exchange(method, host, port, target, body, headers, reader,
+                                          expect, at_meta)
             except TransportError as e:
                 e.at_meta = at_meta
                 raise
@@ -456,6 +508,113 @@ class Client:
             if self.on_redirect is not None:
                 self.on_redirect(method, target, host, port)
         raise TransportError(errors.MMC_ERROR, "too many redirects")
+
+    def local_path(self, host: str, port: int) -> Optional[str]:
+        """The same-host socket of the server at (host, port), or None: it runs elsewhere, as
+        another user, without one, or ``MMC_TRANSPORT=tcp``. Found out once per server."""
+        if not self.same_host or (host, port) in self._https:
+            return None
+        with self._ep_lock:
+            if (host, port) in self._local:
+                return self._local[(host, port)]
+        path = self._discover(host, port)
+        with self._ep_lock:
+            self._local[(host, port)] = path
+        return path
+
+    def _discover(self, host: str, port: int) -> Optional[str]:
+        try:
+            resp = self._exchange("GET", host, port, "/health", (), None, _DEFAULT_READER)
+            advert = resp.header("x-mmc-same-host")
+            if resp.status != 200 or not advert:
+                return None
+            path = str(advert).partition(" ")[2]
+            conn, _ = self.pool.take(host, port, None, path)
+            try:
+                server_pid, server_uid = _peer_cred(conn.sock)
+                if server_uid != os.geteuid():
+                    conn.close()
+                    return None
+                # The same process as the one behind the TCP port (not another server's
+                # socket at that path).
+                resp, keep = self._on(conn, False, "GET", host, port, "/health", (), None,
+                                      _DEFAULT_READER, False)
+                if resp.status != 200 or resp.header("x-mmc-same-host") != advert:
+                    conn.close()
+                    return None
+                _allow_ptrace(server_pid)
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self.pool.give(conn)
+            else:
+                conn.close()
+            return path
+        except (OSError, EOFError, ValueError, TransportError):
+            return None
+
+    def _same_host(self, method: str, host: str, port: int, target: str,
+                   headers: Optional[Dict[str, str]], reader: BodyReader,
+                   local: str) -> Optional[Response]:
+        """The request over the server's same-host socket with ``X-Mmc-Iov: local``; None
+        when the server has none (or refuses this process), so TCP carries it."""
+        path = self.local_path(host, port)
+        if path is None:
+            return None
+        hdrs = dict(headers or {})
+        hdrs["X-Mmc-Iov"] = local
+        for _ in range(3):
+            try:
+                conn, reused = self._take_local(host, port, path)
+            except OSError:
+                self._forget_local(host, port)
+                return None
+            try:
+                resp, keep = self._on(conn, reused, method, host, port, target, (), hdrs, reader,
+                                      False)
+            except _StaleConnection:
+                conn.close()
+                continue
+            except (socket.timeout, BlockingIOError) as e:
+                # (SO_RCVTIMEO's end is EAGAIN.)
+                conn.close()
+                raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
+            except (OSError, EOFError, ValueError):
+                conn.close()
+                # The server went away mid-request: TCP says what happened to it.
+                self._forget_local(host, port)
+                return None
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self.pool.give(conn)
+            else:
+                conn.close()
+            if resp.status in (400, 403) and b"same-host" in bytes(resp.body or b""):
+                # Refused, or the copy failed (the server may not read this process's memory,
+                # see _allow_ptrace): TCP from now on for this server.
+                self._forget_local(host, port)
+                return None
+            return resp
+        return None
+
+    def _take_local(self, host: str, port: int, path: str) -> Tuple[Connection, bool]:
+        """A pooled or new connection to a same-host socket. A new one (in a process forked
+        after the socket was found, too) names its server as this process's ptracer where Yama
+        asks for it (see _allow_ptrace)."""
+        conn, reused = self.pool.take(host, port, None, path)
+        if not reused:
+            try:
+                _allow_ptrace(_peer_cred(conn.sock)[0])
+            except OSError:
+                pass
+        return conn, reused
+
+    def _forget_local(self, host: str, port: int) -> None:
+        with self._ep_lock:
+            self._local[(host, port)] = None
 
     def _exchange(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
                   headers: Optional[Dict[str, str]], reader: BodyReader, expect: bool = False,
@@ -507,21 +666,86 @@ class Client:
             return resp
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
-    def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
-            target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],
-            reader: BodyReader, expect: bool) -> Tuple[Response, bool]:
-        body_len = sum(len(b) for b in body)
+    def follow(self, resp: Response, method: str, body: Sequence[Any], reader: BodyReader,
+               local: Optional[str]) -> Response:
+        """Carries a request on from the ``307``/``308`` it was answered (a pipelined one:
+        the meta allocated or leased for it, so it goes where the meta said, not again to
+        the meta)."""
+        loc = str(resp.header("location") or "")
+        parts = urlsplit(loc)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return resp
+        https = parts.scheme == "https"
+        host, port = parts.hostname, parts.port or (443 if https else 80)
+        if https:
+            with self._ep_lock:
+                self._https.add((host, port))
+                if self.tls is None:
+                    self.tls = ssl.create_default_context()
+        target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        if self.on_redirect is not None:
+            self.on_redirect(method, target, host, port)
+        return self._follow(method, host, port, target, body, None, reader, local)
+
+    def _head(self, method: str, host: str, port: int, target: str, body_len: int,
+              headers: Optional[Dict[str, str]], expect: bool) -> bytes:
         lines = ["%s %s HTTP/1.1" % (method, target), "Host: %s:%d" % (host, port)]
         if body_len or method in ("PUT", "POST"):
             lines.append("Content-Length: %d" % body_len)
-        expect = expect and body_len > 0
         if expect:
             lines.append("Expect: 100-continue")
         if self.token:
             lines.append("Authorization: Bearer " + self.token)
         for k, v in (headers or {}).items():
             lines.append("%s: %s" % (k, v))
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def pipeline(self, requests: Sequence[Tuple[str, str, str, BodyReader]]
+                 ) -> List[Optional[Response]]:
+        """Same host: ``(method, target, X-Mmc-Iov, reader)`` requests to the current meta
+        sent back to back on one same-host connection, their answers read in order (the
+        server answers pipelined requests in order, with one write for those it has). One
+        ``Response`` per request, or None for each one not answered (no same-host socket,
+        the connection broke): the caller sends those alone."""
+        out: List[Optional[Response]] = [None] * len(requests)
+        host, port = self.endpoints[self.current]
+        path = self.local_path(host, port)
+        if path is None or not requests:
+            return out
+        try:
+            conn, _ = self._take_local(host, port, path)
+        except OSError:
+            return out
+        try:
+            conn.send([self._head(m, host, port, t, 0, {"X-Mmc-Iov": iov}, False)
+                       for m, t, iov, _ in requests])
+            keep = True
+            for i, (method, target, _, reader) in enumerate(requests):
+                status, hdrs = conn.read_head()
+                clen = hdrs.get("content-length")
+                length = int(clen) if clen is not None else None
+                data = reader.read(conn, status, hdrs, length)
+                out[i] = Response(status, hdrs, data, "unix:%s%s" % (path, target))
+                keep = length is not None and hdrs.get("connection", "").lower() != "close"
+                if not keep:
+                    break
+        except (OSError, EOFError, ValueError):
+            keep = False
+        except BaseException:
+            conn.close()
+            raise
+        if keep and not conn.closed:
+            self.pool.give(conn)
+        else:
+            conn.close()
+        return out
+
+    def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+            target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],
+            reader: BodyReader, expect: bool) -> Tuple[Response, bool]:
+        body_len = sum(len(b) for b in body)
+        expect = expect and body_len > 0
+        head = self._head(method, host, port, target, body_len, headers, expect)
         conn.uses += 1
         sent_any_answer = [False]
 
@@ -585,3 +809,70 @@ class Client:
             and hdrs.get("connection", "").lower() != "close" and not conn.closed
         return Response(status, hdrs, data, "%s://%s:%d%s" % (self._scheme(host, port), host, port,
                                                               target)), keep
+
+
+# Linux's SO_PEERCRED answer: pid, uid, gid.
+_UCRED = struct.Struct("3i")
+# prctl(PR_SET_PTRACER, pid): lets that process ptrace (and process_vm_* into) this one under
+# Yama's ptrace_scope 1.
+_PR_SET_PTRACER = 0x59616D61
+
+
+def _peer_cred(sock: socket.socket) -> Tuple[int, int]:
+    """(pid, uid) of the process at the other end of a Unix socket, as the kernel saw it."""
+    pid, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                _UCRED.size))
+    return pid, uid
+
+
+def _allow_ptrace(pid: int) -> None:
+    """Under Yama's ptrace_scope 1 a process of the same user may read or write this one's
+    memory only if it is an ancestor, or named with PR_SET_PTRACER: name the server (one
+    process at a time: the last same-host server found). Nothing to do as root, or without
+    Yama, or when it forbids ptrace altogether (the server's copies then fail and TCP is used)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        return
+    if scope != "1" or os.geteuid() == 0:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+_GetBuffer = ctypes.pythonapi.PyObject_GetBuffer
+_GetBuffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_GetBuffer.restype = ctypes.c_int
+_ReleaseBuffer = ctypes.pythonapi.PyBuffer_Release
+_ReleaseBuffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+_ReleaseBuffer.restype = None
+_PyBUF_SIMPLE = 0
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a contiguous byte memoryview's first byte (the caller keeps ``view``,
+    and so the memory, alive while the address is used)."""
+    b = _PyBuffer()
+    if _GetBuffer(view, ctypes.byref(b), _PyBUF_SIMPLE) != 0:
+        raise ValueError("not a contiguous buffer")
+    try:
+        return int(b.buf or 0)
+    finally:
+        _ReleaseBuffer(ctypes.byref(b))
+
+
+def iov_header(views: Sequence[memoryview]) -> str:
+    """``X-Mmc-Iov`` for ``views``, in order: hexadecimal address, decimal length."""
+    return ",".join("%x:%d" % (address_of(v), len(v)) for v in views if len(v))

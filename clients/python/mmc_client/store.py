@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from . import _localconf, errors
 from ._gva import GvaMixin
-from ._http import BodyReader, Client, Connection, TransportError
+from ._http import BodyReader, Client, Connection, TransportError, iov_header
 
 log = logging.getLogger("mmc_client")
 
@@ -53,6 +53,8 @@ _MAX_QUERY_BYTES = 7000
 # batch_put's body is buffered by the server (ock.mmc.http.max_body_bytes, 64 MB by default).
 _MAX_BATCH_BODY = 16 * 1024 * 1024
 _MISSING = 0xFFFFFFFFFFFFFFFF
+# Same host: the single requests of a batch sent back to back on one connection at a time.
+_PIPELINE = 64
 # A get_into body of the wrong size up to this many bytes is read and dropped (the connection
 # stays pooled); a larger one closes the connection instead of crossing the network for nothing.
 _SKIP_LIMIT = 1024 * 1024
@@ -386,6 +388,17 @@ class KeyInfo:
                    [b.get("leaseTimeoutTtlMs", 0) for b in blobs])
 
 
+def _local_iov(parts: Parts) -> Optional[str]:
+    """The ``X-Mmc-Iov`` of an object's buffers, for a same-host server (None: nothing to
+    copy, the bytes go on the socket)."""
+    if not sum(len(v) for v in parts):
+        return None
+    try:
+        return iov_header(parts)
+    except ValueError:
+        return None
+
+
 def _skip_or_close(conn: Connection, length: int) -> Optional[int]:
     if length <= _SKIP_LIMIT:
         conn.skip(length)
@@ -407,6 +420,13 @@ class _IntoReader(BodyReader):
     def read(self, conn: Connection, status: int, headers: Dict[str, str],
              length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
+        delivered = headers.get("x-mmc-delivered")
+        if status == 200 and octets and delivered is not None and length == 0:
+            # Same host: the server copied the object into the buffers itself (only when it
+            # is exactly their size).
+            self.length = int(delivered)
+            self.code = errors.MMC_OK if self.length == self.total else errors.MMC_ERROR
+            return self.length
         if status != 200 or not octets or length is None:
             return super().read(conn, status, headers, length)
         self.length = length
@@ -589,6 +609,70 @@ class DistributedObjectStore(GvaMixin):
             raise _Fail(errors.MMC_CLIENT_NOT_INIT)
         return c
 
+    def _pipelined(self, method: str, idxs: Sequence[int], keys: List[str],
+                   values: Sequence[Optional[Parts]], codes: List[int],
+                   replicateConfig: Optional[ReplicateConfig]) -> None:
+        """Same host: a batch as single puts or gets (``method``) of each key, sent
+        ``_PIPELINE`` at a time back to back on one same-host connection; a key whose answer
+        is not final there (none, a redirect to a local service, a refusal) goes alone."""
+        extra = (replicateConfig or ReplicateConfig()).query() if method == "PUT" else ""
+        alone: List[int] = []
+        for lo in range(0, len(idxs), _PIPELINE):
+            part, reqs, readers = [], [], []
+            for i in idxs[lo:lo + _PIPELINE]:
+                parts = cast(Parts, values[i])
+                iov = _local_iov(parts)
+                if iov is None:
+                    alone.append(i)
+                    continue
+                reader = _IntoReader(parts) if method == "GET" else BodyReader()
+                part.append(i)
+                readers.append(reader)
+                reqs.append((method, "/api/v1/objects?key=" + _check_key(keys[i]) + extra,
+                             iov, reader))
+            answers = self._c().pipeline(reqs)
+            for i, reader, resp in zip(part, readers, answers):
+                try:
+                    if resp is not None and resp.status in (307, 308):
+                        # The meta allocated (or leased) for this request: on to the local
+                        # service it names, under its grant, as a single request does.
+                        parts = cast(Parts, values[i])
+                        reader = _IntoReader(parts) if method == "GET" else BodyReader()
+                        resp = self._c().follow(resp, method, parts if method == "PUT" else (),
+                                                reader, _local_iov(parts))
+                    if resp is None or resp.status in (429, 503) or (
+                            resp.status in (400, 403)
+                            and b"same-host" in bytes(resp.body or b"")):
+                        alone.append(i)
+                        continue
+                    if method == "GET":
+                        if isinstance(resp.body, bytes):
+                            _json(resp)
+                            codes[i] = errors.MMC_ERROR
+                        else:
+                            codes[i] = cast(_IntoReader, reader).code
+                    else:
+                        _json(resp)
+                        codes[i] = errors.MMC_OK
+                except _Fail as f:
+                    codes[i] = self._put_code(f.code) if method == "PUT" else f.code
+                except TransportError as e:
+                    codes[i] = e.code
+        for i in alone:
+            try:
+                parts = cast(Parts, values[i])
+                codes[i] = self._get_parts(keys[i], parts) if method == "GET" \
+                    else self._put_parts(keys[i], parts, replicateConfig)
+            except (_Fail, TransportError) as f:
+                codes[i] = f.code
+
+    def _same_host_now(self) -> bool:
+        """Whether the meta service this client talks to now is reached on this host through
+        its same-host socket (docs/same-host.md)."""
+        c = self._c()
+        host, port = c.endpoints[c.current]
+        return c.local_path(host, port) is not None
+
     def _put_code(self, code: int) -> int:
         cfg = self._config
         if code == errors.MMC_DUPLICATED_OBJECT and not (cfg and cfg.duplicate_put_is_error):
@@ -601,7 +685,8 @@ class DistributedObjectStore(GvaMixin):
                    replicateConfig: Optional[ReplicateConfig]) -> int:
         q = _check_key(key)
         extra = (replicateConfig or ReplicateConfig()).query()
-        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts))
+        resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts),
+                                 local=_local_iov(parts))
         try:
             _json(resp)
         except _Fail as f:
@@ -680,6 +765,11 @@ class DistributedObjectStore(GvaMixin):
                          values: Sequence[Optional[Parts]], extra: str, codes: List[int],
                          keys: List[str], replicateConfig: Optional[ReplicateConfig]) -> None:
         parts_of = [cast(Parts, values[i]) for i in group]
+        if self._same_host_now():
+            # Same host: each object is copied by the server straight from its buffers (one
+            # request per key on the same-host socket, instead of one body of them all).
+            self._pipelined("PUT", group, keys, values, codes, replicateConfig)
+            return
         if self._batch_put_remote:
             # The meta service holds none of the bytes (a pure meta): one put per key, each
             # redirected to its local service.
@@ -782,7 +872,8 @@ class DistributedObjectStore(GvaMixin):
 
     def _get_parts(self, key: str, parts: Parts) -> int:
         reader = _IntoReader(parts)
-        resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader)
+        resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader,
+                                 local=_local_iov(parts))
         if isinstance(resp.body, bytes):
             _json(resp)
             return errors.MMC_ERROR
@@ -810,9 +901,8 @@ class DistributedObjectStore(GvaMixin):
     def _batch_json(self, method: str, path: str, keys: Sequence[str],
                     reader: Optional[BodyReader] = None) -> Any:
         body = json.dumps({"keys": list(keys)}).encode()
-        kwargs = {"reader": reader} if reader is not None else {}
         return self._c().request(method, path, [body], {"Content-Type": "application/json"},
-                                 **kwargs)
+                                 reader if reader is not None else BodyReader())
 
     @_guard(lambda code, args: [b""] * len(args[0]) if args else [])
     def get_batch(self, keys: Sequence[str]) -> List[bytes]:
@@ -835,6 +925,10 @@ class DistributedObjectStore(GvaMixin):
         """batch_get into each key's buffers; keys whose code is already set are skipped."""
         valid = [i for i in _per_key(keys, codes) if values[i] is not None
                  and codes[i] == errors.MMC_ERROR]
+        if valid and self._same_host_now():
+            # Same host: each object is copied by the server straight into its buffers.
+            self._pipelined("GET", valid, keys, values, codes, None)
+            return codes
         for part in _chunks(valid):
             reader = _BatchIntoReader([cast(Parts, values[i]) for i in part])
             try:

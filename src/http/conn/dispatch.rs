@@ -9,12 +9,15 @@ use std::os::fd::RawFd;
 
 use super::body_io::write_tail;
 use super::framing::{Early, Verdict};
+use super::same_host;
 use super::{Io, send_with_body};
 use crate::http::Front;
 use crate::http::chunked::TOO_LARGE;
 use crate::http::handlers::{self, Ctx, Request};
-use crate::http::parse::{Head, ProtocolError};
+use crate::http::parse::{Head, Method, ProtocolError};
 use crate::http::response::{self, Body, Response, SCRATCH_IN_PLACE_BYTES, Status, Tail};
+use crate::http::router::Route;
+use crate::http::same_host::LocalPeer;
 use crate::http::spans::RequestSpan;
 
 /// Answers one framed request: dispatches it through auth, router and handler (`verdict` is
@@ -28,6 +31,7 @@ pub(super) async fn answer<S: Io>(
     front: &Front,
     stream: &mut S,
     direct: Option<RawFd>,
+    peer: Option<&LocalPeer>,
     head: &Head<'_>,
     verdict: Verdict,
     req_bytes: &[u8],
@@ -50,7 +54,17 @@ pub(super) async fn answer<S: Io>(
         scratch,
         trace,
     };
+    // The same-host path: a peer of the Unix socket naming its memory (`X-Mmc-Iov`).
+    let same_host = match (peer, head.same_host_iov, &verdict) {
+        (Some(peer), Some(text), Verdict::Dispatch(Route::Objects)) => {
+            Some((peer, crate::http::same_host::parse_iov(text)))
+        }
+        _ => None,
+    };
     let mut resp = match (early, verdict) {
+        (None, Verdict::Dispatch(_)) if matches!(same_host, Some((_, None))) => {
+            ctx.protocol_error(Status::BAD_REQUEST, "Bad request: malformed X-Mmc-Iov")
+        }
         (None, Verdict::Dispatch(route)) => {
             let req = Request {
                 head,
@@ -67,11 +81,24 @@ pub(super) async fn answer<S: Io>(
             match working {
                 // Too much work already waits on this shard: shed at once.
                 None => ctx.overloaded(),
-                Some(_working) => handlers::handle(&req, &mut ctx).await,
+                Some(_working) => match same_host {
+                    Some((peer, Some(iov))) if head.method == Method::Put => {
+                        same_host::put(peer, &req, &mut ctx, &iov).await
+                    }
+                    Some((peer, Some(iov))) if head.method == Method::Get => {
+                        let mut resp = handlers::handle(&req, &mut ctx).await;
+                        same_host::deliver(peer, &iov, &mut ctx, &mut resp);
+                        resp
+                    }
+                    _ => handlers::handle(&req, &mut ctx).await,
+                },
             }
         }
         (early, verdict) => refusal(front, head, early, verdict, &mut ctx),
     };
+    if routed == Some(Route::Health) {
+        resp.same_host = response::SameHost::Advert;
+    }
     if early.is_some() || !head.keep_alive || front.is_draining() {
         resp.close = true;
     }

@@ -10,6 +10,7 @@
 mod body_io;
 mod dispatch;
 mod framing;
+mod same_host;
 
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -20,6 +21,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::handlers::Ctx;
 use super::parse::{Parsed, parse_head};
+use super::same_host::LocalPeer;
 use super::{ConnGuard, ConnState, Front};
 use crate::limits::{
     LINGER_DISCARD_BYTES, LINGER_MS, READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES,
@@ -38,6 +40,8 @@ impl<T: AsyncReadRent + AsyncWriteRent> Io for T {}
 struct Bufs {
     /// The plain socket under the stream (no TLS), which answers may be written to directly.
     direct: Option<RawFd>,
+    /// The process at the other end of a same-host (Unix socket) connection.
+    peer: Option<LocalPeer>,
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
     scratch: Vec<u8>,
@@ -50,12 +54,20 @@ struct Bufs {
 
 /// Serves one connection. `fd` is the socket under `stream` (the housekeeping tick shuts it
 /// down to end idle or stalled connections); `plain` when `stream` is the socket itself (no
-/// TLS), so answers may be written to `fd` directly.
-pub async fn run<S: Io>(front: Rc<Front>, mut stream: S, fd: RawFd, plain: bool) {
+/// TLS), so answers may be written to `fd` directly. `peer`: the client process of a
+/// same-host connection (`http::same_host`), whose memory its requests may name.
+pub async fn run<S: Io>(
+    front: Rc<Front>,
+    mut stream: S,
+    fd: RawFd,
+    plain: bool,
+    peer: Option<LocalPeer>,
+) {
     let direct = plain.then_some(fd);
     let conn = front.register(fd);
     let mut b = Bufs {
         direct,
+        peer,
         rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
         wbuf: Vec::with_capacity(4096),
         scratch: Vec::new(),
@@ -192,6 +204,7 @@ async fn answer_buffered<S: Io>(
             front,
             stream,
             b.direct,
+            b.peer.as_ref(),
             &head,
             verdict,
             req,

@@ -120,6 +120,16 @@ impl Backend {
         }
     }
 
+    /// The host mapping of host memory, or of device memory that has one (an emulated
+    /// device, `DeviceMemory::host_region`): where the same-host data path copies directly.
+    pub fn addressable(&self) -> Option<&MappedRegion> {
+        match self {
+            Backend::Host(r) => Some(r),
+            Backend::Device(d) => d.host_region(),
+            _ => None,
+        }
+    }
+
     /// The local service holding a remote rank's bytes.
     pub fn remote(&self) -> Option<&RemoteRank> {
         match self {

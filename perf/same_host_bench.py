@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""The same-host data path against TCP and memmove (docs/same-host.md, issue 30).
+
+Starts mmc-server in its default configuration (but the port), and for each object size and
+thread count measures, in the same run and in turn:
+  memmove   -- ctypes.memmove of the same size between two NumPy buffers (the ceiling)
+  put_from  -- fresh keys from a NumPy buffer, over the same-host socket, then over TCP
+  get_into  -- stored keys into a NumPy buffer, over the same-host socket, then over TCP
+Each figure is the median of --rounds rounds of --seconds each (the transports alternate
+round by round, so a load that comes and goes hits both alike); every get's bytes are
+checked at the end of its round. Prints a Markdown table: GB/s (object bytes, all threads
+together) and the ratios the issue asks for.
+
+    python3 perf/same_host_bench.py [--server target/release/mmc-server] [--seconds 1]
+                                    [--rounds 3] [--sizes 64KiB,1MiB,16MiB] [--threads 1,4]
+
+Needs numpy; imports mmc_client from clients/python of this checkout. Use a release server.
+"""
+
+import argparse
+import ctypes
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+from mmc_client import DistributedObjectStore, LocalConfig  # noqa: E402
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+)\s*(KiB|MiB|GiB|K|M|G|B)?", s.strip())
+    if not m:
+        raise argparse.ArgumentTypeError("bad size %r" % s)
+    mult = {"K": 1024, "KiB": 1024, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30}
+    return int(m.group(1)) * mult.get(m.group(2) or "B", 1)
+
+
+def label(size):
+    return "%d KiB" % (size >> 10) if size < (1 << 20) else "%d MiB" % (size >> 20)
+
+
+def start_server(binary):
+    proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    addr = []
+    ready = threading.Event()
+
+    def reader():
+        for line in proc.stderr:
+            m = re.search(r"listening on http://(\S+)", line)
+            if m and not addr:
+                addr.append(m.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    if not ready.wait(30) or not addr:
+        proc.kill()
+        sys.exit("server did not start")
+    return proc, addr[0]
+
+
+def make_store(url, tcp):
+    """A store over the same-host socket, or forced to TCP (MMC_TRANSPORT is read at init)."""
+    saved = os.environ.pop("MMC_TRANSPORT", None)
+    if tcp:
+        os.environ["MMC_TRANSPORT"] = "tcp"
+    try:
+        cfg = LocalConfig()
+        cfg.meta_service_url = url
+        s = DistributedObjectStore()
+        s.setup(cfg)
+        if s.init(0) != 0:
+            sys.exit("cannot reach " + url)
+    finally:
+        os.environ.pop("MMC_TRANSPORT", None)
+        if saved is not None:
+            os.environ["MMC_TRANSPORT"] = saved
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    assert (s._client.local_path(host, int(port)) is None) == tcp, "transport not as asked"
+    return s
+
+
+def timed(threads, seconds, work):
+    """Runs work(t, stop) on `threads` threads for `seconds`; each returns (bytes it moved,
+    seconds it spent moving them). The rate is the sum of the threads' own rates."""
+    done = [(0, 1.0)] * threads
+    stop = threading.Event()
+    go = threading.Barrier(threads + 1)
+
+    def body(t):
+        go.wait()
+        done[t] = work(t, stop)
+
+    ts = [threading.Thread(target=body, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    go.wait()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    return sum(b / s for b, s in done if s > 0) / 1e9
+
+
+class Case:
+    """One size and thread count: each thread's buffers and keys."""
+
+    def __init__(self, size, threads, window):
+        self.size, self.threads = size, threads
+        self.src = [np.random.default_rng(size * 7 + t).integers(0, 256, size, dtype=np.uint8)
+                    for t in range(threads)]
+        self.dst = [np.zeros(size, dtype=np.uint8) for _ in range(threads)]
+        # Puts go in batches of this many keys per thread, removed (untimed) before the next
+        # batch: the live set stays within the runs a shard keeps committed, as in a cache in
+        # its steady state, instead of faulting fresh pages in (~10 us each on a VM).
+        self.batch = max(1, window // (size * threads))
+        self.round = 0
+
+    def memmove(self, t, stop):
+        n, d, s = 0, self.dst[t].ctypes.data, self.src[t].ctypes.data
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            for _ in range(8):
+                ctypes.memmove(d, s, self.size)
+            n += 8
+        return n * self.size, time.perf_counter() - t0
+
+    def puts(self, store):
+        self.round += 1
+        tag = self.round
+
+        def work(t, stop):
+            moved, busy, n, ptr = 0, 0.0, 0, self.src[t].ctypes.data
+            while not stop.is_set():
+                keys = ["sh/%d/%d/%d" % (tag, t, n + i) for i in range(self.batch)]
+                n += self.batch
+                t0 = time.perf_counter()
+                for k in keys:
+                    assert store.put_from(k, ptr, self.size) == 0
+                busy += time.perf_counter() - t0
+                moved += self.batch * self.size
+                assert store.remove_batch(keys) == [0] * len(keys)
+            return moved, busy
+        return work
+
+    def gets(self, store, tag):
+        def work(t, stop):
+            n, ptr = 0, self.dst[t].ctypes.data
+            t0 = time.perf_counter()
+            while not stop.is_set():
+                self.dst[t][:1] = 0
+                assert store.get_into("sh/%d/%d/%d" % (tag, t, n % 4), ptr, self.size) == 0
+                n += 1
+            busy = time.perf_counter() - t0
+            assert np.array_equal(self.src[t], self.dst[t]), "bytes differ"
+            return n * self.size, busy
+        return work
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_bin = os.path.join(ROOT, "target", "release", "mmc-server")
+    ap.add_argument("--server", default=os.environ.get("MMC_SERVER", default_bin))
+    ap.add_argument("--url", help="use a running server (on this host) instead of starting one")
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="64KiB,256KiB,1MiB,4MiB,16MiB")
+    ap.add_argument("--threads", default="1,4")
+    ap.add_argument("--window", type=parse_size, default=64 << 20,
+                    help="bytes put (all threads) before they are removed (default 64MiB)")
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    counts = [int(t) for t in args.threads.split(",")]
+
+    proc = None
+    if args.url:
+        url = args.url
+    else:
+        if not os.path.exists(args.server):
+            sys.exit("no server binary at %s (cargo build --release, or --server PATH)"
+                     % args.server)
+        proc, addr = start_server(args.server)
+        url = "http://" + addr
+    stores = {"same-host": make_store(url, False), "tcp": make_store(url, True)}
+    rows = []
+    try:
+        # Warm-up, not timed: the pages of the runs the shards keep touched once, then emptied.
+        warm = np.zeros(16 << 20, dtype=np.uint8)
+        for i in range(2 * args.window // warm.nbytes):
+            stores["tcp"].put_from("warm/%d" % i, warm.ctypes.data, warm.nbytes)
+        stores["tcp"].remove_all()
+        for size in sizes:
+            for threads in counts:
+                case = Case(size, threads, args.window)
+                got = {k: [] for k in ("memmove", "put same-host", "put tcp", "get same-host",
+                                       "get tcp")}
+                for _ in range(args.rounds):
+                    got["memmove"].append(timed(threads, args.seconds, case.memmove))
+                    for name, store in stores.items():
+                        got["put " + name].append(timed(threads, args.seconds, case.puts(store)))
+                        tag = case.round
+                        for t in range(threads):  # the keys the gets read, whatever the puts did
+                            for n in range(4):
+                                store.put_from("sh/%d/%d/%d" % (tag, t, n),
+                                               case.src[t].ctypes.data, size)
+                        got["get " + name].append(timed(threads, args.seconds,
+                                                        case.gets(store, tag)))
+                        store.remove_all()
+                rows.append((size, threads, {k: statistics.median(v) for k, v in got.items()}))
+                r = rows[-1][2]
+                print("# %s x%d: %s" % (label(size), threads,
+                                        ", ".join("%s %.2f" % kv for kv in r.items())),
+                      file=sys.stderr, flush=True)
+    finally:
+        for s in stores.values():
+            s.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(15)
+
+    print("| size | threads | memmove GB/s | put same-host | put TCP | get same-host | get TCP "
+          "| put ×TCP | get ×TCP | put ×memmove | get ×memmove |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size, threads, r in rows:
+        m = r["memmove"]
+        print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f |" % (
+            label(size), threads, m, r["put same-host"], r["put tcp"], r["get same-host"],
+            r["get tcp"], r["put same-host"] / r["put tcp"], r["get same-host"] / r["get tcp"],
+            r["put same-host"] / m, r["get same-host"] / m))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+//! A connection's side of the same-host data path (`http::same_host`): a put whose bytes the
+//! server reads from the client's memory into the granted blobs, and a get's blobs written
+//! into the client's memory while the answer (and so its lease and pins) is held. Everything
+//! else about the request (routing, auth, grants, leases, commit) is the TCP path's.
+
+use super::body_io::staging;
+use crate::http::handlers::{self, Ctx, Filled, Request};
+use crate::http::response::{Body, Part, Response, SameHost, Status};
+use crate::http::same_host::{LocalPeer, sub_iov, total};
+use crate::limits::STAGING_BYTES;
+use crate::shards::WriteGrant;
+
+/// `PUT /api/v1/objects` with `X-Mmc-Iov`: the object is the bytes at `iov` in the peer's
+/// memory (the request carries no body). Through `put_streamed`, as a streamed TCP body: the
+/// owner allocates, the bytes are copied into the grant's blobs, the commit makes them
+/// readable. A copy that fails (the client exited, an address is not its) aborts the
+/// allocation: nothing of it is ever readable.
+pub(super) async fn put(
+    peer: &LocalPeer,
+    req: &Request<'_>,
+    ctx: &mut Ctx<'_>,
+    iov: &[libc::iovec],
+) -> Response {
+    let size = total(iov).unwrap_or(u64::MAX);
+    if !req.body.is_empty() {
+        return ctx.protocol_error(
+            Status::BAD_REQUEST,
+            "Bad request: a put with X-Mmc-Iov carries no body",
+        );
+    }
+    if size > ctx.shard.cluster.config.http.max_body_bytes {
+        let message = handlers::body_limit_message(
+            Some(req.route),
+            req.head.method,
+            &ctx.shard.cluster.config,
+        );
+        return ctx.protocol_error(Status::PAYLOAD_TOO_LARGE, &message);
+    }
+    let fill = async |grant: Option<&WriteGrant>| match grant {
+        // Refused before allocating: there is no body to consume.
+        None => Filled::Ok,
+        Some(grant) => fill_from_peer(peer, grant, iov, size as usize),
+    };
+    match handlers::put_streamed(req, ctx, size, fill).await {
+        Some(resp) => resp,
+        None => copy_failed(ctx),
+    }
+}
+
+/// The answer when the client's memory could not be read or written; the connection closes.
+fn copy_failed(ctx: &mut Ctx<'_>) -> Response {
+    let mut r = ctx.protocol_error(
+        Status::BAD_REQUEST,
+        "Bad request: the same-host copy failed (the client's memory named by X-Mmc-Iov could not be copied)",
+    );
+    r.close = true;
+    r
+}
+
+/// Copies the peer's bytes into every blob of `grant`: straight into the first blob that is
+/// host-addressable, then from there into the others; through a staging buffer when no blob
+/// is. `Broken` when the peer's memory could not be read (the grant is then dropped, which
+/// aborts the allocation).
+fn fill_from_peer(
+    peer: &LocalPeer,
+    grant: &WriteGrant,
+    iov: &[libc::iovec],
+    size: usize,
+) -> Filled {
+    if grant.is_revoked() {
+        // The key was removed meanwhile: the commit will say so.
+        return Filled::Ok;
+    }
+    let first = grant.blobs.iter().find_map(|b| {
+        let region = b.seg.backend.addressable()?;
+        region.check(b.offset, size).ok()?;
+        Some((region.ptr(b.offset), b))
+    });
+    match first {
+        Some((dst, from)) => {
+            // SAFETY: the blob is this grant's until it ends (the grant outlives the call),
+            // and within its region (checked).
+            if unsafe { peer.read(iov, dst, size) }.is_err() {
+                return Filled::Broken;
+            }
+            for b in grant.blobs.iter().filter(|b| !std::ptr::eq(*b, from)) {
+                // SAFETY: `dst` holds `size` bytes of this grant's first blob, written above
+                // and not written again; `b` is another blob of the grant.
+                let data = unsafe { std::slice::from_raw_parts(dst, size) };
+                if let Err(e) = unsafe { b.seg.backend.write(b.offset, data) } {
+                    return Filled::SegmentError(e);
+                }
+            }
+        }
+        None => {
+            let mut buf = staging::take();
+            let mut done = 0;
+            while done < size {
+                let n = STAGING_BYTES.min(size - done);
+                buf.resize(n, 0);
+                let part = sub_iov(iov, done, n);
+                // SAFETY: `buf` holds `n` bytes.
+                if unsafe { peer.read(&part, buf.as_mut_ptr(), n) }.is_err() {
+                    return Filled::Broken;
+                }
+                for b in &grant.blobs[..] {
+                    // SAFETY: the blob is this grant's until it ends.
+                    if let Err(e) = unsafe { b.seg.backend.write(b.offset + done as u64, &buf) } {
+                        return Filled::SegmentError(e);
+                    }
+                }
+                done += n;
+            }
+            staging::give(buf);
+        }
+    }
+    grant.wrote(size as u64);
+    Filled::Ok
+}
+
+/// A get's answer with `X-Mmc-Iov`: when it is the object's bytes (200, blobs and bytes) of
+/// exactly the length `iov` names, they are written into the peer's memory now, while `resp`
+/// still holds their lease and pins, and the answer becomes an empty body with
+/// `X-Mmc-Delivered: LENGTH`. Any other answer (an error, another length) goes out as usual,
+/// on the socket. The copy failing is the answer's failure.
+pub(super) fn deliver(
+    peer: &LocalPeer,
+    iov: &[libc::iovec],
+    ctx: &mut Ctx<'_>,
+    resp: &mut Response,
+) {
+    let Body::Parts(parts) = &resp.body else {
+        return;
+    };
+    let len: usize = parts.iter().map(Part::len).sum();
+    if resp.status != Status::OK || total(iov) != Some(len as u64) {
+        return;
+    }
+    let mut at = 0;
+    for part in parts {
+        let n = part.len();
+        let to = sub_iov(iov, at, n);
+        let ok = match part {
+            Part::Bytes(b) => {
+                // SAFETY: `b` is `n` readable bytes, shared and never written.
+                unsafe { peer.write(&to, b.as_ptr(), n) }.is_ok()
+            }
+            Part::Blob(p) => write_blob(peer, &to, p),
+        };
+        if !ok {
+            *resp = copy_failed(ctx);
+            return;
+        }
+        at += n;
+    }
+    // The pins and the lease's hold end here, after the copy; the answer says how much.
+    resp.body = Body::Omitted(len as u64);
+    resp.same_host = SameHost::Delivered;
+}
+
+/// A pinned blob's bytes into the peer's memory at `to`.
+fn write_blob(peer: &LocalPeer, to: &[libc::iovec], p: &crate::shards::PinnedBlob) -> bool {
+    let v = &p.view;
+    let len = v.len as usize;
+    if let Some(region) = v.seg.backend.addressable() {
+        if region.check(v.offset, len).is_err() {
+            return false;
+        }
+        // SAFETY: the blob is pinned (readable, never written) while `p` lives, which is
+        // for the whole call.
+        return unsafe { peer.write(to, region.ptr(v.offset), len) }.is_ok();
+    }
+    let mut buf = staging::take();
+    let mut done = 0;
+    while done < len {
+        let n = STAGING_BYTES.min(len - done);
+        buf.resize(n, 0);
+        // SAFETY: as above.
+        if unsafe { v.seg.backend.read(v.offset + done as u64, &mut buf) }.is_err()
+            || unsafe { peer.write(&sub_iov(to, done, n), buf.as_ptr(), n) }.is_err()
+        {
+            return false;
+        }
+        done += n;
+    }
+    staging::give(buf);
+    true
+}

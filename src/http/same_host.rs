@@ -1,0 +1,714 @@
+//! The same-host data path (docs/same-host.md): a Unix socket beside the TCP port, on which a
+//! client of this host running as the server's user sends the same HTTP requests with
+//! `X-Mmc-Iov: ADDR:LEN,…` (hexadecimal address, decimal length) naming its own memory
+//! instead of a body. The server copies a put's bytes from that memory into the granted blob
+//! (`process_vm_readv`) and a get's bytes from the leased blob into it (`process_vm_writev`):
+//! one copy, under the same grants and leases as the TCP path (`conn/same_host.rs`).
+//!
+//! Here: where the socket lives, binding it, the peer's identity checked at accept (its uid
+//! must be the server's; its pid, held by a pidfd, is the only process whose memory the
+//! server touches for that connection), parsing `X-Mmc-Iov`, and the copies themselves.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Entries of one `X-Mmc-Iov` (the kernel's `IOV_MAX`: one `process_vm_*` call takes them).
+pub const MAX_IOV: usize = 1024;
+
+/// Where the socket goes for `ock.mmc.http.same_host_socket` = `value` and the TCP `port`:
+/// `None` when it is `off`. `auto`: `$XDG_RUNTIME_DIR/mmc-server/PORT.sock`, else
+/// `/tmp/mmc-server-UID/PORT.sock`.
+pub fn socket_path(value: &str, port: u16) -> Option<PathBuf> {
+    match value {
+        "off" | "" => None,
+        "auto" => {
+            let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+                Some(d) => PathBuf::from(d).join("mmc-server"),
+                // SAFETY: geteuid has no preconditions.
+                None => PathBuf::from(format!("/tmp/mmc-server-{}", unsafe { libc::geteuid() })),
+            };
+            Some(dir.join(format!("{port}.sock")))
+        }
+        path => Some(PathBuf::from(path)),
+    }
+}
+
+/// Binds the socket at `path`: its directory is created (mode 0700) when missing and must
+/// belong to the server's user and be closed to others when `private_dir` (the `auto` path);
+/// a socket file left by an earlier process is replaced; the socket is mode 0600. Peers are
+/// checked at accept all the same ([`LocalPeer::of`]).
+pub fn bind(path: &Path, private_dir: bool) -> io::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        if private_dir {
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            let meta = std::fs::symlink_metadata(dir)?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+                return Err(io::Error::other(format!(
+                    "{} is not a directory of this user closed to others",
+                    dir.display()
+                )));
+            }
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::other(format!(
+                "{} exists and is not a socket",
+                path.display()
+            )));
+        }
+        // A socket nobody listens on any more (or a live server's: then the bind below takes
+        // its name, and that server's clients fall back to TCP once they reconnect).
+        std::fs::remove_file(path)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// What `X-Mmc-Same-Host` says on `/health`: this process's id (so that a client can tell the
+/// socket it reaches belongs to the server it talks to over TCP) and the socket's path.
+pub fn advert(boot_id: u32, path: &Path) -> Box<str> {
+    format!("{boot_id:08x}-{} {}", std::process::id(), path.display()).into()
+}
+
+impl super::Front {
+    /// Accepts same-host connections on `listener` (every shard accepts on the one socket)
+    /// until the drain begins. `advert` is what `/health` says of it. A peer of another user
+    /// is answered 403 and closed: its requests go over TCP.
+    pub async fn serve_same_host(
+        self: std::rc::Rc<Self>,
+        listener: monoio::net::UnixListener,
+        advert: Box<str>,
+    ) {
+        let _ = self.same_host_advert.set(advert);
+        let handle = self.accept_canceller.borrow().handle();
+        let max_conns = self.config().http.max_connections_per_shard as usize;
+        loop {
+            match listener.cancelable_accept(handle.clone()).await {
+                Ok((stream, _)) => {
+                    let stats = self.shard.stats();
+                    stats.connections_accepted.inc();
+                    let fd = stream.as_raw_fd();
+                    let peer = match LocalPeer::of(fd) {
+                        Ok(p) if self.connection_count() < max_conns => p,
+                        Ok(_) => {
+                            stats.connections_rejected.inc();
+                            monoio::spawn(refuse(self.clone(), stream, "Too many connections"));
+                            continue;
+                        }
+                        Err(why) => {
+                            log::debug!("shard {}: same-host peer refused: {why:?}", self.shard.id);
+                            monoio::spawn(refuse(
+                                self.clone(),
+                                stream,
+                                "Forbidden: the same-host socket serves processes of the server's user only; use TCP",
+                            ));
+                            continue;
+                        }
+                    };
+                    monoio::spawn(super::conn::run(self.clone(), stream, fd, true, Some(peer)));
+                }
+                Err(_) if self.draining.get() => return,
+                Err(e) => {
+                    log::warn!("shard {}: same-host accept failed: {e}", self.shard.id);
+                    monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Answers a refused same-host connection (403, or 429 when over the connection limit) and
+/// closes it.
+async fn refuse(front: std::rc::Rc<super::Front>, mut stream: monoio::net::UnixStream, why: &str) {
+    use monoio::io::AsyncWriteRentExt;
+    let status = if why.starts_with("Forbidden") {
+        super::response::Status::FORBIDDEN
+    } else {
+        super::response::Status::TOO_MANY_REQUESTS
+    };
+    let mut scratch = Vec::new();
+    let mut resp = super::Response::error(status, why, front.unix_secs(), &mut scratch);
+    resp.close = true;
+    let mut out = Vec::with_capacity(256);
+    front.encode(resp, None, &scratch, &mut out);
+    let _ = stream.write_all(out).await;
+}
+
+/// Why a peer is refused the same-host path.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Another user's process.
+    OtherUser,
+    /// Its credentials could not be read.
+    Unknown(io::Error),
+}
+
+/// The process at the other end of an accepted connection, as the kernel saw it at
+/// `connect` (`SO_PEERCRED`), held by a pidfd so that its exit is seen before any copy.
+#[derive(Debug)]
+pub struct LocalPeer {
+    pub pid: libc::pid_t,
+    pidfd: OwnedFd,
+}
+
+impl LocalPeer {
+    /// The peer of the connected socket `fd`, if it may use the same-host path: a process of
+    /// the server's own (effective) user.
+    pub fn of(fd: RawFd) -> Result<LocalPeer, Refusal> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` is a ucred and `len` its size.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(Refusal::Unknown(io::Error::last_os_error()));
+        }
+        // SAFETY: geteuid has no preconditions.
+        if cred.uid != unsafe { libc::geteuid() } {
+            return Err(Refusal::OtherUser);
+        }
+        if cred.pid <= 0 {
+            return Err(Refusal::Unknown(io::Error::other("no peer pid")));
+        }
+        let pidfd = peer_pidfd(fd, cred.pid).map_err(Refusal::Unknown)?;
+        Ok(LocalPeer {
+            pid: cred.pid,
+            pidfd,
+        })
+    }
+
+    /// The peer for a test: this process.
+    #[cfg(test)]
+    pub fn this_process() -> LocalPeer {
+        let pid = std::process::id() as libc::pid_t;
+        LocalPeer {
+            pid,
+            pidfd: pidfd_open(pid).expect("pidfd_open"),
+        }
+    }
+
+    /// Whether the process is still running: once it has exited, its pid may name another
+    /// process, so nothing is copied.
+    fn alive(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r == 0
+    }
+
+    /// Copies the peer's memory at `remote` into `local` (`len` bytes, the sum of `remote`'s
+    /// lengths): the whole of it, or an error (the peer exited, an address is not its).
+    ///
+    /// # Safety
+    /// `local` is valid for writes of `len` bytes, and nothing else reads or writes it during
+    /// the call.
+    pub unsafe fn read(
+        &self,
+        remote: &[libc::iovec],
+        local: *mut u8,
+        len: usize,
+    ) -> io::Result<()> {
+        self.copy(remote, local, len, false)
+    }
+
+    /// Copies `len` bytes at `local` into the peer's memory at `remote`.
+    ///
+    /// # Safety
+    /// `local` is valid for reads of `len` bytes and not written during the call.
+    pub unsafe fn write(
+        &self,
+        remote: &[libc::iovec],
+        local: *const u8,
+        len: usize,
+    ) -> io::Result<()> {
+        self.copy(remote, local.cast_mut(), len, true)
+    }
+
+    fn copy(
+        &self,
+        remote: &[libc::iovec],
+        local: *mut u8,
+        len: usize,
+        out: bool,
+    ) -> io::Result<()> {
+        if total(remote) != Some(len as u64) || remote.len() > MAX_IOV {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        if !self.alive() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        if len < SPLIT_MIN_BYTES {
+            // SAFETY: forwarded contract.
+            return unsafe { vm_copy(self.pid, remote, local, len, out) };
+        }
+        // A large copy in two halves at once: the first on this shard's copy helper, the
+        // second here (one core copies at about half of memmove's speed through the kernel;
+        // the client's thread waits meanwhile, so another core is usually free).
+        let half = len / 2;
+        let job = Job {
+            pid: self.pid,
+            remote: sub_iov(remote, 0, half),
+            local: local as usize,
+            len: half,
+            out,
+            done: std::sync::Arc::new(Done {
+                state: std::sync::atomic::AtomicU8::new(QUEUED),
+                waiter: std::thread::current(),
+            }),
+        };
+        let done = job.done.clone();
+        let handed = HELPER.with(|h| h.send(job));
+        // SAFETY: forwarded contract, for the second half.
+        let mine = unsafe {
+            vm_copy(
+                self.pid,
+                &sub_iov(remote, half, len - half),
+                local.add(half),
+                len - half,
+                out,
+            )
+        };
+        let theirs = match handed {
+            // The helper is gone (it cannot be, but for a failed spawn): this thread copies
+            // the first half too.
+            // SAFETY: forwarded contract, for the first half.
+            Err(job) => unsafe { vm_copy(job.pid, &job.remote, local, half, out) },
+            // Not started yet (on a busy machine the helper may wait for a core): this thread
+            // takes its half back rather than wait for it.
+            // SAFETY: forwarded contract, for the first half.
+            Ok(()) if done.take_back() => unsafe {
+                vm_copy(self.pid, &sub_iov(remote, 0, half), local, half, out)
+            },
+            // Whatever happened here, the helper's half is waited for: it writes into memory
+            // the caller owns only until this call returns.
+            Ok(()) => done.wait(),
+        };
+        mine.and(theirs)
+    }
+}
+
+/// Copies at least this many bytes in two halves on two threads (below it, the hand-over
+/// costs more than it saves).
+const SPLIT_MIN_BYTES: usize = 256 * 1024;
+
+/// One `process_vm_readv` (`out`: `process_vm_writev`) of `len` bytes between `local` and the
+/// peer `pid`'s `remote`: all of them or an error.
+///
+/// # Safety
+/// As [`LocalPeer::read`] and [`LocalPeer::write`].
+unsafe fn vm_copy(
+    pid: libc::pid_t,
+    remote: &[libc::iovec],
+    local: *mut u8,
+    len: usize,
+    out: bool,
+) -> io::Result<()> {
+    let l = libc::iovec {
+        iov_base: local.cast(),
+        iov_len: len,
+    };
+    // SAFETY: `l` is valid per the caller's contract; `remote` names the peer's memory, which
+    // the kernel checks (a bad address fails the call, or shortens it).
+    let n = unsafe {
+        if out {
+            libc::process_vm_writev(pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
+        } else {
+            libc::process_vm_readv(pid, &l, 1, remote.as_ptr(), remote.len() as _, 0)
+        }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != len {
+        // Part of the range was not the peer's memory (or it exited meanwhile).
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
+/// Half of a large copy, for a shard's copy helper.
+struct Job {
+    pid: libc::pid_t,
+    remote: Vec<libc::iovec>,
+    /// The local address (as an integer: the job crosses threads; the shard waits for it).
+    local: usize,
+    len: usize,
+    out: bool,
+    done: std::sync::Arc<Done>,
+}
+
+// SAFETY: the iovecs name the peer's memory (only the kernel reads them) and `local` is an
+// address the sending shard keeps valid until `done` says the job is over.
+unsafe impl Send for Job {}
+
+/// A job's states: handed over, started by the helper (or taken back by the shard: the
+/// helper then skips it), finished.
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const OK: u8 = 2;
+const FAILED: u8 = 3;
+
+/// A job's end, and the shard thread waiting for it.
+struct Done {
+    state: std::sync::atomic::AtomicU8,
+    waiter: std::thread::Thread,
+}
+
+impl Done {
+    /// The helper starts the job; false when the shard took it back.
+    fn start(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.state
+            .compare_exchange(
+                QUEUED,
+                STARTED,
+                AcqRel,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The shard takes the job back; false when the helper started it.
+    fn take_back(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.state
+            .compare_exchange(QUEUED, OK, AcqRel, std::sync::atomic::Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn finish(&self, ok: bool) {
+        use std::sync::atomic::Ordering::Release;
+        self.state.store(if ok { OK } else { FAILED }, Release);
+        self.waiter.unpark();
+    }
+
+    fn wait(&self) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Acquire;
+        loop {
+            match self.state.load(Acquire) {
+                OK => return Ok(()),
+                FAILED => return Err(io::Error::from_raw_os_error(libc::EFAULT)),
+                _ => std::thread::park(),
+            }
+            // (A park may end without an unpark: the state is read again.)
+        }
+    }
+}
+
+/// A shard thread's copy helper: a thread that takes the first half of its large copies,
+/// started at its first one, ending with the shard thread (its channel closes).
+struct Helper {
+    tx: Option<std::sync::mpsc::Sender<Job>>,
+}
+
+impl Helper {
+    /// Hands `job` over; gives it back when there is no helper thread.
+    fn send(&self, job: Job) -> Result<(), Job> {
+        match &self.tx {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+
+    fn start() -> Helper {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let name = format!(
+            "mmc-copy-{}",
+            std::thread::current().name().unwrap_or("shard")
+        );
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                if !job.done.start() {
+                    continue;
+                }
+                // SAFETY: the sender keeps `local` valid for `len` bytes until `done`.
+                let r = unsafe {
+                    vm_copy(job.pid, &job.remote, job.local as *mut u8, job.len, job.out)
+                };
+                job.done.finish(r.is_ok());
+            }
+        });
+        Helper {
+            tx: spawned.ok().map(|_| tx),
+        }
+    }
+}
+
+thread_local! {
+    static HELPER: Helper = Helper::start();
+}
+
+/// The entries of `iov` that cover bytes `[from, from + len)` of what it names.
+pub fn sub_iov(iov: &[libc::iovec], from: usize, len: usize) -> Vec<libc::iovec> {
+    let mut out = Vec::new();
+    let (mut skip, mut left) = (from, len);
+    for e in iov {
+        if left == 0 {
+            break;
+        }
+        if skip >= e.iov_len {
+            skip -= e.iov_len;
+            continue;
+        }
+        let n = (e.iov_len - skip).min(left);
+        out.push(libc::iovec {
+            iov_base: (e.iov_base as usize + skip) as *mut libc::c_void,
+            iov_len: n,
+        });
+        skip = 0;
+        left -= n;
+    }
+    out
+}
+
+/// The sum of the entries' lengths (`None` on overflow).
+pub fn total(iov: &[libc::iovec]) -> Option<u64> {
+    iov.iter()
+        .try_fold(0u64, |t, e| t.checked_add(e.iov_len as u64))
+}
+
+/// `X-Mmc-Iov`: `ADDR:LEN` entries separated by commas, the address in hexadecimal (no `0x`),
+/// the length in decimal; at most [`MAX_IOV`] entries. `None` when it does not parse.
+pub fn parse_iov(v: &[u8]) -> Option<Vec<libc::iovec>> {
+    let text = std::str::from_utf8(v).ok()?.trim();
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    let mut out = Vec::new();
+    for item in text.split(',') {
+        if out.len() == MAX_IOV {
+            return None;
+        }
+        let (addr, len) = item.trim().split_once(':')?;
+        let addr = usize::from_str_radix(addr, 16).ok()?;
+        let len: usize = len.parse().ok()?;
+        if len > 0 && (addr == 0 || addr.checked_add(len).is_none()) {
+            return None;
+        }
+        out.push(libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        });
+    }
+    total(&out)?;
+    Some(out)
+}
+
+/// The peer's pidfd: `SO_PEERPIDFD` (Linux 6.5: the process that connected, whatever
+/// happened since), else `pidfd_open` of the pid `SO_PEERCRED` gave.
+fn peer_pidfd(fd: RawFd, pid: libc::pid_t) -> io::Result<OwnedFd> {
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int option into an int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && pidfd >= 0 {
+        // SAFETY: the kernel gave us this new descriptor.
+        return Ok(unsafe { OwnedFd::from_raw_fd(pidfd) });
+    }
+    pidfd_open(pid)
+}
+
+fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iov_headers_parse_within_their_bounds() {
+        let v = parse_iov(b"7f00aa000000:4096, 7f00bb000000:10").unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].iov_base as usize, 0x7f00_aa00_0000);
+        assert_eq!(v[1].iov_len, 10);
+        assert_eq!(total(&v), Some(4106));
+        assert!(parse_iov(b"").unwrap().is_empty());
+        for bad in [
+            &b"xyz:1"[..],
+            b"10",
+            b"0:5",
+            b"10:-1",
+            b"ffffffffffffffff:2",
+            b"10:5,",
+        ] {
+            assert!(
+                parse_iov(bad).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let many = vec!["1000:1"; MAX_IOV + 1].join(",");
+        assert!(parse_iov(many.as_bytes()).is_none());
+        let most = vec!["1000:1"; MAX_IOV].join(",");
+        assert_eq!(parse_iov(most.as_bytes()).unwrap().len(), MAX_IOV);
+    }
+
+    #[test]
+    fn copies_go_to_and_from_the_peer_and_fail_whole_on_a_bad_address() {
+        let peer = LocalPeer::this_process();
+        let src: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let remote = [
+            libc::iovec {
+                iov_base: src.as_ptr() as *mut _,
+                iov_len: 4000,
+            },
+            libc::iovec {
+                iov_base: src[4000..].as_ptr() as *mut _,
+                iov_len: 6000,
+            },
+        ];
+        let mut dst = vec![0u8; 10_000];
+        unsafe { peer.read(&remote, dst.as_mut_ptr(), dst.len()).unwrap() };
+        assert_eq!(dst, src);
+        let mut back = vec![0u8; 10_000];
+        let into = [libc::iovec {
+            iov_base: back.as_mut_ptr().cast(),
+            iov_len: back.len(),
+        }];
+        unsafe { peer.write(&into, dst.as_ptr(), dst.len()).unwrap() };
+        assert_eq!(back, src);
+        // A length that is not the entries' sum, and an address that is not mapped.
+        assert!(unsafe { peer.read(&remote, dst.as_mut_ptr(), 10) }.is_err());
+        let bad = [libc::iovec {
+            iov_base: 8 as *mut _,
+            iov_len: 100,
+        }];
+        assert!(unsafe { peer.read(&bad, dst.as_mut_ptr(), 100) }.is_err());
+    }
+
+    #[test]
+    fn large_copies_are_split_and_fail_whole() {
+        let peer = LocalPeer::this_process();
+        let len = 3 * SPLIT_MIN_BYTES + 12345;
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        // Three entries, of which the split falls inside the second.
+        let cut = [100_000, 400_000];
+        let remote = [
+            libc::iovec {
+                iov_base: src.as_ptr() as *mut _,
+                iov_len: cut[0],
+            },
+            libc::iovec {
+                iov_base: src[cut[0]..].as_ptr() as *mut _,
+                iov_len: cut[1],
+            },
+            libc::iovec {
+                iov_base: src[cut[0] + cut[1]..].as_ptr() as *mut _,
+                iov_len: len - cut[0] - cut[1],
+            },
+        ];
+        for _ in 0..3 {
+            let mut dst = vec![0u8; len];
+            unsafe { peer.read(&remote, dst.as_mut_ptr(), len).unwrap() };
+            assert!(dst == src);
+            let mut back = vec![0u8; len];
+            let into = [libc::iovec {
+                iov_base: back.as_mut_ptr().cast(),
+                iov_len: len,
+            }];
+            unsafe { peer.write(&into, dst.as_ptr(), len).unwrap() };
+            assert!(back == src);
+        }
+        // A bad address in either half fails the whole copy (and both halves are waited for).
+        for bad_at in [0, len - 8] {
+            let mut remote = remote.to_vec();
+            remote.push(libc::iovec {
+                iov_base: 8 as *mut _,
+                iov_len: 8,
+            });
+            if bad_at == 0 {
+                remote.rotate_right(1);
+            }
+            let mut dst = vec![0u8; len + 8];
+            assert!(unsafe { peer.read(&remote, dst.as_mut_ptr(), len + 8) }.is_err());
+        }
+    }
+
+    #[test]
+    fn a_range_of_an_iov_is_the_entries_that_cover_it() {
+        let iov = |entries: &[(usize, usize)]| -> Vec<libc::iovec> {
+            entries
+                .iter()
+                .map(|&(a, n)| libc::iovec {
+                    iov_base: a as *mut libc::c_void,
+                    iov_len: n,
+                })
+                .collect()
+        };
+        let pairs = |v: &[libc::iovec]| -> Vec<(usize, usize)> {
+            v.iter().map(|e| (e.iov_base as usize, e.iov_len)).collect()
+        };
+        let v = iov(&[(1000, 10), (5000, 20), (9000, 5)]);
+        assert_eq!(
+            pairs(&sub_iov(&v, 0, 35)),
+            [(1000, 10), (5000, 20), (9000, 5)]
+        );
+        assert_eq!(pairs(&sub_iov(&v, 5, 10)), [(1005, 5), (5000, 5)]);
+        assert_eq!(pairs(&sub_iov(&v, 10, 20)), [(5000, 20)]);
+        assert_eq!(pairs(&sub_iov(&v, 29, 6)), [(5019, 1), (9000, 5)]);
+        assert!(sub_iov(&v, 35, 0).is_empty());
+    }
+
+    #[test]
+    fn a_peer_of_this_user_is_accepted_with_its_pid() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer = LocalPeer::of(a.as_raw_fd()).unwrap();
+        assert_eq!(peer.pid, std::process::id() as libc::pid_t);
+        assert!(peer.alive());
+    }
+
+    #[test]
+    fn auto_paths_are_per_port_in_a_private_directory() {
+        assert!(socket_path("off", 8000).is_none());
+        assert_eq!(
+            socket_path("/run/x.sock", 8000).unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        let p = socket_path("auto", 8123).unwrap();
+        assert!(p.ends_with("8123.sock"), "{}", p.display());
+    }
+}

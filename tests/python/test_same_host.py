@@ -1,0 +1,428 @@
+"""The same-host data path (docs/same-host.md) through mmc_client: used by itself for a server
+on this host running as this user, bytes intact for every data-path call, TCP for a client of
+another user (which the server refuses) and with MMC_TRANSPORT=tcp; and each safety claim of
+the docs: a client names only its own memory, a failed copy stores nothing, a put is copied
+once, a read holds its lease while the server copies."""
+
+import ctypes
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import Server
+from mmc_client import DistributedObjectStore, LocalConfig
+from mmc_client import _http
+
+OK = 0
+INVALID = -3000
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server([])
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def make_store(url):
+    c = LocalConfig()
+    c.meta_service_url = url
+    s = DistributedObjectStore()
+    assert s.setup(c) == 0
+    assert s.init(0) == 0
+    return s
+
+
+@pytest.fixture
+def store(server, monkeypatch):
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    s = make_store("http://%s" % server.addr)
+    yield s
+    s.close()
+
+
+def socket_path(server):
+    conn = _http.Connection(server.host, server.port, 10)
+    try:
+        conn.send([b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"])
+        _, headers = conn.read_head()
+    finally:
+        conn.close()
+    return headers["x-mmc-same-host"].split(" ", 1)[1]
+
+
+def count_transports(monkeypatch):
+    """Counts the requests sent per transport (same-host socket or TCP)."""
+    seen = {"unix": 0, "tcp": 0, "pipelined": 0}
+    real, real_pipeline = _http.Client._on, _http.Client.pipeline
+
+    def on(self, conn, *args, **kwargs):
+        seen["unix" if conn.sock.family == socket.AF_UNIX else "tcp"] += 1
+        return real(self, conn, *args, **kwargs)
+
+    def pipeline(self, requests):
+        answers = real_pipeline(self, requests)
+        seen["pipelined"] += sum(a is not None for a in answers)
+        return answers
+
+    monkeypatch.setattr(_http.Client, "_on", on)
+    monkeypatch.setattr(_http.Client, "pipeline", pipeline)
+    return seen
+
+
+def data(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, store,
+                                                                     monkeypatch):
+    host, port = server.host, server.port
+    assert store._client.local_path(host, port) == socket_path(server)
+    seen = count_transports(monkeypatch)
+    for n in (1, 4096, 65536, 1 << 20, 5 << 20):
+        src, out = data(n, n), np.zeros(n, dtype=np.uint8)
+        assert store.put_from("sh/%d" % n, src.ctypes.data, n) == OK
+        assert store.get_into("sh/%d" % n, out.ctypes.data, n) == OK
+        assert np.array_equal(src, out), n
+        # TCP reads what the socket stored.
+        assert store.get("sh/%d" % n) == src.tobytes()
+    # Layers, both ways.
+    layers = [data(100_000, i) for i in range(3)]
+    assert store.put_from_layers("sh/layers", [a.ctypes.data for a in layers],
+                                 [a.nbytes for a in layers]) == OK
+    outs = [np.zeros(a.nbytes, dtype=np.uint8) for a in layers]
+    assert store.get_into_layers("sh/layers", [o.ctypes.data for o in outs],
+                                 [o.nbytes for o in outs]) == OK
+    assert all(np.array_equal(a, o) for a, o in zip(layers, outs))
+    # Batches, and their layer forms.
+    keys = ["sh/b%d" % i for i in range(6)]
+    vals = [data(300_000 + i, 100 + i) for i in range(6)]
+    assert store.batch_put_from(keys, [v.ctypes.data for v in vals],
+                                [v.nbytes for v in vals]) == [OK] * 6
+    outs = [np.zeros_like(v) for v in vals]
+    assert store.batch_get_into(keys + ["sh/missing"], [o.ctypes.data for o in outs] + [
+        outs[0].ctypes.data], [o.nbytes for o in outs] + [10]) == [OK] * 6 + [-3102]
+    assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+    lkeys = ["sh/lb%d" % i for i in range(3)]
+    assert store.batch_put_from_layers(lkeys, [[v.ctypes.data, v.ctypes.data] for v in vals[:3]],
+                                       [[v.nbytes, v.nbytes] for v in vals[:3]]) == [OK] * 3
+    louts = [[np.zeros_like(v), np.zeros_like(v)] for v in vals[:3]]
+    assert store.batch_get_into_layers(lkeys, [[a.ctypes.data, b.ctypes.data] for a, b in louts],
+                                       [[a.nbytes, b.nbytes] for a, b in louts]) == [OK] * 3
+    assert all(np.array_equal(v, a) and np.array_equal(v, b) for v, (a, b) in zip(vals, louts))
+    # A buffer of the wrong size: -3000 and nothing written, as over TCP.
+    small = np.full(10, 7, dtype=np.uint8)
+    assert store.get_into("sh/4096", small.ctypes.data, 10) == INVALID
+    assert (small == 7).all()
+    # Every put and get of bytes went over the socket (a batch's keys as single requests sent
+    # back to back); only the bytes API's gets (which return new bytes objects) over TCP.
+    assert seen == {"unix": 13, "pipelined": 19, "tcp": 5}, seen
+    # A batch whose buffers do not fit some objects: those keys are -3000 (the bytes come on
+    # the socket and are dropped, or the connection is closed past 1 MiB), the others intact.
+    outs = [np.zeros_like(v) for v in vals]
+    wrong = [np.zeros(10, dtype=np.uint8), np.zeros(2 << 20, dtype=np.uint8)]
+    bufs = [wrong[0], outs[1], wrong[1], outs[3], outs[4], outs[5], np.zeros(10, np.uint8)]
+    assert store.batch_get_into(keys + ["sh/%d" % (5 << 20)], [b.ctypes.data for b in bufs],
+                                [b.nbytes for b in bufs]) == [INVALID, OK, INVALID, OK, OK, OK,
+                                                              INVALID]
+    assert all(np.array_equal(vals[i], outs[i]) for i in (1, 3, 4, 5))
+    assert not wrong[0].any() and not wrong[1].any()
+
+
+def test_mmc_transport_tcp_forces_tcp(server, monkeypatch):
+    monkeypatch.setenv("MMC_TRANSPORT", "tcp")
+    s = make_store("http://%s" % server.addr)
+    try:
+        seen = count_transports(monkeypatch)
+        src, out = data(1 << 20, 3), np.zeros(1 << 20, dtype=np.uint8)
+        assert s.put_from("sh/tcp", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("sh/tcp", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        assert s._client.local_path(server.host, server.port) is None
+        assert seen["unix"] == 0 and seen["tcp"] >= 2
+    finally:
+        s.close()
+
+
+def test_a_put_is_copied_once_and_a_failed_copy_stores_nothing(server, store):
+    # Changing the buffer after the put changes nothing stored.
+    buf = data(1 << 20, 5)
+    first = buf.copy()
+    assert store.put_from("sh/once", buf.ctypes.data, buf.nbytes) == OK
+    buf[:] = 0
+    assert store.get("sh/once") == first.tobytes()
+    # A request naming memory that is not the client's: the server's copy fails, the
+    # allocation is aborted, the key is not readable (a client dying mid-copy is the same:
+    # its memory is gone).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    base = libc.mmap(None, 1 << 21, 3, 0x22, -1, 0)
+    ctypes.memset(base, 0x5A, 1 << 20)
+    assert libc.munmap(base + (1 << 20), 1 << 20) == 0
+    path = socket_path(server)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(("PUT /api/v1/objects?key=sh/torn HTTP/1.1\r\nHost: t\r\nContent-Length: 0"
+                   "\r\nX-Mmc-Iov: %x:%d\r\n\r\n" % (base, 1 << 21)).encode())
+        answer = s.recv(65536).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 400"), answer
+    assert "same-host copy failed" in answer
+    assert store.is_exist("sh/torn") == 0
+    libc.munmap(base, 1 << 20)
+    # A client that exits right after sending its put: the object is stored whole (its
+    # memory was copied before it was gone) or not at all, never in part.
+    child = subprocess.run([sys.executable, "-c", DYING_CLIENT, path], timeout=60)
+    assert child.returncode == 0
+    got = store.get("sh/dying")
+    assert got in (b"", bytes([0x33]) * (32 << 20)), len(got)
+
+
+DYING_CLIENT = r"""
+import ctypes, os, socket, sys
+buf = ctypes.create_string_buffer(b"\x33" * (32 << 20), 32 << 20)
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(("PUT /api/v1/objects?key=sh/dying HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n"
+           "X-Mmc-Iov: %x:%d\r\n\r\n" % (ctypes.addressof(buf), 32 << 20)).encode())
+os._exit(0)
+"""
+
+
+def test_a_read_holds_its_lease_while_the_server_copies(server, store):
+    """Readers get_into a key while a writer removes and puts it again with other bytes: a
+    successful read is always one whole version (the blob it copies from is leased and pinned
+    until the copy ends, so never freed and reused under it)."""
+    n = 1 << 20
+    stop = threading.Event()
+    torn = []
+    reads = [0]
+
+    def writer():
+        v = 1
+        while not stop.is_set():
+            src = np.full(n, v % 251 + 1, dtype=np.uint8)
+            store.remove("sh/lease")
+            store.put_from("sh/lease", src.ctypes.data, n)
+            v += 1
+
+    def reader():
+        out = np.zeros(n, dtype=np.uint8)
+        while not stop.is_set():
+            out[:] = 0
+            if store.get_into("sh/lease", out.ctypes.data, n) == OK:
+                reads[0] += 1
+                if not (out == out[0]).all() or out[0] == 0:
+                    torn.append(int(out[0]))
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader)
+                                                   for _ in range(2)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(3)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert torn == []
+    assert reads[0] > 0
+
+
+OTHER_USER_CLIENT = r"""
+import json, os, socket, sys
+import numpy as np
+from mmc_client import DistributedObjectStore, LocalConfig
+url, path = sys.argv[1], sys.argv[2]
+out = {"uid": os.geteuid()}
+# The socket itself: closed to this user, or refused with 403 when the test opened it.
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    except OSError:
+        pass  # the server may have answered and closed already
+    out["raw"] = s.recv(4096).decode("latin-1").split("\r\n")[0]
+except OSError as e:
+    out["raw"] = "error: %s" % e.strerror
+c = LocalConfig()
+c.meta_service_url = url
+st = DistributedObjectStore()
+st.setup(c)
+assert st.init(0) == 0
+src = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8)
+dst = np.zeros_like(src)
+out["put"] = st.put_from("sh/other", src.ctypes.data, src.nbytes)
+out["get"] = st.get_into("sh/other", dst.ctypes.data, dst.nbytes)
+out["intact"] = bool(np.array_equal(src, dst))
+host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+out["local"] = st._client.local_path(host, int(port))
+out["unix_pooled"] = any(k[0].startswith("unix:") for k in st._client.pool._idle)
+st.close()
+print(json.dumps(out))
+"""
+
+
+def run_as_nobody(server, path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    env = {k: v for k, v in os.environ.items() if k not in ("MMC_TRANSPORT",)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                        sys.executable, "-c", OTHER_USER_CLIENT, "http://%s" % server.addr, path],
+                       capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_client_of_another_user_gets_tcp_and_correct_bytes(server):
+    path = socket_path(server)
+    # As started: the socket's directory and the socket are the server user's alone.
+    out = run_as_nobody(server, path)
+    assert out["uid"] != 0
+    assert out["raw"].startswith("error"), out
+    assert (out["put"], out["get"], out["intact"]) == (0, 0, True), out
+    assert out["local"] is None and not out["unix_pooled"], out
+    # Opened to everyone: the server still refuses another user's process (SO_PEERCRED),
+    # and the client falls back to TCP by itself.
+    d = os.path.dirname(path)
+    dmode, smode = os.stat(d).st_mode, os.stat(path).st_mode
+    os.chmod(d, 0o755)
+    os.chmod(path, 0o777)
+    try:
+        out = run_as_nobody(server, path)
+    finally:
+        os.chmod(d, stat.S_IMODE(dmode))
+        os.chmod(path, stat.S_IMODE(smode))
+    assert out["raw"].startswith("HTTP/1.1 403"), out
+    assert (out["put"], out["get"], out["intact"]) == (0, 0, True), out
+    assert out["local"] is None and not out["unix_pooled"], out
+
+
+def test_a_socket_of_another_server_at_the_advertised_path_is_not_used(server, tmp_path,
+                                                                       monkeypatch):
+    """The client checks that the socket answers as the same process as the TCP port: a
+    server at another port whose socket sits at the path the first advertises is not it."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    other = Server(["--set", "ock.mmc.http.same_host_socket=%s" % (tmp_path / "o.sock")])
+    try:
+        c = _http.Client("http://%s" % server.addr)
+        real = c._exchange
+
+        def lying(method, host, port, target, *a, **k):
+            resp = real(method, host, port, target, *a, **k)
+            if target == "/health" and "x-mmc-same-host" in resp.headers:
+                ident = resp.headers["x-mmc-same-host"].split(" ", 1)[0]
+                resp.headers["x-mmc-same-host"] = "%s %s" % (ident, tmp_path / "o.sock")
+            return resp
+
+        c._exchange = lying
+        assert c.local_path(server.host, server.port) is None
+        c.close()
+    finally:
+        assert other.stop() == 0
+
+
+def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
+    """A pure meta and a local service on this host: a put or get goes to the meta's socket,
+    which answers 307 to the local service holding the blob (under its grant); the client
+    follows it to that local service's own socket, where the bytes are copied."""
+    from test_cluster_client import Cluster
+
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    c = Cluster()
+    try:
+        s = make_store("http://%s" % c.meta.addr)
+        seen = count_transports(monkeypatch)
+        hops, grants = [], []
+
+        def redirected(method, target, host, port):
+            hops.append(port)
+            grants.append((method, target, host, port))
+
+        s._client.on_redirect = redirected
+        src = data(3 << 20, 11)
+        out = np.zeros_like(src)
+        assert s.put_from("sh/cl", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("sh/cl", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        keys = ["sh/cl%d" % i for i in range(4)]
+        vals = [data(200_000, 20 + i) for i in range(4)]
+        assert s.batch_put_from(keys, [v.ctypes.data for v in vals],
+                                [v.nbytes for v in vals]) == [OK] * 4
+        outs = [np.zeros_like(v) for v in vals]
+        assert s.batch_get_into(keys, [o.ctypes.data for o in outs],
+                                [o.nbytes for o in outs]) == [OK] * 4
+        assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+        local_ports = {l.port for l in c.locals}
+        assert hops and set(hops) <= local_ports, hops
+        for l in c.locals:
+            if l.port in hops:
+                assert s._client.local_path(l.host, l.port) == socket_path(l)
+        # A write grant is used once: the same Location sent again on the local service's
+        # socket with other bytes is refused before any of them lands.
+        method, target, host, port = next(g for g in grants if g[0] == "PUT")
+        other = data(3 << 20, 99)
+        with socket.socket(socket.AF_UNIX) as u:
+            u.connect(socket_path(next(l for l in c.locals if l.port == port)))
+            u.sendall(("PUT %s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nX-Mmc-Iov: %x:%d"
+                       "\r\n\r\n" % (target, other.ctypes.data, other.nbytes)).encode())
+            answer = u.recv(65536).decode("latin-1")
+        assert answer.startswith("HTTP/1.1 403"), answer
+        assert s.get_into("sh/cl", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        # The meta's and the local services' sockets carried every request with bytes; TCP
+        # only asked each server's /health once, for its socket.
+        assert seen["tcp"] <= 1 + len(c.locals), seen
+        s.close()
+    finally:
+        codes = c.stop()
+        assert codes == [0] * len(codes), "".join(c.meta.log)
+
+
+def test_a_server_and_client_of_one_unprivileged_user_use_the_socket():
+    """The usual deployment: server and client run as one ordinary user (no CAP_SYS_PTRACE);
+    the server's copies into the client's memory are allowed as for any process of the user."""
+    from conftest import SERVER
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start both as another user")
+    proc = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             SERVER, "--listen", "127.0.0.1:0", "--shards", "2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        addr = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://(\S+)", line)
+            if m:
+                addr = m.group(1)
+                break
+        assert addr, "the server did not start"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+
+        class At:
+            pass
+
+        srv = At()
+        srv.addr = addr
+        srv.host, port = addr.rsplit(":", 1)
+        srv.port = int(port)
+        path = socket_path(srv)
+        out = run_as_nobody(srv, path)
+        assert out["raw"].startswith("HTTP/1.1 200"), out
+        assert (out["put"], out["get"], out["intact"]) == (0, 0, True), out
+        assert out["local"] == path and out["unix_pooled"], out
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
