@@ -172,7 +172,7 @@ pub struct Response {
     pub error_kind: Option<ErrorKind>,
     /// The data-plane bytes of this body, recorded in the client bandwidth metrics once the
     /// connection has sent them (their transfer time is the sending).
-    pub transfer: Option<Transfer>,
+    pub transfer: Option<Box<Transfer>>,
     /// What the same-host data path (`http::same_host`) adds to the answer.
     pub same_host: SameHost,
 }

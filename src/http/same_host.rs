@@ -138,7 +138,8 @@ async fn refuse(front: std::rc::Rc<super::Front>, mut stream: monoio::net::UnixS
         super::response::Status::TOO_MANY_REQUESTS
     };
     let mut scratch = Vec::new();
-    let mut resp = super::Response::error(status, why, front.unix_secs(), &mut scratch);
+    let kind = crate::common::error_kind::ErrorKind::for_status(status.0);
+    let mut resp = super::Response::error(status, kind, why, front.unix_secs(), &mut scratch);
     resp.close = true;
     let mut out = Vec::with_capacity(256);
     front.encode(resp, None, &scratch, &mut out);

@@ -130,7 +130,7 @@ pub(super) async fn answer<S: Io>(
     if in_place.is_some() {
         resp.body = Body::ScratchInPlace;
     }
-    let transfer = resp.transfer.take().map(|t| booked(t, &resp.body));
+    let transfer = resp.transfer.take().map(|t| booked(*t, &resp.body));
     let from = Instant::now();
     let tail = front.encode(resp, Some(head), scratch, wbuf);
     let op = handlers::request_op(routed, head.method);

@@ -163,13 +163,13 @@ fn body_start(req: &Request<'_>, otherwise: Instant) -> Instant {
 /// An object's bytes as a get answers them: their sending is recorded in the client
 /// bandwidth metrics once the connection has sent them.
 pub(super) fn sending(mut resp: Response, rank: u32, bytes: u64, started: Instant) -> Response {
-    resp.transfer = Some(Transfer {
+    resp.transfer = Some(Box::new(Transfer {
         rank,
         op: ClientOp::BatchGet,
         per_blob: false,
         bytes,
         started,
-    });
+    }));
     resp
 }
 
@@ -659,13 +659,13 @@ pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // This process's blobs, each rank's bytes booked to it once the body is sent. A copy
         // fetched from a remote rank is booked by the local service that served it (and
         // reports it with its heartbeats): not here again.
-        resp.transfer = Some(Transfer {
+        resp.transfer = Some(Box::new(Transfer {
             rank: 0,
             op: ClientOp::BatchGet,
             per_blob: true,
             bytes: 0,
             started: start,
-        });
+        }));
     }
     resp
 }
