@@ -115,7 +115,22 @@ pub struct LocalIdentity {
     pub commits_in_flight: std::sync::atomic::AtomicUsize,
 }
 
+/// One commit on its way to the meta, counted while it lives ([`LocalIdentity::commit_in_flight`]).
+pub struct CommitInFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for CommitInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl LocalIdentity {
+    /// Counts a commit on its way until the guard drops (a join waits for them).
+    pub fn commit_in_flight(&self) -> CommitInFlight<'_> {
+        self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
+        CommitInFlight(&self.commits_in_flight)
+    }
+
     pub fn new() -> LocalIdentity {
         LocalIdentity {
             rank: AtomicU32::new(u32::MAX),

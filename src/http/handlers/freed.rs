@@ -107,6 +107,26 @@ pub(super) async fn older_copies_unconfirmed(ctx: &mut Ctx<'_>, keys: &[&[u8]]) 
     idx
 }
 
+/// The replies of a batch's allocations, with the refusal of each key
+/// [`older_copies_unconfirmed`] named (no allocation was asked for them) in its place.
+pub(super) fn with_refused(
+    allocated: Vec<crate::shards::Reply>,
+    unsure: &[usize],
+    n: usize,
+) -> Vec<crate::shards::Reply> {
+    let mut allocated = allocated.into_iter();
+    (0..n)
+        .map(|i| match unsure.contains(&i) {
+            true => crate::shards::Reply::Refused(older_copy_refusal()),
+            false => allocated.next().unwrap_or(crate::shards::Reply::Refused(
+                crate::common::error_kind::Refusal::of(
+                    crate::common::error_kind::ErrorKind::Failed,
+                ),
+            )),
+        })
+        .collect()
+}
+
 /// Why a put was refused by [`older_copies_unconfirmed`].
 pub(super) fn older_copy_refusal() -> crate::common::error_kind::Refusal {
     crate::common::error_kind::Refusal::new(

@@ -546,18 +546,8 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             placement: opts,
         })
         .collect();
-    let mut allocated = ctx.shard.execute_many(allocs).await.into_iter();
-    let granted: Vec<Reply> = (0..keys.len())
-        .map(|i| {
-            if unsure.contains(&i) {
-                Reply::Refused(super::freed::older_copy_refusal())
-            } else {
-                allocated
-                    .next()
-                    .unwrap_or(Reply::Refused(Refusal::of(ErrorKind::Failed)))
-            }
-        })
-        .collect();
+    let allocated = ctx.shard.execute_many(allocs).await;
+    let granted = super::freed::with_refused(allocated, &unsure, keys.len());
     record_batch(ctx, Op::BatchAlloc, &granted);
 
     // Write every granted object from its slice of the body.

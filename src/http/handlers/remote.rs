@@ -532,7 +532,7 @@ pub(super) async fn grant_put(
     }
     // Counted until the catalog knows the outcome: a join waits for it.
     let cluster = ctx.shard.cluster.clone();
-    let _in_flight = InFlight::new(&cluster.local.commits_in_flight);
+    let _in_flight = cluster.local.commit_in_flight();
     let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
     if r.status != Status::OK || r.failed {
         catalog_drop(ctx, &grant, cataloged);
@@ -544,22 +544,6 @@ pub(super) async fn grant_put(
             .confirm(&catalog_freed(&grant));
     }
     Some(r)
-}
-
-/// One commit on its way, counted while it lives.
-struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    fn new(n: &'a std::sync::atomic::AtomicUsize) -> InFlight<'a> {
-        n.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        InFlight(n)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
 }
 
 fn grant_stamp(grant: &Grant) -> Stamp {
