@@ -116,11 +116,13 @@ pub struct LocalIdentity {
 }
 
 /// One commit on its way to the meta, counted while it lives ([`LocalIdentity::commit_in_flight`]).
-pub struct CommitInFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+pub struct CommitInFlight<'a> {
+    commits_in_flight: &'a std::sync::atomic::AtomicUsize,
+}
 
 impl Drop for CommitInFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.commits_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -128,7 +130,9 @@ impl LocalIdentity {
     /// Counts a commit on its way until the guard drops (a join waits for them).
     pub fn commit_in_flight(&self) -> CommitInFlight<'_> {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
-        CommitInFlight(&self.commits_in_flight)
+        CommitInFlight {
+            commits_in_flight: &self.commits_in_flight,
+        }
     }
 
     pub fn new() -> LocalIdentity {
