@@ -78,8 +78,13 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // A gap of the model: a rank's only copies are lost when it is declared lost, whether or
     // not its loss reaches etcd before the leader steps down (excused then, not at the drop).
     (1456, 3000, None),
+    // A remote blob's read lease ended on the meta while a local service whose clock lagged
+    // still took the read grant: the range went to another key and the read returned its
+    // bytes (a corrupt read): a remote blob's lease lasts the clock skew longer.
+    (3544, 3000, Some(3)),
 ];
-// Seed 3310 (drawn shape, 3000 steps) is the mutation test `put_over_unconfirmed` below.
+// Seed 3310 (drawn shape, 3000 steps) found the put over an unconfirmed removal; the
+// mutation test `put_over_unconfirmed` below keeps a seed that catches it.
 
 #[test]
 fn found_seeds() {
@@ -207,14 +212,14 @@ fn adopting_a_catalog_that_missed_a_leadership_is_caught() {
 /// the loss not in etcd): the older copy shadows the newer after a failover.
 #[test]
 fn a_put_over_an_unconfirmed_removal_is_caught() {
-    caught("put_over_unconfirmed", 3310, 3000, None, "stale overwrite");
+    caught("put_over_unconfirmed", 617, 1500, None, "stale overwrite");
 }
 
 /// Messages of an old incarnation or epoch taken for the current membership: a stale
 /// overwrite.
 #[test]
 fn without_epoch_fencing_an_older_value_comes_back() {
-    caught("no_epoch_fencing", 60, 3000, None, "stale overwrite");
+    caught("no_epoch_fencing", 351, 3000, None, "stale overwrite");
 }
 
 /// A write grant served twice writes another key's bytes.

@@ -34,9 +34,27 @@ impl Store {
         Some(self.view(blob, size))
     }
 
+    /// When a read's lease on `blob`, taken at `now`, ends. A remote rank's local service
+    /// checks the read grant's expiry (the lease) by its own clock, which may lag this one's
+    /// by up to the clock skew: the range stays this blob's that much longer, or a late read
+    /// could find another object's bytes there.
+    fn lease_end(&self, blob: u32, now: u64) -> u64 {
+        let b = &self.blobs[blob as usize];
+        let remote = matches!(
+            self.segs.get(b.seg as usize),
+            Some(Some(ss)) if ss.seg.backend.remote().is_some()
+        );
+        now + self.cfg.lease_ms
+            + if remote {
+                crate::limits::CLOCK_SKEW_MS
+            } else {
+                0
+            }
+    }
+
     /// A reader's hold on a memory blob: its lease extended, a pin, a touch in the LRU.
     fn lease_and_pin(&mut self, blob: u32, now: u64) {
-        let lease = now + self.cfg.lease_ms;
+        let lease = self.lease_end(blob, now);
         let b = &mut self.blobs[blob as usize];
         let (medium, lru) = (b.medium, b.lru);
         b.lease_until_ms = b.lease_until_ms.max(lease);
@@ -128,9 +146,10 @@ impl Store {
     /// A read of an SSD blob straight into the reader's buffer (pinned and leased for it).
     pub(super) fn direct_read(&mut self, obj: u32, blob: u32, now: u64) -> GetStep {
         let size = self.objects[obj as usize].size;
+        let lease = self.lease_end(blob, now);
         let b = &mut self.blobs[blob as usize];
         b.pins += 1;
-        b.lease_until_ms = b.lease_until_ms.max(now + self.cfg.lease_ms);
+        b.lease_until_ms = b.lease_until_ms.max(lease);
         let sum = b.sum;
         GetStep::ReadDirect(IoJob::ReadSsd {
             src: self.handle(blob),

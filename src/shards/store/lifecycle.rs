@@ -132,13 +132,6 @@ impl Store {
         if obj != NIL {
             self.note_freed_remote(id, obj);
             self.journal_remove(id, obj);
-            let b = &self.blobs[id as usize];
-            if b.pins > 0
-                && b.state == BlobState::Allocated
-                && let Some(n) = self.remote_record(id, obj, false)
-            {
-                self.renote.insert(id, n);
-            }
         }
         // What the object looked like before this blob left it.
         let (was_on_medium, was_readable) = if obj != NIL {
@@ -228,6 +221,21 @@ impl Store {
                     freed,
                 };
                 self.orphaned.insert(generation, orphan);
+            }
+        }
+        // A destination still being copied into (a move's, a copy's: pinned, not a put's
+        // writer) may be written after its freed record reached its service: the record goes
+        // again when the blob is freed. Only for an object removed whole: a failed copy of a
+        // live object is tried again with the same stamp, maybe at the same range, which a
+        // late record would drop.
+        for &b in &blobs {
+            let blob = &self.blobs[b as usize];
+            if blob.pins > 0
+                && blob.state == BlobState::Allocated
+                && !blob.writing
+                && let Some(n) = self.remote_record(b, obj, false)
+            {
+                self.renote.insert(b, n);
             }
         }
         // Detaching the blobs keeps `stored_keys` and the removal events right.

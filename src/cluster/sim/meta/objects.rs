@@ -140,6 +140,10 @@ impl Meta {
         }
         let rep = match self.store.get(&key_bytes(key)) {
             GetStep::Ready(v) => {
+                cx.log(format!(
+                    "get k{key}: rank {} offset {}",
+                    v.seg.rank, v.offset
+                ));
                 let hop = self.read_grant(cx, key, &v);
                 self.store.unpin(v.handle);
                 hop.map_or(Rep::Done(Verdict::Failed), Rep::Redirect)
