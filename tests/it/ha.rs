@@ -1177,20 +1177,7 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
     let (mut leader, standby) = leader_first(a, b);
-    let locals: Vec<Server> = [7, 8]
-        .iter()
-        .map(|rank| {
-            local_of(driver, &standby, &leader)
-                .set("ock.mmc.local_service.rank", &rank.to_string())
-                .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-                .start()
-        })
-        .collect();
-    for (local, rank) in locals.iter().zip([7, 8]) {
-        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
-    }
+    let locals = ranks_7_and_8(driver, &standby, &leader);
     for i in 0..6 {
         let target = match i % 3 {
             0 => format!("/api/v1/objects?key=rep-{i}&replicas=2"),
@@ -1249,20 +1236,7 @@ fn a_delete_by_the_new_leader_survives_a_late_hand_over() {
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
     let (mut leader, standby) = leader_first(a, b);
-    let locals: Vec<Server> = [7, 8]
-        .iter()
-        .map(|rank| {
-            local_of(driver, &standby, &leader)
-                .set("ock.mmc.local_service.rank", &rank.to_string())
-                .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-                .start()
-        })
-        .collect();
-    for (local, rank) in locals.iter().zip([7, 8]) {
-        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
-    }
+    let locals = ranks_7_and_8(driver, &standby, &leader);
     for key in ["gone", "kept"] {
         let target = format!("/api/v1/objects?key={key}&replicas=2");
         let r = follow(leader.addr, "PUT", &target, Some(&blob(1, 3)));
@@ -1326,20 +1300,7 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
     let a = pure_meta(driver, &etcd, free_port());
     let b = pure_meta(driver, &etcd, free_port());
     let (mut leader, standby) = leader_first(a, b);
-    let locals: Vec<Server> = [7, 8]
-        .iter()
-        .map(|rank| {
-            local_of(driver, &standby, &leader)
-                .set("ock.mmc.local_service.rank", &rank.to_string())
-                .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-                .start()
-        })
-        .collect();
-    for (local, rank) in locals.iter().zip([7, 8]) {
-        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
-    }
+    let locals = ranks_7_and_8(driver, &standby, &leader);
     let r = follow(
         leader.addr,
         "PUT",
@@ -1394,20 +1355,7 @@ fn a_catalog_that_missed_a_leadership_is_void_on_the_next_leader() {
     let b = pure_meta(driver, &etcd, free_port());
     let (mut first, second) = leader_first(a, b);
     let first_port = first.addr.port();
-    let locals: Vec<Server> = [7, 8]
-        .iter()
-        .map(|rank| {
-            local_of(driver, &second, &first)
-                .set("ock.mmc.local_service.rank", &rank.to_string())
-                .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-                .start()
-        })
-        .collect();
-    for (local, rank) in locals.iter().zip([7, 8]) {
-        wait_joined(first.addr, &format!("rank-{rank}-dram"), local);
-    }
+    let locals = ranks_7_and_8(driver, &second, &first);
     let r = follow(
         first.addr,
         "PUT",
@@ -1446,4 +1394,24 @@ fn a_catalog_that_missed_a_leadership_is_void_on_the_next_leader() {
         again.log()
     );
     drop(locals);
+}
+
+/// Local services of ranks 7 and 8 (32 MB of DRAM, heartbeats every 200 ms, lost after
+/// 1.5 s), joined to `leader`.
+fn ranks_7_and_8(driver: Driver, standby: &Server, leader: &Server) -> Vec<Server> {
+    let locals: Vec<Server> = [7, 8]
+        .iter()
+        .map(|rank| {
+            local_of(driver, standby, leader)
+                .set("ock.mmc.local_service.rank", &rank.to_string())
+                .set("ock.mmc.local_service.dram.size", "32MB")
+                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+                .start()
+        })
+        .collect();
+    for (local, rank) in locals.iter().zip([7, 8]) {
+        wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);
+    }
+    locals
 }

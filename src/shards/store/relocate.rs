@@ -162,7 +162,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{put_at, remote_hbm_store, used_on};
+    use super::super::tests::{put_at, remote_hbm_store, seg_of, used_on};
     use super::*;
 
     /// A leaving rank lost while its drain copies an object away: the move's destination was
@@ -173,13 +173,7 @@ mod tests {
     fn an_object_whose_move_was_in_flight_is_lost_with_its_rank() {
         let mut s = remote_hbm_store(8 << 20, |_| {});
         put_at(&mut s, "m", 1 << 20, Medium::Dram, 1);
-        let seg = s
-            .segs
-            .iter()
-            .flatten()
-            .find(|ss| ss.seg.rank == 1 && ss.seg.medium == Medium::Dram)
-            .map(|ss| ss.seg.id)
-            .unwrap();
+        let seg = seg_of(&s, 1, Medium::Dram);
         let step = s.begin_moves(seg, 8, MediumBytes::default());
         assert_eq!(step.moves.len(), 1, "{step:?}");
         let dst = step.moves[0].to.handle;

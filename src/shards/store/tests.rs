@@ -412,6 +412,16 @@ pub(super) fn media_of(s: &Store, key: &str) -> Vec<(Medium, BlobState)> {
         .collect()
 }
 
+/// The id of `rank`'s segment of `medium`.
+pub(super) fn seg_of(s: &Store, rank: u32, medium: Medium) -> SegmentId {
+    s.segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.rank == rank && ss.seg.medium == medium)
+        .map(|ss| ss.seg.id)
+        .expect("a segment of that rank and medium")
+}
+
 pub(super) fn used_on(s: &Store, rank: u32, medium: Medium) -> u64 {
     s.segs
         .iter()
@@ -633,13 +643,7 @@ fn a_lost_ranks_leased_blobs_do_not_hold_its_segment_back() {
     }
     // A leased zombie (removed while read) and a leased live blob.
     assert!(s.remove(b"removed"));
-    let seg = s
-        .segs
-        .iter()
-        .flatten()
-        .find(|ss| ss.seg.rank == 1 && ss.seg.medium == Medium::Dram)
-        .map(|ss| ss.seg.id)
-        .unwrap();
+    let seg = seg_of(&s, 1, Medium::Dram);
     assert!(s.drop_segment(seg), "nothing left on the lost segment");
     assert!(s.find(b"kept").is_none());
     assert_eq!(used_on(&s, 1, Medium::Dram), 0);
