@@ -406,9 +406,11 @@ fn a_damaged_remote_ssd_file_is_never_served() {
     // The memory copies were never on the file: intact.
     let r = follow(&meta, "GET", "/api/v1/objects?key=d-3", None);
     assert!(r.body == object(3, len));
-    // d-2 goes down to SSD and the file is damaged again: once the leases are over, a read
-    // rewarms it; the local service finds the bytes damaged and the meta drops the copy.
-    std::thread::sleep(Duration::from_millis(4200));
+    // d-2 goes down to SSD and the file is damaged again: once the leases are over (a remote
+    // blob's lasts the clock skew, 2 s, longer: its local service checks the read grant by its
+    // own clock), a read rewarms it; the local service finds the bytes damaged and the meta
+    // drops the copy.
+    std::thread::sleep(Duration::from_millis(4000 + 2000 + 200));
     for i in 4..6 {
         put(&meta, &format!("d-{i}"), &object(i, len));
     }
