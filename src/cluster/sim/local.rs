@@ -106,13 +106,7 @@ impl Local {
     }
 
     pub fn tick(&mut self, cx: &mut Cx) {
-        let late: Vec<u64> = self
-            .calls
-            .iter()
-            .filter(|(_, (deadline, _))| *deadline <= cx.now)
-            .map(|(&c, _)| c)
-            .collect();
-        for call in late {
+        for call in super::past_deadline(&self.calls, cx.now) {
             self.on_reply(cx, call, Rep::Unreachable);
         }
         self.step(cx, Input::Tick { moved_at_ms: 0 });

@@ -634,13 +634,7 @@ impl Meta {
             });
         }
         self.run_drops(cx);
-        let late: Vec<u64> = self
-            .calls
-            .iter()
-            .filter(|(_, (deadline, _))| *deadline <= cx.now)
-            .map(|(&c, _)| c)
-            .collect();
-        for call in late {
+        for call in super::past_deadline(&self.calls, cx.now) {
             self.on_reply(cx, call, Rep::Unreachable);
         }
         self.poll_removals(cx);

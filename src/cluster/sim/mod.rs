@@ -32,6 +32,18 @@ pub(super) fn key_bytes(key: Key) -> Box<[u8]> {
 }
 
 /// The workload key of a store key.
+/// The calls on their way whose deadline passed at `now` (each answered `Unreachable`).
+pub(super) fn past_deadline<C>(
+    calls: &std::collections::BTreeMap<u64, (u64, C)>,
+    now: u64,
+) -> Vec<u64> {
+    calls
+        .iter()
+        .filter(|(_, (deadline, _))| *deadline <= now)
+        .map(|(&c, _)| c)
+        .collect()
+}
+
 pub(super) fn key_of(key: &[u8]) -> Option<Key> {
     std::str::from_utf8(key.strip_prefix(b"k")?)
         .ok()?

@@ -116,13 +116,16 @@ pub(super) fn with_refused(
 ) -> Vec<crate::shards::Reply> {
     let mut allocated = allocated.into_iter();
     (0..n)
-        .map(|i| match unsure.contains(&i) {
-            true => crate::shards::Reply::Refused(older_copy_refusal()),
-            false => allocated.next().unwrap_or(crate::shards::Reply::Refused(
-                crate::common::error_kind::Refusal::of(
-                    crate::common::error_kind::ErrorKind::Failed,
-                ),
-            )),
+        .map(|i| {
+            if unsure.contains(&i) {
+                crate::shards::Reply::Refused(older_copy_refusal())
+            } else {
+                allocated.next().unwrap_or(crate::shards::Reply::Refused(
+                    crate::common::error_kind::Refusal::of(
+                        crate::common::error_kind::ErrorKind::Failed,
+                    ),
+                ))
+            }
         })
         .collect()
 }
