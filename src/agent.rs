@@ -226,6 +226,7 @@ fn act(
             rank,
             catalog_follows,
             in_step,
+            catalog_since,
         } => {
             // Grants of the meta left behind are void from now on: none is accepted until the
             // join's answer brings the next meta's key, and bodies still arriving under one
@@ -248,6 +249,7 @@ fn act(
                     .collect::<Vec<Value>>(),
                 "catalog_follows": catalog_follows,
                 "in_step": in_step,
+                "catalog_since": [catalog_since.view, catalog_since.epoch],
             });
             let (cluster, inbox) = (cluster.clone(), inbox.clone());
             monoio::spawn(async move {

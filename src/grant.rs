@@ -84,12 +84,18 @@ pub struct Grant {
     /// For an SSD blob read (or moved from): the checksum its bytes were flushed with; the
     /// local service serves nothing that does not match it. 0 for memory blobs.
     pub sum: u64,
+    /// For a copy's write (a drain's move, a re-replication): the sequence of the destination
+    /// membership's freed log when the grant was given. The records up to it were noted
+    /// before this write was asked for, so none of them drops the entry it makes, even one
+    /// naming the same range and stamp (an earlier attempt at the same copy, given up). 0 for
+    /// every other grant.
+    pub floor: u64,
 }
 
 /// Why a grant was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum GrantError {
-    /// Not ten numbers and a MAC.
+    /// Not twelve numbers and a MAC.
     Malformed,
     /// The MAC does not match: forged, or altered (key, fields or next hop).
     BadMac,
@@ -235,7 +241,7 @@ impl GrantKeyCell {
 impl Grant {
     fn fields(&self) -> String {
         format!(
-            "{}.{}.{}.{}.{}.{}.{}.{}.{}.{}.{}",
+            "{}.{}.{}.{}.{}.{}.{}.{}.{}.{}.{}.{}",
             self.op as u8,
             self.rank,
             self.medium,
@@ -246,7 +252,8 @@ impl Grant {
             self.obj_generation,
             self.view,
             self.expires_ms,
-            self.sum
+            self.sum,
+            self.floor
         )
     }
 
@@ -322,6 +329,7 @@ fn parse_fields(fields: &str) -> Option<Grant> {
         view: next()?,
         expires_ms: next()?,
         sum: next()?,
+        floor: next()?,
     };
     if it.next().is_some() || grant.size > grant.len {
         return None;
@@ -489,6 +497,7 @@ mod tests {
             view: 3,
             expires_ms: 2_000_000,
             sum: 99,
+            floor: 5,
         }
     }
 

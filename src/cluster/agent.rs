@@ -18,6 +18,8 @@
 //! declare the service lost: it still holds those objects and will go on reporting their
 //! removals, so the catalog stays right). With HA the catalog is kept and handed over.
 
+use super::members::Membership;
+
 /// Pause between two rounds of join attempts while no meta service admits this one.
 pub const JOIN_RETRY_MS: u64 = 300;
 /// How long after a tier move the agent reports (the meta has landed it by then, usually; the
@@ -126,6 +128,8 @@ pub enum Action {
         catalog_follows: bool,
         /// The leadership the catalog was last in step with (`members::JoinRequest::in_step`).
         in_step: u64,
+        /// The membership the catalog began afresh in (`members::JoinRequest::catalog_since`).
+        catalog_since: Membership,
     },
     /// The join was admitted: mount this host's segments as `rank`, take the grant key from
     /// the answer, reset the catalog's acknowledgements (a new freed log starts at 0).
@@ -224,6 +228,9 @@ pub struct Agent {
     last_move_report_ms: u64,
     /// The leadership the catalog was last in step with (0: none known).
     in_step: u64,
+    /// The membership whose admission (or heartbeat answer) last made this service drop its
+    /// catalog: what it lists began then.
+    catalog_since: Membership,
     /// Commits of writes under grants are on their way to a meta (the adapter says so before
     /// each step), and since when a join waits for them.
     commits_in_flight: bool,
@@ -252,6 +259,7 @@ impl Agent {
             suspect_ms: None,
             last_move_report_ms: 0,
             in_step: 0,
+            catalog_since: Membership::default(),
             commits_in_flight: false,
             commits_wait_since: None,
         }
@@ -441,6 +449,7 @@ impl Agent {
                     rank: rank.or(if self.held { self.mounted_rank } else { None }),
                     catalog_follows: follows,
                     in_step: self.in_step,
+                    catalog_since: self.catalog_since,
                 });
             }
             Phase::Member(m) => {
@@ -503,23 +512,30 @@ impl Agent {
         match answer {
             JoinAnswer::Admitted(a) => {
                 let suspect = self.suspect_ms.take();
+                let admitted = Membership {
+                    view: a.view,
+                    epoch: a.epoch,
+                };
                 if a.discard_catalog {
                     out.push(Action::Warn(format!(
                         "the meta service at {meta} said this service's catalog is void (it declared this service lost before, or the catalog missed a leadership that served since leadership {}): it is dropped",
                         self.in_step
                     )));
                     out.push(Action::DiscardCatalog);
+                    self.catalog_since = admitted;
                 } else if let Some(silent) = suspect.filter(|_| a.fresh) {
                     out.push(Action::Warn(format!(
                         "rank {}: no heartbeat was answered for {silent} ms, past the heartbeat timeout, and the meta service at {meta} admitted this service afresh: it may have declared it lost and removed its objects (or restarted), so its catalog is dropped, not handed over",
                         a.rank
                     )));
                     out.push(Action::DiscardCatalog);
+                    self.catalog_since = admitted;
                 } else if a.fresh && !hand_over {
                     // A new membership that took no catalog: what the catalog lists now (a
                     // commit answered since the join was sent) is of a membership the meta
                     // dropped with its blobs.
                     out.push(Action::DiscardCatalog);
+                    self.catalog_since = admitted;
                 } else if a.fresh {
                     out.push(Action::DropUnconfirmed);
                 }
@@ -602,6 +618,10 @@ impl Agent {
                     m.meta
                 )));
                 out.push(Action::DiscardCatalog);
+                self.catalog_since = Membership {
+                    view: m.view,
+                    epoch: m.epoch,
+                };
                 self.held = false;
             }
             BeatAnswer::Forgotten => {

@@ -154,6 +154,15 @@ impl FreedLogs {
         }
     }
 
+    /// The last sequence handed out in membership `epoch` of `rank`'s log (0 when that is not
+    /// the log kept): the floor of a copy's write grant to that rank (`grant::Grant::floor`).
+    pub fn seq(&self, rank: u32, epoch: u64) -> u64 {
+        self.lock()
+            .get(&rank)
+            .filter(|l| l.epoch == Some(epoch))
+            .map_or(0, |l| l.seq)
+    }
+
     /// Membership `epoch` of `rank` begins (a fresh join): its log starts over, empty, at
     /// sequence 0. Records of an earlier membership go: its catalog is not this one's.
     pub fn begin(&self, rank: u32, epoch: u64) {

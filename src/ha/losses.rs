@@ -2,8 +2,12 @@
 //! that rank's copies and may then answer deletes relying on the loss. A later leader must not
 //! adopt that service's catalog if the same process comes back (a freeze that outlasted the old
 //! leader): so the loss is written, under the leadership's fence, to `<prefix>lost/<rank>` =
-//! the lost incarnation before the meta relies on it, and every new leader loads the records
-//! before it serves (`cluster::members::Members::note_lost`).
+//! `<incarnation> <view> <epoch>` (the lost process and membership) before the meta relies on
+//! it, and every new leader loads the records before it serves
+//! (`cluster::members::Members::note_lost`). The membership matters when the same process
+//! joined again after the loss: told to drop its catalog then, it began a new one, which the
+//! record does not void (a record of the incarnation alone, as older versions wrote, voids
+//! every catalog of that process).
 //!
 //! Leaderships recorded in etcd: each leader writes `<prefix>served/<view_version>` before it
 //! serves (`HaView::load_history`, the same transaction that reads the records back), so a
@@ -21,12 +25,18 @@ use serde_json::{Value, json};
 
 use super::HaView;
 use super::etcd::{Etcd, b64, bytes, prefix_end};
+use crate::cluster::members::{LostMembership, Membership};
 
 impl HaView {
-    /// Records that membership `incarnation` of `rank` was declared lost, fenced by this
-    /// leadership: `Ok` once etcd stored it; an error when this node does not lead, or etcd
-    /// did not answer within the lease TTL. Off HA: `Ok` at once.
-    pub fn record_loss(&self, rank: u32, incarnation: u64) -> flume::Receiver<Result<(), String>> {
+    /// Records that `membership` of process `incarnation` on `rank` was declared lost, fenced
+    /// by this leadership: `Ok` once etcd stored it; an error when this node does not lead, or
+    /// etcd did not answer within the lease TTL. Off HA: `Ok` at once.
+    pub fn record_loss(
+        &self,
+        rank: u32,
+        incarnation: u64,
+        membership: Membership,
+    ) -> flume::Receiver<Result<(), String>> {
         let (tx, rx) = flume::bounded(1);
         let Some(cfg) = self.config().cloned() else {
             let _ = tx.send(Ok(()));
@@ -47,7 +57,11 @@ impl HaView {
                     }],
                     "success": [{"request_put": {
                         "key": b64(&cfg.lost_key(rank)),
-                        "value": b64(incarnation.to_string().as_bytes()),
+                        "value": b64(format!(
+                            "{incarnation} {} {}",
+                            membership.view, membership.epoch
+                        )
+                        .as_bytes()),
                     }}],
                 });
                 let outcome = match etcd.txn(&txn, deadline) {
@@ -109,11 +123,7 @@ impl HaView {
             .iter()
             .filter_map(|kv| {
                 let rank = u32::try_from(suffix(kv, &lost)?).ok()?;
-                let incarnation = std::str::from_utf8(&bytes(kv, "value"))
-                    .ok()?
-                    .parse()
-                    .ok()?;
-                Some((rank, incarnation))
+                parse_loss(rank, std::str::from_utf8(&bytes(kv, "value")).ok()?)
             })
             .collect();
         let served = kvs(2).iter().filter_map(|kv| suffix(kv, &served)).collect();
@@ -124,8 +134,42 @@ impl HaView {
 /// What earlier leaderships left in etcd for a new leader.
 #[derive(Debug, Default)]
 pub struct History {
-    /// Memberships declared lost: (rank, incarnation).
-    pub losses: Vec<(u32, u64)>,
+    /// Memberships declared lost.
+    pub losses: Vec<LostMembership>,
     /// The leaderships that served (`view_version`s), this one included.
     pub served: Vec<u64>,
+}
+
+/// A loss record's value: `<incarnation> <view> <epoch>`, or the incarnation alone (an older
+/// version's record: the membership unknown, so every catalog of that process is void).
+fn parse_loss(rank: u32, value: &str) -> Option<LostMembership> {
+    let mut f = value.split_whitespace().map(str::parse::<u64>);
+    let incarnation = f.next()?.ok()?;
+    let membership = match (f.next(), f.next(), f.next()) {
+        (None, None, None) => Membership::UNKNOWN,
+        (Some(Ok(view)), Some(Ok(epoch)), None) => Membership { view, epoch },
+        _ => return None,
+    };
+    Some(LostMembership {
+        rank,
+        incarnation,
+        membership,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_record_names_its_membership_and_an_old_one_stands_for_all() {
+        let l = parse_loss(3, "41 7 12").unwrap();
+        assert_eq!((l.rank, l.incarnation), (3, 41));
+        assert_eq!(l.membership, Membership { view: 7, epoch: 12 });
+        let old = parse_loss(3, "41").unwrap();
+        assert_eq!(old.membership, Membership::UNKNOWN);
+        for bad in ["", "x", "41 7", "41 7 12 1", "41 -7 12"] {
+            assert_eq!(parse_loss(3, bad), None, "{bad:?}");
+        }
+    }
 }

@@ -360,18 +360,30 @@ impl Shard {
     pub(super) fn check_lost_ranks(self: &Rc<Self>) {
         let timeout = self.cluster.config.cluster.heartbeat_timeout_ms;
         let now = self.cluster.clock.now_ms();
-        let lost: Vec<(u32, u64, u64)> = {
+        let lost: Vec<(u32, u64, u64, u64)> = {
             let mut members = self.cluster.ranks.lock();
             let expired = members.expire(now, timeout);
             expired
                 .into_iter()
-                .map(|(r, e)| (r, e, members.get(r).map_or(0, |m| m.incarnation)))
+                .map(|(r, e)| {
+                    let m = members.get(r);
+                    (
+                        r,
+                        e,
+                        m.map_or(0, |m| m.incarnation),
+                        m.map_or(0, |m| m.view),
+                    )
+                })
                 .collect()
         };
-        for (rank, epoch, incarnation) in lost {
+        for (rank, epoch, incarnation, view) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             let me = self.clone();
-            let recorded = self.cluster.ha.record_loss(rank, incarnation);
+            let recorded = self.cluster.ha.record_loss(
+                rank,
+                incarnation,
+                crate::cluster::members::Membership { view, epoch },
+            );
             monoio::spawn(async move {
                 let segs = me.cluster.unmount_member(rank, epoch);
                 match recorded.recv_async().await {

@@ -1,6 +1,7 @@
 //! Tests of the local service's membership machine (`agent.rs`).
 
 use super::*;
+use crate::cluster::members::Membership;
 
 fn config() -> AgentConfig {
     AgentConfig {
@@ -37,6 +38,7 @@ fn joined(ha: bool) -> Agent {
             rank: None,
             catalog_follows: false,
             in_step: 0,
+            catalog_since: Membership::default(),
         }]
     );
     let acts = a.step(
@@ -216,6 +218,8 @@ fn a_catalog_survives_a_short_silence_or_a_continued_membership() {
                 rank: Some(3),
                 catalog_follows: follows,
                 in_step: 0,
+                // The first join took no catalog: the one it holds began then.
+                catalog_since: Membership { view: 0, epoch: 7 },
             }]
         );
         let mut answer = admitted(3, 7 + fresh as u64, ha);
@@ -264,6 +268,7 @@ fn a_meta_that_declared_the_service_lost_has_it_drop_its_catalog() {
     let mut answer = admitted(4, 9, true);
     if let JoinAnswer::Admitted(x) = &mut answer {
         x.discard_catalog = true;
+        x.view = 6;
     }
     let acts = a.step(
         Input::JoinAnswered {
@@ -275,6 +280,24 @@ fn a_meta_that_declared_the_service_lost_has_it_drop_its_catalog() {
     );
     assert!(acts.contains(&Action::DiscardCatalog));
     assert_eq!(a.membership(), Some((4, 9)));
+    // Every later join says the catalog began in that membership: a loss an earlier leader
+    // recorded of a membership before it does not void it (`members::JoinRequest`).
+    a.step(
+        Input::BeatAnswered {
+            sent_ms: 1,
+            answer: BeatAnswer::NotLeader,
+        },
+        2,
+        true,
+    );
+    let since = a
+        .step(Input::Tick { moved_at_ms: 0 }, 3, true)
+        .into_iter()
+        .find_map(|x| match x {
+            Action::Join { catalog_since, .. } => Some(catalog_since),
+            _ => None,
+        });
+    assert_eq!(since, Some(Membership { view: 6, epoch: 9 }));
 }
 
 /// The catalog is in step with a leadership once a heartbeat of a membership under it is

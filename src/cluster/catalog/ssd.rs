@@ -3,7 +3,7 @@
 //! and the tracked forms of the catalog's changes here say what each did to them. Pure, like
 //! the catalog; the local service writes the journal (`shards/local_ssd.rs`).
 
-use super::{BeatNews, Catalog, Entry, Known, Stamp};
+use super::{BeatNews, Catalog, Entry, Stamp};
 use crate::common::medium::Medium;
 
 /// What a change did to the committed SSD entries.
@@ -21,7 +21,7 @@ impl Catalog {
     /// The committed SSD entry at `offset`, if any.
     fn committed_ssd(&self, offset: u64) -> Option<&Entry> {
         match self.entries.get(&(Medium::Ssd, offset)) {
-            Some((e, _, Known::Committed)) => Some(e),
+            Some((e, _, k)) if k.handed_over() => Some(e),
             _ => None,
         }
     }
@@ -30,7 +30,7 @@ impl Catalog {
     pub fn committed_ssd_entries(&self) -> Vec<Entry> {
         self.entries
             .range((Medium::Ssd, 0)..=(Medium::Ssd, u64::MAX))
-            .filter(|(_, (_, _, k))| *k == Known::Committed)
+            .filter(|(_, (_, _, k))| k.handed_over())
             .map(|(_, (e, _, _))| e.clone())
             .collect()
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use super::Node;
 use super::timing::HA_TTL_MS;
+use crate::cluster::members::LostMembership;
 
 /// How long before the lease's earliest expiry a leader stops serving (`election::margin`).
 pub(super) const MARGIN_MS: u64 = if HA_TTL_MS / 5 > 300 {
@@ -29,9 +30,9 @@ pub(super) struct Etcd {
     revision: u64,
     last_leader: u64,
     next_lease: u64,
-    /// `<prefix>lost/<rank>`: the incarnation a leader last declared lost there
-    /// (`ha/losses.rs`).
-    pub lost: BTreeMap<u32, u64>,
+    /// `<prefix>lost/<rank>`: the membership (and its process) a leader last declared lost
+    /// there (`ha/losses.rs`).
+    pub lost: BTreeMap<u32, LostMembership>,
     /// `<prefix>served/<view>`: the leaderships that recorded themselves before serving
     /// (`ha/losses.rs` `load_history`).
     pub served: std::collections::BTreeSet<u64>,
@@ -53,18 +54,11 @@ impl Etcd {
     }
 
     /// `record_loss`'s transaction: stored when the leader key is `me`'s under `view`.
-    pub fn record_loss(
-        &mut self,
-        me: u8,
-        view: u64,
-        rank: u32,
-        incarnation: u64,
-        now: u64,
-    ) -> bool {
+    pub fn record_loss(&mut self, me: u8, view: u64, lost: LostMembership, now: u64) -> bool {
         if self.holder(now) != Some((me, view)) {
             return false;
         }
-        self.lost.insert(rank, incarnation);
+        self.lost.insert(lost.rank, lost);
         true
     }
 

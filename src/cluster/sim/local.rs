@@ -132,6 +132,7 @@ impl Local {
                 rank,
                 catalog_follows,
                 in_step,
+                catalog_since,
             } => {
                 self.grant_key = None;
                 self.joined = false;
@@ -141,6 +142,7 @@ impl Local {
                     rank,
                     catalog_follows,
                     in_step,
+                    catalog_since,
                     bytes: self.pages * PAGE_BYTES,
                 };
                 let call = cx.request(to, req);
@@ -341,6 +343,8 @@ impl Local {
         let entry = Entry::written(&key_bytes(key), Medium::Dram, g.offset, g.size, stamp(g));
         if g.op == GrantOp::WriteCommit {
             self.catalog.add_pending(entry);
+        } else if g.floor > 0 {
+            self.catalog.add_copy(entry, g.floor);
         } else {
             self.catalog.add(entry);
         }

@@ -15,7 +15,9 @@ use super::world::Cx;
 use super::{Key, Node, key_bytes};
 use crate::cluster::agent::Admission;
 use crate::cluster::catalog::{Adopted, BeatNews, Entry, FreedLogs, LogAnswer, Stamp};
-use crate::cluster::members::{Beat, CatalogFate, JoinRequest, Members};
+use crate::cluster::members::{
+    Beat, CatalogFate, JoinRequest, LostMembership, Members, Membership,
+};
 use crate::cluster::records::Removal;
 use crate::common::clock::Clock;
 use crate::grant::{Grant, GrantKey, GrantOp};
@@ -59,6 +61,8 @@ pub(super) struct Recording {
     pub rank: u32,
     epoch: u64,
     pub incarnation: u64,
+    /// The lost membership (its leadership and epoch), as the record names it.
+    pub membership: Membership,
     segs: Vec<Arc<Segment>>,
     /// `record_loss` gives up then (the lease TTL).
     pub deadline: u64,
@@ -187,6 +191,7 @@ impl Meta {
                 rank,
                 catalog_follows,
                 in_step,
+                catalog_since,
                 bytes,
             } => self.join(
                 cx,
@@ -194,7 +199,7 @@ impl Meta {
                 call,
                 incarnation,
                 rank,
-                (catalog_follows, in_step),
+                (catalog_follows, in_step, catalog_since),
                 bytes,
             ),
             Req::Beat {
@@ -239,7 +244,7 @@ impl Meta {
         call: u64,
         incarnation: u64,
         wanted: Option<u32>,
-        (catalog_follows, in_step): (bool, u64),
+        (catalog_follows, in_step, catalog_since): (bool, u64, Membership),
         bytes: u64,
     ) {
         if !self.gate(cx, from, call) {
@@ -259,6 +264,7 @@ impl Meta {
             } else {
                 in_step
             },
+            catalog_since,
             first_free: 1,
             now_ms: cx.now,
         });
@@ -600,7 +606,10 @@ impl Meta {
             cx.log(format!(
                 "rank {rank} (epoch {epoch}) lost: no heartbeat for {HB_TIMEOUT_MS} ms"
             ));
-            let incarnation = self.members.get(rank).map_or(0, |m| m.incarnation);
+            let (incarnation, view) = self
+                .members
+                .get(rank)
+                .map_or((0, 0), |m| (m.incarnation, m.view));
             let segs = self.unmount_member(rank, epoch);
             if self.ha.is_some() {
                 // The objects whose only copies were there are lost from now on (reads find
@@ -619,6 +628,7 @@ impl Meta {
                     rank,
                     epoch,
                     incarnation,
+                    membership: Membership { view, epoch },
                     segs,
                     deadline: cx.now + HA_TTL_MS,
                 });
@@ -672,7 +682,7 @@ impl Meta {
 
     /// The memberships earlier leaders declared lost, loaded from etcd before a new
     /// leadership serves (`server.rs`'s recovery step, `Members::note_lost`).
-    pub fn note_lost(&mut self, lost: impl IntoIterator<Item = (u32, u64)>) {
+    pub fn note_lost(&mut self, lost: impl IntoIterator<Item = LostMembership>) {
         self.members.note_lost(lost);
     }
 

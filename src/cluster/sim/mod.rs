@@ -128,6 +128,9 @@ pub(super) struct Mutations {
     pub no_epoch_fencing: bool,
     /// A write grant is served as often as it comes (no `GrantLedger`).
     pub reusable_grants: bool,
+    /// A copy's write grant carries no floor: a freed record of an earlier attempt at the same
+    /// copy (same range, same stamp) drops the entry of the one that succeeded.
+    pub no_copy_floor: bool,
 }
 
 /// What a run injected and did, per kind.

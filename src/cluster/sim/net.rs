@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::{Counts, Key, Node, Rng, Vid};
 use crate::cluster::agent::Admission;
 use crate::cluster::catalog::{BeatNews, Entry, Freed};
+use crate::cluster::members::Membership;
 
 /// A request's answer, matched to it by the call id the sender chose.
 #[derive(Clone, Debug)]
@@ -47,6 +48,7 @@ pub(super) enum Req {
         rank: Option<u32>,
         catalog_follows: bool,
         in_step: u64,
+        catalog_since: Membership,
         bytes: u64,
     },
     Beat {

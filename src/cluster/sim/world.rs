@@ -14,6 +14,7 @@ use super::meta::Meta;
 use super::net::{Envelope, Msg, Net, Read, Rep, Req, Weather};
 use super::timing::*;
 use super::{Counts, Mutations, Node, Rng, Shape, Trace, key_bytes};
+use crate::cluster::members::LostMembership;
 use crate::shards::store::GetStep;
 
 /// The true time's Unix origin (hosts' wall clocks read it plus their offset).
@@ -452,7 +453,7 @@ impl World {
                 // own answer stands for its reach of etcd).
                 self.etcd.served.insert(view);
                 if let Some(m) = self.metas[i].proc.as_mut() {
-                    m.note_lost(self.etcd.lost.iter().map(|(&r, &inc)| (r, inc)));
+                    m.note_lost(self.etcd.lost.values().copied());
                     m.note_served(self.etcd.served.iter().copied());
                 }
                 if purge {
@@ -483,8 +484,12 @@ impl World {
         while k < m.recording.len() {
             let r = &m.recording[k];
             let ok = if reach {
-                self.etcd
-                    .record_loss(i as u8, view, r.rank, r.incarnation, now)
+                let lost = LostMembership {
+                    rank: r.rank,
+                    incarnation: r.incarnation,
+                    membership: r.membership,
+                };
+                self.etcd.record_loss(i as u8, view, lost, now)
             } else if now >= r.deadline {
                 false
             } else {

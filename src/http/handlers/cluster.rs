@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Ctx, Request, copies};
 use crate::cluster::catalog::{Adopted, Entry, LogAnswer};
-use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK};
+use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK, Membership};
 use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::response::{Response, Status};
@@ -139,6 +139,17 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // The leadership the catalog was last in step with (absent: none known, so with HA a
     // catalog is adopted only if no leadership served before this one).
     let in_step = v.get("in_step").and_then(Value::as_u64).unwrap_or(0);
+    // The membership whose admission last made the service drop its catalog (absent: none,
+    // so a loss recorded of any of its memberships voids the catalog).
+    let since = |i: usize| {
+        v.pointer(&format!("/catalog_since/{i}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let catalog_since = Membership {
+        view: since(0),
+        epoch: since(1),
+    };
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
@@ -150,6 +161,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         segments: segments.clone(),
         catalog_follows,
         in_step,
+        catalog_since,
         first_free,
         now_ms: cluster.clock.now_ms(),
     });

@@ -128,8 +128,19 @@ pub(super) fn write_grant_url(
     v: &BlobView,
     stamp: Stamp,
 ) -> Option<String> {
-    let ttl = cluster.config.grant_ttl_ms();
-    grant_url(key, v, GrantOp::Write, ttl, stamp)
+    let remote = v.seg.backend.remote()?;
+    let mut grant = blob_grant(
+        GrantOp::Write,
+        v,
+        stamp,
+        unix_ms() + cluster.config.grant_ttl_ms(),
+        v.sum,
+    );
+    // The records noted so far for the rank (an earlier attempt at this copy, given up, names
+    // the same range and stamp) must not drop the entry this write makes.
+    grant.floor = cluster.freed_logs.seq(v.seg.rank, remote.epoch);
+    let text = grant.sign(&remote.grant_key, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
 }
 
 /// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
@@ -161,6 +172,7 @@ pub(super) fn blob_grant(
         view: stamp.view,
         expires_ms,
         sum,
+        floor: 0,
     }
 }
 
@@ -256,6 +268,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
             view,
             expires_ms: expires,
             sum: 0,
+            floor: 0,
         };
         let n = next.as_deref().unwrap_or("");
         // A remote hop's grant under its local service's key, this process's under its own.
@@ -567,6 +580,9 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
     if grant.op == GrantOp::WriteCommit {
         // Handed over only once the meta answered its commit.
         catalog.add_pending(entry);
+    } else if grant.floor > 0 {
+        // A copy: the records its meta noted before the grant do not drop it.
+        catalog.add_copy(entry, grant.floor);
     } else {
         catalog.add(entry);
     }

@@ -140,6 +140,12 @@ impl Meta {
                     view: m.stamp.view,
                     expires_ms: cx.wall + GRANT_TTL_MS,
                     sum: 0,
+                    // `remote.rs` `write_grant_url`.
+                    floor: if cx.mutations.no_copy_floor {
+                        0
+                    } else {
+                        self.logs.seq(m.to.seg.rank, remote.epoch)
+                    },
                 };
                 let to = Node::from_url(&remote.url).expect("a simulated local service");
                 let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");

@@ -98,6 +98,7 @@ impl Meta {
                 view,
                 expires_ms: expires,
                 sum: 0,
+                floor: 0,
             };
             let n = next.as_ref().map_or(String::new(), |h| h.url(key));
             let grant = g.sign(&remote.grant_key, &key_bytes(key), n.as_bytes());
@@ -125,6 +126,7 @@ impl Meta {
             view: 0,
             expires_ms: cx.wall + GRANT_TTL_MS.min(LEASE_MS),
             sum: v.sum,
+            floor: 0,
         };
         Some(Hop {
             to: Node::from_url(&remote.url)?,
