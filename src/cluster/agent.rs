@@ -511,7 +511,19 @@ impl Agent {
         }
         match answer {
             JoinAnswer::Admitted(a) => {
-                let suspect = self.suspect_ms.take();
+                // The silence counts until a join is answered: a join of this round that was
+                // admitted while its answer was lost may have been declared lost since, by a
+                // meta that then answered deletes relying on it and died, keeping no record
+                // (found by the cluster simulation, seed 1941: a restarted meta adopted a
+                // catalog 6 s silent, and a deleted value came back).
+                let silent = now_ms.saturating_sub(self.last_acked_send_ms);
+                let suspect = self.suspect_ms.take().or_else(|| {
+                    (self.last_acked_send_ms > 0
+                        && self.held
+                        && !a.ha
+                        && silent >= a.heartbeat_timeout_ms)
+                        .then_some(silent)
+                });
                 let admitted = Membership {
                     view: a.view,
                     epoch: a.epoch,
