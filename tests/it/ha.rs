@@ -1396,6 +1396,60 @@ fn a_catalog_that_missed_a_leadership_is_void_on_the_next_leader() {
     drop(locals);
 }
 
+/// A loss recorded in etcd voids the catalog of the lost membership only, not the one the
+/// same process began afresh after it: rank 8 freezes past the heartbeat timeout, the leader
+/// declares it lost (and records it); rank 8 resumes, is told to drop its catalog, joins
+/// again and takes a put; the leader dies. The next leader loads the loss record, and the
+/// catalog rank 8 hands over, begun after the lost membership, keeps the put (the cluster
+/// simulation's seed 1988: before loss records named their membership, it was dropped).
+#[test]
+fn a_process_that_joined_again_after_its_loss_keeps_what_it_took_since() {
+    let Some(etcd) = Etcd::start("loss-then-rejoin") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let a = pure_meta(driver, &etcd, free_port());
+    let b = pure_meta(driver, &etcd, free_port());
+    let (mut leader, standby) = leader_first(a, b);
+    let locals = ranks_7_and_8(driver, &standby, &leader);
+    locals[1].signal(libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leader.log().contains("rank 8 lost") {
+        assert!(Instant::now() < deadline, "rank 8 never declared lost");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    locals[1].signal(libc::SIGCONT);
+    while !locals[1]
+        .log()
+        .contains("declared this service lost before")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "rank 8 was not told to drop its catalog:\n{}",
+            locals[1].log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_joined(leader.addr, "rank-8-dram", &locals[1]);
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=kept&prefer_rank=8",
+        Some(&blob(3, 3)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // A heartbeat after the put, so the catalog lists it when the leader dies.
+    std::thread::sleep(Duration::from_millis(600));
+    leader.kill9();
+    wait_new_leader(standby.addr);
+    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
+    let r = follow(standby.addr, "GET", "/api/v1/objects?key=kept", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.body, blob(3, 3), "the put rank 8 took after its loss");
+    drop(locals);
+    drop(standby);
+}
+
 /// Local services of ranks 7 and 8 (32 MB of DRAM, heartbeats every 200 ms, lost after
 /// 1.5 s), joined to `leader`.
 fn ranks_7_and_8(driver: Driver, standby: &Server, leader: &Server) -> Vec<Server> {
