@@ -94,8 +94,8 @@ fn resource(cluster: &Cluster) -> encode::ResourceInfo {
 /// Every `/metrics` family, read now, as an export body and its data points.
 fn metrics_body(cluster: &Cluster) -> (Vec<u8>, u64) {
     let mut text = Vec::with_capacity(64 << 10);
-    exposition::render_metrics(cluster, &mut text);
-    cluster.telemetry.render(&mut text);
+    let format = exposition::Format::Text;
+    exposition::render_metrics_as(cluster, Some(&cluster.telemetry), format, &mut text);
     let families = prom::parse(&String::from_utf8_lossy(&text));
     let t = &cluster.telemetry;
     let req = encode::metrics_request(&resource(cluster), &families, t.start_unix_ns, unix_nanos());
