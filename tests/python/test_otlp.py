@@ -6,6 +6,7 @@ is down, slow or restarted costs the requests nothing and is counted on /metrics
 import http.server
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -386,3 +387,92 @@ def test_the_redirect_hop_and_the_chain_carry_the_trace(started):
     assert [x for x in local_spans if x.parent_span_id == first[0].span_id], "the chain's next hop"
     commit = [x for x in by["meta"] if x.name.startswith("POST /cluster/v1/commit")]
     assert commit and commit[0].parent_span_id == first[0].span_id
+
+
+def put_count(req):
+    """The puts a metrics push counts (the request-duration histogram's `put` series)."""
+    for rm in req.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == "memcache_http_request_duration_seconds":
+                    for p in m.histogram.data_points:
+                        if attrs(p.attributes).get("operation") == "put":
+                            return p.count
+    return None
+
+
+def stop_timed(server, limit):
+    """SIGTERM, then the exit status and how long the exit took (at most `limit` s)."""
+    t = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.proc.wait(limit)
+    return code, time.monotonic() - t
+
+
+def test_a_stop_pushes_the_last_metrics_and_the_queued_spans(started):
+    r = Receiver()
+    started[1].append(r)
+    # One push a minute: after the first (a second after the start), only the stop pushes.
+    s = otlp_server(started, r.url, "ock.mmc.otlp.interval_ms=60000", "ock.mmc.otlp.trace_sample_ratio=1",
+                    "ock.mmc.otlp.timeout_ms=3000", "ock.mmc.otlp.service_instance_id=stopping")
+    wait_until("the first metrics push", lambda: len(r.metrics) >= 1)
+    time.sleep(0.7)  # the start's own spans, if any, have gone out
+    assert put_count(r.metrics[0]) == 0
+    before = len(r.spans())
+    n = 12
+    for i in range(n):
+        s.put("flush-%d" % i, b"f" * 100)
+    # At once (the puts take a few tens of ms): their spans wait for their batch to fill or
+    # for half a second, the metrics for a minute.
+    code, took = stop_timed(s, 15)
+    assert code == 0, "".join(s.log)
+    assert len(r.metrics) == 2, "one push at the start, one at the stop"
+    last = r.metrics[-1]
+    assert put_count(last) == n
+    assert attrs(last.resource_metrics[0].resource.attributes)["service.instance.id"] == "stopping"
+    puts = [x for x in r.spans()[before:] if x.name == "PUT /api/v1/objects"]
+    assert len(puts) == n, [x.name for x in r.spans()]
+    flushed = [int(m.group(1)) for m in (re.search(r"OTLP: last export at the stop: the metrics and (\d+) spans", x)
+                                          for x in s.log) if m]
+    assert flushed and flushed[0] >= 1, "".join(s.log)
+    assert took < 5, took
+
+
+@pytest.mark.parametrize("collector", ["down", "hung"])
+def test_a_stop_does_not_wait_for_a_collector_that_is_down_or_hung(started, collector):
+    held, stop = [], threading.Event()
+    if collector == "down":
+        port = free_port()  # connections refused
+    else:
+        lsock = socket.socket()  # connections accepted, never answered
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        port = lsock.getsockname()[1]
+
+        def accept():
+            lsock.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(lsock.accept()[0])
+                except OSError:
+                    pass
+            lsock.close()
+
+        threading.Thread(target=accept, daemon=True).start()
+    try:
+        s = otlp_server(started, "http://127.0.0.1:%d" % port, "ock.mmc.otlp.interval_ms=60000",
+                        "ock.mmc.otlp.trace_sample_ratio=1", "ock.mmc.otlp.timeout_ms=1000")
+        time.sleep(1.2)  # the first push is under way (hung) or failed (down)
+        for i in range(5):
+            s.put("gone-%d" % i, b"g")
+        code, took = stop_timed(s, 15)
+        assert code == 0, "".join(s.log)
+        # The flush is bounded by the timeout (1 s), a quarter second more to see the stop.
+        assert took < 3, (took, "".join(s.log))
+        assert any("OTLP: last export at the stop: the metrics not sent, 0 spans sent, 5 dropped" in line
+                   for line in s.log), "".join(s.log)
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+
