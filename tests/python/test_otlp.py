@@ -476,3 +476,88 @@ def test_a_stop_does_not_wait_for_a_collector_that_is_down_or_hung(started, coll
         for c in held:
             c.close()
 
+
+def test_ssd_flushes_and_rewarms_have_spans(started, tmp_path):
+    """A DRAM tier too small for the objects put: eviction flushes them to SSD (`mmc.flush`),
+    and a read of one held only there brings it back (`mmc.rewarm`, or `mmc.ssd_read` when it
+    is read straight from SSD); each a root INTERNAL span of this process's resource."""
+    r = Receiver()
+    started[1].append(r)
+    size = 200 << 10
+    s = otlp_server(started, r.url, "ock.mmc.otlp.trace_sample_ratio=1",
+                    "ock.mmc.otlp.service_instance_id=ssd-node",
+                    "ock.mmc.local_service.hbm.size=0", "ock.mmc.local_service.dram.size=2MB",
+                    "ock.mmc.ssd.enable=true", "ock.mmc.ssd.path=%s" % tmp_path, "ock.mmc.ssd.size=64MB",
+                    "ock.mmc.segment.run_bytes=1MB", "ock.mmc.lease_ms=100")
+    for i in range(16):
+        s.put("tier-%d" % i, bytes([i]) * size, "&medium=dram")
+
+    def only_on_disk(k):
+        q = s.json("GET", "/query_key?key=" + k)
+        return q.get("success", True) and [b["medium"] for b in q["blobs"]] == ["SSD"]
+
+    wait_until("an object on SSD only", lambda: only_on_disk("tier-0"))
+    assert s.get("/api/v1/objects?key=tier-0") == bytes([0]) * size
+    wait_until("flush and read spans", lambda: {"mmc.flush"} <= {x.name for x in r.spans()}
+               and {"mmc.rewarm", "mmc.ssd_read"} & {x.name for x in r.spans()})
+    spans = [x for x in r.spans() if x.name in ("mmc.flush", "mmc.rewarm", "mmc.ssd_read")]
+    for sp in spans:
+        a = attrs(sp.attributes)
+        assert sp.kind == trace_pb2.Span.SPAN_KIND_INTERNAL, sp.name
+        assert sp.parent_span_id == b"" and len(sp.trace_id) == 16, sp.name
+        assert sp.end_time_unix_nano >= sp.start_time_unix_nano > 0
+        assert a["mmc.bytes"] >= size and a["mmc.rank"] == 0 and a["mmc.shard"] in (0, 1), a
+        assert a["mmc.outcome"] == "done", a
+        assert sp.status.code != trace_pb2.Status.STATUS_CODE_ERROR
+    with r.lock:
+        res = [attrs(rs.resource.attributes) for req in r.traces for rs in req.resource_spans]
+    assert all(x["service.instance.id"] == "ssd-node" and x["mmc.role"] == "meta" for x in res)
+
+
+def test_a_leaving_ranks_drain_has_a_span_on_the_meta(started):
+    """A local service stopped with SIGTERM leaves its meta, which moves the objects held only
+    there to the other rank first: the meta records `mmc.drain` (always, tracing on) with the
+    segments drained and the objects moved."""
+    import requests
+
+    import cluster_ready
+
+    r = Receiver()
+    started[1].append(r)
+    otlp = ["--set", "ock.mmc.otlp.endpoint=" + r.url, "--set", "ock.mmc.otlp.trace_sample_ratio=0.000001"]
+    meta = Server(["--set", "ock.mmc.embedded.ranks=0", "--set", "ock.mmc.otlp.service_instance_id=meta"] + otlp,
+                  driver="epoll")
+    started[0].append(meta)
+    locals_ = []
+    for i in range(2):
+        locals_.append(Server(["--role", "local", "--set", "ock.mmc.meta_service_url=http://%s" % meta.addr,
+                               "--set", "ock.mmc.local_service.dram.size=64MB",
+                               "--set", "ock.mmc.local_service.hbm.size=0"], driver="epoll"))
+        started[0].append(locals_[-1])
+    wait_until("both ranks joined", lambda: cluster_ready.ready_count(meta.get) == 2)
+    base = "http://%s/api/v1/objects" % meta.addr
+    data = os.urandom(50_000)
+    with requests.Session() as h:
+        got = h.put(base, params={"key": "drained"}, data=data, timeout=30)
+        assert got.status_code == 200 and [x.status_code for x in got.history] == [307], got.text
+        location = got.history[0].headers["Location"]
+    holder = [x for x in locals_ if location.startswith("http://%s/" % x.addr)]
+    assert len(holder) == 1, (location, [x.addr for x in locals_])
+    rank = meta.json("GET", "/query_key?key=drained")["blobs"][0]["rank"]
+    code = holder[0].stop()
+    assert code == 0, "".join(holder[0].log)
+    started[0].remove(holder[0])
+    wait_until("the drain's span", lambda: any(x.name == "mmc.drain" for x in r.spans()), timeout=20)
+    drain = [x for x in r.spans() if x.name == "mmc.drain"]
+    assert len(drain) == 1
+    a = attrs(drain[0].attributes)
+    assert drain[0].kind == trace_pb2.Span.SPAN_KIND_INTERNAL
+    assert "rank-%d-dram" % rank in a["mmc.segments"].split(","), a
+    assert a["mmc.moved_objects"] == 1, a
+    with r.lock:
+        res = [attrs(rs.resource.attributes) for req in r.traces for rs in req.resource_spans
+               if any(x.name == "mmc.drain" for ss in rs.scope_spans for x in ss.spans)]
+    assert res[0]["service.instance.id"] == "meta" and res[0]["mmc.role"] == "meta"
+    with requests.Session() as h:
+        got = h.get(base, params={"key": "drained"}, timeout=30)
+        assert got.status_code == 200 and got.content == data
