@@ -6,8 +6,10 @@ is down, slow or restarted costs the requests nothing and is counted on /metrics
 import http.server
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -91,11 +93,11 @@ def started():
         r.close()
 
 
-def otlp_server(started, endpoint, *sets):
+def otlp_server(started, endpoint, *sets, listen="127.0.0.1:0"):
     args = ["--set", "ock.mmc.otlp.endpoint=" + endpoint]
     for s in sets:
         args += ["--set", s]
-    s = Server(args, driver="epoll")
+    s = Server(args, driver="epoll", listen=listen)
     started[0].append(s)
     return s
 
@@ -561,3 +563,89 @@ def test_a_leaving_ranks_drain_has_a_span_on_the_meta(started):
     with requests.Session() as h:
         got = h.get(base, params={"key": "drained"}, timeout=30)
         assert got.status_code == 200 and got.content == data
+
+
+class Etcd:
+    """A single-member etcd on loopback ports (Debian's etcd-server, which scripts/test.sh
+    installs), its data in `work`."""
+
+    def __init__(self, work):
+        self.port, peer_port = free_port(), free_port()
+        self.endpoint = "http://127.0.0.1:%d" % self.port
+        peer = "http://127.0.0.1:%d" % peer_port
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "mmc-otlp", "--data-dir", os.path.join(str(work), "etcd"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "mmc-otlp=" + peer],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until("etcd answers", self.answers, timeout=15)
+
+    def answers(self):
+        body = b'{"key":"AA=="}'
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                c.sendall(b"POST /v3/kv/range HTTP/1.1\r\nHost: etcd\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n%s" % (len(body), body))
+                return c.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def test_a_failover_has_a_span_on_the_meta_that_takes_over(started, tmp_path):
+    """HA on a real etcd: the first meta's election records `mmc.failover` (serving), and when it
+    stops the standby takes over and records its own, with the leadership's view version."""
+    if shutil.which("etcd") is None:
+        if os.environ.get("MMC_REQUIRE_ETCD"):
+            raise AssertionError("etcd is not on PATH (apt-get install etcd-server)")
+        pytest.skip("etcd is not on PATH")
+    etcd = Etcd(tmp_path)
+    try:
+        r = Receiver()
+        started[1].append(r)
+        metas = []
+        for name in ("meta-a", "meta-b"):
+            port = free_port()
+            metas.append(otlp_server(started, r.url, "ock.mmc.otlp.trace_sample_ratio=0.000001",
+                                     "ock.mmc.otlp.service_instance_id=" + name,
+                                     "ock.mmc.meta.ha.enable=true",
+                                     "ock.mmc.meta.ha.etcd_endpoints=" + etcd.endpoint,
+                                     "ock.mmc.meta.ha.advertise_url=http://127.0.0.1:%d" % port,
+                                     listen="127.0.0.1:%d" % port))
+            if name == "meta-a":
+                wait_until("meta-a leads", lambda: metas[0].json("GET", "/health").get("ha_state") == "serving",
+                           timeout=20)
+
+        def failovers():
+            out = []
+            with r.lock:
+                reqs = list(r.traces)
+            for req in reqs:
+                for rs in req.resource_spans:
+                    inst = attrs(rs.resource.attributes)["service.instance.id"]
+                    out += [(inst, sp) for ss in rs.scope_spans for sp in ss.spans if sp.name == "mmc.failover"]
+            return out
+
+        wait_until("meta-a's span", lambda: [x for x in failovers() if x[0] == "meta-a"])
+        code = metas[0].stop()
+        assert code == 0, "".join(metas[0].log)
+        started[0].remove(metas[0])
+        wait_until("meta-b's span", lambda: [x for x in failovers() if x[0] == "meta-b"], timeout=30)
+        views = []
+        for inst in ("meta-a", "meta-b"):
+            spans = [sp for i, sp in failovers() if i == inst]
+            assert len(spans) == 1, (inst, spans)
+            sp = spans[0]
+            a = attrs(sp.attributes)
+            assert sp.kind == trace_pb2.Span.SPAN_KIND_INTERNAL and sp.parent_span_id == b""
+            assert a["mmc.ha.serving"] is True, a
+            assert sp.status.code != trace_pb2.Status.STATUS_CODE_ERROR
+            assert sp.end_time_unix_nano >= sp.start_time_unix_nano > 0
+            views.append(a["mmc.ha.view_version"])
+        assert 0 < views[0] < views[1], views
+    finally:
+        etcd.stop()
