@@ -26,6 +26,8 @@ pub struct Server {
     ha: Option<crate::ha::election::HaThreads>,
     /// The same-host socket's path (`ock.mmc.http.same_host_socket`), removed at the end.
     same_host_path: Option<std::path::PathBuf>,
+    /// The OTLP exporter (`ock.mmc.otlp.endpoint` set), flushed at the end.
+    otlp: Option<crate::http::otlp::Exporter>,
 }
 
 /// Backlog of each shard's listening socket: deep enough for a burst of new connections
@@ -277,6 +279,7 @@ impl Server {
             kv_publisher,
             same_host_path: same_host.map(|(_, path, _)| path),
             ha: None,
+            otlp: None,
         };
         if let Some(e) = failure {
             server.cluster.begin_shutdown();
@@ -299,9 +302,9 @@ impl Server {
             std::thread::sleep(Duration::from_millis(1));
         }
         server.cluster.log_ssd_recovery();
-        crate::http::otlp::start(server.cluster.clone())
-            .map_err(|e| format!("cannot start the OTLP exporter thread: {e}"))?;
         let mut server = server;
+        server.otlp = crate::http::otlp::start(server.cluster.clone())
+            .map_err(|e| format!("cannot start the OTLP exporter thread: {e}"))?;
         // A local service never campaigns (its view follows the meta it joins).
         if server.cluster.ha.enabled() {
             if server.cluster.config.cluster.role == crate::config::Role::Meta {
@@ -370,6 +373,12 @@ impl Server {
         }
         if let Some(path) = &self.same_host_path {
             let _ = std::fs::remove_file(path);
+        }
+        // Last (the spans of everything above are queued by now): the metrics with every
+        // request answered, and the spans still queued, to the collector; bounded by
+        // `ock.mmc.otlp.timeout_ms`.
+        if let Some(e) = self.otlp {
+            e.flush();
         }
         clean
     }

@@ -470,7 +470,7 @@ pub static KEYS: &[KeySpec] = &[
     key("ock.mmc.otlp.service_instance_id", "", Optional(|c| &mut c.otlp.service_instance_id, instance_id),
         "The service.instance.id resource attribute of everything pushed; empty: a random UUID chosen at start (stable for the process)."),
     key("ock.mmc.otlp.timeout_ms", "5000", U64(|c| &mut c.otlp.timeout_ms, 100, 60_000),
-        "How long one push may take (connect, send, answer) before it counts as failed and is retried."),
+        "How long one push may take (connect, send, answer) before it counts as failed and is retried; also the whole last export at a graceful stop (the metrics and the spans still queued), so a collector that is down or hung never holds the stop longer."),
     key("ock.mmc.otlp.queue_spans", "2048", U64(|c| &mut c.otlp.queue_spans, 16, 1 << 20),
         "Finished spans queued for the exporter thread; past it new spans are dropped and counted (memcache_otlp_spans_dropped_total), never waited for."),
     key("ock.mmc.log.level", "info", With(set_log_level),

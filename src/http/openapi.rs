@@ -159,7 +159,8 @@ fn build(config: &Config) -> Value {
 const LOCAL_SERVICE: &str = " This is a local service: it serves its own health, role and HA view (the meta service it follows), its metrics, and the bytes of its blobs under the grants its meta service signs (clients reach it through the meta's 307 redirects); the meta service's other routes answer 403 here.";
 
 /// An object operation as a local service serves it: under a grant (`key` and `grant`, and
-/// for a chain's hop `next`), its other parameters meaningless there.
+/// for a chain's hop `next`; `traceparent` when the meta's request was traced), its other
+/// parameters meaningless there.
 fn under_grant(fragment: &mut Value, method: Method) {
     let mut params = vec![
         json!({"name": "key", "in": "query", "required": true, "schema": {"type": "string"},
@@ -172,6 +173,9 @@ fn under_grant(fragment: &mut Value, method: Method) {
             "schema": {"type": "string"},
             "description": "The next hop of a replicated put, as the grant was signed with"}));
     }
+    params.push(json!({"name": "traceparent", "in": "query", "required": false,
+        "schema": {"type": "string", "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"},
+        "description": "W3C trace context of the meta's span of the redirected request (its 307 Location carries it when that request was traced, docs/otlp.md): this request's span is its child; it wins over a `traceparent` header; a value that does not parse is ignored"}));
     if let Some(f) = fragment.as_object_mut() {
         f.insert("parameters".into(), Value::Array(params));
         // The meta's redirect to the rank holding the blob: a local service is that rank.
@@ -747,7 +751,15 @@ mod tests {
             .iter()
             .map(|p| p["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["key", "grant"]);
+        assert_eq!(names, ["key", "grant", "traceparent"]);
+        let put = &d["paths"]["/api/v1/objects"]["put"]["parameters"];
+        let names: Vec<&str> = put
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["key", "grant", "next", "traceparent"]);
         for m in ["get", "put"] {
             let r = &d["paths"]["/api/v1/objects"][m]["responses"];
             assert!(r.get("401").is_some() && r.get("403").is_some(), "{m}");

@@ -15,8 +15,13 @@
 //! cumulative, so the newer one carries everything. Nothing on a shard ever waits for any of
 //! this. Each failure is counted per signal and cause; the first of each cause is logged
 //! ([`LogOnce`]), and so is the recovery.
+//!
+//! At a graceful stop, once the shards are gone, [`Exporter::flush`] has the thread push the
+//! metrics a last time and send the spans still queued, one attempt each, all within
+//! `ock.mmc.otlp.timeout_ms`: a collector that is down or hung never holds the stop longer.
 
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -38,10 +43,45 @@ const MAX_ATTEMPTS: u32 = 5;
 /// How often the exporter looks at its queue and timers.
 const TICK: Duration = Duration::from_millis(50);
 
+/// The running exporter thread, told to flush and end at shutdown.
+pub struct Exporter {
+    /// The flush's deadline, sent once.
+    flush: mpsc::Sender<Instant>,
+    /// Told when the flush ended (the thread then ends).
+    done: mpsc::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
+    timeout: Duration,
+}
+
+impl Exporter {
+    /// At shutdown, after the shards are gone: a last metrics push (with every request they
+    /// answered) and the spans still queued, within `ock.mmc.otlp.timeout_ms`. Returns by then
+    /// whatever the collector does (an export under way when this is called ends within the
+    /// same timeout; a quarter of a second more is allowed for the thread to see the call).
+    pub fn flush(self) {
+        let deadline = Instant::now() + self.timeout;
+        if self.flush.send(deadline).is_err() {
+            return;
+        }
+        match self
+            .done
+            .recv_timeout(self.timeout + Duration::from_millis(250))
+        {
+            Ok(()) => {
+                let _ = self.thread.join();
+            }
+            Err(_) => log::warn!(
+                "OTLP: the last export did not end within {} ms of the stop; not waited for",
+                self.timeout.as_millis()
+            ),
+        }
+    }
+}
+
 /// Starts the exporter thread when `ock.mmc.otlp.endpoint` is set.
-pub fn start(cluster: Arc<Cluster>) -> std::io::Result<()> {
+pub fn start(cluster: Arc<Cluster>) -> std::io::Result<Option<Exporter>> {
     if !cluster.telemetry.enabled {
-        return Ok(());
+        return Ok(None);
     }
     log::info!(
         "OTLP: pushing metrics every {} ms{} to {}",
@@ -56,16 +96,25 @@ pub fn start(cluster: Arc<Cluster>) -> std::io::Result<()> {
         },
         cluster.config.otlp.endpoint
     );
-    std::thread::Builder::new()
+    let timeout = Duration::from_millis(cluster.config.otlp.timeout_ms);
+    let (flush, flush_rx) = mpsc::channel();
+    let (done_tx, done) = mpsc::channel();
+    let thread = std::thread::Builder::new()
         .name("mmc-otlp".into())
         .spawn(move || {
             let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
                 .enable_timer()
                 .build()
                 .expect("the exporter's runtime starts");
-            rt.block_on(run(cluster));
+            rt.block_on(run(cluster, flush_rx));
+            let _ = done_tx.send(());
         })?;
-    Ok(())
+    Ok(Some(Exporter {
+        flush,
+        done,
+        thread,
+        timeout,
+    }))
 }
 
 /// An export on its way: its body, what it carries (spans or data points), its failed
@@ -94,8 +143,8 @@ fn resource(cluster: &Cluster) -> encode::ResourceInfo {
 /// Every `/metrics` family, read now, as an export body and its data points.
 fn metrics_body(cluster: &Cluster) -> (Vec<u8>, u64) {
     let mut text = Vec::with_capacity(64 << 10);
-    exposition::render_metrics(cluster, &mut text);
-    cluster.telemetry.render(&mut text);
+    let format = exposition::Format::Text;
+    exposition::render_metrics_as(cluster, Some(&cluster.telemetry), format, &mut text);
     let families = prom::parse(&String::from_utf8_lossy(&text));
     let t = &cluster.telemetry;
     let req = encode::metrics_request(&resource(cluster), &families, t.start_unix_ns, unix_nanos());
@@ -118,17 +167,18 @@ struct Failure {
     retry: bool,
 }
 
-/// One attempt; `Ok` with what the collector rejected of it (partial success).
+/// One attempt, given up after `timeout`; `Ok` with what the collector rejected of it
+/// (partial success).
 async fn send(
     cluster: &Cluster,
     signal: Signal,
     body: &[u8],
     headers: &[(&str, &str)],
+    timeout: Duration,
 ) -> Result<i64, Failure> {
     let o = &cluster.config.otlp;
     let (base, prefix) = split_endpoint(&o.endpoint);
     let target = format!("{prefix}{}", signal.path());
-    let timeout = Duration::from_millis(o.timeout_ms);
     let call = client::request_with(base, "POST", &target, None, headers, body.to_vec(), timeout);
     match call.await {
         Ok(a) if (200..300).contains(&a.status) => Ok(rejected(signal, &a.body)),
@@ -166,26 +216,101 @@ fn rejected(signal: Signal, body: &[u8]) -> i64 {
     }
 }
 
-async fn run(cluster: Arc<Cluster>) {
+/// Counts an attempt's outcome (exports, items delivered, failures by cause) and logs the
+/// first failure of each cause and the recovery; returns the failure.
+fn note(
+    cluster: &Cluster,
+    log: &mut LogOnce,
+    signal: Signal,
+    items: u64,
+    outcome: Result<i64, Failure>,
+) -> Option<Failure> {
+    let t = &cluster.telemetry;
+    let endpoint = &cluster.config.otlp.endpoint;
+    match outcome {
+        Ok(rejected) => {
+            t.stats.exports[signal as usize].inc();
+            let accepted = items.saturating_sub(rejected.max(0) as u64);
+            match signal {
+                Signal::Metrics => t.stats.points_exported.add(accepted),
+                Signal::Traces => t.stats.spans_exported.add(accepted),
+            }
+            if log.recovered(signal) {
+                log::info!("OTLP: {} export to {endpoint} works again", signal.name());
+            }
+            if rejected > 0 {
+                t.stats.failures[signal as usize][Cause::Rejected as usize].inc();
+                if log.first(signal, Cause::Rejected) {
+                    log::warn!(
+                        "OTLP: the collector at {endpoint} rejected {rejected} of {items} {} (partial success); further rejections are only counted (memcache_otlp_export_failures_total)",
+                        if signal == Signal::Metrics {
+                            "data points"
+                        } else {
+                            "spans"
+                        }
+                    );
+                }
+            }
+            None
+        }
+        Err(f) => {
+            t.stats.failures[signal as usize][f.cause as usize].inc();
+            if log.first(signal, f.cause) {
+                log::warn!(
+                    "OTLP: {} export failed ({}): {}; {}; further failures of this kind are only counted (memcache_otlp_export_failures_total)",
+                    signal.name(),
+                    f.cause.name(),
+                    f.detail,
+                    if f.retry {
+                        "retrying with backoff"
+                    } else {
+                        "not retried"
+                    }
+                );
+            }
+            Some(f)
+        }
+    }
+}
+
+/// The exporter's state between its passes.
+struct State<'a> {
+    /// Sent with every export: the content type and `ock.mmc.otlp.headers`.
+    headers: Vec<(&'a str, &'a str)>,
+    /// An export per [`Signal`] waiting to be sent (or sent again).
+    pending: [Option<Pending>; 2],
+    /// Spans taken from the queue, waiting for their batch to fill.
+    batch: Vec<SpanRecord>,
+    log: LogOnce,
+}
+
+async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
     let t: &Telemetry = &cluster.telemetry;
     let o = &cluster.config.otlp;
     let interval = Duration::from_millis(o.interval_ms);
+    let timeout = Duration::from_millis(o.timeout_ms);
     let mut headers: Vec<(&str, &str)> = vec![("Content-Type", "application/x-protobuf")];
     headers.extend(o.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let mut st = State {
+        headers,
+        pending: [None, None],
+        batch: Vec::new(),
+        log: LogOnce::default(),
+    };
     // The first push comes soon after the start, then one per interval.
     let mut next_metrics = Instant::now() + interval.min(Duration::from_secs(1));
-    let mut pending: [Option<Pending>; 2] = [None, None];
-    let mut batch: Vec<SpanRecord> = Vec::new();
     let mut batch_since: Option<Instant> = None;
-    let mut log = LogOnce::default();
     loop {
+        if let Ok(deadline) = flush.try_recv() {
+            return last_flush(&cluster, &mut st, deadline).await;
+        }
         let now = Instant::now();
         if now >= next_metrics {
-            if pending[Signal::Metrics as usize].take().is_some() {
+            if st.pending[Signal::Metrics as usize].take().is_some() {
                 t.stats.pushes_dropped.inc();
             }
             let (body, items) = metrics_body(&cluster);
-            pending[Signal::Metrics as usize] = Some(Pending {
+            st.pending[Signal::Metrics as usize] = Some(Pending {
                 body,
                 items,
                 failures: 0,
@@ -193,78 +318,33 @@ async fn run(cluster: Arc<Cluster>) {
             });
             next_metrics = (next_metrics + interval).max(now + interval / 2);
         }
-        if pending[Signal::Traces as usize].is_none() {
-            t.take(MAX_BATCH, &mut batch);
-            if !batch.is_empty() {
+        if st.pending[Signal::Traces as usize].is_none() {
+            t.take(MAX_BATCH, &mut st.batch);
+            if !st.batch.is_empty() {
                 let since = *batch_since.get_or_insert(now);
-                if batch.len() >= MAX_BATCH || now.duration_since(since) >= BATCH_DELAY {
-                    let req = encode::trace_request(&resource(&cluster), &batch);
-                    pending[Signal::Traces as usize] = Some(Pending {
-                        body: encode::bytes(&req),
-                        items: batch.len() as u64,
-                        failures: 0,
-                        due: now,
-                    });
-                    batch.clear();
+                if st.batch.len() >= MAX_BATCH || now.duration_since(since) >= BATCH_DELAY {
+                    st.pending[Signal::Traces as usize] = Some(span_export(&cluster, &st.batch));
+                    st.batch.clear();
                     batch_since = None;
                 }
             }
         }
         for signal in Signal::ALL {
-            let slot = &mut pending[signal as usize];
-            let Some(p) = slot.as_mut().filter(|p| p.due <= Instant::now()) else {
+            let Some(p) = st.pending[signal as usize]
+                .as_ref()
+                .filter(|p| p.due <= Instant::now())
+            else {
                 continue;
             };
-            match send(&cluster, signal, &p.body, &headers).await {
-                Ok(rejected) => {
-                    t.stats.exports[signal as usize].inc();
-                    let accepted = p.items.saturating_sub(rejected.max(0) as u64);
-                    match signal {
-                        Signal::Metrics => t.stats.points_exported.add(accepted),
-                        Signal::Traces => t.stats.spans_exported.add(accepted),
-                    }
-                    if log.recovered(signal) {
-                        log::info!(
-                            "OTLP: {} export to {} works again",
-                            signal.name(),
-                            o.endpoint
-                        );
-                    }
-                    if rejected > 0 {
-                        t.stats.failures[signal as usize][Cause::Rejected as usize].inc();
-                        if log.first(signal, Cause::Rejected) {
-                            log::warn!(
-                                "OTLP: the collector at {} rejected {rejected} of {} {} (partial success); further rejections are only counted (memcache_otlp_export_failures_total)",
-                                o.endpoint,
-                                p.items,
-                                if signal == Signal::Metrics {
-                                    "data points"
-                                } else {
-                                    "spans"
-                                }
-                            );
-                        }
-                    }
-                    *slot = None;
-                }
-                Err(f) => {
-                    t.stats.failures[signal as usize][f.cause as usize].inc();
+            let outcome = send(&cluster, signal, &p.body, &st.headers, timeout).await;
+            let items = p.items;
+            let slot = &mut st.pending[signal as usize];
+            match note(&cluster, &mut st.log, signal, items, outcome) {
+                None => *slot = None,
+                Some(f) => {
+                    let p = slot.as_mut().expect("the export just sent");
                     p.failures += 1;
-                    let give_up = !f.retry || p.failures >= MAX_ATTEMPTS;
-                    if log.first(signal, f.cause) {
-                        log::warn!(
-                            "OTLP: {} export failed ({}): {}; {}; further failures of this kind are only counted (memcache_otlp_export_failures_total)",
-                            signal.name(),
-                            f.cause.name(),
-                            f.detail,
-                            if f.retry {
-                                "retrying with backoff"
-                            } else {
-                                "not retried"
-                            }
-                        );
-                    }
-                    if give_up {
+                    if !f.retry || p.failures >= MAX_ATTEMPTS {
                         match signal {
                             Signal::Metrics => t.stats.pushes_dropped.inc(),
                             Signal::Traces => t.stats.spans_dropped_failed.add(p.items),
@@ -281,6 +361,69 @@ async fn run(cluster: Arc<Cluster>) {
             }
         }
         monoio::time::sleep(TICK).await;
+    }
+}
+
+/// A batch of spans as an export.
+fn span_export(cluster: &Cluster, batch: &[SpanRecord]) -> Pending {
+    let req = encode::trace_request(&resource(cluster), batch);
+    Pending {
+        body: encode::bytes(&req),
+        items: batch.len() as u64,
+        failures: 0,
+        due: Instant::now(),
+    }
+}
+
+/// The flush at a graceful stop: the metrics as they are now (a push still retried is
+/// replaced by it), then the spans of a retried batch, of the batch filling and the queue, in
+/// batches; one attempt each, each given what is left until `deadline`. Spans not sent by then,
+/// or after a failed attempt, are dropped (counted; the process is ending).
+async fn last_flush(cluster: &Cluster, st: &mut State<'_>, deadline: Instant) {
+    let t = &cluster.telemetry;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let headers = st.headers.clone();
+    let (body, points) = metrics_body(cluster);
+    if st.pending[Signal::Metrics as usize].take().is_some() {
+        t.stats.pushes_dropped.inc();
+    }
+    let metrics_ok = !left().is_zero() && {
+        let outcome = send(cluster, Signal::Metrics, &body, &headers, left()).await;
+        note(cluster, &mut st.log, Signal::Metrics, points, outcome).is_none()
+    };
+    if !metrics_ok {
+        t.stats.pushes_dropped.inc();
+    }
+    let mut exports: Vec<Pending> = st.pending[Signal::Traces as usize]
+        .take()
+        .into_iter()
+        .collect();
+    t.take(usize::MAX, &mut st.batch);
+    for chunk in st.batch.chunks(MAX_BATCH) {
+        exports.push(span_export(cluster, chunk));
+    }
+    st.batch.clear();
+    let (mut sent, mut dropped) = (0, 0);
+    for p in exports {
+        // After a failure (or past the deadline) the rest is not tried: the collector is
+        // down or slow, and the stop does not wait for it.
+        if dropped == 0 && !left().is_zero() {
+            let outcome = send(cluster, Signal::Traces, &p.body, &headers, left()).await;
+            if note(cluster, &mut st.log, Signal::Traces, p.items, outcome).is_none() {
+                sent += p.items;
+                continue;
+            }
+        }
+        dropped += p.items;
+        t.stats.spans_dropped_failed.add(p.items);
+    }
+    if metrics_ok && dropped == 0 {
+        log::info!("OTLP: last export at the stop: the metrics and {sent} spans");
+    } else {
+        log::warn!(
+            "OTLP: last export at the stop: the metrics {}, {sent} spans sent, {dropped} dropped",
+            if metrics_ok { "sent" } else { "not sent" }
+        );
     }
 }
 

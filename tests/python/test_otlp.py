@@ -6,7 +6,10 @@ is down, slow or restarted costs the requests nothing and is counted on /metrics
 import http.server
 import os
 import re
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -90,11 +93,11 @@ def started():
         r.close()
 
 
-def otlp_server(started, endpoint, *sets):
+def otlp_server(started, endpoint, *sets, listen="127.0.0.1:0"):
     args = ["--set", "ock.mmc.otlp.endpoint=" + endpoint]
     for s in sets:
         args += ["--set", s]
-    s = Server(args, driver="epoll")
+    s = Server(args, driver="epoll", listen=listen)
     started[0].append(s)
     return s
 
@@ -386,3 +389,263 @@ def test_the_redirect_hop_and_the_chain_carry_the_trace(started):
     assert [x for x in local_spans if x.parent_span_id == first[0].span_id], "the chain's next hop"
     commit = [x for x in by["meta"] if x.name.startswith("POST /cluster/v1/commit")]
     assert commit and commit[0].parent_span_id == first[0].span_id
+
+
+def put_count(req):
+    """The puts a metrics push counts (the request-duration histogram's `put` series)."""
+    for rm in req.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == "memcache_http_request_duration_seconds":
+                    for p in m.histogram.data_points:
+                        if attrs(p.attributes).get("operation") == "put":
+                            return p.count
+    return None
+
+
+def stop_timed(server, limit):
+    """SIGTERM, then the exit status and how long the exit took (at most `limit` s)."""
+    t = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.proc.wait(limit)
+    return code, time.monotonic() - t
+
+
+def test_a_stop_pushes_the_last_metrics_and_the_queued_spans(started):
+    r = Receiver()
+    started[1].append(r)
+    # One push a minute: after the first (a second after the start), only the stop pushes.
+    s = otlp_server(started, r.url, "ock.mmc.otlp.interval_ms=60000", "ock.mmc.otlp.trace_sample_ratio=1",
+                    "ock.mmc.otlp.timeout_ms=3000", "ock.mmc.otlp.service_instance_id=stopping")
+    wait_until("the first metrics push", lambda: len(r.metrics) >= 1)
+    time.sleep(0.7)  # the start's own spans, if any, have gone out
+    assert put_count(r.metrics[0]) == 0
+    before = len(r.spans())
+    n = 12
+    for i in range(n):
+        s.put("flush-%d" % i, b"f" * 100)
+    # At once (the puts take a few tens of ms): their spans wait for their batch to fill or
+    # for half a second, the metrics for a minute.
+    code, took = stop_timed(s, 15)
+    assert code == 0, "".join(s.log)
+    assert len(r.metrics) == 2, "one push at the start, one at the stop"
+    last = r.metrics[-1]
+    assert put_count(last) == n
+    assert attrs(last.resource_metrics[0].resource.attributes)["service.instance.id"] == "stopping"
+    puts = [x for x in r.spans()[before:] if x.name == "PUT /api/v1/objects"]
+    assert len(puts) == n, [x.name for x in r.spans()]
+    flushed = [int(m.group(1)) for m in (re.search(r"OTLP: last export at the stop: the metrics and (\d+) spans", x)
+                                          for x in s.log) if m]
+    assert flushed and flushed[0] >= 1, "".join(s.log)
+    assert took < 5, took
+
+
+@pytest.mark.parametrize("collector", ["down", "hung"])
+def test_a_stop_does_not_wait_for_a_collector_that_is_down_or_hung(started, collector):
+    held, stop = [], threading.Event()
+    if collector == "down":
+        port = free_port()  # connections refused
+    else:
+        lsock = socket.socket()  # connections accepted, never answered
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        port = lsock.getsockname()[1]
+
+        def accept():
+            lsock.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(lsock.accept()[0])
+                except OSError:
+                    pass
+            lsock.close()
+
+        threading.Thread(target=accept, daemon=True).start()
+    try:
+        s = otlp_server(started, "http://127.0.0.1:%d" % port, "ock.mmc.otlp.interval_ms=60000",
+                        "ock.mmc.otlp.trace_sample_ratio=1", "ock.mmc.otlp.timeout_ms=1000")
+        time.sleep(1.2)  # the first push is under way (hung) or failed (down)
+        for i in range(5):
+            s.put("gone-%d" % i, b"g")
+        code, took = stop_timed(s, 15)
+        assert code == 0, "".join(s.log)
+        # The flush is bounded by the timeout (1 s), a quarter second more to see the stop.
+        assert took < 3, (took, "".join(s.log))
+        assert any("OTLP: last export at the stop: the metrics not sent, 0 spans sent, 5 dropped" in line
+                   for line in s.log), "".join(s.log)
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+
+
+def test_ssd_flushes_and_rewarms_have_spans(started, tmp_path):
+    """A DRAM tier too small for the objects put: eviction flushes them to SSD (`mmc.flush`),
+    and a read of one held only there brings it back (`mmc.rewarm`, or `mmc.ssd_read` when it
+    is read straight from SSD); each a root INTERNAL span of this process's resource."""
+    r = Receiver()
+    started[1].append(r)
+    size = 200 << 10
+    s = otlp_server(started, r.url, "ock.mmc.otlp.trace_sample_ratio=1",
+                    "ock.mmc.otlp.service_instance_id=ssd-node",
+                    "ock.mmc.local_service.hbm.size=0", "ock.mmc.local_service.dram.size=2MB",
+                    "ock.mmc.ssd.enable=true", "ock.mmc.ssd.path=%s" % tmp_path, "ock.mmc.ssd.size=64MB",
+                    "ock.mmc.segment.run_bytes=1MB", "ock.mmc.lease_ms=100")
+    for i in range(16):
+        s.put("tier-%d" % i, bytes([i]) * size, "&medium=dram")
+
+    def only_on_disk(k):
+        q = s.json("GET", "/query_key?key=" + k)
+        return q.get("success", True) and [b["medium"] for b in q["blobs"]] == ["SSD"]
+
+    wait_until("an object on SSD only", lambda: only_on_disk("tier-0"))
+    assert s.get("/api/v1/objects?key=tier-0") == bytes([0]) * size
+    wait_until("flush and read spans", lambda: {"mmc.flush"} <= {x.name for x in r.spans()}
+               and {"mmc.rewarm", "mmc.ssd_read"} & {x.name for x in r.spans()})
+    spans = [x for x in r.spans() if x.name in ("mmc.flush", "mmc.rewarm", "mmc.ssd_read")]
+    for sp in spans:
+        a = attrs(sp.attributes)
+        assert sp.kind == trace_pb2.Span.SPAN_KIND_INTERNAL, sp.name
+        assert sp.parent_span_id == b"" and len(sp.trace_id) == 16, sp.name
+        assert sp.end_time_unix_nano >= sp.start_time_unix_nano > 0
+        assert a["mmc.bytes"] >= size and a["mmc.rank"] == 0 and a["mmc.shard"] in (0, 1), a
+        assert a["mmc.outcome"] == "done", a
+        assert sp.status.code != trace_pb2.Status.STATUS_CODE_ERROR
+    with r.lock:
+        res = [attrs(rs.resource.attributes) for req in r.traces for rs in req.resource_spans]
+    assert all(x["service.instance.id"] == "ssd-node" and x["mmc.role"] == "meta" for x in res)
+
+
+def test_a_leaving_ranks_drain_has_a_span_on_the_meta(started):
+    """A local service stopped with SIGTERM leaves its meta, which moves the objects held only
+    there to the other rank first: the meta records `mmc.drain` (always, tracing on) with the
+    segments drained and the objects moved."""
+    import requests
+
+    import cluster_ready
+
+    r = Receiver()
+    started[1].append(r)
+    otlp = ["--set", "ock.mmc.otlp.endpoint=" + r.url, "--set", "ock.mmc.otlp.trace_sample_ratio=0.000001"]
+    meta = Server(["--set", "ock.mmc.embedded.ranks=0", "--set", "ock.mmc.otlp.service_instance_id=meta"] + otlp,
+                  driver="epoll")
+    started[0].append(meta)
+    locals_ = []
+    for i in range(2):
+        locals_.append(Server(["--role", "local", "--set", "ock.mmc.meta_service_url=http://%s" % meta.addr,
+                               "--set", "ock.mmc.local_service.dram.size=64MB",
+                               "--set", "ock.mmc.local_service.hbm.size=0"], driver="epoll"))
+        started[0].append(locals_[-1])
+    wait_until("both ranks joined", lambda: cluster_ready.ready_count(meta.get) == 2)
+    base = "http://%s/api/v1/objects" % meta.addr
+    data = os.urandom(50_000)
+    with requests.Session() as h:
+        got = h.put(base, params={"key": "drained"}, data=data, timeout=30)
+        assert got.status_code == 200 and [x.status_code for x in got.history] == [307], got.text
+        location = got.history[0].headers["Location"]
+    holder = [x for x in locals_ if location.startswith("http://%s/" % x.addr)]
+    assert len(holder) == 1, (location, [x.addr for x in locals_])
+    rank = meta.json("GET", "/query_key?key=drained")["blobs"][0]["rank"]
+    code = holder[0].stop()
+    assert code == 0, "".join(holder[0].log)
+    started[0].remove(holder[0])
+    wait_until("the drain's span", lambda: any(x.name == "mmc.drain" for x in r.spans()), timeout=20)
+    drain = [x for x in r.spans() if x.name == "mmc.drain"]
+    assert len(drain) == 1
+    a = attrs(drain[0].attributes)
+    assert drain[0].kind == trace_pb2.Span.SPAN_KIND_INTERNAL
+    assert "rank-%d-dram" % rank in a["mmc.segments"].split(","), a
+    assert a["mmc.moved_objects"] == 1, a
+    with r.lock:
+        res = [attrs(rs.resource.attributes) for req in r.traces for rs in req.resource_spans
+               if any(x.name == "mmc.drain" for ss in rs.scope_spans for x in ss.spans)]
+    assert res[0]["service.instance.id"] == "meta" and res[0]["mmc.role"] == "meta"
+    with requests.Session() as h:
+        got = h.get(base, params={"key": "drained"}, timeout=30)
+        assert got.status_code == 200 and got.content == data
+
+
+class Etcd:
+    """A single-member etcd on loopback ports (Debian's etcd-server, which scripts/test.sh
+    installs), its data in `work`."""
+
+    def __init__(self, work):
+        self.port, peer_port = free_port(), free_port()
+        self.endpoint = "http://127.0.0.1:%d" % self.port
+        peer = "http://127.0.0.1:%d" % peer_port
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "mmc-otlp", "--data-dir", os.path.join(str(work), "etcd"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "mmc-otlp=" + peer],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until("etcd answers", self.answers, timeout=15)
+
+    def answers(self):
+        body = b'{"key":"AA=="}'
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                c.sendall(b"POST /v3/kv/range HTTP/1.1\r\nHost: etcd\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n%s" % (len(body), body))
+                return c.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def test_a_failover_has_a_span_on_the_meta_that_takes_over(started, tmp_path):
+    """HA on a real etcd: the first meta's election records `mmc.failover` (serving), and when it
+    stops the standby takes over and records its own, with the leadership's view version."""
+    if shutil.which("etcd") is None:
+        if os.environ.get("MMC_REQUIRE_ETCD"):
+            raise AssertionError("etcd is not on PATH (apt-get install etcd-server)")
+        pytest.skip("etcd is not on PATH")
+    etcd = Etcd(tmp_path)
+    try:
+        r = Receiver()
+        started[1].append(r)
+        metas = []
+        for name in ("meta-a", "meta-b"):
+            port = free_port()
+            metas.append(otlp_server(started, r.url, "ock.mmc.otlp.trace_sample_ratio=0.000001",
+                                     "ock.mmc.otlp.service_instance_id=" + name,
+                                     "ock.mmc.meta.ha.enable=true",
+                                     "ock.mmc.meta.ha.etcd_endpoints=" + etcd.endpoint,
+                                     "ock.mmc.meta.ha.advertise_url=http://127.0.0.1:%d" % port,
+                                     listen="127.0.0.1:%d" % port))
+            if name == "meta-a":
+                wait_until("meta-a leads", lambda: metas[0].json("GET", "/health").get("ha_state") == "serving",
+                           timeout=20)
+
+        def failovers():
+            out = []
+            with r.lock:
+                reqs = list(r.traces)
+            for req in reqs:
+                for rs in req.resource_spans:
+                    inst = attrs(rs.resource.attributes)["service.instance.id"]
+                    out += [(inst, sp) for ss in rs.scope_spans for sp in ss.spans if sp.name == "mmc.failover"]
+            return out
+
+        wait_until("meta-a's span", lambda: [x for x in failovers() if x[0] == "meta-a"])
+        code = metas[0].stop()
+        assert code == 0, "".join(metas[0].log)
+        started[0].remove(metas[0])
+        wait_until("meta-b's span", lambda: [x for x in failovers() if x[0] == "meta-b"], timeout=30)
+        views = []
+        for inst in ("meta-a", "meta-b"):
+            spans = [sp for i, sp in failovers() if i == inst]
+            assert len(spans) == 1, (inst, spans)
+            sp = spans[0]
+            a = attrs(sp.attributes)
+            assert sp.kind == trace_pb2.Span.SPAN_KIND_INTERNAL and sp.parent_span_id == b""
+            assert a["mmc.ha.serving"] is True, a
+            assert sp.status.code != trace_pb2.Status.STATUS_CODE_ERROR
+            assert sp.end_time_unix_nano >= sp.start_time_unix_nano > 0
+            views.append(a["mmc.ha.view_version"])
+        assert 0 < views[0] < views[1], views
+    finally:
+        etcd.stop()

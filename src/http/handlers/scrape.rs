@@ -15,13 +15,11 @@ use crate::metrics::trace::Tp;
 pub fn metrics(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
     let format = exposition::negotiate(req.head.accept);
-    exposition::render_metrics_as(&*ctx.shard.cluster, format, ctx.scratch);
+    // The OTLP exporter's own families (`memcache_otlp_*`) come last, in either format.
+    let cluster = &*ctx.shard.cluster;
+    exposition::render_metrics_as(cluster, Some(&cluster.telemetry), format, ctx.scratch);
     let content_type = match format {
-        Format::Text => {
-            // The OTLP exporter's own families (`memcache_otlp_*`), after the others.
-            ctx.shard.cluster.telemetry.render(ctx.scratch);
-            ContentType::Prometheus
-        }
+        Format::Text => ContentType::Prometheus,
         Format::Protobuf => ContentType::PrometheusProtobuf,
     };
     Response::new(Status::OK, content_type, Body::Scratch)

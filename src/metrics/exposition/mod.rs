@@ -17,12 +17,14 @@
 //! - `data_plane.rs`: the client bandwidth and UBS IO families.
 //! - `lmcache.rs`: the LMCache-compatible tier and event-bus families.
 //! - `numa.rs`: bytes per NUMA node of placed segments.
+//! - `otlp.rs`: the OTLP exporter's own families (`memcache_otlp_*`), last.
 //! - `summary.rs`: `/metrics/summary`.
 
 mod data_plane;
 mod families;
 mod lmcache;
 mod numa;
+mod otlp;
 mod proto;
 mod server;
 mod summary;
@@ -33,6 +35,7 @@ mod writer;
 use super::store::MAX_RANKS;
 use super::{process, trace};
 use crate::common::medium::Medium;
+use crate::metrics::otlp::Telemetry;
 use crate::metrics::view::{ShardFigures, Source};
 pub use summary::render_summary;
 use writer::Out;
@@ -84,19 +87,38 @@ pub fn negotiate(accept: Option<&[u8]>) -> Format {
     }
 }
 
-/// Renders `/metrics` in `format`, appended to `buf`.
-pub fn render_metrics_as(cluster: &dyn Source, format: Format, buf: &mut Vec<u8>) {
+/// Renders `/metrics` in `format`, appended to `buf`; with `telemetry`, the OTLP exporter's
+/// families (`memcache_otlp_*`) after the others.
+pub fn render_metrics_as(
+    cluster: &dyn Source,
+    telemetry: Option<&Telemetry>,
+    format: Format,
+    buf: &mut Vec<u8>,
+) {
     let mut o = match format {
         Format::Text => Out::text(buf),
         Format::Protobuf => Out::protobuf(buf),
     };
     render(cluster, &process::read(), &mut o);
+    if let Some(t) = telemetry {
+        otlp::render_otlp(t, &mut o);
+    }
     o.finish();
 }
 
-/// Renders `/metrics` as text.
+/// Renders `/metrics` as text (without the OTLP exporter's families).
 pub fn render_metrics(cluster: &dyn Source, buf: &mut Vec<u8>) {
-    render_metrics_as(cluster, Format::Text, buf);
+    render_metrics_as(cluster, None, Format::Text, buf);
+}
+
+/// Renders the OTLP exporter's families alone in `format`, appended to `buf`.
+pub fn render_otlp(telemetry: &Telemetry, format: Format, buf: &mut Vec<u8>) {
+    let mut o = match format {
+        Format::Text => Out::text(buf),
+        Format::Protobuf => Out::protobuf(buf),
+    };
+    otlp::render_otlp(telemetry, &mut o);
+    o.finish();
 }
 
 /// The families in output order.

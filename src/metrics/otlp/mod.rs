@@ -10,14 +10,14 @@
 //!
 //! [`Telemetry`] is what the shards and the exporter share: the sampler, a bounded queue of
 //! finished spans (a shard pushes and never waits: a full queue drops the span and counts
-//! it), and the exporter's statistics, shown on `/metrics` as `memcache_otlp_*`.
+//! it), and the exporter's statistics, shown on `/metrics` as `memcache_otlp_*`
+//! (`metrics::exposition::otlp` writes them).
 
 pub mod encode;
 pub mod prom;
 pub mod proto;
 pub mod span;
 
-use std::io::Write;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
@@ -180,116 +180,13 @@ impl Telemetry {
         self.queue.len()
     }
 
-    /// The `memcache_otlp_*` families (Prometheus text), shown after the others on `/metrics`
-    /// and pushed with them.
-    pub fn render(&self, buf: &mut Vec<u8>) {
-        let s = &self.stats;
-        let family = |buf: &mut Vec<u8>, name: &str, help: &str, kind: &str| {
-            let _ = write!(buf, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
-        };
-        family(
-            buf,
-            "memcache_otlp_enabled",
-            "1 when OTLP export is on (ock.mmc.otlp.endpoint set)",
-            "gauge",
-        );
-        let _ = writeln!(buf, "memcache_otlp_enabled {}", u8::from(self.enabled));
-        let name = "memcache_otlp_exports_total";
-        family(
-            buf,
-            name,
-            "OTLP export requests the collector accepted",
-            "counter",
-        );
-        for sig in Signal::ALL {
-            let _ = writeln!(
-                buf,
-                "{name}{{signal=\"{}\"}} {}",
-                sig.name(),
-                s.exports[sig as usize].get()
-            );
-        }
-        let name = "memcache_otlp_export_failures_total";
-        family(
-            buf,
-            name,
-            "OTLP export attempts that failed, by cause (each retry counts)",
-            "counter",
-        );
-        for sig in Signal::ALL {
-            for c in Cause::ALL {
-                let v = s.failures[sig as usize][c as usize].get();
-                let _ = writeln!(
-                    buf,
-                    "{name}{{signal=\"{}\",cause=\"{}\"}} {v}",
-                    sig.name(),
-                    c.name()
-                );
-            }
-        }
-        family(
-            buf,
-            "memcache_otlp_spans_exported_total",
-            "Spans the collector accepted",
-            "counter",
-        );
-        let _ = writeln!(
-            buf,
-            "memcache_otlp_spans_exported_total {}",
-            s.spans_exported.get()
-        );
-        let name = "memcache_otlp_metric_points_exported_total";
-        family(
-            buf,
-            name,
-            "Metric data points the collector accepted",
-            "counter",
-        );
-        let _ = writeln!(buf, "{name} {}", s.points_exported.get());
-        let name = "memcache_otlp_spans_dropped_total";
-        family(
-            buf,
-            name,
-            "Spans not exported: the queue was full (queue_full) or their batch failed for good (export_failed)",
-            "counter",
-        );
-        let _ = writeln!(
-            buf,
-            "{name}{{reason=\"queue_full\"}} {}",
-            s.spans_dropped_full.get()
-        );
-        let _ = writeln!(
-            buf,
-            "{name}{{reason=\"export_failed\"}} {}",
-            s.spans_dropped_failed.get()
-        );
-        let name = "memcache_otlp_metric_pushes_dropped_total";
-        family(
-            buf,
-            name,
-            "Metric pushes not delivered (failed for good, or replaced by the next one while retried)",
-            "counter",
-        );
-        let _ = writeln!(buf, "{name} {}", s.pushes_dropped.get());
-        family(
-            buf,
-            "memcache_otlp_span_queue_length",
-            "Finished spans waiting for the exporter",
-            "gauge",
-        );
-        let _ = writeln!(buf, "memcache_otlp_span_queue_length {}", self.queued());
-        family(
-            buf,
-            "memcache_otlp_span_queue_capacity",
-            "Spans the exporter's queue holds (ock.mmc.otlp.queue_spans)",
-            "gauge",
-        );
-        let cap = if self.enabled {
+    /// Spans the queue holds (0 when export is off).
+    pub fn capacity(&self) -> usize {
+        if self.enabled {
             self.queue.capacity()
         } else {
             0
-        };
-        let _ = writeln!(buf, "memcache_otlp_span_queue_capacity {cap}");
+        }
     }
 }
 
@@ -391,7 +288,11 @@ mod tests {
         t.take(100, &mut got);
         assert_eq!((got.len(), t.queued()), (16, 0));
         let mut text = Vec::new();
-        t.render(&mut text);
+        crate::metrics::exposition::render_otlp(
+            &t,
+            crate::metrics::exposition::Format::Text,
+            &mut text,
+        );
         let text = String::from_utf8(text).unwrap();
         assert!(
             text.contains("memcache_otlp_spans_dropped_total{reason=\"queue_full\"} 4\n"),
