@@ -385,3 +385,29 @@ fn a_fresh_membership_drops_what_the_previous_one_left_unconfirmed() {
         assert_eq!(got, want, "held {held}, fresh {fresh}");
     }
 }
+
+/// A join waits for the commits of writes on their way to a meta (their answers confirm or
+/// drop catalog entries the join would hand over), at most `COMMITS_WAIT_MS`: it goes as
+/// soon as they are answered, or when the wait is over (found by the cluster simulation,
+/// seeds 3491 and 1067).
+#[test]
+fn a_join_waits_a_bounded_time_for_commits_on_their_way() {
+    let joins = |acts: Vec<Action>| {
+        acts.iter()
+            .filter(|x| matches!(x, Action::Join { .. }))
+            .count()
+    };
+    // Answered meanwhile: the join goes at the next tick.
+    let mut a = Agent::new(config(), 0);
+    a.set_commits_in_flight(true);
+    assert_eq!(joins(tick(&mut a, 0)), 0);
+    assert_eq!(joins(tick(&mut a, 500)), 0);
+    a.set_commits_in_flight(false);
+    assert_eq!(joins(tick(&mut a, 510)), 1);
+    // Never answered: the join goes once the wait is over.
+    let mut a = Agent::new(config(), 0);
+    a.set_commits_in_flight(true);
+    assert_eq!(joins(tick(&mut a, 10)), 0);
+    assert_eq!(joins(tick(&mut a, 10 + COMMITS_WAIT_MS - 1)), 0);
+    assert_eq!(joins(tick(&mut a, 10 + COMMITS_WAIT_MS)), 1);
+}
