@@ -309,13 +309,15 @@ impl<R: Clone> Members<R> {
             Some(e) if e.state != MemberState::Lost && e.view == j.view && j.wanted.is_none() => {
                 return Err(format!("rank {rank} is taken by {}", e.url));
             }
-            Some(e) => {
-                if e.state == MemberState::Lost && e.incarnation == j.incarnation {
-                    // Lost under an earlier leadership of this meta: the same holds.
-                    catalog = CatalogFate::Discard;
-                }
-                Some(e.epoch)
-            }
+            // A membership of an earlier leadership of this meta (or another process on the
+            // rank). Lost there, it voids the catalog only through its loss record, loaded
+            // from etcd with every election (`note_lost`): a loss whose record etcd did not
+            // take was relied on by nothing (a leader resuming from a freeze declares every
+            // rank lost before it finds its leadership gone), and the service has since handed
+            // its catalog to the leaders that followed, with what they put (found by the
+            // cluster soak: 361 puts acknowledged by the next leader lost when this one won
+            // again).
+            Some(e) => Some(e.epoch),
             None => None,
         };
         self.epoch += 1;
@@ -591,6 +593,35 @@ mod tests {
         m.expire(99_999, 3000);
         let restarted = m.join(req(None, "http://a", 7, 0, 100_000)).unwrap();
         assert_eq!(restarted.catalog, CatalogFate::Follows);
+    }
+
+    /// A loss this meta declared under an earlier leadership of its own voids the catalog
+    /// when the same process joins it again only through its record in etcd: a leader
+    /// resuming from a freeze declares every rank lost before it finds its leadership gone,
+    /// its records refused, and the services hand their catalogs to the next leader, which
+    /// takes new puts on them (the cluster soak: this meta, winning again, voided them).
+    #[test]
+    fn a_loss_of_an_earlier_leadership_voids_a_catalog_only_through_its_record() {
+        let mut m = M::default();
+        let a = m.join(req(Some(4), "http://a", 41, 3, 0)).unwrap();
+        assert_eq!(m.expire(5000, 3000), vec![(4, a.epoch)]);
+        // Leadership 9 of this meta: no record loaded, the catalog follows.
+        let back = m.join(req(Some(4), "http://a", 41, 9, 6000)).unwrap();
+        assert_eq!(back.catalog, CatalogFate::Follows);
+        // Recorded (loaded at the election), it is void.
+        let mut m = M::default();
+        let a = m.join(req(Some(4), "http://a", 41, 3, 0)).unwrap();
+        m.expire(5000, 3000);
+        m.note_lost([LostMembership {
+            rank: 4,
+            incarnation: 41,
+            membership: Membership {
+                view: 3,
+                epoch: a.epoch,
+            },
+        }]);
+        let back = m.join(req(Some(4), "http://a", 41, 9, 6000)).unwrap();
+        assert_eq!(back.catalog, CatalogFate::Discard);
     }
 
     /// A membership an earlier leader declared lost (recorded in etcd) is void on this

@@ -1,6 +1,6 @@
 //! The cluster protocol between a meta service and its local services, as pure state: no
 //! socket, no clock read, no sleep. Every step takes what happened and the time, and says
-//! what to do; `http::handlers::cluster`, `agent` and `shards::ranks` carry the messages and
+//! what to do; `http::handlers::cluster`, `agent`, `shards::ranks` and `ha` carry the messages and
 //! the actions, and the cluster simulation drives the same code from a seed.
 //!
 //! - [`members`]: the meta's membership machine (joins, heartbeats, leaves, losses), fenced
@@ -9,6 +9,8 @@
 //!   each rank (the freed logs), with the barriers a removal waits on.
 //! - [`records`]: the entries and records made the one way the handlers and the simulation
 //!   share (a written blob's entry, a refused adoption's record, a removal's wait).
+//! - [`tenure`]: a leadership's hold on its etcd lease (serve, renew, step down), driven by
+//!   `ha::election` and the simulation.
 //! - `sim` (tests only): the deterministic cluster simulation on these machines.
 //!
 //! `docs/cluster-protocol.md` is the protocol: roles, messages, machines, invariants.
@@ -18,6 +20,7 @@ pub mod catalog;
 pub mod freed;
 pub mod members;
 pub mod records;
+pub mod tenure;
 
 #[cfg(test)]
 mod barrier_tests;

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use super::HaHost;
 use super::etcd::{self, Etcd, EtcdError, b64};
 use super::{Acks, HaSnapshot, HaState, Role, ShardMsg, run_steps};
+use crate::cluster::tenure::{Due, Tenure};
 use crate::config::HaConfig;
 
 /// Entries read per `/metadata` page when a new leader loads them.
@@ -85,11 +86,8 @@ struct Leadership {
     lease: i64,
     /// The election key's create revision: `view_version` and fence.
     revision: i64,
-    /// The granted TTL.
-    ttl: Duration,
-    /// Stop serving at this instant unless a renewal succeeds first.
-    step_down_at: Instant,
-    next_renewal: Instant,
+    /// The lease's timing (`cluster::tenure`), in milliseconds of the elector's clock.
+    tenure: Tenure,
     /// No other leader served since this node's previous leadership (or it never led).
     continuous: bool,
 }
@@ -104,6 +102,8 @@ struct Elector {
     poll: Duration,
     /// The last time etcd answered a follower's read.
     last_seen: Instant,
+    /// The origin of the milliseconds the leadership's [`Tenure`] counts in.
+    origin: Instant,
     /// The largest view_version seen (kept while the leader is unknown, when the view
     /// published reports 0: `HaView::publish`).
     view_version: u64,
@@ -114,12 +114,6 @@ struct Elector {
     /// The value of `<prefix>kv_events` this node writes when it wins (KV events on): where
     /// routers subscribe to its publisher (`kv_events::leadership`).
     kv_events: Option<String>,
-}
-
-/// How long before the lease's earliest possible expiry a leader stops serving: a fifth of the
-/// TTL, at least 300 ms (requests already past the gate finish within it).
-fn margin(ttl: Duration) -> Duration {
-    (ttl / 5).max(Duration::from_millis(300))
 }
 
 /// A value no other process writes: this process's id and start time, hashed with its
@@ -151,6 +145,7 @@ impl Elector {
             ttl,
             poll,
             last_seen: Instant::now(),
+            origin: Instant::now(),
             view_version: 0,
             incarnation: incarnation(),
             led_before: false,
@@ -161,6 +156,25 @@ impl Elector {
 
     /// The server is shutting down (a leader then resigns at once, so a standby takes over
     /// while this node drains), or the threads are being stopped.
+    /// `at` in milliseconds of the tenure's clock.
+    fn ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.ms(Instant::now())
+    }
+
+    /// The instant of `ms` milliseconds of the tenure's clock.
+    fn at(&self, ms: u64) -> Instant {
+        self.origin + Duration::from_millis(ms)
+    }
+
+    /// Until when this leadership may serve, as an instant (a deadline for the calls it makes).
+    fn deadline(&self, l: &Leadership) -> Instant {
+        self.at(l.tenure.step_down_at())
+    }
+
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire) || self.host.shutting_down()
     }
@@ -274,7 +288,7 @@ impl Elector {
                 return None;
             }
         };
-        let ttl = Duration::from_secs(granted.max(1));
+        let tenure = Tenure::won(self.ms(sent), granted.max(1) * 1000);
         let key = b64(&self.key);
         let last = b64(&self.cfg.last_leader_key());
         let mut success = vec![
@@ -303,7 +317,7 @@ impl Elector {
             Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => {
                 let revision = etcd::int(v.get("header").unwrap_or(&Value::Null), "revision");
                 log::info!("HA: elected leader, view_version {revision}");
-                self.host.ha().serve_until(sent + ttl - margin(ttl));
+                self.host.ha().serve_until(self.at(tenure.step_down_at()));
                 let previous = v
                     .pointer("/responses/0/response_range/kvs/0")
                     .map(|kv| etcd::bytes(kv, "value"))
@@ -312,9 +326,7 @@ impl Elector {
                     continuous: previous == self.incarnation.as_bytes(),
                     lease,
                     revision,
-                    ttl,
-                    step_down_at: sent + ttl - margin(ttl),
-                    next_renewal: sent + ttl / 3,
+                    tenure,
                 })
             }
             Ok(v) => {
@@ -375,19 +387,19 @@ impl Elector {
         self.led_before = true;
         // Before anything of this leadership changes the store: the KV-event epoch begins,
         // with what this node holds re-announced (`kv_events::leadership`).
-        if let Err(e) = run_steps(&self.host.ha().epoch_steps, view, l.step_down_at) {
+        if let Err(e) = run_steps(&self.host.ha().epoch_steps, view, self.deadline(&l)) {
             log::warn!("HA: {e}; resigning");
             self.resign(&l, "the KV-event epoch could not start");
             return Phase::Follow;
         }
         let loaded = self.load_metadata(&mut l).and_then(|n| {
-            run_steps(&self.host.ha().recovery, view, l.step_down_at)?;
+            run_steps(&self.host.ha().recovery, view, self.deadline(&l))?;
             Ok(n)
         });
         match loaded {
             Ok(n) => {
                 log::info!("HA: loaded {n} /metadata entries from etcd");
-                let due = Instant::now() >= l.next_renewal;
+                let due = l.tenure.renewal_due(self.now_ms());
                 if !self.hold_lease(&mut l, due, "recovering took past the lease deadline") {
                     return Phase::Follow;
                 }
@@ -406,7 +418,7 @@ impl Elector {
     fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
         self.host.ha().ask_every_shard(
             |ack| ShardMsg::Purge { ack },
-            l.step_down_at,
+            self.deadline(l),
             "the shards did not drop their objects in time",
         )
     }
@@ -426,12 +438,12 @@ impl Elector {
         let mut from = prefix.clone();
         let mut loaded = 0;
         loop {
-            if Instant::now() >= l.next_renewal {
+            if l.tenure.renewal_due(self.now_ms()) {
                 self.renew(l).map_err(|e| format!("lease renewal: {e}"))?;
             }
             let v = self
                 .etcd
-                .range(&from, Some(&end), LOAD_PAGE, l.step_down_at)
+                .range(&from, Some(&end), LOAD_PAGE, self.deadline(l))
                 .map_err(|e| e.to_string())?;
             let kvs = v.get("kvs").and_then(Value::as_array);
             let mut per_shard: Vec<Vec<(Box<[u8]>, Bytes)>> = vec![Vec::new(); shards];
@@ -459,32 +471,30 @@ impl Elector {
             }
         }
         acks.wait(
-            l.step_down_at,
+            self.deadline(l),
             "the shards did not take the entries in time",
         )?;
         Ok(loaded)
     }
 
     /// Renews the lease once. `Err`: the leadership is over (lease gone or key not ours);
-    /// a renewal that merely failed is `Ok` and leaves `step_down_at` as it was.
+    /// a renewal that merely failed is `Ok` and leaves the serving deadline as it was.
     fn renew(&mut self, l: &mut Leadership) -> Result<(), String> {
-        let sent = Instant::now();
-        match self.etcd.keep_alive(l.lease, l.step_down_at) {
+        let sent = self.now_ms();
+        match self.etcd.keep_alive(l.lease, self.deadline(l)) {
             Ok(0) => return Err("the lease expired".to_string()),
             Ok(ttl) => {
-                let ttl = Duration::from_secs(ttl).min(l.ttl);
-                l.step_down_at = sent + ttl - margin(l.ttl).min(ttl / 2);
-                l.next_renewal = sent + l.ttl / 3;
-                self.host.ha().serve_until(l.step_down_at);
+                l.tenure.renewed(sent, ttl.saturating_mul(1000));
+                self.host.ha().serve_until(self.deadline(l));
             }
             Err(e) => {
                 log::warn!("HA: lease renewal failed: {e}");
-                l.next_renewal = Instant::now() + Duration::from_millis(100);
+                l.tenure.renewal_failed(self.now_ms());
                 return Ok(());
             }
         }
         // The key must still be this leadership's (nobody deleted or replaced it).
-        match self.etcd.range(&self.key, None, 0, l.step_down_at) {
+        match self.etcd.range(&self.key, None, 0, self.deadline(l)) {
             Ok(v) => match v.get("kvs").and_then(|k| k.get(0)) {
                 Some(kv) if etcd::int(kv, "create_revision") == l.revision => Ok(()),
                 _ => Err("the election key is not this leader's any more".to_string()),
@@ -498,11 +508,13 @@ impl Elector {
 
     /// One step of leading: renew when due; step down when the deadline passes first.
     fn lead(&mut self, mut l: Leadership) -> Phase {
-        self.sleep_until(l.next_renewal.min(l.step_down_at));
+        if let Due::Wait { until_ms } = l.tenure.due(self.now_ms()) {
+            self.sleep_until(self.at(until_ms));
+        }
         if self.stopping() {
             return Phase::Lead(l);
         }
-        let in_time = Instant::now() < l.step_down_at;
+        let in_time = l.tenure.serving(self.now_ms());
         if !self.hold_lease(&mut l, in_time, "could not renew the lease within its TTL") {
             return Phase::Follow;
         }
@@ -516,7 +528,7 @@ impl Elector {
             self.step_down(l, &why);
             return false;
         }
-        if Instant::now() >= l.step_down_at {
+        if !l.tenure.serving(self.now_ms()) {
             self.step_down(l, late);
             return false;
         }

@@ -1,7 +1,7 @@
 //! HA as the simulation models it: etcd (a leader key held by a lease with a TTL, a global
 //! revision, the last leader's incarnation) and each meta's election (`ha/election.rs`:
-//! follow, campaign, renew every TTL/3, stop serving at the last renewal's send time + TTL −
-//! margin, before the lease can expire). etcd may be out (frozen or lost: nothing answers,
+//! follow, campaign, then the real lease timing, [`Tenure`]: renew every TTL/3, stop serving
+//! at the last renewal's send time + TTL − margin, before the lease can expire). etcd may be out (frozen or lost: nothing answers,
 //! leases keep expiring by its clock) and a meta may be cut off from it.
 
 use std::collections::BTreeMap;
@@ -9,13 +9,7 @@ use std::collections::BTreeMap;
 use super::Node;
 use super::timing::HA_TTL_MS;
 use crate::cluster::members::LostMembership;
-
-/// How long before the lease's earliest expiry a leader stops serving (`election::margin`).
-pub(super) const MARGIN_MS: u64 = if HA_TTL_MS / 5 > 300 {
-    HA_TTL_MS / 5
-} else {
-    300
-};
+use crate::cluster::tenure::{Due, Tenure};
 /// How often a follower reads the leader key (`Elector::poll`).
 const POLL_MS: u64 = HA_TTL_MS / 4;
 
@@ -81,8 +75,8 @@ pub(super) struct Elector {
     /// The leadership's revision (its `view_version` and fence).
     view: u64,
     lease: u64,
-    step_down_at: u64,
-    next_renewal: u64,
+    /// The leadership's lease timing (while leading).
+    tenure: Tenure,
     next_poll: u64,
     last_seen: u64,
     /// This process led before (its store holds objects of that leadership).
@@ -109,8 +103,7 @@ impl Elector {
             role: Role::Follower,
             view: 0,
             lease: 0,
-            step_down_at: 0,
-            next_renewal: 0,
+            tenure: Tenure::won(0, HA_TTL_MS),
             next_poll: now,
             last_seen: now,
             led_before: false,
@@ -119,7 +112,7 @@ impl Elector {
     }
 
     pub fn serving(&self, now: u64) -> bool {
-        self.role == Role::Leader && now < self.step_down_at
+        self.role == Role::Leader && self.tenure.serving(now)
     }
 
     /// The fence: the leadership's view while leading.
@@ -165,14 +158,20 @@ impl Elector {
                 }
             }
             Role::Leader => {
-                if now >= self.step_down_at {
-                    return self.step_down(etcd, reach, now, "could not renew the lease in time");
-                }
-                if now < self.next_renewal {
-                    return Elected::Nothing;
+                match self.tenure.due(now) {
+                    Due::StepDown => {
+                        return self.step_down(
+                            etcd,
+                            reach,
+                            now,
+                            "could not renew the lease in time",
+                        );
+                    }
+                    Due::Wait { .. } => return Elected::Nothing,
+                    Due::Renew => {}
                 }
                 if !reach {
-                    self.next_renewal = now + 100;
+                    self.tenure.renewal_failed(now);
                     return Elected::Nothing;
                 }
                 etcd.expire(now);
@@ -180,8 +179,7 @@ impl Elector {
                     return self.step_down(etcd, reach, now, "the lease expired");
                 };
                 *exp = now + HA_TTL_MS;
-                self.step_down_at = now + HA_TTL_MS - MARGIN_MS;
-                self.next_renewal = now + HA_TTL_MS / 3;
+                self.tenure.renewed(now, HA_TTL_MS);
                 match etcd.holder(now) {
                     Some((m, rev)) if m == me && rev == self.view => Elected::Nothing,
                     _ => self.step_down(etcd, reach, now, "the key is not this leader's"),
@@ -204,8 +202,7 @@ impl Elector {
         self.role = Role::Leader;
         self.view = view;
         self.lease = lease;
-        self.step_down_at = now + HA_TTL_MS - MARGIN_MS;
-        self.next_renewal = now + HA_TTL_MS / 3;
+        self.tenure = Tenure::won(now, HA_TTL_MS);
         self.leader = Some(Node::Meta(me));
         Elected::Won { view, purge }
     }

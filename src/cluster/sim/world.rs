@@ -78,6 +78,10 @@ struct Host<P> {
     /// A supervisor kills it then (and starts it again at once): a SIGTERMed process that
     /// did not get to finish its leave.
     kill_at: Option<u64>,
+    /// A pause ended and the process has not been stepped since: its threads wake in no
+    /// particular order (a meta's shard may tick before its election thread notices the
+    /// lease is gone).
+    woke: bool,
 }
 
 impl<P> Host<P> {
@@ -89,6 +93,7 @@ impl<P> Host<P> {
             down_until: None,
             offset: 0,
             kill_at: None,
+            woke: false,
         }
     }
 
@@ -395,12 +400,20 @@ impl World {
             if !self.metas[i].running(now) {
                 continue;
             }
-            self.elect(i);
+            // Just resumed from a pause: the shards' tick (declaring silent ranks lost) may
+            // come before the election's look (finding the lease gone).
+            let tick_first = std::mem::take(&mut self.metas[i].woke);
+            if !tick_first {
+                self.elect(i);
+            }
             let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
             if let Some(m) = self.metas[i].proc.as_mut() {
                 m.tick(&mut cx);
             }
             self.flush();
+            if tick_first {
+                self.elect(i);
+            }
             self.record_losses(i);
         }
         for j in 0..self.locals.len() {

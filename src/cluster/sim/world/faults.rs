@@ -81,6 +81,7 @@ impl World {
                 if self.metas[i].running(self.now) {
                     let ms = 100 + self.rng.below(6000);
                     self.metas[i].paused_until = self.now + ms;
+                    self.metas[i].woke = true;
                     self.counts.meta_pauses += 1;
                     self.trace
                         .log(self.now, format!("meta {i} paused for {ms} ms"));
