@@ -65,6 +65,13 @@ pub(super) struct Local {
     pub unlisted: Vec<(u32, u64, Stamp)>,
 }
 
+/// What a dead local service left for the next (`Shape::keeps_catalog`).
+pub struct Kept {
+    pub entries: Vec<Entry>,
+    memory: BTreeMap<u64, Vid>,
+    pub in_step: u64,
+}
+
 impl Local {
     pub fn new(incarnation: u64, metas: usize, rank: Option<u32>, pages: u64, now: u64) -> Local {
         let config = AgentConfig {
@@ -89,6 +96,36 @@ impl Local {
             calls: BTreeMap::new(),
             unlisted: Vec::new(),
         }
+    }
+
+    /// What an SSD file and its journal keep of this process when it dies: the committed
+    /// entries with their bytes, and the leadership the catalog was in step with.
+    pub fn kept(&self) -> Kept {
+        let entries = self.catalog.entries();
+        let mut memory = BTreeMap::new();
+        for e in &entries {
+            let first = e.offset / PAGE_BYTES;
+            let end = (e.offset + e.size.max(1)).div_ceil(PAGE_BYTES);
+            for p in first..end {
+                if let Some(v) = self.memory.get(&p) {
+                    memory.insert(p, *v);
+                }
+            }
+        }
+        Kept {
+            entries,
+            memory,
+            in_step: self.agent.in_step(),
+        }
+    }
+
+    /// A new process starting from what its predecessor kept (`shards/local_ssd.rs`).
+    pub fn recover(&mut self, kept: Kept) {
+        for e in kept.entries {
+            self.catalog.add(e);
+        }
+        self.memory = kept.memory;
+        self.agent.recovered_in_step(kept.in_step);
     }
 
     pub fn has_left(&self) -> bool {

@@ -299,6 +299,10 @@ pub(super) struct Shape {
     pub clients: usize,
     /// Pages of each local service's DRAM segment.
     pub seg_pages: u64,
+    /// A local service with a configured rank that dies keeps its blobs and its catalog's
+    /// committed entries (and the leadership it was in step with) for its next process, as an
+    /// SSD file and its journal would (`MMC_SIM_SSD=1`; off by default).
+    pub keeps_catalog: bool,
 }
 
 /// Runs `seed` for `steps` steps and the settling after; `Err` is the failure's report (the

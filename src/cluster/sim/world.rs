@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::check::{Ledger, Outcome};
 use super::client::Client;
 use super::ha::{Elected, Etcd};
-use super::local::Local;
+use super::local::{Kept, Local};
 use super::meta::Meta;
 use super::net::{Envelope, Msg, Net, Read, Rep, Req, Weather};
 use super::timing::*;
@@ -78,6 +78,8 @@ struct Host<P> {
     /// A supervisor kills it then (and starts it again at once): a SIGTERMed process that
     /// did not get to finish its leave.
     kill_at: Option<u64>,
+    /// What a local service that died left for its next process (`Shape::keeps_catalog`).
+    kept: Option<Kept>,
     /// A pause ended and the process has not been stepped since: its threads wake in no
     /// particular order (a meta's shard may tick before its election thread notices the
     /// lease is gone).
@@ -93,6 +95,7 @@ impl<P> Host<P> {
             down_until: None,
             offset: 0,
             kill_at: None,
+            kept: None,
             woke: false,
         }
     }
@@ -151,6 +154,7 @@ impl World {
             locals: 2 + rng.below(3) as usize,
             clients: 2 + rng.below(2) as usize,
             seg_pages: [32, 64, 128][rng.below(3) as usize],
+            keeps_catalog: std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1"),
         };
         let mut net = Net::default();
         if !rng.chance(15) {
@@ -225,7 +229,19 @@ impl World {
     fn new_local(&mut self, j: usize) -> Local {
         let incarnation = self.incarnation();
         let (metas, pages) = (self.shape.metas, self.shape.seg_pages);
-        Local::new(incarnation, metas, self.ranks[j], pages, self.now)
+        let mut l = Local::new(incarnation, metas, self.ranks[j], pages, self.now);
+        if let Some(kept) = self.locals.get_mut(j).and_then(|h| h.kept.take()) {
+            self.trace.log(
+                self.now,
+                format!(
+                    "local {j} recovers {} entries (in step with leadership {})",
+                    kept.entries.len(),
+                    kept.in_step
+                ),
+            );
+            l.recover(kept);
+        }
+        l
     }
 
     pub fn violations(&self) -> Vec<String> {
@@ -572,6 +588,9 @@ impl World {
         }
         self.locals[j].inbox.clear();
         self.locals[j].paused_until = 0;
+        if self.shape.keeps_catalog && self.ranks[j].is_some() {
+            self.locals[j].kept = Some(l.kept());
+        }
         let back = self.now + 500 + self.rng.below(4000);
         self.locals[j].down_until = Some(back);
         self.trace.log(

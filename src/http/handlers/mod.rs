@@ -9,6 +9,7 @@ pub mod keys_stream {
 mod cluster;
 mod copies;
 mod freed;
+mod grant_urls;
 pub use copies::HttpCopier;
 mod memory;
 mod meta;

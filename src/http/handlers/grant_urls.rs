@@ -1,0 +1,73 @@
+//! The grants a meta service gives for a remote blob's transfers that it makes or sends a
+//! client to make outside a put's chain: a read (a get's redirect, a copy's fetch), a copy's
+//! write (a drain's move, a re-replication: with the destination log's floor), and the fields
+//! of any grant on one blob (`tier.rs`'s moves).
+
+use super::remote::object_url;
+use crate::cluster::catalog::Stamp;
+use crate::grant::{Grant, GrantOp, unix_ms};
+use crate::shards::Cluster;
+use crate::shards::store::BlobView;
+
+pub(super) fn read_grant_url(cluster: &Cluster, key: &[u8], v: &BlobView) -> Option<String> {
+    let config = &cluster.config;
+    let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
+    grant_url(key, v, GrantOp::Read, ttl, Stamp::default())
+}
+
+/// A write-only grant URL for a blob on a remote rank (a copy from another rank writes
+/// there: a drain's move, a re-replication), carrying the object's stamp for the local
+/// service's catalog.
+pub(super) fn write_grant_url(
+    cluster: &Cluster,
+    key: &[u8],
+    v: &BlobView,
+    stamp: Stamp,
+) -> Option<String> {
+    let remote = v.seg.backend.remote()?;
+    let mut grant = blob_grant(
+        GrantOp::Write,
+        v,
+        stamp,
+        unix_ms() + cluster.config.grant_ttl_ms(),
+        v.sum,
+    );
+    // The records noted so far for the rank (an earlier attempt at this copy, given up, names
+    // the same range and stamp) must not drop the entry this write makes.
+    grant.floor = cluster.freed_logs.seq(v.seg.rank, remote.epoch);
+    let text = grant.sign(&remote.grant_key, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
+fn grant_url(key: &[u8], v: &BlobView, op: GrantOp, ttl_ms: u64, stamp: Stamp) -> Option<String> {
+    let remote = v.seg.backend.remote()?;
+    let grant = blob_grant(op, v, stamp, unix_ms() + ttl_ms, v.sum);
+    let text = grant.sign(&remote.grant_key, key, b"");
+    Some(object_url(&remote.url, key, &text, None))
+}
+
+/// A grant of `op` on the blob `v` names (its rank, medium and range; its length is the
+/// object's size), for the object with `stamp`, carrying the checksum `sum`.
+pub(super) fn blob_grant(
+    op: GrantOp,
+    v: &BlobView,
+    stamp: Stamp,
+    expires_ms: u64,
+    sum: u64,
+) -> Grant {
+    Grant {
+        op,
+        rank: v.seg.rank,
+        medium: v.seg.medium as u8,
+        offset: v.offset,
+        len: v.len,
+        size: v.len,
+        obj_id: 0,
+        obj_generation: stamp.seq,
+        view: stamp.view,
+        expires_ms,
+        sum,
+        floor: 0,
+    }
+}
