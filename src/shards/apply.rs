@@ -30,7 +30,7 @@ impl Shard {
                 size,
                 placement,
             } => {
-                let view = self.cluster.ha.fence().max(0) as u64;
+                let view = self.cluster.stamp_view();
                 self.store.borrow_mut().set_view(view);
                 self.apply_alloc(key, size, placement)
             }

@@ -166,6 +166,9 @@ pub struct Cluster {
     pub copier: Option<Arc<dyn ObjectCopier>>,
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
     pub freed_logs: crate::cluster::catalog::FreedLogs,
+    /// The Unix time in milliseconds this process started: the view of its objects' stamps
+    /// without HA ([`Cluster::stamp_view`]).
+    pub lineage_ms: u64,
     /// The journals of the SSD files' indexes, with `ock.mmc.ssd.recover` (`None`: SSD files
     /// start empty and keep no journal).
     pub journals: Option<Arc<store::ssd::journaling::Journals>>,
@@ -174,6 +177,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The view new objects are stamped with now (`cluster::catalog::stamp_view`).
+    pub fn stamp_view(&self) -> u64 {
+        let ha = self.ha.config().map(|_| self.ha.fence().max(0) as u64);
+        crate::cluster::catalog::stamp_view(ha, self.lineage_ms)
+    }
+
     pub fn new(
         config: Config,
         shard_count: usize,
@@ -251,6 +260,7 @@ impl Cluster {
             remote_tier,
             copier,
             freed_logs: Default::default(),
+            lineage_ms: crate::grant::unix_ms(),
             journals,
             telemetry,
         });

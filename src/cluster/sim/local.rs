@@ -249,10 +249,17 @@ impl Local {
         }
     }
 
-    /// Drops the catalog without handing it over: its objects are lost by a documented rule.
+    /// Drops the catalog without handing it over: its objects are lost by a documented rule,
+    /// those whose commit answer is still on its way included (seed 4329: a put committed on
+    /// the meta, its answer slowed past the catalog's drop).
     fn discard(&mut self, cx: &mut Cx, why: &str) {
         for e in self.catalog.entries() {
             if let Some(k) = super::key_of(&e.key) {
+                cx.ledger.excuse(k, cx.now);
+            }
+        }
+        for v in self.values() {
+            if let Some(k) = cx.ledger.key_of(v) {
                 cx.ledger.excuse(k, cx.now);
             }
         }
@@ -327,7 +334,11 @@ impl Local {
         }
         cx.log(format!(
             "wrote k{key} = {val} at {} ({:?}, stamp {}.{}, epoch {})",
-            g.offset, g.op, g.view, g.obj_generation, self.epoch
+            g.offset,
+            g.op,
+            super::short_view(g.view),
+            g.obj_generation,
+            self.epoch
         ));
         let cataloged = self.catalog_add(key, &g);
         let hold = Hold {

@@ -101,6 +101,8 @@ pub(super) struct Meta {
     drains: Vec<Drain>,
     calls: BTreeMap<u64, (u64, Call)>,
     keys: u16,
+    /// When this process started: its stamps' view without HA (`Cluster::lineage_ms`).
+    lineage_ms: u64,
 }
 
 mod drain;
@@ -136,7 +138,13 @@ impl Meta {
             drains: Vec::new(),
             calls: BTreeMap::new(),
             keys,
+            lineage_ms: now,
         }
+    }
+
+    /// `Cluster::stamp_view`: the view new objects are stamped with.
+    fn stamp_view(&self) -> u64 {
+        crate::cluster::catalog::stamp_view(self.ha.as_ref().map(|h| h.view()), self.lineage_ms)
     }
 
     /// Whether this meta serves (HA: the leader, before its step-down deadline).

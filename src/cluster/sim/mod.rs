@@ -291,6 +291,15 @@ impl Trace {
     }
 }
 
+/// A stamp's view as a trace shows it: a leadership's `view_version` under HA (`h3`), a
+/// process's start time without HA (`t1234`, its milliseconds).
+pub(super) fn short_view(view: u64) -> String {
+    match view.checked_sub(crate::cluster::catalog::HA_STAMP_BASE) {
+        Some(v) => format!("h{v}"),
+        None => format!("t{view}"),
+    }
+}
+
 /// The shape of one run, drawn from its seed.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Shape {

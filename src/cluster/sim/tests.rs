@@ -96,6 +96,10 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // join's answers were lost: a restarted meta adopted a catalog 6 s silent, and a value a
     // meta in between had deleted came back.
     (1941, 3000, None),
+    // Without HA every meta process stamped view 0: a restarted meta took a put of a key
+    // before the catalog listing an older version (a higher sequence of the previous process)
+    // was adopted, and the older version won (`catalog::stamp_view`).
+    (6334, 3000, None),
 ];
 // Seed 3310 (drawn shape, 3000 steps) found the put over an unconfirmed removal; the
 // mutation test `put_over_unconfirmed` below keeps a seed that catches it.

@@ -187,7 +187,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
     hops.sort_by_key(|b| b.seg.backend.remote().is_none());
     let expires = unix_ms() + ctx.shard.cluster.config.grant_ttl_ms();
     // The leadership the object was stamped with at its allocation, just now.
-    let view = ctx.shard.cluster.ha.fence().max(0) as u64;
+    let view = ctx.shard.cluster.stamp_view();
     let mut next: Option<String> = None;
     for (i, b) in hops.iter().enumerate().rev() {
         let g = Grant {

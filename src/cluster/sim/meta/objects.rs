@@ -42,7 +42,7 @@ impl Meta {
             self.poll_removals(cx);
             return;
         }
-        let view = self.view();
+        let view = self.stamp_view();
         self.store.set_view(view);
         let before = self.stamps();
         let size = pages * PAGE_BYTES - 64;
@@ -75,7 +75,8 @@ impl Meta {
         };
         let ranks: Vec<u32> = blobs.iter().map(|b| b.seg.rank).collect();
         cx.log(format!(
-            "put k{key}: {size} bytes on ranks {ranks:?} ({view}.{})",
+            "put k{key}: {size} bytes on ranks {ranks:?} ({}.{})",
+            super::super::short_view(view),
             obj.generation
         ));
         let expires = cx.wall + GRANT_TTL_MS;
