@@ -1309,11 +1309,7 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
     );
     assert_eq!(r.json()["success"], true, "{}", r.text());
     locals[1].signal(libc::SIGSTOP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !leader.log().contains("rank 8 lost") {
-        assert!(Instant::now() < deadline, "rank 8 never declared lost");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_log(&leader, "rank 8 lost", Duration::from_secs(10));
     let r = crate::harness::Client::connect(leader.addr).request(
         "DELETE",
         "/api/v1/objects?key=gone",
@@ -1413,23 +1409,13 @@ fn a_process_that_joined_again_after_its_loss_keeps_what_it_took_since() {
     let (mut leader, standby) = leader_first(a, b);
     let locals = ranks_7_and_8(driver, &standby, &leader);
     locals[1].signal(libc::SIGSTOP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !leader.log().contains("rank 8 lost") {
-        assert!(Instant::now() < deadline, "rank 8 never declared lost");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_log(&leader, "rank 8 lost", Duration::from_secs(10));
     locals[1].signal(libc::SIGCONT);
-    while !locals[1]
-        .log()
-        .contains("declared this service lost before")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "rank 8 was not told to drop its catalog:\n{}",
-            locals[1].log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_log(
+        &locals[1],
+        "declared this service lost before",
+        Duration::from_secs(10),
+    );
     wait_joined(leader.addr, "rank-8-dram", &locals[1]);
     let r = follow(
         leader.addr,
@@ -1448,6 +1434,20 @@ fn a_process_that_joined_again_after_its_loss_keeps_what_it_took_since() {
     assert_eq!(r.body, blob(3, 3), "the put rank 8 took after its loss");
     drop(locals);
     drop(standby);
+}
+
+/// Waits (at most `limit`) until `server`'s log says `needle`.
+#[track_caller]
+fn wait_log(server: &Server, needle: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !server.log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log within {limit:?}:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Local services of ranks 7 and 8 (32 MB of DRAM, heartbeats every 200 ms, lost after
