@@ -3,6 +3,7 @@ OpenTelemetry protobuf definitions (the `opentelemetry-proto` package), and chec
 names, kinds and resource attributes, the spans of sampled requests, and that a collector that
 is down, slow or restarted costs the requests nothing and is counted on /metrics."""
 
+import contextlib
 import http.server
 import os
 import re
@@ -278,8 +279,9 @@ def test_a_down_collector_slows_nothing_and_is_counted(started):
     assert sum("OTLP: metrics export failed (unreachable)" in line for line in s.log) == 1, "".join(s.log)
 
 
-def test_a_slow_collector_slows_nothing_and_is_counted(started):
-    # A collector that accepts connections and never answers.
+@contextlib.contextmanager
+def hung_collector():
+    """A collector that accepts connections and never answers: yields its port."""
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(64)
@@ -296,7 +298,16 @@ def test_a_slow_collector_slows_nothing_and_is_counted(started):
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        port = lsock.getsockname()[1]
+        yield lsock.getsockname()[1]
+    finally:
+        stop.set()
+        lsock.close()
+        for c in held:
+            c.close()
+
+
+def test_a_slow_collector_slows_nothing_and_is_counted(started):
+    with hung_collector() as port:
         s = otlp_server(started, "http://127.0.0.1:%d" % port, "ock.mmc.otlp.interval_ms=100",
                         "ock.mmc.otlp.timeout_ms=300", "ock.mmc.otlp.trace_sample_ratio=1",
                         "ock.mmc.otlp.queue_spans=16")
@@ -309,11 +320,6 @@ def test_a_slow_collector_slows_nothing_and_is_counted(started):
         wait_until("timeouts counted", lambda: (metric_value(s, "memcache_otlp_export_failures_total", '{signal="metrics",cause="timeout"}') or 0) >= 1)
         wait_until("a full queue counted", lambda: (metric_value(s, "memcache_otlp_spans_dropped_total", '{reason="queue_full"}') or 0) > 0)
         assert metric_value(s, "memcache_otlp_span_queue_length") <= 16
-    finally:
-        stop.set()
-        lsock.close()
-        for c in held:
-            c.close()
 
 
 def test_a_restarted_collector_gets_the_pushes_again(started):
@@ -442,26 +448,9 @@ def test_a_stop_pushes_the_last_metrics_and_the_queued_spans(started):
 
 @pytest.mark.parametrize("collector", ["down", "hung"])
 def test_a_stop_does_not_wait_for_a_collector_that_is_down_or_hung(started, collector):
-    held, stop = [], threading.Event()
-    if collector == "down":
-        port = free_port()  # connections refused
-    else:
-        lsock = socket.socket()  # connections accepted, never answered
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(64)
-        port = lsock.getsockname()[1]
-
-        def accept():
-            lsock.settimeout(0.2)
-            while not stop.is_set():
-                try:
-                    held.append(lsock.accept()[0])
-                except OSError:
-                    pass
-            lsock.close()
-
-        threading.Thread(target=accept, daemon=True).start()
-    try:
+    with contextlib.ExitStack() as stack:
+        # Down: connections refused; hung: accepted, never answered.
+        port = free_port() if collector == "down" else stack.enter_context(hung_collector())
         s = otlp_server(started, "http://127.0.0.1:%d" % port, "ock.mmc.otlp.interval_ms=60000",
                         "ock.mmc.otlp.trace_sample_ratio=1", "ock.mmc.otlp.timeout_ms=1000")
         time.sleep(1.2)  # the first push is under way (hung) or failed (down)
@@ -473,10 +462,6 @@ def test_a_stop_does_not_wait_for_a_collector_that_is_down_or_hung(started, coll
         assert took < 3, (took, "".join(s.log))
         assert any("OTLP: last export at the stop: the metrics not sent, 0 spans sent, 5 dropped" in line
                    for line in s.log), "".join(s.log)
-    finally:
-        stop.set()
-        for c in held:
-            c.close()
 
 
 def test_ssd_flushes_and_rewarms_have_spans(started, tmp_path):
