@@ -758,6 +758,13 @@ fn pure_meta(driver: Driver, etcd: &Etcd, port: u16) -> Server {
     pure_meta_with(driver, etcd, port, &[])
 }
 
+/// Two pure metas, (leader, standby) once the election has settled.
+fn two_pure_metas(driver: Driver, etcd: &Etcd) -> (Server, Server) {
+    let a = pure_meta(driver, etcd, free_port());
+    let b = pure_meta(driver, etcd, free_port());
+    leader_first(a, b)
+}
+
 /// `pure_meta` with settings of its own (applied last: they win).
 fn pure_meta_with(driver: Driver, etcd: &Etcd, port: u16, extra: &[(&str, &str)]) -> Server {
     let mut b = ha_meta(driver, &etcd.endpoint(), port)
@@ -963,9 +970,7 @@ fn failover_keeps_the_objects_of_live_local_services() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut leader, standby) = leader_first(a, b);
+    let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let local = local_of(driver, &standby, &leader)
         .set("ock.mmc.local_service.dram.size", "64MB")
         .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
@@ -1174,9 +1179,7 @@ fn replicated_objects_keep_both_copies_across_a_failover() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut leader, standby) = leader_first(a, b);
+    let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
     for i in 0..6 {
         let target = match i % 3 {
@@ -1233,9 +1236,7 @@ fn a_delete_by_the_new_leader_survives_a_late_hand_over() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut leader, standby) = leader_first(a, b);
+    let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
     for key in ["gone", "kept"] {
         let target = format!("/api/v1/objects?key={key}&replicas=2");
@@ -1297,9 +1298,7 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut leader, standby) = leader_first(a, b);
+    let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
     let r = follow(
         leader.addr,
@@ -1347,9 +1346,7 @@ fn a_catalog_that_missed_a_leadership_is_void_on_the_next_leader() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut first, second) = leader_first(a, b);
+    let (mut first, second) = two_pure_metas(driver, &etcd);
     let first_port = first.addr.port();
     let locals = ranks_7_and_8(driver, &second, &first);
     let r = follow(
@@ -1404,9 +1401,7 @@ fn a_process_that_joined_again_after_its_loss_keeps_what_it_took_since() {
         return;
     };
     let driver = Driver::Uring;
-    let a = pure_meta(driver, &etcd, free_port());
-    let b = pure_meta(driver, &etcd, free_port());
-    let (mut leader, standby) = leader_first(a, b);
+    let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
     locals[1].signal(libc::SIGSTOP);
     wait_log(&leader, "rank 8 lost", Duration::from_secs(10));
