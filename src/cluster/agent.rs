@@ -366,6 +366,12 @@ impl Agent {
         }
     }
 
+    /// Drops the catalog, which begins afresh in membership `at` (every later join says so).
+    fn discard_catalog(&mut self, at: Membership, out: &mut Vec<Action>) {
+        out.push(Action::DiscardCatalog);
+        self.catalog_since = at;
+    }
+
     /// Gives the membership up (the meta forgot it, or went silent): join again, deciding
     /// first whether the catalog may still be handed over.
     fn give_up(&mut self, why: &str, now_ms: u64, out: &mut Vec<Action>) {
@@ -533,21 +539,18 @@ impl Agent {
                         "the meta service at {meta} said this service's catalog is void (it declared this service lost before, or the catalog missed a leadership that served since leadership {}): it is dropped",
                         self.in_step
                     )));
-                    out.push(Action::DiscardCatalog);
-                    self.catalog_since = admitted;
+                    self.discard_catalog(admitted, out);
                 } else if let Some(silent) = suspect.filter(|_| a.fresh) {
                     out.push(Action::Warn(format!(
                         "rank {}: no heartbeat was answered for {silent} ms, past the heartbeat timeout, and the meta service at {meta} admitted this service afresh: it may have declared it lost and removed its objects (or restarted), so its catalog is dropped, not handed over",
                         a.rank
                     )));
-                    out.push(Action::DiscardCatalog);
-                    self.catalog_since = admitted;
+                    self.discard_catalog(admitted, out);
                 } else if a.fresh && !hand_over {
                     // A new membership that took no catalog: what the catalog lists now (a
                     // commit answered since the join was sent) is of a membership the meta
                     // dropped with its blobs.
-                    out.push(Action::DiscardCatalog);
-                    self.catalog_since = admitted;
+                    self.discard_catalog(admitted, out);
                 } else if a.fresh {
                     out.push(Action::DropUnconfirmed);
                 }
@@ -629,11 +632,11 @@ impl Agent {
                     "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
                     m.meta
                 )));
-                out.push(Action::DiscardCatalog);
-                self.catalog_since = Membership {
+                let at = Membership {
                     view: m.view,
                     epoch: m.epoch,
                 };
+                self.discard_catalog(at, out);
                 self.held = false;
             }
             BeatAnswer::Forgotten => {

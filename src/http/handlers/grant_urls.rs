@@ -12,7 +12,7 @@ use crate::shards::store::BlobView;
 pub(super) fn read_grant_url(cluster: &Cluster, key: &[u8], v: &BlobView) -> Option<String> {
     let config = &cluster.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
-    grant_url(key, v, GrantOp::Read, ttl, Stamp::default())
+    grant_url(key, v, GrantOp::Read, ttl, Stamp::default(), 0)
 }
 
 /// A write-only grant URL for a blob on a remote rank (a copy from another rank writes
@@ -24,25 +24,35 @@ pub(super) fn write_grant_url(
     v: &BlobView,
     stamp: Stamp,
 ) -> Option<String> {
-    let remote = v.seg.backend.remote()?;
-    let mut grant = blob_grant(
-        GrantOp::Write,
-        v,
-        stamp,
-        unix_ms() + cluster.config.grant_ttl_ms(),
-        v.sum,
-    );
     // The records noted so far for the rank (an earlier attempt at this copy, given up, names
     // the same range and stamp) must not drop the entry this write makes.
-    grant.floor = cluster.freed_logs.seq(v.seg.rank, remote.epoch);
-    let text = grant.sign(&remote.grant_key, key, b"");
-    Some(object_url(&remote.url, key, &text, None))
+    let epoch = v.seg.backend.remote()?.epoch;
+    let floor = cluster.freed_logs.seq(v.seg.rank, epoch);
+    grant_url(
+        key,
+        v,
+        GrantOp::Write,
+        cluster.config.grant_ttl_ms(),
+        stamp,
+        floor,
+    )
 }
 
-/// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`.
-fn grant_url(key: &[u8], v: &BlobView, op: GrantOp, ttl_ms: u64, stamp: Stamp) -> Option<String> {
+/// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`,
+/// with `floor` ([`Grant::floor`]).
+fn grant_url(
+    key: &[u8],
+    v: &BlobView,
+    op: GrantOp,
+    ttl_ms: u64,
+    stamp: Stamp,
+    floor: u64,
+) -> Option<String> {
     let remote = v.seg.backend.remote()?;
-    let grant = blob_grant(op, v, stamp, unix_ms() + ttl_ms, v.sum);
+    let grant = Grant {
+        floor,
+        ..blob_grant(op, v, stamp, unix_ms() + ttl_ms, v.sum)
+    };
     let text = grant.sign(&remote.grant_key, key, b"");
     Some(object_url(&remote.url, key, &text, None))
 }
