@@ -167,25 +167,12 @@ impl LocalPeer {
     /// The peer of the connected socket `fd`, if it may use the same-host path: a process of
     /// the server's own (effective) user.
     pub fn of(fd: RawFd) -> Result<LocalPeer, Refusal> {
-        let mut cred = libc::ucred {
+        let blank = libc::ucred {
             pid: 0,
             uid: 0,
             gid: 0,
         };
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        // SAFETY: `cred` is a ucred and `len` its size.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_PEERCRED,
-                (&mut cred as *mut libc::ucred).cast(),
-                &mut len,
-            )
-        };
-        if r != 0 {
-            return Err(Refusal::Unknown(io::Error::last_os_error()));
-        }
+        let cred = socket_option(fd, libc::SO_PEERCRED, blank).map_err(Refusal::Unknown)?;
         // SAFETY: geteuid has no preconditions.
         if cred.uid != unsafe { libc::geteuid() } {
             return Err(Refusal::OtherUser);
@@ -527,23 +514,33 @@ pub fn parse_iov(v: &[u8]) -> Option<Vec<libc::iovec>> {
 /// The peer's pidfd: `SO_PEERPIDFD` (Linux 6.5: the process that connected, whatever
 /// happened since), else `pidfd_open` of the pid `SO_PEERCRED` gave.
 fn peer_pidfd(fd: RawFd, pid: libc::pid_t) -> io::Result<OwnedFd> {
-    let mut pidfd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: an int option into an int.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERPIDFD,
-            (&mut pidfd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 && pidfd >= 0 {
+    if let Ok(pidfd) = socket_option::<libc::c_int>(fd, libc::SO_PEERPIDFD, -1)
+        && pidfd >= 0
+    {
         // SAFETY: the kernel gave us this new descriptor.
         return Ok(unsafe { OwnedFd::from_raw_fd(pidfd) });
     }
     pidfd_open(pid)
+}
+
+/// The `SOL_SOCKET` option `opt` of socket `fd`, read into a `T` that starts as `value`.
+/// `T` must be the option's C type (`ucred` for `SO_PEERCRED`, `int` for `SO_PEERPIDFD`).
+fn socket_option<T: Copy>(fd: RawFd, opt: libc::c_int, mut value: T) -> io::Result<T> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` is a `T` and `len` its size; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
 }
 
 fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
