@@ -91,6 +91,15 @@ class Server:
         return self.proc.returncode
 
 
+@pytest.fixture(scope="module")
+def server():
+    """One server on the default configuration for a test module (a module may define its
+    own `server` instead); it must exit 0 when stopped."""
+    s = Server([])
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
 @pytest.fixture(params=["uring", "epoll"])
 def server_factory(request):
     """Starts servers for a test, under each io driver in turn; stops them after it."""

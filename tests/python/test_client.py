@@ -20,13 +20,6 @@ NOT_FOUND = -3102
 INVALID = -3000
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server([])
-    yield s
-    assert s.stop() == 0, "".join(s.log)
-
-
 def make_store(url, **cfg):
     c = LocalConfig()
     c.meta_service_url = url

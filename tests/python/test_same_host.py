@@ -25,13 +25,6 @@ OK = 0
 INVALID = -3000
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server([])
-    yield s
-    assert s.stop() == 0, "".join(s.log)
-
-
 def make_store(url):
     c = LocalConfig()
     c.meta_service_url = url
