@@ -215,12 +215,16 @@ impl Catalog {
     }
 
     /// The commit of the pending entry (or the tier move to the entry) at this range with
-    /// this stamp succeeded.
-    pub fn confirm(&mut self, f: &Freed) {
-        if let Some((e, _, known)) = self.entries.get_mut(&(f.medium, f.offset))
-            && e.stamp == f.stamp
-        {
-            *known = Known::Committed;
+    /// this stamp succeeded. False when no such entry is left: a new membership dropped it
+    /// unconfirmed ([`Catalog::drop_unconfirmed`]: its meta dropped the blob), the catalog was
+    /// discarded, or a freed record took it: the put's first hop must not answer success then.
+    pub fn confirm(&mut self, f: &Freed) -> bool {
+        match self.entries.get_mut(&(f.medium, f.offset)) {
+            Some((e, _, known)) if e.stamp == f.stamp => {
+                *known = Known::Committed;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -281,10 +285,12 @@ impl Catalog {
     /// was sent (entries added since then survive a resync).
     pub fn apply(&mut self, news: BeatNews, mark: u64) {
         if let Some(list) = news.resync {
+            // Kept: the entries added since the heartbeat left, and the puts whose commit is
+            // still on its way (the meta's list, taken before it committed them, lacks them).
             let recent: Vec<(Entry, Known)> = self
                 .entries
                 .values()
-                .filter(|(_, at, _)| *at > mark)
+                .filter(|(_, at, known)| *at > mark || *known == Known::Pending)
                 .map(|(e, _, k)| (e.clone(), *k))
                 .collect();
             self.entries.clear();
@@ -292,7 +298,13 @@ impl Catalog {
                 self.add(e);
             }
             for (e, known) in recent {
-                self.insert(e, known);
+                let listed = self
+                    .entries
+                    .get(&(e.medium, e.offset))
+                    .is_some_and(|(x, _, _)| x.stamp == e.stamp);
+                if !(known == Known::Pending && listed) {
+                    self.insert(e, known);
+                }
             }
         }
         for (seq, f) in &news.freed {
@@ -304,7 +316,7 @@ impl Catalog {
                 Some((_, _, Known::Copied { floor })) if seq <= floor
             );
             if f.landed {
-                self.confirm(f);
+                let _ = self.confirm(f);
             } else if !shielded {
                 self.free(f);
             }
@@ -378,15 +390,40 @@ mod tests {
     }
 
     /// A new membership confirms none of the previous one's pending puts: they are dropped,
-    /// and a commit answer arriving afterwards lists nothing (sim seed 1091, three metas).
+    /// and a commit answer arriving afterwards lists nothing (sim seed 1091, three metas) and
+    /// says so, so the put is not answered success (seed 4106, three metas).
     #[test]
     fn a_commit_answered_after_a_new_membership_lists_nothing() {
         let mut c = Catalog::default();
         c.add(entry("kept", 0, 4096, 1, 10));
         c.add_pending(entry("late", 4096, 4096, 1, 11));
+        c.add_pending(entry("timely", 8192, 4096, 1, 12));
+        assert!(c.confirm(&freed(8192, 1, 12)));
         assert_eq!(c.drop_unconfirmed(), 1);
-        c.confirm(&freed(4096, 1, 11));
-        assert_eq!(keys(&c), ["kept"]);
+        assert!(!c.confirm(&freed(4096, 1, 11)));
+        assert_eq!(keys(&c), ["kept", "timely"]);
+    }
+
+    /// A resync (the meta's log overflowed) keeps a put whose commit is still on its way even
+    /// if it was added before the heartbeat left: the meta's list, taken before the commit,
+    /// lacks it, and the commit's success then confirms it. A pending entry the list names
+    /// is taken from the list (committed).
+    #[test]
+    fn a_resync_keeps_the_puts_whose_commit_is_on_its_way() {
+        let mut c = Catalog::default();
+        c.add_pending(entry("on-its-way", 0, 4096, 1, 10));
+        c.add_pending(entry("listed", 4096, 4096, 1, 11));
+        c.add(entry("freed-meanwhile", 8192, 4096, 1, 5));
+        let mark = c.mark();
+        let news = BeatNews {
+            seq: 9,
+            freed: vec![],
+            resync: Some(vec![entry("listed", 4096, 4096, 1, 11)]),
+        };
+        c.apply(news, mark);
+        assert_eq!(keys(&c), ["listed"]);
+        assert!(c.confirm(&freed(0, 1, 10)));
+        assert_eq!(keys(&c), ["on-its-way", "listed"]);
     }
 
     #[test]

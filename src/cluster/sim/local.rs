@@ -501,10 +501,16 @@ impl Local {
             Call::Commit(hold) => {
                 let v = match rep {
                     Rep::Done(Verdict::Ok) => {
-                        if hold.cataloged {
-                            self.catalog.confirm(&freed(&hold.g));
+                        if hold.cataloged && !self.catalog.confirm(&freed(&hold.g)) {
+                            // A new membership dropped the entry unconfirmed meanwhile.
+                            cx.log(format!(
+                                "k{}: committed after its entry was dropped",
+                                hold.key
+                            ));
+                            Verdict::Failed
+                        } else {
+                            Verdict::Ok
                         }
-                        Verdict::Ok
                     }
                     other => {
                         if !matches!(other, Rep::Done(_)) {

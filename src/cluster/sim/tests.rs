@@ -100,6 +100,12 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // before the catalog listing an older version (a higher sequence of the previous process)
     // was adopted, and the older version won (`catalog::stamp_view`).
     (6334, 3000, None),
+    // The other half of 1091: a commit's answer, slowed past the join's wait for commits,
+    // reached the service after it had joined afresh and dropped the unconfirmed entry; it
+    // answered the client success for a put the new membership's meta had dropped (an
+    // acknowledged put lost). A commit answered after its entry went now fails the put
+    // (`Catalog::confirm`).
+    (4106, 3000, Some(3)),
 ];
 // Seed 3310 (drawn shape, 3000 steps) found the put over an unconfirmed removal; the
 // mutation test `put_over_unconfirmed` below keeps a seed that catches it.

@@ -487,15 +487,18 @@ pub(super) async fn grant_put(
     let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
     if r.status != Status::OK || r.failed {
         catalog_drop(ctx, &grant, cataloged);
-    } else if cataloged {
-        ctx.shard
-            .cluster
-            .local
-            .catalog()
-            .confirm(&catalog_freed(&grant));
+    } else if cataloged && !cluster.local.catalog().confirm(&catalog_freed(&grant)) {
+        // Committed, but this service joined a meta again before the answer came (its new
+        // membership dropped the unconfirmed entry, and the meta the blob): not kept.
+        log::warn!("a put committed after this service's catalog dropped its entry: failed");
+        return Some(ctx.business_error(ErrorKind::Failed, LOST_BEFORE_CONFIRMED));
     }
     Some(r)
 }
+
+/// A put whose commit's answer came after its catalog entry was dropped.
+const LOST_BEFORE_CONFIRMED: &str =
+    "Put not kept: this local service joined the meta service again before the commit was answered";
 
 fn grant_stamp(grant: &Grant) -> Stamp {
     Stamp {
