@@ -106,6 +106,10 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // acknowledged put lost). A commit answered after its entry went now fails the put
     // (`Catalog::confirm`).
     (4106, 3000, Some(3)),
+    // A put of a key the new leader did not know yet, given to another rank and never
+    // written, refused the adoption of the key's acknowledged older copy; the key was gone
+    // when the allocation ended (an uncommitted put no longer shadows an adopted copy).
+    (7548, 3000, Some(3)),
 ];
 // Seed 3310 (drawn shape, 3000 steps) found the put over an unconfirmed removal; the
 // mutation test `put_over_unconfirmed` below keeps a seed that catches it.
