@@ -124,7 +124,10 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     };
     let mut agent = Agent::new(config, cluster.clock.now_ms());
     // A catalog recovered with the SSD file says which leadership it was last in step with.
-    agent.recovered_in_step(cluster.local.in_step.load(Ordering::Acquire));
+    agent.recovered_in_step(
+        cluster.local.in_step.load(Ordering::Acquire),
+        cluster.local.heard_by.load(Ordering::Acquire),
+    );
     let inbox: Inbox = Rc::default();
     let mut pending_key: Option<(GrantKey, u64)> = None;
     // Why the last join failed, said with the machine's warning that no meta admitted us.
@@ -227,6 +230,8 @@ fn act(
             catalog_follows,
             in_step,
             catalog_since,
+            recovered,
+            heard_by,
         } => {
             // Grants of the meta left behind are void from now on: none is accepted until the
             // join's answer brings the next meta's key, and bodies still arriving under one
@@ -250,6 +255,8 @@ fn act(
                 "catalog_follows": catalog_follows,
                 "in_step": in_step,
                 "catalog_since": [catalog_since.view, catalog_since.epoch],
+                "recovered": recovered,
+                "heard_by": heard_by,
             });
             let (cluster, inbox) = (cluster.clone(), inbox.clone());
             monoio::spawn(async move {
@@ -282,7 +289,7 @@ fn act(
             cluster.local.catalog().reset_ack();
             cluster.local.set_joined(true);
         }
-        Action::InStep(view) => cluster.record_in_step(view),
+        Action::InStep { view, lineage } => cluster.record_in_step(view, lineage),
         Action::DropUnconfirmed => {
             let n = cluster.local.catalog().drop_unconfirmed();
             if n > 0 {
@@ -402,6 +409,7 @@ async fn join(
         heartbeat_timeout_ms: ms("heartbeat_timeout_ms", c.heartbeat_timeout_ms),
         ha: v.get("ha").and_then(Value::as_bool).unwrap_or(false),
         view: admission_view,
+        lineage: ms("lineage", 0),
         discard_catalog: v.get("discard_catalog").and_then(Value::as_bool) == Some(true),
         // A meta that does not say is taken to have admitted this service afresh.
         fresh: v.get("fresh").and_then(Value::as_bool) != Some(false),

@@ -71,6 +71,10 @@ pub struct Admission {
     /// The meta's `view_version` (0 without HA): once a heartbeat of this membership is
     /// answered, the catalog is in step with this leadership.
     pub view: u64,
+    /// The meta's lineage (`catalog::stamp_view`: its leadership under HA, its process
+    /// without): once a heartbeat is answered, the one a catalog recovered from this
+    /// service's SSD journal after a restart may be adopted by (`members::JoinRequest::heard_by`).
+    pub lineage: u64,
     /// The meta declared this service's previous membership lost: drop the catalog.
     pub discard_catalog: bool,
     /// A new membership: false when the meta continued this service's current one (the same
@@ -130,6 +134,11 @@ pub enum Action {
         in_step: u64,
         /// The membership the catalog began afresh in (`members::JoinRequest::catalog_since`).
         catalog_since: Membership,
+        /// The catalog was recovered from an earlier process's SSD journal and no heartbeat of
+        /// this process was answered yet (`members::JoinRequest::recovered`).
+        recovered: bool,
+        /// The lineage of the meta that last answered a heartbeat (`Admission::lineage`).
+        heard_by: u64,
     },
     /// The join was admitted: mount this host's segments as `rank`, take the grant key from
     /// the answer, reset the catalog's acknowledgements (a new freed log starts at 0).
@@ -145,8 +154,12 @@ pub enum Action {
     DropUnconfirmed,
     /// The catalog is in step with this leadership from now on (a heartbeat of a membership
     /// under it was answered): a service that keeps its catalog across restarts (its SSD
-    /// journal) records it, and says it when it joins.
-    InStep(u64),
+    /// journal) records it, and says it when it joins; `lineage` is that meta's
+    /// (`Admission::lineage`).
+    InStep {
+        view: u64,
+        lineage: u64,
+    },
     /// Send a heartbeat (with the catalog when `hand_over`).
     Beat {
         meta: String,
@@ -175,6 +188,8 @@ struct Member {
     ha: bool,
     /// The leadership that admitted this membership.
     view: u64,
+    /// The admitting meta's lineage (`Admission::lineage`).
+    lineage: u64,
     /// The next heartbeat carries the catalog (until one is answered).
     hand_over: bool,
     /// No heartbeat sent since the join: the first goes at once, since the meta keeps this
@@ -228,6 +243,11 @@ pub struct Agent {
     last_move_report_ms: u64,
     /// The leadership the catalog was last in step with (0: none known).
     in_step: u64,
+    /// `in_step` came with a catalog recovered from an earlier process's SSD journal, and no
+    /// heartbeat of this process was answered since.
+    recovered: bool,
+    /// The lineage of the meta that last answered a heartbeat (0: none known).
+    heard_by: u64,
     /// The membership whose admission (or heartbeat answer) last made this service drop its
     /// catalog: what it lists began then.
     catalog_since: Membership,
@@ -259,6 +279,8 @@ impl Agent {
             suspect_ms: None,
             last_move_report_ms: 0,
             in_step: 0,
+            recovered: false,
+            heard_by: 0,
             catalog_since: Membership::default(),
             commits_in_flight: false,
             commits_wait_since: None,
@@ -275,13 +297,22 @@ impl Agent {
     }
 
     /// A catalog kept across a restart (the SSD journal) was last in step with `view`.
-    pub fn recovered_in_step(&mut self, view: u64) {
+    /// Its joins say the catalog is recovered until a heartbeat is answered, and which meta
+    /// lineage heard its predecessor last.
+    pub fn recovered_in_step(&mut self, view: u64, lineage: u64) {
         self.in_step = view;
+        self.heard_by = lineage;
+        self.recovered = true;
     }
 
     /// The leadership the catalog was last in step with.
     pub fn in_step(&self) -> u64 {
         self.in_step
+    }
+
+    /// The lineage of the meta that last answered a heartbeat.
+    pub fn heard_by(&self) -> u64 {
+        self.heard_by
     }
 
     /// The rank and epoch of the current membership.
@@ -370,6 +401,7 @@ impl Agent {
     fn discard_catalog(&mut self, at: Membership, out: &mut Vec<Action>) {
         out.push(Action::DiscardCatalog);
         self.catalog_since = at;
+        self.recovered = false;
     }
 
     /// Gives the membership up (the meta forgot it, or went silent): join again, deciding
@@ -456,6 +488,8 @@ impl Agent {
                     catalog_follows: follows,
                     in_step: self.in_step,
                     catalog_since: self.catalog_since,
+                    recovered: self.recovered,
+                    heard_by: self.heard_by,
                 });
             }
             Phase::Member(m) => {
@@ -573,6 +607,7 @@ impl Agent {
                     timeout_ms: a.heartbeat_timeout_ms.max(20),
                     ha: a.ha,
                     view: a.view,
+                    lineage: a.lineage,
                     hand_over: hand_over && !a.discard_catalog,
                     first_beat: true,
                     last_sent_ms: now_ms,
@@ -615,18 +650,26 @@ impl Agent {
                 m.hand_over = false;
                 m.last_heard_ms = now_ms;
                 self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
-                if self.in_step != m.view {
-                    self.in_step = m.view;
-                    out.push(Action::InStep(m.view));
+                self.recovered = false;
+                if (self.in_step, self.heard_by) != (m.view, m.lineage) {
+                    (self.in_step, self.heard_by) = (m.view, m.lineage);
+                    out.push(Action::InStep {
+                        view: m.view,
+                        lineage: m.lineage,
+                    });
                 }
             }
             BeatAnswer::CatalogTooLarge => {
                 m.hand_over = false;
                 m.last_heard_ms = now_ms;
                 self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
-                if self.in_step != m.view {
-                    self.in_step = m.view;
-                    out.push(Action::InStep(m.view));
+                self.recovered = false;
+                if (self.in_step, self.heard_by) != (m.view, m.lineage) {
+                    (self.in_step, self.heard_by) = (m.view, m.lineage);
+                    out.push(Action::InStep {
+                        view: m.view,
+                        lineage: m.lineage,
+                    });
                 }
                 out.push(Action::Warn(format!(
                     "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",

@@ -85,6 +85,18 @@ pub struct JoinRequest<'a> {
     /// afresh then), `Membership::default()` when it never did in this incarnation: a loss an
     /// earlier leader recorded of a membership before it voids nothing the catalog lists.
     pub catalog_since: Membership,
+    /// The catalog was recovered from an earlier process's SSD journal and no heartbeat of
+    /// this process was answered yet: it is in step with `in_step` only up to that process's
+    /// end. It is adopted only by the meta lineage that heard that process last (`heard_by`:
+    /// the leadership under HA, the meta process without), which has the tombstones of what
+    /// it removed since (deletes it confirmed through the end of that membership, while the
+    /// journal still listed the blobs); any other would bring those back.
+    pub recovered: bool,
+    /// The lineage (`catalog::stamp_view`) of the meta that last answered a heartbeat of the
+    /// service (or of the process whose journal it recovered); 0: none known.
+    pub heard_by: u64,
+    /// This meta's lineage.
+    pub lineage: u64,
     /// The first rank above this meta's embedded ones.
     pub first_free: u32,
     pub now_ms: u64,
@@ -147,6 +159,9 @@ pub struct Joined {
     pub catalog: CatalogFate,
     /// The catalog is void because it missed this leadership, which served.
     pub missed: Option<u64>,
+    /// The catalog is void because it was recovered from an SSD journal another meta lineage
+    /// heard last (`JoinRequest::recovered`).
+    pub stale_recovery: bool,
 }
 
 /// How a heartbeat was taken.
@@ -270,6 +285,10 @@ impl<R: Clone> Members<R> {
         if missed.is_some() {
             catalog = CatalogFate::Discard;
         }
+        let stale_recovery = j.catalog_follows && j.recovered && j.heard_by != j.lineage;
+        if stale_recovery {
+            catalog = CatalogFate::Discard;
+        }
         let retire = match self.ranks.get_mut(&rank) {
             Some(e) if e.incarnation == j.incarnation && e.view == j.view => match e.state {
                 MemberState::Live => {
@@ -294,6 +313,7 @@ impl<R: Clone> Members<R> {
                         retire: None,
                         catalog,
                         missed,
+                        stale_recovery: false,
                     });
                 }
                 MemberState::Leaving => {
@@ -346,6 +366,7 @@ impl<R: Clone> Members<R> {
             retire,
             catalog,
             missed,
+            stale_recovery,
         })
     }
 
@@ -488,6 +509,9 @@ mod tests {
             catalog_follows: true,
             in_step: 0,
             catalog_since: Membership::default(),
+            recovered: false,
+            heard_by: 0,
+            lineage: crate::cluster::catalog::HA_STAMP_BASE + view,
             first_free: 1,
             now_ms,
         }
@@ -512,6 +536,7 @@ mod tests {
                 retire: None,
                 catalog: CatalogFate::Follows,
                 missed: None,
+                stale_recovery: false,
             }
         );
         assert!(
@@ -720,6 +745,40 @@ mod tests {
             })
             .unwrap();
         assert_eq!((j.catalog, j.missed), (CatalogFate::None, None));
+    }
+
+    /// A catalog recovered from an SSD journal (its process died, this one has not been
+    /// heard yet) is in step only up to that process's end: the meta lineage that heard it
+    /// last adopts it (its tombstones refuse what it removed since, deletes it confirmed
+    /// through the end of the dead membership included), another one, which has none of
+    /// them, does not: a later leadership, or without HA a restarted meta (found by the
+    /// cluster simulation with catalogs kept across kills, seeds 13 and 117: a delete the
+    /// first leader, or the meta's previous process, acknowledged came back from the
+    /// recovered catalog).
+    #[test]
+    fn a_recovered_catalog_is_adopted_only_by_the_lineage_that_heard_it_last() {
+        let mut m = M::default();
+        let at = |heard_by: u64, lineage: u64, rank: u32| JoinRequest {
+            in_step: 12,
+            recovered: true,
+            heard_by,
+            lineage,
+            ..req(Some(rank), "http://a", u64::from(rank), 12, 0)
+        };
+        let j = m.join(at(5, 5, 2)).unwrap();
+        assert_eq!((j.catalog, j.stale_recovery), (CatalogFate::Follows, false));
+        let j = m.join(at(5, 6, 3)).unwrap();
+        assert_eq!((j.catalog, j.stale_recovery), (CatalogFate::Discard, true));
+        let j = m.join(at(0, 6, 4)).unwrap();
+        assert_eq!(j.catalog, CatalogFate::Discard, "heard by none known");
+        // Once heard (a live catalog), the other rules alone apply.
+        let j = m
+            .join(JoinRequest {
+                recovered: false,
+                ..at(5, 6, 6)
+            })
+            .unwrap();
+        assert_eq!(j.catalog, CatalogFate::Follows);
     }
 
     /// A join repeated before any heartbeat named its membership (the first answer lost, or

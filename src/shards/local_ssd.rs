@@ -64,12 +64,15 @@ impl Cluster {
             catalog.add(e);
         }
         drop(catalog);
-        let in_step = read_in_step(&in_step_path(dir, rank));
+        let (in_step, heard_by) = read_in_step(&in_step_path(dir, rank));
         self.local
             .in_step
             .store(in_step, std::sync::atomic::Ordering::Release);
+        self.local
+            .heard_by
+            .store(heard_by, std::sync::atomic::Ordering::Release);
         log::info!(
-            "{name}: {n} blobs ({bytes} bytes) recovered from the SSD file in {:.1} ms: they are in the catalog the first join hands over (last in step with leadership {in_step})",
+            "{name}: {n} blobs ({bytes} bytes) recovered from the SSD file in {:.1} ms: they are in the catalog the first join hands over (last in step with leadership {in_step}, meta lineage {heard_by}; only that one adopts it)",
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(())
@@ -130,10 +133,15 @@ impl Cluster {
     /// says it when it joins (`members::JoinRequest::in_step`). Blocking (the agent's thread).
     /// A record that fails to land leaves an older view there: the next leader may void the
     /// catalog, never adopt one that missed a leadership.
-    pub fn record_in_step(&self, view: u64) {
+    /// `lineage` is the answering meta's (`cluster::agent::Admission::lineage`): a recovered
+    /// catalog is adopted only by that lineage (`members::JoinRequest::heard_by`).
+    pub fn record_in_step(&self, view: u64, lineage: u64) {
         self.local
             .in_step
             .store(view, std::sync::atomic::Ordering::Release);
+        self.local
+            .heard_by
+            .store(lineage, std::sync::atomic::Ordering::Release);
         let s = &self.config.store;
         let (true, Some(rank), false) = (
             s.ssd_enable && s.ssd_recover,
@@ -143,7 +151,7 @@ impl Cluster {
             return;
         };
         let path = in_step_path(&s.ssd_dirs[rank as usize % s.ssd_dirs.len()], rank);
-        if let Err(e) = write_in_step(&path, view) {
+        if let Err(e) = write_in_step(&path, view, lineage) {
             log::warn!(
                 "cannot record in {} that the catalog is in step with leadership {view}: {e} (after a restart its SSD blobs may be dropped rather than handed over)",
                 path.display()
@@ -152,7 +160,9 @@ impl Cluster {
     }
 }
 
-/// Beside rank `rank`'s SSD file: the leadership its catalog was last in step with.
+/// Beside rank `rank`'s SSD file: the leadership its catalog was last in step with and the
+/// lineage of the meta that heard it last (`<view> <lineage>`; a file of one number, written by
+/// an earlier version, names no lineage: 0, which no meta adopts a recovered catalog under).
 fn in_step_path(dir: &str, rank: u32) -> std::path::PathBuf {
     let mut p = super::store::ssd::SsdFile::path_in(dir, rank).into_os_string();
     p.push(".in_step");
@@ -160,20 +170,25 @@ fn in_step_path(dir: &str, rank: u32) -> std::path::PathBuf {
 }
 
 /// 0 when absent or unreadable: a catalog in step with no known leadership.
-fn read_in_step(path: &std::path::Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0)
+fn read_in_step(path: &std::path::Path) -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    let mut words = text.split_ascii_whitespace().map(str::parse::<u64>);
+    match (words.next(), words.next(), words.next()) {
+        (Some(Ok(view)), Some(Ok(lineage)), None) => (view, lineage),
+        (Some(Ok(view)), None, None) => (view, 0),
+        _ => (0, 0),
+    }
 }
 
-fn write_in_step(path: &std::path::Path, view: u64) -> std::io::Result<()> {
+fn write_in_step(path: &std::path::Path, view: u64, lineage: u64) -> std::io::Result<()> {
     use std::io::Write;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
     let mut f = std::fs::File::create(&tmp)?;
-    writeln!(f, "{view}")?;
+    writeln!(f, "{view} {lineage}")?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
@@ -191,12 +206,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mmc-in-step-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = in_step_path(dir.to_str().unwrap(), 3);
-        assert_eq!(read_in_step(&path), 0);
-        write_in_step(&path, 41).unwrap();
-        write_in_step(&path, 57).unwrap();
-        assert_eq!(read_in_step(&path), 57);
+        assert_eq!(read_in_step(&path), (0, 0));
+        write_in_step(&path, 41, 7).unwrap();
+        write_in_step(&path, 57, 1_700_000_000_123).unwrap();
+        assert_eq!(read_in_step(&path), (57, 1_700_000_000_123));
+        // An earlier version's record names no lineage.
+        std::fs::write(&path, "58\n").unwrap();
+        assert_eq!(read_in_step(&path), (58, 0));
         std::fs::write(&path, "garbage").unwrap();
-        assert_eq!(read_in_step(&path), 0);
+        assert_eq!(read_in_step(&path), (0, 0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

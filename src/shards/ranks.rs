@@ -110,6 +110,9 @@ pub struct LocalIdentity {
     /// The leadership (`view_version`) the catalog was last in step with: recovered with the
     /// SSD file at start, then kept by the agent (`cluster::agent::Action::InStep`).
     pub in_step: std::sync::atomic::AtomicU64,
+    /// The lineage of the meta that last answered a heartbeat (`cluster::agent::Admission::lineage`),
+    /// recorded and recovered with `in_step`.
+    pub heard_by: std::sync::atomic::AtomicU64,
     /// Commits of writes under grants on their way to the meta (`remote.rs`): a join waits
     /// for their answers (`cluster::agent::COMMITS_WAIT_MS`).
     pub commits_in_flight: std::sync::atomic::AtomicUsize,
@@ -147,6 +150,7 @@ impl LocalIdentity {
             moved_at_ms: Default::default(),
             writers: Default::default(),
             in_step: Default::default(),
+            heard_by: Default::default(),
             commits_in_flight: Default::default(),
         }
     }

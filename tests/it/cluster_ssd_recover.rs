@@ -114,3 +114,86 @@ fn a_restarted_local_service_serves_its_ssd_objects_again() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A catalog recovered from the SSD file is adopted only by the meta lineage that heard the
+/// service last (`members::JoinRequest::heard_by`): a meta restarted without HA has lost the
+/// tombstones of the deletes it answered while the service was down, so it voids the catalog
+/// instead of bringing those objects back (found by the cluster simulation with catalogs kept
+/// across kills, seed 117; without the rule the deleted key read back here).
+#[test]
+fn a_recovered_catalog_is_void_at_a_restarted_meta() {
+    let dir = temp_dir("cluster-ssd-lineage");
+    let port = crate::ha::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let start_meta = || {
+        crate::harness::ServerBuilder::new(Driver::Uring)
+            .listen(&addr)
+            .set("ock.mmc.embedded.ranks", "0")
+            .start()
+    };
+    let mut meta = start_meta();
+    let service = |meta: &crate::harness::Server| {
+        local(meta, "4MB", Some(&dir), Driver::Uring).set("ock.mmc.local_service.rank", "7")
+    };
+    let (mut svc, _) = join(&meta, service(&meta), &["dram", "ssd"]);
+    let keys: Vec<String> = (0..16).map(|i| format!("l-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put(&meta, k, &object(i, 512 << 10));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let on_ssd = loop {
+        let ssd: Vec<String> = keys
+            .iter()
+            .filter(|k| media_of(&meta, k) == ["SSD"])
+            .cloned()
+            .collect();
+        if ssd.len() >= 4 {
+            break ssd;
+        }
+        assert!(Instant::now() < deadline, "nothing went down to SSD");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    svc.kill9();
+    // Deleted while the service is down: answered once the meta declared it lost.
+    let gone = &on_ssd[0];
+    let r = meta
+        .client()
+        .request("DELETE", &format!("/key?key={gone}"), None);
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // The meta restarts (no HA: nothing of the delete survives it), then the service.
+    meta.kill9();
+    let meta = start_meta();
+    let svc = service(&meta).start();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !meta.log().contains("recovered from its SSD file") {
+        assert!(
+            Instant::now() < deadline,
+            "the meta never voided the recovered catalog; meta log:\n{}\nlocal log:\n{}",
+            meta.log(),
+            svc.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Joined (its rank's segments listed), holding nothing: the deleted key stays deleted.
+    join_wait(&meta);
+    assert!(listed(&meta).is_empty(), "{:?}", listed(&meta));
+    let r = follow(&meta, "GET", &format!("/api/v1/objects?key={gone}"), None);
+    assert_eq!(r.json()["error_message"], "Key not found", "{}", r.text());
+    drop(svc);
+    drop(meta);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits until a rank's segments are listed on the meta.
+fn join_wait(meta: &crate::harness::Server) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !meta
+        .client()
+        .get("/get_all_segments")
+        .text()
+        .contains("rank-7")
+    {
+        assert!(Instant::now() < deadline, "rank 7 never joined");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

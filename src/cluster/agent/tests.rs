@@ -20,6 +20,7 @@ fn admitted(rank: u32, epoch: u64, ha: bool) -> JoinAnswer {
         heartbeat_timeout_ms: 1000,
         ha,
         view: 0,
+        lineage: 0,
         discard_catalog: false,
         fresh: true,
     })
@@ -39,6 +40,8 @@ fn joined(ha: bool) -> Agent {
             catalog_follows: false,
             in_step: 0,
             catalog_since: Membership::default(),
+            recovered: false,
+            heard_by: 0,
         }]
     );
     let acts = a.step(
@@ -226,6 +229,8 @@ fn a_catalog_survives_a_short_silence_or_a_continued_membership() {
                 in_step: 0,
                 // The first join took no catalog: the one it holds began then.
                 catalog_since: Membership { view: 0, epoch: 7 },
+                recovered: false,
+                heard_by: 0,
             }]
         );
         let mut answer = admitted(3, 7 + fresh as u64, ha);
@@ -313,16 +318,22 @@ fn a_meta_that_declared_the_service_lost_has_it_drop_its_catalog() {
 #[test]
 fn a_join_says_which_leadership_the_catalog_was_last_in_step_with() {
     let mut a = Agent::new(config(), 0);
-    a.recovered_in_step(4);
+    a.recovered_in_step(4, 0);
     let join = |acts: Vec<Action>| {
         acts.into_iter()
             .find_map(|x| match x {
-                Action::Join { in_step, .. } => Some(in_step),
+                Action::Join {
+                    in_step, recovered, ..
+                } => Some((in_step, recovered)),
                 _ => None,
             })
             .expect("a join")
     };
-    assert_eq!(join(a.step(Input::Tick { moved_at_ms: 0 }, 0, true)), 4);
+    // Recovered from the journal: said so until a heartbeat is answered.
+    assert_eq!(
+        join(a.step(Input::Tick { moved_at_ms: 0 }, 0, true)),
+        (4, true)
+    );
     let mut answer = admitted(3, 7, true);
     if let JoinAnswer::Admitted(x) = &mut answer {
         x.view = 9;
@@ -340,7 +351,13 @@ fn a_join_says_which_leadership_the_catalog_was_last_in_step_with() {
         3,
         true,
     );
-    assert!(acts.contains(&Action::InStep(9)), "{acts:?}");
+    assert!(
+        acts.contains(&Action::InStep {
+            view: 9,
+            lineage: 0
+        }),
+        "{acts:?}"
+    );
     assert_eq!(a.in_step(), 9);
     // Forgotten by the meta: the next join says 9.
     let acts = a.step(
@@ -356,7 +373,7 @@ fn a_join_says_which_leadership_the_catalog_was_last_in_step_with() {
     } else {
         a.step(Input::Tick { moved_at_ms: 0 }, 400, true)
     };
-    assert_eq!(join(acts), 9);
+    assert_eq!(join(acts), (9, false));
 }
 
 /// A new membership confirms nothing of the previous one: admitted afresh with the catalog,

@@ -63,6 +63,9 @@ pub(super) struct Local {
     /// Ranges whose pending entry was dropped after a commit that went unanswered (the meta
     /// may have committed it): tolerated when the end compares catalogs.
     pub unlisted: Vec<(u32, u64, Stamp)>,
+    /// A process that recovered blobs joins no earlier than this (`server.rs` `start_agent`:
+    /// the heartbeat timeout and a second after its start).
+    join_not_before: u64,
 }
 
 /// What a dead local service left for the next (`Shape::keeps_catalog`).
@@ -70,6 +73,7 @@ pub struct Kept {
     pub entries: Vec<Entry>,
     memory: BTreeMap<u64, Vid>,
     pub in_step: u64,
+    heard_by: u64,
 }
 
 impl Local {
@@ -95,6 +99,7 @@ impl Local {
             pages,
             calls: BTreeMap::new(),
             unlisted: Vec::new(),
+            join_not_before: 0,
         }
     }
 
@@ -116,16 +121,20 @@ impl Local {
             entries,
             memory,
             in_step: self.agent.in_step(),
+            heard_by: self.agent.heard_by(),
         }
     }
 
-    /// A new process starting from what its predecessor kept (`shards/local_ssd.rs`).
-    pub fn recover(&mut self, kept: Kept) {
+    /// A new process starting at `now` from what its predecessor kept (`shards/local_ssd.rs`).
+    pub fn recover(&mut self, kept: Kept, now: u64) {
+        if !kept.entries.is_empty() {
+            self.join_not_before = now + HB_TIMEOUT_MS + 1000;
+        }
         for e in kept.entries {
             self.catalog.add(e);
         }
         self.memory = kept.memory;
-        self.agent.recovered_in_step(kept.in_step);
+        self.agent.recovered_in_step(kept.in_step, kept.heard_by);
     }
 
     pub fn has_left(&self) -> bool {
@@ -145,6 +154,9 @@ impl Local {
     pub fn tick(&mut self, cx: &mut Cx) {
         for call in super::past_deadline(&self.calls, cx.now) {
             self.on_reply(cx, call, Rep::Unreachable);
+        }
+        if cx.now < self.join_not_before {
+            return;
         }
         self.step(cx, Input::Tick { moved_at_ms: 0 });
     }
@@ -170,6 +182,8 @@ impl Local {
                 catalog_follows,
                 in_step,
                 catalog_since,
+                recovered,
+                heard_by,
             } => {
                 self.grant_key = None;
                 self.joined = false;
@@ -180,6 +194,8 @@ impl Local {
                     catalog_follows,
                     in_step,
                     catalog_since,
+                    recovered,
+                    heard_by,
                     bytes: self.pages * PAGE_BYTES,
                 };
                 let call = cx.request(to, req);
@@ -209,7 +225,7 @@ impl Local {
                 }
             }
             // No SSD file in the model: a restarted service starts empty, so nothing records it.
-            Action::InStep(_) => {}
+            Action::InStep { .. } => {}
             Action::Beat {
                 meta,
                 rank,

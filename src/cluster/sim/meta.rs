@@ -200,6 +200,8 @@ impl Meta {
                 catalog_follows,
                 in_step,
                 catalog_since,
+                recovered,
+                heard_by,
                 bytes,
             } => self.join(
                 cx,
@@ -207,7 +209,12 @@ impl Meta {
                 call,
                 incarnation,
                 rank,
-                (catalog_follows, in_step, catalog_since),
+                (
+                    catalog_follows,
+                    in_step,
+                    catalog_since,
+                    (recovered, heard_by),
+                ),
                 bytes,
             ),
             Req::Beat {
@@ -252,7 +259,12 @@ impl Meta {
         call: u64,
         incarnation: u64,
         wanted: Option<u32>,
-        (catalog_follows, in_step, catalog_since): (bool, u64, Membership),
+        (catalog_follows, in_step, catalog_since, (recovered, heard_by)): (
+            bool,
+            u64,
+            Membership,
+            (bool, u64),
+        ),
         bytes: u64,
     ) {
         if !self.gate(cx, from, call) {
@@ -273,6 +285,9 @@ impl Meta {
                 in_step
             },
             catalog_since,
+            recovered,
+            heard_by,
+            lineage: self.stamp_view(),
             first_free: 1,
             now_ms: cx.now,
         });
@@ -344,6 +359,7 @@ impl Meta {
                     heartbeat_timeout_ms: HB_TIMEOUT_MS,
                     ha: self.ha.is_some(),
                     view: self.view(),
+                    lineage: self.stamp_view(),
                     discard_catalog: discard,
                     fresh: !joined.continued,
                 },

@@ -49,6 +49,8 @@ pub(super) enum Req {
         catalog_follows: bool,
         in_step: u64,
         catalog_since: Membership,
+        recovered: bool,
+        heard_by: u64,
         bytes: u64,
     },
     Beat {

@@ -239,7 +239,7 @@ impl World {
                     kept.in_step
                 ),
             );
-            l.recover(kept);
+            l.recover(kept, self.now);
         }
         l
     }

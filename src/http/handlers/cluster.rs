@@ -150,6 +150,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         view: since(0),
         epoch: since(1),
     };
+    // The catalog came from an earlier process's SSD journal and this process was not heard
+    // yet (absent: a live catalog).
+    let recovered = v.get("recovered").and_then(Value::as_bool) == Some(true);
+    let heard_by = v.get("heard_by").and_then(Value::as_u64).unwrap_or(0);
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
@@ -162,6 +166,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         catalog_follows,
         in_step,
         catalog_since,
+        recovered,
+        heard_by,
+        lineage: cluster.stamp_view(),
         first_free,
         now_ms: cluster.clock.now_ms(),
     });
@@ -215,6 +222,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         log::warn!(
             "rank {rank} joined from {url} with a catalog last in step with leadership {in_step}: it missed leadership {missed}, which served (it may have put newer versions of those keys or deleted them), so its catalog is void"
         );
+    } else if joined.stale_recovery {
+        log::warn!(
+            "rank {rank} joined from {url} with a catalog recovered from its SSD file, last heard by meta lineage {heard_by}: only that one knows what it removed since, so the catalog is void here"
+        );
     } else if discard {
         log::warn!(
             "rank {rank} joined again from {url} after it was declared lost: its catalog is void (its objects were dropped here)"
@@ -240,6 +251,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "discard_catalog": discard,
             // What the local service reports as the view of the meta it follows.
             "view_version": view,
+            // This meta's lineage: a catalog recovered after a restart of the service is
+            // adopted only by the lineage that heard it last (`JoinRequest::heard_by`).
+            "lineage": cluster.stamp_view(),
             // False only when the meta continued the membership the service reported under
             // (`Joined::continued`): a service silent past the heartbeat timeout keeps its
             // catalog only then.
