@@ -331,7 +331,20 @@ pub(super) fn run_with(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    let mut w = world::World::new(seed, mutations, metas);
+    let keeps = std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1");
+    run_shaped(seed, steps, mutations, metas, keeps)
+}
+
+/// [`run_with`], the local services with a configured rank keeping their catalogs across
+/// kills (as their SSD files would) when `keeps_catalog`, whatever `MMC_SIM_SSD` says.
+pub(super) fn run_shaped(
+    seed: u64,
+    steps: u64,
+    mutations: Mutations,
+    metas: Option<usize>,
+    keeps_catalog: bool,
+) -> Result<Counts, String> {
+    let mut w = world::World::new(seed, mutations, metas, keeps_catalog);
     let shape = w.shape;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {

@@ -2,7 +2,7 @@
 //! asked for, one seed replayed (`MMC_SIM_SEED`), and one test per mutation switch showing the
 //! simulation finds the defect it brings back.
 
-use super::{Counts, Mutations, run, run_with};
+use super::{Counts, Mutations, run, run_shaped, run_with};
 
 /// Steps of each fixed seed.
 const STEPS: u64 = 1500;
@@ -111,6 +111,23 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // when the allocation ended (an uncommitted put no longer shadows an adopted copy).
     (7548, 3000, Some(3)),
 ];
+/// Seeds that found a defect with catalogs kept across kills (`Shape::keeps_catalog`, as
+/// `MMC_SIM_SSD=1` asks), in their drawn shape at 3000 steps: a catalog recovered from the SSD
+/// journal adopted by a meta lineage that did not hear it last brought back a delete answered
+/// through its dead process's end (13, two metas; 117, one meta: a restarted meta without HA)
+/// or an older version in place of a newer one lost with its ranks (17, one meta)
+/// (`members::JoinRequest::heard_by`).
+const FOUND_KEEPING_CATALOGS: &[u64] = &[13, 117, 17];
+
+#[test]
+fn found_seeds_keeping_catalogs() {
+    for &seed in FOUND_KEEPING_CATALOGS {
+        if let Err(report) = run_shaped(seed, 3000, Mutations::default(), None, true) {
+            panic!("{report}");
+        }
+    }
+}
+
 // Seed 3310 (drawn shape, 3000 steps) found the put over an unconfirmed removal; the
 // mutation test `put_over_unconfirmed` below keeps a seed that catches it.
 

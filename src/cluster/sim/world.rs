@@ -145,8 +145,14 @@ macro_rules! cx {
 }
 
 impl World {
-    /// The world of `seed`; `metas`: that many metas instead of the seed's choice.
-    pub fn new(seed: u64, mutations: Mutations, metas: Option<usize>) -> World {
+    /// The world of `seed`; `metas`: that many metas instead of the seed's choice;
+    /// `keeps_catalog`: `Shape::keeps_catalog`.
+    pub fn new(
+        seed: u64,
+        mutations: Mutations,
+        metas: Option<usize>,
+        keeps_catalog: bool,
+    ) -> World {
         let mut rng = Rng(seed);
         let drawn = 1 + rng.below(3) as usize;
         let shape = Shape {
@@ -154,7 +160,7 @@ impl World {
             locals: 2 + rng.below(3) as usize,
             clients: 2 + rng.below(2) as usize,
             seg_pages: [32, 64, 128][rng.below(3) as usize],
-            keeps_catalog: std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1"),
+            keeps_catalog,
         };
         let mut net = Net::default();
         if !rng.chance(15) {
