@@ -16,12 +16,16 @@ fn graceful_shutdown_finishes_requests_in_flight(driver: Driver) {
     let mut srv = ServerBuilder::new(driver).shards(2).start();
     let mut idle = srv.client();
     assert_eq!(idle.get("/healthz").status, 200);
-    // A request in flight: head and half of the body sent.
+    // A request in flight: head and half of the body sent. The go-ahead its `Expect` asks
+    // for shows the server has read the head before the signal (a sleep did not, on a loaded
+    // machine: the connection was still idle to the server and closed at once).
     let mut inflight = srv.client();
-    inflight
-        .send(b"PUT /metadata?key=during HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n01234");
-    // Make sure the server has seen the partial request before the signal.
-    std::thread::sleep(Duration::from_millis(100));
+    inflight.send(
+        b"PUT /metadata?key=during HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
+    );
+    let go = inflight.read_response(true);
+    assert_eq!(go.status, 100, "{}", go.text());
+    inflight.send(b"01234");
     let t0 = Instant::now();
     srv.signal(libc::SIGTERM);
     // The idle connection is closed promptly.
