@@ -646,7 +646,7 @@ impl Agent {
         };
         m.beat_in_flight = false;
         match answer {
-            BeatAnswer::Heard => {
+            BeatAnswer::Heard | BeatAnswer::CatalogTooLarge => {
                 m.hand_over = false;
                 m.last_heard_ms = now_ms;
                 self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
@@ -658,18 +658,8 @@ impl Agent {
                         lineage: m.lineage,
                     });
                 }
-            }
-            BeatAnswer::CatalogTooLarge => {
-                m.hand_over = false;
-                m.last_heard_ms = now_ms;
-                self.last_acked_send_ms = self.last_acked_send_ms.max(sent_ms);
-                self.recovered = false;
-                if (self.in_step, self.heard_by) != (m.view, m.lineage) {
-                    (self.in_step, self.heard_by) = (m.view, m.lineage);
-                    out.push(Action::InStep {
-                        view: m.view,
-                        lineage: m.lineage,
-                    });
+                if !matches!(answer, BeatAnswer::CatalogTooLarge) {
+                    return;
                 }
                 out.push(Action::Warn(format!(
                     "the meta service at {} refused this service's catalog as too large (ock.mmc.http.max_body_bytes): its objects are not handed over",
