@@ -98,3 +98,34 @@ fn after_an_overflow_removals_wait_for_the_resync() {
     assert!(logs.passed(&b[0]));
     assert!(logs.barrier(Some(99)).is_empty());
 }
+
+/// A lost membership whose loss is not recorded yet is held: a join that replaces it (the same
+/// process back) keeps its log aside, so a removal waiting on it is not confirmed and a put of
+/// its key waits, until the loss is recorded (found by the cluster simulation, seed 12642 with
+/// three metas: the join confirmed the removal, the service never read its answer, and the
+/// next leader adopted its catalog with the deleted key). A membership not held is replaced
+/// as before.
+#[test]
+fn a_held_membership_s_removals_wait_for_its_loss_to_be_recorded() {
+    let logs = FreedLogs::default();
+    logs.begin(3, 11);
+    logs.push([(3, 11, freed(0, 1, 1), 7)]);
+    let b = logs.barrier(Some(7));
+    assert_eq!(b.len(), 1);
+    logs.hold(3, 11);
+    logs.retire(3, 11);
+    assert!(!logs.passed(&b[0]), "a held log is not retired by a join");
+    logs.begin(3, 12);
+    assert!(!logs.passed(&b[0]), "nor replaced");
+    assert!(logs.unconfirmed(7), "a put of its key waits");
+    assert_eq!(logs.barrier(Some(7)), b, "a new removal waits on it too");
+    assert!(!logs.unconfirmed(8));
+    logs.settle(3, 11);
+    assert!(logs.passed(&b[0]));
+    assert!(!logs.unconfirmed(7));
+    // Not held: a join's replacement passes the barrier.
+    logs.push([(3, 12, freed(0, 1, 2), 9)]);
+    let b = logs.barrier(Some(9));
+    logs.begin(3, 13);
+    assert!(logs.passed(&b[0]));
+}

@@ -45,7 +45,16 @@ struct FreedLog {
     pushing: bool,
     /// How many of `records` each key hash has ([`FreedLogs::unconfirmed`]).
     keys: HashMap<u64, u32>,
+    /// Its membership was declared lost and the loss is not recorded yet ([`FreedLogs::hold`]).
+    held: bool,
+    /// Held logs of earlier memberships of the rank that a join replaced before their loss was
+    /// recorded (at most [`UNSETTLED_KEPT`]): their removals stay unconfirmed until
+    /// [`FreedLogs::settle`].
+    unsettled: Vec<FreedLog>,
 }
+
+/// Held logs a rank's current log keeps (the oldest goes past it).
+const UNSETTLED_KEPT: usize = 4;
 
 impl FreedLog {
     fn trim(&mut self, ack: u64) {
@@ -164,26 +173,73 @@ impl FreedLogs {
     }
 
     /// Membership `epoch` of `rank` begins (a fresh join): its log starts over, empty, at
-    /// sequence 0. Records of an earlier membership go: its catalog is not this one's.
+    /// sequence 0. Records of an earlier membership go: its catalog is not this one's. A held
+    /// earlier log (its loss not recorded yet) is kept aside, its removals unconfirmed until
+    /// the loss is recorded (found by the cluster simulation, seed 12642 with three metas: the
+    /// join that replaced a lost membership whose loss etcd had not taken confirmed a delete,
+    /// the service never read that join's answer, and the next leader adopted its catalog).
     pub fn begin(&self, rank: u32, epoch: u64) {
         self.members
             .store(true, std::sync::atomic::Ordering::Release);
-        self.lock().insert(
+        let mut logs = self.lock();
+        let mut unsettled = Vec::new();
+        if let Some(mut old) = logs.remove(&rank) {
+            unsettled = std::mem::take(&mut old.unsettled);
+            if old.held && old.epoch != Some(epoch) {
+                unsettled.push(old);
+            }
+            if unsettled.len() > UNSETTLED_KEPT {
+                unsettled.remove(0);
+            }
+        }
+        logs.insert(
             rank,
             FreedLog {
                 epoch: Some(epoch),
+                unsettled,
                 ..Default::default()
             },
         );
     }
 
-    /// Membership `epoch` of `rank` ended (lost, left, replaced): its log goes, unless a later
-    /// membership's has replaced it. Removals waiting on it are answered (its catalog is
-    /// void: a lost membership's is refused if it comes back, a left one's process is gone).
+    /// Membership `epoch` of `rank` was declared lost; until [`FreedLogs::settle`] (its loss
+    /// recorded) its removals are not confirmed by its end, even once a join replaced it.
+    pub fn hold(&self, rank: u32, epoch: u64) {
+        if let Some(l) = self
+            .lock()
+            .get_mut(&rank)
+            .filter(|l| l.epoch == Some(epoch))
+        {
+            l.held = true;
+        }
+    }
+
+    /// Membership `epoch` of `rank` ended (left, replaced): its log goes, unless a later
+    /// membership's has replaced it or it is held. Removals waiting on it are answered (its
+    /// catalog is void: a lost membership's is refused if it comes back, a left one's process
+    /// is gone).
     pub fn retire(&self, rank: u32, epoch: u64) {
         let mut logs = self.lock();
-        if logs.get(&rank).is_some_and(|l| l.epoch == Some(epoch)) {
+        if logs
+            .get(&rank)
+            .is_some_and(|l| l.epoch == Some(epoch) && !l.held)
+        {
             logs.remove(&rank);
+        }
+    }
+
+    /// The loss of membership `epoch` of `rank` is recorded (or there is nothing to record:
+    /// no HA): its log goes, held or not, current or kept aside, and removals waiting on it
+    /// are answered.
+    pub fn settle(&self, rank: u32, epoch: u64) {
+        let mut logs = self.lock();
+        let Some(l) = logs.get_mut(&rank) else {
+            return;
+        };
+        if l.epoch == Some(epoch) {
+            logs.remove(&rank);
+        } else {
+            l.unsettled.retain(|u| u.epoch != Some(epoch));
         }
     }
 
@@ -217,7 +273,10 @@ impl FreedLogs {
     pub fn barrier(&self, key: Option<u64>) -> Vec<Barrier> {
         let logs = self.lock();
         let mut out = Vec::new();
-        for (&rank, log) in logs.iter() {
+        let all = logs.iter().flat_map(|(&rank, l)| {
+            std::iter::once((rank, l)).chain(l.unsettled.iter().map(move |u| (rank, u)))
+        });
+        for (rank, log) in all {
             let Some(epoch) = log.epoch else { continue };
             let last = if log.overflowed {
                 Some(log.seq)
@@ -246,9 +305,10 @@ impl FreedLogs {
         if !self.has_members() {
             return false;
         }
-        self.lock()
-            .values()
-            .any(|l| l.epoch.is_some() && l.unconfirmed(key))
+        self.lock().values().any(|l| {
+            (l.epoch.is_some() && l.unconfirmed(key))
+                || l.unsettled.iter().any(|u| u.unconfirmed(key))
+        })
     }
 
     /// Whether a local service ever joined (else no removal has a barrier).
@@ -259,9 +319,13 @@ impl FreedLogs {
     /// Whether a barrier is passed: its service acknowledged the record, or its membership
     /// ended.
     pub fn passed(&self, b: &Barrier) -> bool {
-        self.lock()
-            .get(&b.rank)
-            .is_none_or(|l| l.epoch != Some(b.epoch) || l.acked >= b.seq)
+        self.lock().get(&b.rank).is_none_or(|l| {
+            if l.epoch == Some(b.epoch) {
+                l.acked >= b.seq
+            } else {
+                !l.unsettled.iter().any(|u| u.epoch == Some(b.epoch))
+            }
+        })
     }
 
     /// Whether the service of the barrier's membership acknowledged its record, that

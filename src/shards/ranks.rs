@@ -18,6 +18,9 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// How soon a loss etcd did not take is recorded again.
+const LOSS_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 use super::store::remote::RemoteRank;
 use super::store::segment::{Backend, Medium, SegRef, Segment, SegmentStatus, segment_name};
 use super::{Command, Reply, Shard};
@@ -382,6 +385,8 @@ impl Shard {
         };
         for (rank, epoch, incarnation, view) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
+            // Its removals wait for the loss to be recorded, even if a join replaces it first.
+            self.cluster.freed_logs.hold(rank, epoch);
             let me = self.clone();
             let recorded = self.cluster.ha.record_loss(
                 rank,
@@ -391,12 +396,28 @@ impl Shard {
             monoio::spawn(async move {
                 let segs = me.cluster.unmount_member(rank, epoch);
                 match recorded.recv_async().await {
-                    Ok(Ok(())) => me.drop_member_segments(rank, epoch, segs).await,
+                    Ok(Ok(())) => {
+                        me.cluster.freed_logs.settle(rank, epoch);
+                        me.drop_segments_keeping_log(rank, segs).await;
+                    }
                     outcome => {
                         log::error!(
                             "rank {rank}: its loss could not be recorded in etcd ({outcome:?}); removals waiting on it are not confirmed"
                         );
                         me.drop_segments_keeping_log(rank, segs).await;
+                        // Tried again until it lands (a leadership of this meta writes it, this
+                        // one or a later): until then the removals of what the rank held stay
+                        // unconfirmed and its keys' puts wait.
+                        let membership = crate::cluster::members::Membership { view, epoch };
+                        while !me.cluster.is_shutting_down() {
+                            monoio::time::sleep(LOSS_RETRY).await;
+                            let again = me.cluster.ha.record_loss(rank, incarnation, membership);
+                            if let Ok(Ok(())) = again.recv_async().await {
+                                log::warn!("rank {rank}: its loss is recorded in etcd now");
+                                me.cluster.freed_logs.settle(rank, epoch);
+                                break;
+                            }
+                        }
                     }
                 }
             });

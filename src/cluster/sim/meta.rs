@@ -68,6 +68,20 @@ pub(super) struct Recording {
     pub deadline: u64,
 }
 
+impl Recording {
+    /// The same record, to try again (its segments stay with the first attempt's drop).
+    fn again(&self) -> Recording {
+        Recording {
+            rank: self.rank,
+            epoch: self.epoch,
+            incarnation: self.incarnation,
+            membership: self.membership,
+            segs: Vec::new(),
+            deadline: self.deadline,
+        }
+    }
+}
+
 /// A graceful leave being carried out: the drain (`cluster.rs` `leave`, `drain`).
 struct Drain {
     rank: u32,
@@ -647,7 +661,8 @@ impl Meta {
                     }
                 }
                 // Recorded in etcd first (the world carries the call out): a later leader
-                // then refuses this process's catalog too.
+                // then refuses this process's catalog too. Its removals wait for that.
+                self.logs.hold(rank, epoch);
                 self.recording.push(Recording {
                     rank,
                     epoch,
@@ -678,17 +693,25 @@ impl Meta {
     }
 
     /// The loss `recording[i]` was recorded in etcd (`ok`), or could not be: its segments are
-    /// dropped, with its freed log only when it was.
+    /// dropped, with its freed log only when it was; one that could not be is tried again
+    /// (`ranks.rs` `check_lost_ranks`), its log held meanwhile.
     pub fn loss_recorded(&mut self, cx: &mut Cx, i: usize, ok: bool) {
         self.store.set_manual_clock(cx.now);
         let r = self.recording.remove(i);
         if ok {
             cx.log(format!("rank {}'s loss recorded in etcd", r.rank));
+        } else if r.segs.is_empty() {
+            // A retry: the segments went with the first attempt.
         } else {
             cx.log(format!(
                 "rank {}: its loss could not be recorded in etcd; removals waiting on it are not confirmed",
                 r.rank
             ));
+        }
+        if !ok {
+            let mut again = r.again();
+            again.deadline = cx.now + HA_TTL_MS;
+            self.recording.push(again);
         }
         self.drops.push(Dropping {
             rank: r.rank,

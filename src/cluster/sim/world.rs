@@ -515,8 +515,11 @@ impl World {
             return;
         };
         let view = m.ha.as_ref().map_or(0, |e| e.view());
+        // The records there now (one tried again is pushed behind them, for the next look).
         let mut k = 0;
-        while k < m.recording.len() {
+        let mut left = m.recording.len();
+        while left > 0 {
+            left -= 1;
             let r = &m.recording[k];
             let ok = if reach {
                 let lost = LostMembership {

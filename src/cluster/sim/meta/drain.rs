@@ -15,7 +15,12 @@ impl Meta {
         while i < self.drops.len() {
             let d = &self.drops[i];
             if !d.keep_log {
-                self.logs.retire(d.rank, d.epoch);
+                if d.retired {
+                    self.logs.retire(d.rank, d.epoch);
+                } else {
+                    // A loss recorded (or none to record), a leave.
+                    self.logs.settle(d.rank, d.epoch);
+                }
             }
             let before = self.stamps();
             let mut done = true;
