@@ -7,8 +7,8 @@
 //! costs more than all the rest (8 µs on the reference VM, whatever few descriptors there
 //! are), then reading `statm`: the descriptor count, the open-files limit and the memory
 //! figures are read again when a second has passed since they were last read, so a scraper
-//! that comes back more often than that reads them up to a second old (the CPU time is
-//! always read afresh).
+//! that comes back more often than that reads them up to a second old; the CPU time, counted
+//! in clock ticks, is read again when a tick (10 ms) has passed.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -206,26 +206,26 @@ fn slow_figures() -> [u64; 4] {
     [open_fds(), max_fds(), total, resident]
 }
 
-/// Figures read at some time, kept for [`FDS_FOR`].
-struct Kept {
+/// `N` figures read at some time, kept for a while.
+struct Kept<const N: usize> {
     /// When the figures were read (µs since some origin, 0: never).
     read_at: AtomicU64,
-    figures: [AtomicU64; 4],
+    figures: [AtomicU64; N],
 }
 
-impl Kept {
-    const fn new() -> Kept {
+impl<const N: usize> Kept<N> {
+    const fn new() -> Kept<N> {
         Kept {
             read_at: AtomicU64::new(0),
-            figures: [const { AtomicU64::new(0) }; 4],
+            figures: [const { AtomicU64::new(0) }; N],
         }
     }
 
-    /// The kept figures at `now` (µs, above 0), or those `read` reads when they are
-    /// [`FDS_FOR`] old (or none were read yet).
-    fn at(&self, now: u64, read: impl FnOnce() -> [u64; 4]) -> [u64; 4] {
+    /// The kept figures at `now` (µs, above 0), or those `read` reads when they are `max_age`
+    /// old (or none were read yet).
+    fn at(&self, now: u64, max_age: Duration, read: impl FnOnce() -> [u64; N]) -> [u64; N] {
         let at = self.read_at.load(Relaxed);
-        if at != 0 && now - at.min(now) < FDS_FOR.as_micros() as u64 {
+        if at != 0 && now - at.min(now) < max_age.as_micros() as u64 {
             return self.figures.each_ref().map(|f| f.load(Relaxed));
         }
         let figures = read();
@@ -237,12 +237,27 @@ impl Kept {
     }
 }
 
+/// Microseconds since the first call, from 1.
+fn now_us() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
 /// [`slow_figures`], read again once [`FDS_FOR`] passed since the last reading (any thread).
 fn recent() -> [u64; 4] {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    static KEPT: Kept = Kept::new();
-    let now = ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1;
-    KEPT.at(now, slow_figures)
+    static KEPT: Kept<4> = Kept::new();
+    KEPT.at(now_us(), FDS_FOR, slow_figures)
+}
+
+/// How long a reading of the CPU time stands: one clock tick, its unit (100 Hz).
+const CPU_FOR: Duration = Duration::from_millis(10);
+
+/// [`cpu_ticks`], read again once [`CPU_FOR`] passed since the last reading (any thread):
+/// a scraper that comes back more often than a tick reads the time of up to a tick ago.
+fn recent_cpu_ticks() -> u64 {
+    static KEPT: Kept<1> = Kept::new();
+    let [ticks] = KEPT.at(now_us(), CPU_FOR, || [cpu_ticks()]);
+    ticks
 }
 
 /// Reads the figures now (the descriptor count, its limit and the memory figures up to a
@@ -252,7 +267,7 @@ pub fn read() -> Process {
     let page = sysconf(libc::_SC_PAGESIZE);
     let [open_fds, max_fds, total, resident] = recent();
     Process {
-        cpu_seconds: cpu_ticks() as f64 / ticks.max(1) as f64,
+        cpu_seconds: recent_cpu_ticks() as f64 / ticks.max(1) as f64,
         resident_bytes: resident * page,
         virtual_bytes: total * page,
         open_fds,
@@ -275,15 +290,21 @@ mod tests {
         assert_eq!(p.resident_bytes, 300 * 4096);
     }
 
-    /// The slow figures stand for a second, then a reading shows what moved.
+    /// The slow figures stand for a second, the CPU time for a tick; then a reading shows
+    /// what moved.
     #[test]
     fn slow_figures_are_read_again_after_a_second() {
         let kept = Kept::new();
         let second = FDS_FOR.as_micros() as u64;
-        assert_eq!(kept.at(5, || [1, 2, 3, 4]), [1, 2, 3, 4]);
-        assert_eq!(kept.at(5 + second - 1, || [9; 4]), [1, 2, 3, 4]);
-        assert_eq!(kept.at(5 + second, || [9, 8, 7, 6]), [9, 8, 7, 6]);
-        assert_eq!(kept.at(6 + second, || [0; 4]), [9, 8, 7, 6]);
+        assert_eq!(kept.at(5, FDS_FOR, || [1, 2, 3, 4]), [1, 2, 3, 4]);
+        assert_eq!(kept.at(5 + second - 1, FDS_FOR, || [9; 4]), [1, 2, 3, 4]);
+        assert_eq!(kept.at(5 + second, FDS_FOR, || [9, 8, 7, 6]), [9, 8, 7, 6]);
+        assert_eq!(kept.at(6 + second, FDS_FOR, || [0; 4]), [9, 8, 7, 6]);
+        // The CPU time, for a tick.
+        let cpu = Kept::new();
+        assert_eq!(cpu.at(5, CPU_FOR, || [7]), [7]);
+        assert_eq!(cpu.at(5 + 9_999, CPU_FOR, || [8]), [7]);
+        assert_eq!(cpu.at(5 + 10_000, CPU_FOR, || [8]), [8]);
     }
 
     #[test]
