@@ -5,8 +5,10 @@
 //! `/proc/self/fd`, the open-files limit. The two files stay open (a `pread` or a rewind
 //! reads them afresh, no path lookup); the start time is read once. Listing `/proc/self/fd`
 //! costs more than all the rest (8 µs on the reference VM, whatever few descriptors there
-//! are): its count is listed again when a second has passed since the last listing, so a
-//! scraper that comes back more often than that reads a count up to a second old.
+//! are), then reading `statm`: the descriptor count, the open-files limit and the memory
+//! figures are read again when a second has passed since they were last read, so a scraper
+//! that comes back more often than that reads them up to a second old; the CPU time, counted
+//! in clock ticks, is read again when a tick (10 ms) has passed.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -194,37 +196,82 @@ fn open_fds() -> u64 {
     }
 }
 
-/// How long an open-descriptor count stands.
+/// How long the figures read by [`recent`] stand.
 const FDS_FOR: Duration = Duration::from_secs(1);
 
-/// [`open_fds`], listed again once [`FDS_FOR`] passed since the last listing (any thread).
-fn open_fds_recent() -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    /// When the count was listed (µs since `ORIGIN`, 0: never) and the count.
-    static LISTED_AT: AtomicU64 = AtomicU64::new(0);
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let now = ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1;
-    let at = LISTED_AT.load(Relaxed);
-    if at != 0 && now - at.min(now) < FDS_FOR.as_micros() as u64 {
-        return COUNT.load(Relaxed);
-    }
-    let n = open_fds();
-    COUNT.store(n, Relaxed);
-    LISTED_AT.store(now, Relaxed);
-    n
+/// The figures that cost more to read than the rest and move slowly, read together:
+/// [`open_fds`], the open-files limit, and `/proc/self/statm`'s (total, resident) pages.
+fn slow_figures() -> [u64; 4] {
+    let (total, resident) = statm();
+    [open_fds(), max_fds(), total, resident]
 }
 
-/// Reads the figures now. What cannot be read is 0 (this is a scrape, not a health check).
+/// `N` figures read at some time, kept for a while.
+struct Kept<const N: usize> {
+    /// When the figures were read (µs since some origin, 0: never).
+    read_at: AtomicU64,
+    figures: [AtomicU64; N],
+}
+
+impl<const N: usize> Kept<N> {
+    const fn new() -> Kept<N> {
+        Kept {
+            read_at: AtomicU64::new(0),
+            figures: [const { AtomicU64::new(0) }; N],
+        }
+    }
+
+    /// The kept figures at `now` (µs, above 0), or those `read` reads when they are `max_age`
+    /// old (or none were read yet).
+    fn at(&self, now: u64, max_age: Duration, read: impl FnOnce() -> [u64; N]) -> [u64; N] {
+        let at = self.read_at.load(Relaxed);
+        if at != 0 && now - at.min(now) < max_age.as_micros() as u64 {
+            return self.figures.each_ref().map(|f| f.load(Relaxed));
+        }
+        let figures = read();
+        for (f, v) in self.figures.iter().zip(figures) {
+            f.store(v, Relaxed);
+        }
+        self.read_at.store(now, Relaxed);
+        figures
+    }
+}
+
+/// Microseconds since the first call, from 1.
+fn now_us() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+/// [`slow_figures`], read again once [`FDS_FOR`] passed since the last reading (any thread).
+fn recent() -> [u64; 4] {
+    static KEPT: Kept<4> = Kept::new();
+    KEPT.at(now_us(), FDS_FOR, slow_figures)
+}
+
+/// How long a reading of the CPU time stands: one clock tick, its unit (100 Hz).
+const CPU_FOR: Duration = Duration::from_millis(10);
+
+/// [`cpu_ticks`], read again once [`CPU_FOR`] passed since the last reading (any thread):
+/// a scraper that comes back more often than a tick reads the time of up to a tick ago.
+fn recent_cpu_ticks() -> u64 {
+    static KEPT: Kept<1> = Kept::new();
+    let [ticks] = KEPT.at(now_us(), CPU_FOR, || [cpu_ticks()]);
+    ticks
+}
+
+/// Reads the figures now (the descriptor count, its limit and the memory figures up to a
+/// second old). What cannot be read is 0 (this is a scrape, not a health check).
 pub fn read() -> Process {
     let ticks = sysconf(libc::_SC_CLK_TCK);
     let page = sysconf(libc::_SC_PAGESIZE);
-    let (total, resident) = statm();
+    let [open_fds, max_fds, total, resident] = recent();
     Process {
-        cpu_seconds: cpu_ticks() as f64 / ticks.max(1) as f64,
+        cpu_seconds: recent_cpu_ticks() as f64 / ticks.max(1) as f64,
         resident_bytes: resident * page,
         virtual_bytes: total * page,
-        open_fds: open_fds_recent(),
-        max_fds: max_fds(),
+        open_fds,
+        max_fds,
         start_time_seconds: start_time(ticks),
     }
 }
@@ -241,6 +288,23 @@ mod tests {
         assert_eq!(p.start_time_seconds, 1_700_000_010.0);
         assert_eq!(p.virtual_bytes, 123_456_789);
         assert_eq!(p.resident_bytes, 300 * 4096);
+    }
+
+    /// The slow figures stand for a second, the CPU time for a tick; then a reading shows
+    /// what moved.
+    #[test]
+    fn slow_figures_are_read_again_after_a_second() {
+        let kept = Kept::new();
+        let second = FDS_FOR.as_micros() as u64;
+        assert_eq!(kept.at(5, FDS_FOR, || [1, 2, 3, 4]), [1, 2, 3, 4]);
+        assert_eq!(kept.at(5 + second - 1, FDS_FOR, || [9; 4]), [1, 2, 3, 4]);
+        assert_eq!(kept.at(5 + second, FDS_FOR, || [9, 8, 7, 6]), [9, 8, 7, 6]);
+        assert_eq!(kept.at(6 + second, FDS_FOR, || [0; 4]), [9, 8, 7, 6]);
+        // The CPU time, for a tick.
+        let cpu = Kept::new();
+        assert_eq!(cpu.at(5, CPU_FOR, || [7]), [7]);
+        assert_eq!(cpu.at(5 + 9_999, CPU_FOR, || [8]), [7]);
+        assert_eq!(cpu.at(5 + 10_000, CPU_FOR, || [8]), [8]);
     }
 
     #[test]

@@ -246,23 +246,50 @@ pub fn render(
     out: &mut Vec<u8>,
 ) {
     out.extend_from_slice(HEADER.as_bytes());
+    let mut digits = itoa::Buffer::new();
     for p in points.iter().filter(|p| filter(p.tp)) {
-        let _ = writeln!(
-            out,
-            "{:<23}{:<40}{:<15}{:<15}{:<15}{:<15}{:<15.3}{:<15.3}{:<15.3}{:<15.3}{:.3}",
-            time,
-            p.tp.name(),
-            p.begin,
-            p.good_end,
-            p.bad_end,
-            p.on_fly(),
-            p.p50_us,
-            p.p99_us,
-            p.p999_us,
-            p.avg_us,
-            p.max_us
-        );
+        padded(out, time.as_bytes(), 23);
+        padded(out, p.tp.name().as_bytes(), 40);
+        for n in [p.begin, p.good_end, p.bad_end, p.on_fly()] {
+            padded(out, digits.format(n).as_bytes(), 15);
+        }
+        for v in [p.p50_us, p.p99_us, p.p999_us, p.avg_us] {
+            let start = out.len();
+            write_fixed3(out, v);
+            let n = out.len() - start;
+            out.resize(start + n.max(15), b' ');
+        }
+        write_fixed3(out, p.max_us);
+        out.push(b'\n');
     }
+}
+
+/// `text` left-aligned in `width` columns (as `{:<width}` writes it: never cut).
+fn padded(out: &mut Vec<u8>, text: &[u8], width: usize) {
+    out.extend_from_slice(text);
+    out.resize(out.len() + width.saturating_sub(text.len()), b' ');
+}
+
+/// `v` with 3 decimals, as `{:.3}` writes it. A value that is a whole number of thousandths
+/// (below 2^40 of them) is that number as the float nearest to it, so its exact value is
+/// within far less than half a thousandth of it and `{:.3}` writes exactly those digits:
+/// they are written from the integer. Others (means) go through the standard formatter.
+fn write_fixed3(out: &mut Vec<u8>, v: f64) {
+    let n = (v * 1000.0).round();
+    if v.is_sign_positive() && n < (1u64 << 40) as f64 && n / 1000.0 == v {
+        let n = n as u64;
+        let mut digits = itoa::Buffer::new();
+        out.extend_from_slice(digits.format(n / 1000).as_bytes());
+        let frac = n % 1000;
+        out.extend_from_slice(&[
+            b'.',
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ]);
+        return;
+    }
+    let _ = write!(out, "{v:.3}");
 }
 
 /// The table's header line.
@@ -293,6 +320,42 @@ pub fn format_time(unix_secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows are written as the format string `{:<15.3}` and friends write them.
+    #[test]
+    fn fixed_floats_and_padding_are_what_fmt_writes() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut values = vec![
+            0.0,
+            -0.0,
+            0.0005,
+            0.0015,
+            1.0,
+            999.9995,
+            1e300,
+            -2.5,
+            f64::NAN,
+        ];
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push((x % 10_000_000_000) as f64 / 1000.0);
+            values.push((x >> 24) as f64 / 1000.0);
+            values.push((x % 1_000_003) as f64 / 7.0 / 1000.0);
+            values.push(f64::from_bits(x >> 2));
+        }
+        for v in values {
+            let mut out = Vec::new();
+            write_fixed3(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{v:.3}"), "{v:e}");
+        }
+        for (text, width) in [("ab", 5), ("abcdef", 5), ("", 3), ("abc", 3)] {
+            let mut out = Vec::new();
+            padded(&mut out, text.as_bytes(), width);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{text:<width$}"));
+        }
+    }
 
     /// The header is the one the seed's format string writes.
     #[test]

@@ -25,6 +25,11 @@ const MAX_LINES: usize = 800;
 /// name on the line, why several threads write it). Statistics are not among them.
 const SHARED_RMW: &[(&str, &str, &str)] = &[
     (
+        "src/metrics/exposition/writer.rs",
+        "SLOTS",
+        "a histogram's place in each thread's last texts: taken once per histogram made, at its family's first scrape on any shard",
+    ),
+    (
         "src/shards/ranks.rs",
         "commits_in_flight",
         "a local service's commits on their way to its meta, from any shard, read by the agent",

@@ -1,6 +1,7 @@
 //! The data plane's own families: client bandwidth per rank and operation
 //! (`memcache_bandwidth_*`, `memcache_metric_stale`) and the SSD tier's UBS IO figures.
 
+use super::families::{block, push_text};
 use super::ranks;
 use super::writer::{Family, Out, family};
 use crate::common::medium::Medium;
@@ -47,17 +48,35 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
         .map(|&r| (r, cluster.rank_client(r)))
         .collect();
     let views = client_views(cluster, &sources);
-    let mut digits = itoa::Buffer::new();
-    o.family(&METRIC_STALE);
-    for (r, source) in &sources {
-        let stale = *source == RankClient::Silent;
-        o.int(&[("rank", digits.format(*r))], stale as u64);
-    }
-    for &r in &lost {
-        o.int(&[("rank", digits.format(r))], 1);
-    }
-    render_bandwidth(o, &views);
-    render_latency_and_rate(o, &views);
+    // Written again only when a figure moved: the views' floats and labels cost more than
+    // the rest of a scrape's unchanged families.
+    let gather = |figures: &mut Vec<u64>| {
+        figures.push(sources.len() as u64);
+        for (r, source) in &sources {
+            figures.extend([u64::from(*r), u64::from(*source == RankClient::Silent)]);
+        }
+        figures.push(lost.len() as u64);
+        figures.extend(lost.iter().map(|&r| u64::from(r)));
+        for v in &views {
+            figures.extend([u64::from(v.rank), v.op as u64, v.bytes, v.duration_ns]);
+            figures.extend([v.cum_bytes, v.cum_duration_ns, v.bytes_per_sec()]);
+            figures.extend(v.latency.map(f64::to_bits));
+        }
+    };
+    let write = |o: &mut Out<'_>, _: &[u64]| {
+        let mut digits = itoa::Buffer::new();
+        o.family(&METRIC_STALE);
+        for (r, source) in &sources {
+            let stale = *source == RankClient::Silent;
+            o.int(&[("rank", digits.format(*r))], stale as u64);
+        }
+        for &r in &lost {
+            o.int(&[("rank", digits.format(r))], 1);
+        }
+        render_bandwidth(o, &views);
+        render_latency_and_rate(o, &views);
+    };
+    block(o, &METRIC_STALE, gather, write);
 }
 
 /// The merged views of every online rank's operations, empty ones included, by rank: what
@@ -207,23 +226,38 @@ type DiskIoField = fn(&DiskIo) -> u64;
 /// series with an empty `disk_path` and value 0.
 pub(super) fn render_ubs_io(cluster: &dyn Source, o: &mut Out<'_>) {
     let ranks = rank_io(cluster);
-    let mut digits = itoa::Buffer::new();
-    for (family, f) in &PER_RANK {
-        o.family(family);
-        for r in &ranks {
-            o.int(&[("rank", digits.format(r.rank))], f(r));
-        }
-    }
     let disks = disk_io(cluster, &ranks);
-    for (family, f) in &PER_DISK {
-        o.family(family);
-        for d in &disks {
-            o.int(
-                &[("rank", digits.format(d.rank)), ("disk_path", &d.path)],
-                f(d),
-            );
+    let gather = |figures: &mut Vec<u64>| {
+        figures.push(ranks.len() as u64);
+        for r in &ranks {
+            figures.push(u64::from(r.rank));
+            figures.extend(PER_RANK.iter().map(|(_, f)| f(r)));
         }
-    }
+        for d in &disks {
+            figures.push(u64::from(d.rank));
+            push_text(figures, &d.path);
+            figures.extend(PER_DISK.iter().map(|(_, f)| f(d)));
+        }
+    };
+    let write = |o: &mut Out<'_>, _: &[u64]| {
+        let mut digits = itoa::Buffer::new();
+        for (family, f) in &PER_RANK {
+            o.family(family);
+            for r in &ranks {
+                o.int(&[("rank", digits.format(r.rank))], f(r));
+            }
+        }
+        for (family, f) in &PER_DISK {
+            o.family(family);
+            for d in &disks {
+                o.int(
+                    &[("rank", digits.format(d.rank)), ("disk_path", &d.path)],
+                    f(d),
+                );
+            }
+        }
+    };
+    block(o, &PER_RANK[0].0, gather, write);
 }
 
 /// The figures of every rank with mounted segments, ascending.
@@ -405,15 +439,29 @@ pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
             Some((s.rank(), d.dir(), d.recovery()?))
         })
         .collect();
+    let gather = |figures: &mut Vec<u64>| {
+        for (rank, path, r) in &files {
+            figures.push(u64::from(*rank));
+            push_text(figures, path);
+            figures.extend(RECOVERY.iter().map(|(_, f)| f(r)));
+            figures.extend([r.dropped_length, r.dropped_invalid]);
+            figures.extend([r.dropped_conflict, r.dropped_checksum, r.micros]);
+        }
+    };
+    let write = |o: &mut Out<'_>, _: &[u64]| write_recovery(o, &files);
+    block(o, &RECOVERY[0].0, gather, write);
+}
+
+fn write_recovery(o: &mut Out<'_>, files: &[(u32, &str, RecoveryFigures)]) {
     let mut digits = itoa::Buffer::new();
     for (family, f) in &RECOVERY {
         o.family(family);
-        for (rank, path, r) in &files {
+        for (rank, path, r) in files {
             o.int(&[("rank", digits.format(*rank)), ("disk_path", path)], f(r));
         }
     }
     o.family(&RECOVERY_DROPPED);
-    for (rank, path, r) in &files {
+    for (rank, path, r) in files {
         for (reason, v) in [
             ("length", r.dropped_length),
             ("invalid", r.dropped_invalid),
@@ -429,7 +477,7 @@ pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
         }
     }
     o.family(&RECOVERY_DURATION);
-    for (rank, path, r) in &files {
+    for (rank, path, r) in files {
         o.float(
             &[("rank", digits.format(*rank)), ("disk_path", path)],
             r.micros as f64 / 1e6,

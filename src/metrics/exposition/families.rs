@@ -173,12 +173,6 @@ static PER_MEDIUM: [(Family, MediumField); 2] = [
 /// Segment and medium capacity and use.
 pub(super) fn render_capacity(cluster: &dyn Source, o: &mut Out<'_>) {
     let segs = cluster.segments();
-    for (fam, f) in &PER_SEGMENT {
-        o.family(fam);
-        for s in segs.iter() {
-            o.int(&[("segment", s.name())], f(s));
-        }
-    }
     // SSD is shown only when it has capacity or use.
     let mut usage = [(Medium::Ssd, (0, 0)); Medium::ALL.len()];
     let mut shown = 0;
@@ -189,12 +183,55 @@ pub(super) fn render_capacity(cluster: &dyn Source, o: &mut Out<'_>) {
             shown += 1;
         }
     }
-    for (fam, f) in &PER_MEDIUM {
-        o.family(fam);
-        for &(m, cu) in &usage[..shown] {
-            o.int(&[("medium", m.lower())], f(cu));
+    let usage = &usage[..shown];
+    let gather = |figures: &mut Vec<u64>| {
+        for s in segs.iter() {
+            push_text(figures, s.name());
+            figures.extend(PER_SEGMENT.iter().map(|(_, f)| f(s)));
         }
-    }
+        for &(m, (c, u)) in usage {
+            figures.extend([m as u64, c, u]);
+        }
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        // The segments' figures, in the order gathered: (name, capacity, used) each.
+        let mut at = 0;
+        let mut per_segment = Vec::new();
+        for s in segs.iter() {
+            at += text_figures(s.name());
+            per_segment.push((s.name(), &figures[at..at + PER_SEGMENT.len()]));
+            at += PER_SEGMENT.len();
+        }
+        for (i, (fam, _)) in PER_SEGMENT.iter().enumerate() {
+            o.family(fam);
+            for (name, v) in &per_segment {
+                o.int(&[("segment", name)], v[i]);
+            }
+        }
+        for (i, (fam, _)) in PER_MEDIUM.iter().enumerate() {
+            o.family(fam);
+            for (&(m, _), v) in usage.iter().zip(figures[at..].chunks(3)) {
+                o.int(&[("medium", m.lower())], v[1 + i]);
+            }
+        }
+    };
+    block(o, &PER_SEGMENT[0].0, gather, write);
+}
+
+/// Adds a text that decides a block's labels to its figures, exactly: its length, then its
+/// bytes 8 to a figure ([`text_figures`] of them).
+pub(super) fn push_text(figures: &mut Vec<u64>, s: &str) {
+    figures.push(s.len() as u64);
+    figures.extend(s.as_bytes().chunks(8).map(|c| {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(b)
+    }));
+}
+
+/// How many figures [`push_text`] adds for `s`.
+pub(super) fn text_figures(s: &str) -> usize {
+    1 + s.len().div_ceil(8)
 }
 
 /// The business-call families in output order: requests, successes, failures (and

@@ -51,22 +51,30 @@ static L2_USAGE: Family = family!(
 
 /// L1 and L2 usage.
 fn render_usage(cluster: &dyn Source, o: &mut Out<'_>) {
-    let (hbm_c, hbm_u) = medium_usage(cluster, Medium::Hbm);
-    let (dram_c, dram_u) = medium_usage(cluster, Medium::Dram);
-    let (ssd_c, ssd_u) = medium_usage(cluster, Medium::Ssd);
-    let (l1_cap, l1_used) = (hbm_c + dram_c, hbm_u + dram_u);
-    o.single(&L1_USAGE, l1_used);
-    o.family(&L1_RATIO);
-    let r = if l1_cap == 0 {
-        0.0
-    } else {
-        l1_used as f64 / l1_cap as f64
+    let gather = |figures: &mut Vec<u64>| {
+        let (hbm_c, hbm_u) = medium_usage(cluster, Medium::Hbm);
+        let (dram_c, dram_u) = medium_usage(cluster, Medium::Dram);
+        let (ssd_c, ssd_u) = medium_usage(cluster, Medium::Ssd);
+        figures.extend([hbm_c + dram_c, hbm_u + dram_u, ssd_c, ssd_u]);
     };
-    o.float(&[], r);
-    if ssd_c > 0 || ssd_u > 0 {
-        o.family(&L2_USAGE);
-        o.int(SSD, ssd_u);
-    }
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let &[l1_cap, l1_used, ssd_c, ssd_u] = figures else {
+            unreachable!("four figures")
+        };
+        o.single(&L1_USAGE, l1_used);
+        o.family(&L1_RATIO);
+        let r = if l1_cap == 0 {
+            0.0
+        } else {
+            l1_used as f64 / l1_cap as f64
+        };
+        o.float(&[], r);
+        if ssd_c > 0 || ssd_u > 0 {
+            o.family(&L2_USAGE);
+            o.int(SSD, ssd_u);
+        }
+    };
+    super::families::block(o, &L1_USAGE, gather, write);
 }
 
 /// The chunk and L2 task families, in output order: (family, labels, value).
@@ -317,31 +325,43 @@ static BUS_PANICS: Family = family!(
 /// The event bus watching itself.
 fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
     let b = |f: fn(&BusStats) -> u64| sum(cluster, |s| f(s.bus_stats));
-    o.single(
-        &BUS_DEPTH,
-        sum_i(cluster, |s| s.bus_stats.queue_depth.get()),
-    );
-    let now_ms = cluster.clock().now_ms() as i64;
-    let oldest = cluster
-        .shards()
-        .map(|s| s.bus_stats.oldest_ms.get())
-        .filter(|&t| t > 0)
-        .min();
-    o.family(&BUS_LAG);
-    o.float(
-        &[],
-        oldest.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
-    );
-    o.single(&BUS_DROPPED, b(|s| s.dropped.get()));
-    o.single(&BUS_PUBLISHED, b(|s| s.published.get()));
-    o.family(&BUS_PANICS);
-    for (i, name) in SUBSCRIBERS.iter().enumerate() {
-        // Only subscribers that are installed have series (the test subscriber is not, in
-        // production).
-        if !cluster.shards().any(|s| s.bus_stats.is_installed(i)) {
-            continue;
+    let gather = |figures: &mut Vec<u64>| {
+        figures.push(sum_i(cluster, |s| s.bus_stats.queue_depth.get()));
+        let now_ms = cluster.clock().now_ms() as i64;
+        let oldest = cluster
+            .shards()
+            .map(|s| s.bus_stats.oldest_ms.get())
+            .filter(|&t| t > 0)
+            .min();
+        let lag = oldest.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0);
+        figures.extend([
+            lag.to_bits(),
+            b(|s| s.dropped.get()),
+            b(|s| s.published.get()),
+        ]);
+        for i in 0..SUBSCRIBERS.len() {
+            // Only subscribers that are installed have series (the test subscriber is not,
+            // in production): `u64::MAX` for one that is not.
+            figures.push(if cluster.shards().any(|s| s.bus_stats.is_installed(i)) {
+                sum(cluster, |s| s.bus_stats.subscriber_panics[i].get())
+            } else {
+                u64::MAX
+            });
         }
-        let n = sum(cluster, |s| s.bus_stats.subscriber_panics[i].get());
-        o.int(&[("subscriber_name", name)], n);
-    }
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let [depth, lag, dropped, published] = [0, 1, 2, 3].map(|i| figures[i]);
+        o.single(&BUS_DEPTH, depth);
+        o.family(&BUS_LAG);
+        o.float(&[], f64::from_bits(lag));
+        o.single(&BUS_DROPPED, dropped);
+        o.single(&BUS_PUBLISHED, published);
+        o.family(&BUS_PANICS);
+        for (name, &n) in SUBSCRIBERS.iter().zip(&figures[4..]) {
+            if n != u64::MAX {
+                o.int(&[("subscriber_name", name)], n);
+            }
+        }
+    };
+    super::families::block(o, &BUS_DEPTH, gather, write);
 }

@@ -53,24 +53,42 @@ static QUEUE_CAPACITY: Family = family!(
 
 pub(super) fn render_otlp(t: &Telemetry, o: &mut Out<'_>) {
     let s = &t.stats;
-    o.single(&ENABLED, u64::from(t.enabled));
-    o.family(&EXPORTS);
-    for sig in Signal::ALL {
-        o.int(&[("signal", sig.name())], s.exports[sig as usize].get());
-    }
-    o.family(&FAILURES);
-    for sig in Signal::ALL {
-        for c in Cause::ALL {
-            let v = s.failures[sig as usize][c as usize].get();
-            o.int(&[("signal", sig.name()), ("cause", c.name())], v);
+    let gather = |figures: &mut Vec<u64>| {
+        figures.push(u64::from(t.enabled));
+        figures.extend(Signal::ALL.map(|sig| s.exports[sig as usize].get()));
+        for sig in Signal::ALL {
+            figures.extend(Cause::ALL.map(|c| s.failures[sig as usize][c as usize].get()));
         }
-    }
-    o.single(&SPANS_EXPORTED, s.spans_exported.get());
-    o.single(&POINTS_EXPORTED, s.points_exported.get());
-    o.family(&SPANS_DROPPED);
-    o.int(&[("reason", "queue_full")], s.spans_dropped_full.get());
-    o.int(&[("reason", "export_failed")], s.spans_dropped_failed.get());
-    o.single(&PUSHES_DROPPED, s.pushes_dropped.get());
-    o.single(&QUEUE_LENGTH, t.queued() as u64);
-    o.single(&QUEUE_CAPACITY, t.capacity() as u64);
+        figures.extend([s.spans_exported.get(), s.points_exported.get()]);
+        figures.extend([s.spans_dropped_full.get(), s.spans_dropped_failed.get()]);
+        figures.extend([
+            s.pushes_dropped.get(),
+            t.queued() as u64,
+            t.capacity() as u64,
+        ]);
+    };
+    let write = |o: &mut Out<'_>, figures: &[u64]| {
+        let mut v = figures.iter().copied();
+        let mut next = || v.next().expect("a figure");
+        o.single(&ENABLED, next());
+        o.family(&EXPORTS);
+        for sig in Signal::ALL {
+            o.int(&[("signal", sig.name())], next());
+        }
+        o.family(&FAILURES);
+        for sig in Signal::ALL {
+            for c in Cause::ALL {
+                o.int(&[("signal", sig.name()), ("cause", c.name())], next());
+            }
+        }
+        o.single(&SPANS_EXPORTED, next());
+        o.single(&POINTS_EXPORTED, next());
+        o.family(&SPANS_DROPPED);
+        o.int(&[("reason", "queue_full")], next());
+        o.int(&[("reason", "export_failed")], next());
+        o.single(&PUSHES_DROPPED, next());
+        o.single(&QUEUE_LENGTH, next());
+        o.single(&QUEUE_CAPACITY, next());
+    };
+    super::families::block(o, &ENABLED, gather, write);
 }

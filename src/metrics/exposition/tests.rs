@@ -428,6 +428,89 @@ fn a_moved_figure_is_written_again() {
     }
 }
 
+/// The same for the blocks whose labels come from the segment table (names, disk paths) or
+/// whose figures are floats and client views: a moved segment, a renamed disk, a new client
+/// operation, a published event and an OTLP export show in the next scrape.
+#[test]
+fn a_moved_segment_or_view_is_written_again() {
+    let mut f = fake();
+    let mut first = Vec::new();
+    render_metrics(&f, &mut first);
+    let mut segments = (*f.segments).clone();
+    segments[2] = Arc::new(seg("rank-1-dram", 1, Medium::Dram, 1 << 31, 1 << 21));
+    let mut ssd = seg("rank-1-ssd", 1, Medium::Ssd, 1 << 34, 12_345_678);
+    let recovery = segments[3].disk.as_ref().and_then(|d| d.recovery);
+    ssd.disk = Some(Disk {
+        dir: "/mnt/other".to_string(),
+        recovery: recovery.map(|r| RecoveryFigures {
+            micros: 2_000_000,
+            ..r
+        }),
+    });
+    segments[3] = Arc::new(ssd);
+    f.segments = Arc::new(segments);
+    let s = &f.shards[1];
+    s.client.record(0, ClientOp::BatchGet, 1 << 20, 1_000, 10);
+    s.bus.published.add(1_000);
+    let mut second = Vec::new();
+    render_metrics(&f, &mut second);
+    let (first, second) = (
+        String::from_utf8(first).unwrap(),
+        String::from_utf8(second).unwrap(),
+    );
+    for (before, after) in [
+        (
+            "memcache_segment_allocated_bytes{segment=\"rank-1-dram\"} 1048576",
+            "memcache_segment_allocated_bytes{segment=\"rank-1-dram\"} 2097152",
+        ),
+        (
+            "memcache_ubs_io_mem_used_bytes{rank=\"1\"} 1048576",
+            "memcache_ubs_io_mem_used_bytes{rank=\"1\"} 2097152",
+        ),
+        (
+            "memcache_ubs_io_disk_status{rank=\"1\",disk_path=\"/mnt/n\\\"v\\\\me\\n0\"} 5",
+            "memcache_ubs_io_disk_status{rank=\"1\",disk_path=\"/mnt/other\"} 5",
+        ),
+        (
+            "memcache_ssd_recovery_duration_seconds{rank=\"1\",disk_path=\"/mnt/n\\\"v\\\\me\\n0\"} 1.234567",
+            "memcache_ssd_recovery_duration_seconds{rank=\"1\",disk_path=\"/mnt/other\"} 2",
+        ),
+        (
+            "memcache_bandwidth_bytes_cum_total{rank=\"0\",operation=\"batch_get\"} 286720",
+            "memcache_bandwidth_bytes_cum_total{rank=\"0\",operation=\"batch_get\"} 1335296",
+        ),
+        (
+            "lmcache_mp_l1_usage_ratio 0.038927178364247084",
+            "lmcache_mp_l1_usage_ratio 0.039049248676747084",
+        ),
+        (
+            "lmcache_mp_event_bus_published_events_total 1500",
+            "lmcache_mp_event_bus_published_events_total 2500",
+        ),
+    ] {
+        assert!(first.contains(&format!("\n{before}\n")), "{before}");
+        assert!(second.contains(&format!("\n{after}\n")), "{after}");
+    }
+    // The OTLP exporter's families.
+    let t = crate::metrics::otlp::Telemetry::new(&Config::defaults());
+    let mut first = Vec::new();
+    render_otlp(&t, Format::Text, &mut first);
+    t.stats.spans_exported.add(42);
+    let mut second = Vec::new();
+    render_otlp(&t, Format::Text, &mut second);
+    let series = "\nmemcache_otlp_spans_exported_total ";
+    assert!(
+        String::from_utf8(first)
+            .unwrap()
+            .contains(&format!("{series}0\n"))
+    );
+    assert!(
+        String::from_utf8(second)
+            .unwrap()
+            .contains(&format!("{series}42\n"))
+    );
+}
+
 #[test]
 fn summary_is_the_golden_text() {
     let f = fake();

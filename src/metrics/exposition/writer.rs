@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use super::proto::{self, field};
 use crate::common::fmt::write_f64;
@@ -120,6 +121,8 @@ pub(super) struct HistogramLines {
     /// Where each prefix ends in `text`: the buckets', then `_sum`'s and `_count`'s.
     ends: Vec<usize>,
     bounds: Vec<f64>,
+    /// This histogram's place in each thread's [`WRITTEN`] (one per `HistogramLines` made).
+    slot: usize,
 }
 
 impl HistogramLines {
@@ -148,7 +151,14 @@ impl HistogramLines {
             .iter()
             .map(|le| le.parse().expect("a bound is a number"))
             .collect();
-        HistogramLines { text, ends, bounds }
+        static SLOTS: AtomicUsize = AtomicUsize::new(0);
+        let slot = SLOTS.fetch_add(1, Relaxed);
+        HistogramLines {
+            text,
+            ends,
+            bounds,
+            slot,
+        }
     }
 
     /// The text before the value of line `i` (buckets first, then `_sum`, `_count`).
@@ -172,9 +182,8 @@ struct Written {
 }
 
 thread_local! {
-    /// This thread's last text of each histogram, by the address of its (static) lines.
-    static WRITTEN: RefCell<HashMap<usize, Written, foldhash::fast::RandomState>> =
-        RefCell::new(HashMap::default());
+    /// This thread's last text of each histogram, by its lines' slot.
+    static WRITTEN: RefCell<Vec<Written>> = const { RefCell::new(Vec::new()) };
     /// This thread's last text of each block of families ([`Out::block`]), by the address
     /// of the block's first family: the figures it was written for, and the text.
     static BLOCKS: RefCell<HashMap<usize, Written, foldhash::fast::RandomState>> =
@@ -462,7 +471,10 @@ impl<'a> Out<'a> {
             return self.proto_histogram(lines, labels, counts, sum, native);
         }
         WRITTEN.with_borrow_mut(|written| {
-            let last = written.entry(lines as *const _ as usize).or_default();
+            if written.len() <= lines.slot {
+                written.resize_with(lines.slot + 1, Written::default);
+            }
+            let last = &mut written[lines.slot];
             if last.counts == counts && last.sum == sum.to_bits() && !last.text.is_empty() {
                 self.buf.extend_from_slice(&last.text);
                 return;
