@@ -153,6 +153,16 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
         assert!(Instant::now() < deadline, "nothing went down to SSD");
         std::thread::sleep(Duration::from_millis(200));
     };
+    // Journaled once the meta's log said each move landed: wait until the journal took as
+    // many records as there are SSD-only objects, so the restart recovers them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while journal_records(&svc) < on_ssd.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the SSD copies were never journaled"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     svc.kill9();
     // Deleted while the service is down: answered once the meta declared it lost.
     let gone = &on_ssd[0];
@@ -164,6 +174,11 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
     meta.kill9();
     let meta = start_meta();
     let svc = service(&meta).start();
+    assert!(
+        !svc.log().contains(" 0 blobs (0 bytes) recovered"),
+        "nothing recovered: {}",
+        svc.log()
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     while !meta.log().contains("recovered from its SSD file") {
         assert!(
@@ -182,6 +197,18 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
     drop(svc);
     drop(meta);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `memcache_ssd_journal_records_total` of a server, summed over its series.
+fn journal_records(server: &crate::harness::Server) -> f64 {
+    server
+        .client()
+        .get("/metrics")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("memcache_ssd_journal_records_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Waits until a rank's segments are listed on the meta.

@@ -1512,6 +1512,29 @@ fn a_recovered_catalog_is_void_at_the_next_leader() {
     crate::store::eventually("r-0 on SSD only", || {
         media_on(leader.addr, "r-0") == ["SSD"]
     });
+    // The service journals an SSD copy once the meta's log says its move landed: wait until
+    // its journal has taken as many records as the meta lists SSD-only objects, the tiers
+    // settled, so the restarted process recovers r-0.
+    let journaled = || -> f64 {
+        local
+            .client()
+            .get("/metrics")
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("memcache_ssd_journal_records_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut last = usize::MAX;
+    crate::store::eventually("the SSD copies journaled", || {
+        let on_ssd = (0..16)
+            .filter(|i| media_on(leader.addr, &format!("r-{i}")) == ["SSD"])
+            .count();
+        let settled = on_ssd == last && journaled() >= on_ssd as f64;
+        last = on_ssd;
+        std::thread::sleep(Duration::from_millis(300));
+        settled
+    });
     local.kill9();
     // Answered once the leader declared the service lost (its SSD journal still lists r-0).
     let r = crate::harness::Client::connect(leader.addr).request("DELETE", "/key?key=r-0", None);
@@ -1522,6 +1545,11 @@ fn a_recovered_catalog_is_void_at_the_next_leader() {
     wait_new_leader(standby.addr);
     let local = service().start();
     let deadline = Instant::now() + Duration::from_secs(20);
+    assert!(
+        !local.log().contains(" 0 blobs (0 bytes) recovered"),
+        "nothing recovered: {}",
+        local.log()
+    );
     while !standby.log().contains("recovered from its SSD file") {
         assert!(
             Instant::now() < deadline,
