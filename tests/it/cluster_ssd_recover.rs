@@ -155,14 +155,9 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
     };
     // Journaled once the meta's log said each move landed: wait until the journal took as
     // many records as there are SSD-only objects, so the restart recovers them.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while journal_records(&svc) < on_ssd.len() as f64 {
-        assert!(
-            Instant::now() < deadline,
-            "the SSD copies were never journaled"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    crate::store::eventually("the SSD copies journaled", || {
+        journal_records(&svc) >= on_ssd.len() as f64
+    });
     svc.kill9();
     // Deleted while the service is down: answered once the meta declared it lost.
     let gone = &on_ssd[0];
@@ -174,23 +169,9 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
     meta.kill9();
     let meta = start_meta();
     let svc = service(&meta).start();
-    assert!(
-        !svc.log().contains(" 0 blobs (0 bytes) recovered"),
-        "nothing recovered: {}",
-        svc.log()
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !meta.log().contains("recovered from its SSD file") {
-        assert!(
-            Instant::now() < deadline,
-            "the meta never voided the recovered catalog; meta log:\n{}\nlocal log:\n{}",
-            meta.log(),
-            svc.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_voided(&meta, &svc);
     // Joined (its rank's segments listed), holding nothing: the deleted key stays deleted.
-    join_wait(&meta);
+    crate::ha::wait_joined(meta.addr, "rank-7", &svc);
     assert!(listed(&meta).is_empty(), "{:?}", listed(&meta));
     let r = follow(&meta, "GET", &format!("/api/v1/objects?key={gone}"), None);
     assert_eq!(r.json()["error_message"], "Key not found", "{}", r.text());
@@ -200,7 +181,7 @@ fn a_recovered_catalog_is_void_at_a_restarted_meta() {
 }
 
 /// `memcache_ssd_journal_records_total` of a server, summed over its series.
-fn journal_records(server: &crate::harness::Server) -> f64 {
+pub(super) fn journal_records(server: &crate::harness::Server) -> f64 {
     server
         .client()
         .get("/metrics")
@@ -211,16 +192,22 @@ fn journal_records(server: &crate::harness::Server) -> f64 {
         .sum()
 }
 
-/// Waits until a rank's segments are listed on the meta.
-fn join_wait(meta: &crate::harness::Server) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !meta
-        .client()
-        .get("/get_all_segments")
-        .text()
-        .contains("rank-7")
-    {
-        assert!(Instant::now() < deadline, "rank 7 never joined");
+/// Waits (bounded, 20 s) until `meta` says it voided the catalog `local`, just restarted,
+/// recovered from its SSD file (which must have recovered something).
+pub(super) fn wait_voided(meta: &crate::harness::Server, local: &crate::harness::Server) {
+    assert!(
+        !local.log().contains(" 0 blobs (0 bytes) recovered"),
+        "nothing recovered: {}",
+        local.log()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !meta.log().contains("recovered from its SSD file") {
+        assert!(
+            Instant::now() < deadline,
+            "the meta never voided the recovered catalog; its log:\n{}\nthe local's log:\n{}",
+            meta.log(),
+            local.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -1515,22 +1515,13 @@ fn a_recovered_catalog_is_void_at_the_next_leader() {
     // The service journals an SSD copy once the meta's log says its move landed: wait until
     // its journal has taken as many records as the meta lists SSD-only objects, the tiers
     // settled, so the restarted process recovers r-0.
-    let journaled = || -> f64 {
-        local
-            .client()
-            .get("/metrics")
-            .text()
-            .lines()
-            .filter(|l| l.starts_with("memcache_ssd_journal_records_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
     let mut last = usize::MAX;
     crate::store::eventually("the SSD copies journaled", || {
         let on_ssd = (0..16)
             .filter(|i| media_on(leader.addr, &format!("r-{i}")) == ["SSD"])
             .count();
-        let settled = on_ssd == last && journaled() >= on_ssd as f64;
+        let settled =
+            on_ssd == last && crate::cluster_ssd_recover::journal_records(&local) >= on_ssd as f64;
         last = on_ssd;
         std::thread::sleep(Duration::from_millis(300));
         settled
@@ -1544,21 +1535,7 @@ fn a_recovered_catalog_is_void_at_the_next_leader() {
     wait_gone(old);
     wait_new_leader(standby.addr);
     let local = service().start();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    assert!(
-        !local.log().contains(" 0 blobs (0 bytes) recovered"),
-        "nothing recovered: {}",
-        local.log()
-    );
-    while !standby.log().contains("recovered from its SSD file") {
-        assert!(
-            Instant::now() < deadline,
-            "the new leader never voided the recovered catalog; its log:\n{}\nthe local's log:\n{}",
-            standby.log(),
-            local.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::cluster_ssd_recover::wait_voided(&standby, &local);
     wait_joined(standby.addr, "-ssd", &local);
     let r = follow(standby.addr, "GET", "/api/v1/objects?key=r-0", None);
     assert_eq!(r.json()["error_message"], "Key not found", "{}", r.text());
