@@ -179,7 +179,12 @@ pub struct Cluster {
 impl Cluster {
     /// The view new objects are stamped with now (`cluster::catalog::stamp_view`).
     pub fn stamp_view(&self) -> u64 {
-        let ha = self.ha.config().map(|_| self.ha.fence().max(0) as u64);
+        self.stamp_view_at(self.ha.fence().max(0) as u64)
+    }
+
+    /// [`Cluster::stamp_view`] under leadership `view` (ignored without HA).
+    pub fn stamp_view_at(&self, view: u64) -> u64 {
+        let ha = self.ha.config().map(|_| view);
         crate::cluster::catalog::stamp_view(ha, self.lineage_ms)
     }
 

@@ -157,6 +157,8 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let cluster = ctx.shard.cluster.clone();
     let first_free = cluster.config.store.ranks as u32;
     let view = cluster.ha.fence().max(0) as u64;
+    // This meta's lineage under that view: the join is decided and answered under the same one.
+    let lineage = cluster.stamp_view_at(view);
     let joined = cluster.ranks.lock().join(JoinRequest {
         view,
         wanted,
@@ -168,7 +170,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         catalog_since,
         recovered,
         heard_by,
-        lineage: cluster.stamp_view(),
+        lineage,
         first_free,
         now_ms: cluster.clock.now_ms(),
     });
@@ -253,7 +255,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "view_version": view,
             // This meta's lineage: a catalog recovered after a restart of the service is
             // adopted only by the lineage that heard it last (`JoinRequest::heard_by`).
-            "lineage": cluster.stamp_view(),
+            "lineage": lineage,
             // False only when the meta continued the membership the service reported under
             // (`Joined::continued`): a service silent past the heartbeat timeout keeps its
             // catalog only then.
