@@ -9,14 +9,16 @@
 //!   each rank (the freed logs), with the barriers a removal waits on.
 //! - [`records`]: the entries and records made the one way the handlers and the simulation
 //!   share (a written blob's entry, a refused adoption's record, a removal's wait).
-//! - [`tenure`]: a leadership's hold on its etcd lease (serve, renew, step down), driven by
-//!   `ha::election` and the simulation.
+//! - [`election`]: a meta's election under HA (look, campaign, follow, renew, step down,
+//!   purge), carried out by `ha::election` against etcd and by the simulation against its
+//!   model; [`tenure`]: a leadership's hold on its etcd lease (serve, renew, step down).
 //! - `sim` (tests only): the deterministic cluster simulation on these machines.
 //!
 //! `docs/cluster-protocol.md` is the protocol: roles, messages, machines, invariants.
 
 pub mod agent;
 pub mod catalog;
+pub mod election;
 pub mod freed;
 pub mod members;
 pub mod records;

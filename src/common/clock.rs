@@ -40,6 +40,17 @@ impl Clock {
     pub fn now_secs(&self) -> u64 {
         self.origin.elapsed().as_secs()
     }
+
+    /// The milliseconds since the origin at `at` (0 before it).
+    pub fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    /// The instant `ms` milliseconds after the origin (a deadline for a blocking call made by
+    /// a machine that counts in milliseconds of this clock).
+    pub fn instant_at(&self, ms: u64) -> Instant {
+        self.origin + std::time::Duration::from_millis(ms)
+    }
 }
 
 /// Seconds since the Unix epoch (wall time, for timestamps shown to clients; it may jump, so

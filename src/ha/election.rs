@@ -32,7 +32,8 @@ use serde_json::{Value, json};
 use super::HaHost;
 use super::etcd::{self, Etcd, EtcdError, b64};
 use super::{Acks, HaSnapshot, HaState, Role, ShardMsg, run_steps};
-use crate::cluster::tenure::{Due, Tenure};
+use crate::cluster::election::{self, Election, KeyRead, Next, Renewal, Seen, Then, Won};
+use crate::common::clock::Clock;
 use crate::config::HaConfig;
 
 /// Entries read per `/metadata` page when a new leader loads them.
@@ -77,21 +78,6 @@ impl HaThreads {
     }
 }
 
-enum Phase {
-    Follow,
-    Lead(Leadership),
-}
-
-struct Leadership {
-    lease: i64,
-    /// The election key's create revision: `view_version` and fence.
-    revision: i64,
-    /// The lease's timing (`cluster::tenure`), in milliseconds of the elector's clock.
-    tenure: Tenure,
-    /// No other leader served since this node's previous leadership (or it never led).
-    continuous: bool,
-}
-
 struct Elector {
     host: Arc<dyn HaHost>,
     cfg: HaConfig,
@@ -100,17 +86,16 @@ struct Elector {
     stop: Arc<AtomicBool>,
     ttl: Duration,
     poll: Duration,
-    /// The last time etcd answered a follower's read.
-    last_seen: Instant,
-    /// The origin of the milliseconds the leadership's [`Tenure`] counts in.
-    origin: Instant,
+    /// The clock the election's milliseconds count in.
+    clock: Clock,
+    /// The election's decisions (`cluster::election`): this thread carries them out against
+    /// etcd and reports what etcd said.
+    election: Election,
     /// The largest view_version seen (kept while the leader is unknown, when the view
     /// published reports 0: `HaView::publish`).
     view_version: u64,
     /// This process's incarnation, written to `<prefix>last_leader` at each election.
     incarnation: String,
-    /// This process led before (its store holds objects of that leadership).
-    led_before: bool,
     /// The value of `<prefix>kv_events` this node writes when it wins (KV events on): where
     /// routers subscribe to its publisher (`kv_events::leadership`).
     kv_events: Option<String>,
@@ -136,7 +121,9 @@ impl Elector {
             .expect("the election runs with HA on")
             .clone();
         let ttl = Duration::from_secs(cfg.lease_ttl_secs());
-        let poll = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let ttl_ms = ttl.as_millis() as u64;
+        let poll = Duration::from_millis(election::poll_ms(ttl_ms));
+        let clock = Clock::start();
         Elector {
             key: cfg.election_key(),
             etcd: Etcd::new(cfg.etcd_endpoints.clone()),
@@ -144,49 +131,40 @@ impl Elector {
             stop,
             ttl,
             poll,
-            last_seen: Instant::now(),
-            origin: Instant::now(),
+            election: Election::new(ttl_ms, poll.as_millis() as u64, clock.now_ms()),
+            clock,
             view_version: 0,
             incarnation: incarnation(),
-            led_before: false,
             kv_events: crate::kv_events::leadership::etcd_value(host.config()),
             host,
         }
     }
 
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Until when this leadership may serve, as an instant (a deadline for the calls it
+    /// makes); now when not leading.
+    fn deadline(&self) -> Instant {
+        self.clock
+            .instant_at(self.election.serve_until().unwrap_or_else(|| self.now_ms()))
+    }
+
     /// The server is shutting down (a leader then resigns at once, so a standby takes over
     /// while this node drains), or the threads are being stopped.
-    /// `at` in milliseconds of the tenure's clock.
-    fn ms(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.origin).as_millis() as u64
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.ms(Instant::now())
-    }
-
-    /// The instant of `ms` milliseconds of the tenure's clock.
-    fn at(&self, ms: u64) -> Instant {
-        self.origin + Duration::from_millis(ms)
-    }
-
-    /// Until when this leadership may serve, as an instant (a deadline for the calls it makes).
-    fn deadline(&self, l: &Leadership) -> Instant {
-        self.at(l.tenure.step_down_at())
-    }
-
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire) || self.host.shutting_down()
     }
 
-    /// Sleeps until `until` or the stop, in short steps.
-    fn sleep_until(&self, until: Instant) {
+    /// Sleeps until `until_ms` or the stop, in short steps.
+    fn sleep_until(&self, until_ms: u64) {
         while !self.stopping() {
-            let now = Instant::now();
-            if now >= until {
+            let now = self.now_ms();
+            if now >= until_ms {
                 return;
             }
-            std::thread::sleep((until - now).min(Duration::from_millis(20)));
+            std::thread::sleep(Duration::from_millis((until_ms - now).min(20)));
         }
     }
 
@@ -220,41 +198,45 @@ impl Elector {
             self.cfg.advertise_url,
             self.ttl.as_secs()
         );
-        let mut phase = Phase::Follow;
         while !self.stopping() {
-            phase = match phase {
-                Phase::Follow => self.follow(),
-                Phase::Lead(l) => self.lead(l),
-            };
+            match self.election.next(self.now_ms()) {
+                Next::Wait { until_ms } => self.sleep_until(until_ms),
+                Next::Look => self.look(),
+                Next::Renew { lease } => {
+                    if let Err(why) = self.renew(lease) {
+                        self.step_down(&why);
+                    }
+                }
+                Next::StepDown => self.step_down("could not renew the lease within its TTL"),
+            }
         }
-        if let Phase::Lead(l) = phase {
-            self.resign(&l, "shutting down");
-        }
+        self.resign("shutting down");
     }
 
     /// One look at the election key; campaigns when it is free.
-    fn follow(&mut self) -> Phase {
+    fn look(&mut self) {
         let deadline = Instant::now() + (self.ttl / 2).max(self.poll);
-        match self.etcd.range(&self.key, None, 0, deadline) {
-            Ok(v) => {
-                self.last_seen = Instant::now();
-                match v.get("kvs").and_then(|k| k.get(0)) {
-                    None => {
-                        if let Some(l) = self.campaign() {
-                            return self.become_leader(l);
-                        }
-                    }
-                    Some(kv) => self.follow_leader(kv),
+        let (seen, kv, err) = match self.etcd.range(&self.key, None, 0, deadline) {
+            Ok(v) => match v.get("kvs").and_then(|k| k.get(0)) {
+                None => (Seen::Free, Value::Null, None),
+                Some(kv) => {
+                    let view = etcd::int(kv, "create_revision").max(0) as u64;
+                    (Seen::Held { view }, kv.clone(), None)
                 }
-            }
-            Err(e) => self.lost_sight(&e),
+            },
+            Err(e) => (Seen::Unreachable, Value::Null, Some(e)),
+        };
+        match self.election.looked(seen, self.now_ms()) {
+            Then::Campaign => self.campaign(),
+            Then::Follow { .. } => self.follow_leader(&kv),
+            Then::Blind { unknown } => self.blind(unknown, err.as_ref()),
         }
-        self.sleep_until(Instant::now() + self.poll);
-        Phase::Follow
     }
 
-    fn lost_sight(&mut self, e: &EtcdError) {
-        if self.last_seen.elapsed() >= self.ttl {
+    /// etcd was not reached; `unknown`: not for a TTL, so the leader is unknown now.
+    fn blind(&mut self, unknown: bool, e: Option<&EtcdError>) {
+        let e = e.map_or_else(|| "etcd did not answer".to_string(), |e| e.to_string());
+        if unknown {
             let was = self.host.ha().snapshot();
             if was.role != Role::Unknown || was.state != HaState::Unknown {
                 log::warn!("HA: {e}; the leader is unknown");
@@ -276,19 +258,19 @@ impl Elector {
         self.publish(Role::Standby, HaState::Standby, leader, view);
     }
 
-    /// Grants a lease and tries to create the election key with it. `None`: someone else
-    /// leads (now followed) or etcd did not answer.
-    fn campaign(&mut self) -> Option<Leadership> {
-        let sent = Instant::now();
-        let deadline = sent + self.ttl / 2;
+    /// Grants a lease and tries to create the election key with it; won, takes the
+    /// leadership.
+    fn campaign(&mut self) {
+        let sent = self.now_ms();
+        let deadline = self.clock.instant_at(sent) + self.ttl / 2;
         let (lease, granted) = match self.etcd.grant(self.ttl.as_secs(), deadline) {
             Ok(g) => g,
             Err(e) => {
-                self.lost_sight(&e);
-                return None;
+                let then = self.election.lost(None, self.now_ms());
+                self.after_lost(then, &Value::Null, Some(&e));
+                return;
             }
         };
-        let tenure = Tenure::won(self.ms(sent), granted.max(1) * 1000);
         let key = b64(&self.key);
         let last = b64(&self.cfg.last_leader_key());
         let mut success = vec![
@@ -317,39 +299,49 @@ impl Elector {
             Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => {
                 let revision = etcd::int(v.get("header").unwrap_or(&Value::Null), "revision");
                 log::info!("HA: elected leader, view_version {revision}");
-                self.host.ha().serve_until(self.at(tenure.step_down_at()));
                 let previous = v
                     .pointer("/responses/0/response_range/kvs/0")
                     .map(|kv| etcd::bytes(kv, "value"))
                     .unwrap_or_default();
-                Some(Leadership {
-                    continuous: previous == self.incarnation.as_bytes(),
+                let won = self.election.won(
                     lease,
-                    revision,
-                    tenure,
-                })
+                    sent,
+                    granted.max(1) * 1000,
+                    revision.max(0) as u64,
+                    previous == self.incarnation.as_bytes(),
+                );
+                self.host
+                    .ha()
+                    .serve_until(self.clock.instant_at(won.serve_until_ms));
+                self.become_leader(won);
             }
             Ok(v) => {
-                self.last_seen = Instant::now();
                 let kv = v
                     .pointer("/responses/0/response_range/kvs/0")
                     .cloned()
                     .unwrap_or(Value::Null);
                 self.revoke_quietly(lease);
-                if kv.is_null() {
-                    // Taken and gone again between the two steps: the next poll campaigns.
-                    return None;
-                }
-                self.follow_leader(&kv);
-                None
+                // A null key: taken and gone again between the two steps; the next look
+                // campaigns.
+                let view = etcd::int(&kv, "create_revision").max(0) as u64;
+                let then = self.election.lost(Some(view), self.now_ms());
+                self.after_lost(then, &kv, None);
             }
             Err(e) => {
                 // The key may or may not have been created: a lease we do not renew ends
                 // either way, and with it any key it holds.
                 self.revoke_quietly(lease);
-                self.lost_sight(&e);
-                None
+                let then = self.election.lost(None, self.now_ms());
+                self.after_lost(then, &Value::Null, Some(&e));
             }
+        }
+    }
+
+    fn after_lost(&mut self, then: Then, kv: &Value, e: Option<&EtcdError>) {
+        match then {
+            Then::Follow { .. } if !kv.is_null() => self.follow_leader(kv),
+            Then::Blind { unknown } => self.blind(unknown, e),
+            _ => {}
         }
     }
 
@@ -362,70 +354,73 @@ impl Elector {
 
     /// Won: `starting` while the `/metadata` entries are loaded, then `serving` (its span
     /// recorded: what clients wait on in a failover).
-    fn become_leader(&mut self, l: Leadership) -> Phase {
-        let (start, view) = (Instant::now(), l.revision as u64);
-        let phase = self.take_leadership(l);
-        let ok = matches!(phase, Phase::Lead(_));
-        self.host.failover_span(start.elapsed(), ok, view);
-        phase
+    fn become_leader(&mut self, won: Won) {
+        let start = Instant::now();
+        let ok = self.take_leadership(won);
+        self.host.failover_span(start.elapsed(), ok, won.view);
     }
 
-    fn take_leadership(&mut self, mut l: Leadership) -> Phase {
-        let view = l.revision as u64;
+    fn take_leadership(&mut self, won: Won) -> bool {
+        let view = won.view;
         let me = Some(self.cfg.advertise_url.clone());
         self.publish(Role::Leader, HaState::Starting, me.clone(), view);
-        if self.led_before && !l.continuous {
+        if won.purge {
             log::warn!(
                 "HA: another leader served since this node last led: dropping the objects it still holds (they may be stale)"
             );
-            if let Err(e) = self.purge_objects(&l) {
+            if let Err(e) = self.purge_objects() {
                 log::warn!("HA: {e}; resigning");
-                self.resign(&l, "the purge failed");
-                return Phase::Follow;
+                self.resign("the purge failed");
+                return false;
             }
         }
-        self.led_before = true;
         // Before anything of this leadership changes the store: the KV-event epoch begins,
         // with what this node holds re-announced (`kv_events::leadership`).
-        if let Err(e) = run_steps(&self.host.ha().epoch_steps, view, self.deadline(&l)) {
+        if let Err(e) = run_steps(&self.host.ha().epoch_steps, view, self.deadline()) {
             log::warn!("HA: {e}; resigning");
-            self.resign(&l, "the KV-event epoch could not start");
-            return Phase::Follow;
+            self.resign("the KV-event epoch could not start");
+            return false;
         }
-        let loaded = self.load_metadata(&mut l).and_then(|n| {
-            run_steps(&self.host.ha().recovery, view, self.deadline(&l))?;
+        let loaded = self.load_metadata().and_then(|n| {
+            run_steps(&self.host.ha().recovery, view, self.deadline())?;
             Ok(n)
         });
-        match loaded {
-            Ok(n) => {
-                log::info!("HA: loaded {n} /metadata entries from etcd");
-                let due = l.tenure.renewal_due(self.now_ms());
-                if !self.hold_lease(&mut l, due, "recovering took past the lease deadline") {
-                    return Phase::Follow;
-                }
-                self.publish(Role::Leader, HaState::Serving, me, view);
-                Phase::Lead(l)
-            }
+        let n = match loaded {
+            Ok(n) => n,
             Err(e) => {
                 log::warn!("HA: cannot recover the leader's state ({e}); resigning");
-                self.resign(&l, "the load failed");
-                Phase::Follow
+                self.resign("the load failed");
+                return false;
             }
+        };
+        log::info!("HA: loaded {n} /metadata entries from etcd");
+        if self.election.renewal_due(self.now_ms())
+            && let Some(lease) = self.election.lease()
+            && let Err(why) = self.renew(lease)
+        {
+            self.step_down(&why);
+            return false;
         }
+        if !self.election.serving(self.now_ms()) {
+            self.step_down("recovering took past the lease deadline");
+            return false;
+        }
+        self.publish(Role::Leader, HaState::Serving, me, view);
+        true
     }
 
     /// Drops every object this node's shards hold (a purge in slices, as `DELETE /all_keys`).
-    fn purge_objects(&self, l: &Leadership) -> Result<(), String> {
+    fn purge_objects(&self) -> Result<(), String> {
         self.host.ha().ask_every_shard(
             |ack| ShardMsg::Purge { ack },
-            self.deadline(l),
+            self.deadline(),
             "the shards did not drop their objects in time",
         )
     }
 
     /// Replaces every shard's `/metadata` copy with etcd's, page by page, renewing the lease
     /// between pages when due.
-    fn load_metadata(&mut self, l: &mut Leadership) -> Result<usize, String> {
+    fn load_metadata(&mut self) -> Result<usize, String> {
         let host = self.host.clone();
         let ha = host.ha();
         let shards = ha.shard_count();
@@ -438,12 +433,15 @@ impl Elector {
         let mut from = prefix.clone();
         let mut loaded = 0;
         loop {
-            if l.tenure.renewal_due(self.now_ms()) {
-                self.renew(l).map_err(|e| format!("lease renewal: {e}"))?;
+            if self.election.renewal_due(self.now_ms())
+                && let Some(lease) = self.election.lease()
+            {
+                self.renew(lease)
+                    .map_err(|e| format!("lease renewal: {e}"))?;
             }
             let v = self
                 .etcd
-                .range(&from, Some(&end), LOAD_PAGE, self.deadline(l))
+                .range(&from, Some(&end), LOAD_PAGE, self.deadline())
                 .map_err(|e| e.to_string())?;
             let kvs = v.get("kvs").and_then(Value::as_array);
             let mut per_shard: Vec<Vec<(Box<[u8]>, Bytes)>> = vec![Vec::new(); shards];
@@ -471,81 +469,65 @@ impl Elector {
             }
         }
         acks.wait(
-            self.deadline(l),
+            self.deadline(),
             "the shards did not take the entries in time",
         )?;
         Ok(loaded)
     }
 
-    /// Renews the lease once. `Err`: the leadership is over (lease gone or key not ours);
-    /// a renewal that merely failed is `Ok` and leaves the serving deadline as it was.
-    fn renew(&mut self, l: &mut Leadership) -> Result<(), String> {
+    /// Renews the lease once, then reads the election key back. `Err`: the leadership is
+    /// over (lease gone or key not ours); a renewal that merely failed is `Ok` and leaves the
+    /// serving deadline as it was.
+    fn renew(&mut self, lease: i64) -> Result<(), String> {
         let sent = self.now_ms();
-        match self.etcd.keep_alive(l.lease, self.deadline(l)) {
-            Ok(0) => return Err("the lease expired".to_string()),
-            Ok(ttl) => {
-                l.tenure.renewed(sent, ttl.saturating_mul(1000));
-                self.host.ha().serve_until(self.deadline(l));
-            }
+        let r = match self.etcd.keep_alive(lease, self.deadline()) {
+            Ok(0) => Renewal::Expired,
+            Ok(ttl) => Renewal::Renewed {
+                ttl_ms: ttl.saturating_mul(1000),
+            },
             Err(e) => {
                 log::warn!("HA: lease renewal failed: {e}");
-                l.tenure.renewal_failed(self.now_ms());
-                return Ok(());
+                Renewal::Failed
             }
+        };
+        self.election.renewal(r, sent, self.now_ms())?;
+        if r == Renewal::Failed {
+            return Ok(());
         }
+        self.host.ha().serve_until(self.deadline());
         // The key must still be this leadership's (nobody deleted or replaced it).
-        match self.etcd.range(&self.key, None, 0, self.deadline(l)) {
+        let read = match self.etcd.range(&self.key, None, 0, self.deadline()) {
             Ok(v) => match v.get("kvs").and_then(|k| k.get(0)) {
-                Some(kv) if etcd::int(kv, "create_revision") == l.revision => Ok(()),
-                _ => Err("the election key is not this leader's any more".to_string()),
+                Some(kv)
+                    if etcd::int(kv, "create_revision").max(0) as u64 == self.election.view() =>
+                {
+                    KeyRead::Ours
+                }
+                _ => KeyRead::NotOurs,
             },
             Err(e) => {
                 log::warn!("HA: reading the election key failed: {e}");
-                Ok(())
+                KeyRead::Unreadable
             }
-        }
-    }
-
-    /// One step of leading: renew when due; step down when the deadline passes first.
-    fn lead(&mut self, mut l: Leadership) -> Phase {
-        if let Due::Wait { until_ms } = l.tenure.due(self.now_ms()) {
-            self.sleep_until(self.at(until_ms));
-        }
-        if self.stopping() {
-            return Phase::Lead(l);
-        }
-        let in_time = l.tenure.serving(self.now_ms());
-        if !self.hold_lease(&mut l, in_time, "could not renew the lease within its TTL") {
-            return Phase::Follow;
-        }
-        Phase::Lead(l)
-    }
-
-    /// Renews the lease when `renew`, then checks its deadline; steps down (`false`) when
-    /// the renewal ends the leadership or the deadline has passed (`late` is the reason).
-    fn hold_lease(&mut self, l: &mut Leadership, renew: bool, late: &str) -> bool {
-        if renew && let Err(why) = self.renew(l) {
-            self.step_down(l, &why);
-            return false;
-        }
-        if !l.tenure.serving(self.now_ms()) {
-            self.step_down(l, late);
-            return false;
-        }
-        true
+        };
+        Ok(self.election.key_read(read)?)
     }
 
     /// Stops serving at once (before the lease can expire), then lets the lease go.
-    fn step_down(&mut self, l: &Leadership, why: &str) {
-        log::warn!("HA: stepping down as leader: {why}");
-        self.publish(Role::Unknown, HaState::Unknown, None, l.revision as u64);
-        self.last_seen = Instant::now() - self.ttl;
-        self.revoke_quietly(l.lease);
+    fn step_down(&mut self, why: &str) {
+        if let Some(end) = self.election.step_down(self.now_ms()) {
+            log::warn!("HA: stepping down as leader: {why}");
+            self.publish(Role::Unknown, HaState::Unknown, None, end.view);
+            self.revoke_quietly(end.lease);
+        }
     }
 
-    fn resign(&mut self, l: &Leadership, why: &str) {
-        log::info!("HA: resigning as leader ({why})");
-        self.publish(Role::Unknown, HaState::Unknown, None, l.revision as u64);
-        self.revoke_quietly(l.lease);
+    /// Gives the leadership up (shutting down, or taking it failed), if it leads.
+    fn resign(&mut self, why: &str) {
+        if let Some(end) = self.election.resign(self.now_ms()) {
+            log::info!("HA: resigning as leader ({why})");
+            self.publish(Role::Unknown, HaState::Unknown, None, end.view);
+            self.revoke_quietly(end.lease);
+        }
     }
 }

@@ -1,17 +1,16 @@
 //! HA as the simulation models it: etcd (a leader key held by a lease with a TTL, a global
 //! revision, the last leader's incarnation) and each meta's election (`ha/election.rs`:
-//! follow, campaign, then the real lease timing, [`Tenure`]: renew every TTL/3, stop serving
-//! at the last renewal's send time + TTL − margin, before the lease can expire). etcd may be out (frozen or lost: nothing answers,
+//! follow, campaign, lead: the same machine, `cluster::election`, with its lease timing,
+//! `cluster::tenure`: renew every TTL/3, stop serving at the last renewal's send time + TTL −
+//! margin, before the lease can expire). etcd may be out (frozen or lost: nothing answers,
 //! leases keep expiring by its clock) and a meta may be cut off from it.
 
 use std::collections::BTreeMap;
 
 use super::Node;
 use super::timing::HA_TTL_MS;
+use crate::cluster::election::{self, Election, KeyRead, Next, Renewal, Seen, Then};
 use crate::cluster::members::LostMembership;
-use crate::cluster::tenure::{Due, Tenure};
-/// How often a follower reads the leader key (`Elector::poll`).
-const POLL_MS: u64 = HA_TTL_MS / 4;
 
 #[derive(Default)]
 pub(super) struct Etcd {
@@ -63,24 +62,10 @@ impl Etcd {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    Follower,
-    Leader,
-}
-
-/// One meta's election thread.
+/// One meta's election thread: the election machine (`cluster::election`, as
+/// `ha/election.rs` drives it) carried out against the model of etcd.
 pub(super) struct Elector {
-    role: Role,
-    /// The leadership's revision (its `view_version` and fence).
-    view: u64,
-    lease: u64,
-    /// The leadership's lease timing (while leading).
-    tenure: Tenure,
-    next_poll: u64,
-    last_seen: u64,
-    /// This process led before (its store holds objects of that leadership).
-    led_before: bool,
+    election: Election,
     /// The leader to send clients to (307).
     pub leader: Option<Node>,
 }
@@ -100,28 +85,18 @@ pub(super) enum Elected {
 impl Elector {
     pub fn new(now: u64) -> Elector {
         Elector {
-            role: Role::Follower,
-            view: 0,
-            lease: 0,
-            tenure: Tenure::won(0, HA_TTL_MS),
-            next_poll: now,
-            last_seen: now,
-            led_before: false,
+            election: Election::new(HA_TTL_MS, election::poll_ms(HA_TTL_MS), now),
             leader: None,
         }
     }
 
     pub fn serving(&self, now: u64) -> bool {
-        self.role == Role::Leader && self.tenure.serving(now)
+        self.election.serving(now)
     }
 
     /// The fence: the leadership's view while leading.
     pub fn view(&self) -> u64 {
-        if self.role == Role::Leader {
-            self.view
-        } else {
-            0
-        }
+        self.election.view()
     }
 
     /// One look at time `now` by meta `me` (incarnation `incarnation`); `reach`: etcd answers
@@ -134,60 +109,61 @@ impl Elector {
         reach: bool,
         now: u64,
     ) -> Elected {
-        match self.role {
-            Role::Follower => {
-                if now < self.next_poll {
-                    return Elected::Nothing;
-                }
-                self.next_poll = now + POLL_MS;
-                if !reach {
-                    if now.saturating_sub(self.last_seen) >= HA_TTL_MS {
-                        self.leader = None;
-                    }
-                    return Elected::Nothing;
-                }
-                self.last_seen = now;
-                match etcd.holder(now) {
-                    // Its own key under a lease it does not hold (a previous life): not a
-                    // leader to send clients to; it goes with its lease.
-                    Some((m, _)) => {
-                        self.leader = (m != me).then_some(Node::Meta(m));
+        match self.election.next(now) {
+            Next::Wait { .. } => Elected::Nothing,
+            Next::Look => {
+                let seen = match reach.then(|| etcd.holder(now)) {
+                    None => Seen::Unreachable,
+                    Some(None) => Seen::Free,
+                    Some(Some((_, view))) => Seen::Held { view },
+                };
+                match self.election.looked(seen, now) {
+                    Then::Blind { unknown } => {
+                        if unknown {
+                            self.leader = None;
+                        }
                         Elected::Nothing
                     }
-                    None => self.campaign(etcd, me, incarnation, now),
+                    Then::Follow { .. } => {
+                        // Its own key under a lease it does not hold (a previous life): not a
+                        // leader to send clients to; it goes with its lease.
+                        let holder = etcd.holder(now).map(|(m, _)| m);
+                        self.leader = holder.filter(|&m| m != me).map(Node::Meta);
+                        Elected::Nothing
+                    }
+                    Then::Campaign => self.campaign(etcd, me, incarnation, now),
                 }
             }
-            Role::Leader => {
-                match self.tenure.due(now) {
-                    Due::StepDown => {
-                        return self.step_down(
-                            etcd,
-                            reach,
-                            now,
-                            "could not renew the lease in time",
-                        );
-                    }
-                    Due::Wait { .. } => return Elected::Nothing,
-                    Due::Renew => {}
-                }
+            Next::StepDown => self.step_down(etcd, reach, now, "could not renew the lease in time"),
+            Next::Renew { lease } => {
                 if !reach {
-                    self.tenure.renewal_failed(now);
+                    let _ = self.election.renewal(Renewal::Failed, now, now);
                     return Elected::Nothing;
                 }
                 etcd.expire(now);
-                let Some(exp) = etcd.leases.get_mut(&self.lease) else {
-                    return self.step_down(etcd, reach, now, "the lease expired");
+                let r = match etcd.leases.get_mut(&(lease as u64)) {
+                    None => Renewal::Expired,
+                    Some(exp) => {
+                        *exp = now + HA_TTL_MS;
+                        Renewal::Renewed { ttl_ms: HA_TTL_MS }
+                    }
                 };
-                *exp = now + HA_TTL_MS;
-                self.tenure.renewed(now, HA_TTL_MS);
-                match etcd.holder(now) {
-                    Some((m, rev)) if m == me && rev == self.view => Elected::Nothing,
-                    _ => self.step_down(etcd, reach, now, "the key is not this leader's"),
+                if let Err(why) = self.election.renewal(r, now, now) {
+                    return self.step_down(etcd, reach, now, why);
+                }
+                let read = match etcd.holder(now) {
+                    Some((m, rev)) if m == me && rev == self.election.view() => KeyRead::Ours,
+                    _ => KeyRead::NotOurs,
+                };
+                match self.election.key_read(read) {
+                    Ok(()) => Elected::Nothing,
+                    Err(why) => self.step_down(etcd, reach, now, why),
                 }
             }
         }
     }
 
+    /// The campaign's transaction, atomic in the model: the key was free at the look.
     fn campaign(&mut self, etcd: &mut Etcd, me: u8, incarnation: u64, now: u64) -> Elected {
         etcd.next_lease += 1;
         let lease = etcd.next_lease;
@@ -197,23 +173,22 @@ impl Elector {
         etcd.key = Some((me, lease, view));
         let continuous = etcd.last_leader == incarnation;
         etcd.last_leader = incarnation;
-        let purge = self.led_before && !continuous;
-        self.led_before = true;
-        self.role = Role::Leader;
-        self.view = view;
-        self.lease = lease;
-        self.tenure = Tenure::won(now, HA_TTL_MS);
+        let won = self
+            .election
+            .won(lease as i64, now, HA_TTL_MS, view, continuous);
         self.leader = Some(Node::Meta(me));
-        Elected::Won { view, purge }
+        Elected::Won {
+            view,
+            purge: won.purge,
+        }
     }
 
     fn step_down(&mut self, etcd: &mut Etcd, reach: bool, now: u64, why: &'static str) -> Elected {
-        self.role = Role::Follower;
         self.leader = None;
-        self.last_seen = now.saturating_sub(HA_TTL_MS);
-        self.next_poll = now;
-        if reach {
-            etcd.leases.remove(&self.lease);
+        if let Some(end) = self.election.step_down(now)
+            && reach
+        {
+            etcd.leases.remove(&(end.lease as u64));
             etcd.expire(now);
         }
         Elected::SteppedDown(why)
