@@ -564,12 +564,14 @@ async fn tell(
     client::request(meta, "POST", path, Some(token), body, timeout).await
 }
 
-/// A random number that tells this run of the service from a previous one with the same rank.
+/// This run of the service: its start time and a random part (`cluster::members::incarnation`),
+/// telling it from a previous run with the same rank, and later than it.
 fn incarnation() -> u64 {
-    let nanos = std::time::SystemTime::now()
+    let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    xxhash_rust::xxh3::xxh3_64(&(nanos ^ ((std::process::id() as u128) << 64)).to_le_bytes())
-        & ((1 << 53) - 1)
+        .unwrap_or_default();
+    let random = xxhash_rust::xxh3::xxh3_64(
+        &(since.as_nanos() ^ ((std::process::id() as u128) << 64)).to_le_bytes(),
+    );
+    crate::cluster::members::incarnation(since.as_millis() as u64, random)
 }

@@ -103,8 +103,8 @@ fn after_an_overflow_removals_wait_for_the_resync() {
 /// process back) keeps its log aside, so a removal waiting on it is not confirmed and a put of
 /// its key waits, until the loss is recorded (found by the cluster simulation, seed 12642 with
 /// three metas: the join confirmed the removal, the service never read its answer, and the
-/// next leader adopted its catalog with the deleted key). A membership not held is replaced
-/// as before.
+/// next leader adopted its catalog with the deleted key). A live membership replaced with
+/// records unacknowledged is kept aside until the new membership's adoption is acknowledged.
 #[test]
 fn a_held_membership_s_removals_wait_for_its_loss_to_be_recorded() {
     let logs = FreedLogs::default();
@@ -123,9 +123,61 @@ fn a_held_membership_s_removals_wait_for_its_loss_to_be_recorded() {
     logs.settle(3, 11);
     assert!(logs.passed(&b[0]));
     assert!(!logs.unconfirmed(7));
-    // Not held: a join's replacement passes the barrier.
+    // Not held, its records unacknowledged: kept aside until the new membership's first
+    // heartbeat took its catalog over and that was acknowledged.
     logs.push([(3, 12, freed(0, 1, 2), 9)]);
     let b = logs.barrier(Some(9));
     logs.begin(3, 13);
-    assert!(logs.passed(&b[0]));
+    assert!(!logs.passed(&b[0]));
+    logs.adopted(3, 13);
+    assert!(
+        logs.passed(&b[0]),
+        "nothing refused: settled at the adoption"
+    );
+    // Not held, nothing unacknowledged: replaced at once.
+    logs.push([(3, 13, freed(0, 1, 3), 10)]);
+    let _ = logs.answer(3, 1);
+    logs.begin(3, 14);
+    assert!(!logs.unconfirmed(10));
+    assert!(logs.barrier(None).is_empty());
+}
+
+/// A live membership replaced by a join of the same process (its heartbeat answers lost, it
+/// gave the meta up and joined again) with a removal's record unacknowledged: the removal is
+/// not confirmed by the join, nor by the adoption, only once the service acknowledged what
+/// the adoption refused (so its catalog no longer lists the removed blob when a failover
+/// hands it to the next leader). Before, the join dropped the replaced log at once.
+#[test]
+fn a_replaced_live_membership_s_removals_wait_for_the_adoption_to_be_acknowledged() {
+    let logs = FreedLogs::default();
+    logs.begin(3, 11);
+    logs.push([(3, 11, freed(0, 1, 1), 7)]);
+    let b = logs.barrier(Some(7));
+    logs.begin(3, 12);
+    assert!(!logs.passed(&b[0]), "the join confirms nothing");
+    assert!(logs.unconfirmed(7), "a put of its key waits");
+    // The first heartbeat: the adoption refused the removed blob (a record of the new log).
+    logs.push([(3, 12, freed(0, 1, 1), 7)]);
+    logs.adopted(3, 12);
+    assert!(!logs.passed(&b[0]), "the refusal is not acknowledged yet");
+    assert!(matches!(
+        logs.answer(3, 0),
+        LogAnswer::Records { seq: 1, .. }
+    ));
+    assert!(!logs.passed(&b[0]));
+    let _ = logs.answer(3, 1);
+    assert!(logs.passed(&b[0]), "acknowledged: settled");
+    assert!(!logs.unconfirmed(7));
+    // A second join before the adoption was acknowledged: the newest membership's counts.
+    logs.push([(3, 12, freed(0, 2, 2), 8)]);
+    let b = logs.barrier(Some(8));
+    logs.begin(3, 13);
+    logs.push([(3, 13, freed(0, 5, 5), 5)]);
+    logs.adopted(3, 13);
+    logs.begin(3, 14);
+    logs.adopted(3, 14);
+    assert!(
+        logs.passed(&b[0]),
+        "the newest adoption refused nothing: settled"
+    );
 }

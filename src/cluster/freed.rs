@@ -48,9 +48,15 @@ struct FreedLog {
     /// Its membership was declared lost and the loss is not recorded yet ([`FreedLogs::hold`]).
     held: bool,
     /// Held logs of earlier memberships of the rank that a join replaced before their loss was
-    /// recorded (at most [`UNSETTLED_KEPT`]): their removals stay unconfirmed until
-    /// [`FreedLogs::settle`].
+    /// recorded, and live ones it replaced with records unacknowledged (at most
+    /// [`UNSETTLED_KEPT`]): their removals stay unconfirmed until [`FreedLogs::settle`] (held)
+    /// or until this membership acknowledges its catalog's adoption (`replaced`).
     unsettled: Vec<FreedLog>,
+    /// On a log kept aside in `unsettled` because a join replaced its live membership: it
+    /// settles once the current membership acknowledges this sequence of its own log (the
+    /// records of its catalog's adoption); `u64::MAX` until that adoption ran
+    /// ([`FreedLogs::adopted`]).
+    replaced: Option<u64>,
 }
 
 /// Held logs a rank's current log keeps (the oldest goes past it).
@@ -59,6 +65,9 @@ const UNSETTLED_KEPT: usize = 4;
 impl FreedLog {
     fn trim(&mut self, ack: u64) {
         self.acked = self.acked.max(ack.min(self.seq));
+        let acked = self.acked;
+        self.unsettled
+            .retain(|u| u.replaced.is_none_or(|until| until > acked));
         while self
             .records
             .front()
@@ -88,6 +97,11 @@ impl FreedLog {
     /// overflowed or awaits its resync's acknowledgement (its records are unknown).
     fn unconfirmed(&self, key: u64) -> bool {
         self.overflowed || (self.floor > self.acked) || self.keys.contains_key(&key)
+    }
+
+    /// Some record may be unapplied on the service.
+    fn pending(&self) -> bool {
+        self.overflowed || (self.floor > self.acked) || !self.records.is_empty()
     }
 }
 
@@ -178,6 +192,12 @@ impl FreedLogs {
     /// the loss is recorded (found by the cluster simulation, seed 12642 with three metas: the
     /// join that replaced a lost membership whose loss etcd had not taken confirmed a delete,
     /// the service never read that join's answer, and the next leader adopted its catalog).
+    ///
+    /// A live membership replaced with records its service has not acknowledged is kept aside
+    /// too, until the new membership acknowledges its catalog's adoption
+    /// ([`FreedLogs::adopted`]): the same process may hand the new membership the catalog
+    /// those records were to trim, and until it has dropped what the adoption refused, a
+    /// leader after a failover would take that catalog over, deleted objects included.
     pub fn begin(&self, rank: u32, epoch: u64) {
         self.members
             .store(true, std::sync::atomic::Ordering::Release);
@@ -185,8 +205,19 @@ impl FreedLogs {
         let mut unsettled = Vec::new();
         if let Some(mut old) = logs.remove(&rank) {
             unsettled = std::mem::take(&mut old.unsettled);
-            if old.held && old.epoch != Some(epoch) {
-                unsettled.push(old);
+            // Kept for an earlier adoption: now the new membership's counts.
+            for u in &mut unsettled {
+                if u.replaced.is_some() {
+                    u.replaced = Some(u64::MAX);
+                }
+            }
+            if old.epoch != Some(epoch) {
+                if old.held {
+                    unsettled.push(old);
+                } else if old.pending() {
+                    old.replaced = Some(u64::MAX);
+                    unsettled.push(old);
+                }
             }
             if unsettled.len() > UNSETTLED_KEPT {
                 unsettled.remove(0);
@@ -200,6 +231,25 @@ impl FreedLogs {
                 ..Default::default()
             },
         );
+    }
+
+    /// The first heartbeat of membership `epoch` of `rank` took its catalog over (or there
+    /// was none to take: the service dropped it): the logs of the live memberships its join
+    /// replaced settle once the service acknowledges every record handed out so far, the
+    /// adoption's refusals among them (so it has dropped what the adoption refused).
+    pub fn adopted(&self, rank: u32, epoch: u64) {
+        let mut logs = self.lock();
+        let Some(log) = logs.get_mut(&rank).filter(|l| l.epoch == Some(epoch)) else {
+            return;
+        };
+        let seq = log.seq;
+        for u in &mut log.unsettled {
+            if u.replaced == Some(u64::MAX) {
+                u.replaced = Some(seq);
+            }
+        }
+        let acked = log.acked;
+        log.trim(acked);
     }
 
     /// Membership `epoch` of `rank` was declared lost; until [`FreedLogs::settle`] (its loss

@@ -147,6 +147,36 @@ fn a_delete_is_applied_on_the_local_service_before_it_is_answered() {
     }
 }
 
+/// A join of an earlier run of a rank's local service (its message came late, after a restart
+/// replaced it) is refused and changes nothing: the live run keeps its membership and its
+/// objects (cluster simulation seed 23586: taken as a restart, such a join dropped the live
+/// run's objects, and a later leader adopted its catalog over newer puts). Incarnations are
+/// ordered by start time; 1 is one of a run started in 2020.
+#[test]
+fn a_late_join_of_an_earlier_run_changes_nothing() {
+    let meta = meta(&[]);
+    let (local, rank) = join(&meta, &[("ock.mmc.local_service.rank", "5")]);
+    assert_eq!(rank, 5);
+    put(&meta, "/api/v1/objects?key=kept&prefer_rank=5", &object(3));
+    let before = segments(&meta);
+    let body = format!(
+        r#"{{"rank":5,"url":"http://{}","incarnation":1,"segments":[{{"medium":"DRAM","size":67108864}}],"catalog_follows":true,"in_step":0,"catalog_since":[0,0],"recovered":false,"heard_by":0}}"#,
+        local.addr
+    );
+    let r = meta
+        .client()
+        .request("POST", "/cluster/v1/join", Some(body.as_bytes()));
+    assert!(r.status >= 400, "{} {}", r.status, r.text());
+    assert!(r.text().contains("later run"), "{}", r.text());
+    // Nothing changed: the same segments, the object still read, the rank still reporting.
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(segments(&meta), before);
+    let g = get(&meta, "kept");
+    assert_eq!((g.status, g.body.clone()), (200, object(3)));
+    let log = meta.log();
+    assert_eq!(log.matches("rank 5 joined").count(), 1, "{log}");
+}
+
 /// Defect 5: a local service killed and restarted at once, under load, serves again within
 /// the heartbeat timeout and a second (its join replaces the old membership in one step).
 #[test]

@@ -345,3 +345,38 @@ fn a_taken_rank_is_not_reassigned_and_a_leaving_one_cannot_rejoin() {
     assert!(m.leave(0, 5, 1, a.epoch));
     assert!(m.join(req(Some(5), "http://a", 1, 0, 1)).is_err());
 }
+
+/// Incarnations are ordered by their process's start time: a join of a run that started
+/// before the rank's live one (its message came late, the run was killed since) is refused and
+/// changes nothing; a later run replaces the live one in one step; once the live one is lost,
+/// any run joins (a wall clock set back between two runs only waits for the loss). Seed 23586
+/// of the cluster simulation found the late join replacing the live run.
+#[test]
+fn a_late_join_of_an_earlier_run_does_not_replace_the_live_one() {
+    let t0 = 1_790_000_000_000;
+    let (early, live, later) = (
+        incarnation(t0, 0xfff),
+        incarnation(t0 + 2_000, 1),
+        incarnation(t0 + 9_000, 7),
+    );
+    assert!(started_before(early, live) && !started_before(live, early));
+    assert!(
+        !started_before(live, incarnation(t0 + 2_000, 2)),
+        "the same millisecond"
+    );
+    assert!(early < (1 << 53) && later < (1 << 53));
+    let mut m = M::default();
+    let a = m.join(req(Some(3), "http://a", live, 0, 0)).unwrap();
+    let err = m.join(req(Some(3), "http://a", early, 0, 10)).unwrap_err();
+    assert!(err.contains("later run"), "{err}");
+    assert_eq!(
+        m.heartbeat(0, 3, live, a.epoch, (), 20),
+        Beat::First { catalog: true }
+    );
+    let b = m.join(req(Some(3), "http://a", later, 0, 30)).unwrap();
+    assert_eq!((b.fresh, b.retire), (true, Some(a.epoch)));
+    // Lost: an earlier run may take the rank again.
+    assert_eq!(m.expire(30 + 10_000, 1_000), vec![(3, b.epoch)]);
+    let c = m.join(req(Some(3), "http://a", early, 0, 20_000)).unwrap();
+    assert_eq!(c.retire, Some(b.epoch));
+}

@@ -332,6 +332,10 @@ impl Meta {
                 });
             }
             self.logs.begin(rank, epoch);
+            if cx.mutations.settle_replaced_at_join {
+                // What `begin` did before: a replaced live membership's records go at once.
+                self.logs.adopted(rank, epoch);
+            }
             if let Err(e) = self.mount(rank, &url, incarnation, epoch, bytes) {
                 cx.log(format!("could not mount rank {rank}'s segments: {e}"));
                 self.members.left(rank, epoch);
@@ -504,6 +508,7 @@ impl Meta {
                     offered - refused
                 ));
             }
+            self.logs.adopted(rank, epoch);
             for seg in &segs {
                 if seg.status() == SegmentStatus::Undefined {
                     seg.set_status(SegmentStatus::Ok);

@@ -131,6 +131,12 @@ pub(super) struct Mutations {
     /// A copy's write grant carries no floor: a freed record of an earlier attempt at the same
     /// copy (same range, same stamp) drops the entry of the one that succeeded.
     pub no_copy_floor: bool,
+    /// A live membership a join replaced has its freed log dropped at the join, its removals
+    /// confirmed, before the service acknowledged what the new membership's adoption refused.
+    pub settle_replaced_at_join: bool,
+    /// Incarnations are not ordered by start time (every run seems to start at once): a late
+    /// join of a replaced run replaces the live run that followed it.
+    pub unordered_incarnations: bool,
 }
 
 /// What a run injected and did, per kind.

@@ -116,6 +116,13 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // leader adopted its catalog, listing the deleted key. Logs of unrecorded losses are held
     // aside until the loss, tried again, is recorded (`FreedLogs::hold`, `settle`).
     (12642, 3000, Some(3)),
+    // A local service killed while its link crawled: its last join reached the leader after
+    // its successor (the next run on the rank) had joined, and replaced the live membership
+    // as a restart would; the leader dropped the live run's objects without a record, the
+    // live run joined again and a later leader adopted its catalog, an older value over a
+    // newer put. Incarnations are ordered by start time now and a join of an earlier run than
+    // the live one is refused (`members::incarnation`, `started_before`).
+    (23586, 3000, Some(3)),
 ];
 /// Seeds that found a defect with catalogs kept across kills (`Shape::keeps_catalog`, as
 /// `MMC_SIM_SSD=1` asks), in their drawn shape at 3000 steps: a catalog recovered from the SSD
@@ -173,6 +180,8 @@ fn mutation(name: &str) -> Mutations {
         "no_epoch_fencing" => m.no_epoch_fencing = true,
         "reusable_grants" => m.reusable_grants = true,
         "no_copy_floor" => m.no_copy_floor = true,
+        "settle_replaced_at_join" => m.settle_replaced_at_join = true,
+        "unordered_incarnations" => m.unordered_incarnations = true,
         "" | "none" => {}
         other => panic!("no mutation {other}"),
     }
@@ -286,7 +295,20 @@ fn a_put_over_an_unconfirmed_removal_is_caught() {
 /// comes back.
 #[test]
 fn without_epoch_fencing_an_older_value_comes_back() {
-    caught("no_epoch_fencing", 1852, 3000, None, "resurrected delete");
+    caught("no_epoch_fencing", 4826, 3000, None, "resurrected delete");
+}
+
+/// Incarnations not ordered: a late join of a replaced run replaces the live run after it,
+/// whose catalog a later leader adopts (the defect seed 23586 found).
+#[test]
+fn a_late_join_of_a_replaced_run_is_caught() {
+    caught(
+        "unordered_incarnations",
+        23586,
+        3000,
+        Some(3),
+        "stale overwrite",
+    );
 }
 
 /// A write grant served twice writes another key's bytes.
@@ -297,8 +319,9 @@ fn a_reusable_grant_corrupts_another_key() {
 
 /// A copy's write grant without its floor: the freed record of an earlier attempt at the same
 /// drain move (given up, same range and stamp) drops the entry of the attempt that succeeded,
-/// and a failover would lose the object (the defect seed 807 found with two metas).
+/// and a failover would lose the object (the defect seed 807 found with two metas; 10341
+/// catches it since replaced live memberships' logs are kept until their adoption).
 #[test]
 fn without_a_copy_floor_a_moved_object_is_unlisted() {
-    caught("no_copy_floor", 807, 3000, Some(2), "catalog does not list");
+    caught("no_copy_floor", 10341, 3000, Some(2), "catalog does not list");
 }

@@ -233,7 +233,17 @@ impl World {
     }
 
     fn new_local(&mut self, j: usize) -> Local {
-        let incarnation = self.incarnation();
+        // `agent.rs`: the start time on the host's wall clock, and a random part.
+        let wall = (UNIX_BASE_MS + self.now)
+            .saturating_add_signed(self.locals.get(j).map_or(0, |h| h.offset));
+        let random = self.incarnation();
+        // The mutation: every run seems to start at the same time, so none is older.
+        let started = if self.mutations.unordered_incarnations {
+            UNIX_BASE_MS
+        } else {
+            wall
+        };
+        let incarnation = crate::cluster::members::incarnation(started, random);
         let (metas, pages) = (self.shape.metas, self.shape.seg_pages);
         let mut l = Local::new(incarnation, metas, self.ranks[j], pages, self.now);
         if let Some(kept) = self.locals.get_mut(j).and_then(|h| h.kept.take()) {

@@ -399,6 +399,9 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 offered - refused
             );
         }
+        // The memberships this join replaced settle once the service acknowledges what the
+        // adoption refused (`FreedLogs::adopted`).
+        cluster.freed_logs.adopted(rank, from.epoch);
         // The first heartbeat after a join: the service read the answer and holds the grant
         // key, so its segments take puts and redirects from now on (one being unmounted or
         // drained meanwhile keeps that status).
