@@ -9,6 +9,8 @@
 //!   each rank (the freed logs), with the barriers a removal waits on.
 //! - [`records`]: the entries and records made the one way the handlers and the simulation
 //!   share (a written blob's entry, a refused adoption's record, a removal's wait).
+//! - [`drain`]: a graceful leave's drain (which segment, how much room, when to ask again,
+//!   when it is over), carried out by the leave handler and by the simulation.
 //! - [`election`]: a meta's election under HA (look, campaign, follow, renew, step down,
 //!   purge), carried out by `ha::election` against etcd and by the simulation against its
 //!   model; [`tenure`]: a leadership's hold on its etcd lease (serve, renew, step down).
@@ -18,6 +20,7 @@
 
 pub mod agent;
 pub mod catalog;
+pub mod drain;
 pub mod election;
 pub mod freed;
 pub mod members;

@@ -89,9 +89,10 @@ struct Drain {
     to: Node,
     call: u64,
     segs: Vec<Arc<Segment>>,
+    /// The drain's decisions (`cluster::drain`), as the handler's.
+    machine: crate::cluster::drain::Drain<u32>,
     moves: Vec<Move>,
     copying: Option<Move>,
-    moved: u64,
 }
 
 enum Call {
@@ -562,15 +563,16 @@ impl Meta {
             seg.set_status(SegmentStatus::GracefullyUnmounting);
         }
         cx.log(format!("rank {rank} (epoch {epoch}) leaves: draining"));
+        let machine = crate::cluster::drain::Drain::new(segs.iter().map(|s| s.id), 1, cx.now);
         self.drains.push(Drain {
             rank,
             epoch,
             to: from,
             call,
             segs,
+            machine,
             moves: Vec::new(),
             copying: None,
-            moved: 0,
         });
     }
 

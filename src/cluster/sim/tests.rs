@@ -323,5 +323,11 @@ fn a_reusable_grant_corrupts_another_key() {
 /// catches it since replaced live memberships' logs are kept until their adoption).
 #[test]
 fn without_a_copy_floor_a_moved_object_is_unlisted() {
-    caught("no_copy_floor", 10341, 3000, Some(2), "catalog does not list");
+    caught(
+        "no_copy_floor",
+        10341,
+        3000,
+        Some(2),
+        "catalog does not list",
+    );
 }

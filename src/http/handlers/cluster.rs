@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Ctx, Request, copies};
 use crate::cluster::catalog::{Adopted, Entry, LogAnswer};
+use crate::cluster::drain::{self, Drain, Step};
 use crate::cluster::members::{Beat, CatalogFate, JoinRequest, MAX_RANK, Membership};
 use crate::config::Role;
 use crate::http::catalog_wire;
@@ -472,9 +473,6 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
 
-/// How long a drain waits for room being made on other ranks (their blobs moving down).
-const DRAIN_ROOM_WAIT: Duration = Duration::from_secs(10);
-
 /// Moves every object whose only copy is on these remote segments to other ranks while room
 /// lasts, so a graceful leave or an unmount loses nothing that fits elsewhere. The bytes come
 /// from the leaving local service under read grants and go to the new blobs (in this
@@ -502,63 +500,61 @@ async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
     for seg in segs {
         seg.set_status(SegmentStatus::GracefullyUnmounting);
     }
-    let mut moved = 0;
-    // Room made by moving other ranks' blobs down is waited for this long at most (a leaving
-    // local service waits 15 s for its leave's answer).
-    let deadline = Instant::now() + DRAIN_ROOM_WAIT;
-    let shards = ctx.shard.cluster.shard_count().max(1) as u64;
-    for seg in segs {
-        let id = seg.id;
-        let mut room = MediumBytes::default();
-        loop {
-            let asked = room;
-            let replies = ctx
-                .shard
-                .broadcast(|| Command::BeginMoves {
-                    seg: id,
-                    max: 64,
-                    room: asked,
-                })
-                .await;
-            let (mut coming, mut possible, mut need) = (false, false, MediumBytes::default());
-            let mut moves: Vec<Move> = Vec::new();
-            for r in replies {
-                if let Reply::Moves(step) = r {
-                    coming |= step.coming;
-                    possible |= step.room_possible;
-                    for (n, s) in need.iter_mut().zip(step.need) {
-                        *n += s;
-                    }
-                    moves.extend(step.moves);
-                }
-            }
-            room = MediumBytes::default();
-            if moves.is_empty() {
-                let needed = need.iter().any(|&n| n > 0);
-                if !needed || !possible || Instant::now() >= deadline {
-                    break;
-                }
-                if !coming {
-                    // The room may be held by other shards' blobs (each makes its share), or
-                    // by leased ones: ask again until their leases end.
-                    room = need.map(|n| n.div_ceil(shards));
-                }
-                monoio::time::sleep(Duration::from_millis(20)).await;
+    // The drain's decisions (`cluster::drain`): which segment next, how much room to make,
+    // when to ask again, when it is over.
+    let clock = ctx.shard.cluster.clock;
+    let shards = ctx.shard.cluster.shard_count();
+    let mut d = Drain::new(segs.iter().map(|s| s.id), shards, clock.now_ms());
+    loop {
+        let (id, room) = match d.next(clock.now_ms()) {
+            Step::Done { moved } => return moved,
+            Step::Wait { until_ms } => {
+                let ms = until_ms.saturating_sub(clock.now_ms());
+                monoio::time::sleep(Duration::from_millis(ms.max(1))).await;
                 continue;
             }
-            for m in moves {
-                let ok = copies::copy(ctx.shard, &m.key, &m.from, &m.to, m.stamp).await;
-                moved += ok as u64;
-                let _ = ctx
-                    .shard
-                    .execute(Command::FinishMove {
-                        key: m.key.clone(),
-                        dst: m.to.handle,
-                        ok,
-                    })
-                    .await;
+            Step::Ask { seg, room } => (seg, room),
+        };
+        let mut asked = MediumBytes::default();
+        for (a, r) in asked.iter_mut().zip(room) {
+            *a = r;
+        }
+        let replies = ctx
+            .shard
+            .broadcast(|| Command::BeginMoves {
+                seg: id,
+                max: drain::MOVES_PER_ASK as u32,
+                room: asked,
+            })
+            .await;
+        let mut answer = drain::Answer {
+            need: vec![0; asked.len()],
+            ..Default::default()
+        };
+        let mut moves: Vec<Move> = Vec::new();
+        for r in replies {
+            if let Reply::Moves(step) = r {
+                answer.coming |= step.coming;
+                answer.possible |= step.room_possible;
+                for (n, s) in answer.need.iter_mut().zip(step.need) {
+                    *n += s;
+                }
+                moves.extend(step.moves);
             }
         }
+        answer.moves = moves.len();
+        d.answered(answer, clock.now_ms());
+        for m in moves {
+            let ok = copies::copy(ctx.shard, &m.key, &m.from, &m.to, m.stamp).await;
+            d.copied(ok);
+            let _ = ctx
+                .shard
+                .execute(Command::FinishMove {
+                    key: m.key.clone(),
+                    dst: m.to.handle,
+                    ok,
+                })
+                .await;
+        }
     }
-    moved
 }

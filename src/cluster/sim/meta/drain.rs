@@ -6,7 +6,9 @@ use super::super::timing::*;
 use super::super::world::Cx;
 use super::super::{Node, key_bytes};
 use super::*;
+use crate::cluster::drain::{Answer, MOVES_PER_ASK, Step};
 use crate::grant::{Grant, GrantOp};
+use crate::shards::store::relocate::MediumBytes;
 
 impl Meta {
     /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
@@ -72,15 +74,33 @@ impl Meta {
         if d.copying.is_some() {
             return;
         }
-        if d.moves.is_empty() {
-            let segs = d.segs.clone();
-            for seg in &segs {
-                let step = self.store.begin_moves(seg.id, 64, Default::default());
-                self.drains[0].moves.extend(step.moves);
+        // `cluster.rs` `drain_segments`: ask for moves (making room first when the machine
+        // says so) until the machine says the drain is over.
+        while self.drains[0].moves.is_empty() {
+            match self.drains[0].machine.next(cx.now) {
+                Step::Done { moved } => {
+                    self.finish_drain(cx, moved);
+                    return;
+                }
+                Step::Wait { .. } => return,
+                Step::Ask { seg, room } => {
+                    let mut asked = MediumBytes::default();
+                    for (a, r) in asked.iter_mut().zip(room) {
+                        *a = r;
+                    }
+                    let step = self.store.begin_moves(seg, MOVES_PER_ASK, asked);
+                    let answer = Answer {
+                        moves: step.moves.len(),
+                        coming: step.coming,
+                        possible: step.room_possible,
+                        need: step.need.to_vec(),
+                    };
+                    self.drains[0].machine.answered(answer, cx.now);
+                    self.drains[0].moves.extend(step.moves);
+                }
             }
         }
         let Some(m) = self.drains[0].moves.pop() else {
-            self.finish_drain(cx);
             return;
         };
         let key = super::super::key_of(&m.key).expect("a workload key");
@@ -104,7 +124,7 @@ impl Meta {
 
     /// The drain moved what it could: the segments are dropped, the rank forgotten, the
     /// leave answered.
-    pub(super) fn finish_drain(&mut self, cx: &mut Cx) {
+    pub(super) fn finish_drain(&mut self, cx: &mut Cx, moved: u64) {
         let d = self.drains.remove(0);
         self.unmount_member(d.rank, d.epoch);
         self.drops.push(Dropping {
@@ -119,7 +139,7 @@ impl Meta {
         self.members.left(d.rank, d.epoch);
         cx.log(format!(
             "rank {} left; {} objects moved to other ranks",
-            d.rank, d.moved
+            d.rank, moved
         ));
         cx.reply(d.to, d.call, Rep::Left(true));
     }
@@ -169,7 +189,7 @@ impl Meta {
             (Some(Rep::Done(Verdict::Ok)), _) => true,
             _ => false,
         };
-        self.drains[0].moved += written as u64;
+        self.drains[0].machine.copied(written);
         self.store.finish_move(m.to.handle, written);
     }
 }
