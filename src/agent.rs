@@ -125,8 +125,8 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let mut agent = Agent::new(config, cluster.clock.now_ms());
     // A catalog recovered with the SSD file says which leadership it was last in step with.
     agent.recovered_in_step(
-        cluster.local.in_step.load(Ordering::Acquire),
-        cluster.local.heard_by.load(Ordering::Acquire),
+        cluster.membership.local.in_step.load(Ordering::Acquire),
+        cluster.membership.local.heard_by.load(Ordering::Acquire),
     );
     let inbox: Inbox = Rc::default();
     let mut pending_key: Option<(GrantKey, u64)> = None;
@@ -134,7 +134,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let mut last_failure = String::new();
     let mut stop_told = false;
     loop {
-        if cluster.is_shutting_down() && !cluster.local.leaving.load(Ordering::Acquire) {
+        if cluster.is_shutting_down() && !cluster.membership.local.leaving.load(Ordering::Acquire) {
             return;
         }
         let mut inputs: Vec<Input> = Vec::new();
@@ -167,7 +167,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                         // The SSD copies it lands or frees are journaled (and on file)
                         // before the next heartbeat acknowledges them (`shards/local_ssd.rs`).
                         let journaled = cluster.journal_mark();
-                        let mut catalog = cluster.local.catalog();
+                        let mut catalog = cluster.membership.local.catalog();
                         cluster.journal_catalog(catalog.apply_tracked(news, mark));
                         drop(catalog);
                         cluster.journal_settle_blocking(journaled);
@@ -177,18 +177,24 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                 Came::Leave { ok } => inputs.push(Input::LeaveAnswered { ok }),
             }
         }
-        if cluster.local.leaving.load(Ordering::Acquire) && !stop_told {
+        if cluster.membership.local.leaving.load(Ordering::Acquire) && !stop_told {
             stop_told = true;
             inputs.push(Input::Stop);
         }
         inputs.push(Input::Tick {
-            moved_at_ms: cluster.local.moved_at_ms.load(Ordering::Relaxed),
+            moved_at_ms: cluster.membership.local.moved_at_ms.load(Ordering::Relaxed),
         });
         for input in inputs {
             let now = cluster.clock.now_ms();
-            let held = cluster.local.catalog().holds_committed();
-            agent
-                .set_commits_in_flight(cluster.local.commits_in_flight.load(Ordering::Acquire) > 0);
+            let held = cluster.membership.local.catalog().holds_committed();
+            agent.set_commits_in_flight(
+                cluster
+                    .membership
+                    .local
+                    .commits_in_flight
+                    .load(Ordering::Acquire)
+                    > 0,
+            );
             for action in agent.step(input, now, held) {
                 let action = match action {
                     Action::Warn(w) if w.starts_with("no meta service admitted") => {
@@ -207,7 +213,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
             }
         }
         if agent.has_left() {
-            cluster.local.left.store(true, Ordering::Release);
+            cluster.membership.local.left.store(true, Ordering::Release);
             return;
         }
         monoio::time::sleep(TICK).await;
@@ -236,14 +242,14 @@ fn act(
             // Grants of the meta left behind are void from now on: none is accepted until the
             // join's answer brings the next meta's key, and bodies still arriving under one
             // stop being written.
-            cluster.grant_key.clear();
-            cluster.local.revoke_writers();
+            cluster.membership.grant_key.clear();
+            cluster.membership.local.revoke_writers();
             // Following no meta: `/health` and `/role` say so, `/ready` is 503 (a service that
             // never joined still says `starting`).
-            if cluster.local.joined() {
+            if cluster.membership.local.joined() {
                 cluster.ha.follow(None);
             }
-            cluster.local.set_joined(false);
+            cluster.membership.local.set_joined(false);
             let body = json!({
                 "rank": rank,
                 "url": url,
@@ -276,22 +282,22 @@ fn act(
             }
             let view = match pending_key.take() {
                 Some((key, view)) => {
-                    cluster.grant_key.set(key);
+                    cluster.membership.grant_key.set(key);
                     view
                 }
                 None => 0,
             };
             // From now on it reports that meta as the leader it follows, and is ready.
             cluster.ha.follow(Some((&meta, view)));
-            cluster.local.set(rank, meta);
-            cluster.local.set_epoch(epoch);
+            cluster.membership.local.set(rank, meta);
+            cluster.membership.local.set_epoch(epoch);
             // A new membership's freed log starts at sequence 0.
-            cluster.local.catalog().reset_ack();
-            cluster.local.set_joined(true);
+            cluster.membership.local.catalog().reset_ack();
+            cluster.membership.local.set_joined(true);
         }
         Action::InStep { view, lineage } => cluster.record_in_step(view, lineage),
         Action::DropUnconfirmed => {
-            let n = cluster.local.catalog().drop_unconfirmed();
+            let n = cluster.membership.local.catalog().drop_unconfirmed();
             if n > 0 {
                 log::info!(
                     "{n} catalog entries awaiting a commit or a landing under the previous membership are dropped (the meta dropped those blobs)"
@@ -299,7 +305,7 @@ fn act(
             }
         }
         Action::DiscardCatalog => {
-            let mut catalog = cluster.local.catalog();
+            let mut catalog = cluster.membership.local.catalog();
             cluster.journal_catalog(catalog.clear_tracked());
         }
         Action::Beat {
@@ -438,7 +444,7 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
         if s.rank != rank {
             table.remove(&s.name);
             // Its memory goes with it: nothing it held is this service's any more.
-            cluster.local.catalog().clear();
+            cluster.membership.local.catalog().clear();
         }
     }
     for (medium, size) in lent(cluster) {
@@ -464,7 +470,7 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
 
 /// The catalog a heartbeat hands over: at most [`MAX_HANDED_OVER`] entries, the newest.
 fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
-    let mut entries = cluster.local.catalog().entries();
+    let mut entries = cluster.membership.local.catalog().entries();
     if entries.len() > MAX_HANDED_OVER {
         log::error!(
             "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
@@ -488,7 +494,7 @@ async fn heartbeat(
 ) -> (BeatAnswer, Option<(BeatNews, u64)>) {
     let client = report_wire::client_json(&(cluster as &dyn Source).recorded_client_views(), rank);
     let (ack, mark) = {
-        let c = cluster.local.catalog();
+        let c = cluster.membership.local.catalog();
         (c.acked(), c.mark())
     };
     let mut body = json!({

@@ -196,9 +196,9 @@ impl Server {
         let kv_publisher = if cluster.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
                 cluster.config.kv_events.clone(),
-                cluster.kv_stats.clone(),
+                cluster.exports.kv_stats.clone(),
             )?;
-            let _ = cluster.kv_queue.set(p.queue.clone());
+            let _ = cluster.exports.kv_queue.set(p.queue.clone());
             // A start that may take blobs back from its SSD files opens its stream with
             // `AllBlocksCleared` (a router forgets what the previous process announced: its
             // memory tiers are gone), before the shards announce what they recovered. With HA
@@ -290,7 +290,7 @@ impl Server {
         // (after indexing its recovered SSD blobs: a second more per 50k of them).
         let limit = Duration::from_secs(10 + recovering as u64 / 50_000);
         let deadline = Instant::now() + limit;
-        while server.cluster.accepting.load(Ordering::Acquire) < shard_count {
+        while server.cluster.life.accepting.load(Ordering::Acquire) < shard_count {
             if Instant::now() > deadline {
                 server.cluster.begin_shutdown();
                 server.join();
@@ -326,7 +326,7 @@ impl Server {
                                 history.losses.len()
                             );
                         }
-                        let mut ranks = cluster.ranks.lock();
+                        let mut ranks = cluster.membership.ranks.lock();
                         ranks.note_lost(history.losses);
                         ranks.note_served(history.served);
                         Ok(())
@@ -390,7 +390,7 @@ impl Server {
 /// hands over is adopted into the new membership alone (a hand-over while the previous
 /// membership's segments are still being dropped loses the blobs they share with it).
 fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()> {
-    if !cluster.local.catalog().holds_committed() {
+    if !cluster.membership.local.catalog().holds_committed() {
         return crate::agent::start(cluster.clone(), listen);
     }
     let wait = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms + 1000);
@@ -404,9 +404,9 @@ fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()
         .spawn(move || {
             let until = Instant::now() + wait;
             while Instant::now() < until {
-                if cluster.local.leaving.load(Ordering::Acquire) {
+                if cluster.membership.local.leaving.load(Ordering::Acquire) {
                     // Stopped before it joined: nothing to leave.
-                    cluster.local.left.store(true, Ordering::Release);
+                    cluster.membership.local.left.store(true, Ordering::Release);
                     return;
                 }
                 if cluster.is_shutting_down() {
@@ -489,10 +489,10 @@ async fn shard_main(
             Err(e) => log::warn!("shard {id}: cannot register the same-host socket: {e}"),
         }
     }
-    cluster.accepting.fetch_add(1, Ordering::AcqRel);
+    cluster.life.accepting.fetch_add(1, Ordering::AcqRel);
 
     shard.shutdown_requested().await;
-    cluster.accepting.fetch_sub(1, Ordering::AcqRel);
+    cluster.life.accepting.fetch_sub(1, Ordering::AcqRel);
     front.begin_drain();
     // The accept is cancelled by `begin_drain`; bounded all the same: under the epoll driver
     // a shutdown was seen (rarely, under load) to wait here for good, the accept never
@@ -508,8 +508,8 @@ async fn shard_main(
     front.drain(deadline_ms).await;
     // Other shards may still wait on replies from this one: keep the mailbox running until
     // every shard has drained (bounded by the same deadline plus a second).
-    cluster.drained.fetch_add(1, Ordering::AcqRel);
-    while cluster.drained.load(Ordering::Acquire) < cluster.shard_count()
+    cluster.life.drained.fetch_add(1, Ordering::AcqRel);
+    while cluster.life.drained.load(Ordering::Acquire) < cluster.shard_count()
         && shard.clock.now_ms() < deadline_ms + 1000
     {
         monoio::time::sleep(Duration::from_millis(5)).await;

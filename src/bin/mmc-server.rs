@@ -109,7 +109,7 @@ fn main() -> ExitCode {
     log::info!(
         "mmc-server {} listening on {}://{} ({shards} shards on CPUs {cpus}, io driver {})",
         env!("CARGO_PKG_VERSION"),
-        if server.cluster.tls.is_some() {
+        if server.cluster.front.tls.is_some() {
             "https"
         } else {
             "http"
@@ -145,12 +145,14 @@ fn main() -> ExitCode {
                                     ),
                                 }
                                 cluster
+                                    .membership
                                     .local
                                     .leaving
                                     .store(true, std::sync::atomic::Ordering::Release);
                                 let deadline =
                                     std::time::Instant::now() + std::time::Duration::from_secs(20);
                                 while !cluster
+                                    .membership
                                     .local
                                     .left
                                     .load(std::sync::atomic::Ordering::Acquire)

@@ -157,6 +157,7 @@ impl Front {
         let auth = auth::Auth::new(&shard.cluster.config);
         let tls = shard
             .cluster
+            .front
             .tls
             .clone()
             .map(monoio_rustls::TlsAcceptor::from);

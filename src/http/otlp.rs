@@ -80,13 +80,13 @@ impl Exporter {
 
 /// Starts the exporter thread when `ock.mmc.otlp.endpoint` is set.
 pub fn start(cluster: Arc<Cluster>) -> std::io::Result<Option<Exporter>> {
-    if !cluster.telemetry.enabled {
+    if !cluster.exports.telemetry.enabled {
         return Ok(None);
     }
     log::info!(
         "OTLP: pushing metrics every {} ms{} to {}",
         cluster.config.otlp.interval_ms,
-        if cluster.telemetry.tracing() {
+        if cluster.exports.telemetry.tracing() {
             format!(
                 " and spans (sample ratio {})",
                 cluster.config.otlp.trace_sample_ratio
@@ -130,10 +130,10 @@ struct Pending {
 fn resource(cluster: &Cluster) -> encode::ResourceInfo {
     let local = cluster.config.cluster.role == crate::config::Role::Local;
     encode::ResourceInfo {
-        instance_id: cluster.telemetry.instance_id.clone(),
+        instance_id: cluster.exports.telemetry.instance_id.clone(),
         role: if local { "local" } else { "meta" },
         rank: if local {
-            cluster.local.rank()
+            cluster.membership.local.rank()
         } else {
             (cluster.config.store.ranks > 0).then_some(0)
         },
@@ -144,9 +144,9 @@ fn resource(cluster: &Cluster) -> encode::ResourceInfo {
 fn metrics_body(cluster: &Cluster) -> (Vec<u8>, u64) {
     let mut text = Vec::with_capacity(64 << 10);
     let format = exposition::Format::Text;
-    exposition::render_metrics_as(cluster, Some(&cluster.telemetry), format, &mut text);
+    exposition::render_metrics_as(cluster, Some(&cluster.exports.telemetry), format, &mut text);
     let families = prom::parse(&String::from_utf8_lossy(&text));
-    let t = &cluster.telemetry;
+    let t = &cluster.exports.telemetry;
     let req = encode::metrics_request(&resource(cluster), &families, t.start_unix_ns, unix_nanos());
     (encode::bytes(&req), encode::points(&req))
 }
@@ -225,7 +225,7 @@ fn note(
     items: u64,
     outcome: Result<i64, Failure>,
 ) -> Option<Failure> {
-    let t = &cluster.telemetry;
+    let t = &cluster.exports.telemetry;
     let endpoint = &cluster.config.otlp.endpoint;
     match outcome {
         Ok(rejected) => {
@@ -285,7 +285,7 @@ struct State<'a> {
 }
 
 async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
-    let t: &Telemetry = &cluster.telemetry;
+    let t: &Telemetry = &cluster.exports.telemetry;
     let o = &cluster.config.otlp;
     let interval = Duration::from_millis(o.interval_ms);
     let timeout = Duration::from_millis(o.timeout_ms);
@@ -380,7 +380,7 @@ fn span_export(cluster: &Cluster, batch: &[SpanRecord]) -> Pending {
 /// batches; one attempt each, each given what is left until `deadline`. Spans not sent by then,
 /// or after a failed attempt, are dropped (counted; the process is ending).
 async fn last_flush(cluster: &Cluster, st: &mut State<'_>, deadline: Instant) {
-    let t = &cluster.telemetry;
+    let t = &cluster.exports.telemetry;
     let left = || deadline.saturating_duration_since(Instant::now());
     let headers = st.headers.clone();
     let (body, points) = metrics_body(cluster);

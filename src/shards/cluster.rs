@@ -123,31 +123,43 @@ pub trait ObjectCopier: Send + Sync {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>;
 }
 
-/// Process-wide state shared by all shards. Immutable after start except for the atomics and
-/// the segment table.
+/// Process-wide state shared by all shards, grouped by what each handle is for. Immutable
+/// after start except for the atomics, the segment table and what the groups guard.
 pub struct Cluster {
     pub config: Config,
     pub shards: Box<[RemoteShard]>,
     pub ha: HaView,
     pub segments: Arc<SegmentTable>,
+    /// The process clock: its origin is the moment the cluster was built.
+    pub clock: Clock,
+    /// The journals of the SSD files' indexes, with `ock.mmc.ssd.recover` (`None`: SSD files
+    /// start empty and keep no journal).
+    pub journals: Option<Arc<store::ssd::journaling::Journals>>,
+    /// Start, readiness and shutdown.
+    pub life: Lifecycle,
+    /// This process's part in the cluster protocol: a meta's ranks and freed logs, a local
+    /// service's identity, the grant key and the used grants.
+    pub membership: Membership,
+    /// What the process publishes besides its answers: KV events and OTLP.
+    pub exports: Exports,
+    /// What the HTTP front end built at start ([`FrontAssets`]).
+    pub front: FrontAssets,
+}
+
+/// Start, readiness and shutdown of the process's shards.
+pub struct Lifecycle {
     /// Shards whose listener accepts connections. `/ready` answers 200 once this equals the
     /// shard count.
     pub accepting: AtomicUsize,
     /// Set once by the signal handler; shards then stop accepting and drain.
     pub shutting_down: AtomicBool,
-    /// The mTLS server configuration, when TLS is on ([`FrontAssets::tls`]).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// The KV-event publisher's statistics.
-    pub kv_stats: Arc<crate::metrics::kv_events::KvEventStats>,
-    /// The KV-event queue, when publishing is enabled (set once at start).
-    pub kv_queue: std::sync::OnceLock<Arc<crate::kv_events::KvQueue>>,
     /// Shards that have closed all their connections during shutdown. A shard keeps serving
     /// its mailbox until every shard has drained, so no cross-shard request is left hanging.
     pub drained: AtomicUsize,
-    /// The process clock: its origin is the moment the cluster was built.
-    pub clock: Clock,
-    /// The OpenAPI document for this configuration ([`FrontAssets::openapi`]).
-    pub openapi: bytes::Bytes,
+}
+
+/// This process's part in the cluster protocol (`crate::cluster`).
+pub struct Membership {
     /// A meta service's remote ranks (local services that joined).
     pub ranks: super::ranks::RankRegistry,
     /// A local service's membership (its rank and meta service, once joined).
@@ -158,20 +170,19 @@ pub struct Cluster {
     /// The write and move grants this process served a request under: each is used once
     /// (a local service's, and a meta's for its own rank's hop of a chain).
     pub used_grants: crate::grant::GrantLedger,
-    /// A meta service's way of moving a remote rank's blobs between its tiers
-    /// ([`FrontAssets::remote_tier`]; `None`: such blobs are evicted by dropping).
-    pub remote_tier: Option<Arc<dyn RemoteTier>>,
-    /// A meta service's way of copying an object to another rank ([`FrontAssets::copier`];
-    /// `None`: no re-replication).
-    pub copier: Option<Arc<dyn ObjectCopier>>,
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
     pub freed_logs: crate::cluster::catalog::FreedLogs,
     /// The Unix time in milliseconds this process started: the view of its objects' stamps
     /// without HA ([`Cluster::stamp_view`]).
     pub lineage_ms: u64,
-    /// The journals of the SSD files' indexes, with `ock.mmc.ssd.recover` (`None`: SSD files
-    /// start empty and keep no journal).
-    pub journals: Option<Arc<store::ssd::journaling::Journals>>,
+}
+
+/// What the process publishes besides its answers.
+pub struct Exports {
+    /// The KV-event publisher's statistics.
+    pub kv_stats: Arc<crate::metrics::kv_events::KvEventStats>,
+    /// The KV-event queue, when publishing is enabled (set once at start).
+    pub kv_queue: std::sync::OnceLock<Arc<crate::kv_events::KvQueue>>,
     /// OTLP (`ock.mmc.otlp.*`): the span sampler and queue, the exporter's statistics.
     pub telemetry: Arc<crate::metrics::otlp::Telemetry>,
 }
@@ -185,7 +196,7 @@ impl Cluster {
     /// [`Cluster::stamp_view`] under leadership `view` (ignored without HA).
     pub fn stamp_view_at(&self, view: u64) -> u64 {
         let ha = self.ha.config().map(|_| view);
-        crate::cluster::catalog::stamp_view(ha, self.lineage_ms)
+        crate::cluster::catalog::stamp_view(ha, self.membership.lineage_ms)
     }
 
     pub fn new(
@@ -236,38 +247,35 @@ impl Cluster {
         }
         let clock = Clock::start();
         let window = config.metrics.window_secs;
-        let FrontAssets {
-            tls,
-            openapi,
-            remote_tier,
-            copier,
-        } = front;
         let telemetry = Arc::new(crate::metrics::otlp::Telemetry::new(&config));
         let cluster = Arc::new(Cluster {
-            openapi,
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
                 .collect(),
             config,
             ha,
             segments,
-            accepting: AtomicUsize::new(0),
-            shutting_down: AtomicBool::new(false),
-            drained: AtomicUsize::new(0),
-            tls,
-            kv_stats: Arc::new(crate::metrics::kv_events::KvEventStats::new(shard_count)),
-            kv_queue: std::sync::OnceLock::new(),
             clock,
-            ranks: super::ranks::RankRegistry::default(),
-            local: super::ranks::LocalIdentity::new(),
-            grant_key,
-            used_grants: crate::grant::GrantLedger::new(crate::limits::MAX_USED_GRANTS),
-            remote_tier,
-            copier,
-            freed_logs: Default::default(),
-            lineage_ms: crate::grant::unix_ms(),
             journals,
-            telemetry,
+            life: Lifecycle {
+                accepting: AtomicUsize::new(0),
+                shutting_down: AtomicBool::new(false),
+                drained: AtomicUsize::new(0),
+            },
+            membership: Membership {
+                ranks: super::ranks::RankRegistry::default(),
+                local: super::ranks::LocalIdentity::new(),
+                grant_key,
+                used_grants: crate::grant::GrantLedger::new(crate::limits::MAX_USED_GRANTS),
+                freed_logs: Default::default(),
+                lineage_ms: crate::grant::unix_ms(),
+            },
+            exports: Exports {
+                kv_stats: Arc::new(crate::metrics::kv_events::KvEventStats::new(shard_count)),
+                kv_queue: std::sync::OnceLock::new(),
+                telemetry,
+            },
+            front,
         });
         if cluster.config.cluster.role == crate::config::Role::Local {
             cluster.recover_local_ssd()?;
@@ -282,21 +290,21 @@ impl Cluster {
     /// Every shard accepts, the server is not shutting down, and (HA on) this node is the
     /// serving leader, or (a local service) it has joined its meta service.
     pub fn is_ready(&self) -> bool {
-        self.accepting.load(Ordering::Acquire) == self.shards.len()
-            && !self.shutting_down.load(Ordering::Acquire)
+        self.life.accepting.load(Ordering::Acquire) == self.shards.len()
+            && !self.life.shutting_down.load(Ordering::Acquire)
             && self.ha.serving()
     }
 
     /// Starts the graceful shutdown: every shard stops accepting and drains.
     pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::Release);
+        self.life.shutting_down.store(true, Ordering::Release);
         for s in self.shards.iter() {
             s.wake();
         }
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Acquire)
+        self.life.shutting_down.load(Ordering::Acquire)
     }
 
     /// Delivers a notice to a shard (from any thread, never blocking).

@@ -250,7 +250,7 @@ impl WriteGrant {
             blobs,
             // Revoked when the service joins a meta again (see `LocalIdentity::writers`); shared
             // by its writers, whose byte counts on it nobody reads (no owner here reclaims).
-            link: cluster.local.writer_link(),
+            link: cluster.membership.local.writer_link(),
             owner: 0,
             cluster,
             armed: false,

@@ -49,7 +49,7 @@ impl Source for Cluster {
     }
 
     fn remote_disk(&self, rank: u32) -> RemoteDiskFigures {
-        let r = self.ranks.report(rank).unwrap_or_default();
+        let r = self.membership.ranks.report(rank).unwrap_or_default();
         RemoteDiskFigures {
             path: r.ssd_path,
             status: r.ssd_status as u64,
@@ -59,7 +59,7 @@ impl Source for Cluster {
     }
 
     fn lost_ranks(&self) -> Vec<u32> {
-        self.ranks.lost()
+        self.membership.ranks.lost()
     }
 
     fn rank_client(&self, rank: u32) -> RankClient {
@@ -71,14 +71,14 @@ impl Source for Cluster {
         if !remote {
             return RankClient::Own;
         }
-        match self.ranks.report(rank) {
+        match self.membership.ranks.report(rank) {
             Some(r) => RankClient::Reported(r.client),
             None => RankClient::Silent,
         }
     }
 
     fn kv_stats(&self) -> &KvEventStats {
-        &self.kv_stats
+        &self.exports.kv_stats
     }
 
     fn ha(&self) -> HaFigures {

@@ -59,16 +59,18 @@ impl Cluster {
         );
         let name = seg.name.clone();
         self.segments.insert(seg)?;
-        let mut catalog = self.local.catalog();
+        let mut catalog = self.membership.local.catalog();
         for e in entries {
             catalog.add(e);
         }
         drop(catalog);
         let (in_step, heard_by) = read_in_step(&in_step_path(dir, rank));
-        self.local
+        self.membership
+            .local
             .in_step
             .store(in_step, std::sync::atomic::Ordering::Release);
-        self.local
+        self.membership
+            .local
             .heard_by
             .store(heard_by, std::sync::atomic::Ordering::Release);
         log::info!(
@@ -136,10 +138,12 @@ impl Cluster {
     /// `lineage` is the answering meta's (`cluster::agent::Admission::lineage`): a recovered
     /// catalog is adopted only by that lineage (`members::JoinRequest::heard_by`).
     pub fn record_in_step(&self, view: u64, lineage: u64) {
-        self.local
+        self.membership
+            .local
             .in_step
             .store(view, std::sync::atomic::Ordering::Release);
-        self.local
+        self.membership
+            .local
             .heard_by
             .store(lineage, std::sync::atomic::Ordering::Release);
         let s = &self.config.store;

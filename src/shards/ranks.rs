@@ -268,6 +268,7 @@ impl Shard {
     ) -> Result<(), String> {
         let cluster = &self.cluster;
         let master = cluster
+            .membership
             .grant_key
             .get()
             .ok_or("this meta service has no grant key")?;
@@ -312,7 +313,7 @@ impl Shard {
         epoch: u64,
         segs: Vec<Arc<Segment>>,
     ) {
-        self.cluster.freed_logs.retire(rank, epoch);
+        self.cluster.membership.freed_logs.retire(rank, epoch);
         self.drop_segments_keeping_log(rank, segs).await;
     }
 
@@ -368,7 +369,7 @@ impl Shard {
         let timeout = self.cluster.config.cluster.heartbeat_timeout_ms;
         let now = self.cluster.clock.now_ms();
         let lost: Vec<(u32, u64, u64, u64)> = {
-            let mut members = self.cluster.ranks.lock();
+            let mut members = self.cluster.membership.ranks.lock();
             let expired = members.expire(now, timeout);
             expired
                 .into_iter()
@@ -386,7 +387,7 @@ impl Shard {
         for (rank, epoch, incarnation, view) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             // Its removals wait for the loss to be recorded, even if a join replaces it first.
-            self.cluster.freed_logs.hold(rank, epoch);
+            self.cluster.membership.freed_logs.hold(rank, epoch);
             let me = self.clone();
             let recorded = self.cluster.ha.record_loss(
                 rank,
@@ -397,7 +398,7 @@ impl Shard {
                 let segs = me.cluster.unmount_member(rank, epoch);
                 match recorded.recv_async().await {
                     Ok(Ok(())) => {
-                        me.cluster.freed_logs.settle(rank, epoch);
+                        me.cluster.membership.freed_logs.settle(rank, epoch);
                         me.drop_segments_keeping_log(rank, segs).await;
                     }
                     outcome => {
@@ -414,7 +415,7 @@ impl Shard {
                             let again = me.cluster.ha.record_loss(rank, incarnation, membership);
                             if let Ok(Ok(())) = again.recv_async().await {
                                 log::warn!("rank {rank}: its loss is recorded in etcd now");
-                                me.cluster.freed_logs.settle(rank, epoch);
+                                me.cluster.membership.freed_logs.settle(rank, epoch);
                                 break;
                             }
                         }

@@ -64,7 +64,7 @@ impl Shard {
     async fn announce_recovered(&self) {
         let mut events = Vec::new();
         self.store.borrow_mut().swap_events(&mut events);
-        let Some(kv) = self.cluster.kv_queue.get().cloned() else {
+        let Some(kv) = self.cluster.exports.kv_queue.get().cloned() else {
             return;
         };
         for ev in events {

@@ -33,7 +33,7 @@ impl HaHost for Cluster {
 
     fn failover_span(&self, elapsed: std::time::Duration, ok: bool, view: u64) {
         use crate::metrics::otlp::{Attr, Kind, SpanRecord};
-        let t = &self.telemetry;
+        let t = &self.exports.telemetry;
         let Some((ctx, _)) = t.start_always(None) else {
             return;
         };
@@ -95,7 +95,7 @@ impl Shard {
     /// large store is re-announced whole instead of overflowing the queue (stored events are
     /// the first dropped).
     async fn announce_held_blocks(&self) {
-        let Some(kv) = self.cluster.kv_queue.get().cloned() else {
+        let Some(kv) = self.cluster.exports.kv_queue.get().cloned() else {
             return;
         };
         let held = self.store.borrow().held_blocks();

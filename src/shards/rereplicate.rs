@@ -21,7 +21,7 @@ impl Shard {
     /// not running.
     pub(super) fn rereplicate(self: &Rc<Self>) {
         if self.rereplicating.get()
-            || self.cluster.copier.is_none()
+            || self.cluster.front.copier.is_none()
             || !self.store.borrow().rereplication_waiting()
         {
             return;
@@ -53,7 +53,7 @@ impl Shard {
             for m in moves {
                 let me = self.clone();
                 monoio::spawn(async move {
-                    let ok = match &me.cluster.copier {
+                    let ok = match &me.cluster.front.copier {
                         Some(c) => c.copy(&me, &m.key, &m.from, &m.to, m.stamp).await,
                         None => false,
                     };

@@ -40,7 +40,7 @@ pub(super) async fn stream_put<S: Io>(
     let started = std::time::Instant::now();
     let shard = conn.front.shard();
     shard.stats().http_requests.inc();
-    let telemetry = &shard.cluster.telemetry;
+    let telemetry = &shard.cluster.exports.telemetry;
     let span = crate::http::spans::RequestSpan::start(telemetry, &head, started);
     let trace = span.as_ref().map(|s| s.context());
     let mut ctx = Ctx {

@@ -46,7 +46,7 @@ pub(super) async fn answer<S: Io>(
     let stats = shard.stats();
     stats.http_requests.inc();
     let routed = verdict.dispatched();
-    let telemetry = &shard.cluster.telemetry;
+    let telemetry = &shard.cluster.exports.telemetry;
     let span = RequestSpan::start(telemetry, head, started);
     let trace = span.as_ref().map(RequestSpan::context);
     let mut ctx = Ctx {

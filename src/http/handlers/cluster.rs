@@ -35,7 +35,12 @@ fn admits(ctx: &mut Ctx<'_>) -> Result<(), Response> {
             "This is a local service: local services join a meta service",
         ));
     }
-    let loopback = ctx.shard.cluster.ranks.listens_on_loopback(&config.listen);
+    let loopback = ctx
+        .shard
+        .cluster
+        .membership
+        .ranks
+        .listens_on_loopback(&config.listen);
     if !loopback && config.cluster.token.is_empty() {
         return Err(ctx.protocol_error(
             Status::FORBIDDEN,
@@ -160,7 +165,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let view = cluster.ha.fence().max(0) as u64;
     // This meta's lineage under that view: the join is decided and answered under the same one.
     let lineage = cluster.stamp_view_at(view);
-    let joined = cluster.ranks.lock().join(JoinRequest {
+    let joined = cluster.membership.ranks.lock().join(JoinRequest {
         view,
         wanted,
         url,
@@ -196,7 +201,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             monoio::spawn(async move { me.drop_member_segments(rank, old, segs).await });
         }
         // Its catalog says what it holds now: the freed log starts over.
-        cluster.freed_logs.begin(rank, epoch);
+        cluster.membership.freed_logs.begin(rank, epoch);
         // UNDEFINED until the rank's first heartbeat: this answer may reach the service a
         // moment after a put was placed, and it holds no grant key before it reads it.
         if let Err(e) = ctx
@@ -204,7 +209,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .mount_remote(rank, url, incarnation, epoch, &segments)
         {
             log::error!("could not mount rank {rank}'s segments: {e}");
-            cluster.ranks.lock().left(rank, epoch);
+            cluster.membership.ranks.lock().left(rank, epoch);
             for seg in cluster.member_segments(rank, epoch) {
                 cluster.segments.remove_id(&seg.name, seg.id);
             }
@@ -238,6 +243,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // This membership's own key: grants given to an earlier process on this rank, or to an
     // earlier membership of this one, do not verify.
     let key = cluster
+        .membership
         .grant_key
         .get()
         .map(|k| k.for_member(rank, incarnation, epoch).to_hex())
@@ -298,6 +304,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, epoch: u64, catalog: Vec<Entry>) ->
     let count = refused.len();
     ctx.shard
         .cluster
+        .membership
         .freed_logs
         .push(refused.iter().map(|a| a.refused(epoch)));
     count
@@ -365,11 +372,14 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let cluster = ctx.shard.cluster.clone();
     let view = cluster.ha.fence().max(0) as u64;
     let now = cluster.clock.now_ms();
-    let beat =
-        cluster
-            .ranks
-            .lock()
-            .heartbeat(view, rank, from.incarnation, from.epoch, report, now);
+    let beat = cluster.membership.ranks.lock().heartbeat(
+        view,
+        rank,
+        from.incarnation,
+        from.epoch,
+        report,
+        now,
+    );
     if beat == Beat::Refused {
         return ctx.protocol_error(
             Status::CONFLICT,
@@ -402,7 +412,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
         // The memberships this join replaced settle once the service acknowledges what the
         // adoption refused (`FreedLogs::adopted`).
-        cluster.freed_logs.adopted(rank, from.epoch);
+        cluster.membership.freed_logs.adopted(rank, from.epoch);
         // The first heartbeat after a join: the service read the answer and holds the grant
         // key, so its segments take puts and redirects from now on (one being unmounted or
         // drained meanwhile keeps that status).
@@ -415,7 +425,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     // The blobs freed on this rank since the acknowledged sequence (catalog hand-over).
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
-    match cluster.freed_logs.answer(rank, ack) {
+    match cluster.membership.freed_logs.answer(rank, ack) {
         LogAnswer::Records { seq, freed } => {
             let mut v = catalog_wire::news_json(seq, &freed);
             v["success"] = json!(true);
@@ -456,6 +466,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let cluster = ctx.shard.cluster.clone();
     let view = cluster.ha.fence().max(0) as u64;
     if !cluster
+        .membership
         .ranks
         .lock()
         .leave(view, rank, from.incarnation, epoch)
@@ -468,7 +479,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let segs = cluster.member_segments(rank, epoch);
     let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank, epoch).await;
-    cluster.ranks.lock().left(rank, epoch);
+    cluster.membership.ranks.lock().left(rank, epoch);
     log::info!("rank {rank} left; {moved} objects moved to other ranks");
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
@@ -480,7 +491,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// one time a remote rank's bytes pass through the meta service. Returns the objects moved.
 pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
     // Its span (whenever tracing is on), under the request's when that one is sampled.
-    let t = ctx.shard.cluster.telemetry.clone();
+    let t = ctx.shard.cluster.exports.telemetry.clone();
     let span = t.start_always(ctx.trace.as_ref()).map(|(c, parent)| {
         let mut s = SpanRecord::begin(c, parent, "mmc.drain", Kind::Internal);
         let names = segs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();

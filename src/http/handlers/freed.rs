@@ -41,7 +41,7 @@ const POLL: Duration = Duration::from_micros(500);
 /// The key hashes a removal of `keys` waits on ([`settle`]), or none when no local service
 /// ever joined this meta (no removal has a barrier then: nothing is hashed or locked).
 pub(super) fn removal_of<'k>(ctx: &Ctx<'_>, keys: impl IntoIterator<Item = &'k [u8]>) -> Vec<u64> {
-    if !ctx.shard.cluster.freed_logs.has_members() {
+    if !ctx.shard.cluster.membership.freed_logs.has_members() {
         return Vec::new();
     }
     keys.into_iter().map(key_hash).collect()
@@ -54,7 +54,7 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
         return true;
     }
     let cluster = ctx.shard.cluster.clone();
-    let logs = &cluster.freed_logs;
+    let logs = &cluster.membership.freed_logs;
     let timeout = cluster.config.cluster.heartbeat_timeout_ms;
     let mut removal = Removal::new(logs, keys, cluster.clock.now_ms(), timeout);
     loop {
@@ -91,7 +91,7 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
 /// take one lookup. A newer version acknowledged while an older copy lives could be shadowed
 /// by it after a failover, once the newer one is deleted or lost.
 pub(super) async fn older_copies_unconfirmed(ctx: &mut Ctx<'_>, keys: &[&[u8]]) -> Vec<usize> {
-    let logs = &ctx.shard.cluster.freed_logs;
+    let logs = &ctx.shard.cluster.membership.freed_logs;
     if !logs.has_members() {
         return Vec::new();
     }
@@ -151,7 +151,7 @@ pub(super) fn unconfirmed(ctx: &mut Ctx<'_>) -> Response {
 /// Starts a push of `rank`'s unacknowledged records to its local service, unless one is on
 /// its way or nothing waits: the task, done once the push was answered (or failed).
 fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()>> {
-    let logs = &cluster.freed_logs;
+    let logs = &cluster.membership.freed_logs;
     let p = logs.take_push(rank)?;
     let target = cluster
         .member_segments(rank, p.epoch)
@@ -188,7 +188,7 @@ fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()
                     None
                 }
             };
-        cluster.freed_logs.pushed(rank, p.epoch, ack);
+        cluster.membership.freed_logs.pushed(rank, p.epoch, ack);
     }))
 }
 
@@ -207,7 +207,7 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(m) => m.into_owned(),
         Err(r) => return r,
     };
-    let Some(key) = cluster.grant_key.get() else {
+    let Some(key) = cluster.membership.grant_key.get() else {
         return ctx.protocol_error(
             Status::FORBIDDEN,
             "This local service has not joined a meta service",
@@ -227,7 +227,7 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Malformed body: expected epoch, catalog_seq and freed records",
         );
     };
-    if epoch != Some(cluster.local.epoch()) || !cluster.local.joined() {
+    if epoch != Some(cluster.membership.local.epoch()) || !cluster.membership.local.joined() {
         return ctx.protocol_error(
             Status::CONFLICT,
             "Not this local service's current membership",
@@ -237,7 +237,7 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // acknowledges them (a restart of this service does not bring them back).
     let journaled = ctx.shard.journal_mark();
     let ack = {
-        let mut catalog = cluster.local.catalog();
+        let mut catalog = cluster.membership.local.catalog();
         let mark = catalog.mark();
         cluster.journal_catalog(catalog.apply_tracked(news, mark));
         catalog.acked()

@@ -27,7 +27,7 @@ pub(super) fn write_grant_url(
     // The records noted so far for the rank (an earlier attempt at this copy, given up, names
     // the same range and stamp) must not drop the entry this write makes.
     let epoch = v.seg.backend.remote()?.epoch;
-    let floor = cluster.freed_logs.seq(v.seg.rank, epoch);
+    let floor = cluster.membership.freed_logs.seq(v.seg.rank, epoch);
     grant_url(
         key,
         v,

@@ -59,7 +59,7 @@ pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
     let mut r = Response::new(
         Status::OK,
         ContentType::Json,
-        Body::Bytes(ctx.shard.cluster.openapi.clone()),
+        Body::Bytes(ctx.shard.cluster.front.openapi.clone()),
     );
     r.no_store = false;
     r

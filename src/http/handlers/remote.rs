@@ -82,7 +82,7 @@ fn redirect(ctx: &mut Ctx<'_>, mut location: String) -> Response {
 }
 
 pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
-    ctx.shard.cluster.grant_key.get()
+    ctx.shard.cluster.membership.grant_key.get()
 }
 
 /// On the meta service, the key a grant a local service sends back (a commit, a damaged
@@ -291,7 +291,13 @@ pub(super) fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
 /// already (a replay, or a client's retry of a request that reached here), 503 with
 /// `Retry-After` when the ledger is full of grants not yet expired.
 pub(super) fn admit(ctx: &mut Ctx<'_>, text: &str, grant: &Grant) -> Result<(), Response> {
-    let refused = match ctx.shard.cluster.used_grants.admit(text, grant, unix_ms()) {
+    let refused = match ctx
+        .shard
+        .cluster
+        .membership
+        .used_grants
+        .admit(text, grant, unix_ms())
+    {
         Ok(()) => return Ok(()),
         Err(e) => e,
     };
@@ -483,11 +489,17 @@ pub(super) async fn grant_put(
     }
     // Counted until the catalog knows the outcome: a join waits for it.
     let cluster = ctx.shard.cluster.clone();
-    let _in_flight = cluster.local.commit_in_flight();
+    let _in_flight = cluster.membership.local.commit_in_flight();
     let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
     if r.status != Status::OK || r.failed {
         catalog_drop(ctx, &grant, cataloged);
-    } else if cataloged && !cluster.local.catalog().confirm(&catalog_freed(&grant)) {
+    } else if cataloged
+        && !cluster
+            .membership
+            .local
+            .catalog()
+            .confirm(&catalog_freed(&grant))
+    {
         // Committed, but this service joined a meta again before the answer came (its new
         // membership dropped the unconfirmed entry, and the meta the blob): not kept.
         log::warn!("a put committed after this service's catalog dropped its entry: failed");
@@ -517,7 +529,7 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
     // A grant's `len` is the object's size; the entry's is what the meta allocated.
     let medium = Medium::ALL[grant.medium as usize];
     let entry = Entry::written(key, medium, grant.offset, grant.size, grant_stamp(grant));
-    let mut catalog = cluster.local.catalog();
+    let mut catalog = cluster.membership.local.catalog();
     if grant.op == GrantOp::WriteCommit {
         // Handed over only once the meta answered its commit.
         catalog.add_pending(entry);
@@ -543,6 +555,7 @@ fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
     if cataloged {
         ctx.shard
             .cluster
+            .membership
             .local
             .catalog()
             .free(&catalog_freed(grant));
@@ -645,7 +658,7 @@ async fn commit(
         // The meta itself was the first hop (its own rank): commit in place.
         return commit_here(ctx, key.into(), grant, ok).await;
     }
-    let Some(meta) = cluster.local.meta_url() else {
+    let Some(meta) = cluster.membership.local.meta_url() else {
         return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "Not joined to a meta service");
     };
     let mut target = format!(

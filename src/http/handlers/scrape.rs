@@ -17,7 +17,12 @@ pub fn metrics(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let format = exposition::negotiate(req.head.accept);
     // The OTLP exporter's own families (`memcache_otlp_*`) come last, in either format.
     let cluster = &*ctx.shard.cluster;
-    exposition::render_metrics_as(cluster, Some(&cluster.telemetry), format, ctx.scratch);
+    exposition::render_metrics_as(
+        cluster,
+        Some(&cluster.exports.telemetry),
+        format,
+        ctx.scratch,
+    );
     let content_type = match format {
         Format::Text => ContentType::Prometheus,
         Format::Protobuf => ContentType::PrometheusProtobuf,
@@ -34,7 +39,7 @@ pub fn summary(ctx: &mut Ctx<'_>) -> Response {
 /// `/kv_events/status`: the publisher's state, keys in the seed's (alphabetical) order.
 pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
     let cluster = &ctx.shard.cluster;
-    let s = &cluster.kv_stats;
+    let s = &cluster.exports.kv_stats;
     let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
     ctx.json_object(|w| {
         w.field_u64("dropped_events", s.dropped_events());

@@ -168,7 +168,7 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             // In the catalog as a copy of the source's entry; handed over once the meta's log
             // says the move landed (it switched its index to the copy).
             let cluster = &ctx.shard.cluster;
-            let mut catalog = cluster.local.catalog();
+            let mut catalog = cluster.membership.local.catalog();
             let (named, replaced) = catalog.add_moved_tracked(
                 Medium::ALL[from.medium as usize],
                 from.offset,
@@ -181,7 +181,7 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
             cluster.journal_catalog(replaced);
             drop(catalog);
             if named {
-                ctx.shard.cluster.local.moved_at_ms.store(
+                ctx.shard.cluster.membership.local.moved_at_ms.store(
                     ctx.shard.cluster.clock.now_ms(),
                     std::sync::atomic::Ordering::Relaxed,
                 );
@@ -264,7 +264,7 @@ fn demote_io(src: &BlobView, dst: &BlobView) -> IoOutcome {
 /// (`POST /cluster/v1/damaged`, with the cluster token and the grant as proof).
 pub(super) async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) {
     let cluster = ctx.shard.cluster.clone();
-    let Some(meta) = cluster.local.meta_url() else {
+    let Some(meta) = cluster.membership.local.meta_url() else {
         return;
     };
     let target = format!(
