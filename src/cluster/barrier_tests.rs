@@ -181,3 +181,39 @@ fn a_replaced_live_membership_s_removals_wait_for_the_adoption_to_be_acknowledge
         "the newest adoption refused nothing: settled"
     );
 }
+
+/// A loss whose leadership is over is abandoned: it will never be recorded, so a removal
+/// waiting on the lost membership's log never passes (it ends unconfirmed past its deadline),
+/// while nothing new waits on it: no new barrier, no put held back, no record taken from the
+/// drop of its segments, before or after the rank joins again (the real HA soak, seed 1301:
+/// a leader resumed from a freeze declared its ranks lost, and the loss, refused then, was
+/// recorded by its next leadership, voiding catalogs another leader had taken over with its
+/// puts).
+#[test]
+fn an_abandoned_loss_confirms_nothing_and_holds_nothing_back() {
+    let logs = FreedLogs::default();
+    logs.begin(3, 11);
+    logs.push([(3, 11, freed(0, 1, 1), 7)]);
+    let b = logs.barrier(Some(7));
+    logs.hold(3, 11);
+    logs.abandon(3, 11);
+    assert!(!logs.passed(&b[0]), "a waiting removal is not confirmed");
+    assert!(!logs.unconfirmed(7), "a put of its key is not held back");
+    assert!(
+        logs.barrier(Some(7)).is_empty(),
+        "a new removal does not wait"
+    );
+    logs.push([(3, 11, freed(0, 2, 2), 8)]);
+    assert!(
+        logs.barrier(None).is_empty(),
+        "the drop's records go nowhere"
+    );
+    logs.begin(3, 12);
+    assert!(!logs.passed(&b[0]), "nor once a join replaced it");
+    assert!(logs.barrier(None).is_empty());
+    assert!(!logs.unconfirmed(7));
+    // Only a held log is abandoned: a live one keeps its records.
+    logs.push([(3, 12, freed(0, 3, 3), 9)]);
+    logs.abandon(3, 12);
+    assert!(logs.unconfirmed(9));
+}

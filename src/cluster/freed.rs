@@ -47,6 +47,9 @@ struct FreedLog {
     keys: HashMap<u64, u32>,
     /// Its membership was declared lost and the loss is not recorded yet ([`FreedLogs::hold`]).
     held: bool,
+    /// Its loss will never be recorded ([`FreedLogs::abandon`]): it takes no record, and its
+    /// barriers never pass.
+    abandoned: bool,
     /// Held logs of earlier memberships of the rank that a join replaced before their loss was
     /// recorded, and live ones it replaced with records unacknowledged (at most
     /// [`UNSETTLED_KEPT`]): their removals stay unconfirmed until [`FreedLogs::settle`] (held)
@@ -161,7 +164,10 @@ impl FreedLogs {
     pub fn push(&self, freed: impl IntoIterator<Item = Noted>) {
         let mut logs = self.lock();
         for (rank, epoch, f, key) in freed {
-            let Some(log) = logs.get_mut(&rank).filter(|l| l.epoch == Some(epoch)) else {
+            let Some(log) = logs
+                .get_mut(&rank)
+                .filter(|l| l.epoch == Some(epoch) && !l.abandoned)
+            else {
                 continue;
             };
             log.seq += 1;
@@ -275,6 +281,31 @@ impl FreedLogs {
             .is_some_and(|l| l.epoch == Some(epoch) && !l.held)
         {
             logs.remove(&rank);
+        }
+    }
+
+    /// The loss of membership `epoch` of `rank` will never be recorded: the leadership that
+    /// declared it is over. Removals waiting on its log stay unconfirmed (they end past their
+    /// deadline: that leadership dropped the copies, but no later leader knows); its records
+    /// go, so nothing new waits on them (a later leadership takes the service's catalog over
+    /// afresh). The log stays held, kept aside by the rank's next join, so those waiting
+    /// removals never pass.
+    pub fn abandon(&self, rank: u32, epoch: u64) {
+        let mut logs = self.lock();
+        let Some(l) = logs.get_mut(&rank) else {
+            return;
+        };
+        let log = if l.epoch == Some(epoch) {
+            Some(l)
+        } else {
+            l.unsettled.iter_mut().find(|u| u.epoch == Some(epoch))
+        };
+        if let Some(log) = log.filter(|log| log.held) {
+            log.abandoned = true;
+            log.clear_records();
+            log.overflowed = false;
+            log.floor = 0;
+            log.pushing = false;
         }
     }
 

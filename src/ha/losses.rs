@@ -29,20 +29,29 @@ use crate::cluster::members::{LostMembership, Membership};
 
 impl HaView {
     /// Records that `membership` of process `incarnation` on `rank` was declared lost, fenced
-    /// by this leadership: `Ok` once etcd stored it; an error when this node does not lead, or
-    /// etcd did not answer within the lease TTL. Off HA: `Ok` at once.
+    /// by the leadership that declared it (`fence`, its view; not whichever leads when a
+    /// retry runs: a loss declared by a leader resuming from a freeze, refused then, would
+    /// void a catalog that later leaderships took over, with their puts, if a later leadership
+    /// of this meta recorded it). `Ok(true)` once etcd stored it; `Ok(false)` when that
+    /// leadership is over (it will never be stored); an error when etcd did not answer within
+    /// the lease TTL. Off HA: `Ok(true)` at once.
     pub fn record_loss(
         &self,
         rank: u32,
         incarnation: u64,
         membership: Membership,
-    ) -> flume::Receiver<Result<(), String>> {
+        fence: i64,
+    ) -> flume::Receiver<Result<bool, String>> {
         let (tx, rx) = flume::bounded(1);
         let Some(cfg) = self.config().cloned() else {
-            let _ = tx.send(Ok(()));
+            let _ = tx.send(Ok(true));
             return rx;
         };
-        let fence = self.fence();
+        if fence <= 0 {
+            // Declared while not leading: no leadership to record it under.
+            let _ = tx.send(Ok(false));
+            return rx;
+        }
         let spawned = std::thread::Builder::new()
             .name("mmc-ha-loss".into())
             .spawn(move || {
@@ -65,8 +74,8 @@ impl HaView {
                     }}],
                 });
                 let outcome = match etcd.txn(&txn, deadline) {
-                    Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => Ok(()),
-                    Ok(_) => Err("not the leader any more".to_string()),
+                    Ok(v) if v.get("succeeded").and_then(Value::as_bool) == Some(true) => Ok(true),
+                    Ok(_) => Ok(false),
                     Err(e) => Err(format!("{e:?}")),
                 };
                 let _ = tx.send(outcome);

@@ -384,42 +384,61 @@ impl Shard {
                 })
                 .collect()
         };
+        // The leadership that declares these losses: their records are fenced by it, now and
+        // when tried again.
+        let fence = self.cluster.ha.fence();
         for (rank, epoch, incarnation, view) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             // Its removals wait for the loss to be recorded, even if a join replaces it first.
             self.cluster.membership.freed_logs.hold(rank, epoch);
             let me = self.clone();
-            let recorded = self.cluster.ha.record_loss(
-                rank,
-                incarnation,
-                crate::cluster::members::Membership { view, epoch },
-            );
+            let membership = crate::cluster::members::Membership { view, epoch };
+            let recorded = self
+                .cluster
+                .ha
+                .record_loss(rank, incarnation, membership, fence);
             monoio::spawn(async move {
                 let segs = me.cluster.unmount_member(rank, epoch);
-                match recorded.recv_async().await {
-                    Ok(Ok(())) => {
-                        me.cluster.membership.freed_logs.settle(rank, epoch);
-                        me.drop_segments_keeping_log(rank, segs).await;
-                    }
-                    outcome => {
-                        log::error!(
-                            "rank {rank}: its loss could not be recorded in etcd ({outcome:?}); removals waiting on it are not confirmed"
-                        );
-                        me.drop_segments_keeping_log(rank, segs).await;
-                        // Tried again until it lands (a leadership of this meta writes it, this
-                        // one or a later): until then the removals of what the rank held stay
-                        // unconfirmed and its keys' puts wait.
-                        let membership = crate::cluster::members::Membership { view, epoch };
-                        while !me.cluster.is_shutting_down() {
-                            monoio::time::sleep(LOSS_RETRY).await;
-                            let again = me.cluster.ha.record_loss(rank, incarnation, membership);
-                            if let Ok(Ok(())) = again.recv_async().await {
-                                log::warn!("rank {rank}: its loss is recorded in etcd now");
-                                me.cluster.membership.freed_logs.settle(rank, epoch);
-                                break;
-                            }
+                let mut outcome = recorded.recv_async().await;
+                if let Ok(Ok(true)) = outcome {
+                    me.cluster.membership.freed_logs.settle(rank, epoch);
+                    me.drop_segments_keeping_log(rank, segs).await;
+                    return;
+                }
+                me.drop_segments_keeping_log(rank, segs).await;
+                // Tried again until it lands or its leadership is over: until then the removals
+                // of what the rank held stay unconfirmed and its keys' puts wait.
+                let mut first = true;
+                loop {
+                    match outcome {
+                        Ok(Ok(true)) => {
+                            log::warn!("rank {rank}: its loss is recorded in etcd now");
+                            me.cluster.membership.freed_logs.settle(rank, epoch);
+                            return;
                         }
+                        Ok(Ok(false)) => {
+                            log::error!(
+                                "rank {rank}: its loss cannot be recorded: the leadership that declared it (view {fence}) is over; removals waiting on it stay unconfirmed"
+                            );
+                            me.cluster.membership.freed_logs.abandon(rank, epoch);
+                            return;
+                        }
+                        ref other if first => log::error!(
+                            "rank {rank}: its loss could not be recorded in etcd ({other:?}); removals waiting on it are not confirmed until it is"
+                        ),
+                        _ => {}
                     }
+                    first = false;
+                    if me.cluster.is_shutting_down() {
+                        return;
+                    }
+                    monoio::time::sleep(LOSS_RETRY).await;
+                    outcome = me
+                        .cluster
+                        .ha
+                        .record_loss(rank, incarnation, membership, fence)
+                        .recv_async()
+                        .await;
                 }
             });
         }

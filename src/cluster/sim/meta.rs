@@ -66,6 +66,18 @@ pub(super) struct Recording {
     segs: Vec<Arc<Segment>>,
     /// `record_loss` gives up then (the lease TTL).
     pub deadline: u64,
+    /// The leadership that declared the loss: the record is fenced by it.
+    pub fence: u64,
+}
+
+/// How an attempt to record a loss in etcd ended (`ha/losses.rs` `record_loss`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LossRecord {
+    Recorded,
+    /// The leadership that declared it is over: it will never be recorded.
+    Over,
+    /// etcd did not answer in time: tried again.
+    Failed,
 }
 
 impl Recording {
@@ -78,6 +90,7 @@ impl Recording {
             membership: self.membership,
             segs: Vec::new(),
             deadline: self.deadline,
+            fence: self.fence,
         }
     }
 }
@@ -670,6 +683,7 @@ impl Meta {
                 // Recorded in etcd first (the world carries the call out): a later leader
                 // then refuses this process's catalog too. Its removals wait for that.
                 self.logs.hold(rank, epoch);
+                let fence = self.view();
                 self.recording.push(Recording {
                     rank,
                     epoch,
@@ -677,6 +691,7 @@ impl Meta {
                     membership: Membership { view, epoch },
                     segs,
                     deadline: cx.now + HA_TTL_MS,
+                    fence,
                 });
                 continue;
             }
@@ -702,11 +717,18 @@ impl Meta {
     /// The loss `recording[i]` was recorded in etcd (`ok`), or could not be: its segments are
     /// dropped, with its freed log only when it was; one that could not be is tried again
     /// (`ranks.rs` `check_lost_ranks`), its log held meanwhile.
-    pub fn loss_recorded(&mut self, cx: &mut Cx, i: usize, ok: bool) {
+    pub fn loss_recorded(&mut self, cx: &mut Cx, i: usize, outcome: LossRecord) {
         self.store.set_manual_clock(cx.now);
         let r = self.recording.remove(i);
+        let ok = outcome == LossRecord::Recorded;
         if ok {
             cx.log(format!("rank {}'s loss recorded in etcd", r.rank));
+        } else if outcome == LossRecord::Over {
+            cx.log(format!(
+                "rank {}: its loss cannot be recorded: the leadership that declared it (view {}) is over",
+                r.rank, r.fence
+            ));
+            self.logs.abandon(r.rank, r.epoch);
         } else if r.segs.is_empty() {
             // A retry: the segments went with the first attempt.
         } else {
@@ -715,7 +737,7 @@ impl Meta {
                 r.rank
             ));
         }
-        if !ok {
+        if outcome == LossRecord::Failed {
             let mut again = r.again();
             again.deadline = cx.now + HA_TTL_MS;
             self.recording.push(again);
@@ -777,6 +799,18 @@ impl Meta {
             && self.recording.is_empty()
             && self.drains.is_empty()
             && self.logs.barrier(None).is_empty()
+    }
+
+    /// What keeps this meta from [`Meta::quiet`], for a report.
+    pub fn busy(&self) -> String {
+        format!(
+            "{} removals waiting, {} drops, {} losses recording, {} drains, barriers {:?}",
+            self.waiting.len(),
+            self.drops.len(),
+            self.recording.len(),
+            self.drains.len(),
+            self.logs.barrier(None)
+        )
     }
 
     pub fn rank_blobs(&self, rank: u32) -> Vec<Entry> {

@@ -137,6 +137,9 @@ pub(super) struct Mutations {
     /// Incarnations are not ordered by start time (every run seems to start at once): a late
     /// join of a replaced run replaces the live run that followed it.
     pub unordered_incarnations: bool,
+    /// A loss refused by etcd is tried again under whichever leadership of the meta leads
+    /// then, not only the one that declared it.
+    pub loss_under_current_fence: bool,
 }
 
 /// What a run injected and did, per kind.

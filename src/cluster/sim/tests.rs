@@ -182,6 +182,7 @@ fn mutation(name: &str) -> Mutations {
         "no_copy_floor" => m.no_copy_floor = true,
         "settle_replaced_at_join" => m.settle_replaced_at_join = true,
         "unordered_incarnations" => m.unordered_incarnations = true,
+        "loss_under_current_fence" => m.loss_under_current_fence = true,
         "" | "none" => {}
         other => panic!("no mutation {other}"),
     }

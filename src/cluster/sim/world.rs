@@ -10,6 +10,7 @@ use super::check::{Ledger, Outcome};
 use super::client::Client;
 use super::ha::{Elected, Etcd};
 use super::local::{Kept, Local};
+use super::meta::LossRecord;
 use super::meta::Meta;
 use super::net::{Envelope, Msg, Net, Read, Rep, Req, Weather};
 use super::timing::*;
@@ -524,27 +525,42 @@ impl World {
         let Some(m) = self.metas[i].proc.as_mut() else {
             return;
         };
-        let view = m.ha.as_ref().map_or(0, |e| e.view());
+        let current = m.ha.as_ref().map_or(0, |e| e.view());
         // The records there now (one tried again is pushed behind them, for the next look).
         let mut k = 0;
         let mut left = m.recording.len();
         while left > 0 {
             left -= 1;
             let r = &m.recording[k];
-            let ok = if reach {
+            // Fenced by the leadership that declared the loss (the mutation: by whichever
+            // leads now, as before).
+            let fence = if cx.mutations.loss_under_current_fence {
+                current
+            } else {
+                r.fence
+            };
+            let outcome = if fence == 0 && !cx.mutations.loss_under_current_fence {
+                LossRecord::Over
+            } else if reach {
                 let lost = LostMembership {
                     rank: r.rank,
                     incarnation: r.incarnation,
                     membership: r.membership,
                 };
-                self.etcd.record_loss(i as u8, view, lost, now)
+                if self.etcd.record_loss(i as u8, fence, lost, now) {
+                    LossRecord::Recorded
+                } else if cx.mutations.loss_under_current_fence {
+                    LossRecord::Failed
+                } else {
+                    LossRecord::Over
+                }
             } else if now >= r.deadline {
-                false
+                LossRecord::Failed
             } else {
                 k += 1;
                 continue;
             };
-            m.loss_recorded(&mut cx, k, ok);
+            m.loss_recorded(&mut cx, k, outcome);
         }
         self.flush();
     }
@@ -652,8 +668,10 @@ impl World {
             }
         }
         if !self.at_rest() {
-            self.problems
-                .push("the cluster did not come to rest within 120 s of healing".into());
+            let why = self.unrest();
+            self.problems.push(format!(
+                "the cluster did not come to rest within 120 s of healing: {why}"
+            ));
             return;
         }
         self.compare_catalogs();
@@ -679,6 +697,33 @@ impl World {
                     .as_ref()
                     .is_some_and(|l| l.joined && l.rank.is_some_and(|r| m.holds(r, l.epoch)))
             })
+    }
+
+    /// What keeps the cluster from rest ([`World::at_rest`]), for the report.
+    fn unrest(&self) -> String {
+        let Some(i) = self.leader() else {
+            return "no meta serves".into();
+        };
+        let m = self.metas[i].proc.as_ref().expect("serving");
+        let mut why = Vec::new();
+        if !m.quiet() {
+            why.push(format!("meta {i}: {}", m.busy()));
+        }
+        if !self.clients.iter().all(Client::idle) {
+            why.push("a client is not idle".into());
+        }
+        for (j, h) in self.locals.iter().enumerate() {
+            match h.proc.as_ref() {
+                None => why.push(format!("local {j} is down")),
+                Some(l) if !l.joined => why.push(format!("local {j} has not joined")),
+                Some(l) if !l.rank.is_some_and(|r| m.holds(r, l.epoch)) => why.push(format!(
+                    "local {j}'s membership (rank {:?}, epoch {}) is not held with its segments OK",
+                    l.rank, l.epoch
+                )),
+                _ => {}
+            }
+        }
+        why.join("; ")
     }
 
     /// Each local service's catalog lists exactly the blobs the leader holds on its rank
