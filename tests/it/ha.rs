@@ -1333,6 +1333,52 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
     drop(standby);
 }
 
+/// A loss declared by a leader that resumed from a freeze while another led is never recorded
+/// (etcd refuses it: that leadership is over), not even once the same meta leads again: a later
+/// leader takes the services' catalogs over, with the object the other leader put there. Before,
+/// the retry recorded such losses under the meta's next leadership and the catalogs were void
+/// from then on (the real HA soak, seed 1301: 54 acknowledged objects lost).
+#[test]
+fn a_loss_declared_by_a_resumed_leader_stays_unrecorded() {
+    let Some(etcd) = Etcd::start("resumed-loss") else {
+        return;
+    };
+    let driver = Driver::Uring;
+    let (mut a, mut b) = two_pure_metas(driver, &etcd);
+    let b_port = b.addr.port();
+    let locals = ranks_7_and_8(driver, &b, &a);
+    a.signal(libc::SIGSTOP);
+    wait_new_leader(b.addr);
+    wait_joined(b.addr, "rank-7-dram", &locals[0]);
+    wait_joined(b.addr, "rank-8-dram", &locals[1]);
+    let r = follow(b.addr, "PUT", "/api/v1/objects?key=kept", Some(&blob(3, 1)));
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    // Resumed: it declares its silent ranks lost, and cannot record it.
+    a.signal(libc::SIGCONT);
+    wait_log(&a, "rank 7 lost", Duration::from_secs(10));
+    wait_log(&a, "is over", Duration::from_secs(10));
+    let old = b.addr;
+    b.kill9();
+    wait_gone(old);
+    wait_new_leader(a.addr);
+    wait_joined(a.addr, "rank-7-dram", &locals[0]);
+    wait_joined(a.addr, "rank-8-dram", &locals[1]);
+    let r = follow(a.addr, "GET", "/api/v1/objects?key=kept", None);
+    assert_eq!(r.body, blob(3, 1), "{}", r.text());
+    // The next leader loads every loss recorded so far: none voids these catalogs.
+    let b = pure_meta(driver, &etcd, b_port);
+    assert!(a_leads(&a, &b));
+    let old = a.addr;
+    a.kill9();
+    wait_gone(old);
+    wait_new_leader(b.addr);
+    wait_joined(b.addr, "rank-7-dram", &locals[0]);
+    wait_joined(b.addr, "rank-8-dram", &locals[1]);
+    let r = follow(b.addr, "GET", "/api/v1/objects?key=kept", None);
+    assert_eq!(r.body, blob(3, 1), "{}\n{}", r.text(), b.log());
+    drop(locals);
+}
+
 /// A catalog that missed a whole leadership is void on the next leader: rank 8 holds `k`
 /// (put under leader A) and freezes; A dies; B leads without ever hearing from rank 8, puts
 /// `k` anew on rank 7 and deletes it (its tombstone dies with it); B dies; A comes back and
