@@ -1347,6 +1347,17 @@ fn a_loss_declared_by_a_resumed_leader_stays_unrecorded() {
     let (mut a, mut b) = two_pure_metas(driver, &etcd);
     let b_port = b.addr.port();
     let locals = ranks_7_and_8(driver, &b, &a);
+    // Objects on both ranks, so their catalogs are handed over (not begun afresh) at the
+    // next leader: what they list began under `a`'s leadership.
+    for i in 0..8 {
+        let r = follow(
+            a.addr,
+            "PUT",
+            &format!("/api/v1/objects?key=early-{i}"),
+            Some(&blob(i, 1)),
+        );
+        assert_eq!(r.json()["success"], true, "{}", r.text());
+    }
     a.signal(libc::SIGSTOP);
     wait_new_leader(b.addr);
     wait_joined(b.addr, "rank-7-dram", &locals[0]);
