@@ -2,12 +2,17 @@
 //! (`ring`), monoio's io_uring driver (`monoio-uring`, `monoio-uring-tuned`) or monoio's epoll
 //! driver (`monoio-epoll`). One thread; pin it with taskset.
 //!
-//! Usage: uring-proto MODE [--port P] [--max-secs S] [--no-fixed] [--no-defer]
-//!        [--bufs N] [--buf-size B]
+//! Usage: uring-proto probe
+//!        uring-proto MODE [--port P] [--max-secs S] [--no-fixed] [--no-defer] [--plain]
+//!        [--plain] [--bufs N] [--buf-size B]
+//! --no-defer: SINGLE_ISSUER | COOP_TASKRUN without DEFER_TASKRUN; --plain: no setup flags.
 
 mod http;
 mod mono;
+mod probe;
 mod ring;
+#[cfg(feature = "tokio-uring")]
+mod tok;
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -40,10 +45,15 @@ fn listener(port: u16) -> std::io::Result<TcpListener> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().cloned().unwrap_or_default();
+    if mode == "probe" {
+        probe::run();
+        return;
+    }
     let mut port = 19500u16;
     let mut max_secs = 1800u64;
     let mut opts = ring::Opts {
         defer_taskrun: true,
+        coop_taskrun: true,
         fixed_files: true,
         buf_count: 512,
         buf_size: 4096,
@@ -56,6 +66,10 @@ fn main() {
             "--max-secs" => max_secs = val().parse().expect("--max-secs"),
             "--no-fixed" => opts.fixed_files = false,
             "--no-defer" => opts.defer_taskrun = false,
+            "--plain" => {
+                opts.defer_taskrun = false;
+                opts.coop_taskrun = false;
+            }
             "--bufs" => opts.buf_count = val().parse().expect("--bufs"),
             "--buf-size" => opts.buf_size = val().parse().expect("--buf-size"),
             other => panic!("unknown argument {other}"),
@@ -76,9 +90,11 @@ fn main() {
         "monoio-uring" => mono::run_uring(l, false),
         "monoio-uring-tuned" => mono::run_uring(l, true),
         "monoio-epoll" => mono::run_epoll(l),
+        #[cfg(feature = "tokio-uring")]
+        "tokio-uring" => tok::run(l),
         _ => {
             eprintln!(
-                "usage: uring-proto ring|monoio-uring|monoio-uring-tuned|monoio-epoll [--port P] [--max-secs S] [--no-fixed] [--no-defer] [--bufs N] [--buf-size B]"
+                "usage: uring-proto probe|ring|monoio-uring|monoio-uring-tuned|monoio-epoll [--port P] [--max-secs S] [--no-fixed] [--no-defer] [--plain] [--bufs N] [--buf-size B]"
             );
             std::process::exit(2);
         }

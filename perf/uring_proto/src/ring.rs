@@ -35,6 +35,7 @@ fn ud(kind: u64, id: u32) -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub struct Opts {
     pub defer_taskrun: bool,
+    pub coop_taskrun: bool,
     pub fixed_files: bool,
     pub buf_count: u16,
     pub buf_size: u32,
@@ -173,11 +174,15 @@ fn build_ring(opts: &mut Opts) -> io::Result<IoUring> {
                 opts.defer_taskrun = false;
             }
         }
+    }
+    if opts.coop_taskrun {
         let mut b = IoUring::builder();
-        b.setup_coop_taskrun().setup_cqsize(entries * 8);
+        b.setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_cqsize(entries * 8);
         match b.build(entries) {
             Ok(r) => {
-                eprintln!("ring: COOP_TASKRUN");
+                eprintln!("ring: SINGLE_ISSUER | COOP_TASKRUN");
                 return Ok(r);
             }
             Err(e) => eprintln!("ring: COOP_TASKRUN refused ({e}); plain setup"),
