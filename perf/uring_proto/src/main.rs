@@ -47,6 +47,7 @@ fn main() {
     let mode = args.first().cloned().unwrap_or_default();
     if mode == "probe" {
         probe::run();
+        probe::wake_check();
         return;
     }
     let mut port = 19500u16;

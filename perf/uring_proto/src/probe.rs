@@ -93,3 +93,65 @@ pub fn run() {
     let _ = ring.submitter().unregister_buf_ring(1);
     drop(ring);
 }
+
+/// Whether a `DEFER_TASKRUN` ring tells another waiter that it has work without being
+/// entered: a registered eventfd, and `poll(2)` on the ring's fd. The front ring of the
+/// integration plan needs one of them to wake the shard's monoio runtime.
+pub fn wake_check() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let mut b = IoUring::<io_uring::squeue::Entry, io_uring::cqueue::Entry>::builder();
+    b.setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun();
+    let mut ring: IoUring = b.build(64).expect("a DEFER_TASKRUN ring");
+    // SAFETY: plain eventfd creation.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(efd >= 0, "eventfd");
+    ring.submitter()
+        .register_eventfd(efd)
+        .expect("register_eventfd");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+    let (server, _) = l.accept().expect("accept");
+    let mut bufs = vec![0u8; 4 * 4096];
+    let e = io_uring::opcode::Recv::new(
+        io_uring::types::Fd(server.as_raw_fd()),
+        bufs.as_mut_ptr(),
+        4096,
+    )
+    .build()
+    .user_data(1);
+    // SAFETY: `bufs` outlives the ring's use of it (the recv completes below).
+    unsafe { ring.submission().push(&e).expect("sq") };
+    ring.submit().expect("submit");
+    let read_evfd = || {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes from our eventfd into a u64.
+        let n = unsafe { libc::read(efd, (&mut v as *mut u64).cast(), 8) };
+        if n == 8 { v } else { 0 }
+    };
+    let poll_ring = || {
+        let mut p = libc::pollfd {
+            fd: ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, 100 ms.
+        let n = unsafe { libc::poll(&mut p, 1, 100) };
+        n == 1 && p.revents & libc::POLLIN != 0
+    };
+    read_evfd();
+    client.write_all(b"hello").expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let signalled = read_evfd();
+    let pollable = poll_ring();
+    let before = ring.completion().len();
+    ring.submit_and_wait(1).expect("enter");
+    let after = ring.completion().len();
+    println!(
+        "DEFER_TASKRUN ring, a recv completed while nobody entered it: eventfd signalled: {} (value {signalled}); poll(ring fd) readable: {pollable}; CQEs before entering: {before}, after: {after}",
+        signalled > 0
+    );
+    drop(bufs);
+}
