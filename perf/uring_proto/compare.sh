@@ -30,7 +30,9 @@ LOAD_CPU=${LOAD_CPU:-1}
 MMC=${MMC:-target/release/mmc-server}
 PROTO=$here/target/release/uring-proto
 SERVERS=${SERVERS:-"nginx mmc-uring mmc-epoll ring ring-nofixed ring-nodefer ring-plain monoio-uring monoio-uring-tuned monoio-epoll"}
-MAX_SECS=$(( RUNS * 200 + 300 ))
+# Every server exits by itself after this long: room for each run's quiet wait, warm-up and run.
+nservers=$(echo $SERVERS | wc -w)
+MAX_SECS=$(( RUNS * nservers * (QUIET_WAIT + SECS + 15) + 300 ))
 
 for tool in wrk nginx taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 2; }
