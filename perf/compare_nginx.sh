@@ -69,27 +69,8 @@ wait_up() { # URL: wait up to 5 s for an answer
 }
 
 # nginx: one worker, no access log, its own prefix and config (no system configuration).
-mkdir -p "$work/nginx/logs" "$work/nginx/tmp"
-cat > "$work/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests $NGINX_KEEPALIVE_REQUESTS;
-  client_body_temp_path $work/nginx/tmp/body;
-  proxy_temp_path $work/nginx/tmp/proxy;
-  fastcgi_temp_path $work/nginx/tmp/fastcgi;
-  uwsgi_temp_path $work/nginx/tmp/uwsgi;
-  scgi_temp_path $work/nginx/tmp/scgi;
-  server {
-    listen 127.0.0.1:$port_nginx;
-    location / { return 200 'ok'; }
-  }
-}
-EOF
+nginx_conf "$work/nginx" 4096 "  keepalive_requests $NGINX_KEEPALIVE_REQUESTS;" \
+  "  server { listen 127.0.0.1:$port_nginx; location / { return 200 'ok'; } }"
 taskset -c "$SERVER_CPU" nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" &
 nginx_master=$!
 pids+=("$nginx_master")

@@ -1,4 +1,4 @@
-# Shell helpers shared by compare_nginx.sh and scenarios.sh (sourced, not run).
+# Shell helpers shared by the perf scripts (sourced, not run).
 # Needs QUIET_WAIT and QUIET_PCT set by the caller.
 
 tck=$(getconf CLK_TCK)
@@ -40,4 +40,29 @@ ports_free() { # PORT...: exit 2 when something answers on one of them
       echo "port $p is already in use; set BASE_PORT" >&2; exit 2
     fi
   done
+}
+
+# DIR WORKER_CONNECTIONS HTTP_DIRECTIVES SERVER_BLOCK: writes DIR/nginx.conf for an nginx of one
+# worker, no access log, its own prefix and temp paths (no system configuration), with the
+# caller's `http` directives and `server` block.
+nginx_conf() {
+  local dir=$1
+  mkdir -p "$dir/logs" "$dir/tmp"
+  cat > "$dir/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections $2; }
+http {
+  access_log off;
+$3
+  client_body_temp_path $dir/tmp/body;
+  proxy_temp_path $dir/tmp/proxy;
+  fastcgi_temp_path $dir/tmp/fastcgi;
+  uwsgi_temp_path $dir/tmp/uwsgi;
+  scgi_temp_path $dir/tmp/scgi;
+$4
+}
+NGX
 }

@@ -114,30 +114,10 @@ for r in $ROUTES; do
 done
 
 # nginx: one worker, no access log, its own prefix; each route's body as a static file.
-mkdir -p "$work/nginx/logs" "$work/nginx/tmp"
-cat > "$work/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile $NGINX_SENDFILE;
+nginx_conf "$work/nginx" 1024 "  sendfile $NGINX_SENDFILE;
   tcp_nopush on;
   keepalive_requests 1000000;
-  default_type text/plain;
-  client_body_temp_path $work/nginx/tmp/body;
-  proxy_temp_path $work/nginx/tmp/proxy;
-  fastcgi_temp_path $work/nginx/tmp/fastcgi;
-  uwsgi_temp_path $work/nginx/tmp/uwsgi;
-  scgi_temp_path $work/nginx/tmp/scgi;
-  server {
-    listen 127.0.0.1:$port_nginx;
-    root $work/www;
-  }
-}
-EOF
+  default_type text/plain;" "  server { listen 127.0.0.1:$port_nginx; root $work/www; }"
 taskset -c "$SERVER_CPU" nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" > "$work/nginx.log" 2>&1 &
 nginx_master=$!
 pids+=("$nginx_master")

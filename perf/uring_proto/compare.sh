@@ -55,24 +55,8 @@ for s in $SERVERS; do
   LOG[$s]=$work/$s.log
   case $s in
     nginx)
-      mkdir -p "$work/nginx/logs" "$work/nginx/tmp"
-      cat > "$work/nginx/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path $work/nginx/tmp/body;
-  proxy_temp_path $work/nginx/tmp/proxy;
-  fastcgi_temp_path $work/nginx/tmp/fastcgi;
-  uwsgi_temp_path $work/nginx/tmp/uwsgi;
-  scgi_temp_path $work/nginx/tmp/scgi;
-  server { listen 127.0.0.1:$port; location / { return 200 'ok'; } }
-}
-NGX
+      nginx_conf "$work/nginx" 4096 "  keepalive_requests 1000000;" \
+        "  server { listen 127.0.0.1:$port; location / { return 200 'ok'; } }"
       taskset -c "$SERVER_CPU" timeout "$MAX_SECS" nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" > "${LOG[$s]}" 2>&1 &
       pids+=($!)
       URL[$s]="http://127.0.0.1:$port/"
