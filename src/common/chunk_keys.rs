@@ -46,15 +46,24 @@ impl KeyFormat {
             "lmcache_mp" => KeyFormat::LmcacheMp,
             "vllm_ascend" => KeyFormat::VllmAscend,
             re => {
+                // One line (the caller prefixes "expected "): the regex crate's error draws
+                // the pattern and a caret over several lines; its last line says what is wrong.
                 let r = regex::bytes::Regex::new(re).map_err(|e| {
+                    let text = e.to_string();
+                    let why = text
+                        .lines()
+                        .map(str::trim)
+                        .rfind(|l| !l.is_empty())
+                        .unwrap_or("")
+                        .trim_start_matches("error: ");
                     format!(
-                        "expected one of {} or a regular expression: {e}",
+                        "one of {} or a regular expression (this one does not parse: {why})",
                         Self::NAMES.join(", ")
                     )
                 })?;
                 if !r.capture_names().any(|n| n == Some("hash")) {
                     return Err(format!(
-                        "expected one of {} or a regular expression with a named group `hash` \
+                        "one of {} or a regular expression with a named group `hash` \
                          (?P<hash>…)",
                         Self::NAMES.join(", ")
                     ));
@@ -313,6 +322,20 @@ mod tests {
         for name in KeyFormat::NAMES {
             assert_eq!(KeyFormat::parse(name).unwrap().name(), name);
         }
+        // An error is one line, worded to follow the config's "expected " (fuzz target
+        // `config` found the regex crate's multi-line message).
+        let e = KeyFormat::parse("lo[g to finish`").unwrap_err();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.starts_with("one of auto,")
+                && e.ends_with("(this one does not parse: unclosed character class)"),
+            "{e}"
+        );
+        let e = KeyFormat::parse("^kv:([0-9a-f]+)").unwrap_err();
+        assert!(
+            e.starts_with("one of auto,") && e.contains("named group `hash`"),
+            "{e}"
+        );
         let f = KeyFormat::parse(r"^kv:(?P<hash>[0-9a-f]+):").unwrap();
         assert_eq!(f.chunk_hash(b"kv:00ff:layer3"), Some(0xff));
         assert_eq!(f.chunk_hash(b"llama@1@0@abc@fp16"), None);
