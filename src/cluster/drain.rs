@@ -15,6 +15,11 @@
 
 use std::collections::VecDeque;
 
+use crate::common::medium::Medium;
+
+/// Bytes per medium, indexed as `Medium::ALL` (the store's `relocate::MediumBytes`).
+pub type PerMedium = [u64; Medium::ALL.len()];
+
 /// How long a drain waits for room being made on other ranks (their blobs moving down).
 pub const ROOM_WAIT_MS: u64 = 10_000;
 
@@ -30,7 +35,7 @@ pub enum Step<S> {
     /// Ask every shard for up to [`MOVES_PER_ASK`] moves off segment `seg`, after making
     /// `room` bytes (per medium, each shard its share of it; all zero: none) by moving their
     /// own blobs down; report the summed answers with [`Drain::answered`].
-    Ask { seg: S, room: Vec<u64> },
+    Ask { seg: S, room: PerMedium },
     /// Nothing until then (room is being made).
     Wait { until_ms: u64 },
     /// The drain is over: `moved` objects went to other ranks.
@@ -47,7 +52,7 @@ pub struct Answer {
     /// Room can be made for the skipped objects (a tier below can take what eviction moves).
     pub possible: bool,
     /// The bytes of the objects skipped for want of room, per medium.
-    pub need: Vec<u64>,
+    pub need: PerMedium,
 }
 
 /// One leave's drain over the segments `S` of the leaving membership.
@@ -58,7 +63,7 @@ pub struct Drain<S> {
     /// Shards that share the room to make.
     shards: u64,
     /// Room the next ask makes, per medium.
-    room: Vec<u64>,
+    room: PerMedium,
     /// The next ask waits until then.
     wait_until: Option<u64>,
     /// Room is waited for until then.
@@ -72,7 +77,7 @@ impl<S: Clone> Drain<S> {
         Drain {
             segs: segs.into_iter().collect(),
             shards: shards.max(1) as u64,
-            room: Vec::new(),
+            room: PerMedium::default(),
             wait_until: None,
             deadline_ms: now_ms + ROOM_WAIT_MS,
             moved: 0,
@@ -106,13 +111,13 @@ impl<S: Clone> Drain<S> {
         let needed = a.need.iter().any(|&n| n > 0);
         if !needed || !a.possible || now_ms >= self.deadline_ms {
             self.segs.pop_front();
-            self.room.clear();
+            self.room = PerMedium::default();
             return;
         }
         if !a.coming {
             // The room may be held by other shards' blobs (each makes its share), or by
             // leased ones: ask again until their leases end.
-            self.room = a.need.iter().map(|n| n.div_ceil(self.shards)).collect();
+            self.room = a.need.map(|n| n.div_ceil(self.shards));
         }
         self.wait_until = Some(now_ms + RETRY_MS);
     }
@@ -136,7 +141,7 @@ mod tests {
             d.next(0),
             Step::Ask {
                 seg: "a",
-                room: vec![]
+                room: PerMedium::default()
             }
         );
         d.answered(
@@ -166,7 +171,7 @@ mod tests {
             moves: 0,
             coming: false,
             possible: true,
-            need: vec![0, 4097],
+            need: [0, 4097, 0],
         };
         d.answered(short.clone(), 1_001);
         assert_eq!(d.next(1_010), Step::Wait { until_ms: 1_021 });
@@ -174,7 +179,7 @@ mod tests {
             d.next(1_021),
             Step::Ask {
                 seg: 7,
-                room: vec![0, 2049]
+                room: [0, 2049, 0]
             }
         );
         d.answered(
@@ -188,7 +193,7 @@ mod tests {
             d.next(1_042),
             Step::Ask {
                 seg: 7,
-                room: vec![]
+                room: PerMedium::default()
             },
             "room coming: asked again, nothing more to make"
         );
@@ -204,7 +209,7 @@ mod tests {
         d.next(0);
         d.answered(
             Answer {
-                need: vec![1],
+                need: [1, 0, 0],
                 ..Default::default()
             },
             0,

@@ -16,7 +16,7 @@ use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::response::{Response, Status};
 use crate::shards::ranks::RankReport;
-use crate::shards::store::relocate::{MediumBytes, Move};
+use crate::shards::store::relocate::Move;
 use crate::shards::store::segment::{Medium, Segment, SegmentStatus};
 use crate::shards::{Command, Reply};
 
@@ -526,22 +526,15 @@ async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
             }
             Step::Ask { seg, room } => (seg, room),
         };
-        let mut asked = MediumBytes::default();
-        for (a, r) in asked.iter_mut().zip(room) {
-            *a = r;
-        }
         let replies = ctx
             .shard
             .broadcast(|| Command::BeginMoves {
                 seg: id,
                 max: drain::MOVES_PER_ASK as u32,
-                room: asked,
+                room,
             })
             .await;
-        let mut answer = drain::Answer {
-            need: vec![0; asked.len()],
-            ..Default::default()
-        };
+        let mut answer = drain::Answer::default();
         let mut moves: Vec<Move> = Vec::new();
         for r in replies {
             if let Reply::Moves(step) = r {

@@ -8,7 +8,6 @@ use super::super::{Node, key_bytes};
 use super::*;
 use crate::cluster::drain::{Answer, MOVES_PER_ASK, Step};
 use crate::grant::{Grant, GrantOp};
-use crate::shards::store::relocate::MediumBytes;
 
 impl Meta {
     /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
@@ -84,16 +83,12 @@ impl Meta {
                 }
                 Step::Wait { .. } => return,
                 Step::Ask { seg, room } => {
-                    let mut asked = MediumBytes::default();
-                    for (a, r) in asked.iter_mut().zip(room) {
-                        *a = r;
-                    }
-                    let step = self.store.begin_moves(seg, MOVES_PER_ASK, asked);
+                    let step = self.store.begin_moves(seg, MOVES_PER_ASK, room);
                     let answer = Answer {
                         moves: step.moves.len(),
                         coming: step.coming,
                         possible: step.room_possible,
-                        need: step.need.to_vec(),
+                        need: step.need,
                     };
                     self.drains[0].machine.answered(answer, cx.now);
                     self.drains[0].moves.extend(step.moves);
