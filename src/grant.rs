@@ -353,6 +353,10 @@ pub struct UsedGrants {
     /// The same entries, soonest expiry first, for pruning.
     by_expiry: BinaryHeap<Reverse<(u64, [u8; MAC_BYTES])>>,
     cap: usize,
+    /// The latest expiry of a grant forgotten so far: a grant expiring at or before it may
+    /// have been used and forgotten, and is refused as expired whatever the clock says now
+    /// (a wall clock set back would otherwise make a forgotten grant valid again).
+    forgot_up_to: u64,
 }
 
 /// Expired entries one [`UsedGrants::admit`] forgets, at most: one admission never pays for
@@ -367,12 +371,15 @@ impl UsedGrants {
             seen: HashMap::default(),
             by_expiry: BinaryHeap::new(),
             cap,
+            forgot_up_to: 0,
         }
     }
 
     /// Records the grant with MAC `mac` (valid until `expires_ms`) as used at `now_ms`:
-    /// `Err(Used)` when it was already, `Err(LedgerFull)` when `cap` grants not yet expired
-    /// are recorded (nothing is forgotten early, so nothing could be replayed).
+    /// `Err(Used)` when it was already, `Err(Expired)` when it expires no later than a grant
+    /// already forgotten (it may be one: the wall clock went back since), `Err(LedgerFull)`
+    /// when `cap` grants not yet expired are recorded (nothing is forgotten early, so nothing
+    /// could be replayed).
     pub fn admit(
         &mut self,
         mac: [u8; MAC_BYTES],
@@ -382,6 +389,9 @@ impl UsedGrants {
         self.prune(now_ms, PRUNE_STEP);
         if self.seen.contains_key(&mac) {
             return Err(GrantError::Used);
+        }
+        if expires_ms <= self.forgot_up_to {
+            return Err(GrantError::Expired);
         }
         // Still full after pruning: none has expired (the soonest expiry is pruned first).
         if self.seen.len() >= self.cap {
@@ -397,6 +407,7 @@ impl UsedGrants {
         for _ in 0..most {
             match self.by_expiry.peek() {
                 Some(Reverse((exp, mac))) if *exp < now_ms => {
+                    self.forgot_up_to = self.forgot_up_to.max(*exp);
                     self.seen.remove(mac);
                     self.by_expiry.pop();
                 }
@@ -653,6 +664,25 @@ mod tests {
         assert_eq!(used.admit(mac(1), 101, 101), Err(GrantError::Used));
         assert_eq!(used.admit(mac(2), 102, 101), Err(GrantError::Used));
         assert_eq!(used.len(), 3);
+    }
+
+    /// Found by the cluster simulation (seed 731, three metas): a local service's wall clock
+    /// set back 632 ms made a grant it had used and then forgotten (expired by its clock then)
+    /// valid again; the replayed write landed on a range another key held since.
+    #[test]
+    fn a_clock_set_back_does_not_revive_a_forgotten_grant() {
+        let mut used = UsedGrants::new(100);
+        let mac = |i: u8| [i; MAC_BYTES];
+        assert_eq!(used.admit(mac(1), 1000, 500), Ok(()));
+        // Later, by this clock, the grant expired and is forgotten.
+        assert_eq!(used.admit(mac(2), 5000, 1200), Ok(()));
+        assert_eq!(used.len(), 1);
+        // The clock is set back: the first grant looks valid again, and is refused.
+        assert_eq!(used.admit(mac(1), 1000, 900), Err(GrantError::Expired));
+        // So is any grant expiring no later than one forgotten; later ones are admitted.
+        assert_eq!(used.admit(mac(3), 999, 900), Err(GrantError::Expired));
+        assert_eq!(used.admit(mac(4), 1001, 900), Ok(()));
+        assert_eq!(used.admit(mac(2), 5000, 900), Err(GrantError::Used));
     }
 
     #[test]
