@@ -18,11 +18,22 @@ use crate::harness::{Driver, Server, ServerBuilder};
 pub(super) const TTL_MS: u64 = 2000;
 
 pub(super) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Never the same port twice in this test process: the kernel may hand a port just
+    // released to the next bind, and a "dead" etcd endpoint that is a meta's own port
+    // answers 404 (a meta then never reaches the real etcd behind it).
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A single-member etcd on loopback; killed (and its directory removed) when dropped.

@@ -80,8 +80,7 @@ fn shutdown_is_bounded_by_its_timeout(driver: Driver) {
 
 /// A port nothing listens on right now.
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    super::ha::free_port()
 }
 
 /// Issue 10: a restart right after a SIGKILL under load failed with "Address already in use"
