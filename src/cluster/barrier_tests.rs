@@ -217,3 +217,35 @@ fn an_abandoned_loss_confirms_nothing_and_holds_nothing_back() {
     logs.abandon(3, 12);
     assert!(logs.unconfirmed(9));
 }
+
+/// A rank that joins again and again while its losses go unrecorded (leaders frozen and
+/// resumed, etcd refusing): the logs set aside past four drop their records but stay as
+/// markers, so a removal waiting on the oldest is still not confirmed (it was, once the oldest
+/// log was dropped to make room).
+#[test]
+fn a_removal_waiting_on_an_old_unrecorded_loss_is_not_confirmed_by_later_joins() {
+    let logs = FreedLogs::default();
+    logs.begin(3, 1);
+    logs.push([(3, 1, freed(0, 1, 1), 7)]);
+    let waiting = logs.barrier(Some(7));
+    assert_eq!(waiting.len(), 1);
+    logs.hold(3, 1);
+    logs.abandon(3, 1);
+    for epoch in 2..12 {
+        logs.begin(3, epoch);
+        logs.push([(3, epoch, freed(0, epoch, epoch), 100 + epoch)]);
+        logs.hold(3, epoch);
+    }
+    logs.begin(3, 12);
+    assert!(
+        !logs.passed(&waiting[0]),
+        "the abandoned loss's removal stays unconfirmed"
+    );
+    // The four latest logs set aside keep their records; older ones are markers only.
+    for epoch in 2..12 {
+        assert_eq!(logs.unconfirmed(100 + epoch), epoch >= 8, "epoch {epoch}");
+    }
+    // A marker's loss recorded later settles it like any held log.
+    logs.settle(3, 1);
+    assert!(logs.passed(&waiting[0]));
+}

@@ -62,8 +62,39 @@ struct FreedLog {
     replaced: Option<u64>,
 }
 
-/// Held logs a rank's current log keeps (the oldest goes past it).
+/// Logs set aside with their records that a rank's current log keeps: past it, the oldest
+/// drop their records and stay only as markers of their membership (see [`shed`]).
 const UNSETTLED_KEPT: usize = 4;
+
+/// Logs set aside (with records or as markers) a rank's current log keeps at most: a rank
+/// that joined this many times while its losses went unrecorded (each removal waiting on
+/// the oldest has ended past its deadline long before).
+const MARKERS_KEPT: usize = 64;
+
+/// Bounds the logs set aside: at most [`UNSETTLED_KEPT`] keep their records (the oldest
+/// beyond drop them: new removals and puts of their keys no longer wait on them), and every
+/// one stays as a marker of its membership, so a removal already waiting on it does not pass
+/// by its absence (before, the oldest went altogether, and a removal waiting on an abandoned
+/// loss's log, which never settles, was then confirmed). Markers past [`MARKERS_KEPT`] go.
+fn shed(unsettled: &mut Vec<FreedLog>) {
+    let mut with_records = unsettled.iter().filter(|u| u.pending()).count();
+    for u in unsettled.iter_mut() {
+        if with_records <= UNSETTLED_KEPT {
+            break;
+        }
+        if u.pending() {
+            u.clear_records();
+            u.overflowed = false;
+            u.floor = 0;
+            u.pushing = false;
+            with_records -= 1;
+        }
+    }
+    if unsettled.len() > MARKERS_KEPT {
+        let extra = unsettled.len() - MARKERS_KEPT;
+        unsettled.drain(..extra);
+    }
+}
 
 impl FreedLog {
     fn trim(&mut self, ack: u64) {
@@ -225,9 +256,7 @@ impl FreedLogs {
                     unsettled.push(old);
                 }
             }
-            if unsettled.len() > UNSETTLED_KEPT {
-                unsettled.remove(0);
-            }
+            shed(&mut unsettled);
         }
         logs.insert(
             rank,
