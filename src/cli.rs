@@ -40,10 +40,11 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
 
-    /// io driver: io_uring when available with epoll fallback (auto), io_uring only, or epoll.
+    /// io driver: io_uring when available with epoll fallback (auto), io_uring only, epoll,
+    /// or io_uring with the plain-TCP front on a ring of its own (ring; opt-in).
     #[arg(
         long = "io-driver",
-        value_name = "auto|uring|epoll",
+        value_name = "auto|uring|epoll|ring",
         default_value = "auto"
     )]
     pub io_driver: String,

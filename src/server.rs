@@ -2,6 +2,7 @@
 //! CPU, report readiness, drain on shutdown.
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -12,6 +13,7 @@ use monoio::net::TcpListener;
 
 use crate::cli::Plan;
 use crate::http::Front;
+use crate::http::front_ring::FrontRing;
 use crate::shards::runtime::{self, DriverKind};
 use crate::shards::{Cluster, Shard};
 
@@ -247,8 +249,9 @@ impl Server {
                         log::warn!("shard {id}: cannot pin to CPU {cpu}: {e}; running unpinned");
                     }
                     let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
+                        let (kind, front) = front_ring(driver, kind, id, listener);
                         let _ = started.send((id, Ok(kind)));
-                        shard_main(id, cluster, listener, unix, boot, kind != DriverKind::Epoll)
+                        shard_main(id, cluster, front, unix, boot, kind != DriverKind::Epoll)
                     });
                     if let Err(e) = ran {
                         let _ = started.send((id, Err(e)));
@@ -453,11 +456,39 @@ fn bind_same_host(
     }
 }
 
+/// How a shard serves its TCP listener: on monoio, or on a front ring of its own.
+enum Listening {
+    Monoio(std::net::TcpListener),
+    Ring(Rc<FrontRing>),
+}
+
+/// With `--io-driver ring` on an io_uring runtime, the shard's front ring; on a kernel without
+/// what it needs, logged, the listener stays on monoio (today's io_uring path).
+fn front_ring(
+    choice: runtime::DriverChoice,
+    kind: DriverKind,
+    shard: usize,
+    listener: std::net::TcpListener,
+) -> (DriverKind, Listening) {
+    if choice != runtime::DriverChoice::Ring || kind == DriverKind::Epoll {
+        return (kind, Listening::Monoio(listener));
+    }
+    match FrontRing::new(shard, listener) {
+        Ok(ring) => (kind.with_front_ring(), Listening::Ring(ring)),
+        Err((why, listener)) => {
+            log::warn!(
+                "shard {shard}: front ring unavailable: {why}; connections stay on monoio's io_uring driver"
+            );
+            (kind, Listening::Monoio(listener))
+        }
+    }
+}
+
 /// The life of one shard on its own thread.
 async fn shard_main(
     id: usize,
     cluster: Arc<Cluster>,
-    listener: std::net::TcpListener,
+    listening: Listening,
     unix: Option<(std::os::unix::net::UnixListener, Box<str>)>,
     boot_id: u32,
     uring: bool,
@@ -473,14 +504,19 @@ async fn shard_main(
     monoio::spawn(async move { bus_shard.bus.run().await });
     // The blobs recovered from the SSD files' journals, indexed before the shard accepts.
     shard.recover_ssd().await;
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            log::error!("shard {id}: cannot register the listener: {e}");
-            return;
+    let (accept, ring) = match listening {
+        Listening::Monoio(listener) => match TcpListener::from_std(listener) {
+            Ok(l) => (Some(monoio::spawn(front.clone().serve(l))), None),
+            Err(e) => {
+                log::error!("shard {id}: cannot register the listener: {e}");
+                return;
+            }
+        },
+        Listening::Ring(ring) => {
+            monoio::spawn(ring.clone().pump(front.clone()));
+            (None, Some(ring))
         }
     };
-    let accept = monoio::spawn(front.clone().serve(listener));
     if let Some((unix, advert)) = unix {
         match monoio::net::UnixListener::from_std(unix) {
             Ok(l) => {
@@ -494,12 +530,16 @@ async fn shard_main(
     shard.shutdown_requested().await;
     cluster.life.accepting.fetch_sub(1, Ordering::AcqRel);
     front.begin_drain();
+    if let Some(ring) = &ring {
+        ring.begin_drain();
+    }
     // The accept is cancelled by `begin_drain`; bounded all the same: under the epoll driver
     // a shutdown was seen (rarely, under load) to wait here for good, the accept never
     // completing (cause not found yet). A stop must not depend on it.
-    if monoio::time::timeout(Duration::from_millis(200), accept)
-        .await
-        .is_err()
+    if let Some(accept) = accept
+        && monoio::time::timeout(Duration::from_millis(200), accept)
+            .await
+            .is_err()
     {
         log::debug!("shard {id}: the accept loop did not see its cancellation; leaving it");
     }

@@ -15,6 +15,7 @@ pub mod catalog_wire;
 pub mod chunked;
 pub mod client;
 pub mod conn;
+pub mod front_ring;
 pub mod handlers;
 pub mod json;
 pub mod openapi;

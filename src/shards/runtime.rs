@@ -21,6 +21,9 @@ pub enum DriverChoice {
     Uring,
     /// epoll only.
     Epoll,
+    /// io_uring or fail, with the plain-TCP front on a ring of its own (`http::front_ring`)
+    /// when the kernel has multishot receive and buffer rings.
+    Ring,
 }
 
 impl DriverChoice {
@@ -29,7 +32,8 @@ impl DriverChoice {
             "auto" => Ok(DriverChoice::Auto),
             "uring" | "io_uring" | "iouring" => Ok(DriverChoice::Uring),
             "epoll" | "legacy" => Ok(DriverChoice::Epoll),
-            _ => Err("one of auto, uring, epoll"),
+            "ring" | "front_ring" => Ok(DriverChoice::Ring),
+            _ => Err("one of auto, uring, epoll, ring"),
         }
     }
 }
@@ -46,15 +50,36 @@ pub enum DriverKind {
         entries: u32,
     },
     Epoll,
+    /// `UringTuned` or `UringPlain` under the HTTP front's own ring (`--io-driver ring`).
+    FrontRing {
+        entries: u32,
+        tuned: bool,
+    },
 }
 
 impl DriverKind {
+    /// The same runtime with the front ring over it.
+    pub fn with_front_ring(self) -> DriverKind {
+        match self {
+            DriverKind::UringTuned { entries } => DriverKind::FrontRing {
+                entries,
+                tuned: true,
+            },
+            DriverKind::UringPlain { entries } => DriverKind::FrontRing {
+                entries,
+                tuned: false,
+            },
+            k => k,
+        }
+    }
+
     /// A short name: `io_uring`, `io_uring (plain)` or `epoll`.
     pub fn name(&self) -> &'static str {
         match self {
             DriverKind::UringTuned { .. } => "io_uring",
             DriverKind::UringPlain { .. } => "io_uring (plain)",
             DriverKind::Epoll => "epoll",
+            DriverKind::FrontRing { .. } => "io_uring + front ring",
         }
     }
 }
@@ -70,6 +95,14 @@ impl std::fmt::Display for DriverKind {
             }
             DriverKind::UringPlain { entries } => write!(f, "io_uring (plain, {entries} entries)"),
             DriverKind::Epoll => f.write_str("epoll"),
+            DriverKind::FrontRing { entries, tuned } => {
+                let flags = if *tuned {
+                    "coop_taskrun+single_issuer+defer_taskrun"
+                } else {
+                    "plain"
+                };
+                write!(f, "io_uring ({flags}, {entries} entries) + front ring")
+            }
         }
     }
 }
@@ -159,8 +192,13 @@ fn build(choice: DriverChoice, ring_entries: u32, shard: usize) -> Result<Built,
         }
     }
     match (choice, last_err) {
-        (DriverChoice::Uring, Some(e)) => {
-            Err(format!("--io-driver uring: io_uring is unavailable: {e}"))
+        (DriverChoice::Uring | DriverChoice::Ring, Some(e)) => {
+            let name = if choice == DriverChoice::Ring {
+                "ring"
+            } else {
+                "uring"
+            };
+            Err(format!("--io-driver {name}: io_uring is unavailable: {e}"))
         }
         (_, e) => {
             if let Some(e) = e {
@@ -268,6 +306,7 @@ mod tests {
     #[test]
     fn driver_names() {
         assert_eq!(DriverChoice::parse("epoll"), Ok(DriverChoice::Epoll));
+        assert_eq!(DriverChoice::parse("ring"), Ok(DriverChoice::Ring));
         assert!(DriverChoice::parse("kqueue").is_err());
     }
 }

@@ -435,6 +435,8 @@ fn cork(fd: RawFd) {
 /// client still sends (bounded in bytes and time), so the kernel does not reset the connection
 /// and destroy the answer before the client read it.
 pub(super) async fn linger<S: Io>(stream: &mut S, fd: RawFd, buf: Vec<u8>) {
+    // A stream whose writes complete when queued (the front ring's) sends them first.
+    let _ = stream.flush().await;
     // SAFETY: the fd is open for the lifetime of `stream`.
     unsafe { libc::shutdown(fd, libc::SHUT_WR) };
     let deadline = std::time::Instant::now() + Duration::from_millis(LINGER_MS);

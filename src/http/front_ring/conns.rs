@@ -1,0 +1,253 @@
+//! A connection on the front ring: the bytes received for its stream to read, the answers
+//! its stream wrote for the next pass to send, and its receive's and send's states, which
+//! decide when the descriptor can close.
+
+use std::os::fd::RawFd;
+use std::task::Waker;
+
+use io_uring::{cqueue, opcode, types};
+
+use super::{CANCEL, Inner, RECV, SEND, bufring, ud};
+
+/// Received bytes a connection may hold unread before its receive is cancelled (resumed
+/// when its stream has read them): past it the client waits on TCP's flow control, as it
+/// would on a socket nobody reads.
+pub const RX_PAUSE_BYTES: usize = 256 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Recv {
+    /// No receive in flight.
+    Idle,
+    Armed,
+    /// A cancel was pushed; the final completion is still to come.
+    Cancelling,
+}
+
+pub struct Conn {
+    pub fd: RawFd,
+    /// Received and not yet read by the stream: `rx[rx_at..]`.
+    pub rx: Vec<u8>,
+    pub rx_at: usize,
+    /// The client closed its side (or the socket was shut down): reads return 0 once `rx` is
+    /// read.
+    pub eof: bool,
+    /// The receive or a send failed (errno): the stream's reads and writes fail.
+    pub error: Option<i32>,
+    pub recv: Recv,
+    /// Receiving was cancelled because `rx` is full (`RX_PAUSE_BYTES`).
+    pub paused: bool,
+    /// Answers written by the stream, not yet handed to a send.
+    pub out: Vec<u8>,
+    /// The bytes of the send in flight, and how many of them the kernel took so far.
+    pub sending: Vec<u8>,
+    pub sent: usize,
+    pub in_flight: bool,
+    /// In `Inner::dirty` for the next pass.
+    pub queued: bool,
+    /// The stream waiting to read, and the one waiting for its answers to leave (a full
+    /// `out`, a flush).
+    pub reader: Option<Waker>,
+    pub writer: Option<Waker>,
+    /// The stream is gone: the connection closes once nothing of it is in flight.
+    pub dropped: bool,
+}
+
+impl Conn {
+    pub fn new(fd: RawFd) -> Conn {
+        Conn {
+            fd,
+            rx: Vec::new(),
+            rx_at: 0,
+            eof: false,
+            error: None,
+            recv: Recv::Idle,
+            paused: false,
+            out: Vec::new(),
+            sending: Vec::new(),
+            sent: 0,
+            in_flight: false,
+            queued: false,
+            reader: None,
+            writer: None,
+            dropped: false,
+        }
+    }
+
+    pub fn unread(&self) -> usize {
+        self.rx.len() - self.rx_at
+    }
+
+    fn wake_reader(&mut self) {
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+    }
+
+    fn wake_writer(&mut self) {
+        if let Some(w) = self.writer.take() {
+            w.wake();
+        }
+    }
+
+    /// Nothing of the connection is in flight and nothing is left to send.
+    fn idle(&self) -> bool {
+        self.recv == Recv::Idle && !self.in_flight && (self.out.is_empty() || self.error.is_some())
+    }
+}
+
+impl Inner {
+    pub(super) fn arm_recv(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if c.recv != Recv::Idle || c.eof || c.error.is_some() || c.dropped || c.paused {
+            return;
+        }
+        c.recv = Recv::Armed;
+        let e = opcode::RecvMulti::new(types::Fd(c.fd), bufring::GROUP)
+            .build()
+            .user_data(ud(RECV, key));
+        self.push(e);
+    }
+
+    fn cancel_recv(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if c.recv != Recv::Armed {
+            return;
+        }
+        c.recv = Recv::Cancelling;
+        let e = opcode::AsyncCancel::new(ud(RECV, key))
+            .build()
+            .user_data(ud(CANCEL, key));
+        self.push(e);
+    }
+
+    pub(super) fn received(&mut self, key: usize, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        let bid = cqueue::buffer_select(flags);
+        let Some(c) = self.conns.get_mut(key) else {
+            if let Some(bid) = bid {
+                self.bufs.give(bid);
+            }
+            return;
+        };
+        if !more {
+            c.recv = Recv::Idle;
+        }
+        let mut pause = false;
+        if res > 0 {
+            let bid = bid.expect("a receive with data names its buffer");
+            if !c.dropped {
+                if c.rx_at == c.rx.len() {
+                    c.rx.clear();
+                    c.rx_at = 0;
+                }
+                c.rx.extend_from_slice(self.bufs.data(bid, res as usize));
+                c.wake_reader();
+                pause = c.unread() >= RX_PAUSE_BYTES;
+            }
+            self.bufs.give(bid);
+        } else if res == 0 {
+            c.eof = true;
+            c.wake_reader();
+        } else if res == -libc::ENOBUFS {
+            // The buffers ran out in this pass; they are back by the next one.
+        } else if res != -libc::ECANCELED {
+            c.error = Some(-res);
+            c.wake_reader();
+            c.wake_writer();
+        }
+        let c = &mut self.conns[key];
+        if pause && !c.paused {
+            c.paused = true;
+            if more {
+                self.cancel_recv(key);
+            }
+        }
+        if !more {
+            if self.conns[key].dropped {
+                self.close_when_idle(key);
+            } else {
+                self.rearm.push(key);
+            }
+        }
+    }
+
+    /// Hands the connection's answers to a send, unless one is in flight.
+    pub(super) fn start_send(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        c.queued = false;
+        if c.in_flight || c.out.is_empty() || c.error.is_some() {
+            return;
+        }
+        std::mem::swap(&mut c.out, &mut c.sending);
+        c.sent = 0;
+        c.in_flight = true;
+        self.push_send(key);
+    }
+
+    fn push_send(&mut self, key: usize) {
+        let c = &self.conns[key];
+        let rest = &c.sending[c.sent..];
+        let e = opcode::Send::new(types::Fd(c.fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud(SEND, key));
+        self.push(e);
+    }
+
+    pub(super) fn sent(&mut self, key: usize, res: i32) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        if res < 0 {
+            c.in_flight = false;
+            c.sending.clear();
+            c.out.clear();
+            c.error = Some(-res);
+            c.wake_reader();
+            c.wake_writer();
+        } else {
+            c.sent += res as usize;
+            if c.sent < c.sending.len() {
+                self.push_send(key);
+                return;
+            }
+            c.in_flight = false;
+            c.sending.clear();
+            if !c.out.is_empty() && !c.queued {
+                c.queued = true;
+                self.dirty.push(key);
+            }
+            c.wake_writer();
+        }
+        if self.conns[key].dropped {
+            self.close_when_idle(key);
+        }
+    }
+
+    /// Closes a dropped stream's connection once nothing of it is in flight (its receive
+    /// cancelled first: an armed receive would hold the socket open).
+    pub(super) fn close_when_idle(&mut self, key: usize) {
+        let Some(c) = self.conns.get(key) else {
+            return;
+        };
+        if !c.dropped {
+            return;
+        }
+        if c.recv == Recv::Armed && (c.out.is_empty() || c.error.is_some()) && !c.in_flight {
+            self.cancel_recv(key);
+            return;
+        }
+        if !c.idle() {
+            return;
+        }
+        let c = self.conns.remove(key);
+        // SAFETY: the descriptor is this connection's, and nothing in flight uses it.
+        unsafe { libc::close(c.fd) };
+    }
+}

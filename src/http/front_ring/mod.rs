@@ -1,0 +1,478 @@
+//! The front ring (`--io-driver ring`): a per-shard io_uring of our own for the shard's
+//! plain-TCP listener and its connections, beside the shard's monoio runtime, which stays the
+//! executor (handlers, timers, cross-shard inboxes, TLS, same-host sockets, SSD files).
+//! [docs/io-uring.md](../../../docs/io-uring.md) (*Integration plan*, steps 1-2) says why.
+//!
+//! - One multishot accept on the listener; one multishot receive per connection into the
+//!   provided buffer ring (`bufring.rs`), whose bytes are copied to the connection at once and
+//!   the buffer given back; the answers a pass collected leave in one `SEND` per connection.
+//! - A monoio task, the *pump* ([`FrontRing::pump`]), owns the ring: each pass pushes the
+//!   sends, publishes the returned buffers, and enters the ring once (`GETEVENTS`, which also
+//!   runs `DEFER_TASKRUN` work), then hands the completions to the connections and yields to
+//!   the other tasks. A pass that finds nothing parks on an eventfd registered with the ring,
+//!   read through monoio; a connection that writes while the pump is parked kicks it.
+//! - A connection is a [`RingStream`] (`stream.rs`), monoio's `AsyncReadRent +
+//!   AsyncWriteRent`, so `conn::run` serves it unchanged (without `direct`: its answers go
+//!   through the batched send). `conns.rs` holds a connection's state on the ring.
+//!
+//! Plain descriptors (no registered file table): the connection code and the housekeeping
+//! tick use the fd (`shutdown`, `TCP_CORK`). Each feature the kernel may lack falls back and
+//! logs: `DEFER_TASKRUN` → `COOP_TASKRUN` → no setup flags; no multishot receive (< 6.0) or
+//! buffer ring (< 5.19) → the shard serves on monoio's io_uring driver as before.
+
+mod bufring;
+mod conns;
+mod stream;
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use io_uring::{IoUring, opcode, squeue, types};
+use slab::Slab;
+
+use super::Front;
+use bufring::BufRing;
+use conns::Conn;
+pub use stream::RingStream;
+
+/// Submission queue entries of a front ring (the completion queue has eight times as many:
+/// every connection's receive may complete in the same pass).
+const ENTRIES: u32 = 1024;
+
+/// Busy passes in a row after which the pump parks all the same (having signalled its own
+/// eventfd, so the park ends at once): monoio then parks too, which is when it fires its
+/// timers and reaps its own ring (cross-shard wakes, TLS, same-host sockets, SSD files).
+const BUSY_PASSES_BEFORE_PARK: u32 = 8;
+
+/// `user_data` kinds: the kind in the high half, the connection's slab key in the low one.
+const ACCEPT: u64 = 1;
+const RECV: u64 = 2;
+const SEND: u64 = 3;
+const CANCEL: u64 = 4;
+
+fn ud(kind: u64, key: usize) -> u64 {
+    (kind << 32) | key as u64
+}
+
+/// `IORING_ENTER_GETEVENTS`.
+const ENTER_GETEVENTS: u32 = 1;
+
+/// The ring and what its pass works on; borrowed by the pump and by the streams, never across
+/// an await.
+pub(super) struct Inner {
+    /// Declared before `bufs`: dropped first, so the buffers outlive the registration.
+    ring: IoUring,
+    bufs: BufRing,
+    conns: Slab<Conn>,
+    /// Connections with answers to send at the next pass.
+    dirty: Vec<usize>,
+    /// Connections whose receive is to be armed (again) at the next pass.
+    rearm: Vec<usize>,
+    /// Streams dropped: closed once nothing of theirs is in flight.
+    closing: Vec<usize>,
+    /// Connections accepted in this pass, to be spawned once the borrow ends.
+    accepted: Vec<usize>,
+    listener: Option<std::net::TcpListener>,
+    accept_armed: bool,
+    accept_cancelled: bool,
+    cqes: Vec<(u64, i32, u32)>,
+    shard: usize,
+}
+
+/// A shard's front ring, shared by its pump and its connections' streams.
+pub struct FrontRing {
+    inner: RefCell<Inner>,
+    /// The eventfd registered with the ring (non-blocking), and monoio's handle on it (made
+    /// by the pump: monoio's runtime must be running).
+    eventfd_owned: RefCell<Option<OwnedFd>>,
+    eventfd: std::cell::OnceCell<Rc<monoio::fs::File>>,
+    eventfd_raw: RawFd,
+    /// The pending read of the eventfd while the pump is parked (kept across a kick).
+    wait: RefCell<Option<Pin<Box<dyn Future<Output = ()>>>>>,
+    parked: Cell<bool>,
+    kicked: Cell<bool>,
+    pump_waker: RefCell<Option<Waker>>,
+    draining: Cell<bool>,
+}
+
+/// The setup flags the kernel took, for the log line.
+fn build_ring() -> std::io::Result<(IoUring, &'static str)> {
+    let cq = ENTRIES * 8;
+    let mut b = IoUring::builder();
+    b.setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_coop_taskrun()
+        .setup_cqsize(cq);
+    if let Ok(r) = b.build(ENTRIES) {
+        return Ok((r, "single_issuer+defer_taskrun+coop_taskrun"));
+    }
+    let mut b = IoUring::builder();
+    b.setup_single_issuer()
+        .setup_coop_taskrun()
+        .setup_cqsize(cq);
+    if let Ok(r) = b.build(ENTRIES) {
+        return Ok((r, "single_issuer+coop_taskrun (no defer_taskrun)"));
+    }
+    let mut b = IoUring::builder();
+    b.setup_cqsize(cq);
+    Ok((b.build(ENTRIES)?, "no setup flags"))
+}
+
+/// Whether the running kernel is at least `major.minor` (`/proc/sys/kernel/osrelease`).
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+impl FrontRing {
+    /// Sets up shard `shard`'s front ring on `listener`, on the shard's thread (the ring is
+    /// `SINGLE_ISSUER`). On a kernel without what it needs, the listener comes back with the
+    /// reason, for the shard to serve it on monoio.
+    pub fn new(
+        shard: usize,
+        listener: std::net::TcpListener,
+    ) -> Result<Rc<FrontRing>, (String, std::net::TcpListener)> {
+        // Test hook, as `MMC_FAULT_URING` in `shards::runtime`: the fallback on this kernel.
+        if std::env::var("MMC_FAULT_URING").ok().as_deref() == Some("front") {
+            return Err(("injected fault (MMC_FAULT_URING=front)".into(), listener));
+        }
+        if !kernel_at_least(6, 0) {
+            return Err((
+                "kernel older than 6.0 (no multishot receive)".into(),
+                listener,
+            ));
+        }
+        let (ring, flags) = match build_ring() {
+            Ok(r) => r,
+            Err(e) => return Err((format!("io_uring setup: {e}"), listener)),
+        };
+        let bufs = match BufRing::new(&ring) {
+            Ok(b) => b,
+            Err(e) => return Err((format!("provided buffer ring refused: {e}"), listener)),
+        };
+        // SAFETY: plain eventfd creation.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err((format!("eventfd: {e}"), listener));
+        }
+        // SAFETY: the descriptor was just created and is owned by nothing else.
+        let owned = unsafe { OwnedFd::from_raw_fd(efd) };
+        if let Err(e) = ring.submitter().register_eventfd(efd) {
+            return Err((format!("register_eventfd: {e}"), listener));
+        }
+        log::info!(
+            "shard {shard}: front ring ({flags}, {ENTRIES} entries): multishot accept and receive, provided buffers {} x {} KiB, plain descriptors",
+            bufring::COUNT,
+            bufring::SIZE / 1024
+        );
+        let fr = FrontRing {
+            inner: RefCell::new(Inner {
+                ring,
+                bufs,
+                conns: Slab::new(),
+                dirty: Vec::new(),
+                rearm: Vec::new(),
+                closing: Vec::new(),
+                accepted: Vec::new(),
+                listener: Some(listener),
+                accept_armed: false,
+                accept_cancelled: false,
+                cqes: Vec::with_capacity(256),
+                shard,
+            }),
+            eventfd_raw: efd,
+            eventfd_owned: RefCell::new(Some(owned)),
+            eventfd: std::cell::OnceCell::new(),
+            wait: RefCell::new(None),
+            parked: Cell::new(false),
+            kicked: Cell::new(false),
+            pump_waker: RefCell::new(None),
+            draining: Cell::new(false),
+        };
+        fr.inner.borrow_mut().arm_accept();
+        Ok(Rc::new(fr))
+    }
+
+    /// Stops accepting (the server drains); connections are served until they close.
+    pub fn begin_drain(&self) {
+        self.draining.set(true);
+        self.kick();
+    }
+
+    /// Wakes the pump if it is parked: a stream has something for the next pass.
+    fn kick(&self) {
+        if self.parked.get() && !self.kicked.replace(true) {
+            if let Some(w) = self.pump_waker.borrow().as_ref() {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// The pump: runs the ring's passes for as long as the shard runs.
+    pub async fn pump(self: Rc<Self>, front: Rc<Front>) {
+        let owned = self.eventfd_owned.borrow_mut().take();
+        match owned.map(|fd| monoio::fs::File::from_std(std::fs::File::from(fd))) {
+            Some(Ok(f)) => {
+                let _ = self.eventfd.set(Rc::new(f));
+            }
+            Some(Err(e)) => {
+                log::error!("front ring: cannot read its eventfd through monoio: {e}");
+                return;
+            }
+            None => return,
+        }
+        let mut busy = 0;
+        loop {
+            let reaped = self.pass(&front);
+            if reaped == 0 {
+                busy = 0;
+                self.park(false).await;
+            } else if busy >= BUSY_PASSES_BEFORE_PARK {
+                busy = 0;
+                self.park(true).await;
+            } else {
+                busy += 1;
+                yield_now().await;
+            }
+        }
+    }
+
+    /// One pass: sends, buffers, receives to arm, one `io_uring_enter`, the completions.
+    /// Returns how many completions it handled.
+    fn pass(self: &Rc<Self>, front: &Rc<Front>) -> usize {
+        let reaped = {
+            let mut inner = self.inner.borrow_mut();
+            if self.draining.get() {
+                inner.stop_accepting();
+            }
+            inner.prepare();
+            inner.enter();
+            inner.reap()
+        };
+        self.spawn_accepted(front);
+        reaped
+    }
+
+    fn spawn_accepted(self: &Rc<Self>, front: &Rc<Front>) {
+        let accepted = std::mem::take(&mut self.inner.borrow_mut().accepted);
+        let max_conns = front.config().http.max_connections_per_shard as usize;
+        for &key in &accepted {
+            let stats = front.shard().stats();
+            stats.connections_accepted.inc();
+            let stream = RingStream::new(self.clone(), key);
+            let fd = stream.fd();
+            if front.connection_count() >= max_conns || self.draining.get() {
+                stats.connections_rejected.inc();
+                monoio::spawn(stream::refuse(front.clone(), stream));
+                continue;
+            }
+            monoio::spawn(super::conn::run(front.clone(), stream, fd, false, None));
+        }
+        let mut inner = self.inner.borrow_mut();
+        if inner.accepted.is_empty() {
+            let mut accepted = accepted;
+            accepted.clear();
+            inner.accepted = accepted;
+        }
+    }
+
+    /// Parks until the ring signals its eventfd or a stream kicks. `now`: signal it first
+    /// (a busy pump letting monoio park once).
+    async fn park(&self, now: bool) {
+        if now {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes to our eventfd.
+            unsafe { libc::write(self.eventfd_raw, (&one as *const u64).cast(), 8) };
+        }
+        if self.wait.borrow().is_none() {
+            if !now {
+                // Signals left over from busy passes would end this park at once: drop them,
+                // then look once more (what completed meanwhile signals again from here on).
+                let mut v: u64 = 0;
+                // SAFETY: reading 8 bytes from our non-blocking eventfd into a u64.
+                unsafe { libc::read(self.eventfd_raw, (&mut v as *mut u64).cast(), 8) };
+                let mut inner = self.inner.borrow_mut();
+                inner.enter();
+                if inner.ring.completion().len() > 0 {
+                    return;
+                }
+            }
+            let file = self.eventfd.get().expect("set by the pump").clone();
+            *self.wait.borrow_mut() = Some(Box::pin(async move {
+                let _ = file.read_at(vec![0u8; 8], 0).await;
+            }));
+        }
+        self.parked.set(true);
+        std::future::poll_fn(|cx| {
+            if self.kicked.replace(false) {
+                return Poll::Ready(());
+            }
+            let mut wait = self.wait.borrow_mut();
+            if let Some(f) = wait.as_mut()
+                && f.as_mut().poll(cx).is_ready()
+            {
+                *wait = None;
+                return Poll::Ready(());
+            }
+            let mut w = self.pump_waker.borrow_mut();
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await;
+        self.parked.set(false);
+    }
+}
+
+/// Lets every other ready task run once before the pump's next pass.
+fn yield_now() -> impl Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+}
+
+impl Inner {
+    fn push(&mut self, e: squeue::Entry) {
+        // SAFETY: every buffer an entry points to (a connection's `sending`) stays in place
+        // until its completion: it is not touched while its send is in flight.
+        while unsafe { self.ring.submission().push(&e) }.is_err() {
+            self.enter();
+        }
+    }
+
+    /// Submits what is queued and reaps what completed (runs `DEFER_TASKRUN` work).
+    fn enter(&mut self) {
+        let n = self.ring.submission().len() as u32;
+        loop {
+            // SAFETY: no argument; the flags are the plain GETEVENTS.
+            let r = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(n, 0, ENTER_GETEVENTS, None)
+            };
+            match r {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    // The completion queue is full: make room, then submit again.
+                    self.reap();
+                    continue;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn arm_accept(&mut self) {
+        let Some(fd) = self.listener.as_ref().map(|l| l.as_raw_fd()) else {
+            return;
+        };
+        let e = opcode::AcceptMulti::new(types::Fd(fd))
+            .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ud(ACCEPT, 0));
+        self.push(e);
+        self.accept_armed = true;
+    }
+
+    fn stop_accepting(&mut self) {
+        if self.accept_armed && !self.accept_cancelled {
+            self.accept_cancelled = true;
+            let e = opcode::AsyncCancel::new(ud(ACCEPT, 0))
+                .build()
+                .user_data(ud(CANCEL, 0));
+            self.push(e);
+        } else if !self.accept_armed {
+            self.listener = None;
+        }
+    }
+
+    /// Before entering: the buffers given back, the receives to arm, the sends.
+    fn prepare(&mut self) {
+        self.bufs.publish();
+        let rearm = std::mem::take(&mut self.rearm);
+        for &key in &rearm {
+            self.arm_recv(key);
+        }
+        self.rearm = rearm;
+        self.rearm.clear();
+        let dirty = std::mem::take(&mut self.dirty);
+        for &key in &dirty {
+            self.start_send(key);
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
+        let closing = std::mem::take(&mut self.closing);
+        for &key in &closing {
+            self.close_when_idle(key);
+        }
+        self.closing = closing;
+        self.closing.clear();
+    }
+
+    /// Hands every completion to its connection. Returns how many there were.
+    fn reap(&mut self) -> usize {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(
+            self.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        for &(u, res, flags) in &cqes {
+            let key = (u & 0xffff_ffff) as usize;
+            match u >> 32 {
+                ACCEPT => self.accepted(res, flags),
+                RECV => self.received(key, res, flags),
+                SEND => self.sent(key, res),
+                _ => {}
+            }
+        }
+        let n = cqes.len();
+        cqes.clear();
+        self.cqes = cqes;
+        n
+    }
+
+    fn accepted(&mut self, res: i32, flags: u32) {
+        if res >= 0 {
+            if self.accept_cancelled {
+                // SAFETY: the descriptor was just accepted and is ours alone.
+                unsafe { libc::close(res) };
+            } else {
+                let key = self.conns.insert(Conn::new(res));
+                self.arm_recv(key);
+                self.accepted.push(key);
+            }
+        } else if res != -libc::ECANCELED {
+            log::warn!(
+                "shard {}: front ring: accept failed: {}",
+                self.shard,
+                std::io::Error::from_raw_os_error(-res)
+            );
+        }
+        if !io_uring::cqueue::more(flags) {
+            self.accept_armed = false;
+            if self.accept_cancelled {
+                self.listener = None;
+            } else {
+                self.arm_accept();
+            }
+        }
+    }
+}

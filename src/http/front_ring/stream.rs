@@ -1,0 +1,262 @@
+//! [`RingStream`]: a front-ring connection as monoio's `AsyncReadRent + AsyncWriteRent`, so
+//! the connection code serves it as it serves a monoio `TcpStream`.
+//!
+//! A read copies what the pump received for the connection (or waits for the pump's wake).
+//! A write appends to the connection's output, which the pump sends at its next pass; it
+//! completes when queued, and waits while `WRITE_LIMIT` bytes are unsent (the back-pressure).
+//! `flush` waits until everything written has left (`conn::linger` flushes before it shuts
+//! the socket's write side down). Dropping the stream sends what is queued, then closes.
+
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use monoio::BufResult;
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+
+use super::conns::{Conn, RX_PAUSE_BYTES};
+use super::{FrontRing, Inner};
+use crate::http::Front;
+use crate::http::response::{self, Response};
+use crate::limits::WRITE_BUF_FLUSH_BYTES;
+
+/// Unsent bytes past which a write waits for the pump's sends.
+const WRITE_LIMIT: usize = WRITE_BUF_FLUSH_BYTES;
+
+fn broken(errno: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
+}
+
+/// One connection of a shard's front ring.
+pub struct RingStream {
+    ring: Rc<FrontRing>,
+    key: usize,
+    fd: RawFd,
+}
+
+impl RingStream {
+    pub(super) fn new(ring: Rc<FrontRing>, key: usize) -> RingStream {
+        let fd = ring.inner.borrow().conns[key].fd;
+        RingStream { ring, key, fd }
+    }
+
+    /// The connection's socket (the housekeeping tick shuts it down).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Inner, usize) -> R) -> R {
+        f(&mut self.ring.inner.borrow_mut(), self.key)
+    }
+
+    /// Copies up to `len` received bytes to `dst`; `Pending` (the waker kept) when there are
+    /// none yet.
+    fn poll_read(&self, cx: &mut Context<'_>, dst: &mut [IoSlice]) -> Poll<std::io::Result<usize>> {
+        let (ready, kick) = self.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if c.unread() == 0 {
+                if let Some(e) = c.error {
+                    return (Poll::Ready(Err(broken(e))), false);
+                }
+                if c.eof {
+                    return (Poll::Ready(Ok(0)), false);
+                }
+                if !c.reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    c.reader = Some(cx.waker().clone());
+                }
+                return (Poll::Pending, false);
+            }
+            let n = copy_out(c, dst);
+            let mut kick = false;
+            if c.paused && c.unread() < RX_PAUSE_BYTES / 2 {
+                c.paused = false;
+                inner.rearm.push(key);
+                kick = true;
+            }
+            (Poll::Ready(Ok(n)), kick)
+        });
+        if kick {
+            self.ring.kick();
+        }
+        ready
+    }
+
+    /// Queues as much of `src` as fits under `WRITE_LIMIT`; `Pending` while the output is full.
+    fn poll_write(&self, cx: &mut Context<'_>, src: &[IoSlice]) -> Poll<std::io::Result<usize>> {
+        let ready = self.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if let Some(e) = c.error {
+                return Poll::Ready(Err(broken(e)));
+            }
+            let room = WRITE_LIMIT.saturating_sub(c.out.len());
+            if room == 0 {
+                c.writer = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let mut n = 0;
+            for s in src {
+                let take = s.len.min(room - n);
+                // SAFETY: the caller's buffer is valid for `len` bytes while it is borrowed.
+                c.out
+                    .extend_from_slice(unsafe { std::slice::from_raw_parts(s.ptr, take) });
+                n += take;
+                if n == room {
+                    break;
+                }
+            }
+            if n > 0 && !c.queued {
+                c.queued = true;
+                inner.dirty.push(key);
+            }
+            Poll::Ready(Ok(n))
+        });
+        self.ring.kick();
+        ready
+    }
+
+    /// Ready once everything written has been sent (or the connection broke).
+    fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if let Some(e) = c.error {
+                return Poll::Ready(Err(broken(e)));
+            }
+            if c.out.is_empty() && !c.in_flight {
+                return Poll::Ready(Ok(()));
+            }
+            c.writer = Some(cx.waker().clone());
+            Poll::Pending
+        })
+    }
+}
+
+/// A part of a caller's buffer: where, and how many bytes.
+#[derive(Clone, Copy)]
+struct IoSlice {
+    ptr: *mut u8,
+    len: usize,
+}
+
+fn copy_out(c: &mut Conn, dst: &mut [IoSlice]) -> usize {
+    let mut n = 0;
+    for d in dst.iter() {
+        let take = d.len.min(c.unread());
+        // SAFETY: `d` is the caller's writable buffer of at least `len` bytes; the source is
+        // our own vector; they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(c.rx.as_ptr().add(c.rx_at), d.ptr, take) };
+        c.rx_at += take;
+        n += take;
+        if c.unread() == 0 {
+            break;
+        }
+    }
+    if c.unread() == 0 {
+        c.rx.clear();
+        c.rx_at = 0;
+        if c.rx.capacity() > 4 * RX_PAUSE_BYTES {
+            c.rx = Vec::new();
+        }
+    }
+    n
+}
+
+fn iovecs(ptr: *const libc::iovec, len: usize) -> Vec<IoSlice> {
+    // SAFETY: the buffer promises `len` valid iovecs at `ptr` while it is borrowed.
+    let iov = unsafe { std::slice::from_raw_parts(ptr, len) };
+    iov.iter()
+        .map(|v| IoSlice {
+            ptr: v.iov_base.cast(),
+            len: v.iov_len,
+        })
+        .collect()
+}
+
+impl AsyncReadRent for RingStream {
+    async fn read<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
+        // As monoio's own read: from the buffer's start, up to its total size.
+        let mut dst = [IoSlice {
+            ptr: buf.write_ptr(),
+            len: buf.bytes_total(),
+        }];
+        let r = std::future::poll_fn(|cx| self.poll_read(cx, &mut dst)).await;
+        if let Ok(n) = r {
+            // SAFETY: `copy_out` wrote `n` bytes from the buffer's start.
+            unsafe { buf.set_init(n) };
+        }
+        (r, buf)
+    }
+
+    async fn readv<T: IoVecBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
+        let mut dst = iovecs(buf.write_iovec_ptr(), buf.write_iovec_len());
+        let r = std::future::poll_fn(|cx| self.poll_read(cx, &mut dst)).await;
+        if let Ok(n) = r {
+            // SAFETY: `n` bytes were written from the start of the iovecs.
+            unsafe { buf.set_init(n) };
+        }
+        (r, buf)
+    }
+}
+
+impl AsyncWriteRent for RingStream {
+    async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        let src = [IoSlice {
+            ptr: buf.read_ptr() as *mut u8,
+            len: buf.bytes_init(),
+        }];
+        let r = std::future::poll_fn(|cx| self.poll_write(cx, &src)).await;
+        (r, buf)
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        let src = iovecs(buf.read_iovec_ptr(), buf.read_iovec_len());
+        let r = std::future::poll_fn(|cx| self.poll_write(cx, &src)).await;
+        (r, buf)
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        self.ring.kick();
+        std::future::poll_fn(|cx| self.poll_flush(cx)).await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.flush().await?;
+        // SAFETY: the descriptor is open until this stream is dropped.
+        if unsafe { libc::shutdown(self.fd, libc::SHUT_WR) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RingStream {
+    fn drop(&mut self) {
+        {
+            let mut inner = self.ring.inner.borrow_mut();
+            let c = &mut inner.conns[self.key];
+            c.dropped = true;
+            c.reader = None;
+            c.writer = None;
+            inner.closing.push(self.key);
+        }
+        self.ring.kick();
+    }
+}
+
+/// Answers a connection over the shard's limit with 429 and closes it (as `http::refuse`
+/// does for a monoio stream).
+pub(super) async fn refuse(front: Rc<Front>, mut stream: RingStream) {
+    let mut scratch = Vec::new();
+    let mut resp = Response::error(
+        response::Status::TOO_MANY_REQUESTS,
+        crate::common::error_kind::ErrorKind::Overloaded,
+        "Too many connections",
+        front.unix_secs(),
+        &mut scratch,
+    );
+    resp.retry_after_secs = Some(1);
+    resp.close = true;
+    let mut out = Vec::with_capacity(256);
+    front.encode(resp, None, &scratch, &mut out);
+    let _ = stream.write_all(out).await;
+}
