@@ -11,7 +11,8 @@
 # Environment: BASE_PORT (19520), SERVER_CPU (0), LOAD_CPU (1), QUIET_PCT (5), QUIET_WAIT (20),
 #   SERVERS (default: all of nginx mmc-uring mmc-epoll ring ring-nofixed ring-nodefer ring-plain
 #   monoio-uring monoio-uring-tuned monoio-epoll; tokio-uring too when the binary was built
-#   with `--features tokio-uring`), MMC (target/release/mmc-server).
+#   with `--features tokio-uring`; mmc-ring, mmc-server's `--io-driver ring`, on request),
+#   MMC (target/release/mmc-server).
 # Everything started here is killed on exit; every step is bounded by timeout.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,7 +38,9 @@ MAX_SECS=$(( RUNS * nservers * (QUIET_WAIT + SECS + 15) + 300 ))
 for tool in wrk nginx taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 2; }
 done
-[ -x "$PROTO" ] || { echo "build $PROTO first (cargo build --release in perf/uring_proto)" >&2; exit 2; }
+if echo " $SERVERS " | grep -qE ' (ring|ring-[a-z]+|monoio-[a-z-]+|tokio-uring) '; then
+  [ -x "$PROTO" ] || { echo "build $PROTO first (cargo build --release in perf/uring_proto)" >&2; exit 2; }
+fi
 
 work=$(mktemp -d /tmp/uring-proto.XXXXXX)
 pids=()
@@ -64,7 +67,7 @@ for s in $SERVERS; do
       # timeout -> nginx master -> worker (the worker serves; measure it)
       master=$(pgrep -P $! | head -1); PID[$s]=$(pgrep -P "$master" | head -1)
       ;;
-    mmc-uring|mmc-epoll)
+    mmc-uring|mmc-epoll|mmc-ring)
       [ -f "$work/mmcbench-server" ] || cp "$MMC" "$work/mmcbench-server"
       drv=${s#mmc-}
       taskset -c "$SERVER_CPU" timeout "$MAX_SECS" "$work/mmcbench-server" --listen "127.0.0.1:$port" --shards 1 --io-driver "$drv" > "${LOG[$s]}" 2>&1 &
