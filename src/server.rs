@@ -249,7 +249,8 @@ impl Server {
                         log::warn!("shard {id}: cannot pin to CPU {cpu}: {e}; running unpinned");
                     }
                     let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
-                        let (kind, front) = front_ring(driver, kind, id, listener);
+                        let tls = cluster.front.tls.is_some();
+                        let (kind, front) = front_ring(driver, kind, id, listener, tls);
                         let _ = started.send((id, Ok(kind)));
                         shard_main(id, cluster, front, unix, boot, kind != DriverKind::Epoll)
                     });
@@ -463,14 +464,22 @@ enum Listening {
 }
 
 /// With `--io-driver ring` on an io_uring runtime, the shard's front ring; on a kernel without
-/// what it needs, logged, the listener stays on monoio (today's io_uring path).
+/// what it needs, logged, the listener stays on monoio (today's io_uring path). A TLS
+/// listener stays on monoio (monoio-rustls), logged.
 fn front_ring(
     choice: runtime::DriverChoice,
     kind: DriverKind,
     shard: usize,
     listener: std::net::TcpListener,
+    tls: bool,
 ) -> (DriverKind, Listening) {
     if choice != runtime::DriverChoice::Ring || kind == DriverKind::Epoll {
+        return (kind, Listening::Monoio(listener));
+    }
+    if tls {
+        log::info!(
+            "shard {shard}: the listener serves TLS: its connections stay on monoio's io_uring driver (no front ring)"
+        );
         return (kind, Listening::Monoio(listener));
     }
     match FrontRing::new(shard, listener) {

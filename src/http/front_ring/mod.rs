@@ -303,7 +303,7 @@ impl FrontRing {
                 unsafe { libc::read(self.eventfd_raw, (&mut v as *mut u64).cast(), 8) };
                 let mut inner = self.inner.borrow_mut();
                 inner.enter();
-                if inner.ring.completion().len() > 0 {
+                if !inner.ring.completion().is_empty() {
                     return;
                 }
             }
