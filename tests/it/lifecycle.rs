@@ -387,6 +387,29 @@ fn io_driver_fallback_chain() {
 }
 
 #[test]
+fn front_ring_driver_and_its_fallback() {
+    // This kernel has multishot receive and buffer rings: the front ring serves.
+    let srv = ServerBuilder::new(Driver::Epoll).io_driver("ring").start();
+    assert_eq!(
+        srv.log().matches("+ front ring").count(),
+        1,
+        "{}",
+        srv.log()
+    );
+    assert_eq!(srv.client().get("/health").status, 200);
+    drop(srv);
+    // A kernel without them (injected): logged per shard, connections on monoio's io_uring.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .io_driver("ring")
+        .env("MMC_FAULT_URING", "front")
+        .start();
+    let log = srv.log();
+    assert_eq!(log.matches("front ring unavailable").count(), 2, "{log}");
+    assert!(!log.contains("+ front ring"), "{log}");
+    assert_eq!(srv.client().get("/health").status, 200);
+}
+
+#[test]
 fn auto_driver_uses_tuned_io_uring_here() {
     // On this kernel io_uring with the setup flags works; auto must pick it.
     let srv = ServerBuilder::new(Driver::Epoll).io_driver("auto").start();
