@@ -22,7 +22,7 @@ use crate::cluster::catalog::BeatNews;
 use crate::grant::GrantKey;
 use crate::http::{catalog_wire, client, report_wire};
 use crate::metrics::view::Source;
-use crate::shards::Cluster;
+use crate::shards::Shared;
 use crate::shards::store::segment::{Medium, segment_name};
 
 /// How long a join or heartbeat waits for the meta service.
@@ -38,7 +38,7 @@ const MAX_HANDED_OVER: usize = 400_000;
 const TICK: Duration = Duration::from_millis(10);
 
 /// Starts the agent thread of a local service listening at `listen`.
-pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Result<()> {
+pub fn start(shared: Arc<Shared>, listen: std::net::SocketAddr) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("mmc-agent".into())
         .spawn(move || {
@@ -46,7 +46,7 @@ pub fn start(cluster: Arc<Cluster>, listen: std::net::SocketAddr) -> std::io::Re
                 .enable_timer()
                 .build()
                 .expect("the agent's runtime starts");
-            rt.block_on(run(cluster, listen));
+            rt.block_on(run(shared, listen));
         })?;
     Ok(())
 }
@@ -74,10 +74,10 @@ enum Came {
 
 type Inbox = Rc<RefCell<Vec<Came>>>;
 
-fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
-    let configured = &cluster.config.cluster.local_advertise_url;
+fn advertise_url(shared: &Shared, listen: std::net::SocketAddr) -> String {
+    let configured = &shared.config.cluster.local_advertise_url;
     if configured.is_empty() {
-        let scheme = if cluster.config.tls.enable {
+        let scheme = if shared.config.tls.enable {
             "https"
         } else {
             "http"
@@ -90,8 +90,8 @@ fn advertise_url(cluster: &Cluster, listen: std::net::SocketAddr) -> String {
 
 /// The segments this host lends: DRAM and HBM of their configured sizes (when above 0), and
 /// an SSD segment when `ock.mmc.ssd.enable` is set.
-fn lent(cluster: &Cluster) -> Vec<(Medium, u64)> {
-    let store = &cluster.config.store;
+fn lent(shared: &Shared) -> Vec<(Medium, u64)> {
+    let store = &shared.config.store;
     [
         (Medium::Dram, store.dram_bytes),
         (Medium::Hbm, store.hbm_bytes),
@@ -107,26 +107,26 @@ fn lent(cluster: &Cluster) -> Vec<(Medium, u64)> {
 
 /// The directory of rank `rank`'s SSD file (`ock.mmc.ssd.path`, rank r takes directory r mod
 /// count, as embedded ranks do).
-fn ssd_dir(cluster: &Cluster, rank: u32) -> Option<&str> {
-    let dirs = &cluster.config.store.ssd_dirs;
+fn ssd_dir(shared: &Shared, rank: u32) -> Option<&str> {
+    let dirs = &shared.config.store.ssd_dirs;
     (!dirs.is_empty()).then(|| dirs[rank as usize % dirs.len()].as_str())
 }
 
-async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
+async fn run(shared: Arc<Shared>, listen: std::net::SocketAddr) {
     let incarnation = incarnation();
-    let url = advertise_url(&cluster, listen);
-    let c = &cluster.config.cluster;
+    let url = advertise_url(&shared, listen);
+    let c = &shared.config.cluster;
     let config = AgentConfig {
         meta_urls: c.meta_urls.clone(),
         rank: c.local_rank,
         heartbeat_interval_ms: c.heartbeat_interval_ms,
         heartbeat_timeout_ms: c.heartbeat_timeout_ms,
     };
-    let mut agent = Agent::new(config, cluster.clock.now_ms());
+    let mut agent = Agent::new(config, shared.clock.now_ms());
     // A catalog recovered with the SSD file says which leadership it was last in step with.
     agent.recovered_in_step(
-        cluster.membership.local.in_step.load(Ordering::Acquire),
-        cluster.membership.local.heard_by.load(Ordering::Acquire),
+        shared.membership.local.in_step.load(Ordering::Acquire),
+        shared.membership.local.heard_by.load(Ordering::Acquire),
     );
     let inbox: Inbox = Rc::default();
     let mut pending_key: Option<(GrantKey, u64)> = None;
@@ -134,7 +134,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
     let mut last_failure = String::new();
     let mut stop_told = false;
     loop {
-        if cluster.is_shutting_down() && !cluster.membership.local.leaving.load(Ordering::Acquire) {
+        if shared.is_shutting_down() && !shared.membership.local.leaving.load(Ordering::Acquire) {
             return;
         }
         let mut inputs: Vec<Input> = Vec::new();
@@ -166,29 +166,29 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                     if let Some((news, mark)) = news {
                         // The SSD copies it lands or frees are journaled (and on file)
                         // before the next heartbeat acknowledges them (`shards/local_ssd.rs`).
-                        let journaled = cluster.journal_mark();
-                        let mut catalog = cluster.membership.local.catalog();
-                        cluster.journal_catalog(catalog.apply_tracked(news, mark));
+                        let journaled = shared.journal_mark();
+                        let mut catalog = shared.membership.local.catalog();
+                        shared.journal_catalog(catalog.apply_tracked(news, mark));
                         drop(catalog);
-                        cluster.journal_settle_blocking(journaled);
+                        shared.journal_settle_blocking(journaled);
                     }
                     inputs.push(Input::BeatAnswered { sent_ms, answer });
                 }
                 Came::Leave { ok } => inputs.push(Input::LeaveAnswered { ok }),
             }
         }
-        if cluster.membership.local.leaving.load(Ordering::Acquire) && !stop_told {
+        if shared.membership.local.leaving.load(Ordering::Acquire) && !stop_told {
             stop_told = true;
             inputs.push(Input::Stop);
         }
         inputs.push(Input::Tick {
-            moved_at_ms: cluster.membership.local.moved_at_ms.load(Ordering::Relaxed),
+            moved_at_ms: shared.membership.local.moved_at_ms.load(Ordering::Relaxed),
         });
         for input in inputs {
-            let now = cluster.clock.now_ms();
-            let held = cluster.membership.local.catalog().holds_committed();
+            let now = shared.clock.now_ms();
+            let held = shared.membership.local.catalog().holds_committed();
             agent.set_commits_in_flight(
-                cluster
+                shared
                     .membership
                     .local
                     .commits_in_flight
@@ -202,18 +202,11 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
                     }
                     a => a,
                 };
-                act(
-                    &cluster,
-                    &url,
-                    incarnation,
-                    action,
-                    &inbox,
-                    &mut pending_key,
-                );
+                act(&shared, &url, incarnation, action, &inbox, &mut pending_key);
             }
         }
         if agent.has_left() {
-            cluster.membership.local.left.store(true, Ordering::Release);
+            shared.membership.local.left.store(true, Ordering::Release);
             return;
         }
         monoio::time::sleep(TICK).await;
@@ -222,7 +215,7 @@ async fn run(cluster: Arc<Cluster>, listen: std::net::SocketAddr) {
 
 /// Carries out one action of the machine.
 fn act(
-    cluster: &Arc<Cluster>,
+    shared: &Arc<Shared>,
     url: &str,
     incarnation: u64,
     action: Action,
@@ -242,19 +235,19 @@ fn act(
             // Grants of the meta left behind are void from now on: none is accepted until the
             // join's answer brings the next meta's key, and bodies still arriving under one
             // stop being written.
-            cluster.membership.grant_key.clear();
-            cluster.membership.local.revoke_writers();
+            shared.membership.grant_key.clear();
+            shared.membership.local.revoke_writers();
             // Following no meta: `/health` and `/role` say so, `/ready` is 503 (a service that
             // never joined still says `starting`).
-            if cluster.membership.local.joined() {
-                cluster.ha.follow(None);
+            if shared.membership.local.joined() {
+                shared.ha.follow(None);
             }
-            cluster.membership.local.set_joined(false);
+            shared.membership.local.set_joined(false);
             let body = json!({
                 "rank": rank,
                 "url": url,
                 "incarnation": incarnation,
-                "segments": lent(cluster)
+                "segments": lent(shared)
                     .iter()
                     .map(|&(m, size)| json!({"medium": m.upper(), "size": size}))
                     .collect::<Vec<Value>>(),
@@ -264,9 +257,9 @@ fn act(
                 "recovered": recovered,
                 "heard_by": heard_by,
             });
-            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            let (shared, inbox) = (shared.clone(), inbox.clone());
             monoio::spawn(async move {
-                let (answer, key, why) = join(&cluster, &meta, body).await;
+                let (answer, key, why) = join(&shared, &meta, body).await;
                 inbox.borrow_mut().push(Came::Join {
                     meta,
                     answer,
@@ -276,28 +269,28 @@ fn act(
             });
         }
         Action::Become { meta, rank, epoch } => {
-            if let Err(e) = mount_as(cluster, rank) {
+            if let Err(e) = mount_as(shared, rank) {
                 log::error!("cannot mount this host's segments as rank {rank}: {e}");
                 std::process::exit(1);
             }
             let view = match pending_key.take() {
                 Some((key, view)) => {
-                    cluster.membership.grant_key.set(key);
+                    shared.membership.grant_key.set(key);
                     view
                 }
                 None => 0,
             };
             // From now on it reports that meta as the leader it follows, and is ready.
-            cluster.ha.follow(Some((&meta, view)));
-            cluster.membership.local.set(rank, meta);
-            cluster.membership.local.set_epoch(epoch);
+            shared.ha.follow(Some((&meta, view)));
+            shared.membership.local.set(rank, meta);
+            shared.membership.local.set_epoch(epoch);
             // A new membership's freed log starts at sequence 0.
-            cluster.membership.local.catalog().reset_ack();
-            cluster.membership.local.set_joined(true);
+            shared.membership.local.catalog().reset_ack();
+            shared.membership.local.set_joined(true);
         }
-        Action::InStep { view, lineage } => cluster.record_in_step(view, lineage),
+        Action::InStep { view, lineage } => shared.record_in_step(view, lineage),
         Action::DropUnconfirmed => {
-            let n = cluster.membership.local.catalog().drop_unconfirmed();
+            let n = shared.membership.local.catalog().drop_unconfirmed();
             if n > 0 {
                 log::info!(
                     "{n} catalog entries awaiting a commit or a landing under the previous membership are dropped (the meta dropped those blobs)"
@@ -305,8 +298,8 @@ fn act(
             }
         }
         Action::DiscardCatalog => {
-            let mut catalog = cluster.membership.local.catalog();
-            cluster.journal_catalog(catalog.clear_tracked());
+            let mut catalog = shared.membership.local.catalog();
+            shared.journal_catalog(catalog.clear_tracked());
         }
         Action::Beat {
             meta,
@@ -314,11 +307,11 @@ fn act(
             epoch,
             hand_over,
         } => {
-            let sent_ms = cluster.clock.now_ms();
-            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            let sent_ms = shared.clock.now_ms();
+            let (shared, inbox) = (shared.clone(), inbox.clone());
             monoio::spawn(async move {
                 let (answer, news) =
-                    heartbeat(&cluster, &meta, rank, epoch, incarnation, hand_over).await;
+                    heartbeat(&shared, &meta, rank, epoch, incarnation, hand_over).await;
                 inbox.borrow_mut().push(Came::Beat {
                     epoch,
                     sent_ms,
@@ -328,9 +321,9 @@ fn act(
             });
         }
         Action::Leave { meta, rank, epoch } => {
-            let (cluster, inbox) = (cluster.clone(), inbox.clone());
+            let (shared, inbox) = (shared.clone(), inbox.clone());
             monoio::spawn(async move {
-                let ok = leave(&cluster, &meta, rank, epoch, incarnation).await;
+                let ok = leave(&shared, &meta, rank, epoch, incarnation).await;
                 inbox.borrow_mut().push(Came::Leave { ok });
             });
         }
@@ -348,7 +341,7 @@ fn act(
 /// One join call to `meta`: the answer as the machine reads it, with the grant key and the
 /// meta's `view_version` when admitted, or why it failed.
 async fn join(
-    cluster: &Cluster,
+    shared: &Shared,
     meta: &str,
     body: Value,
 ) -> (JoinAnswer, Option<(GrantKey, u64)>, Option<String>) {
@@ -356,7 +349,7 @@ async fn join(
         log::debug!("join {meta}: {why}");
         (JoinAnswer::Failed, None, Some(why))
     };
-    let a = match tell(cluster, meta, "/cluster/v1/join", body, CALL_TIMEOUT).await {
+    let a = match tell(shared, meta, "/cluster/v1/join", body, CALL_TIMEOUT).await {
         Ok(a) => a,
         // A certificate refused on either side does not fix itself, like a wrong secret.
         Err(e) if e.contains(client::UNTRUSTED) => {
@@ -405,7 +398,7 @@ async fn join(
     let (Some(rank), Some(epoch), Some(key)) = (rank, epoch, key) else {
         return failed("answered a join without rank, epoch or grant key".into());
     };
-    let c = &cluster.config.cluster;
+    let c = &shared.config.cluster;
     let admission_view = v.get("view_version").and_then(Value::as_u64).unwrap_or(0);
     let ms = |name: &str, default: u64| v.get(name).and_then(Value::as_u64).unwrap_or(default);
     let admission = Admission {
@@ -438,16 +431,16 @@ fn base_of(url: &str) -> Option<String> {
 /// Mounts this host's segments as `rank` (kept when already mounted under it; a new rank
 /// replaces them: the meta forgot the old copies). Runs on the agent's thread, never a
 /// shard's: the SSD file's creation (open with truncate, `set_len`) blocks here only.
-fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
-    let table = &cluster.segments;
+fn mount_as(shared: &Shared, rank: u32) -> Result<(), String> {
+    let table = &shared.segments;
     for s in table.snapshot().iter() {
         if s.rank != rank {
             table.remove(&s.name);
             // Its memory goes with it: nothing it held is this service's any more.
-            cluster.membership.local.catalog().clear();
+            shared.membership.local.catalog().clear();
         }
     }
-    for (medium, size) in lent(cluster) {
+    for (medium, size) in lent(shared) {
         if table.find(&segment_name(rank, medium)).is_some() {
             continue;
         }
@@ -456,11 +449,11 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
             rank,
             medium,
             size,
-            ssd_dir(cluster, rank),
-            cluster.shard_count(),
-            cluster.config.store.run_bytes,
+            ssd_dir(shared, rank),
+            shared.shard_count(),
+            shared.config.store.run_bytes,
         )?;
-        if cluster.config.store.prefault {
+        if shared.config.store.prefault {
             crate::shards::store::mount::prefault_in_background(&seg);
         }
         table.insert(seg)?;
@@ -469,8 +462,8 @@ fn mount_as(cluster: &Cluster, rank: u32) -> Result<(), String> {
 }
 
 /// The catalog a heartbeat hands over: at most [`MAX_HANDED_OVER`] entries, the newest.
-fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
-    let mut entries = cluster.membership.local.catalog().entries();
+fn catalog_to_hand_over(shared: &Shared) -> Vec<Value> {
+    let mut entries = shared.membership.local.catalog().entries();
     if entries.len() > MAX_HANDED_OVER {
         log::error!(
             "the catalog holds {} blobs; only the newest {MAX_HANDED_OVER} are handed over",
@@ -485,16 +478,16 @@ fn catalog_to_hand_over(cluster: &Cluster) -> Vec<Value> {
 /// One report: how it went, and the catalog news it brought (with the mark taken when it was
 /// sent).
 async fn heartbeat(
-    cluster: &Cluster,
+    shared: &Shared,
     meta: &str,
     rank: u32,
     epoch: u64,
     incarnation: u64,
     hand_over: bool,
 ) -> (BeatAnswer, Option<(BeatNews, u64)>) {
-    let client = report_wire::client_json(&(cluster as &dyn Source).recorded_client_views(), rank);
+    let client = report_wire::client_json(&(shared as &dyn Source).recorded_client_views(), rank);
     let (ack, mark) = {
-        let c = cluster.membership.local.catalog();
+        let c = shared.membership.local.catalog();
         (c.acked(), c.mark())
     };
     let mut body = json!({
@@ -505,9 +498,9 @@ async fn heartbeat(
         "catalog_ack": ack,
     });
     // The SSD file's figures, for the meta's per-disk series and its fault state.
-    let window = cluster.config.metrics.window_secs.max(1);
-    let now_secs = cluster.clock.now_secs();
-    for seg in cluster.segments.snapshot().iter() {
+    let window = shared.config.metrics.window_secs.max(1);
+    let now_secs = shared.clock.now_secs();
+    for seg in shared.segments.snapshot().iter() {
         if let Some(f) = seg.backend.file() {
             let (read, written) = f.window_bytes(now_secs, window);
             body["ssd_path"] = json!(f.dir);
@@ -517,9 +510,9 @@ async fn heartbeat(
         }
     }
     if hand_over {
-        body["catalog"] = Value::Array(catalog_to_hand_over(cluster));
+        body["catalog"] = Value::Array(catalog_to_hand_over(shared));
     }
-    match tell(cluster, meta, "/cluster/v1/heartbeat", body, CALL_TIMEOUT).await {
+    match tell(shared, meta, "/cluster/v1/heartbeat", body, CALL_TIMEOUT).await {
         Ok(a) if a.status == 200 => {
             // The blobs the meta freed since the last acknowledged sequence.
             let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);
@@ -542,9 +535,9 @@ async fn heartbeat(
     }
 }
 
-async fn leave(cluster: &Cluster, meta: &str, rank: u32, epoch: u64, incarnation: u64) -> bool {
+async fn leave(shared: &Shared, meta: &str, rank: u32, epoch: u64, incarnation: u64) -> bool {
     let body = json!({"rank": rank, "incarnation": incarnation, "epoch": epoch});
-    match tell(cluster, meta, "/cluster/v1/leave", body, LEAVE_TIMEOUT).await {
+    match tell(shared, meta, "/cluster/v1/leave", body, LEAVE_TIMEOUT).await {
         Ok(a) if a.status == 200 => true,
         Ok(a) => {
             log::warn!("leave refused by {meta} ({})", a.status);
@@ -559,13 +552,13 @@ async fn leave(cluster: &Cluster, meta: &str, rank: u32, epoch: u64, incarnation
 
 /// POSTs a JSON message to the meta at `meta` with the cluster token.
 async fn tell(
-    cluster: &Cluster,
+    shared: &Shared,
     meta: &str,
     path: &str,
     body: Value,
     timeout: Duration,
 ) -> Result<client::Answer, String> {
-    let token = cluster.config.cluster.token.as_str();
+    let token = shared.config.cluster.token.as_str();
     let body = body.to_string().into_bytes();
     client::request(meta, "POST", path, Some(token), body, timeout).await
 }

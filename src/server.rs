@@ -13,11 +13,11 @@ use monoio::net::TcpListener;
 use crate::cli::Plan;
 use crate::http::Front;
 use crate::shards::runtime::{self, DriverKind};
-use crate::shards::{Cluster, Shard};
+use crate::shards::{Shard, Shared};
 
 /// A started server: its shard threads are running and every shard accepts connections.
 pub struct Server {
-    pub cluster: Arc<Cluster>,
+    pub shared: Arc<Shared>,
     pub local_addr: SocketAddr,
     pub drivers: Vec<DriverKind>,
     threads: Vec<JoinHandle<()>>,
@@ -186,38 +186,38 @@ impl Server {
         let boot = boot_id();
         let ring_entries = plan.config.shard.ring_entries as u32;
         let front = crate::http::front_assets(&plan.config)?;
-        let cluster = Cluster::with_numa(plan.config, shard_count, front, numa)?;
+        let shared = Shared::with_numa(plan.config, shard_count, front, numa)?;
         // After everything that may refuse the start (its error is then the one line shown).
         let same_host = bind_same_host(
-            &cluster.config.http.same_host_socket,
+            &shared.config.http.same_host_socket,
             local_addr.port(),
             boot,
         );
-        let kv_publisher = if cluster.config.kv_events.enable {
+        let kv_publisher = if shared.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
-                cluster.config.kv_events.clone(),
-                cluster.exports.kv_stats.clone(),
+                shared.config.kv_events.clone(),
+                shared.exports.kv_stats.clone(),
             )?;
-            let _ = cluster.exports.kv_queue.set(p.queue.clone());
+            let _ = shared.exports.kv_queue.set(p.queue.clone());
             // A start that may take blobs back from its SSD files opens its stream with
             // `AllBlocksCleared` (a router forgets what the previous process announced: its
             // memory tiers are gone), before the shards announce what they recovered. With HA
             // each leadership's epoch opens with one instead.
-            let s = &cluster.config.store;
-            if !cluster.config.ha.enable && s.ssd_enable && s.ssd_recover {
+            let s = &shared.config.store;
+            if !shared.config.ha.enable && s.ssd_enable && s.ssd_recover {
                 p.queue
                     .produce(usize::MAX, &crate::common::event::Event::Cleared);
             }
             // With HA on, only the leader publishes: idle until this node wins a leadership.
-            if cluster.config.ha.enable {
-                let host: Arc<dyn crate::ha::HaHost> = cluster.clone();
+            if shared.config.ha.enable {
+                let host: Arc<dyn crate::ha::HaHost> = shared.clone();
                 crate::ha::kv_events::follow_leadership(&host, &p.queue);
             }
             Some(p)
         } else {
             None
         };
-        let recovering: usize = cluster
+        let recovering: usize = shared
             .segments
             .snapshot()
             .iter()
@@ -228,7 +228,7 @@ impl Server {
         let (started_tx, started_rx) = mpsc::channel::<(usize, Result<DriverKind, String>)>();
         let mut threads = Vec::with_capacity(shard_count);
         for (id, (listener, cpu)) in listeners.into_iter().zip(plan.shard_cpus).enumerate() {
-            let cluster = cluster.clone();
+            let shared = shared.clone();
             let started = started_tx.clone();
             let driver = plan.driver;
             let unix = same_host
@@ -248,7 +248,7 @@ impl Server {
                     }
                     let ran = runtime::run_shard(driver, ring_entries, id, |kind| {
                         let _ = started.send((id, Ok(kind)));
-                        shard_main(id, cluster, listener, unix, boot, kind != DriverKind::Epoll)
+                        shard_main(id, shared, listener, unix, boot, kind != DriverKind::Epoll)
                     });
                     if let Err(e) = ran {
                         let _ = started.send((id, Err(e)));
@@ -272,7 +272,7 @@ impl Server {
             }
         }
         let server = Server {
-            cluster,
+            shared,
             local_addr,
             drivers,
             threads,
@@ -282,7 +282,7 @@ impl Server {
             otlp: None,
         };
         if let Some(e) = failure {
-            server.cluster.begin_shutdown();
+            server.shared.begin_shutdown();
             server.join();
             return Err(e);
         }
@@ -290,9 +290,9 @@ impl Server {
         // (after indexing its recovered SSD blobs: a second more per 50k of them).
         let limit = Duration::from_secs(10 + recovering as u64 / 50_000);
         let deadline = Instant::now() + limit;
-        while server.cluster.life.accepting.load(Ordering::Acquire) < shard_count {
+        while server.shared.life.accepting.load(Ordering::Acquire) < shard_count {
             if Instant::now() > deadline {
-                server.cluster.begin_shutdown();
+                server.shared.begin_shutdown();
                 server.join();
                 return Err(format!(
                     "shards did not start accepting within {} s",
@@ -301,57 +301,57 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        server.cluster.log_ssd_recovery();
+        server.shared.log_ssd_recovery();
         let mut server = server;
-        server.otlp = crate::http::otlp::start(server.cluster.clone())
+        server.otlp = crate::http::otlp::start(server.shared.clone())
             .map_err(|e| format!("cannot start the OTLP exporter thread: {e}"))?;
         // A local service never campaigns (its view follows the meta it joins).
-        if server.cluster.ha.enabled() {
-            if server.cluster.config.cluster.role == crate::config::Role::Meta {
+        if server.shared.ha.enabled() {
+            if server.shared.config.cluster.role == crate::config::Role::Meta {
                 // A new leader records itself and learns which memberships earlier leaders
                 // declared lost and which leaderships served, before it serves (`ha::losses`):
                 // those processes' catalogs, and catalogs that missed a leadership, are void.
-                let weak = Arc::downgrade(&server.cluster);
+                let weak = Arc::downgrade(&server.shared);
                 server
-                    .cluster
+                    .shared
                     .ha
                     .add_recovery_step(Box::new(move |view, deadline| {
-                        let Some(cluster) = weak.upgrade() else {
+                        let Some(shared) = weak.upgrade() else {
                             return Ok(());
                         };
-                        let history = cluster.ha.load_history(view, deadline)?;
+                        let history = shared.ha.load_history(view, deadline)?;
                         if !history.losses.is_empty() {
                             log::info!(
                                 "HA: {} memberships earlier leaders declared lost are void here",
                                 history.losses.len()
                             );
                         }
-                        let mut ranks = cluster.membership.ranks.lock();
+                        let mut ranks = shared.membership.ranks.lock();
                         ranks.note_lost(history.losses);
                         ranks.note_served(history.served);
                         Ok(())
                     }));
             }
-            match crate::ha::election::HaThreads::start(server.cluster.clone()) {
+            match crate::ha::election::HaThreads::start(server.shared.clone()) {
                 Ok(t) => server.ha = Some(t),
                 Err(e) => {
-                    server.cluster.begin_shutdown();
+                    server.shared.begin_shutdown();
                     server.join();
                     return Err(e);
                 }
             }
         }
-        if server.cluster.config.cluster.role == crate::config::Role::Local
-            && let Err(e) = start_agent(&server.cluster, server.local_addr)
+        if server.shared.config.cluster.role == crate::config::Role::Local
+            && let Err(e) = start_agent(&server.shared, server.local_addr)
         {
-            server.cluster.begin_shutdown();
+            server.shared.begin_shutdown();
             server.join();
             return Err(format!("cannot start the local service's agent: {e}"));
         }
         Ok(server)
     }
 
-    /// Waits for every shard thread to finish (after [`Cluster::begin_shutdown`]).
+    /// Waits for every shard thread to finish (after [`Shared::begin_shutdown`]).
     /// Returns false when a shard thread panicked.
     pub fn join(self) -> bool {
         let mut clean = true;
@@ -364,7 +364,7 @@ impl Server {
             ha.stop();
         }
         // The shards are gone: what they journaled goes to file, then the thread stops.
-        if let Some(j) = &self.cluster.journals {
+        if let Some(j) = &self.shared.journals {
             j.stop();
         }
         // The shards are gone: publish what they queued, then stop.
@@ -389,32 +389,32 @@ impl Server {
 /// declared the previous process on the rank lost and dropped its segments, so the catalog it
 /// hands over is adopted into the new membership alone (a hand-over while the previous
 /// membership's segments are still being dropped loses the blobs they share with it).
-fn start_agent(cluster: &Arc<Cluster>, listen: SocketAddr) -> std::io::Result<()> {
-    if !cluster.membership.local.catalog().holds_committed() {
-        return crate::agent::start(cluster.clone(), listen);
+fn start_agent(shared: &Arc<Shared>, listen: SocketAddr) -> std::io::Result<()> {
+    if !shared.membership.local.catalog().holds_committed() {
+        return crate::agent::start(shared.clone(), listen);
     }
-    let wait = Duration::from_millis(cluster.config.cluster.heartbeat_timeout_ms + 1000);
+    let wait = Duration::from_millis(shared.config.cluster.heartbeat_timeout_ms + 1000);
     log::info!(
         "joining in {} ms, once the meta service declared this rank's previous process lost (its catalog recovered from SSD follows)",
         wait.as_millis()
     );
-    let cluster = cluster.clone();
+    let shared = shared.clone();
     std::thread::Builder::new()
         .name("mmc-agent-wait".into())
         .spawn(move || {
             let until = Instant::now() + wait;
             while Instant::now() < until {
-                if cluster.membership.local.leaving.load(Ordering::Acquire) {
+                if shared.membership.local.leaving.load(Ordering::Acquire) {
                     // Stopped before it joined: nothing to leave.
-                    cluster.membership.local.left.store(true, Ordering::Release);
+                    shared.membership.local.left.store(true, Ordering::Release);
                     return;
                 }
-                if cluster.is_shutting_down() {
+                if shared.is_shutting_down() {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if let Err(e) = crate::agent::start(cluster, listen) {
+            if let Err(e) = crate::agent::start(shared, listen) {
                 log::error!("cannot start the local service's agent: {e}");
                 std::process::exit(1);
             }
@@ -456,17 +456,17 @@ fn bind_same_host(
 /// The life of one shard on its own thread.
 async fn shard_main(
     id: usize,
-    cluster: Arc<Cluster>,
+    shared: Arc<Shared>,
     listener: std::net::TcpListener,
     unix: Option<(std::os::unix::net::UnixListener, Box<str>)>,
     boot_id: u32,
     uring: bool,
 ) {
-    let shard = Shard::new(id, cluster.clone(), uring);
+    let shard = Shard::new(id, shared.clone(), uring);
     let front = Front::new(shard.clone(), boot_id);
     monoio::spawn(shard.mailbox());
     monoio::spawn(front.clone().tick());
-    if cluster.ha.enabled() {
+    if shared.ha.enabled() {
         monoio::spawn(shard.clone().ha_applier());
     }
     let bus_shard = shard.clone();
@@ -489,10 +489,10 @@ async fn shard_main(
             Err(e) => log::warn!("shard {id}: cannot register the same-host socket: {e}"),
         }
     }
-    cluster.life.accepting.fetch_add(1, Ordering::AcqRel);
+    shared.life.accepting.fetch_add(1, Ordering::AcqRel);
 
     shard.shutdown_requested().await;
-    cluster.life.accepting.fetch_sub(1, Ordering::AcqRel);
+    shared.life.accepting.fetch_sub(1, Ordering::AcqRel);
     front.begin_drain();
     // The accept is cancelled by `begin_drain`; bounded all the same: under the epoll driver
     // a shutdown was seen (rarely, under load) to wait here for good, the accept never
@@ -504,12 +504,12 @@ async fn shard_main(
         log::debug!("shard {id}: the accept loop did not see its cancellation; leaving it");
     }
     shard.clock.refresh();
-    let deadline_ms = shard.clock.now_ms() + cluster.config.http.shutdown_timeout_ms;
+    let deadline_ms = shard.clock.now_ms() + shared.config.http.shutdown_timeout_ms;
     front.drain(deadline_ms).await;
     // Other shards may still wait on replies from this one: keep the mailbox running until
     // every shard has drained (bounded by the same deadline plus a second).
-    cluster.life.drained.fetch_add(1, Ordering::AcqRel);
-    while cluster.life.drained.load(Ordering::Acquire) < cluster.shard_count()
+    shared.life.drained.fetch_add(1, Ordering::AcqRel);
+    while shared.life.drained.load(Ordering::Acquire) < shared.shard_count()
         && shard.clock.now_ms() < deadline_ms + 1000
     {
         monoio::time::sleep(Duration::from_millis(5)).await;

@@ -109,7 +109,7 @@ fn main() -> ExitCode {
     log::info!(
         "mmc-server {} listening on {}://{} ({shards} shards on CPUs {cpus}, io driver {})",
         env!("CARGO_PKG_VERSION"),
-        if server.cluster.front.tls.is_some() {
+        if server.shared.front.tls.is_some() {
             "https"
         } else {
             "http"
@@ -118,7 +118,7 @@ fn main() -> ExitCode {
         server.drivers[0]
     );
 
-    let cluster = server.cluster.clone();
+    let shared = server.shared.clone();
     match signals {
         Ok(mut signals) => {
             std::thread::Builder::new()
@@ -133,10 +133,10 @@ fn main() -> ExitCode {
                             "SIGINT"
                         };
                         if seen == 1 {
-                            if cluster.config.cluster.role == mmc::config::Role::Local {
+                            if shared.config.cluster.role == mmc::config::Role::Local {
                                 // Leave the meta service first (it stops sending clients
                                 // here), then stop; bounded if the meta does not answer.
-                                match cluster.ha.followed() {
+                                match shared.ha.followed() {
                                     Some(meta) => {
                                         log::info!("{name}: leaving the meta service at {meta}")
                                     }
@@ -144,14 +144,14 @@ fn main() -> ExitCode {
                                         "{name}: not joined to a meta service: nothing to leave"
                                     ),
                                 }
-                                cluster
+                                shared
                                     .membership
                                     .local
                                     .leaving
                                     .store(true, std::sync::atomic::Ordering::Release);
                                 let deadline =
                                     std::time::Instant::now() + std::time::Duration::from_secs(20);
-                                while !cluster
+                                while !shared
                                     .membership
                                     .local
                                     .left
@@ -162,7 +162,7 @@ fn main() -> ExitCode {
                                 }
                             }
                             log::info!("{name}: stopping accepting, finishing requests in flight");
-                            cluster.begin_shutdown();
+                            shared.begin_shutdown();
                         } else {
                             log::warn!("{name} again: exiting without waiting");
                             std::process::exit(1);

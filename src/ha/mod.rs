@@ -106,7 +106,7 @@ pub enum MetaReply {
 }
 
 /// What the HA threads need of the server they run in, handed down as a trait (as
-/// `metrics::view::Source` is) so that `ha` knows no shard: the server's `Cluster` implements
+/// `metrics::view::Source` is) so that `ha` knows no shard: the server's `Shared` implements
 /// it (`shards/replica.rs`).
 pub trait HaHost: Send + Sync + 'static {
     /// The view the HA threads publish to and reach the shards through.

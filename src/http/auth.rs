@@ -16,7 +16,7 @@ pub const CHALLENGE: &str = "Bearer realm=\"memcache\"";
 pub struct Auth {
     data: Option<Box<[u8]>>,
     metrics: Option<Box<[u8]>>,
-    cluster: Option<Box<[u8]>>,
+    shared: Option<Box<[u8]>>,
 }
 
 /// Which token a path needs.
@@ -26,7 +26,7 @@ enum Need {
     Data,
     Metrics,
     /// The cluster token: the routes between a meta and its local services.
-    Cluster,
+    Shared,
 }
 
 /// Which token a route needs: `/healthz`, `/ready` and `/openapi.json` none, the scrape
@@ -36,7 +36,7 @@ fn need(route: Option<Route>) -> Need {
     match route {
         Some(Route::Healthz | Route::Ready | Route::OpenApi) => Need::Nothing,
         Some(r) if r.is_metrics() => Need::Metrics,
-        Some(r) if r.is_cluster() => Need::Cluster,
+        Some(r) if r.is_cluster() => Need::Shared,
         _ => Need::Data,
     }
 }
@@ -56,7 +56,7 @@ pub fn scheme_for(config: &Config, route: Route) -> Option<&'static str> {
         Need::Data => (!config.http.auth_token.is_empty()).then_some(DATA_SCHEME),
         Need::Metrics if !config.http.metrics_token.is_empty() => Some(METRICS_SCHEME),
         Need::Metrics => (!config.http.auth_token.is_empty()).then_some(DATA_SCHEME),
-        Need::Cluster => (!config.cluster.token.is_empty()).then_some(CLUSTER_SCHEME),
+        Need::Shared => (!config.cluster.token.is_empty()).then_some(CLUSTER_SCHEME),
     }
 }
 
@@ -73,7 +73,7 @@ impl Auth {
         Auth {
             data: some(&config.http.auth_token),
             metrics: some(&config.http.metrics_token),
-            cluster: some(&config.cluster.token),
+            shared: some(&config.cluster.token),
         }
     }
 
@@ -85,7 +85,7 @@ impl Auth {
             Need::Data => &self.data,
             Need::Metrics if self.metrics.is_some() => &self.metrics,
             Need::Metrics => &self.data,
-            Need::Cluster => &self.cluster,
+            Need::Shared => &self.shared,
         };
         let Some(expected) = expected else {
             return true;

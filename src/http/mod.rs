@@ -154,9 +154,9 @@ impl Drop for ConnGuard {
 
 impl Front {
     pub fn new(shard: Rc<Shard>, boot_id: u32) -> Rc<Front> {
-        let auth = auth::Auth::new(&shard.cluster.config);
+        let auth = auth::Auth::new(&shard.shared.config);
         let tls = shard
-            .cluster
+            .shared
             .front
             .tls
             .clone()
@@ -191,11 +191,11 @@ impl Front {
     }
 
     pub fn ha(&self) -> &crate::ha::HaView {
-        &self.shard.cluster.ha
+        &self.shard.shared.ha
     }
 
     pub fn config(&self) -> &Config {
-        &self.shard.cluster.config
+        &self.shard.shared.config
     }
 
     pub fn unix_secs(&self) -> u64 {

@@ -32,7 +32,7 @@ use crate::metrics::otlp::span::unix_nanos;
 use crate::metrics::otlp::{
     Backoff, Cause, LogOnce, Signal, SpanRecord, Telemetry, encode, prom, proto,
 };
-use crate::shards::Cluster;
+use crate::shards::Shared;
 
 /// Most spans in one export.
 const MAX_BATCH: usize = 512;
@@ -79,24 +79,24 @@ impl Exporter {
 }
 
 /// Starts the exporter thread when `ock.mmc.otlp.endpoint` is set.
-pub fn start(cluster: Arc<Cluster>) -> std::io::Result<Option<Exporter>> {
-    if !cluster.exports.telemetry.enabled {
+pub fn start(shared: Arc<Shared>) -> std::io::Result<Option<Exporter>> {
+    if !shared.exports.telemetry.enabled {
         return Ok(None);
     }
     log::info!(
         "OTLP: pushing metrics every {} ms{} to {}",
-        cluster.config.otlp.interval_ms,
-        if cluster.exports.telemetry.tracing() {
+        shared.config.otlp.interval_ms,
+        if shared.exports.telemetry.tracing() {
             format!(
                 " and spans (sample ratio {})",
-                cluster.config.otlp.trace_sample_ratio
+                shared.config.otlp.trace_sample_ratio
             )
         } else {
             String::new()
         },
-        cluster.config.otlp.endpoint
+        shared.config.otlp.endpoint
     );
-    let timeout = Duration::from_millis(cluster.config.otlp.timeout_ms);
+    let timeout = Duration::from_millis(shared.config.otlp.timeout_ms);
     let (flush, flush_rx) = mpsc::channel();
     let (done_tx, done) = mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -106,7 +106,7 @@ pub fn start(cluster: Arc<Cluster>) -> std::io::Result<Option<Exporter>> {
                 .enable_timer()
                 .build()
                 .expect("the exporter's runtime starts");
-            rt.block_on(run(cluster, flush_rx));
+            rt.block_on(run(shared, flush_rx));
             let _ = done_tx.send(());
         })?;
     Ok(Some(Exporter {
@@ -127,27 +127,27 @@ struct Pending {
 }
 
 /// The resource of this process now (a local service's rank comes with its join).
-fn resource(cluster: &Cluster) -> encode::ResourceInfo {
-    let local = cluster.config.cluster.role == crate::config::Role::Local;
+fn resource(shared: &Shared) -> encode::ResourceInfo {
+    let local = shared.config.cluster.role == crate::config::Role::Local;
     encode::ResourceInfo {
-        instance_id: cluster.exports.telemetry.instance_id.clone(),
+        instance_id: shared.exports.telemetry.instance_id.clone(),
         role: if local { "local" } else { "meta" },
         rank: if local {
-            cluster.membership.local.rank()
+            shared.membership.local.rank()
         } else {
-            (cluster.config.store.ranks > 0).then_some(0)
+            (shared.config.store.ranks > 0).then_some(0)
         },
     }
 }
 
 /// Every `/metrics` family, read now, as an export body and its data points.
-fn metrics_body(cluster: &Cluster) -> (Vec<u8>, u64) {
+fn metrics_body(shared: &Shared) -> (Vec<u8>, u64) {
     let mut text = Vec::with_capacity(64 << 10);
     let format = exposition::Format::Text;
-    exposition::render_metrics_as(cluster, Some(&cluster.exports.telemetry), format, &mut text);
+    exposition::render_metrics_as(shared, Some(&shared.exports.telemetry), format, &mut text);
     let families = prom::parse(&String::from_utf8_lossy(&text));
-    let t = &cluster.exports.telemetry;
-    let req = encode::metrics_request(&resource(cluster), &families, t.start_unix_ns, unix_nanos());
+    let t = &shared.exports.telemetry;
+    let req = encode::metrics_request(&resource(shared), &families, t.start_unix_ns, unix_nanos());
     (encode::bytes(&req), encode::points(&req))
 }
 
@@ -170,13 +170,13 @@ struct Failure {
 /// One attempt, given up after `timeout`; `Ok` with what the collector rejected of it
 /// (partial success).
 async fn send(
-    cluster: &Cluster,
+    shared: &Shared,
     signal: Signal,
     body: &[u8],
     headers: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<i64, Failure> {
-    let o = &cluster.config.otlp;
+    let o = &shared.config.otlp;
     let (base, prefix) = split_endpoint(&o.endpoint);
     let target = format!("{prefix}{}", signal.path());
     let call = client::request_with(base, "POST", &target, None, headers, body.to_vec(), timeout);
@@ -219,14 +219,14 @@ fn rejected(signal: Signal, body: &[u8]) -> i64 {
 /// Counts an attempt's outcome (exports, items delivered, failures by cause) and logs the
 /// first failure of each cause and the recovery; returns the failure.
 fn note(
-    cluster: &Cluster,
+    shared: &Shared,
     log: &mut LogOnce,
     signal: Signal,
     items: u64,
     outcome: Result<i64, Failure>,
 ) -> Option<Failure> {
-    let t = &cluster.exports.telemetry;
-    let endpoint = &cluster.config.otlp.endpoint;
+    let t = &shared.exports.telemetry;
+    let endpoint = &shared.config.otlp.endpoint;
     match outcome {
         Ok(rejected) => {
             t.stats.exports[signal as usize].inc();
@@ -284,9 +284,9 @@ struct State<'a> {
     log: LogOnce,
 }
 
-async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
-    let t: &Telemetry = &cluster.exports.telemetry;
-    let o = &cluster.config.otlp;
+async fn run(shared: Arc<Shared>, flush: mpsc::Receiver<Instant>) {
+    let t: &Telemetry = &shared.exports.telemetry;
+    let o = &shared.config.otlp;
     let interval = Duration::from_millis(o.interval_ms);
     let timeout = Duration::from_millis(o.timeout_ms);
     let mut headers: Vec<(&str, &str)> = vec![("Content-Type", "application/x-protobuf")];
@@ -302,14 +302,14 @@ async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
     let mut batch_since: Option<Instant> = None;
     loop {
         if let Ok(deadline) = flush.try_recv() {
-            return last_flush(&cluster, &mut st, deadline).await;
+            return last_flush(&shared, &mut st, deadline).await;
         }
         let now = Instant::now();
         if now >= next_metrics {
             if st.pending[Signal::Metrics as usize].take().is_some() {
                 t.stats.pushes_dropped.inc();
             }
-            let (body, items) = metrics_body(&cluster);
+            let (body, items) = metrics_body(&shared);
             st.pending[Signal::Metrics as usize] = Some(Pending {
                 body,
                 items,
@@ -323,7 +323,7 @@ async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
             if !st.batch.is_empty() {
                 let since = *batch_since.get_or_insert(now);
                 if st.batch.len() >= MAX_BATCH || now.duration_since(since) >= BATCH_DELAY {
-                    st.pending[Signal::Traces as usize] = Some(span_export(&cluster, &st.batch));
+                    st.pending[Signal::Traces as usize] = Some(span_export(&shared, &st.batch));
                     st.batch.clear();
                     batch_since = None;
                 }
@@ -336,10 +336,10 @@ async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
             else {
                 continue;
             };
-            let outcome = send(&cluster, signal, &p.body, &st.headers, timeout).await;
+            let outcome = send(&shared, signal, &p.body, &st.headers, timeout).await;
             let items = p.items;
             let slot = &mut st.pending[signal as usize];
-            match note(&cluster, &mut st.log, signal, items, outcome) {
+            match note(&shared, &mut st.log, signal, items, outcome) {
                 None => *slot = None,
                 Some(f) => {
                     let p = slot.as_mut().expect("the export just sent");
@@ -365,8 +365,8 @@ async fn run(cluster: Arc<Cluster>, flush: mpsc::Receiver<Instant>) {
 }
 
 /// A batch of spans as an export.
-fn span_export(cluster: &Cluster, batch: &[SpanRecord]) -> Pending {
-    let req = encode::trace_request(&resource(cluster), batch);
+fn span_export(shared: &Shared, batch: &[SpanRecord]) -> Pending {
+    let req = encode::trace_request(&resource(shared), batch);
     Pending {
         body: encode::bytes(&req),
         items: batch.len() as u64,
@@ -379,17 +379,17 @@ fn span_export(cluster: &Cluster, batch: &[SpanRecord]) -> Pending {
 /// replaced by it), then the spans of a retried batch, of the batch filling and the queue, in
 /// batches; one attempt each, each given what is left until `deadline`. Spans not sent by then,
 /// or after a failed attempt, are dropped (counted; the process is ending).
-async fn last_flush(cluster: &Cluster, st: &mut State<'_>, deadline: Instant) {
-    let t = &cluster.exports.telemetry;
+async fn last_flush(shared: &Shared, st: &mut State<'_>, deadline: Instant) {
+    let t = &shared.exports.telemetry;
     let left = || deadline.saturating_duration_since(Instant::now());
     let headers = st.headers.clone();
-    let (body, points) = metrics_body(cluster);
+    let (body, points) = metrics_body(shared);
     if st.pending[Signal::Metrics as usize].take().is_some() {
         t.stats.pushes_dropped.inc();
     }
     let metrics_ok = !left().is_zero() && {
-        let outcome = send(cluster, Signal::Metrics, &body, &headers, left()).await;
-        note(cluster, &mut st.log, Signal::Metrics, points, outcome).is_none()
+        let outcome = send(shared, Signal::Metrics, &body, &headers, left()).await;
+        note(shared, &mut st.log, Signal::Metrics, points, outcome).is_none()
     };
     if !metrics_ok {
         t.stats.pushes_dropped.inc();
@@ -400,7 +400,7 @@ async fn last_flush(cluster: &Cluster, st: &mut State<'_>, deadline: Instant) {
         .collect();
     t.take(usize::MAX, &mut st.batch);
     for chunk in st.batch.chunks(MAX_BATCH) {
-        exports.push(span_export(cluster, chunk));
+        exports.push(span_export(shared, chunk));
     }
     st.batch.clear();
     let (mut sent, mut dropped) = (0, 0);
@@ -408,8 +408,8 @@ async fn last_flush(cluster: &Cluster, st: &mut State<'_>, deadline: Instant) {
         // After a failure (or past the deadline) the rest is not tried: the collector is
         // down or slow, and the stop does not wait for it.
         if dropped == 0 && !left().is_zero() {
-            let outcome = send(cluster, Signal::Traces, &p.body, &headers, left()).await;
-            if note(cluster, &mut st.log, Signal::Traces, p.items, outcome).is_none() {
+            let outcome = send(shared, Signal::Traces, &p.body, &headers, left()).await;
+            if note(shared, &mut st.log, Signal::Traces, p.items, outcome).is_none() {
                 sent += p.items;
                 continue;
             }

@@ -30,7 +30,7 @@ impl Shard {
                 size,
                 placement,
             } => {
-                let view = self.cluster.stamp_view();
+                let view = self.shared.stamp_view();
                 self.store.borrow_mut().set_view(view);
                 self.apply_alloc(key, size, placement)
             }
@@ -113,7 +113,7 @@ impl Shard {
     }
 
     pub(super) fn apply_metadata_put(&self, key: Box<[u8]>, value: bytes::Bytes) -> Applied {
-        if self.cluster.ha.enabled() {
+        if self.shared.ha.enabled() {
             return self.replicate_metadata(crate::ha::MetaOp::Put(key, value));
         }
         let r = self.metadata.borrow_mut().put(key, value);
@@ -122,7 +122,7 @@ impl Shard {
     }
 
     pub(super) fn apply_metadata_delete(&self, key: Box<[u8]>) -> Applied {
-        if self.cluster.ha.enabled() {
+        if self.shared.ha.enabled() {
             return self.replicate_metadata(crate::ha::MetaOp::Delete(key));
         }
         let r = self.metadata.borrow_mut().delete(&key);
@@ -330,7 +330,7 @@ impl Shard {
         Reply::Read(PinnedBlob {
             view,
             owner: self.id,
-            cluster: self.cluster.clone(),
+            shared: self.shared.clone(),
             managed: true,
         })
     }
@@ -342,7 +342,7 @@ impl Shard {
                 blobs,
                 link,
                 self.id,
-                self.cluster.clone(),
+                self.shared.clone(),
             )),
             AllocStep::Refused(m) => Reply::Refused(m),
             AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::store::segment::{Medium, SegmentId};
 use super::store::{BlobHandle, BlobView, ObjHandle, Placement, QueryInfo, WriterLink};
-use super::{Cluster, Notice, ShardId};
+use super::{Notice, ShardId, Shared};
 
 #[derive(Debug)]
 pub enum Command {
@@ -165,7 +165,7 @@ impl Command {
 pub struct PinnedBlob {
     pub view: BlobView,
     pub(super) owner: ShardId,
-    pub(super) cluster: Arc<Cluster>,
+    pub(super) shared: Arc<Shared>,
     /// Pinned on an owner shard (false: bytes a local service serves under a grant, which
     /// the meta service's lease protects; there is no pin here to release).
     pub(super) managed: bool,
@@ -173,11 +173,11 @@ pub struct PinnedBlob {
 
 impl PinnedBlob {
     /// A blob of this process's memory read under a grant: the meta service holds its lease.
-    pub fn unmanaged(view: BlobView, cluster: Arc<Cluster>) -> PinnedBlob {
+    pub fn unmanaged(view: BlobView, shared: Arc<Shared>) -> PinnedBlob {
         PinnedBlob {
             view,
             owner: 0,
-            cluster,
+            shared,
             managed: false,
         }
     }
@@ -186,7 +186,7 @@ impl PinnedBlob {
 impl Drop for PinnedBlob {
     fn drop(&mut self) {
         if self.managed {
-            self.cluster
+            self.shared
                 .notify(self.owner, Notice::Unpin(self.view.handle));
         }
     }
@@ -208,7 +208,7 @@ pub struct WriteGrant {
     pub blobs: SmallVec<[BlobView; 2]>,
     link: Arc<WriterLink>,
     pub(super) owner: ShardId,
-    pub(super) cluster: Arc<Cluster>,
+    pub(super) shared: Arc<Shared>,
     armed: bool,
     /// An unmanaged grant's end (Unix ms): past it the writer writes nothing more.
     until_unix_ms: u64,
@@ -220,14 +220,14 @@ impl WriteGrant {
         blobs: SmallVec<[BlobView; 2]>,
         link: Arc<WriterLink>,
         owner: ShardId,
-        cluster: Arc<Cluster>,
+        shared: Arc<Shared>,
     ) -> WriteGrant {
         WriteGrant {
             obj,
             blobs,
             link,
             owner,
-            cluster,
+            shared,
             armed: true,
             until_unix_ms: u64::MAX,
         }
@@ -239,7 +239,7 @@ impl WriteGrant {
     /// a range it took back soon after, `Config::remote_writer_ms`).
     pub fn unmanaged(
         blobs: SmallVec<[BlobView; 2]>,
-        cluster: Arc<Cluster>,
+        shared: Arc<Shared>,
         expires_ms: u64,
     ) -> WriteGrant {
         WriteGrant {
@@ -250,9 +250,9 @@ impl WriteGrant {
             blobs,
             // Revoked when the service joins a meta again (see `LocalIdentity::writers`); shared
             // by its writers, whose byte counts on it nobody reads (no owner here reclaims).
-            link: cluster.membership.local.writer_link(),
+            link: shared.membership.local.writer_link(),
             owner: 0,
-            cluster,
+            shared,
             armed: false,
             until_unix_ms: expires_ms,
         }
@@ -280,7 +280,7 @@ impl WriteGrant {
 impl Drop for WriteGrant {
     fn drop(&mut self) {
         if self.armed {
-            self.cluster.notify(self.owner, Notice::Abort(self.obj));
+            self.shared.notify(self.owner, Notice::Abort(self.obj));
         }
     }
 }

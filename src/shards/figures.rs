@@ -1,11 +1,11 @@
-//! The cluster as a scrape sees it: `Cluster` hands the exposition its figures through
+//! The cluster as a scrape sees it: `Shared` hands the exposition its figures through
 //! [`metrics::view::Source`](crate::metrics::view::Source), so `src/metrics` reads what it is
 //! handed and knows none of the shards' types. Nothing here allocates beyond what the
 //! figures themselves do (the rank registry's lost list, the HA snapshot).
 
 use std::sync::Arc;
 
-use super::Cluster;
+use super::Shared;
 use super::store::segment::Segment;
 use super::store::ssd::SsdFile;
 use crate::common::clock::Clock;
@@ -19,7 +19,7 @@ use crate::metrics::view::{
 };
 use crate::numa::NodePart;
 
-impl Source for Cluster {
+impl Source for Shared {
     fn config(&self) -> &Config {
         &self.config
     }
@@ -175,14 +175,14 @@ impl DiskFigures for SsdFile {
 #[cfg(test)]
 mod tests {
     use crate::metrics::exposition::render_summary;
-    use crate::shards::{Cluster, FrontAssets};
+    use crate::shards::{FrontAssets, Shared};
 
     #[test]
     fn summary_has_the_seed_fields_in_order() {
-        let cluster =
-            Cluster::new(crate::config::Config::defaults(), 2, FrontAssets::default()).unwrap();
+        let shared =
+            Shared::new(crate::config::Config::defaults(), 2, FrontAssets::default()).unwrap();
         let mut buf = Vec::new();
-        render_summary(&*cluster, &mut buf);
+        render_summary(&*shared, &mut buf);
         let line = String::from_utf8(buf).unwrap();
         assert!(!line.contains('\n'));
         let keys: Vec<&str> = line

@@ -48,14 +48,14 @@ impl Shard {
         }
         if self.store.borrow().has_freed_remote() {
             let freed = self.store.borrow_mut().take_freed_remote();
-            self.cluster.membership.freed_logs.push(freed);
+            self.shared.membership.freed_logs.push(freed);
         }
         // Swap the store's event buffer with ours, so neither allocates per operation.
         let mut events = std::mem::take(&mut *self.event_buf.borrow_mut());
         self.store.borrow_mut().swap_events(&mut events);
         if !events.is_empty() {
-            let now = self.cluster.clock.now_ms();
-            let kv = self.cluster.exports.kv_queue.get();
+            let now = self.shared.clock.now_ms();
+            let kv = self.shared.exports.kv_queue.get();
             for ev in events.drain(..) {
                 if let Some(kv) = kv {
                     kv.produce(self.id, &ev);
@@ -110,7 +110,7 @@ impl Shard {
             s.attr("mmc.outcome", Attr::Static(outcome_name(outcome)));
             s.error = outcome != IoOutcome::Done;
             s.end(elapsed);
-            self.cluster.exports.telemetry.record(s);
+            self.shared.exports.telemetry.record(s);
         }
         (outcome, sum, elapsed.as_micros() as u64)
     }
@@ -118,7 +118,7 @@ impl Shard {
     /// The OTLP span of a job (sampled as a root at the configured ratio): its kind, bytes,
     /// source rank and medium, and this shard.
     fn job_span(&self, job: &IoJob) -> Option<SpanRecord> {
-        let t = &self.cluster.exports.telemetry;
+        let t = &self.shared.exports.telemetry;
         if !t.tracing() {
             return None;
         }
@@ -160,8 +160,8 @@ impl Shard {
             && src_view.seg.backend.remote().is_some()
         {
             // A remote rank's tier move: its local service copies between its own segments.
-            return match &self.cluster.front.remote_tier {
-                Some(t) => t.copy(&self.cluster, src_view, dst_view).await,
+            return match &self.shared.front.remote_tier {
+                Some(t) => t.copy(&self.shared, src_view, dst_view).await,
                 None => (IoOutcome::Failed, 0),
             };
         }
@@ -259,8 +259,8 @@ impl Shard {
     /// Probes the faulted SSD files whose probe is due (one shard per file per interval):
     /// a successful probe write lets the file take flushes again.
     pub(super) fn probe_faulted_ssd(&self) {
-        let now = self.cluster.clock.now_ms();
-        for seg in self.cluster.segments.snapshot().iter() {
+        let now = self.shared.clock.now_ms();
+        for seg in self.shared.segments.snapshot().iter() {
             let Some(file) = seg.backend.file() else {
                 continue;
             };

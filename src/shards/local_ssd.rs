@@ -12,7 +12,7 @@
 //! service is checked against the checksum the meta holds (a rewarm through a tier move, a
 //! redirected read), and a damaged one is dropped on the meta.
 
-use super::Cluster;
+use super::Shared;
 use super::store::mount;
 use super::store::ssd::journal::Record;
 use crate::cluster::catalog::SsdChange;
@@ -21,7 +21,7 @@ use crate::cluster::catalog::SsdChange;
 /// same (a disk that does not answer).
 const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl Cluster {
+impl Shared {
     /// At a local service's start (recovery on, rank configured): opens, mounts and catalogs
     /// what its SSD file held.
     pub(super) fn recover_local_ssd(&self) -> Result<(), String> {

@@ -71,7 +71,7 @@ impl Shard {
     /// Runs `cmds` on their owners in parallel (grouped per owner) and returns the replies in
     /// the order of `cmds`.
     pub async fn execute_many(self: &Rc<Self>, cmds: Vec<Command>) -> Vec<Reply> {
-        let n = self.cluster.shard_count();
+        let n = self.shared.shard_count();
         let mut groups: Vec<Vec<(usize, Command)>> = (0..n).map(|_| Vec::new()).collect();
         let total = cmds.len();
         for (i, c) in cmds.into_iter().enumerate() {
@@ -117,7 +117,7 @@ impl Shard {
 
     /// Runs a per-shard command on every shard in parallel; replies in shard order.
     pub async fn broadcast(self: &Rc<Self>, make: impl Fn() -> Command) -> Vec<Reply> {
-        let submitted: Vec<Submitted<'_>> = (0..self.cluster.shard_count())
+        let submitted: Vec<Submitted<'_>> = (0..self.shared.shard_count())
             .map(|s| self.submit(s, make()))
             .collect();
         let mut out = Vec::with_capacity(submitted.len());
@@ -131,12 +131,12 @@ impl Shard {
     /// full, which the caller answers as overload.
     pub(super) fn send(&self, owner: ShardId, cmd: Command) -> Option<ReplyFuture<'_>> {
         let stats = self.stats();
-        if self.in_flight.get() >= self.cluster.config.shard.max_outstanding as usize {
+        if self.in_flight.get() >= self.shared.config.shard.max_outstanding as usize {
             return None;
         }
         let id = self.next_request_id.get();
         self.next_request_id.set(id + 1);
-        let target = &self.cluster.shards[owner];
+        let target = &self.shared.shards[owner];
         if target
             .requests
             .push(Envelope {
@@ -158,7 +158,7 @@ impl Shard {
     pub(super) fn push_reply(&self, to: ShardId, id: u64, reply: Reply) {
         // Cannot fail: the requester keeps at most `max_outstanding` requests in flight and
         // its reply queue holds that many.
-        if self.cluster.shards[to]
+        if self.shared.shards[to]
             .replies
             .push(ReplyEnvelope { id, reply })
             .is_err()
@@ -192,7 +192,7 @@ impl Shard {
                 }
             }
         }
-        handled += self.cluster.retry_notices();
+        handled += self.shared.retry_notices();
         let mut notices = 0;
         while let Some(n) = me.notices.pop() {
             handled += 1;
@@ -202,7 +202,7 @@ impl Shard {
         if notices > 0 {
             self.after_store();
         }
-        let mut wake_list = WakeSet::new(self.cluster.shard_count());
+        let mut wake_list = WakeSet::new(self.shared.shard_count());
         let mut served = 0;
         while served < budget {
             let Some(Envelope { from, id, cmd }) = me.requests.pop() else {
@@ -219,13 +219,13 @@ impl Shard {
                     monoio::spawn(async move {
                         let reply = fut.await;
                         me.push_reply(from, id, reply);
-                        me.cluster.shards[from].wake();
+                        me.shared.shards[from].wake();
                     });
                 }
             }
         }
         for s in wake_list.iter() {
-            self.cluster.shards[s].wake();
+            self.shared.shards[s].wake();
         }
         handled + served
     }
@@ -235,7 +235,7 @@ impl Shard {
     pub fn mailbox(self: &Rc<Self>) -> impl Future<Output = ()> + 'static {
         const BUDGET: usize = 256;
         let shard = self.clone();
-        let spin = Duration::from_micros(shard.cluster.config.shard.idle_spin_us);
+        let spin = Duration::from_micros(shard.shared.config.shard.idle_spin_us);
         std::future::poll_fn(move |cx| {
             shard.wake_shutdown_waiter();
             loop {

@@ -12,7 +12,6 @@
 
 mod apply;
 pub use crate::cluster::catalog;
-mod cluster;
 pub mod command;
 mod figures;
 mod io_jobs;
@@ -26,6 +25,7 @@ mod recovery;
 mod replica;
 mod rereplicate;
 pub mod runtime;
+mod shared;
 pub mod store;
 mod waits;
 
@@ -45,12 +45,12 @@ use crate::metrics::bus::PanickingTestSubscriber;
 use crate::metrics::bus::{EventBus, LoggingSubscriber, Subscriber, TierMetricsSubscriber};
 use crate::metrics::store::StoreStats;
 pub use apply::Applied;
-pub use cluster::{Cluster, FrontAssets, ObjectCopier, RemoteShard, RemoteTier};
 pub use command::{Command, PinnedBlob, Reply, WriteGrant};
 pub use io_jobs::DAMAGED_ON_SSD;
 use mailbox::Slot;
 pub use mailbox::{Envelope, ReplyEnvelope, ReplyFuture, Submitted};
 use metadata::MetadataStore;
+pub use shared::{FrontAssets, ObjectCopier, RemoteShard, RemoteTier, Shared};
 use store::Store;
 use store::ssd::SsdIo;
 
@@ -75,7 +75,7 @@ pub use notice::Notice;
 /// the shard's thread behind an `Rc`; no other thread can reach it.
 pub struct Shard {
     pub id: ShardId,
-    pub cluster: Arc<Cluster>,
+    pub shared: Arc<Shared>,
     pub clock: TickClock,
     metadata: RefCell<MetadataStore>,
     pub store: RefCell<Store>,
@@ -108,18 +108,18 @@ pub struct Shard {
 
 impl Shard {
     /// `uring`: the shard runs on the io_uring driver (SSD I/O then goes through its ring).
-    pub fn new(id: ShardId, cluster: Arc<Cluster>, uring: bool) -> Rc<Shard> {
-        let shards = cluster.shard_count() as u64;
-        let metadata_budget = cluster.config.metadata.max_total_bytes.div_ceil(shards);
-        let remote = &cluster.shards[id];
+    pub fn new(id: ShardId, shared: Arc<Shared>, uring: bool) -> Rc<Shard> {
+        let shards = shared.shard_count() as u64;
+        let metadata_budget = shared.config.metadata.max_total_bytes.div_ceil(shards);
+        let remote = &shared.shards[id];
         notice::mark_shard_thread();
         let store = Store::new(
             id,
-            cluster.store_config(),
-            cluster.segments.clone(),
+            shared.store_config(),
+            shared.segments.clone(),
             remote.store_stats.clone(),
             remote.tracer.clone(),
-            cluster.clock,
+            shared.clock,
         );
         #[cfg_attr(not(debug_assertions), allow(unused_mut))]
         let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
@@ -134,33 +134,33 @@ impl Shard {
             subscribers.push(Box::new(PanickingTestSubscriber));
         }
         let bus = EventBus::new(
-            cluster.config.metrics.bus_capacity as usize,
+            shared.config.metrics.bus_capacity as usize,
             remote.bus_stats.clone(),
             subscribers,
         );
         Rc::new(Shard {
             id,
-            clock: TickClock::new(cluster.clock),
+            clock: TickClock::new(shared.clock),
             metadata: RefCell::new(MetadataStore::new(metadata_budget)),
             store: RefCell::new(store),
-            ssd: SsdIo::new(uring, id, cluster.clock),
+            ssd: SsdIo::new(uring, id, shared.clock),
             flush_done: LocalEvent::default(),
             rewarm_done: LocalEvent::default(),
             bus,
             event_buf: RefCell::new(Vec::new()),
             purge_running: Cell::new(false),
             rereplicating: Cell::new(false),
-            load: load::Load::new(cluster.config.http.max_inflight_per_shard as usize),
+            load: load::Load::new(shared.config.http.max_inflight_per_shard as usize),
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
             shutdown_waker: RefCell::new(None),
-            cluster,
+            shared,
         })
     }
 
     pub fn remote(&self) -> &RemoteShard {
-        &self.cluster.shards[self.id]
+        &self.shared.shards[self.id]
     }
 
     pub fn stats(&self) -> &ShardStats {
@@ -172,7 +172,7 @@ impl Shard {
     }
 
     pub fn owner_of(&self, key: &[u8]) -> ShardId {
-        shard_for(key, self.cluster.shard_count())
+        shard_for(key, self.shared.shard_count())
     }
 
     /// Housekeeping: expired leases, stale allocations, probes of faulted SSD files, the
@@ -180,7 +180,7 @@ impl Shard {
     pub fn tick(self: &Rc<Self>) {
         // A safety net for the mailbox's wake-up: a shutdown is noticed within a tick.
         self.wake_shutdown_waiter();
-        self.cluster.retry_notices();
+        self.shared.retry_notices();
         self.store.borrow_mut().tick();
         self.after_store();
         self.probe_faulted_ssd();
@@ -197,7 +197,7 @@ impl Shard {
 
     /// Wakes the task waiting in [`Shard::shutdown_requested`] once the shutdown has begun.
     pub(crate) fn wake_shutdown_waiter(&self) {
-        if self.cluster.is_shutting_down()
+        if self.shared.is_shutting_down()
             && let Some(w) = self.shutdown_waker.borrow_mut().take()
         {
             w.wake();
@@ -207,7 +207,7 @@ impl Shard {
     /// Resolves once the process begins its graceful shutdown.
     pub fn shutdown_requested(&self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(move |cx| {
-            if self.cluster.is_shutting_down() {
+            if self.shared.is_shutting_down() {
                 return Poll::Ready(());
             }
             *self.shutdown_waker.borrow_mut() = Some(cx.waker().clone());

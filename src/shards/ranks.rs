@@ -10,7 +10,7 @@
 //! readable). Segments are tagged with their membership's epoch, so dropping one membership's
 //! never touches a later one's (a restarted service joined meanwhile).
 //!
-//! On a local service the same [`Cluster`] holds [`LocalIdentity`]: the rank the meta gave it
+//! On a local service the same [`Shared`] holds [`LocalIdentity`]: the rank the meta gave it
 //! and the meta's URL.
 
 use arc_swap::ArcSwapOption;
@@ -207,7 +207,7 @@ impl LocalIdentity {
     }
 }
 
-impl super::Cluster {
+impl super::Shared {
     /// The mounted segments of remote rank `rank` (whatever membership mounted them).
     pub fn remote_segments_of(&self, rank: u32) -> Vec<Arc<Segment>> {
         self.segments
@@ -266,15 +266,15 @@ impl Shard {
         epoch: u64,
         segments: &[(Medium, u64)],
     ) -> Result<(), String> {
-        let cluster = &self.cluster;
-        let master = cluster
+        let shared = &self.shared;
+        let master = shared
             .membership
             .grant_key
             .get()
             .ok_or("this meta service has no grant key")?;
         for &(medium, size) in segments {
             let seg = super::store::mount::build_remote_segment(
-                &cluster.segments,
+                &shared.segments,
                 rank,
                 medium,
                 size,
@@ -283,11 +283,11 @@ impl Shard {
                     master.for_member(rank, incarnation, epoch),
                     epoch,
                 )),
-                cluster.shard_count(),
-                cluster.config.store.run_bytes,
+                shared.shard_count(),
+                shared.config.store.run_bytes,
             )?;
             seg.set_status(SegmentStatus::Undefined);
-            cluster.segments.insert(seg)?;
+            shared.segments.insert(seg)?;
             log::info!(
                 "mounted remote segment {} ({size} bytes) at {url}",
                 segment_name(rank, medium)
@@ -299,11 +299,11 @@ impl Shard {
     /// Drops the segments of membership `epoch` of `rank`, whose bytes are gone or no longer
     /// this meta's (lost, restarted, left, or replaced by a join under a new leadership).
     pub async fn drop_rank(self: &Rc<Self>, rank: u32, epoch: u64) {
-        let segs = self.cluster.unmount_member(rank, epoch);
+        let segs = self.shared.unmount_member(rank, epoch);
         self.drop_member_segments(rank, epoch, segs).await;
     }
 
-    /// Drops the segments [`super::Cluster::unmount_member`] took out of the table: their
+    /// Drops the segments [`super::Shared::unmount_member`] took out of the table: their
     /// blobs on every shard (objects with no copy elsewhere removed), then every shard forgets
     /// them. The membership's freed log goes too: what its service held is no longer this
     /// meta's to describe.
@@ -313,7 +313,7 @@ impl Shard {
         epoch: u64,
         segs: Vec<Arc<Segment>>,
     ) {
-        self.cluster.membership.freed_logs.retire(rank, epoch);
+        self.shared.membership.freed_logs.retire(rank, epoch);
         self.drop_segments_keeping_log(rank, segs).await;
     }
 
@@ -322,7 +322,7 @@ impl Shard {
         for seg in &segs {
             self.drop_remote_segment(seg).await;
         }
-        for s in self.cluster.shards.iter() {
+        for s in self.shared.shards.iter() {
             s.client.forget_rank(rank);
         }
     }
@@ -333,7 +333,7 @@ impl Shard {
         seg.set_status(SegmentStatus::Unmounting);
         let id = seg.id;
         // By id: a rank that joined again meanwhile has a new segment under the same name.
-        self.cluster.segments.remove_id(&seg.name, id);
+        self.shared.segments.remove_id(&seg.name, id);
         // A blob pinned by a transfer still on its way (a drain's move into this segment, a
         // tier move) is freed when that transfer ends, bounded by its hop timeout: the
         // segment is forgotten only once no shard holds a blob there (forgetting it earlier
@@ -366,10 +366,10 @@ impl Shard {
     /// waiting on the rank keep waiting (its freed log stays), since they must not rely on a
     /// loss a later leader would not know.
     pub(super) fn check_lost_ranks(self: &Rc<Self>) {
-        let timeout = self.cluster.config.cluster.heartbeat_timeout_ms;
-        let now = self.cluster.clock.now_ms();
+        let timeout = self.shared.config.cluster.heartbeat_timeout_ms;
+        let now = self.shared.clock.now_ms();
         let lost: Vec<(u32, u64, u64, u64)> = {
-            let mut members = self.cluster.membership.ranks.lock();
+            let mut members = self.shared.membership.ranks.lock();
             let expired = members.expire(now, timeout);
             expired
                 .into_iter()
@@ -386,22 +386,22 @@ impl Shard {
         };
         // The leadership that declares these losses: their records are fenced by it, now and
         // when tried again.
-        let fence = self.cluster.ha.fence();
+        let fence = self.shared.ha.fence();
         for (rank, epoch, incarnation, view) in lost {
             log::error!("rank {rank} lost: no heartbeat for {timeout} ms; dropping its segments");
             // Its removals wait for the loss to be recorded, even if a join replaces it first.
-            self.cluster.membership.freed_logs.hold(rank, epoch);
+            self.shared.membership.freed_logs.hold(rank, epoch);
             let me = self.clone();
             let membership = crate::cluster::members::Membership { view, epoch };
             let recorded = self
-                .cluster
+                .shared
                 .ha
                 .record_loss(rank, incarnation, membership, fence);
             monoio::spawn(async move {
-                let segs = me.cluster.unmount_member(rank, epoch);
+                let segs = me.shared.unmount_member(rank, epoch);
                 let mut outcome = recorded.recv_async().await;
                 if let Ok(Ok(true)) = outcome {
-                    me.cluster.membership.freed_logs.settle(rank, epoch);
+                    me.shared.membership.freed_logs.settle(rank, epoch);
                     me.drop_segments_keeping_log(rank, segs).await;
                     return;
                 }
@@ -413,14 +413,14 @@ impl Shard {
                     match outcome {
                         Ok(Ok(true)) => {
                             log::warn!("rank {rank}: its loss is recorded in etcd now");
-                            me.cluster.membership.freed_logs.settle(rank, epoch);
+                            me.shared.membership.freed_logs.settle(rank, epoch);
                             return;
                         }
                         Ok(Ok(false)) => {
                             log::error!(
                                 "rank {rank}: its loss cannot be recorded: the leadership that declared it (view {fence}) is over; removals waiting on it stay unconfirmed"
                             );
-                            me.cluster.membership.freed_logs.abandon(rank, epoch);
+                            me.shared.membership.freed_logs.abandon(rank, epoch);
                             return;
                         }
                         ref other if first => log::error!(
@@ -429,12 +429,12 @@ impl Shard {
                         _ => {}
                     }
                     first = false;
-                    if me.cluster.is_shutting_down() {
+                    if me.shared.is_shutting_down() {
                         return;
                     }
                     monoio::time::sleep(LOSS_RETRY).await;
                     outcome = me
-                        .cluster
+                        .shared
                         .ha
                         .record_loss(rank, incarnation, membership, fence)
                         .recv_async()

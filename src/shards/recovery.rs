@@ -21,7 +21,7 @@ impl Shard {
     /// shard accepts, announces them as KV `BlockStored` (after the stream's opening
     /// `AllBlocksCleared`), and starts reading them back.
     pub(crate) async fn recover_ssd(self: &Rc<Self>) {
-        for seg in self.cluster.segments.snapshot().iter() {
+        for seg in self.shared.segments.snapshot().iter() {
             let Some(f) = seg.backend.file() else {
                 continue;
             };
@@ -64,11 +64,11 @@ impl Shard {
     async fn announce_recovered(&self) {
         let mut events = Vec::new();
         self.store.borrow_mut().swap_events(&mut events);
-        let Some(kv) = self.cluster.exports.kv_queue.get().cloned() else {
+        let Some(kv) = self.shared.exports.kv_queue.get().cloned() else {
             return;
         };
         for ev in events {
-            while !kv.has_room_for_burst() && !self.cluster.is_shutting_down() {
+            while !kv.has_room_for_burst() && !self.shared.is_shutting_down() {
                 monoio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
             kv.produce(self.id, &ev);
@@ -81,7 +81,7 @@ impl Shard {
         let started = Instant::now();
         let (mut ok, mut damaged, mut failed) = (0u64, 0u64, 0u64);
         loop {
-            if self.cluster.is_shutting_down() {
+            if self.shared.is_shutting_down() {
                 return;
             }
             let next = self.store.borrow_mut().next_verify();
@@ -162,7 +162,7 @@ impl Shard {
     /// What the journals hold emitted before a removal runs (`None`: no SSD file is
     /// journaled): [`Shard::journal_settle`] waits for what is emitted after it.
     pub fn journal_mark(&self) -> Option<Vec<u64>> {
-        self.cluster.journal_mark()
+        self.shared.journal_mark()
     }
 
     /// Waits until every journal record emitted since `mark` is on file, so that a removal of
@@ -170,7 +170,7 @@ impl Shard {
     /// Usually within a write of the journals' thread; past [`SETTLE_LIMIT`] (a disk that
     /// does not answer) the removal is answered all the same, and logged.
     pub async fn journal_settle(&self, mark: Option<Vec<u64>>) {
-        let (Some(j), Some(mark)) = (&self.cluster.journals, mark) else {
+        let (Some(j), Some(mark)) = (&self.shared.journals, mark) else {
             return;
         };
         let started = Instant::now();
@@ -192,7 +192,7 @@ impl Shard {
     }
 }
 
-impl super::Cluster {
+impl super::Shared {
     /// Logs what the start recovered from each journaled SSD file and how long it held the
     /// start, once every shard accepts (the server is ready from then on).
     pub fn log_ssd_recovery(&self) {

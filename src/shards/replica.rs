@@ -9,12 +9,12 @@ use bytes::Bytes;
 
 use super::apply::Applied;
 use super::metadata::MetadataStore;
-use super::{Cluster, Reply, Shard, shard_for};
+use super::{Reply, Shard, Shared, shard_for};
 use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::config::Config;
 use crate::ha::{HaHost, HaView, MetaOp, MetaReply, ShardMsg, WriteReq};
 
-impl HaHost for Cluster {
+impl HaHost for Shared {
     fn ha(&self) -> &HaView {
         &self.ha
     }
@@ -71,12 +71,12 @@ impl Shard {
         let (done, answer) = flume::bounded(1);
         let req = WriteReq {
             shard: self.id,
-            fence: self.cluster.ha.fence(),
+            fence: self.shared.ha.fence(),
             op,
             reserved,
             done,
         };
-        if self.cluster.ha.submit_write(req).is_err() {
+        if self.shared.ha.submit_write(req).is_err() {
             self.metadata.borrow_mut().unreserve(reserved);
             return Applied::Now(Reply::Overloaded);
         }
@@ -95,12 +95,12 @@ impl Shard {
     /// large store is re-announced whole instead of overflowing the queue (stored events are
     /// the first dropped).
     async fn announce_held_blocks(&self) {
-        let Some(kv) = self.cluster.exports.kv_queue.get().cloned() else {
+        let Some(kv) = self.shared.exports.kv_queue.get().cloned() else {
             return;
         };
         let held = self.store.borrow().held_blocks();
         for (chunk, medium, size) in held {
-            while !kv.has_room_for_burst() && !self.cluster.is_shutting_down() {
+            while !kv.has_room_for_burst() && !self.shared.is_shutting_down() {
                 monoio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
             kv.produce(
@@ -117,7 +117,7 @@ impl Shard {
     /// The applier: applies what the HA threads send this shard, in order. Runs for the
     /// shard's life (HA on only).
     pub async fn ha_applier(self: Rc<Self>) {
-        let Some(inbox) = self.cluster.ha.shard_inbox(self.id) else {
+        let Some(inbox) = self.shared.ha.shard_inbox(self.id) else {
             return;
         };
         while let Ok(msg) = inbox.recv_async().await {

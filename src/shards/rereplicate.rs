@@ -21,7 +21,7 @@ impl Shard {
     /// not running.
     pub(super) fn rereplicate(self: &Rc<Self>) {
         if self.rereplicating.get()
-            || self.cluster.front.copier.is_none()
+            || self.shared.front.copier.is_none()
             || !self.store.borrow().rereplication_waiting()
         {
             return;
@@ -38,8 +38,8 @@ impl Shard {
     /// queued or in flight. Only a serving meta copies: a standby's or a deposed leader's
     /// objects may be stale, and the ranks another leader's.
     async fn rereplicate_while_waiting(self: &Rc<Self>) {
-        while self.store.borrow().rereplication_waiting() && !self.cluster.is_shutting_down() {
-            let moves = if self.cluster.ha.serving() {
+        while self.store.borrow().rereplication_waiting() && !self.shared.is_shutting_down() {
+            let moves = if self.shared.ha.serving() {
                 self.store.borrow_mut().begin_rereplicate()
             } else {
                 Vec::new()
@@ -53,7 +53,7 @@ impl Shard {
             for m in moves {
                 let me = self.clone();
                 monoio::spawn(async move {
-                    let ok = match &me.cluster.front.copier {
+                    let ok = match &me.shared.front.copier {
                         Some(c) => c.copy(&me, &m.key, &m.from, &m.to, m.stamp).await,
                         None => false,
                     };

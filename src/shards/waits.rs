@@ -64,7 +64,7 @@ impl Shard {
         mut flushes: u64,
     ) -> Reply {
         const FLUSH_WAITS: usize = 64;
-        let lease = Duration::from_millis(self.cluster.config.store.lease_ms);
+        let lease = Duration::from_millis(self.shared.config.store.lease_ms);
         let patience = lease.min(ROOM_WAIT_MAX) + Duration::from_millis(crate::limits::TICK_MS);
         let started = std::time::Instant::now();
         let mut flush_waits = 0;

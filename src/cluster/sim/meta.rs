@@ -129,7 +129,7 @@ pub(super) struct Meta {
     drains: Vec<Drain>,
     calls: BTreeMap<u64, (u64, Call)>,
     keys: u16,
-    /// When this process started: its stamps' view without HA (`Cluster::lineage_ms`).
+    /// When this process started: its stamps' view without HA (`Shared::lineage_ms`).
     lineage_ms: u64,
 }
 
@@ -171,7 +171,7 @@ impl Meta {
         }
     }
 
-    /// `Cluster::stamp_view`: the view new objects are stamped with.
+    /// `Shared::stamp_view`: the view new objects are stamped with.
     fn stamp_view(&self) -> u64 {
         crate::cluster::catalog::stamp_view(self.ha.as_ref().map(|h| h.view()), self.lineage_ms)
     }
@@ -428,7 +428,7 @@ impl Meta {
         self.table.insert(seg)
     }
 
-    /// `Cluster::member_segments`.
+    /// `Shared::member_segments`.
     fn member_segments(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
         self.table
             .snapshot()
@@ -438,7 +438,7 @@ impl Meta {
             .collect()
     }
 
-    /// `Cluster::unmount_member`.
+    /// `Shared::unmount_member`.
     fn unmount_member(&self, rank: u32, epoch: u64) -> Vec<Arc<Segment>> {
         let segs = self.member_segments(rank, epoch);
         for seg in &segs {
@@ -448,7 +448,7 @@ impl Meta {
         segs
     }
 
-    /// `Cluster::remote_segments_of(rank).first()`'s grant key: what a commit is checked with.
+    /// `Shared::remote_segments_of(rank).first()`'s grant key: what a commit is checked with.
     fn signing_key(&self, rank: u32) -> Option<Arc<GrantKey>> {
         self.table
             .snapshot()

@@ -40,7 +40,7 @@ pub(super) async fn stream_put<S: Io>(
     let started = std::time::Instant::now();
     let shard = conn.front.shard();
     shard.stats().http_requests.inc();
-    let telemetry = &shard.cluster.exports.telemetry;
+    let telemetry = &shard.shared.exports.telemetry;
     let span = crate::http::spans::RequestSpan::start(telemetry, &head, started);
     let trace = span.as_ref().map(|s| s.context());
     let mut ctx = Ctx {
@@ -85,7 +85,7 @@ pub(super) async fn stream_put<S: Io>(
     };
     let close = refused_unread || !head.keep_alive || conn.front.is_draining();
     if let Some(span) = span {
-        let (id, shards) = (shard.id, shard.cluster.shard_count());
+        let (id, shards) = (shard.id, shard.shared.shard_count());
         let body = body_len as u64;
         let route = Some(Route::Objects);
         span.finish(

@@ -46,7 +46,7 @@ pub(super) async fn answer<S: Io>(
     let stats = shard.stats();
     stats.http_requests.inc();
     let routed = verdict.dispatched();
-    let telemetry = &shard.cluster.exports.telemetry;
+    let telemetry = &shard.shared.exports.telemetry;
     let span = RequestSpan::start(telemetry, head, started);
     let trace = span.as_ref().map(RequestSpan::context);
     let mut ctx = Ctx {
@@ -108,7 +108,7 @@ pub(super) async fn answer<S: Io>(
     }
     let close = resp.close;
     if let Some(span) = span {
-        let shards = shard.cluster.shard_count();
+        let shards = shard.shared.shard_count();
         let body = req_bytes.len().saturating_sub(head.len) as u64;
         let scratch_len = scratch.len();
         span.finish(
@@ -270,7 +270,7 @@ fn refusal(
 /// 307 to the same path and query on the leader, or 503 with `Retry-After` when no leader is
 /// known (or this node was just elected and is loading its state).
 fn not_leader(head: &Head<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let ha = ctx.shard.cluster.ha.snapshot();
+    let ha = ctx.shard.shared.ha.snapshot();
     match (&ha.leader_address, ha.role) {
         (Some(leader), crate::ha::Role::Standby) => {
             let mut location =

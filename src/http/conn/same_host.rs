@@ -28,11 +28,11 @@ pub(super) async fn put(
             "Bad request: a put with X-Mmc-Iov carries no body",
         );
     }
-    if size > ctx.shard.cluster.config.http.max_body_bytes {
+    if size > ctx.shard.shared.config.http.max_body_bytes {
         let message = handlers::body_limit_message(
             Some(req.route),
             req.head.method,
-            &ctx.shard.cluster.config,
+            &ctx.shard.shared.config,
         );
         return ctx.protocol_error(Status::PAYLOAD_TOO_LARGE, &message);
     }

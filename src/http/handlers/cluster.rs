@@ -28,7 +28,7 @@ fn json_answer(ctx: &mut Ctx<'_>, v: Value) -> Response {
 
 /// Only a meta service admits local services, and off loopback only with a cluster token.
 fn admits(ctx: &mut Ctx<'_>) -> Result<(), Response> {
-    let config = &ctx.shard.cluster.config;
+    let config = &ctx.shard.shared.config;
     if config.cluster.role != Role::Meta {
         return Err(ctx.protocol_error(
             Status::FORBIDDEN,
@@ -37,7 +37,7 @@ fn admits(ctx: &mut Ctx<'_>) -> Result<(), Response> {
     }
     let loopback = ctx
         .shard
-        .cluster
+        .shared
         .membership
         .ranks
         .listens_on_loopback(&config.listen);
@@ -160,12 +160,12 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // yet (absent: a live catalog).
     let recovered = v.get("recovered").and_then(Value::as_bool) == Some(true);
     let heard_by = v.get("heard_by").and_then(Value::as_u64).unwrap_or(0);
-    let cluster = ctx.shard.cluster.clone();
-    let first_free = cluster.config.store.ranks as u32;
-    let view = cluster.ha.fence().max(0) as u64;
+    let shared = ctx.shard.shared.clone();
+    let first_free = shared.config.store.ranks as u32;
+    let view = shared.ha.fence().max(0) as u64;
     // This meta's lineage under that view: the join is decided and answered under the same one.
-    let lineage = cluster.stamp_view_at(view);
-    let joined = cluster.membership.ranks.lock().join(JoinRequest {
+    let lineage = shared.stamp_view_at(view);
+    let joined = shared.membership.ranks.lock().join(JoinRequest {
         view,
         wanted,
         url,
@@ -178,7 +178,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         heard_by,
         lineage,
         first_free,
-        now_ms: cluster.clock.now_ms(),
+        now_ms: shared.clock.now_ms(),
     });
     let joined = match joined {
         Ok(j) => j,
@@ -197,11 +197,11 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // as their pins end, which may take a hop's timeout).
         if let Some(old) = joined.retire {
             let me = ctx.shard.clone();
-            let segs = cluster.unmount_member(rank, old);
+            let segs = shared.unmount_member(rank, old);
             monoio::spawn(async move { me.drop_member_segments(rank, old, segs).await });
         }
         // Its catalog says what it holds now: the freed log starts over.
-        cluster.membership.freed_logs.begin(rank, epoch);
+        shared.membership.freed_logs.begin(rank, epoch);
         // UNDEFINED until the rank's first heartbeat: this answer may reach the service a
         // moment after a put was placed, and it holds no grant key before it reads it.
         if let Err(e) = ctx
@@ -209,9 +209,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             .mount_remote(rank, url, incarnation, epoch, &segments)
         {
             log::error!("could not mount rank {rank}'s segments: {e}");
-            cluster.membership.ranks.lock().left(rank, epoch);
-            for seg in cluster.member_segments(rank, epoch) {
-                cluster.segments.remove_id(&seg.name, seg.id);
+            shared.membership.ranks.lock().left(rank, epoch);
+            for seg in shared.member_segments(rank, epoch) {
+                shared.segments.remove_id(&seg.name, seg.id);
             }
             return ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
         }
@@ -219,7 +219,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // The same membership joining again (its answer was lost, or it gave up on our
         // answers): it dropped its grant key when it began to, so it takes no new put until
         // the heartbeat after this answer.
-        for seg in cluster.member_segments(rank, epoch) {
+        for seg in shared.member_segments(rank, epoch) {
             if seg.status() == SegmentStatus::Ok {
                 seg.set_status(SegmentStatus::Undefined);
             }
@@ -242,7 +242,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     log::info!("rank {rank} joined from {url} (incarnation {incarnation}, epoch {epoch})");
     // This membership's own key: grants given to an earlier process on this rank, or to an
     // earlier membership of this one, do not verify.
-    let key = cluster
+    let key = shared
         .membership
         .grant_key
         .get()
@@ -254,9 +254,9 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "rank": rank,
             "epoch": epoch,
             "grant_key": key,
-            "heartbeat_interval_ms": cluster.config.cluster.heartbeat_interval_ms,
-            "heartbeat_timeout_ms": cluster.config.cluster.heartbeat_timeout_ms,
-            "ha": cluster.config.ha.enable,
+            "heartbeat_interval_ms": shared.config.cluster.heartbeat_interval_ms,
+            "heartbeat_timeout_ms": shared.config.cluster.heartbeat_timeout_ms,
+            "ha": shared.config.ha.enable,
             "discard_catalog": discard,
             // What the local service reports as the view of the meta it follows.
             "view_version": view,
@@ -274,7 +274,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// Adopts a rank's catalog on the owner shards of its keys; returns how many entries
 /// were refused (logged as freed for the rank, so its local service drops them).
 async fn adopt(ctx: &mut Ctx<'_>, rank: u32, epoch: u64, catalog: Vec<Entry>) -> usize {
-    let n = ctx.shard.cluster.shard_count();
+    let n = ctx.shard.shared.shard_count();
     let mut groups: Vec<Vec<Adopted>> = (0..n).map(|_| Vec::new()).collect();
     for entry in catalog {
         groups[ctx.shard.owner_of(&entry.key)].push(Adopted { rank, entry });
@@ -303,7 +303,7 @@ async fn adopt(ctx: &mut Ctx<'_>, rank: u32, epoch: u64, catalog: Vec<Entry>) ->
     }
     let count = refused.len();
     ctx.shard
-        .cluster
+        .shared
         .membership
         .freed_logs
         .push(refused.iter().map(|a| a.refused(epoch)));
@@ -369,10 +369,10 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         ssd_write_bps: field_u64(&v, "ssd_write_bps").unwrap_or(0),
     };
     let status = report.ssd_status;
-    let cluster = ctx.shard.cluster.clone();
-    let view = cluster.ha.fence().max(0) as u64;
-    let now = cluster.clock.now_ms();
-    let beat = cluster.membership.ranks.lock().heartbeat(
+    let shared = ctx.shard.shared.clone();
+    let view = shared.ha.fence().max(0) as u64;
+    let now = shared.clock.now_ms();
+    let beat = shared.membership.ranks.lock().heartbeat(
         view,
         rank,
         from.incarnation,
@@ -386,7 +386,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Unknown rank, incarnation or epoch: join again",
         );
     }
-    let segs = cluster.member_segments(rank, from.epoch);
+    let segs = shared.member_segments(rank, from.epoch);
     // A faulted remote SSD takes no flushes until its file takes writes again (its local
     // service probes it, as a meta service probes its own).
     for seg in &segs {
@@ -412,7 +412,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         }
         // The memberships this join replaced settle once the service acknowledges what the
         // adoption refused (`FreedLogs::adopted`).
-        cluster.membership.freed_logs.adopted(rank, from.epoch);
+        shared.membership.freed_logs.adopted(rank, from.epoch);
         // The first heartbeat after a join: the service read the answer and holds the grant
         // key, so its segments take puts and redirects from now on (one being unmounted or
         // drained meanwhile keeps that status).
@@ -425,7 +425,7 @@ pub async fn heartbeat(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     }
     // The blobs freed on this rank since the acknowledged sequence (catalog hand-over).
     let ack = field_u64(&v, "catalog_ack").unwrap_or(0);
-    match cluster.membership.freed_logs.answer(rank, ack) {
+    match shared.membership.freed_logs.answer(rank, ack) {
         LogAnswer::Records { seq, freed } => {
             let mut v = catalog_wire::news_json(seq, &freed);
             v["success"] = json!(true);
@@ -463,9 +463,9 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(r) => return r,
     };
     let (rank, epoch) = (from.rank, from.epoch);
-    let cluster = ctx.shard.cluster.clone();
-    let view = cluster.ha.fence().max(0) as u64;
-    if !cluster
+    let shared = ctx.shard.shared.clone();
+    let view = shared.ha.fence().max(0) as u64;
+    if !shared
         .membership
         .ranks
         .lock()
@@ -476,10 +476,10 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Unknown rank, incarnation or epoch, or already leaving",
         );
     }
-    let segs = cluster.member_segments(rank, epoch);
+    let segs = shared.member_segments(rank, epoch);
     let moved = drain(ctx, &segs).await;
     ctx.shard.drop_rank(rank, epoch).await;
-    cluster.membership.ranks.lock().left(rank, epoch);
+    shared.membership.ranks.lock().left(rank, epoch);
     log::info!("rank {rank} left; {moved} objects moved to other ranks");
     json_answer(ctx, json!({"success": true, "rank": rank, "moved": moved}))
 }
@@ -491,7 +491,7 @@ pub async fn leave(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// one time a remote rank's bytes pass through the meta service. Returns the objects moved.
 pub(super) async fn drain(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
     // Its span (whenever tracing is on), under the request's when that one is sampled.
-    let t = ctx.shard.cluster.exports.telemetry.clone();
+    let t = ctx.shard.shared.exports.telemetry.clone();
     let span = t.start_always(ctx.trace.as_ref()).map(|(c, parent)| {
         let mut s = SpanRecord::begin(c, parent, "mmc.drain", Kind::Internal);
         let names = segs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
@@ -513,8 +513,8 @@ async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
     }
     // The drain's decisions (`cluster::drain`): which segment next, how much room to make,
     // when to ask again, when it is over.
-    let clock = ctx.shard.cluster.clock;
-    let shards = ctx.shard.cluster.shard_count();
+    let clock = ctx.shard.shared.clock;
+    let shards = ctx.shard.shared.shard_count();
     let mut d = Drain::new(segs.iter().map(|s| s.id), shards, clock.now_ms());
     loop {
         let (id, room) = match d.next(clock.now_ms()) {

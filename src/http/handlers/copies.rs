@@ -53,7 +53,7 @@ async fn fetch(shard: &Shard, key: &[u8], from: &BlobView) -> Option<Vec<u8>> {
             }
         };
     }
-    let url = remote::read_grant_url(&shard.cluster, key, from)?;
+    let url = remote::read_grant_url(&shard.shared, key, from)?;
     match client::request_url(&url, "GET", Vec::new(), HOP_TIMEOUT).await {
         // Object bytes only: a damaged SSD copy answers an error envelope, never copied.
         Ok(a) if a.status == 200 && a.octet_stream && a.body.len() as u64 == from.len => {
@@ -77,7 +77,7 @@ async fn write(shard: &Shard, key: &[u8], to: &BlobView, stamp: Stamp, bytes: Ve
         // SAFETY: the new blob is ALLOCATED and pinned for this copy alone until it ends.
         return unsafe { to.seg.backend.write(to.offset, &bytes) }.is_ok();
     }
-    let Some(url) = remote::write_grant_url(&shard.cluster, key, to, stamp) else {
+    let Some(url) = remote::write_grant_url(&shard.shared, key, to, stamp) else {
         return false;
     };
     match client::request_url(&url, "PUT", bytes, HOP_TIMEOUT).await {

@@ -31,7 +31,7 @@ use crate::config::Role;
 use crate::http::catalog_wire;
 use crate::http::client;
 use crate::http::response::{Response, Status};
-use crate::shards::Cluster;
+use crate::shards::Shared;
 
 /// How long one push waits for its local service.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,7 +41,7 @@ const POLL: Duration = Duration::from_micros(500);
 /// The key hashes a removal of `keys` waits on ([`settle`]), or none when no local service
 /// ever joined this meta (no removal has a barrier then: nothing is hashed or locked).
 pub(super) fn removal_of<'k>(ctx: &Ctx<'_>, keys: impl IntoIterator<Item = &'k [u8]>) -> Vec<u64> {
-    if !ctx.shard.cluster.membership.freed_logs.has_members() {
+    if !ctx.shard.shared.membership.freed_logs.has_members() {
         return Vec::new();
     }
     keys.into_iter().map(key_hash).collect()
@@ -53,12 +53,12 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
     if keys.is_empty() {
         return true;
     }
-    let cluster = ctx.shard.cluster.clone();
-    let logs = &cluster.membership.freed_logs;
-    let timeout = cluster.config.cluster.heartbeat_timeout_ms;
-    let mut removal = Removal::new(logs, keys, cluster.clock.now_ms(), timeout);
+    let shared = ctx.shard.shared.clone();
+    let logs = &shared.membership.freed_logs;
+    let timeout = shared.config.cluster.heartbeat_timeout_ms;
+    let mut removal = Removal::new(logs, keys, shared.clock.now_ms(), timeout);
     loop {
-        match removal.poll(logs, cluster.clock.now_ms()) {
+        match removal.poll(logs, shared.clock.now_ms()) {
             Settled::Confirmed => return true,
             Settled::Unconfirmed(ranks) => {
                 log::warn!(
@@ -71,7 +71,7 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
                 // way); one another removal started is looked at again after a short pause.
                 let mine: Vec<_> = ranks
                     .into_iter()
-                    .filter_map(|rank| push(&cluster, rank))
+                    .filter_map(|rank| push(&shared, rank))
                     .collect();
                 if mine.is_empty() {
                     monoio::time::sleep(POLL).await;
@@ -91,7 +91,7 @@ pub(super) async fn settle(ctx: &mut Ctx<'_>, keys: &[u64]) -> bool {
 /// take one lookup. A newer version acknowledged while an older copy lives could be shadowed
 /// by it after a failover, once the newer one is deleted or lost.
 pub(super) async fn older_copies_unconfirmed(ctx: &mut Ctx<'_>, keys: &[&[u8]]) -> Vec<usize> {
-    let logs = &ctx.shard.cluster.membership.freed_logs;
+    let logs = &ctx.shard.shared.membership.freed_logs;
     if !logs.has_members() {
         return Vec::new();
     }
@@ -150,17 +150,14 @@ pub(super) fn unconfirmed(ctx: &mut Ctx<'_>) -> Response {
 
 /// Starts a push of `rank`'s unacknowledged records to its local service, unless one is on
 /// its way or nothing waits: the task, done once the push was answered (or failed).
-fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()>> {
-    let logs = &cluster.membership.freed_logs;
+fn push(shared: &Arc<Shared>, rank: u32) -> Option<monoio::task::JoinHandle<()>> {
+    let logs = &shared.membership.freed_logs;
     let p = logs.take_push(rank)?;
-    let target = cluster
-        .member_segments(rank, p.epoch)
-        .first()
-        .and_then(|s| {
-            s.backend
-                .remote()
-                .map(|r| (r.url.clone(), r.grant_key.clone()))
-        });
+    let target = shared.member_segments(rank, p.epoch).first().and_then(|s| {
+        s.backend
+            .remote()
+            .map(|r| (r.url.clone(), r.grant_key.clone()))
+    });
     let Some((url, key)) = target else {
         // Its segments are gone: the membership is over (its log goes with it).
         logs.pushed(rank, p.epoch, None);
@@ -171,9 +168,9 @@ fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()
     v["epoch"] = json!(p.epoch);
     let body = v.to_string().into_bytes();
     let target = format!("/cluster/v1/freed?mac={}", key.body_mac(&body));
-    let cluster = cluster.clone();
+    let shared = shared.clone();
     Some(monoio::spawn(async move {
-        let token = cluster.config.cluster.token.as_str();
+        let token = shared.config.cluster.token.as_str();
         let ack =
             match client::request(&url, "POST", &target, Some(token), body, PUSH_TIMEOUT).await {
                 Ok(a) if a.status == 200 => serde_json::from_slice::<Value>(&a.body)
@@ -188,7 +185,7 @@ fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()
                     None
                 }
             };
-        cluster.membership.freed_logs.pushed(rank, p.epoch, ack);
+        shared.membership.freed_logs.pushed(rank, p.epoch, ack);
     }))
 }
 
@@ -196,8 +193,8 @@ fn push(cluster: &Arc<Cluster>, rank: u32) -> Option<monoio::task::JoinHandle<()
 /// this local service's meta: the records are applied to the catalog; the answer is the
 /// sequence applied.
 pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let cluster = ctx.shard.cluster.clone();
-    if cluster.config.cluster.role != Role::Local {
+    let shared = ctx.shard.shared.clone();
+    if shared.config.cluster.role != Role::Local {
         return ctx.protocol_error(
             Status::FORBIDDEN,
             "This is not a local service: freed records go to the local service of their rank",
@@ -207,7 +204,7 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Ok(m) => m.into_owned(),
         Err(r) => return r,
     };
-    let Some(key) = cluster.membership.grant_key.get() else {
+    let Some(key) = shared.membership.grant_key.get() else {
         return ctx.protocol_error(
             Status::FORBIDDEN,
             "This local service has not joined a meta service",
@@ -227,7 +224,7 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             "Malformed body: expected epoch, catalog_seq and freed records",
         );
     };
-    if epoch != Some(cluster.membership.local.epoch()) || !cluster.membership.local.joined() {
+    if epoch != Some(shared.membership.local.epoch()) || !shared.membership.local.joined() {
         return ctx.protocol_error(
             Status::CONFLICT,
             "Not this local service's current membership",
@@ -237,9 +234,9 @@ pub async fn receive(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // acknowledges them (a restart of this service does not bring them back).
     let journaled = ctx.shard.journal_mark();
     let ack = {
-        let mut catalog = cluster.membership.local.catalog();
+        let mut catalog = shared.membership.local.catalog();
         let mark = catalog.mark();
-        cluster.journal_catalog(catalog.apply_tracked(news, mark));
+        shared.journal_catalog(catalog.apply_tracked(news, mark));
         catalog.acked()
     };
     ctx.shard.journal_settle(journaled).await;

@@ -6,11 +6,11 @@
 use super::remote::object_url;
 use crate::cluster::catalog::Stamp;
 use crate::grant::{Grant, GrantOp, unix_ms};
-use crate::shards::Cluster;
+use crate::shards::Shared;
 use crate::shards::store::BlobView;
 
-pub(super) fn read_grant_url(cluster: &Cluster, key: &[u8], v: &BlobView) -> Option<String> {
-    let config = &cluster.config;
+pub(super) fn read_grant_url(shared: &Shared, key: &[u8], v: &BlobView) -> Option<String> {
+    let config = &shared.config;
     let ttl = config.grant_ttl_ms().min(config.store.lease_ms.max(1));
     grant_url(key, v, GrantOp::Read, ttl, Stamp::default(), 0)
 }
@@ -19,7 +19,7 @@ pub(super) fn read_grant_url(cluster: &Cluster, key: &[u8], v: &BlobView) -> Opt
 /// there: a drain's move, a re-replication), carrying the object's stamp for the local
 /// service's catalog.
 pub(super) fn write_grant_url(
-    cluster: &Cluster,
+    shared: &Shared,
     key: &[u8],
     v: &BlobView,
     stamp: Stamp,
@@ -27,12 +27,12 @@ pub(super) fn write_grant_url(
     // The records noted so far for the rank (an earlier attempt at this copy, given up, names
     // the same range and stamp) must not drop the entry this write makes.
     let epoch = v.seg.backend.remote()?.epoch;
-    let floor = cluster.membership.freed_logs.seq(v.seg.rank, epoch);
+    let floor = shared.membership.freed_logs.seq(v.seg.rank, epoch);
     grant_url(
         key,
         v,
         GrantOp::Write,
-        cluster.config.grant_ttl_ms(),
+        shared.config.grant_ttl_ms(),
         stamp,
         floor,
     )

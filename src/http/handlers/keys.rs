@@ -201,7 +201,7 @@ impl KeyCursor {
         shard: &std::rc::Rc<crate::shards::Shard>,
         prefix: &[u8],
     ) -> Option<Result<Vec<u8>, ()>> {
-        while self.shard < shard.cluster.shard_count() && self.limit > 0 {
+        while self.shard < shard.shared.shard_count() && self.limit > 0 {
             let cmd = Command::ListKeys {
                 cursor: self.cursor,
                 max_bytes: KEY_PAGE_BYTES,

@@ -9,15 +9,15 @@ use crate::http::response::{Body, ContentType, Response, Status};
 use crate::shards::{Command, Reply};
 
 pub fn role(ctx: &mut Ctx<'_>) -> Response {
-    Response::text(ctx.shard.cluster.ha.snapshot().role.as_str())
+    Response::text(ctx.shard.shared.ha.snapshot().role.as_str())
 }
 
 pub fn ha_status(ctx: &mut Ctx<'_>) -> Response {
-    Response::text(ctx.shard.cluster.ha.snapshot().state.as_str())
+    Response::text(ctx.shard.shared.ha.snapshot().state.as_str())
 }
 
 pub fn ready(ctx: &mut Ctx<'_>) -> Response {
-    if ctx.shard.cluster.is_ready() {
+    if ctx.shard.shared.is_ready() {
         Response::text("ready")
     } else {
         let mut r = ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "Service not ready");
@@ -59,15 +59,15 @@ pub fn openapi(ctx: &mut Ctx<'_>) -> Response {
     let mut r = Response::new(
         Status::OK,
         ContentType::Json,
-        Body::Bytes(ctx.shard.cluster.front.openapi.clone()),
+        Body::Bytes(ctx.shard.shared.front.openapi.clone()),
     );
     r.no_store = false;
     r
 }
 
 pub fn health(ctx: &mut Ctx<'_>) -> Response {
-    let ha = ctx.shard.cluster.ha.snapshot();
-    let ready = ctx.shard.cluster.is_ready();
+    let ha = ctx.shard.shared.ha.snapshot();
+    let ready = ctx.shard.shared.is_ready();
     ctx.json_object(|w| {
         w.field_str("status", b"ok");
         w.field_str("role", ha.role.as_str().as_bytes());
@@ -79,7 +79,7 @@ pub fn health(ctx: &mut Ctx<'_>) -> Response {
 }
 
 pub fn leader(ctx: &mut Ctx<'_>) -> Response {
-    let ha = ctx.shard.cluster.ha.snapshot();
+    let ha = ctx.shard.shared.ha.snapshot();
     ctx.json_object(|w| {
         w.field_bool("present", ha.leader_present());
         w.field_str("leader_address", ha.leader_address_str().as_bytes());

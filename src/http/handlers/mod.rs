@@ -308,7 +308,7 @@ pub async fn handle(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    if ctx.shard.cluster.config.cluster.role == crate::config::Role::Local
+    if ctx.shard.shared.config.cluster.role == crate::config::Role::Local
         && !req.route.served_by_local_service()
     {
         return ctx.protocol_error(

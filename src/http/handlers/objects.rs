@@ -30,7 +30,7 @@ use crate::shards::store::{BlobView, MAX_REPLICAS, Placement};
 use crate::shards::{Command, Reply, Submitted, WriteGrant};
 
 fn is_local_service(ctx: &Ctx<'_>) -> bool {
-    ctx.shard.cluster.config.cluster.role == crate::config::Role::Local
+    ctx.shard.shared.config.cluster.role == crate::config::Role::Local
 }
 
 /// Length marker of a missing key in a batch_get body.

@@ -33,16 +33,16 @@ use crate::metrics::client::ClientOp;
 use crate::shards::store::segment::{Medium, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
-use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, PinnedBlob, Reply, WriteGrant};
+use crate::shards::{Command, DAMAGED_ON_SSD, PinnedBlob, Reply, Shared, WriteGrant};
 
 /// How long a hop waits for the next hop or the meta service's commit.
 pub(super) const HOP_TIMEOUT: Duration = Duration::from_millis(crate::limits::HOP_TIMEOUT_MS);
 
 /// This process's own data-plane URL, as the meta puts it in a chain: the advertised
 /// address, else the listen address.
-pub(super) fn self_url(cluster: &Cluster) -> String {
-    let a = cluster.config.advertise_address.trim();
-    let scheme = if cluster.config.tls.enable {
+pub(super) fn self_url(shared: &Shared) -> String {
+    let a = shared.config.advertise_address.trim();
+    let scheme = if shared.config.tls.enable {
         "https"
     } else {
         "http"
@@ -52,7 +52,7 @@ pub(super) fn self_url(cluster: &Cluster) -> String {
     } else if !a.is_empty() {
         format!("{scheme}://{a}")
     } else {
-        format!("{scheme}://{}", cluster.config.listen)
+        format!("{scheme}://{}", shared.config.listen)
     }
 }
 
@@ -82,7 +82,7 @@ fn redirect(ctx: &mut Ctx<'_>, mut location: String) -> Response {
 }
 
 pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
-    ctx.shard.cluster.membership.grant_key.get()
+    ctx.shard.shared.membership.grant_key.get()
 }
 
 /// On the meta service, the key a grant a local service sends back (a commit, a damaged
@@ -90,10 +90,10 @@ pub(super) fn grant_key(ctx: &Ctx<'_>) -> Option<Arc<crate::grant::GrantKey>> {
 /// process's own for its own ranks. `None` for a rank no longer mounted.
 pub(super) fn signing_key(ctx: &Ctx<'_>, text: &[u8]) -> Option<Arc<crate::grant::GrantKey>> {
     let rank = Grant::rank_in(std::str::from_utf8(text).ok()?)?;
-    if u64::from(rank) < ctx.shard.cluster.config.store.ranks {
+    if u64::from(rank) < ctx.shard.shared.config.store.ranks {
         return grant_key(ctx);
     }
-    let segs = ctx.shard.cluster.remote_segments_of(rank);
+    let segs = ctx.shard.shared.remote_segments_of(rank);
     let remote = segs.first()?.backend.remote()?;
     Some(remote.grant_key.clone())
 }
@@ -125,7 +125,7 @@ pub(super) fn fetch_url(
     key: &[u8],
     pinned: PinnedBlob,
 ) -> Option<(String, usize)> {
-    let url = read_grant_url(&ctx.shard.cluster, key, &pinned.view)?;
+    let url = read_grant_url(&ctx.shard.shared, key, &pinned.view)?;
     Some((url, pinned.view.len as usize))
 }
 
@@ -166,7 +166,7 @@ async fn fetch_one(url: String, size: usize) -> Option<bytes::Bytes> {
 /// `GET` of an object whose copy is on a remote rank: 307 to its local service with a read
 /// grant that ends with the read's lease (taken by the get; the pin is released here).
 pub(super) fn redirect_read(ctx: &mut Ctx<'_>, key: &[u8], pinned: PinnedBlob) -> Response {
-    let Some(location) = read_grant_url(&ctx.shard.cluster, key, &pinned.view) else {
+    let Some(location) = read_grant_url(&ctx.shard.shared, key, &pinned.view) else {
         return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "No grant key");
     };
     drop(pinned);
@@ -185,9 +185,9 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
     let mut hops: Vec<&BlobView> = grant.blobs.iter().collect();
     // Remote hops first (stable: placement order), this process's last.
     hops.sort_by_key(|b| b.seg.backend.remote().is_none());
-    let expires = unix_ms() + ctx.shard.cluster.config.grant_ttl_ms();
+    let expires = unix_ms() + ctx.shard.shared.config.grant_ttl_ms();
     // The leadership the object was stamped with at its allocation, just now.
-    let view = ctx.shard.cluster.stamp_view();
+    let view = ctx.shard.shared.stamp_view();
     let mut next: Option<String> = None;
     for (i, b) in hops.iter().enumerate().rev() {
         let g = Grant {
@@ -215,7 +215,7 @@ pub(super) fn redirect_write(ctx: &mut Ctx<'_>, key: &[u8], mut grant: WriteGran
         let url = match b.seg.backend.remote() {
             Some(r) => object_url(&r.url, key, &text, next.as_deref()),
             // A copy on this process's own rank: the chain's last hop is here.
-            None => object_url(&self_url(&ctx.shard.cluster), key, &text, next.as_deref()),
+            None => object_url(&self_url(&ctx.shard.shared), key, &text, next.as_deref()),
         };
         next = Some(url);
     }
@@ -286,14 +286,14 @@ pub(super) fn forbidden(ctx: &mut Ctx<'_>, message: &str) -> Response {
     ctx.protocol_error(Status::FORBIDDEN, message)
 }
 
-/// Marks a verified write or move grant used (`Cluster::used_grants`) as its request is
+/// Marks a verified write or move grant used (`Shared::used_grants`) as its request is
 /// admitted, before any byte is written under it; else the refusal: 403 for a grant used
 /// already (a replay, or a client's retry of a request that reached here), 503 with
 /// `Retry-After` when the ledger is full of grants not yet expired.
 pub(super) fn admit(ctx: &mut Ctx<'_>, text: &str, grant: &Grant) -> Result<(), Response> {
     let refused = match ctx
         .shard
-        .cluster
+        .shared
         .membership
         .used_grants
         .admit(text, grant, unix_ms())
@@ -381,7 +381,7 @@ pub(super) async fn grant_get(
             ),
         };
     }
-    let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.cluster.clone());
+    let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.shared.clone());
     let resp = Response::new(
         Status::OK,
         ContentType::OctetStream,
@@ -429,7 +429,7 @@ pub(super) async fn grant_put(
     }
     let mut blobs: SmallVec<[BlobView; 2]> = SmallVec::new();
     blobs.push(view(seg.clone(), &grant));
-    let wg = WriteGrant::unmanaged(blobs, ctx.shard.cluster.clone(), grant.expires_ms);
+    let wg = WriteGrant::unmanaged(blobs, ctx.shard.shared.clone(), grant.expires_ms);
     let started = Instant::now();
     match fill(Some(&wg)).await {
         Filled::Broken => {
@@ -488,13 +488,13 @@ pub(super) async fn grant_put(
         return Some(put_success(ctx, key, size));
     }
     // Counted until the catalog knows the outcome: a join waits for it.
-    let cluster = ctx.shard.cluster.clone();
-    let _in_flight = cluster.membership.local.commit_in_flight();
+    let shared = ctx.shard.shared.clone();
+    let _in_flight = shared.membership.local.commit_in_flight();
     let r = commit(ctx, key, &grant, text, next.as_deref(), true).await;
     if r.status != Status::OK || r.failed {
         catalog_drop(ctx, &grant, cataloged);
     } else if cataloged
-        && !cluster
+        && !shared
             .membership
             .local
             .catalog()
@@ -522,14 +522,14 @@ fn grant_stamp(grant: &Grant) -> Stamp {
 /// Adds a blob written under a grant to this local service's catalog; false on a meta (the
 /// last hop of a chain on its own rank keeps no catalog).
 fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
-    let cluster = &ctx.shard.cluster;
-    if cluster.config.cluster.role != crate::config::Role::Local {
+    let shared = &ctx.shard.shared;
+    if shared.config.cluster.role != crate::config::Role::Local {
         return false;
     }
     // A grant's `len` is the object's size; the entry's is what the meta allocated.
     let medium = Medium::ALL[grant.medium as usize];
     let entry = Entry::written(key, medium, grant.offset, grant.size, grant_stamp(grant));
-    let mut catalog = cluster.membership.local.catalog();
+    let mut catalog = shared.membership.local.catalog();
     if grant.op == GrantOp::WriteCommit {
         // Handed over only once the meta answered its commit.
         catalog.add_pending(entry);
@@ -554,7 +554,7 @@ fn catalog_freed(grant: &Grant) -> Freed {
 fn catalog_drop(ctx: &mut Ctx<'_>, grant: &Grant, cataloged: bool) {
     if cataloged {
         ctx.shard
-            .cluster
+            .shared
             .membership
             .local
             .catalog()
@@ -653,12 +653,12 @@ async fn commit(
     next: Option<&str>,
     ok: bool,
 ) -> Response {
-    let cluster = ctx.shard.cluster.clone();
-    if cluster.config.cluster.role == crate::config::Role::Meta {
+    let shared = ctx.shard.shared.clone();
+    if shared.config.cluster.role == crate::config::Role::Meta {
         // The meta itself was the first hop (its own rank): commit in place.
         return commit_here(ctx, key.into(), grant, ok).await;
     }
-    let Some(meta) = cluster.membership.local.meta_url() else {
+    let Some(meta) = shared.membership.local.meta_url() else {
         return ctx.protocol_error(Status::SERVICE_UNAVAILABLE, "Not joined to a meta service");
     };
     let mut target = format!(
@@ -672,7 +672,7 @@ async fn commit(
         target.push_str(&encode_query(n.as_bytes()));
     }
     let (t, tp) = (
-        Some(cluster.config.cluster.token.as_str()),
+        Some(shared.config.cluster.token.as_str()),
         Outgoing::of(ctx.trace),
     );
     let h = tp.fields();

@@ -16,13 +16,8 @@ pub fn metrics(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
     let format = exposition::negotiate(req.head.accept);
     // The OTLP exporter's own families (`memcache_otlp_*`) come last, in either format.
-    let cluster = &*ctx.shard.cluster;
-    exposition::render_metrics_as(
-        cluster,
-        Some(&cluster.exports.telemetry),
-        format,
-        ctx.scratch,
-    );
+    let shared = &*ctx.shard.shared;
+    exposition::render_metrics_as(shared, Some(&shared.exports.telemetry), format, ctx.scratch);
     let content_type = match format {
         Format::Text => ContentType::Prometheus,
         Format::Protobuf => ContentType::PrometheusProtobuf,
@@ -32,14 +27,14 @@ pub fn metrics(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 
 pub fn summary(ctx: &mut Ctx<'_>) -> Response {
     ctx.scratch.clear();
-    exposition::render_summary(&*ctx.shard.cluster, ctx.scratch);
+    exposition::render_summary(&*ctx.shard.shared, ctx.scratch);
     Response::new(Status::OK, ContentType::Text, Body::Scratch)
 }
 
 /// `/kv_events/status`: the publisher's state, keys in the seed's (alphabetical) order.
 pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
-    let cluster = &ctx.shard.cluster;
-    let s = &cluster.exports.kv_stats;
+    let shared = &ctx.shard.shared;
+    let s = &shared.exports.kv_stats;
     let g = |c: &std::sync::atomic::AtomicU64| c.load(Relaxed);
     ctx.json_object(|w| {
         w.field_u64("dropped_events", s.dropped_events());
@@ -64,7 +59,7 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
         w.end_object();
         w.field_u64("published_events", s.published_events.get());
         w.field_bool("publisher_active", s.publisher_active.load(Relaxed));
-        w.field_u64("queue_capacity", cluster.config.kv_events.queue_capacity);
+        w.field_u64("queue_capacity", shared.config.kv_events.queue_capacity);
         w.field_u64("queue_size", g(&s.queue_size));
         w.field_u64("skipped_unparsed_keys", s.skipped_unparsed_keys());
     })
@@ -74,10 +69,10 @@ pub fn kv_events_status(ctx: &mut Ctx<'_>) -> Response {
 /// same facts as the etcd key `<prefix>kv_events`). Answered by the serving leader; a standby
 /// redirects here like any leader route.
 pub fn kv_events_publisher(ctx: &mut Ctx<'_>) -> Response {
-    let cluster = &ctx.shard.cluster;
-    let kv = &cluster.config.kv_events;
-    let a = crate::kv_events::leadership::advertised(&cluster.config);
-    let ha = cluster.ha.snapshot();
+    let shared = &ctx.shard.shared;
+    let kv = &shared.config.kv_events;
+    let a = crate::kv_events::leadership::advertised(&shared.config);
+    let ha = shared.ha.snapshot();
     ctx.json_object(|w| {
         w.field_bool("enabled", kv.enable);
         let on = |s: &str| {
@@ -101,7 +96,7 @@ pub fn ptracer(ctx: &mut Ctx<'_>, alloc_free_only: bool) -> Response {
     let now = ctx.shard.clock.unix_secs();
     ctx.scratch.clear();
     exposition::render_ptracer(
-        &*ctx.shard.cluster,
+        &*ctx.shard.shared,
         now,
         |tp| !alloc_free_only || matches!(tp, Tp::Alloc | Tp::Remove),
         ctx.scratch,

@@ -22,7 +22,7 @@ fn ratio(part: u64, total: u64) -> f64 {
 
 pub fn get_all_segments(ctx: &mut Ctx<'_>) -> Response {
     let mut out = Vec::new();
-    for s in ctx.shard.cluster.segments.snapshot().iter() {
+    for s in ctx.shard.shared.segments.snapshot().iter() {
         out.extend_from_slice(s.name.as_bytes());
         out.push(b'\n');
     }
@@ -33,7 +33,7 @@ fn find_segment(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Result<Arc<Segment>, Re
     let name = required(req, ctx, "segment")?;
     let name = String::from_utf8_lossy(&name);
     ctx.shard
-        .cluster
+        .shared
         .segments
         .find(&name)
         .ok_or_else(|| ctx.business_error(ErrorKind::NotFound, "Segment not found"))
@@ -78,13 +78,13 @@ pub fn segment_status(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 /// Whether the figures come from a healthy data source: every shard serving, every segment
 /// OK and no SSD reporting an I/O fault.
 fn degraded(ctx: &Ctx<'_>) -> bool {
-    ctx.shard.cluster.segments.snapshot().iter().any(|s| {
+    ctx.shard.shared.segments.snapshot().iter().any(|s| {
         s.status() != SegmentStatus::Ok || s.backend.file().is_some_and(|f| f.status() != 0)
     })
 }
 
 pub fn capacity_usage(ctx: &mut Ctx<'_>) -> Response {
-    let segs = ctx.shard.cluster.segments.snapshot();
+    let segs = ctx.shard.shared.segments.snapshot();
     let totals = |m: Medium| {
         segs.iter()
             .filter(|s| s.medium == m)
@@ -110,7 +110,7 @@ pub fn capacity_usage(ctx: &mut Ctx<'_>) -> Response {
 
 /// A capacity answer: its timestamp and data-source facts, then the fields of `fill`.
 fn capacity_report(ctx: &mut Ctx<'_>, fill: impl FnOnce(&mut JsonWriter<'_>)) -> Response {
-    let ready = ctx.shard.cluster.is_ready();
+    let ready = ctx.shard.shared.is_ready();
     let degraded = degraded(ctx);
     let now = ctx.shard.clock.unix_secs();
     ctx.json_object(|w| {
@@ -122,7 +122,7 @@ fn capacity_report(ctx: &mut Ctx<'_>, fill: impl FnOnce(&mut JsonWriter<'_>)) ->
 }
 
 pub fn segment_remaining(ctx: &mut Ctx<'_>) -> Response {
-    let segs = ctx.shard.cluster.segments.snapshot();
+    let segs = ctx.shard.shared.segments.snapshot();
     capacity_report(ctx, |w| {
         w.begin_array_field("segments");
         for s in segs.iter() {
@@ -184,11 +184,11 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
             return r;
         }
     };
-    let cluster = &ctx.shard.cluster;
+    let shared = &ctx.shard.shared;
     let dir = match (medium, path) {
         (Medium::Ssd, Some(p)) => Some(p),
         (Medium::Ssd, None) => {
-            let dirs = &cluster.config.store.ssd_dirs;
+            let dirs = &shared.config.store.ssd_dirs;
             if dirs.is_empty() {
                 stats.record(Op::Mount, Outcome::Failure, Some(rank));
                 return ctx.business_error(ErrorKind::InvalidParam,
@@ -200,7 +200,7 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         _ => None,
     };
     let name = crate::common::segment::segment_name(rank, medium);
-    if cluster.segments.find(&name).is_some() {
+    if shared.segments.find(&name).is_some() {
         stats.record(Op::Mount, Outcome::Failure, Some(rank));
         return ctx.business_error(
             ErrorKind::Failed,
@@ -208,20 +208,20 @@ pub async fn mount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         );
     }
     let built = build_segment_off_shard(
-        &cluster.segments,
+        &shared.segments,
         rank,
         medium,
         size,
         dir,
-        cluster.shard_count(),
-        cluster.config.store.run_bytes,
+        shared.shard_count(),
+        shared.config.store.run_bytes,
     )
     .await
     .and_then(|seg| {
-        if cluster.config.store.prefault {
+        if shared.config.store.prefault {
             crate::shards::store::mount::prefault_in_background(&seg);
         }
-        cluster.segments.insert(seg)
+        shared.segments.insert(seg)
     });
     match built {
         Ok(()) => {
@@ -276,20 +276,20 @@ pub async fn unmount(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         stats.record(Op::Unmount, Outcome::Failure, Some(seg.rank));
         return ctx.reply_error(bad, Refusal::new(ErrorKind::NotFound, "Segment not found"));
     }
-    ctx.shard.cluster.segments.remove(&seg.name);
+    ctx.shard.shared.segments.remove(&seg.name);
     // Out of the table, no shard adopts it again: each drops its share, so the mapping (or
     // the SSD file) goes with the last reference, this handler's `seg`.
     let _ = ctx.shard.broadcast(|| Command::Forget { seg: id }).await;
     log::info!("unmounted segment {}", seg.name);
     // The rank's last segment is gone: its client bandwidth figures go with it.
-    let cluster = &ctx.shard.cluster;
-    if !cluster
+    let shared = &ctx.shard.shared;
+    if !shared
         .segments
         .snapshot()
         .iter()
         .any(|s| s.rank == seg.rank)
     {
-        for s in cluster.shards.iter() {
+        for s in shared.shards.iter() {
             s.client.forget_rank(seg.rank);
         }
     }

@@ -14,7 +14,7 @@ use crate::http::json::JsonWriter;
 use crate::http::response::{Response, Status};
 use crate::shards::store::segment::Medium;
 use crate::shards::store::{BlobView, IoOutcome};
-use crate::shards::{Cluster, Command, DAMAGED_ON_SSD, Reply};
+use crate::shards::{Command, DAMAGED_ON_SSD, Reply, Shared};
 
 /// The two grants of a tier move on a remote rank: `from` signed alone, `to` signed with
 /// `from`'s text as its next hop, so neither can be paired with another blob's.
@@ -41,7 +41,7 @@ pub struct HttpRemoteTier;
 impl crate::shards::RemoteTier for HttpRemoteTier {
     fn copy<'a>(
         &'a self,
-        cluster: &'a Cluster,
+        shared: &'a Shared,
         from: &'a BlobView,
         to: &'a BlobView,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (IoOutcome, u64)> + 'a>> {
@@ -49,13 +49,13 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
             let Some(remote) = from.seg.backend.remote() else {
                 return (IoOutcome::Failed, 0);
             };
-            let ttl = cluster.config.grant_ttl_ms();
+            let ttl = shared.config.grant_ttl_ms();
             let (f, t) = move_grants(&remote.grant_key, from, to, ttl);
             // The local service starts no copy past the grants' expiry; one started just
             // before it gets another HOP_TIMEOUT to end before the destination is let go.
             let wait = std::time::Duration::from_millis(ttl) + HOP_TIMEOUT;
             let target = format!("/cluster/v1/move?from={f}&to={t}");
-            let token = cluster.config.cluster.token.as_str();
+            let token = shared.config.cluster.token.as_str();
             let answer =
                 client::request(&remote.url, "POST", &target, Some(token), Vec::new(), wait).await;
             let a = match answer {
@@ -103,7 +103,7 @@ impl crate::shards::RemoteTier for HttpRemoteTier {
 /// blob into DRAM).
 /// The meta service allocated `to` and holds both blobs while the copy runs.
 pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    if ctx.shard.cluster.config.cluster.role != crate::config::Role::Local {
+    if ctx.shard.shared.config.cluster.role != crate::config::Role::Local {
         return forbidden(
             ctx,
             "Only a local service moves blobs between its own tiers",
@@ -167,8 +167,8 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
         IoOutcome::Done => {
             // In the catalog as a copy of the source's entry; handed over once the meta's log
             // says the move landed (it switched its index to the copy).
-            let cluster = &ctx.shard.cluster;
-            let mut catalog = cluster.membership.local.catalog();
+            let shared = &ctx.shard.shared;
+            let mut catalog = shared.membership.local.catalog();
             let (named, replaced) = catalog.add_moved_tracked(
                 Medium::ALL[from.medium as usize],
                 from.offset,
@@ -178,11 +178,11 @@ pub(super) async fn cluster_move(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Respon
                 sum,
             );
             // SSD entries whose range the copy took are journaled as gone.
-            cluster.journal_catalog(replaced);
+            shared.journal_catalog(replaced);
             drop(catalog);
             if named {
-                ctx.shard.cluster.membership.local.moved_at_ms.store(
-                    ctx.shard.cluster.clock.now_ms(),
+                ctx.shard.shared.membership.local.moved_at_ms.store(
+                    ctx.shard.shared.clock.now_ms(),
                     std::sync::atomic::Ordering::Relaxed,
                 );
             } else {
@@ -263,8 +263,8 @@ fn demote_io(src: &BlobView, dst: &BlobView) -> IoOutcome {
 /// Tells the meta service that the SSD copy a read grant named is damaged
 /// (`POST /cluster/v1/damaged`, with the cluster token and the grant as proof).
 pub(super) async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) {
-    let cluster = ctx.shard.cluster.clone();
-    let Some(meta) = cluster.membership.local.meta_url() else {
+    let shared = ctx.shard.shared.clone();
+    let Some(meta) = shared.membership.local.meta_url() else {
         return;
     };
     let target = format!(
@@ -272,7 +272,7 @@ pub(super) async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) 
         encode_query(key),
         String::from_utf8_lossy(grant)
     );
-    let token = cluster.config.cluster.token.as_str();
+    let token = shared.config.cluster.token.as_str();
     // Short: the reader waits for it (an unreachable meta only delays the error it gets).
     let timeout = std::time::Duration::from_secs(2);
     match client::request(&meta, "POST", &target, Some(token), Vec::new(), timeout).await {
@@ -289,7 +289,7 @@ pub(super) async fn report_damaged(ctx: &mut Ctx<'_>, key: &[u8], grant: &[u8]) 
 /// SSD copy it was serving under this read grant damaged; the copy is dropped (the object
 /// with it when it was the last one), as a damaged read here drops it.
 pub(super) async fn cluster_damaged(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    if ctx.shard.cluster.config.cluster.role != crate::config::Role::Meta {
+    if ctx.shard.shared.config.cluster.role != crate::config::Role::Meta {
         return forbidden(ctx, "Only a meta service drops copies");
     }
     let (key, text) = match super::remote::key_and_grant(req, ctx) {

@@ -33,9 +33,9 @@ static METRIC_STALE: Family = family!(
 /// service has not reported since it joined, and for a lost one (no report past the
 /// heartbeat timeout, until it joins again): neither has bandwidth series. A rank with no
 /// mounted segment (unmounted, or left) has no series at all.
-pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
-    let mounted = ranks(cluster);
-    let lost: Vec<u32> = cluster
+pub(super) fn render_client(shared: &dyn Source, o: &mut Out<'_>) {
+    let mounted = ranks(shared);
+    let lost: Vec<u32> = shared
         .lost_ranks()
         .into_iter()
         .filter(|r| !mounted.contains(r))
@@ -45,9 +45,9 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
     }
     let sources: Vec<(u32, RankClient)> = mounted
         .iter()
-        .map(|&r| (r, cluster.rank_client(r)))
+        .map(|&r| (r, shared.rank_client(r)))
         .collect();
-    let views = client_views(cluster, &sources);
+    let views = client_views(shared, &sources);
     // Written again only when a figure moved: the views' floats and labels cost more than
     // the rest of a scrape's unchanged families.
     let gather = |figures: &mut Vec<u64>| {
@@ -81,9 +81,9 @@ pub(super) fn render_client(cluster: &dyn Source, o: &mut Out<'_>) {
 
 /// The merged views of every online rank's operations, empty ones included, by rank: what
 /// this process recorded, plus what a remote rank's local service reported.
-fn client_views(cluster: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<client::OpView> {
+fn client_views(shared: &dyn Source, sources: &[(u32, RankClient)]) -> Vec<client::OpView> {
     // By rank and operation.
-    let recorded = cluster.recorded_client_views();
+    let recorded = shared.recorded_client_views();
     let mut out = Vec::new();
     for (r, source) in sources {
         let reported: &[client::OpView] = match source {
@@ -224,9 +224,9 @@ type DiskIoField = fn(&DiskIo) -> u64;
 /// rank without SSD keeps its series as placeholders (the contract keeps metrics without a
 /// value as 0): no disk capacity, use or count, its memory (DRAM) figures, and one per-disk
 /// series with an empty `disk_path` and value 0.
-pub(super) fn render_ubs_io(cluster: &dyn Source, o: &mut Out<'_>) {
-    let ranks = rank_io(cluster);
-    let disks = disk_io(cluster, &ranks);
+pub(super) fn render_ubs_io(shared: &dyn Source, o: &mut Out<'_>) {
+    let ranks = rank_io(shared);
+    let disks = disk_io(shared, &ranks);
     let gather = |figures: &mut Vec<u64>| {
         figures.push(ranks.len() as u64);
         for r in &ranks {
@@ -261,13 +261,13 @@ pub(super) fn render_ubs_io(cluster: &dyn Source, o: &mut Out<'_>) {
 }
 
 /// The figures of every rank with mounted segments, ascending.
-fn rank_io(cluster: &dyn Source) -> Vec<RankIo> {
-    let segs = cluster.segments();
+fn rank_io(shared: &dyn Source) -> Vec<RankIo> {
+    let segs = shared.segments();
     let of_rank = |r: u32, m: Medium| {
         segs.iter()
             .filter(move |s| s.rank() == r && s.medium() == m)
     };
-    ranks(cluster)
+    ranks(shared)
         .iter()
         .map(|&r| RankIo {
             rank: r,
@@ -287,10 +287,10 @@ fn rank_io(cluster: &dyn Source) -> Vec<RankIo> {
 }
 
 /// Every SSD directory's figures, and a placeholder for each rank without one, by rank.
-fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
-    let window = cluster.config().metrics.window_secs.max(1);
-    let now_secs = cluster.clock().now_secs();
-    let mut disks: Vec<DiskIo> = cluster
+fn disk_io(shared: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
+    let window = shared.config().metrics.window_secs.max(1);
+    let now_secs = shared.clock().now_secs();
+    let mut disks: Vec<DiskIo> = shared
         .segments()
         .iter()
         .filter_map(|s| {
@@ -298,7 +298,7 @@ fn disk_io(cluster: &dyn Source, ranks: &[RankIo]) -> Vec<DiskIo> {
                 // A remote rank's disk: the figures its local service last reported, and the
                 // status it last gave (a heartbeat's, or a failed tier move's since then, as
                 // the fault count reads it).
-                let r = cluster.remote_disk(s.rank());
+                let r = shared.remote_disk(s.rank());
                 return Some(DiskIo {
                     rank: s.rank(),
                     path: r.path,
@@ -430,8 +430,8 @@ static RECOVERY_DURATION: Family = family!(
 );
 
 /// The SSD tier's recovery at the start and its journals since, per journaled file.
-pub(super) fn render_ssd_recovery(cluster: &dyn Source, o: &mut Out<'_>) {
-    let segs = cluster.segments();
+pub(super) fn render_ssd_recovery(shared: &dyn Source, o: &mut Out<'_>) {
+    let segs = shared.segments();
     let files: Vec<(u32, &str, RecoveryFigures)> = segs
         .iter()
         .filter_map(|s| {

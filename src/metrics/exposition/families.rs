@@ -111,17 +111,17 @@ pub(super) static TIER_FAMILIES: &[(Family, &str, TierField)] = &[
     ),
 ];
 
-pub(super) fn tier_total(cluster: &dyn Source, f: TierField) -> u64 {
-    sum_i(cluster, |s| f(&s.store_stats.tier))
+pub(super) fn tier_total(shared: &dyn Source, f: TierField) -> u64 {
+    sum_i(shared, |s| f(&s.store_stats.tier))
 }
 
-pub(super) fn tier_rank(cluster: &dyn Source, rank: u32, f: TierField) -> u64 {
-    sum_i(cluster, |s| f(&s.store_stats.tier_by_rank[rank as usize]))
+pub(super) fn tier_rank(shared: &dyn Source, rank: u32, f: TierField) -> u64 {
+    sum_i(shared, |s| f(&s.store_stats.tier_by_rank[rank as usize]))
 }
 
 /// Whether eviction work is in progress anywhere: a pass running, or flushes it started.
-fn evict_running(cluster: &dyn Source) -> u64 {
-    let running = cluster.shards().any(|s| {
+fn evict_running(shared: &dyn Source) -> u64 {
+    let running = shared.shards().any(|s| {
         s.store_stats.evict_running.get() > 0 || s.store_stats.flush_in_flight_bytes.get() > 0
     });
     running as u64
@@ -171,13 +171,13 @@ static PER_MEDIUM: [(Family, MediumField); 2] = [
 ];
 
 /// Segment and medium capacity and use.
-pub(super) fn render_capacity(cluster: &dyn Source, o: &mut Out<'_>) {
-    let segs = cluster.segments();
+pub(super) fn render_capacity(shared: &dyn Source, o: &mut Out<'_>) {
+    let segs = shared.segments();
     // SSD is shown only when it has capacity or use.
     let mut usage = [(Medium::Ssd, (0, 0)); Medium::ALL.len()];
     let mut shown = 0;
     for &m in &Medium::ALL {
-        let (c, u) = medium_usage(cluster, m);
+        let (c, u) = medium_usage(shared, m);
         if m != Medium::Ssd || c > 0 || u > 0 {
             usage[shown] = (m, (c, u));
             shown += 1;
@@ -285,14 +285,14 @@ pub(super) fn block(
 
 /// The business-call counters: requests, successes, failures (and not-found results) per
 /// operation, in total and per rank.
-pub(super) fn render_business(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
+pub(super) fn render_business(shared: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
     let families = business_families();
     let gather = |figures: &mut Vec<u64>| {
         figures.extend(per_rank.iter().map(|&r| u64::from(r)));
         for (i, _, f) in families {
-            figures.push(sum(cluster, |s| f(&s.store_stats.ops[*i])));
+            figures.push(sum(shared, |s| f(&s.store_stats.ops[*i])));
             for &r in per_rank {
-                figures.push(sum(cluster, |s| {
+                figures.push(sum(shared, |s| {
                     f(&s.store_stats.ops_by_rank[r as usize][*i])
                 }));
             }
@@ -325,15 +325,15 @@ static STORED_KEYS: Family = family!(
 );
 
 /// Eviction, flush, rewarm and hit counters, in total and per rank; stored keys.
-pub(super) fn render_tiers(cluster: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
+pub(super) fn render_tiers(shared: &dyn Source, o: &mut Out<'_>, per_rank: &[u32]) {
     let gather = |figures: &mut Vec<u64>| {
         figures.extend(per_rank.iter().map(|&r| u64::from(r)));
         for (_, _, f) in TIER_FAMILIES {
-            figures.push(tier_total(cluster, *f));
-            figures.extend(per_rank.iter().map(|&r| tier_rank(cluster, r, *f)));
+            figures.push(tier_total(shared, *f));
+            figures.extend(per_rank.iter().map(|&r| tier_rank(shared, r, *f)));
         }
-        figures.push(evict_running(cluster));
-        figures.push(sum_i(cluster, |s| s.store_stats.stored_keys.get()));
+        figures.push(evict_running(shared));
+        figures.push(sum_i(shared, |s| s.store_stats.stored_keys.get()));
     };
     let write = |o: &mut Out<'_>, figures: &[u64]| {
         let mut digits = itoa::Buffer::new();
@@ -456,13 +456,13 @@ static KV_SINGLES: &[Single] = &[
 ];
 
 /// The KV-event publisher's families.
-pub(super) fn render_kv_events(cluster: &dyn Source, o: &mut Out<'_>) {
-    let kv = cluster.kv_stats();
+pub(super) fn render_kv_events(shared: &dyn Source, o: &mut Out<'_>) {
+    let kv = shared.kv_stats();
     let gather = |figures: &mut Vec<u64>| {
         figures.push(kv.published_events.get());
         figures.extend(EventType::ALL.map(|t| kv.published_by_type[t as usize].get()));
         figures.extend((0..MEDIUM_LABELS.len()).map(|i| kv.published_by_medium[i].get()));
-        figures.extend(KV_SINGLES.iter().map(|(_, f)| f(cluster)));
+        figures.extend(KV_SINGLES.iter().map(|(_, f)| f(shared)));
     };
     let write = |o: &mut Out<'_>, figures: &[u64]| {
         let mut v = figures.iter().copied();

@@ -24,11 +24,11 @@ fn ti(c: &dyn Source, f: fn(&TierStats) -> i64) -> u64 {
 }
 
 /// Renders the LMCache families.
-pub(super) fn render_tiers_and_bus(cluster: &dyn Source, o: &mut Out<'_>) {
-    render_usage(cluster, o);
-    render_tasks(cluster, o);
-    render_histograms(cluster, o);
-    render_bus(cluster, o);
+pub(super) fn render_tiers_and_bus(shared: &dyn Source, o: &mut Out<'_>) {
+    render_usage(shared, o);
+    render_tasks(shared, o);
+    render_histograms(shared, o);
+    render_bus(shared, o);
 }
 
 static L1_USAGE: Family = family!(
@@ -50,11 +50,11 @@ static L2_USAGE: Family = family!(
 );
 
 /// L1 and L2 usage.
-fn render_usage(cluster: &dyn Source, o: &mut Out<'_>) {
+fn render_usage(shared: &dyn Source, o: &mut Out<'_>) {
     let gather = |figures: &mut Vec<u64>| {
-        let (hbm_c, hbm_u) = medium_usage(cluster, Medium::Hbm);
-        let (dram_c, dram_u) = medium_usage(cluster, Medium::Dram);
-        let (ssd_c, ssd_u) = medium_usage(cluster, Medium::Ssd);
+        let (hbm_c, hbm_u) = medium_usage(shared, Medium::Hbm);
+        let (dram_c, dram_u) = medium_usage(shared, Medium::Dram);
+        let (ssd_c, ssd_u) = medium_usage(shared, Medium::Ssd);
         figures.extend([hbm_c + dram_c, hbm_u + dram_u, ssd_c, ssd_u]);
     };
     let write = |o: &mut Out<'_>, figures: &[u64]| {
@@ -200,8 +200,8 @@ static TASKS: &[Task] = &[
     ),
 ];
 
-fn render_tasks(cluster: &dyn Source, o: &mut Out<'_>) {
-    let gather = |figures: &mut Vec<u64>| figures.extend(TASKS.iter().map(|t| t.2(cluster)));
+fn render_tasks(shared: &dyn Source, o: &mut Out<'_>) {
+    let gather = |figures: &mut Vec<u64>| figures.extend(TASKS.iter().map(|t| t.2(shared)));
     let write = |o: &mut Out<'_>, figures: &[u64]| {
         for ((family, labels, _), v) in TASKS.iter().zip(figures) {
             o.family(family);
@@ -276,13 +276,13 @@ fn histogram_lines() -> &'static [HistogramLines] {
     })
 }
 
-fn render_histograms(cluster: &dyn Source, o: &mut Out<'_>) {
+fn render_histograms(shared: &dyn Source, o: &mut Out<'_>) {
     for ((family, labels, bounds, h), lines) in HISTOGRAMS.iter().zip(histogram_lines()) {
         let buckets = bounds.len() + 1;
         let mut counts = [0u64; MAX_BUCKETS];
         let counts = &mut counts[..buckets];
         let mut total = 0.0;
-        for s in cluster.shards() {
+        for s in shared.shards() {
             let hist = h(s.tier_stats);
             debug_assert_eq!(hist.bounds, *bounds);
             hist.add_to(counts, &mut total);
@@ -323,12 +323,12 @@ static BUS_PANICS: Family = family!(
 );
 
 /// The event bus watching itself.
-fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
-    let b = |f: fn(&BusStats) -> u64| sum(cluster, |s| f(s.bus_stats));
+fn render_bus(shared: &dyn Source, o: &mut Out<'_>) {
+    let b = |f: fn(&BusStats) -> u64| sum(shared, |s| f(s.bus_stats));
     let gather = |figures: &mut Vec<u64>| {
-        figures.push(sum_i(cluster, |s| s.bus_stats.queue_depth.get()));
-        let now_ms = cluster.clock().now_ms() as i64;
-        let oldest = cluster
+        figures.push(sum_i(shared, |s| s.bus_stats.queue_depth.get()));
+        let now_ms = shared.clock().now_ms() as i64;
+        let oldest = shared
             .shards()
             .map(|s| s.bus_stats.oldest_ms.get())
             .filter(|&t| t > 0)
@@ -342,8 +342,8 @@ fn render_bus(cluster: &dyn Source, o: &mut Out<'_>) {
         for i in 0..SUBSCRIBERS.len() {
             // Only subscribers that are installed have series (the test subscriber is not,
             // in production): `u64::MAX` for one that is not.
-            figures.push(if cluster.shards().any(|s| s.bus_stats.is_installed(i)) {
-                sum(cluster, |s| s.bus_stats.subscriber_panics[i].get())
+            figures.push(if shared.shards().any(|s| s.bus_stats.is_installed(i)) {
+                sum(shared, |s| s.bus_stats.subscriber_panics[i].get())
             } else {
                 u64::MAX
             });

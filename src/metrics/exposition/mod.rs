@@ -90,7 +90,7 @@ pub fn negotiate(accept: Option<&[u8]>) -> Format {
 /// Renders `/metrics` in `format`, appended to `buf`; with `telemetry`, the OTLP exporter's
 /// families (`memcache_otlp_*`) after the others.
 pub fn render_metrics_as(
-    cluster: &dyn Source,
+    shared: &dyn Source,
     telemetry: Option<&Telemetry>,
     format: Format,
     buf: &mut Vec<u8>,
@@ -99,7 +99,7 @@ pub fn render_metrics_as(
         Format::Text => Out::text(buf),
         Format::Protobuf => Out::protobuf(buf),
     };
-    render(cluster, &process::read(), &mut o);
+    render(shared, &process::read(), &mut o);
     if let Some(t) = telemetry {
         otlp::render_otlp(t, &mut o);
     }
@@ -107,8 +107,8 @@ pub fn render_metrics_as(
 }
 
 /// Renders `/metrics` as text (without the OTLP exporter's families).
-pub fn render_metrics(cluster: &dyn Source, buf: &mut Vec<u8>) {
-    render_metrics_as(cluster, None, Format::Text, buf);
+pub fn render_metrics(shared: &dyn Source, buf: &mut Vec<u8>) {
+    render_metrics_as(shared, None, Format::Text, buf);
 }
 
 /// Renders the OTLP exporter's families alone in `format`, appended to `buf`.
@@ -122,65 +122,65 @@ pub fn render_otlp(telemetry: &Telemetry, format: Format, buf: &mut Vec<u8>) {
 }
 
 /// The families in output order.
-fn render(cluster: &dyn Source, process: &process::Process, o: &mut Out<'_>) {
-    let per_rank = per_rank_ranks(cluster);
-    families::render_capacity(cluster, o);
-    families::render_business(cluster, o, &per_rank);
-    families::render_tiers(cluster, o, &per_rank);
-    families::render_kv_events(cluster, o);
-    data_plane::render_client(cluster, o);
-    data_plane::render_ubs_io(cluster, o);
-    data_plane::render_ssd_recovery(cluster, o);
-    lmcache::render_tiers_and_bus(cluster, o);
-    numa::render_numa(cluster, o);
-    server::render_server(cluster, o);
-    server::render_request_durations(cluster, o);
+fn render(shared: &dyn Source, process: &process::Process, o: &mut Out<'_>) {
+    let per_rank = per_rank_ranks(shared);
+    families::render_capacity(shared, o);
+    families::render_business(shared, o, &per_rank);
+    families::render_tiers(shared, o, &per_rank);
+    families::render_kv_events(shared, o);
+    data_plane::render_client(shared, o);
+    data_plane::render_ubs_io(shared, o);
+    data_plane::render_ssd_recovery(shared, o);
+    lmcache::render_tiers_and_bus(shared, o);
+    numa::render_numa(shared, o);
+    server::render_server(shared, o);
+    server::render_request_durations(shared, o);
     server::render_process(process, o);
 }
 
 /// Renders the ptracer table (`filter` picks rows), appended to `buf`.
 pub fn render_ptracer(
-    cluster: &dyn Source,
+    shared: &dyn Source,
     unix_secs: u64,
     filter: impl Fn(trace::Tp) -> bool,
     buf: &mut Vec<u8>,
 ) {
-    let points = trace::snapshot(cluster.shards().map(|s| s.tracer));
+    let points = trace::snapshot(shared.shards().map(|s| s.tracer));
     trace::render(&points, &trace::format_time(unix_secs), filter, buf);
 }
 
 /// Sums over shards.
-fn sum(cluster: &dyn Source, f: impl Fn(ShardFigures<'_>) -> u64) -> u64 {
-    cluster.shards().map(f).sum()
+fn sum(shared: &dyn Source, f: impl Fn(ShardFigures<'_>) -> u64) -> u64 {
+    shared.shards().map(f).sum()
 }
 
 /// Sums a gauge over shards (never below 0).
-fn sum_i(cluster: &dyn Source, f: impl Fn(ShardFigures<'_>) -> i64) -> u64 {
-    cluster.shards().map(f).sum::<i64>().max(0) as u64
+fn sum_i(shared: &dyn Source, f: impl Fn(ShardFigures<'_>) -> i64) -> u64 {
+    shared.shards().map(f).sum::<i64>().max(0) as u64
 }
 
 /// Ranks with mounted segments, ascending.
-fn ranks(cluster: &dyn Source) -> Vec<u32> {
-    let mut ranks: Vec<u32> = cluster.segments().iter().map(|s| s.rank()).collect();
+fn ranks(shared: &dyn Source) -> Vec<u32> {
+    let mut ranks: Vec<u32> = shared.segments().iter().map(|s| s.rank()).collect();
     ranks.sort_unstable();
     ranks.dedup();
     ranks
 }
 
 /// Per-rank series are kept for ranks below [`MAX_RANKS`].
-fn per_rank_ranks(cluster: &dyn Source) -> Vec<u32> {
-    if !cluster.config().metrics.per_rank {
+fn per_rank_ranks(shared: &dyn Source) -> Vec<u32> {
+    if !shared.config().metrics.per_rank {
         return Vec::new();
     }
-    ranks(cluster)
+    ranks(shared)
         .into_iter()
         .filter(|&r| (r as usize) < MAX_RANKS)
         .collect()
 }
 
 /// (capacity, used) of a medium.
-pub fn medium_usage(cluster: &dyn Source, m: Medium) -> (u64, u64) {
-    cluster
+pub fn medium_usage(shared: &dyn Source, m: Medium) -> (u64, u64) {
+    shared
         .segments()
         .iter()
         .filter(|s| s.medium() == m)

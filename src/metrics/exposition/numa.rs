@@ -26,8 +26,8 @@ static FAMILIES: [(Family, PartField); 2] = [
     ),
 ];
 
-pub(super) fn render_numa(cluster: &dyn Source, o: &mut Out<'_>) {
-    let segs = cluster.segments();
+pub(super) fn render_numa(shared: &dyn Source, o: &mut Out<'_>) {
+    let segs = shared.segments();
     if segs.iter().all(|s| s.node_parts().is_empty()) {
         return;
     }

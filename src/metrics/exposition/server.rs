@@ -218,21 +218,21 @@ static GRANT_REASONS: [(&str, StatField); 2] = [
     ("ledger_full", |s| s.grants_refused_ledger_full.get()),
 ];
 
-pub(super) fn render_server(cluster: &dyn Source, o: &mut Out<'_>) {
-    o.single(&HTTP_REQUESTS, st(cluster, |s| s.http_requests.get()));
+pub(super) fn render_server(shared: &dyn Source, o: &mut Out<'_>) {
+    o.single(&HTTP_REQUESTS, st(shared, |s| s.http_requests.get()));
     o.family(&HTTP_RESPONSES);
     for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
-        let n = sum(cluster, |s| s.stats.http_responses[i].get());
+        let n = sum(shared, |s| s.stats.http_responses[i].get());
         o.int(&[("code", class)], n);
     }
     // The rest moves less often than the requests counted above: one block.
-    let ha = cluster.ha();
+    let ha = shared.ha();
     let tables = [SERVER_SINGLES, TIER_OUTCOMES, REREPLICATION];
     let gather = |figures: &mut Vec<u64>| {
-        figures.extend(SERVER_SINGLES.iter().map(|(_, f)| f(cluster)));
-        figures.extend(GRANT_REASONS.iter().map(|(_, f)| st(cluster, *f)));
-        figures.extend(TIER_OUTCOMES.iter().map(|(_, f)| f(cluster)));
-        figures.extend(REREPLICATION.iter().map(|(_, f)| f(cluster)));
+        figures.extend(SERVER_SINGLES.iter().map(|(_, f)| f(shared)));
+        figures.extend(GRANT_REASONS.iter().map(|(_, f)| st(shared, *f)));
+        figures.extend(TIER_OUTCOMES.iter().map(|(_, f)| f(shared)));
+        figures.extend(REREPLICATION.iter().map(|(_, f)| f(shared)));
         figures.extend(ha.roles.iter().map(|&(_, now)| u64::from(now)));
         figures.push(u64::from(ha.serving));
         figures.push(ha.view_version);
@@ -302,13 +302,13 @@ fn request_duration_lines() -> &'static [HistogramLines] {
 /// `memcache_http_request_duration_seconds`: every operation's histogram, summed over shards,
 /// zeros included (the series exist from the start). The protobuf form adds each
 /// operation's native histogram (schema [`requests::NATIVE_SCHEMA`]).
-pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
+pub(super) fn render_request_durations(shared: &dyn Source, o: &mut Out<'_>) {
     o.family(&REQUEST_DURATIONS);
     let mut native = requests::NativeMerged::default();
     let mut merged = false;
     for (op, lines) in ReqOp::ALL.iter().zip(request_duration_lines()) {
         let mut m = requests::Merged::default();
-        for s in cluster.shards() {
+        for s in shared.shards() {
             s.stats.request_durations.add_to(*op, &mut m);
         }
         let sum = m.sum_ns as f64 / 1e9;
@@ -323,7 +323,7 @@ pub(super) fn render_request_durations(cluster: &dyn Source, o: &mut Out<'_>) {
             merged = false;
         }
         if m.counts.iter().any(|&c| c != 0) {
-            for s in cluster.shards() {
+            for s in shared.shards() {
                 s.stats.request_durations.add_native_to(*op, &mut native);
             }
             merged = true;

@@ -33,7 +33,7 @@ impl Fields<'_> {
 }
 
 /// Renders `/metrics/summary`: the seed's 71 fields in order, then the per-rank fields.
-pub fn render_summary(cluster: &dyn Source, buf: &mut Vec<u8>) {
+pub fn render_summary(shared: &dyn Source, buf: &mut Vec<u8>) {
     let mut out = Fields {
         buf,
         first: true,
@@ -41,30 +41,30 @@ pub fn render_summary(cluster: &dyn Source, buf: &mut Vec<u8>) {
     };
     out.int(
         &["keys"],
-        sum_i(cluster, |s| s.store_stats.stored_keys.get()),
+        sum_i(shared, |s| s.store_stats.stored_keys.get()),
     );
     for (field, name) in TIER_FIELDS {
-        out.int(&[field], tier_total(cluster, tier(name)));
+        out.int(&[field], tier_total(shared, tier(name)));
     }
     for (field, m) in [
         ("hbm_used", Medium::Hbm),
         ("dram_used", Medium::Dram),
         ("ssd_used", Medium::Ssd),
     ] {
-        let (c, u) = medium_usage(cluster, m);
+        let (c, u) = medium_usage(shared, m);
         out.int(&[field], u);
         out.buf.push(b'/');
         out.buf
             .extend_from_slice(itoa::Buffer::new().format(c).as_bytes());
     }
-    op_fields(cluster, &mut out);
-    let per_rank = per_rank_ranks(cluster);
+    op_fields(shared, &mut out);
+    let per_rank = per_rank_ranks(shared);
     let mut rank = itoa::Buffer::new();
     for base in PER_RANK_FIELDS {
         for &r in &per_rank {
             out.int(
                 &[base, "_by_rank_", rank.format(r)],
-                tier_rank(cluster, r, tier(base)),
+                tier_rank(shared, r, tier(base)),
             );
         }
     }
@@ -106,11 +106,11 @@ fn tier(name: &str) -> fn(&TierCounters) -> i64 {
 }
 
 /// `<op>_req`, `_success`, `_fail` (and `_not_found`) of every business operation.
-fn op_fields(cluster: &dyn Source, out: &mut Fields<'_>) {
+fn op_fields(shared: &dyn Source, out: &mut Fields<'_>) {
     for op in Op::ALL {
         let i = op as usize;
         let n = op.name();
-        let ops = |f: fn(&OpCounters) -> u64| sum(cluster, |s| f(&s.store_stats.ops[i]));
+        let ops = |f: fn(&OpCounters) -> u64| sum(shared, |s| f(&s.store_stats.ops[i]));
         out.int(&[n, "_req"], ops(|c| c.requests.get()));
         out.int(&[n, "_success"], ops(|c| c.successes.get()));
         out.int(&[n, "_fail"], ops(|c| c.failures.get()));

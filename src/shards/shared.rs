@@ -1,4 +1,4 @@
-//! Cluster handles: the process-wide [`Cluster`] and the part of each shard other threads may
+//! Shared handles: the process-wide [`Shared`] and the part of each shard other threads may
 //! touch ([`RemoteShard`]: inboxes, waker, statistics).
 
 use std::sync::Arc;
@@ -99,7 +99,7 @@ pub trait RemoteTier: Send + Sync {
     /// `from.sum` by the local service (`IoOutcome::Damaged` when they do not match).
     fn copy<'a>(
         &'a self,
-        cluster: &'a Cluster,
+        shared: &'a Shared,
         from: &'a store::BlobView,
         to: &'a store::BlobView,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (store::IoOutcome, u64)> + 'a>>;
@@ -125,7 +125,7 @@ pub trait ObjectCopier: Send + Sync {
 
 /// Process-wide state shared by all shards, grouped by what each handle is for. Immutable
 /// after start except for the atomics, the segment table and what the groups guard.
-pub struct Cluster {
+pub struct Shared {
     pub config: Config,
     pub shards: Box<[RemoteShard]>,
     pub ha: HaView,
@@ -173,7 +173,7 @@ pub struct Membership {
     /// A meta service's logs of the blobs freed on each remote rank (the catalog hand-over).
     pub freed_logs: crate::cluster::catalog::FreedLogs,
     /// The Unix time in milliseconds this process started: the view of its objects' stamps
-    /// without HA ([`Cluster::stamp_view`]).
+    /// without HA ([`Shared::stamp_view`]).
     pub lineage_ms: u64,
 }
 
@@ -187,13 +187,13 @@ pub struct Exports {
     pub telemetry: Arc<crate::metrics::otlp::Telemetry>,
 }
 
-impl Cluster {
+impl Shared {
     /// The view new objects are stamped with now (`cluster::catalog::stamp_view`).
     pub fn stamp_view(&self) -> u64 {
         self.stamp_view_at(self.ha.fence().max(0) as u64)
     }
 
-    /// [`Cluster::stamp_view`] under leadership `view` (ignored without HA).
+    /// [`Shared::stamp_view`] under leadership `view` (ignored without HA).
     pub fn stamp_view_at(&self, view: u64) -> u64 {
         let ha = self.ha.config().map(|_| view);
         crate::cluster::catalog::stamp_view(ha, self.membership.lineage_ms)
@@ -203,17 +203,17 @@ impl Cluster {
         config: Config,
         shard_count: usize,
         front: FrontAssets,
-    ) -> Result<Arc<Cluster>, String> {
-        Cluster::with_numa(config, shard_count, front, None)
+    ) -> Result<Arc<Shared>, String> {
+        Shared::with_numa(config, shard_count, front, None)
     }
 
-    /// [`Cluster::new`] whose DRAM segments are placed on NUMA nodes per `numa`.
+    /// [`Shared::new`] whose DRAM segments are placed on NUMA nodes per `numa`.
     pub fn with_numa(
         config: Config,
         shard_count: usize,
         front: FrontAssets,
         numa: Option<Arc<crate::numa::NumaLayout>>,
-    ) -> Result<Arc<Cluster>, String> {
+    ) -> Result<Arc<Shared>, String> {
         assert!(shard_count > 0);
         let inbox = config.shard.inbox_capacity as usize;
         let outstanding = config.shard.max_outstanding as usize;
@@ -248,7 +248,7 @@ impl Cluster {
         let clock = Clock::start();
         let window = config.metrics.window_secs;
         let telemetry = Arc::new(crate::metrics::otlp::Telemetry::new(&config));
-        let cluster = Arc::new(Cluster {
+        let shared = Arc::new(Shared {
             shards: (0..shard_count)
                 .map(|_| RemoteShard::new(inbox, outstanding, clock, window))
                 .collect(),
@@ -277,10 +277,10 @@ impl Cluster {
             },
             front,
         });
-        if cluster.config.cluster.role == crate::config::Role::Local {
-            cluster.recover_local_ssd()?;
+        if shared.config.cluster.role == crate::config::Role::Local {
+            shared.recover_local_ssd()?;
         }
-        Ok(cluster)
+        Ok(shared)
     }
 
     pub fn shard_count(&self) -> usize {
