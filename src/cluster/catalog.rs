@@ -31,6 +31,7 @@ pub use super::freed::{
     Barrier, FreedLogs, LOG_CAPACITY, LogAnswer, Noted, Push, RECORDS_PER_BEAT, key_hash,
 };
 use crate::common::medium::Medium;
+mod gone;
 mod ssd;
 pub use ssd::SsdChange;
 
@@ -140,6 +141,8 @@ pub struct Catalog {
     acked: u64,
     /// Counts additions, so a resync keeps what was added while its list was being taken.
     added: u64,
+    /// Records applied while their blob's write had not arrived ([`Catalog::freed_before`]).
+    gone: gone::Gone,
 }
 
 impl Catalog {
@@ -260,6 +263,15 @@ impl Catalog {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.acked = 0;
+        self.gone.clear();
+    }
+
+    /// Whether a write of the blob of `stamp` at `(medium, offset)` under a grant with
+    /// `floor` comes after a freed record of that blob numbered above the floor, applied
+    /// before the write arrived: it is refused, before any byte lands and again when it would
+    /// be listed (see `catalog/gone.rs`).
+    pub fn freed_before(&self, medium: Medium, offset: u64, stamp: Stamp, floor: u64) -> bool {
+        self.gone.freed_before(medium, offset, stamp, floor)
     }
 
     /// Drops the entries not yet handed over (puts awaiting their commit, tier moves awaiting
@@ -269,6 +281,7 @@ impl Catalog {
     /// they become plain committed entries.
     pub fn drop_unconfirmed(&mut self) -> usize {
         let before = self.entries.len();
+        self.gone.clear();
         self.entries.retain(|_, (_, _, known)| known.handed_over());
         for (_, _, known) in self.entries.values_mut() {
             *known = Known::Committed;
@@ -279,6 +292,7 @@ impl Catalog {
     /// Forgets acknowledgements (a new membership: the meta's sequence starts again).
     pub fn reset_ack(&mut self) {
         self.acked = 0;
+        self.gone.clear();
     }
 
     /// Applies a heartbeat answer's news; `mark` is [`Catalog::mark`] taken when the heartbeat
@@ -317,8 +331,11 @@ impl Catalog {
             );
             if f.landed {
                 let _ = self.confirm(f);
-            } else if !shielded {
-                self.free(f);
+            } else if !shielded
+                && !self.free(f)
+                && !self.entries.contains_key(&(f.medium, f.offset))
+            {
+                self.gone.note(f, *seq);
             }
         }
         self.acked = self.acked.max(news.seq);

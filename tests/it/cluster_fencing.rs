@@ -279,8 +279,8 @@ fn a_leaving_rank_keeps_reporting_while_it_drains() {
     let (mut a, ra) = join(&meta, &fast);
     let (_b, _rb) = join(&meta, &fast);
     // Small objects, many of them: the drain moves them one by one through the meta, for
-    // longer than the heartbeat timeout.
-    let n = 1500;
+    // longer than the heartbeat timeout (1500 drained in 0.2 s on a quiet EPYC core: too few).
+    let n = 4000;
     let small = |i: usize| -> Vec<u8> { (0..8_000).map(|j| (i * 13 + j * 7) as u8).collect() };
     for i in 0..n {
         put(

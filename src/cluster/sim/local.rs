@@ -340,6 +340,17 @@ impl Local {
                 g.offset
             ));
         }
+        if g.op == GrantOp::Write
+            && self
+                .catalog
+                .freed_before(Medium::Dram, g.offset, stamp(&g), g.floor)
+        {
+            cx.log(format!(
+                "refused a late write of k{key} at {}: its blob was freed before it arrived",
+                g.offset
+            ));
+            return Some(Verdict::Failed);
+        }
         let first = g.offset / PAGE_BYTES;
         let end = (g.offset + g.size.max(1)).div_ceil(PAGE_BYTES);
         for p in first..end {

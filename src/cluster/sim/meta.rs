@@ -106,6 +106,9 @@ struct Drain {
     machine: crate::cluster::drain::Drain<u32>,
     moves: Vec<Move>,
     copying: Option<Move>,
+    /// The copy's write grant's floor: the destination log's sequence when the copy began
+    /// (`copies.rs` `copy`), before its fetch.
+    floor: u64,
 }
 
 enum Call {
@@ -587,6 +590,7 @@ impl Meta {
             machine,
             moves: Vec::new(),
             copying: None,
+            floor: 0,
         });
     }
 

@@ -159,6 +159,7 @@ pub(super) struct Counts {
     pub meta_restarts: u64,
     pub etcd_outages: u64,
     pub failovers: u64,
+    pub churns: u64,
     pub clock_jumps: u64,
     pub grant_replays: u64,
     pub client_retries: u64,
@@ -178,7 +179,7 @@ impl Counts {
         }
     }
 
-    fn fields(&self) -> [u64; 24] {
+    fn fields(&self) -> [u64; 25] {
         [
             self.partitions,
             self.slow_links,
@@ -194,6 +195,7 @@ impl Counts {
             self.meta_restarts,
             self.etcd_outages,
             self.failovers,
+            self.churns,
             self.clock_jumps,
             self.grant_replays,
             self.client_retries,
@@ -207,7 +209,7 @@ impl Counts {
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 24] {
+    fn fields_mut(&mut self) -> [&mut u64; 25] {
         [
             &mut self.partitions,
             &mut self.slow_links,
@@ -223,6 +225,7 @@ impl Counts {
             &mut self.meta_restarts,
             &mut self.etcd_outages,
             &mut self.failovers,
+            &mut self.churns,
             &mut self.clock_jumps,
             &mut self.grant_replays,
             &mut self.client_retries,
@@ -236,7 +239,7 @@ impl Counts {
         ]
     }
 
-    pub const NAMES: [&'static str; 24] = [
+    pub const NAMES: [&'static str; 25] = [
         "partitions",
         "slow links",
         "dropped messages",
@@ -251,6 +254,7 @@ impl Counts {
         "meta restarts",
         "etcd outages",
         "failovers",
+        "leadership churns",
         "clock jumps",
         "grant replays",
         "client retries",
@@ -319,18 +323,24 @@ pub(super) struct Shape {
     pub seg_pages: u64,
     /// A local service with a configured rank that dies keeps its blobs and its catalog's
     /// committed entries (and the leadership it was in step with) for its next process, as an
-    /// SSD file and its journal would (`MMC_SIM_SSD=1`; off by default).
+    /// SSD file and its journal would: one seed in four (those ≡ 3 mod 4, drawn without the
+    /// seed's random stream, so the others' runs do not move); `MMC_SIM_SSD=1` every seed,
+    /// `MMC_SIM_SSD=0` none.
     pub keeps_catalog: bool,
 }
 
 /// Runs `seed` for `steps` steps and the settling after; `Err` is the failure's report (the
 /// seed, what broke and the trace of the last steps).
 pub(super) fn run(seed: u64, steps: u64, mutations: Mutations) -> Result<Counts, String> {
-    let metas = std::env::var("MMC_SIM_METAS")
+    run_with(seed, steps, mutations, metas_from_env())
+}
+
+/// `MMC_SIM_METAS`: that many metas instead of each seed's choice.
+pub(super) fn metas_from_env() -> Option<usize> {
+    std::env::var("MMC_SIM_METAS")
         .ok()
         .filter(|m| !m.is_empty())
-        .map(|m| m.parse().expect("MMC_SIM_METAS: 1 to 3"));
-    run_with(seed, steps, mutations, metas)
+        .map(|m| m.parse().expect("MMC_SIM_METAS: 1 to 3"))
 }
 
 /// [`run`] with that many metas instead of the seed's choice (1: no HA).
@@ -340,8 +350,28 @@ pub(super) fn run_with(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    let keeps = std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1");
-    run_shaped(seed, steps, mutations, metas, keeps)
+    run_shaped(seed, steps, mutations, metas, keeps_catalog(seed))
+}
+
+/// Whether seed `seed`'s local services keep their catalogs across kills
+/// ([`Shape::keeps_catalog`]).
+fn keeps_catalog(seed: u64) -> bool {
+    match std::env::var("MMC_SIM_SSD").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => seed % 4 == 3,
+    }
+}
+
+/// [`run_with`] with catalogs lost on every kill (whatever `MMC_SIM_SSD` says), the shape the
+/// seeds in `tests.rs` were found in (the mutation tests', `FOUND`).
+pub(super) fn run_plain(
+    seed: u64,
+    steps: u64,
+    mutations: Mutations,
+    metas: Option<usize>,
+) -> Result<Counts, String> {
+    run_shaped(seed, steps, mutations, metas, false)
 }
 
 /// [`run_with`], the local services with a configured rank keeping their catalogs across

@@ -80,9 +80,12 @@ struct Host<P> {
     /// What a local service that died left for its next process (`Shape::keeps_catalog`).
     kept: Option<Kept>,
     /// A pause ended and the process has not been stepped since: its threads wake in no
-    /// particular order (a meta's shard may tick before its election thread notices the
+    /// particular order (a meta's shards may tick before its election thread notices the
     /// lease is gone).
     woke: bool,
+    /// A meta's election looks again only then: the call to etcd it was making when it froze
+    /// is still waiting for its answer (or its timeout), while its shards tick on.
+    elect_at: u64,
 }
 
 impl<P> Host<P> {
@@ -96,6 +99,7 @@ impl<P> Host<P> {
             kill_at: None,
             kept: None,
             woke: false,
+            elect_at: 0,
         }
     }
 
@@ -125,6 +129,15 @@ pub(super) struct World {
     views: BTreeMap<u64, (usize, u64)>,
     serving: Option<(usize, u64, u64)>,
     problems: Vec<String>,
+    churn: Option<Churn>,
+}
+
+/// Leadership churn under way: `left` more leaders are frozen past their lease, the one
+/// serving now (meta, when) once `at` comes.
+#[derive(Clone, Copy)]
+struct Churn {
+    left: u8,
+    at: Option<(usize, u64)>,
 }
 
 macro_rules! cx {
@@ -204,6 +217,7 @@ impl World {
             views: BTreeMap::new(),
             serving: None,
             problems: Vec::new(),
+            churn: None,
         };
         for _ in 0..shape.metas {
             let m = w.new_meta();
@@ -284,6 +298,7 @@ impl World {
         self.wake();
         self.tick_all();
         self.check_leaders();
+        self.churn_step();
     }
 
     fn flush(&mut self) {
@@ -431,10 +446,12 @@ impl World {
             if !self.metas[i].running(now) {
                 continue;
             }
-            // Just resumed from a pause: the shards' tick (declaring silent ranks lost) may
-            // come before the election's look (finding the lease gone).
-            let tick_first = std::mem::take(&mut self.metas[i].woke);
-            if !tick_first {
+            // Just resumed from a pause: the election's call to etcd in flight when it froze
+            // answers within 0-2 s; the shards' ticks (declaring silent ranks lost) go on.
+            if std::mem::take(&mut self.metas[i].woke) {
+                self.metas[i].elect_at = now + self.rng.below(2000);
+            }
+            if now >= self.metas[i].elect_at {
                 self.elect(i);
             }
             let mut cx = cx!(self, Node::Meta(i as u8), self.metas[i].offset);
@@ -442,9 +459,6 @@ impl World {
                 m.tick(&mut cx);
             }
             self.flush();
-            if tick_first {
-                self.elect(i);
-            }
             self.record_losses(i);
         }
         for j in 0..self.locals.len() {

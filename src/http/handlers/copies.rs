@@ -22,8 +22,9 @@ pub(super) async fn copy(
     to: &BlobView,
     stamp: Stamp,
 ) -> bool {
+    let floor = remote::copy_floor(&shard.shared, to);
     match fetch(shard, key, from).await {
-        Some(bytes) => write(shard, key, to, stamp, bytes).await,
+        Some(bytes) => write(shard, key, to, stamp, floor, bytes).await,
         None => false,
     }
 }
@@ -72,12 +73,19 @@ async fn fetch(shard: &Shard, key: &[u8], from: &BlobView) -> Option<Vec<u8>> {
 
 /// Writes the object's bytes into the new blob `to`: here directly, or on its local service
 /// under a write grant (answered with success).
-async fn write(shard: &Shard, key: &[u8], to: &BlobView, stamp: Stamp, bytes: Vec<u8>) -> bool {
+async fn write(
+    shard: &Shard,
+    key: &[u8],
+    to: &BlobView,
+    stamp: Stamp,
+    floor: u64,
+    bytes: Vec<u8>,
+) -> bool {
     if to.seg.backend.remote().is_none() {
         // SAFETY: the new blob is ALLOCATED and pinned for this copy alone until it ends.
         return unsafe { to.seg.backend.write(to.offset, &bytes) }.is_ok();
     }
-    let Some(url) = remote::write_grant_url(&shard.shared, key, to, stamp) else {
+    let Some(url) = remote::write_grant_url(&shard.shared, key, to, stamp, floor) else {
         return false;
     };
     match client::request_url(&url, "PUT", bytes, HOP_TIMEOUT).await {

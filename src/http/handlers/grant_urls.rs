@@ -23,11 +23,8 @@ pub(super) fn write_grant_url(
     key: &[u8],
     v: &BlobView,
     stamp: Stamp,
+    floor: u64,
 ) -> Option<String> {
-    // The records noted so far for the rank (an earlier attempt at this copy, given up, names
-    // the same range and stamp) must not drop the entry this write makes.
-    let epoch = v.seg.backend.remote()?.epoch;
-    let floor = shared.membership.freed_logs.seq(v.seg.rank, epoch);
     grant_url(
         key,
         v,
@@ -36,6 +33,20 @@ pub(super) fn write_grant_url(
         stamp,
         floor,
     )
+}
+
+/// The floor of a copy's write grant into the remote blob `v` ([`Grant::floor`]): the records
+/// noted so far for its rank (an earlier attempt at this copy, given up, names the same range
+/// and stamp) must not drop the entry the write makes. Taken when the copy begins, before its
+/// fetch: a removal of the object while the bytes are fetched notes a record above it, which
+/// the local service then holds against the late write (found by the cluster simulation,
+/// seed 76991: taken after the fetch, the floor shielded the write from the removal's record
+/// and the deleted object came back with that catalog).
+pub(super) fn copy_floor(shared: &Shared, v: &BlobView) -> u64 {
+    v.seg
+        .backend
+        .remote()
+        .map_or(0, |r| shared.membership.freed_logs.seq(v.seg.rank, r.epoch))
 }
 
 /// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`,

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-pub(super) use super::grant_urls::{blob_grant, read_grant_url, write_grant_url};
+pub(super) use super::grant_urls::{blob_grant, copy_floor, read_grant_url, write_grant_url};
 use super::objects::{Filled, body_timeout, consumed, put_success, sending};
 use super::{Ctx, Request, optional};
 use crate::cluster::catalog::{Entry, Freed, Stamp};
@@ -427,6 +427,10 @@ pub(super) async fn grant_put(
     if let Err(r) = admit(ctx, std::str::from_utf8(text).unwrap_or(""), &grant) {
         return consumed(ctx, fill, r).await;
     }
+    if freed_before(ctx, &grant) {
+        let r = forbidden(ctx, FREED_BEFORE);
+        return consumed(ctx, fill, r).await;
+    }
     let mut blobs: SmallVec<[BlobView; 2]> = SmallVec::new();
     blobs.push(view(seg.clone(), &grant));
     let wg = WriteGrant::unmanaged(blobs, ctx.shard.shared.clone(), grant.expires_ms);
@@ -469,7 +473,10 @@ pub(super) async fn grant_put(
     }
     // In the catalog from now on (a new leader adopts it if the meta changes); dropped again
     // when the chain or the commit fails, or when the meta later frees the blob.
-    let cataloged = catalog_add(ctx, key, &grant);
+    let Some(cataloged) = catalog_add(ctx, key, &grant) else {
+        // Its freed record arrived while the body did: not listed, not answered a success.
+        return Some(forbidden(ctx, FREED_BEFORE));
+    };
     if let Some(n) = &next
         && let Err(why) = forward(&seg, &grant, n, Outgoing::of(ctx.trace)).await
     {
@@ -519,17 +526,40 @@ fn grant_stamp(grant: &Grant) -> Stamp {
     }
 }
 
+/// Whether a later hop's or a copy's write (`Write`) comes after the freed record of its
+/// blob reached this local service (`Catalog::freed_before`): refused, nothing written or
+/// listed, since the removal it raced may have been answered already.
+fn freed_before(ctx: &Ctx<'_>, grant: &Grant) -> bool {
+    let shared = &ctx.shard.shared;
+    grant.op == GrantOp::Write
+        && shared.config.cluster.role == crate::config::Role::Local
+        && shared.membership.local.catalog().freed_before(
+            Medium::ALL[grant.medium as usize],
+            grant.offset,
+            grant_stamp(grant),
+            grant.floor,
+        )
+}
+
+const FREED_BEFORE: &str = "Invalid grant: the blob was freed before this write arrived";
+
 /// Adds a blob written under a grant to this local service's catalog; false on a meta (the
-/// last hop of a chain on its own rank keeps no catalog).
-fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
+/// last hop of a chain on its own rank keeps no catalog); `None` when its freed record came
+/// first (checked under the catalog's lock: see [`freed_before`]).
+fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> Option<bool> {
     let shared = &ctx.shard.shared;
     if shared.config.cluster.role != crate::config::Role::Local {
-        return false;
+        return Some(false);
     }
     // A grant's `len` is the object's size; the entry's is what the meta allocated.
     let medium = Medium::ALL[grant.medium as usize];
     let entry = Entry::written(key, medium, grant.offset, grant.size, grant_stamp(grant));
     let mut catalog = shared.membership.local.catalog();
+    if grant.op == GrantOp::Write
+        && catalog.freed_before(medium, grant.offset, grant_stamp(grant), grant.floor)
+    {
+        return None;
+    }
     if grant.op == GrantOp::WriteCommit {
         // Handed over only once the meta answered its commit.
         catalog.add_pending(entry);
@@ -539,7 +569,7 @@ fn catalog_add(ctx: &mut Ctx<'_>, key: &[u8], grant: &Grant) -> bool {
     } else {
         catalog.add(entry);
     }
-    true
+    Some(true)
 }
 
 fn catalog_freed(grant: &Grant) -> Freed {

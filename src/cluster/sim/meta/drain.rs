@@ -100,6 +100,11 @@ impl Meta {
         };
         let key = super::super::key_of(&m.key).expect("a workload key");
         let hop = self.read_grant(cx, key, &m.from);
+        self.drains[0].floor =
+            m.to.seg
+                .backend
+                .remote()
+                .map_or(0, |r| self.logs.seq(m.to.seg.rank, r.epoch));
         self.drains[0].copying = Some(m);
         match hop {
             Some(h) => {
@@ -160,11 +165,12 @@ impl Meta {
                     view: m.stamp.view,
                     expires_ms: cx.wall + GRANT_TTL_MS,
                     sum: 0,
-                    // `remote.rs` `write_grant_url`.
+                    // `remote.rs` `write_grant_url`, with the floor `copies.rs` `copy` took
+                    // before the fetch.
                     floor: if cx.mutations.no_copy_floor {
                         0
                     } else {
-                        self.logs.seq(m.to.seg.rank, remote.epoch)
+                        self.drains[0].floor
                     },
                 };
                 let to = Node::from_url(&remote.url).expect("a simulated local service");

@@ -53,11 +53,15 @@ impl World {
                 let x = self.rng.below(n as u64) as usize;
                 let offset = self.rng.below(2 * MAX_OFFSET_MS as u64 + 1) as i64 - MAX_OFFSET_MS;
                 self.counts.clock_jumps += 1;
-                if x < self.metas.len() {
+                let who = if x < self.metas.len() {
                     self.metas[x].offset = offset;
+                    format!("meta {x}")
                 } else {
                     self.locals[x - self.metas.len()].offset = offset;
-                }
+                    format!("local {}", x - self.metas.len())
+                };
+                self.trace
+                    .log(self.now, format!("{who}'s wall clock set to {offset:+} ms"));
             }
             367..=374 => {
                 let c = self.rng.below(self.clients.len() as u64) as usize;
@@ -88,6 +92,18 @@ impl World {
                 }
             }
             378..=379 => self.restart_behind_a_slow_link(),
+            380 if self.metas.len() > 1 && self.churn.is_none() => {
+                // Leadership churn: the next leaders are frozen past their lease one after
+                // another, each soon after it serves (a leader that resumes finds another
+                // leading, and may lead again later).
+                let n = 2 + self.rng.below(3) as u8;
+                self.churn = Some(Churn { left: n, at: None });
+                self.counts.churns += 1;
+                self.trace.log(
+                    self.now,
+                    format!("leadership churn: the next {n} leaders freeze"),
+                );
+            }
             377 => {
                 let i = self.rng.below(self.metas.len() as u64) as usize;
                 if self.metas[i].proc.is_some() {
@@ -101,6 +117,35 @@ impl World {
             }
             _ => {}
         }
+    }
+
+    /// Leadership churn ([`Churn`]): the serving leader is frozen past its lease some
+    /// 1–6 s after it was first seen serving.
+    pub(super) fn churn_step(&mut self) {
+        let Some(mut c) = self.churn else {
+            return;
+        };
+        let Some(i) = self.leader().filter(|&i| self.metas[i].running(self.now)) else {
+            return;
+        };
+        match c.at {
+            None => c.at = Some((i, self.now + 1000 + self.rng.below(5000))),
+            Some((j, at)) if j != i => c.at = Some((i, at.max(self.now + 300))),
+            Some((_, at)) if at <= self.now => {
+                let ms = HA_TTL_MS + self.rng.below(3000);
+                self.metas[i].paused_until = self.now + ms;
+                self.metas[i].woke = true;
+                self.counts.meta_pauses += 1;
+                self.trace.log(
+                    self.now,
+                    format!("meta {i} (the leader) paused for {ms} ms"),
+                );
+                c.left -= 1;
+                c.at = None;
+            }
+            Some(_) => {}
+        }
+        self.churn = (c.left > 0).then_some(c);
     }
 
     /// A local service killed (sometimes while it leaves) and started again at once while its
