@@ -450,8 +450,9 @@ async fn tls_handshake(
     }
 }
 
-/// Answers a connection over the shard's limit with 429 and closes it.
-async fn refuse(front: Rc<Front>, mut stream: TcpStream) {
+/// Answers a connection over the shard's limit with 429 and closes it (a monoio stream, or
+/// the front ring's `RingStream`).
+async fn refuse<S: monoio::io::AsyncWriteRent>(front: Rc<Front>, mut stream: S) {
     let mut scratch = Vec::new();
     let mut resp = Response::error(
         response::Status::TOO_MANY_REQUESTS,

@@ -273,7 +273,7 @@ impl FrontRing {
             let fd = stream.fd();
             if front.connection_count() >= max_conns || self.draining.get() {
                 stats.connections_rejected.inc();
-                monoio::spawn(stream::refuse(front.clone(), stream));
+                monoio::spawn(super::refuse(front.clone(), stream));
                 continue;
             }
             monoio::spawn(super::conn::run(front.clone(), stream, fd, false, None));

@@ -13,12 +13,10 @@ use std::task::{Context, Poll};
 
 use monoio::BufResult;
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
 use super::conns::{Conn, RX_PAUSE_BYTES};
 use super::{FrontRing, Inner};
-use crate::http::Front;
-use crate::http::response::{self, Response};
 use crate::limits::WRITE_BUF_FLUSH_BYTES;
 
 /// Unsent bytes past which a write waits for the pump's sends.
@@ -241,22 +239,4 @@ impl Drop for RingStream {
         }
         self.ring.kick();
     }
-}
-
-/// Answers a connection over the shard's limit with 429 and closes it (as `http::refuse`
-/// does for a monoio stream).
-pub(super) async fn refuse(front: Rc<Front>, mut stream: RingStream) {
-    let mut scratch = Vec::new();
-    let mut resp = Response::error(
-        response::Status::TOO_MANY_REQUESTS,
-        crate::common::error_kind::ErrorKind::Overloaded,
-        "Too many connections",
-        front.unix_secs(),
-        &mut scratch,
-    );
-    resp.retry_after_secs = Some(1);
-    resp.close = true;
-    let mut out = Vec::with_capacity(256);
-    front.encode(resp, None, &scratch, &mut out);
-    let _ = stream.write_all(out).await;
 }
