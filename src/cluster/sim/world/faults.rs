@@ -84,11 +84,7 @@ impl World {
                 let i = self.rng.below(self.metas.len() as u64) as usize;
                 if self.metas[i].running(self.now) {
                     let ms = 100 + self.rng.below(6000);
-                    self.metas[i].paused_until = self.now + ms;
-                    self.metas[i].woke = true;
-                    self.counts.meta_pauses += 1;
-                    self.trace
-                        .log(self.now, format!("meta {i} paused for {ms} ms"));
+                    self.pause_meta(i, ms, "");
                 }
             }
             378..=379 => self.restart_behind_a_slow_link(),
@@ -119,6 +115,15 @@ impl World {
         }
     }
 
+    /// Meta `i` frozen (SIGSTOP) for `ms`; `who` qualifies it in the trace.
+    fn pause_meta(&mut self, i: usize, ms: u64, who: &str) {
+        self.metas[i].paused_until = self.now + ms;
+        self.metas[i].woke = true;
+        self.counts.meta_pauses += 1;
+        self.trace
+            .log(self.now, format!("meta {i}{who} paused for {ms} ms"));
+    }
+
     /// Leadership churn ([`Churn`]): the serving leader is frozen past its lease some
     /// 1–6 s after it was first seen serving.
     pub(super) fn churn_step(&mut self) {
@@ -133,13 +138,7 @@ impl World {
             Some((j, at)) if j != i => c.at = Some((i, at.max(self.now + 300))),
             Some((_, at)) if at <= self.now => {
                 let ms = HA_TTL_MS + self.rng.below(3000);
-                self.metas[i].paused_until = self.now + ms;
-                self.metas[i].woke = true;
-                self.counts.meta_pauses += 1;
-                self.trace.log(
-                    self.now,
-                    format!("meta {i} (the leader) paused for {ms} ms"),
-                );
+                self.pause_meta(i, ms, " (the leader)");
                 c.left -= 1;
                 c.at = None;
             }
