@@ -22,6 +22,8 @@ command -v chromium >/dev/null || need_pkgs+=(chromium)
 command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
 # The HA tests (tests/it/ha.rs) run a real etcd on loopback ports.
 command -v etcd >/dev/null || need_pkgs+=(etcd-server)
+# A local service's wall clock set back under it (tests/it/cluster_faults.rs) runs it under libfaketime.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_pkgs+=(faketime)
 if ((${#need_pkgs[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -407,3 +407,55 @@ fn a_replayed_move_is_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// libfaketime's preload library (Debian's `faketime`, installed by `scripts/test.sh`).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// A local service's wall clock set back after it used and forgot a write grant does not make
+/// that grant valid again: replayed, it is refused as expired and its object keeps its bytes
+/// (found by the cluster simulation, seed 731, with the ledger forgetting by the clock alone;
+/// `grant::tests::a_clock_set_back_does_not_revive_a_forgotten_grant` is its unit test). The
+/// local service runs under libfaketime, its wall clock (not its monotonic one) read from a
+/// file the test rewrites.
+#[test]
+fn a_grant_forgotten_before_the_clock_was_set_back_is_not_valid_again() {
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: apt-get install faketime (scripts/test.sh does)"
+    );
+    let offset = crate::store::temp_dir("faketime").join("offset");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let meta = meta(&[("ock.mmc.cluster.grant_ttl_ms", "300")]);
+    let before = crate::cluster::segments(&meta).len();
+    let local = local_builder(&meta, &[("ock.mmc.local_service.dram.size", "16MB")])
+        .env("LD_PRELOAD", FAKETIME_LIB)
+        .env("FAKETIME_TIMESTAMP_FILE", offset.to_str().unwrap())
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .start();
+    wait_segments(&meta, before + 1, Duration::from_secs(10));
+    let a = bytes(1 << 20, 1);
+    let l = put_redirect(&meta, "A", a.len());
+    assert_eq!(put_to(&l, &a).json()["success"], true);
+    // Past its expiry, the next write's admission forgets A's grant.
+    std::thread::sleep(Duration::from_millis(700));
+    let b = bytes(1 << 20, 2);
+    assert_eq!(
+        put_to(&put_redirect(&meta, "B", b.len()), &b).json()["success"],
+        true
+    );
+    // The local service's clock goes back 3 s: A's grant is not expired by it any more.
+    std::fs::write(&offset, "-3s\n").unwrap();
+    let shown = local.client().get("/health");
+    assert_eq!(shown.status, 200);
+    put_to(&l, &bytes(1 << 20, 3)).assert_error(403, "Invalid grant: expired");
+    assert_reads(&meta, "A", &a);
+    assert_reads(&meta, "B", &b);
+    // The service works on under its clock set back: a new put and its read.
+    let c = bytes(1 << 20, 4);
+    assert_eq!(
+        put_to(&put_redirect(&meta, "C", c.len()), &c).json()["success"],
+        true
+    );
+    assert_reads(&meta, "C", &c);
+}
