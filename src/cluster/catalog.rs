@@ -28,7 +28,7 @@
 use std::collections::BTreeMap;
 
 pub use super::freed::{
-    Barrier, FreedLogs, LOG_CAPACITY, LogAnswer, Noted, Push, RECORDS_PER_BEAT, key_hash,
+    Barrier, Floors, FreedLogs, LOG_CAPACITY, LogAnswer, Noted, Push, RECORDS_PER_BEAT, key_hash,
 };
 use crate::common::medium::Medium;
 mod gone;

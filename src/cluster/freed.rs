@@ -151,6 +151,21 @@ pub struct FreedLogs {
     members: std::sync::atomic::AtomicBool,
 }
 
+/// The logs' sequences at one moment ([`FreedLogs::floors`]).
+#[derive(Clone, Debug, Default)]
+pub struct Floors(Vec<(u32, u64, u64)>);
+
+impl Floors {
+    /// The floor of a copy's write grant into membership `epoch` of `rank` (0 when that log
+    /// began after the snapshot: all its records are above).
+    pub fn of(&self, rank: u32, epoch: u64) -> u64 {
+        self.0
+            .iter()
+            .find(|&&(r, e, _)| r == rank && e == epoch)
+            .map_or(0, |&(_, _, seq)| seq)
+    }
+}
+
 /// What a heartbeat gets from the log.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LogAnswer {
@@ -221,6 +236,21 @@ impl FreedLogs {
             .get(&rank)
             .filter(|l| l.epoch == Some(epoch))
             .map_or(0, |l| l.seq)
+    }
+
+    /// Every log's last sequence now: the floors of copies whose blobs are allocated after
+    /// this call (a drain's ask, a re-replication's turn). Taken before the allocation, it is
+    /// below every record of the new blob (a removal of its object at any time after the
+    /// allocation), so the local service holds such a record against the copy's late write;
+    /// taken when the copy starts, a removal between the allocation and that moment would
+    /// shield the write from its record.
+    pub fn floors(&self) -> Floors {
+        Floors(
+            self.lock()
+                .iter()
+                .filter_map(|(&rank, l)| l.epoch.map(|e| (rank, e, l.seq)))
+                .collect(),
+        )
     }
 
     /// Membership `epoch` of `rank` begins (a fresh join): its log starts over, empty, at

@@ -44,7 +44,6 @@ pub struct RankReport {
 
 /// The meta's table of remote ranks: the membership machine ([`Members`]) behind a mutex,
 /// for the HTTP handlers of the membership messages and shard 0's loss check.
-#[derive(Default)]
 pub struct RankRegistry {
     /// Taken by joins, heartbeats (one per rank per interval) and shard 0's loss check;
     /// never by a data-plane request.
@@ -56,6 +55,16 @@ pub struct RankRegistry {
 }
 
 impl RankRegistry {
+    /// The registry of a meta process that started at `start_unix_ms`: its epochs begin
+    /// above every earlier process's (`members::first_epoch`).
+    pub fn new(start_unix_ms: u64) -> RankRegistry {
+        let first = crate::cluster::members::first_epoch(start_unix_ms);
+        RankRegistry {
+            inner: Mutex::new(Members::with_first_epoch(first)), // LOCK-OK: see the field
+            loopback: Default::default(),
+        }
+    }
+
     /// Whether `listen` (this meta's listen address) is a loopback address, resolved on the
     /// first call only.
     pub fn listens_on_loopback(&self, listen: &crate::config::HostPort) -> bool {

@@ -39,6 +39,8 @@ impl Shard {
     /// objects may be stale, and the ranks another leader's.
     async fn rereplicate_while_waiting(self: &Rc<Self>) {
         while self.store.borrow().rereplication_waiting() && !self.shared.is_shutting_down() {
+            // Taken before the new blobs are allocated (`copies.rs` `copy_floor`).
+            let floors = std::rc::Rc::new(self.shared.membership.freed_logs.floors());
             let moves = if self.shared.ha.serving() {
                 self.store.borrow_mut().begin_rereplicate()
             } else {
@@ -51,10 +53,10 @@ impl Shard {
                 BUSY_WAIT
             };
             for m in moves {
-                let me = self.clone();
+                let (me, floors) = (self.clone(), floors.clone());
                 monoio::spawn(async move {
                     let ok = match &me.shared.front.copier {
-                        Some(c) => c.copy(&me, &m.key, &m.from, &m.to, m.stamp).await,
+                        Some(c) => c.copy(&me, &m.key, &m.from, &m.to, m.stamp, &floors).await,
                         None => false,
                     };
                     me.store.borrow_mut().finish_rereplicate(m.to.handle, ok);

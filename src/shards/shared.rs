@@ -112,7 +112,8 @@ pub trait RemoteTier: Send + Sync {
 /// under a write grant. The HTTP front end implements it; shards only call it.
 pub trait ObjectCopier: Send + Sync {
     /// Copies the object `key` (with `stamp`, for the destination's catalog) from `from` into
-    /// `to`; true when `to` holds its bytes.
+    /// `to`; true when `to` holds its bytes. `floors`: the freed logs' sequences taken before
+    /// `to` was allocated (`FreedLogs::floors`; the floor of the copy's write grant).
     fn copy<'a>(
         &'a self,
         shard: &'a super::Shard,
@@ -120,6 +121,7 @@ pub trait ObjectCopier: Send + Sync {
         from: &'a store::BlobView,
         to: &'a store::BlobView,
         stamp: super::catalog::Stamp,
+        floors: &'a super::catalog::Floors,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>>;
 }
 
@@ -263,7 +265,7 @@ impl Shared {
                 drained: AtomicUsize::new(0),
             },
             membership: Membership {
-                ranks: super::ranks::RankRegistry::default(),
+                ranks: super::ranks::RankRegistry::new(crate::grant::unix_ms()),
                 local: super::ranks::LocalIdentity::new(),
                 grant_key,
                 used_grants: crate::grant::GrantLedger::new(crate::limits::MAX_USED_GRANTS),

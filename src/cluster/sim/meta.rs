@@ -106,15 +106,22 @@ struct Drain {
     machine: crate::cluster::drain::Drain<u32>,
     moves: Vec<Move>,
     copying: Option<Move>,
-    /// The copy's write grant's floor: the destination log's sequence when the copy began
-    /// (`copies.rs` `copy`), before its fetch.
+    /// The freed logs' sequences when the last ask began, before its moves' blobs were
+    /// allocated (`cluster.rs` `drain_segments`).
+    floors: crate::cluster::catalog::Floors,
+    /// The copy's write grant's floor (`copies.rs` `copy_floor`), from `floors`.
     floor: u64,
 }
 
 enum Call {
-    Push { rank: u32, epoch: u64 },
+    Push {
+        rank: u32,
+        epoch: u64,
+    },
     Fetch,
     Copy,
+    /// A re-replication's fetch (false) or write (true).
+    Rerepl(rerepl::Copy, bool),
 }
 
 pub(super) struct Meta {
@@ -139,6 +146,7 @@ pub(super) struct Meta {
 mod drain;
 mod losses;
 mod objects;
+mod rerepl;
 
 impl Meta {
     pub fn new(incarnation: u64, master: [u8; 32], ha: bool, keys: u16, now: u64) -> Meta {
@@ -151,7 +159,11 @@ impl Meta {
             low_percent: 80,
             alloc_timeout_ms: ALLOC_TIMEOUT_MS,
             remote_writer_ms: REMOTE_WRITER_MS,
-            rereplicate: RereplicateLimits::default(),
+            rereplicate: RereplicateLimits {
+                concurrency: 2,
+                bytes_per_sec: 0,
+                queue: 64,
+            },
         };
         let stats = Arc::new(StoreStats::default());
         let mut store = Store::new(0, cfg, table.clone(), stats, Arc::default(), Clock::start());
@@ -159,7 +171,10 @@ impl Meta {
         Meta {
             incarnation,
             master: GrantKey::from_bytes(master),
-            members: Members::default(),
+            // `RankRegistry::new`: epochs above every earlier process's on this address.
+            members: Members::with_first_epoch(crate::cluster::members::first_epoch(
+                super::world::UNIX_BASE_MS + now,
+            )),
             logs: FreedLogs::default(),
             store,
             table,
@@ -590,6 +605,7 @@ impl Meta {
             machine,
             moves: Vec::new(),
             copying: None,
+            floors: Default::default(),
             floor: 0,
         });
     }
@@ -654,6 +670,7 @@ impl Meta {
                 self.poll_removals(cx);
             }
             Call::Fetch | Call::Copy => self.copy_step(cx, Some(rep)),
+            Call::Rerepl(c, written) => self.rerepl_answer(cx, c, written, rep),
         }
         self.after_store();
         self.store.check();
@@ -715,6 +732,7 @@ impl Meta {
         }
         self.poll_removals(cx);
         self.drain_step(cx);
+        self.rereplicate_step(cx);
         self.after_store();
         self.store.check();
     }

@@ -131,6 +131,9 @@ pub(super) struct Mutations {
     /// A copy's write grant carries no floor: a freed record of an earlier attempt at the same
     /// copy (same range, same stamp) drops the entry of the one that succeeded.
     pub no_copy_floor: bool,
+    /// A drain's copy takes its floor when the copy begins, not before the ask that allocated
+    /// its blob: a removal between the two notes a record below the floor.
+    pub late_copy_floor: bool,
     /// A live membership a join replaced has its freed log dropped at the join, its removals
     /// confirmed, before the service acknowledged what the new membership's adoption refused.
     pub settle_replaced_at_join: bool,
@@ -170,6 +173,8 @@ pub(super) struct Counts {
     pub reads_checked: u64,
     pub reads_found: u64,
     pub losses_excused: u64,
+    pub moves: u64,
+    pub rereplicated: u64,
 }
 
 impl Counts {
@@ -179,7 +184,7 @@ impl Counts {
         }
     }
 
-    fn fields(&self) -> [u64; 25] {
+    fn fields(&self) -> [u64; 27] {
         [
             self.partitions,
             self.slow_links,
@@ -206,10 +211,12 @@ impl Counts {
             self.reads_checked,
             self.reads_found,
             self.losses_excused,
+            self.moves,
+            self.rereplicated,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 25] {
+    fn fields_mut(&mut self) -> [&mut u64; 27] {
         [
             &mut self.partitions,
             &mut self.slow_links,
@@ -236,10 +243,12 @@ impl Counts {
             &mut self.reads_checked,
             &mut self.reads_found,
             &mut self.losses_excused,
+            &mut self.moves,
+            &mut self.rereplicated,
         ]
     }
 
-    pub const NAMES: [&'static str; 25] = [
+    pub const NAMES: [&'static str; 27] = [
         "partitions",
         "slow links",
         "dropped messages",
@@ -265,6 +274,8 @@ impl Counts {
         "reads checked",
         "reads that found a value",
         "losses excused by a documented rule",
+        "drain moves copied",
+        "re-replicated copies",
     ];
 
     /// One line per kind.

@@ -17,7 +17,7 @@ use super::{Counts, Mutations, Node, Rng, Shape, Trace, key_bytes};
 use crate::shards::store::GetStep;
 
 /// The true time's Unix origin (hosts' wall clocks read it plus their offset).
-const UNIX_BASE_MS: u64 = 1_700_000_000_000;
+pub(super) const UNIX_BASE_MS: u64 = 1_700_000_000_000;
 /// Keys of the workload (few, so operations on one key meet).
 const KEYS: u16 = 12;
 

@@ -526,6 +526,8 @@ async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
             }
             Step::Ask { seg, room } => (seg, room),
         };
+        // Before the moves' blobs are allocated (`remote::copy_floor`).
+        let floors = ctx.shard.shared.membership.freed_logs.floors();
         let replies = ctx
             .shard
             .broadcast(|| Command::BeginMoves {
@@ -549,7 +551,7 @@ async fn drain_segments(ctx: &mut Ctx<'_>, segs: &[Arc<Segment>]) -> u64 {
         answer.moves = moves.len();
         d.answered(answer, clock.now_ms());
         for m in moves {
-            let ok = copies::copy(ctx.shard, &m.key, &m.from, &m.to, m.stamp).await;
+            let ok = copies::copy(ctx.shard, &m.key, &m.from, &m.to, m.stamp, &floors).await;
             d.copied(ok);
             let _ = ctx
                 .shard

@@ -8,21 +8,23 @@
 //! object's stamp).
 
 use super::remote::{self, HOP_TIMEOUT};
-use crate::cluster::catalog::Stamp;
+use crate::cluster::catalog::{Floors, Stamp};
 use crate::http::client;
 use crate::shards::store::BlobView;
 use crate::shards::store::segment::Medium;
 use crate::shards::{ObjectCopier, Shard};
 
 /// Copies the object `key`'s bytes from `from` into `to`; true when `to` holds them.
+/// `floors`: the freed logs' sequences taken before `to` was allocated (`remote::copy_floor`).
 pub(super) async fn copy(
     shard: &Shard,
     key: &[u8],
     from: &BlobView,
     to: &BlobView,
     stamp: Stamp,
+    floors: &Floors,
 ) -> bool {
-    let floor = remote::copy_floor(&shard.shared, to);
+    let floor = remote::copy_floor(floors, to);
     match fetch(shard, key, from).await {
         Some(bytes) => write(shard, key, to, stamp, floor, bytes).await,
         None => false,
@@ -120,7 +122,8 @@ impl ObjectCopier for HttpCopier {
         from: &'a BlobView,
         to: &'a BlobView,
         stamp: Stamp,
+        floors: &'a Floors,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + 'a>> {
-        Box::pin(copy(shard, key, from, to, stamp))
+        Box::pin(copy(shard, key, from, to, stamp, floors))
     }
 }

@@ -4,7 +4,7 @@
 //! of any grant on one blob (`tier.rs`'s moves).
 
 use super::remote::object_url;
-use crate::cluster::catalog::Stamp;
+use crate::cluster::catalog::{Floors, Stamp};
 use crate::grant::{Grant, GrantOp, unix_ms};
 use crate::shards::Shared;
 use crate::shards::store::BlobView;
@@ -35,18 +35,22 @@ pub(super) fn write_grant_url(
     )
 }
 
-/// The floor of a copy's write grant into the remote blob `v` ([`Grant::floor`]): the records
-/// noted so far for its rank (an earlier attempt at this copy, given up, names the same range
-/// and stamp) must not drop the entry the write makes. Taken when the copy begins, before its
-/// fetch: a removal of the object while the bytes are fetched notes a record above it, which
-/// the local service then holds against the late write (found by the cluster simulation,
-/// seed 76991: taken after the fetch, the floor shielded the write from the removal's record
-/// and the deleted object came back with that catalog).
-pub(super) fn copy_floor(shared: &Shared, v: &BlobView) -> u64 {
+/// The floor of a copy's write grant into the remote blob `v` ([`Grant::floor`]), from the
+/// logs' sequences `floors` taken before `v` was allocated ([`FreedLogs::floors`]): the
+/// records noted before (an earlier attempt at this copy, given up, names the same range and
+/// stamp) must not drop the entry the write makes, and every record of a removal of the
+/// object since is above it, which the local service then holds against the late write.
+/// Found by the cluster simulation, seed 76991: taken after the fetch, the floor shielded the
+/// write from the removal's record and the deleted object came back with that catalog; and
+/// taken when the copy began, a removal between the drain's allocation and the copy's turn
+/// would have done the same.
+///
+/// [`FreedLogs::floors`]: crate::cluster::catalog::FreedLogs::floors
+pub(super) fn copy_floor(floors: &Floors, v: &BlobView) -> u64 {
     v.seg
         .backend
         .remote()
-        .map_or(0, |r| shared.membership.freed_logs.seq(v.seg.rank, r.epoch))
+        .map_or(0, |r| floors.of(v.seg.rank, r.epoch))
 }
 
 /// The URL of one transfer of a remote blob's bytes on its local service, valid `ttl_ms`,

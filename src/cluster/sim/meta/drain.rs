@@ -83,6 +83,7 @@ impl Meta {
                 }
                 Step::Wait { .. } => return,
                 Step::Ask { seg, room } => {
+                    self.drains[0].floors = self.logs.floors();
                     let step = self.store.begin_moves(seg, MOVES_PER_ASK, room);
                     let answer = Answer {
                         moves: step.moves.len(),
@@ -100,11 +101,12 @@ impl Meta {
         };
         let key = super::super::key_of(&m.key).expect("a workload key");
         let hop = self.read_grant(cx, key, &m.from);
-        self.drains[0].floor =
-            m.to.seg
-                .backend
-                .remote()
-                .map_or(0, |r| self.logs.seq(m.to.seg.rank, r.epoch));
+        self.drains[0].floor = match m.to.seg.backend.remote() {
+            None => 0,
+            // The floor as it was taken before: when the copy begins.
+            Some(r) if cx.mutations.late_copy_floor => self.logs.seq(m.to.seg.rank, r.epoch),
+            Some(r) => self.drains[0].floors.of(m.to.seg.rank, r.epoch),
+        };
         self.drains[0].copying = Some(m);
         match hop {
             Some(h) => {
@@ -165,8 +167,8 @@ impl Meta {
                     view: m.stamp.view,
                     expires_ms: cx.wall + GRANT_TTL_MS,
                     sum: 0,
-                    // `remote.rs` `write_grant_url`, with the floor `copies.rs` `copy` took
-                    // before the fetch.
+                    // `remote.rs` `write_grant_url`, with the floor of the logs' sequences
+                    // taken before the ask that allocated the move (`copy_floor`).
                     floor: if cx.mutations.no_copy_floor {
                         0
                     } else {
@@ -190,6 +192,7 @@ impl Meta {
             (Some(Rep::Done(Verdict::Ok)), _) => true,
             _ => false,
         };
+        cx.counts.moves += written as u64;
         self.drains[0].machine.copied(written);
         self.store.finish_move(m.to.handle, written);
     }
