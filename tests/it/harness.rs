@@ -53,6 +53,7 @@ macro_rules! both_drivers {
 pub struct ServerBuilder {
     args: Vec<String>,
     envs: Vec<(String, String)>,
+    nofile: Option<u64>,
 }
 
 impl ServerBuilder {
@@ -67,7 +68,15 @@ impl ServerBuilder {
                 "2".into(),
             ],
             envs: Vec::new(),
+            nofile: None,
         }
+    }
+
+    /// Starts the server with at most `n` open descriptors (its `RLIMIT_NOFILE`, soft and
+    /// hard, set in the child before it runs).
+    pub fn nofile(mut self, n: u64) -> Self {
+        self.nofile = Some(n);
+        self
     }
 
     pub fn shards(mut self, n: usize) -> Self {
@@ -117,6 +126,23 @@ impl ServerBuilder {
         cmd.env("MMC_DEBUG_CHECK", "1");
         for (k, v) in &self.envs {
             cmd.env(k, v);
+        }
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe; the closure allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         let mut child = cmd.spawn().expect("spawn mmc-server");
         let stderr = child.stderr.take().unwrap();

@@ -21,6 +21,7 @@ both_drivers!(
     overload_sheds_with_429,
     mtls_requires_a_valid_client_certificate,
     buffered_request_bytes_are_bounded_per_shard,
+    out_of_descriptors_the_server_backs_off_and_serves_again,
 );
 
 const DATA: &str = "data-token-0123456789";
@@ -718,4 +719,61 @@ fn buffered_request_bytes_are_bounded_per_shard(driver: Driver) {
         err.contains("ock.mmc.http.max_buffered_bytes_per_shard (8388608) must not be below ock.mmc.http.max_body_bytes (67108864)"),
         "{err}"
     );
+}
+
+/// CPU time (user + system) the process `pid` used so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Out of descriptors, with connections waiting in the listen backlog: every accept fails
+/// with `EMFILE`. The server backs off (the accept loop sleeps; the front ring re-arms its
+/// accept after a timer, not at once) instead of spinning on the failure, logs it at most
+/// once a second, and accepts again once descriptors are free.
+fn out_of_descriptors_the_server_backs_off_and_serves_again(driver: Driver) {
+    // A limit set before the server starts (io_uring's accept does not see one lowered later).
+    let srv = ServerBuilder::new(driver).shards(1).nofile(48).start();
+    let pid = srv.pid();
+    // More connections than descriptors left: the last ones wait in the backlog.
+    let conns: Vec<TcpStream> = (0..64)
+        .map(|_| TcpStream::connect(srv.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_ticks(pid) - t0;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    assert!(
+        spent * 10 < hz * 2 * 3,
+        "{spent} ticks of CPU in 2 s ({hz} a second) while accepts fail: spinning"
+    );
+    let failures = srv.log().matches("accept failed").count();
+    assert!(
+        (1..=4).contains(&failures),
+        "{failures} accept failures logged in about 2 s:\n{}",
+        srv.log()
+    );
+    drop(conns);
+    // Descriptors free again: served.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(mut c) = TcpStream::connect(srv.addr) {
+            c.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            let _ = c.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+            let mut buf = [0u8; 64];
+            if let Ok(n) = c.read(&mut buf)
+                && buf[..n].starts_with(b"HTTP/1.1 200")
+            {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "not served again within 5 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

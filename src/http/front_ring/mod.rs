@@ -53,6 +53,13 @@ const ACCEPT: u64 = 1;
 const RECV: u64 = 2;
 const SEND: u64 = 3;
 const CANCEL: u64 = 4;
+/// The accept's back-off timer ran out: accept again.
+const ACCEPT_RETRY: u64 = 5;
+
+/// How long an accept that failed (out of descriptors or memory) waits before the next, as
+/// the monoio front's accept loop does (`http/mod.rs`): a connection left in the backlog
+/// would otherwise fail the re-armed accept at once, again and again.
+static ACCEPT_BACKOFF: types::Timespec = types::Timespec::new().nsec(20_000_000);
 
 fn ud(kind: u64, key: usize) -> u64 {
     (kind << 32) | key as u64
@@ -79,6 +86,10 @@ pub(super) struct Inner {
     listener: Option<std::net::TcpListener>,
     accept_armed: bool,
     accept_cancelled: bool,
+    /// An accept failed since the last was armed: the next waits [`ACCEPT_BACKOFF`].
+    accept_failed: bool,
+    /// When an accept failure was last logged (at most one a second).
+    accept_logged: Option<std::time::Instant>,
     cqes: Vec<(u64, i32, u32)>,
     shard: usize,
 }
@@ -187,6 +198,8 @@ impl FrontRing {
                 listener: Some(listener),
                 accept_armed: false,
                 accept_cancelled: false,
+                accept_failed: false,
+                accept_logged: None,
                 cqes: Vec::with_capacity(256),
                 shard,
             }),
@@ -438,6 +451,7 @@ impl Inner {
             let key = (u & 0xffff_ffff) as usize;
             match u >> 32 {
                 ACCEPT => self.accepted(res, flags),
+                ACCEPT_RETRY if !self.accept_armed && !self.accept_cancelled => self.arm_accept(),
                 RECV => self.received(key, res, flags),
                 SEND => self.sent(key, res),
                 _ => {}
@@ -460,16 +474,31 @@ impl Inner {
                 self.accepted.push(key);
             }
         } else if res != -libc::ECANCELED {
-            log::warn!(
-                "shard {}: front ring: accept failed: {}",
-                self.shard,
-                std::io::Error::from_raw_os_error(-res)
-            );
+            // Out of descriptors or memory: logged at most once a second; the next accept
+            // waits (the server keeps serving what it has).
+            self.accept_failed = true;
+            let now = std::time::Instant::now();
+            if self
+                .accept_logged
+                .is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1))
+            {
+                self.accept_logged = Some(now);
+                log::warn!(
+                    "shard {}: front ring: accept failed: {}",
+                    self.shard,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+            }
         }
         if !io_uring::cqueue::more(flags) {
             self.accept_armed = false;
             if self.accept_cancelled {
                 self.listener = None;
+            } else if std::mem::take(&mut self.accept_failed) {
+                let e = opcode::Timeout::new(&ACCEPT_BACKOFF)
+                    .build()
+                    .user_data(ud(ACCEPT_RETRY, 0));
+                self.push(e);
             } else {
                 self.arm_accept();
             }
