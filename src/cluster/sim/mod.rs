@@ -338,6 +338,16 @@ pub(super) struct Shape {
     /// seed's random stream, so the others' runs do not move); `MMC_SIM_SSD=1` every seed,
     /// `MMC_SIM_SSD=0` none.
     pub keeps_catalog: bool,
+    /// Faults (pauses, kills, partitions, failovers, clock jumps, grant replays...) a quarter
+    /// as often, so memberships and catalogs live longer between them (`MMC_SIM_CALM=1`; off by
+    /// default). Drawn without the seed's random stream: a calm run of a seed is another
+    /// trajectory, the default runs do not move.
+    pub calm: bool,
+}
+
+/// `MMC_SIM_CALM=1`: every run calm ([`Shape::calm`]).
+pub(super) fn calm_from_env() -> bool {
+    std::env::var("MMC_SIM_CALM").is_ok_and(|v| v == "1")
 }
 
 /// Runs `seed` for `steps` steps and the settling after; `Err` is the failure's report (the
@@ -361,7 +371,14 @@ pub(super) fn run_with(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    run_shaped(seed, steps, mutations, metas, keeps_catalog(seed))
+    run_shaped(
+        seed,
+        steps,
+        mutations,
+        metas,
+        keeps_catalog(seed),
+        calm_from_env(),
+    )
 }
 
 /// Whether seed `seed`'s local services keep their catalogs across kills
@@ -382,19 +399,21 @@ pub(super) fn run_plain(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    run_shaped(seed, steps, mutations, metas, false)
+    run_shaped(seed, steps, mutations, metas, false, calm_from_env())
 }
 
 /// [`run_with`], the local services with a configured rank keeping their catalogs across
-/// kills (as their SSD files would) when `keeps_catalog`, whatever `MMC_SIM_SSD` says.
+/// kills (as their SSD files would) when `keeps_catalog`, whatever `MMC_SIM_SSD` says, and
+/// faults rarer when `calm` ([`Shape::calm`]).
 pub(super) fn run_shaped(
     seed: u64,
     steps: u64,
     mutations: Mutations,
     metas: Option<usize>,
     keeps_catalog: bool,
+    calm: bool,
 ) -> Result<Counts, String> {
-    let mut w = world::World::new(seed, mutations, metas, keeps_catalog);
+    let mut w = world::World::new(seed, mutations, metas, keeps_catalog, calm);
     let shape = w.shape;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {

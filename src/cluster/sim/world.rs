@@ -158,12 +158,13 @@ macro_rules! cx {
 
 impl World {
     /// The world of `seed`; `metas`: that many metas instead of the seed's choice;
-    /// `keeps_catalog`: `Shape::keeps_catalog`.
+    /// `keeps_catalog`, `calm`: `Shape::keeps_catalog`, `Shape::calm`.
     pub fn new(
         seed: u64,
         mutations: Mutations,
         metas: Option<usize>,
         keeps_catalog: bool,
+        calm: bool,
     ) -> World {
         let mut rng = Rng(seed);
         let drawn = 1 + rng.below(3) as usize;
@@ -173,6 +174,7 @@ impl World {
             clients: 2 + rng.below(2) as usize,
             seg_pages: [32, 64, 128][rng.below(3) as usize],
             keeps_catalog,
+            calm,
         };
         let mut net = Net::default();
         if !rng.chance(15) {
