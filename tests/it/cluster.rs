@@ -614,7 +614,7 @@ fn a_body_sent_after_the_early_redirect_is_read_off_not_reset() {
 }
 
 /// The status name `/api/v1/segments/status` gives a segment.
-fn status_of(meta: &Server, segment: &str) -> String {
+pub(super) fn status_of(meta: &Server, segment: &str) -> String {
     let r = meta
         .client()
         .get(&format!("/api/v1/segments/status?segment={segment}"));

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::cluster::{follow, join, local_builder, meta, object, segments, wait_segments};
+use super::cluster::{
+    follow, join, local_builder, meta, object, segments, status_of, wait_segments,
+};
 use super::ha::{free_port, wait_gone};
 use crate::harness::{Driver, Server, ServerBuilder};
 
@@ -175,6 +177,54 @@ fn a_late_join_of_an_earlier_run_changes_nothing() {
     assert_eq!((g.status, g.body.clone()), (200, object(3)));
     let log = meta.log();
     assert_eq!(log.matches("rank 5 joined").count(), 1, "{log}");
+}
+
+/// A heartbeat sent to a meta that died, delivered to its successor on the same address (a
+/// connection attempt retried past the restart), names no membership of the new process: the
+/// new meta's epochs start above the old one's. Before, both began at 1, the heartbeat named
+/// the membership the same service had just been given by the new meta and was taken as its
+/// first heartbeat, without the catalog it was to bring: the segments served, and a put
+/// could take the range of an object that catalog listed (cluster simulation, seed 28161).
+/// The test plays the local service (its joins and heartbeats by hand).
+#[test]
+fn a_heartbeat_meant_for_a_meta_s_previous_process_changes_nothing() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let start = || {
+        ServerBuilder::new(Driver::Uring)
+            .listen(&addr)
+            .set("ock.mmc.embedded.ranks", "0")
+            .start()
+    };
+    let join = |meta: &Server| {
+        let body = r#"{"rank":3,"url":"http://127.0.0.1:9","incarnation":1,"segments":[{"medium":"DRAM","size":16777216}]}"#;
+        let r = meta
+            .client()
+            .request("POST", "/cluster/v1/join", Some(body.as_bytes()));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["epoch"].as_u64().unwrap()
+    };
+    let beat = |meta: &Server, epoch: u64| {
+        let body = format!(r#"{{"rank":3,"incarnation":1,"epoch":{epoch}}}"#);
+        meta.client()
+            .request("POST", "/cluster/v1/heartbeat", Some(body.as_bytes()))
+    };
+    let mut first = start();
+    let old = join(&first);
+    assert_eq!(beat(&first, old).status, 200);
+    first.kill9();
+    std::thread::sleep(Duration::from_millis(20));
+    let meta = start();
+    let new = join(&meta);
+    assert_ne!(new, old, "a new process hands out epochs of its own");
+    assert_eq!(status_of(&meta, "rank-3-dram"), "UNDEFINED");
+    beat(&meta, old).assert_error(409, "Unknown rank, incarnation or epoch: join again");
+    assert_eq!(
+        status_of(&meta, "rank-3-dram"),
+        "UNDEFINED",
+        "the late heartbeat is not the membership's first"
+    );
+    assert_eq!(beat(&meta, new).status, 200);
+    assert_eq!(status_of(&meta, "rank-3-dram"), "OK");
 }
 
 /// Defect 5: a local service killed and restarted at once, under load, serves again within
