@@ -142,6 +142,34 @@ fn a_held_membership_s_removals_wait_for_its_loss_to_be_recorded() {
     assert!(logs.barrier(None).is_empty());
 }
 
+/// A removal made after the join that replaced a held membership (its blob still on that
+/// membership's segments, its loss not recorded) waits for the loss to be recorded too: its
+/// record goes to the held log set aside, not nowhere. Before, it was dropped and the removal
+/// confirmed at once; the service had not read the join's answer voiding its catalog, the loss
+/// never reached etcd, and the next leader adopted that catalog with the deleted key (found by
+/// the cluster simulation, calm seed 9941 with two metas). An abandoned loss takes no record.
+#[test]
+fn a_removal_after_the_join_that_replaced_a_held_membership_waits_for_its_loss() {
+    let logs = FreedLogs::default();
+    logs.begin(3, 11);
+    logs.hold(3, 11);
+    logs.begin(3, 12);
+    logs.push([(3, 11, freed(0, 1, 1), 7)]);
+    let b = logs.barrier(Some(7));
+    assert_eq!(b.len(), 1, "the removal waits on the held log");
+    assert_eq!((b[0].rank, b[0].epoch), (3, 11));
+    assert!(!logs.passed(&b[0]));
+    assert!(logs.unconfirmed(7), "a put of its key waits");
+    logs.settle(3, 11);
+    assert!(logs.passed(&b[0]), "the loss recorded: confirmed");
+    // Abandoned (its leadership over before etcd took it): nothing new waits on it.
+    logs.hold(3, 12);
+    logs.begin(3, 13);
+    logs.abandon(3, 12);
+    logs.push([(3, 12, freed(0, 1, 2), 8)]);
+    assert!(logs.barrier(Some(8)).is_empty());
+}
+
 /// A live membership replaced by a join of the same process (its heartbeat answers lost, it
 /// gave the meta up and joined again) with a removal's record unacknowledged: the removal is
 /// not confirmed by the join, nor by the adoption, only once the service acknowledged what

@@ -210,10 +210,26 @@ impl FreedLogs {
     pub fn push(&self, freed: impl IntoIterator<Item = Noted>) {
         let mut logs = self.lock();
         for (rank, epoch, f, key) in freed {
-            let Some(log) = logs
-                .get_mut(&rank)
-                .filter(|l| l.epoch == Some(epoch) && !l.abandoned)
-            else {
+            let Some(current) = logs.get_mut(&rank) else {
+                continue;
+            };
+            // The membership's own log; or its held log, set aside by the join that replaced
+            // it while its loss was not recorded: its records are never pushed (nobody
+            // listens), but they hold their removals until the loss is recorded, as the
+            // removals noted before the join are held. Dropped, a removal after the join was
+            // confirmed at once, the service never read that join's answer (which voided its
+            // catalog), the loss never reached etcd, and the next leader adopted the catalog
+            // with the deleted key (found by the cluster simulation, calm seed 9941 with two
+            // metas).
+            let log = if current.epoch == Some(epoch) {
+                Some(current)
+            } else {
+                current
+                    .unsettled
+                    .iter_mut()
+                    .find(|u| u.epoch == Some(epoch) && u.held)
+            };
+            let Some(log) = log.filter(|l| !l.abandoned) else {
                 continue;
             };
             log.seq += 1;
