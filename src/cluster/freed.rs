@@ -245,15 +245,6 @@ impl FreedLogs {
         }
     }
 
-    /// The last sequence handed out in membership `epoch` of `rank`'s log (0 when that is not
-    /// the log kept): the floor of a copy's write grant to that rank (`grant::Grant::floor`).
-    pub fn seq(&self, rank: u32, epoch: u64) -> u64 {
-        self.lock()
-            .get(&rank)
-            .filter(|l| l.epoch == Some(epoch))
-            .map_or(0, |l| l.seq)
-    }
-
     /// Every log's last sequence now: the floors of copies whose blobs are allocated after
     /// this call (a drain's ask, a re-replication's turn). Taken before the allocation, it is
     /// below every record of the new blob (a removal of its object at any time after the

@@ -39,12 +39,12 @@ impl Shard {
     /// objects may be stale, and the ranks another leader's.
     async fn rereplicate_while_waiting(self: &Rc<Self>) {
         while self.store.borrow().rereplication_waiting() && !self.shared.is_shutting_down() {
-            // Taken before the new blobs are allocated (`copies.rs` `copy_floor`).
-            let floors = std::rc::Rc::new(self.shared.membership.freed_logs.floors());
-            let moves = if self.shared.ha.serving() {
-                self.store.borrow_mut().begin_rereplicate()
+            let (floors, moves) = if self.shared.ha.serving() {
+                // Taken before the new blobs are allocated (`copies.rs` `copy_floor`).
+                let floors = Rc::new(self.shared.membership.freed_logs.floors());
+                (floors, self.store.borrow_mut().begin_rereplicate())
             } else {
-                Vec::new()
+                (Rc::default(), Vec::new())
             };
             self.after_store();
             let wait = if moves.is_empty() {

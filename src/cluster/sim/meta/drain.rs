@@ -4,10 +4,12 @@
 use super::super::net::{Read, Rep, Req, Verdict};
 use super::super::timing::*;
 use super::super::world::Cx;
-use super::super::{Node, key_bytes};
+use super::super::{Node, Vid, key_bytes};
 use super::*;
+use crate::cluster::catalog::Floors;
 use crate::cluster::drain::{Answer, MOVES_PER_ASK, Step};
 use crate::grant::{Grant, GrantOp};
+use crate::shards::store::BlobView;
 
 impl Meta {
     /// `Shard::drop_member_segments`: the log goes, then every blob on the segments.
@@ -101,12 +103,7 @@ impl Meta {
         };
         let key = super::super::key_of(&m.key).expect("a workload key");
         let hop = self.read_grant(cx, key, &m.from);
-        self.drains[0].floor = match m.to.seg.backend.remote() {
-            None => 0,
-            // The floor as it was taken before: when the copy begins.
-            Some(r) if cx.mutations.late_copy_floor => self.logs.seq(m.to.seg.rank, r.epoch),
-            Some(r) => self.drains[0].floors.of(m.to.seg.rank, r.epoch),
-        };
+        self.drains[0].floor = self.copy_floor(cx, &self.drains[0].floors, &m.to);
         self.drains[0].copying = Some(m);
         match hop {
             Some(h) => {
@@ -152,38 +149,14 @@ impl Meta {
         let Some(m) = self.drains.first_mut().and_then(|d| d.copying.take()) else {
             return;
         };
-        let key = super::super::key_of(&m.key).expect("a workload key");
         let written = match (rep, m.to.seg.backend.remote()) {
-            (Some(Rep::Bytes(Read::Val(v))), Some(remote)) => {
-                let g = Grant {
-                    op: GrantOp::Write,
-                    rank: m.to.seg.rank,
-                    medium: m.to.seg.medium as u8,
-                    offset: m.to.offset,
-                    len: m.to.len,
-                    size: m.to.len,
-                    obj_id: 0,
-                    obj_generation: m.stamp.seq,
-                    view: m.stamp.view,
-                    expires_ms: cx.wall + GRANT_TTL_MS,
-                    sum: 0,
-                    // `remote.rs` `write_grant_url`, with the floor of the logs' sequences
-                    // taken before the ask that allocated the move (`copy_floor`).
-                    floor: if cx.mutations.no_copy_floor {
-                        0
-                    } else {
-                        self.drains[0].floor
-                    },
+            (Some(Rep::Bytes(Read::Val(v))), Some(_)) => {
+                let floor = if cx.mutations.no_copy_floor {
+                    0
+                } else {
+                    self.drains[0].floor
                 };
-                let to = Node::from_url(&remote.url).expect("a simulated local service");
-                let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
-                let write = Req::Write {
-                    key,
-                    val: v,
-                    grant,
-                    next: None,
-                };
-                let call = cx.request(to, write);
+                let call = copy_write(cx, &m, floor, v);
                 self.calls
                     .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Copy));
                 self.drains[0].copying = Some(m);
@@ -196,4 +169,57 @@ impl Meta {
         self.drains[0].machine.copied(written);
         self.store.finish_move(m.to.handle, written);
     }
+}
+
+impl Meta {
+    /// `copies.rs` `copy_floor`: the floor of a copy's write grant into `to`, from the logs'
+    /// sequences `floors` taken before `to` was allocated (with `late_copy_floor`, the logs'
+    /// sequences now, when the copy begins, as it was taken before).
+    pub(super) fn copy_floor(&self, cx: &Cx, floors: &Floors, to: &BlobView) -> u64 {
+        let Some(r) = to.seg.backend.remote() else {
+            return 0;
+        };
+        if cx.mutations.late_copy_floor {
+            self.logs.floors().of(to.seg.rank, r.epoch)
+        } else {
+            floors.of(to.seg.rank, r.epoch)
+        }
+    }
+}
+
+/// `copies.rs` `write` to a local service: the fetched value `val` written into the copy's
+/// new blob under a write grant (`remote.rs` `write_grant_url`) carrying the object's stamp and
+/// `floor`. Returns the call.
+pub(super) fn copy_write(cx: &mut Cx, m: &Move, floor: u64, val: Vid) -> u64 {
+    let key = super::super::key_of(&m.key).expect("a workload key");
+    let remote =
+        m.to.seg
+            .backend
+            .remote()
+            .expect("a copy into a local service");
+    let g = Grant {
+        op: GrantOp::Write,
+        rank: m.to.seg.rank,
+        medium: m.to.seg.medium as u8,
+        offset: m.to.offset,
+        len: m.to.len,
+        size: m.to.len,
+        obj_id: 0,
+        obj_generation: m.stamp.seq,
+        view: m.stamp.view,
+        expires_ms: cx.wall + GRANT_TTL_MS,
+        sum: 0,
+        floor,
+    };
+    let to = Node::from_url(&remote.url).expect("a simulated local service");
+    let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
+    cx.request(
+        to,
+        Req::Write {
+            key,
+            val,
+            grant,
+            next: None,
+        },
+    )
 }

@@ -3,12 +3,11 @@
 //! time while this meta serves, each fetched from a readable copy under a read grant and
 //! written under a write grant carrying the object's stamp and its floor.
 
+use super::super::key_of;
 use super::super::net::{Read, Rep, Req, Verdict};
 use super::super::timing::*;
 use super::super::world::Cx;
-use super::super::{Node, key_bytes, key_of};
 use super::*;
-use crate::grant::{Grant, GrantOp};
 
 /// One copy in flight.
 pub(super) struct Copy {
@@ -26,11 +25,7 @@ impl Meta {
         }
         let floors = self.logs.floors();
         for m in self.store.begin_rereplicate() {
-            let floor = match m.to.seg.backend.remote() {
-                None => 0,
-                Some(r) if cx.mutations.late_copy_floor => self.logs.seq(m.to.seg.rank, r.epoch),
-                Some(r) => floors.of(m.to.seg.rank, r.epoch),
-            };
+            let floor = self.copy_floor(cx, &floors, &m.to);
             let key = key_of(&m.key).expect("a workload key");
             cx.log(format!(
                 "re-replicating k{key} from rank {} to rank {}",
@@ -61,33 +56,8 @@ impl Meta {
     /// An answer to a re-replication's fetch (`written` false) or write.
     pub(super) fn rerepl_answer(&mut self, cx: &mut Cx, c: Copy, written: bool, rep: Rep) {
         match (written, rep, c.m.to.seg.backend.remote()) {
-            (false, Rep::Bytes(Read::Val(v)), Some(remote)) => {
-                let key = key_of(&c.m.key).expect("a workload key");
-                let g = Grant {
-                    op: GrantOp::Write,
-                    rank: c.m.to.seg.rank,
-                    medium: c.m.to.seg.medium as u8,
-                    offset: c.m.to.offset,
-                    len: c.m.to.len,
-                    size: c.m.to.len,
-                    obj_id: 0,
-                    obj_generation: c.m.stamp.seq,
-                    view: c.m.stamp.view,
-                    expires_ms: cx.wall + GRANT_TTL_MS,
-                    sum: 0,
-                    floor: c.floor,
-                };
-                let to = Node::from_url(&remote.url).expect("a simulated local service");
-                let grant = g.sign(&remote.grant_key, &key_bytes(key), b"");
-                let call = cx.request(
-                    to,
-                    Req::Write {
-                        key,
-                        val: v,
-                        grant,
-                        next: None,
-                    },
-                );
+            (false, Rep::Bytes(Read::Val(v)), Some(_)) => {
+                let call = super::drain::copy_write(cx, &c.m, c.floor, v);
                 self.calls
                     .insert(call, (cx.now + HOP_TIMEOUT_MS, Call::Rerepl(c, true)));
             }
