@@ -130,8 +130,12 @@ pub(super) async fn answer<S: Io>(
     if in_place.is_some() {
         resp.body = Body::ScratchInPlace;
     }
-    let transfer = resp.transfer.take().map(|t| booked(*t, &resp.body));
-    let from = Instant::now();
+    // A data-plane body's transfer is timed from here (the clock is read only for one).
+    let sending = resp
+        .transfer
+        .take()
+        .map(|t| booked(*t, &resp.body))
+        .map(|(t, ranks)| (t, ranks, Instant::now()));
     let tail = front.encode(resp, Some(head), scratch, wbuf);
     let op = handlers::request_op(routed, head.method);
     front
@@ -139,7 +143,6 @@ pub(super) async fn answer<S: Io>(
         .stats()
         .request_durations
         .observe(op, started.elapsed());
-    let sending = transfer.map(|(t, ranks)| (t, ranks, from));
     match (tail, in_place) {
         (Some(Tail::Scratch), Some(fd)) => {
             if !send_with_body(fd, wbuf, scratch) {
