@@ -422,3 +422,97 @@ fn auto_driver_uses_tuned_io_uring_here() {
     let mut c = Client::connect(srv.addr);
     assert_eq!(c.get("/healthz").status, 200);
 }
+
+/// Sockets of `port` in CLOSE-WAIT, from `/proc/net/tcp`: the client closed, the server did
+/// not (a socket left in the ring's registered file table stays there).
+fn server_sockets(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&local) && f[3] == "08"
+        })
+        .count()
+}
+
+#[test]
+fn front_ring_sends_large_answers_from_their_blobs_and_closes_what_hangs_up() {
+    use std::io::{Read, Write};
+    // Large answers on the front ring leave from the caller's buffer in one send each
+    // (`DIRECT_BYTES`); its sockets are in the ring's registered file table besides.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .io_driver("ring")
+        .shards(1)
+        .start();
+    assert!(srv.log().contains("registered files"), "{}", srv.log());
+    let body: Vec<u8> = (0..(5 << 20) + 7)
+        .map(|i: usize| (i * 7 + i / 4099) as u8)
+        .collect();
+    let put = srv
+        .client()
+        .request("PUT", "/api/v1/objects?key=big", Some(&body));
+    assert_eq!(put.status, 200, "{}", put.text());
+    let addr = srv.addr;
+    let get = b"GET /api/v1/objects?key=big HTTP/1.1\r\nHost: t\r\n\r\n";
+    // Readers at once, one of them slow (its sends come back short), each on one connection
+    // for three answers: every byte is the object's.
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for _ in 0..3 {
+                    if r == 0 {
+                        // 16 KiB a millisecond: the server's sends come back short.
+                        c.send(get);
+                        let mut got = Vec::new();
+                        let mut chunk = [0u8; 16 * 1024];
+                        let total = loop {
+                            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                                if got.len() >= i + 4 + body.len() {
+                                    break i + 4 + body.len();
+                                }
+                            }
+                            let n = c.stream.read(&mut chunk).expect("read");
+                            assert!(n > 0, "closed early");
+                            got.extend_from_slice(&chunk[..n]);
+                            std::thread::sleep(Duration::from_millis(1));
+                        };
+                        assert_eq!(got.len(), total, "more than one answer");
+                        assert!(
+                            got[total - body.len()..] == body[..],
+                            "slow reader: bytes differ"
+                        );
+                        continue;
+                    }
+                    let resp = c.get("/api/v1/objects?key=big");
+                    assert_eq!(resp.status, 200);
+                    assert!(resp.body == body, "reader {r}: the bytes differ");
+                }
+            })
+        })
+        .collect();
+    // Clients that hang up in the middle of an answer.
+    for _ in 0..20 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(get).unwrap();
+        let mut chunk = [0u8; 64 * 1024];
+        let _ = s.read(&mut chunk);
+        drop(s);
+    }
+    for r in readers {
+        r.join().expect("reader");
+    }
+    // Every connection is closed on the server's side too (a socket left in the file table
+    // would stay in CLOSE-WAIT), and the server answers whole.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server_sockets(addr.port()) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server_sockets(addr.port()), 0, "server sockets left open");
+    let resp = srv.client().get("/api/v1/objects?key=big");
+    assert!(resp.body == body);
+}

@@ -7,7 +7,7 @@ use std::task::Waker;
 
 use io_uring::{cqueue, opcode, types};
 
-use super::{CANCEL, Inner, RECV, SEND, bufring, ud};
+use super::{CANCEL, Inner, RECV, SEND, SEND_DIRECT, bufring, ud};
 
 /// Received bytes a connection may hold unread before its receive is cancelled (resumed
 /// when its stream has read them): past it the client waits on TCP's flow control, as it
@@ -23,8 +23,25 @@ pub enum Recv {
     Cancelling,
 }
 
+/// A large write on its way from the caller's buffer (no copy into `out`): the
+/// `SENDMSG`'s message and vectors, which the kernel reads until it completes (boxed: the
+/// slab may move the connection meanwhile).
+pub struct Direct {
+    pub iov: Vec<libc::iovec>,
+    pub msg: libc::msghdr,
+    /// The caller's buffer, when its write was dropped before the send completed: it lives
+    /// until the kernel is done with it.
+    pub keep: Option<Box<dyn std::any::Any>>,
+    /// The send's result (bytes or `-errno`) once it completed.
+    pub done: Option<i32>,
+}
+
 pub struct Conn {
     pub fd: RawFd,
+    /// The connection's slot in the ring's registered file table (its slab key), when it has
+    /// one: its receives and sends name the slot, which spares the kernel a descriptor look-up
+    /// per operation. The descriptor stays open beside it for the connection code.
+    pub slot: Option<u32>,
     /// Received and not yet read by the stream: `rx[rx_at..]`.
     pub rx: Vec<u8>,
     pub rx_at: usize,
@@ -41,7 +58,9 @@ pub struct Conn {
     /// The bytes of the send in flight, and how many of them the kernel took so far.
     pub sending: Vec<u8>,
     pub sent: usize,
+    /// A send is in flight: of `sending`, or of `direct`.
     pub in_flight: bool,
+    pub direct: Option<Box<Direct>>,
     /// In `Inner::dirty` for the next pass.
     pub queued: bool,
     /// The stream waiting to read, and the one waiting for its answers to leave (a full
@@ -56,6 +75,7 @@ impl Conn {
     pub fn new(fd: RawFd) -> Conn {
         Conn {
             fd,
+            slot: None,
             rx: Vec::new(),
             rx_at: 0,
             eof: false,
@@ -66,6 +86,7 @@ impl Conn {
             sending: Vec::new(),
             sent: 0,
             in_flight: false,
+            direct: None,
             queued: false,
             reader: None,
             writer: None,
@@ -104,9 +125,11 @@ impl Inner {
             return;
         }
         c.recv = Recv::Armed;
-        let e = opcode::RecvMulti::new(types::Fd(c.fd), bufring::GROUP)
-            .build()
-            .user_data(ud(RECV, key));
+        let e = match c.slot {
+            Some(slot) => opcode::RecvMulti::new(types::Fixed(slot), bufring::GROUP).build(),
+            None => opcode::RecvMulti::new(types::Fd(c.fd), bufring::GROUP).build(),
+        }
+        .user_data(ud(RECV, key));
         self.push(e);
     }
 
@@ -193,11 +216,73 @@ impl Inner {
     fn push_send(&mut self, key: usize) {
         let c = &self.conns[key];
         let rest = &c.sending[c.sent..];
-        let e = opcode::Send::new(types::Fd(c.fd), rest.as_ptr(), rest.len() as u32)
-            .flags(libc::MSG_NOSIGNAL)
-            .build()
-            .user_data(ud(SEND, key));
+        let (ptr, len) = (rest.as_ptr(), rest.len() as u32);
+        let e = match c.slot {
+            Some(slot) => opcode::Send::new(types::Fixed(slot), ptr, len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build(),
+            None => opcode::Send::new(types::Fd(c.fd), ptr, len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build(),
+        }
+        .user_data(ud(SEND, key));
         self.push(e);
+    }
+
+    /// Sends `iov` (the caller's buffer, which outlives the send: `Direct::keep`) with one
+    /// `SENDMSG`, once nothing else is in flight or queued (the stream waited for that).
+    pub(super) fn start_direct(&mut self, key: usize, iov: Vec<libc::iovec>) {
+        let c = &mut self.conns[key];
+        debug_assert!(!c.in_flight && c.out.is_empty());
+        let mut d = Box::new(Direct {
+            iov,
+            // SAFETY: an all-zero msghdr is valid (no name, no control data).
+            msg: unsafe { std::mem::zeroed() },
+            keep: None,
+            done: None,
+        });
+        let d_ref = &mut *d;
+        d_ref.msg.msg_iov = d_ref.iov.as_mut_ptr();
+        d_ref.msg.msg_iovlen = d_ref.iov.len() as _;
+        let m: *const libc::msghdr = &d_ref.msg;
+        c.in_flight = true;
+        let e = match c.slot {
+            Some(slot) => opcode::SendMsg::new(types::Fixed(slot), m)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build(),
+            None => opcode::SendMsg::new(types::Fd(c.fd), m)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build(),
+        }
+        .user_data(ud(SEND_DIRECT, key));
+        c.direct = Some(d);
+        self.push(e);
+    }
+
+    pub(super) fn sent_direct(&mut self, key: usize, res: i32) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        c.in_flight = false;
+        if res < 0 {
+            c.error = Some(-res);
+            c.out.clear();
+            c.wake_reader();
+        }
+        match c.direct.as_mut() {
+            // The write was dropped: its buffer can go now.
+            Some(d) if d.keep.is_some() => c.direct = None,
+            Some(d) => d.done = Some(res),
+            None => {}
+        }
+        if !c.out.is_empty() && !c.queued && c.error.is_none() {
+            c.queued = true;
+            self.dirty.push(key);
+        }
+        c.wake_writer();
+        if self.conns[key].dropped {
+            self.close_when_idle(key);
+        }
     }
 
     pub(super) fn sent(&mut self, key: usize, res: i32) {
@@ -247,6 +332,10 @@ impl Inner {
             return;
         }
         let c = self.conns.remove(key);
+        if let Some(slot) = c.slot {
+            // The table's reference would keep the socket open after `close`.
+            self.unregister_file(slot);
+        }
         // SAFETY: the descriptor is this connection's, and nothing in flight uses it.
         unsafe { libc::close(c.fd) };
     }

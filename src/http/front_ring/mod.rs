@@ -15,10 +15,13 @@
 //!   AsyncWriteRent`, so `conn::run` serves it unchanged (without `direct`: its answers go
 //!   through the batched send). `conns.rs` holds a connection's state on the ring.
 //!
-//! Plain descriptors (no registered file table): the connection code and the housekeeping
-//! tick use the fd (`shutdown`, `TCP_CORK`). Each feature the kernel may lack falls back and
-//! logs: `DEFER_TASKRUN` → `COOP_TASKRUN` → no setup flags; no multishot receive (< 6.0) or
-//! buffer ring (< 5.19) → the shard serves on monoio's io_uring driver as before.
+//! Registered files, not direct descriptors: each accepted socket is also put in the ring's
+//! registered file table (at its slab key's slot), and its receives and sends name the slot,
+//! which spares the kernel a descriptor look-up per operation; the descriptor stays open for
+//! the connection code and the housekeeping tick (`shutdown`, `TCP_CORK`). Each feature the
+//! kernel may lack falls back and logs: `DEFER_TASKRUN` → `COOP_TASKRUN` → no setup flags; no
+//! file table → plain descriptors; no multishot receive (< 6.0) or buffer ring (< 5.19) → the
+//! shard serves on monoio's io_uring driver as before.
 
 mod bufring;
 mod conns;
@@ -48,6 +51,11 @@ const ENTRIES: u32 = 1024;
 /// timers and reaps its own ring (cross-shard wakes, TLS, same-host sockets, SSD files).
 const BUSY_PASSES_BEFORE_PARK: u32 = 8;
 
+/// Slots of a front ring's registered file table: a connection whose slab key is below it
+/// has its socket registered there (the others, past 16 384 connections on one shard, use
+/// their descriptor).
+const FILES: u32 = 16_384;
+
 /// `user_data` kinds: the kind in the high half, the connection's slab key in the low one.
 const ACCEPT: u64 = 1;
 const RECV: u64 = 2;
@@ -55,6 +63,8 @@ const SEND: u64 = 3;
 const CANCEL: u64 = 4;
 /// The accept's back-off timer ran out: accept again.
 const ACCEPT_RETRY: u64 = 5;
+/// A large write sent from its caller's buffer (`conns::Direct`).
+const SEND_DIRECT: u64 = 6;
 
 /// How long an accept that failed (out of descriptors or memory) waits before the next, as
 /// the monoio front's accept loop does (`http/mod.rs`): a connection left in the backlog
@@ -92,6 +102,8 @@ pub(super) struct Inner {
     accept_logged: Option<std::time::Instant>,
     cqes: Vec<(u64, i32, u32)>,
     shard: usize,
+    /// Slots of the registered file table (0: the kernel refused one; plain descriptors).
+    files: u32,
 }
 
 /// A shard's front ring, shared by its pump and its connections' streams.
@@ -181,11 +193,20 @@ impl FrontRing {
         if let Err(e) = ring.submitter().register_eventfd(efd) {
             return Err((format!("register_eventfd: {e}"), listener));
         }
+        let files = match ring.submitter().register_files_sparse(FILES) {
+            Ok(()) => format!("registered files ({FILES} slots)"),
+            Err(e) => format!("plain descriptors (no registered file table: {e})"),
+        };
         log::info!(
-            "shard {shard}: front ring ({flags}, {ENTRIES} entries): multishot accept and receive, provided buffers {} x {} KiB, plain descriptors",
+            "shard {shard}: front ring ({flags}, {ENTRIES} entries): multishot accept and receive, provided buffers {} x {} KiB, {files}",
             bufring::COUNT,
             bufring::SIZE / 1024
         );
+        let files = if files.starts_with("registered") {
+            FILES
+        } else {
+            0
+        };
         let fr = FrontRing {
             inner: RefCell::new(Inner {
                 ring,
@@ -202,6 +223,7 @@ impl FrontRing {
                 accept_logged: None,
                 cqes: Vec::with_capacity(256),
                 shard,
+                files,
             }),
             eventfd_raw: efd,
             eventfd_owned: RefCell::new(Some(owned)),
@@ -392,6 +414,30 @@ impl Inner {
         }
     }
 
+    /// Registers connection `key`'s socket in the file table, at slot `key`, if the table has
+    /// that slot; else (or if the kernel refuses) the connection keeps using its descriptor.
+    fn register_file(&mut self, key: usize) {
+        if key >= self.files as usize {
+            return;
+        }
+        let c = &mut self.conns[key];
+        match self
+            .ring
+            .submitter()
+            .register_files_update(key as u32, &[c.fd])
+        {
+            Ok(_) => c.slot = Some(key as u32),
+            Err(e) => log::debug!("front ring: socket not registered, plain descriptor: {e}"),
+        }
+    }
+
+    /// Empties slot `slot` of the file table (its socket closes with its descriptor).
+    pub(super) fn unregister_file(&mut self, slot: u32) {
+        if let Err(e) = self.ring.submitter().register_files_update(slot, &[-1]) {
+            log::warn!("front ring: registered file slot {slot} not emptied: {e}");
+        }
+    }
+
     fn arm_accept(&mut self) {
         let Some(fd) = self.listener.as_ref().map(|l| l.as_raw_fd()) else {
             return;
@@ -454,6 +500,7 @@ impl Inner {
                 ACCEPT_RETRY if !self.accept_armed && !self.accept_cancelled => self.arm_accept(),
                 RECV => self.received(key, res, flags),
                 SEND => self.sent(key, res),
+                SEND_DIRECT => self.sent_direct(key, res),
                 _ => {}
             }
         }
@@ -470,6 +517,7 @@ impl Inner {
                 unsafe { libc::close(res) };
             } else {
                 let key = self.conns.insert(Conn::new(res));
+                self.register_file(key);
                 self.arm_recv(key);
                 self.accepted.push(key);
             }

@@ -4,6 +4,8 @@
 //! A read copies what the pump received for the connection (or waits for the pump's wake).
 //! A write appends to the connection's output, which the pump sends at its next pass; it
 //! completes when queued, and waits while `WRITE_LIMIT` bytes are unsent (the back-pressure).
+//! A large write (`DIRECT_BYTES`) is sent from the caller's buffer instead, after what was
+//! queued before it, and completes with its send.
 //! `flush` waits until everything written has left (`conn::linger` flushes before it shuts
 //! the socket's write side down). Dropping the stream sends what is queued, then closes.
 
@@ -21,6 +23,11 @@ use crate::limits::WRITE_BUF_FLUSH_BYTES;
 
 /// Unsent bytes past which a write waits for the pump's sends.
 const WRITE_LIMIT: usize = WRITE_BUF_FLUSH_BYTES;
+
+/// Writes of at least this many bytes leave from the caller's buffer in one `SENDMSG` (a
+/// large answer's head and blobs), instead of being copied into the connection's output in
+/// `WRITE_LIMIT` pieces: one copy fewer, and one send where there were many.
+const DIRECT_BYTES: usize = 64 * 1024;
 
 fn broken(errno: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(errno)
@@ -129,6 +136,84 @@ impl RingStream {
     }
 }
 
+impl RingStream {
+    /// Sends `iov`, which points into `buf`, straight from there: after what was written
+    /// before has left, with one `SENDMSG` whose result is the write's. `buf` outlives the
+    /// send even if this future is dropped first ([`DirectWrite`]).
+    async fn write_direct<T: 'static>(
+        &mut self,
+        buf: T,
+        iov: Vec<libc::iovec>,
+    ) -> BufResult<usize, T> {
+        self.ring.kick();
+        if let Err(e) = std::future::poll_fn(|cx| self.poll_flush(cx)).await {
+            return (Err(e), buf);
+        }
+        let mut w = DirectWrite {
+            stream: self,
+            buf: Some(buf),
+        };
+        w.stream.with(|inner, key| inner.start_direct(key, iov));
+        w.stream.ring.kick();
+        let r = std::future::poll_fn(|cx| w.poll_done(cx)).await;
+        (r, w.buf.take().expect("held until the send is done"))
+    }
+}
+
+/// A direct send's caller buffer while the kernel may read it: dropped before the send
+/// completed (the connection's task ended), it hands the buffer to the connection, which
+/// frees it when the completion arrives.
+struct DirectWrite<'a, T: 'static> {
+    stream: &'a RingStream,
+    buf: Option<T>,
+}
+
+impl<T: 'static> DirectWrite<'_, T> {
+    fn poll_done(&self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        self.stream.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            match c.direct.as_ref().and_then(|d| d.done) {
+                Some(res) => {
+                    c.direct = None;
+                    Poll::Ready(if res < 0 {
+                        Err(broken(-res))
+                    } else {
+                        Ok(res as usize)
+                    })
+                }
+                None => {
+                    c.writer = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+    }
+}
+
+impl<T: 'static> Drop for DirectWrite<'_, T> {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else {
+            return;
+        };
+        self.stream.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            match c.direct.as_mut() {
+                Some(d) if d.done.is_none() => d.keep = Some(Box::new(buf)),
+                _ => c.direct = None,
+            }
+        });
+    }
+}
+
+fn libc_iovecs(src: &[IoSlice]) -> Vec<libc::iovec> {
+    src.iter()
+        .map(|s| libc::iovec {
+            iov_base: s.ptr.cast(),
+            iov_len: s.len,
+        })
+        .collect()
+}
+
 /// A part of a caller's buffer: where, and how many bytes.
 #[derive(Clone, Copy)]
 struct IoSlice {
@@ -202,12 +287,20 @@ impl AsyncWriteRent for RingStream {
             ptr: buf.read_ptr() as *mut u8,
             len: buf.bytes_init(),
         }];
+        if src[0].len >= DIRECT_BYTES {
+            // SAFETY (of the send): an IoBuf's bytes stay where they are while it lives, also
+            // when it is moved (monoio's own driver relies on the same).
+            return self.write_direct(buf, libc_iovecs(&src)).await;
+        }
         let r = std::future::poll_fn(|cx| self.poll_write(cx, &src)).await;
         (r, buf)
     }
 
     async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
         let src = iovecs(buf.read_iovec_ptr(), buf.read_iovec_len());
+        if src.iter().map(|s| s.len).sum::<usize>() >= DIRECT_BYTES {
+            return self.write_direct(buf, libc_iovecs(&src)).await;
+        }
         let r = std::future::poll_fn(|cx| self.poll_write(cx, &src)).await;
         (r, buf)
     }
