@@ -7,6 +7,7 @@
 #   cargo build --release
 #   perf/large_get.sh                                   # target/release/mmc-server, 4 rounds
 #   RUNS=4 SECS=3 perf/large_get.sh /tmp/mmc-server-before target/release/mmc-server
+#   DRIVERS="uring epoll ring" perf/large_get.sh        # each binary on each io driver
 #
 # Per run: a fresh `mmc-server --shards 1` pinned to CPU 0, KEYS objects preloaded (64 of
 # 1 MiB, 8 of 16 MiB), then `mmc-perf` on CPU 1, 8 connections, closed loop, 1 s warm-up and
@@ -17,8 +18,12 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-4}
 SECS=${SECS:-3}
 PERF=${PERF:-target/release/mmc-perf}
-servers=("$@")
-[ ${#servers[@]} -eq 0 ] && servers=(target/release/mmc-server)
+DRIVERS=${DRIVERS:-auto}
+bins=("$@")
+[ ${#bins[@]} -eq 0 ] && bins=(target/release/mmc-server)
+# A server is BINARY@DRIVER (--io-driver DRIVER).
+servers=()
+for b in "${bins[@]}"; do for d in $DRIVERS; do servers+=("$b@$d"); done; done
 work=$(mktemp -d)
 srv_pid=
 cleanup() { [ -n "$srv_pid" ] && kill "$srv_pid" 2>/dev/null; rm -rf "$work"; }
@@ -27,8 +32,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 get_run() { # SERVER BYTES KEYS ROUND
   local port; port=$(free_port)
-  cp "$1" "$work/mmc-server-$port"
-  taskset -c 0 "$work/mmc-server-$port" --listen "127.0.0.1:$port" --shards 1 > "$work/srv.log" 2>&1 &
+  cp "${1%@*}" "$work/mmc-server-$port"
+  taskset -c 0 "$work/mmc-server-$port" --listen "127.0.0.1:$port" --shards 1 --io-driver "${1##*@}" > "$work/srv.log" 2>&1 &
   srv_pid=$!
   timeout 30 sh -c "until curl -sf http://127.0.0.1:$port/ready >/dev/null; do sleep 0.2; done"
   timeout 300 "$PERF" --target "127.0.0.1:$port" --connections 8 --duration "$SECS" --warmup 1 \
@@ -43,8 +48,8 @@ get_run() { # SERVER BYTES KEYS ROUND
 
 batch_run() { # SERVER CHUNK_BYTES ROUND: batch_get of 16 chunks stored first
   local port keys=""; port=$(free_port)
-  cp "$1" "$work/mmc-server-$port"
-  taskset -c 0 "$work/mmc-server-$port" --listen "127.0.0.1:$port" --shards 1 > "$work/srv.log" 2>&1 &
+  cp "${1%@*}" "$work/mmc-server-$port"
+  taskset -c 0 "$work/mmc-server-$port" --listen "127.0.0.1:$port" --shards 1 --io-driver "${1##*@}" > "$work/srv.log" 2>&1 &
   srv_pid=$!
   timeout 30 sh -c "until curl -sf http://127.0.0.1:$port/ready >/dev/null; do sleep 0.2; done"
   head -c "$2" /dev/urandom > "$work/chunk"

@@ -12,7 +12,8 @@
 #   SERVERS (default: all of nginx mmc-uring mmc-epoll ring ring-nofixed ring-nodefer ring-plain
 #   monoio-uring monoio-uring-tuned monoio-epoll; tokio-uring too when the binary was built
 #   with `--features tokio-uring`; mmc-ring, mmc-server's `--io-driver ring`, on request),
-#   MMC (target/release/mmc-server).
+#   MMC (target/release/mmc-server), MMC_OLD (another build, for the servers old-uring,
+#   old-epoll and old-ring: mmc-server's drivers on that build, to compare two builds side by side).
 # Everything started here is killed on exit; every step is bounded by timeout.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,10 +68,12 @@ for s in $SERVERS; do
       # timeout -> nginx master -> worker (the worker serves; measure it)
       master=$(pgrep -P $! | head -1); PID[$s]=$(pgrep -P "$master" | head -1)
       ;;
-    mmc-uring|mmc-epoll|mmc-ring)
-      [ -f "$work/mmcbench-server" ] || cp "$MMC" "$work/mmcbench-server"
-      drv=${s#mmc-}
-      taskset -c "$SERVER_CPU" timeout "$MAX_SECS" "$work/mmcbench-server" --listen "127.0.0.1:$port" --shards 1 --io-driver "$drv" > "${LOG[$s]}" 2>&1 &
+    mmc-uring|mmc-epoll|mmc-ring|old-uring|old-epoll|old-ring)
+      bin=$work/mmcbench-server; src=$MMC
+      case $s in old-*) bin=$work/mmcbench-old; src=${MMC_OLD:?old-* servers need MMC_OLD};; esac
+      [ -f "$bin" ] || cp "$src" "$bin"
+      drv=${s#*-}
+      taskset -c "$SERVER_CPU" timeout "$MAX_SECS" "$bin" --listen "127.0.0.1:$port" --shards 1 --io-driver "$drv" > "${LOG[$s]}" 2>&1 &
       pids+=($!)
       URL[$s]="http://127.0.0.1:$port/metadata?key=bench"
       wait_up "http://127.0.0.1:$port/health"
