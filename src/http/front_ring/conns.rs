@@ -36,6 +36,13 @@ pub struct Direct {
     pub done: Option<i32>,
 }
 
+/// A waiting reader's buffer: where, its size, and how much of it is filled.
+pub struct Dst {
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub filled: usize,
+}
+
 pub struct Conn {
     pub fd: RawFd,
     /// The connection's slot in the ring's registered file table (its slab key), when it has
@@ -66,6 +73,9 @@ pub struct Conn {
     /// The stream waiting to read, and the one waiting for its answers to leave (a full
     /// `out`, a flush).
     pub reader: Option<Waker>,
+    /// The waiting reader's buffer (`stream::ReadInto`): received bytes are copied straight
+    /// there while nothing is unread in `rx`, instead of into `rx` and then again.
+    pub dst: Option<Dst>,
     pub writer: Option<Waker>,
     /// The stream is gone: the connection closes once nothing of it is in flight.
     pub dropped: bool,
@@ -89,6 +99,7 @@ impl Conn {
             direct: None,
             queued: false,
             reader: None,
+            dst: None,
             writer: None,
             dropped: false,
         }
@@ -167,7 +178,19 @@ impl Inner {
                     c.rx.clear();
                     c.rx_at = 0;
                 }
-                c.rx.extend_from_slice(self.bufs.data(bid, res as usize));
+                let mut data = self.bufs.data(bid, res as usize);
+                if let Some(d) = c.dst.as_mut().filter(|_| c.rx.is_empty()) {
+                    let take = data.len().min(d.len - d.filled);
+                    // SAFETY: `d` is the buffer of a read that is waiting (its future is alive:
+                    // its drop takes `dst` back), `len` bytes long; the source is a provided
+                    // buffer of ours; they do not overlap.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(data.as_ptr(), d.ptr.add(d.filled), take)
+                    };
+                    d.filled += take;
+                    data = &data[take..];
+                }
+                c.rx.extend_from_slice(data);
                 c.wake_reader();
                 pause = c.unread() >= RX_PAUSE_BYTES;
             }

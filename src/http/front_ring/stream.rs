@@ -1,7 +1,8 @@
 //! [`RingStream`]: a front-ring connection as monoio's `AsyncReadRent + AsyncWriteRent`, so
 //! the connection code serves it as it serves a monoio `TcpStream`.
 //!
-//! A read copies what the pump received for the connection (or waits for the pump's wake).
+//! A read copies what the pump received for the connection, or waits for the pump's wake; a
+//! read into one buffer that waits has the pump copy what arrives straight into it.
 //! A write appends to the connection's output, which the pump sends at its next pass; it
 //! completes when queued, and waits while `WRITE_LIMIT` bytes are unsent (the back-pressure).
 //! A large write (`DIRECT_BYTES`) is sent from the caller's buffer instead, after what was
@@ -17,7 +18,7 @@ use monoio::BufResult;
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
-use super::conns::{Conn, RX_PAUSE_BYTES};
+use super::conns::{Conn, Dst, RX_PAUSE_BYTES};
 use super::{FrontRing, Inner};
 use crate::limits::WRITE_BUF_FLUSH_BYTES;
 
@@ -57,9 +58,20 @@ impl RingStream {
 
     /// Copies up to `len` received bytes to `dst`; `Pending` (the waker kept) when there are
     /// none yet.
-    fn poll_read(&self, cx: &mut Context<'_>, dst: &mut [IoSlice]) -> Poll<std::io::Result<usize>> {
+    /// `into`: `dst` is one buffer, which the pump may fill while this read waits
+    /// (`Conn::dst`; a [`ReadInto`] guards it).
+    fn poll_read(
+        &self,
+        cx: &mut Context<'_>,
+        dst: &mut [IoSlice],
+        into: bool,
+    ) -> Poll<std::io::Result<usize>> {
         let (ready, kick) = self.with(|inner, key| {
             let c = &mut inner.conns[key];
+            if let Some(d) = c.dst.take_if(|d| d.filled > 0) {
+                // The pump copied them there, from the buffer's start.
+                return (Poll::Ready(Ok(d.filled)), false);
+            }
             if c.unread() == 0 {
                 if let Some(e) = c.error {
                     return (Poll::Ready(Err(broken(e))), false);
@@ -70,8 +82,16 @@ impl RingStream {
                 if !c.reader.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     c.reader = Some(cx.waker().clone());
                 }
+                if into && c.dst.is_none() {
+                    c.dst = Some(Dst {
+                        ptr: dst[0].ptr,
+                        len: dst[0].len,
+                        filled: 0,
+                    });
+                }
                 return (Poll::Pending, false);
             }
+            c.dst = None;
             let n = copy_out(c, dst);
             let mut kick = false;
             if c.paused && c.unread() < RX_PAUSE_BYTES / 2 {
@@ -255,6 +275,28 @@ fn iovecs(ptr: *const libc::iovec, len: usize) -> Vec<IoSlice> {
         .collect()
 }
 
+/// A read whose buffer the pump may fill (`Conn::dst`): dropped while it waits, it takes the
+/// buffer back, and bytes already copied there go back to the front of the connection's
+/// received bytes (the buffer is still alive here: it is dropped after this guard).
+struct ReadInto<'a>(&'a RingStream);
+
+impl Drop for ReadInto<'_> {
+    fn drop(&mut self) {
+        self.0.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if let Some(d) = c.dst.take().filter(|d| d.filled > 0) {
+                // SAFETY: the caller's buffer is alive until after this guard, and the pump
+                // wrote `filled` bytes at its start.
+                let got = unsafe { std::slice::from_raw_parts(d.ptr, d.filled) };
+                let mut rx = got.to_vec();
+                rx.extend_from_slice(&c.rx[c.rx_at..]);
+                c.rx = rx;
+                c.rx_at = 0;
+            }
+        });
+    }
+}
+
 impl AsyncReadRent for RingStream {
     async fn read<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
         // As monoio's own read: from the buffer's start, up to its total size.
@@ -262,7 +304,10 @@ impl AsyncReadRent for RingStream {
             ptr: buf.write_ptr(),
             len: buf.bytes_total(),
         }];
-        let r = std::future::poll_fn(|cx| self.poll_read(cx, &mut dst)).await;
+        let into = dst[0].len > 0;
+        let guard = ReadInto(self);
+        let r = std::future::poll_fn(|cx| guard.0.poll_read(cx, &mut dst, into)).await;
+        drop(guard);
         if let Ok(n) = r {
             // SAFETY: `copy_out` wrote `n` bytes from the buffer's start.
             unsafe { buf.set_init(n) };
@@ -272,7 +317,7 @@ impl AsyncReadRent for RingStream {
 
     async fn readv<T: IoVecBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
         let mut dst = iovecs(buf.write_iovec_ptr(), buf.write_iovec_len());
-        let r = std::future::poll_fn(|cx| self.poll_read(cx, &mut dst)).await;
+        let r = std::future::poll_fn(|cx| self.poll_read(cx, &mut dst, false)).await;
         if let Ok(n) = r {
             // SAFETY: `n` bytes were written from the start of the iovecs.
             unsafe { buf.set_init(n) };
@@ -327,6 +372,7 @@ impl Drop for RingStream {
             let c = &mut inner.conns[self.key];
             c.dropped = true;
             c.reader = None;
+            c.dst = None;
             c.writer = None;
             inner.closing.push(self.key);
         }
