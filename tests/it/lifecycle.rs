@@ -439,10 +439,11 @@ fn server_sockets(port: u16) -> usize {
 }
 
 #[test]
-fn front_ring_sends_large_answers_from_their_blobs_and_closes_what_hangs_up() {
+fn front_ring_moves_large_bodies_in_place_and_closes_what_hangs_up() {
     use std::io::{Read, Write};
-    // Large answers on the front ring leave from the caller's buffer in one send each
-    // (`DIRECT_BYTES`); its sockets are in the ring's registered file table besides.
+    // Large answers on the front ring leave from the caller's buffer in one send each, large
+    // bodies are received into the reader's buffer (`DIRECT_BYTES`); its sockets are in the
+    // ring's registered file table besides.
     let srv = ServerBuilder::new(Driver::Epoll)
         .io_driver("ring")
         .shards(1)
@@ -495,6 +496,38 @@ fn front_ring_sends_large_answers_from_their_blobs_and_closes_what_hangs_up() {
             })
         })
         .collect();
+    // Large bodies are received in place too: one sent slowly, in pieces, reads back whole;
+    // clients that hang up in the middle of theirs leave nothing behind.
+    let mut up = std::net::TcpStream::connect(addr).unwrap();
+    up.write_all(
+        format!(
+            "PUT /api/v1/objects?key=slow HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    for piece in body.chunks(300 * 1024) {
+        up.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut answer = [0u8; 512];
+    let n = up.read(&mut answer).unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    for i in 0..10 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "PUT /api/v1/objects?key=cut{i} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&body[..(1 << 20) + i * 4099]).unwrap();
+        drop(s);
+    }
     // Clients that hang up in the middle of an answer.
     for _ in 0..20 {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -515,4 +548,14 @@ fn front_ring_sends_large_answers_from_their_blobs_and_closes_what_hangs_up() {
     assert_eq!(server_sockets(addr.port()), 0, "server sockets left open");
     let resp = srv.client().get("/api/v1/objects?key=big");
     assert!(resp.body == body);
+    let resp = srv.client().get("/api/v1/objects?key=slow");
+    assert!(resp.body == body, "the slowly sent body differs");
+    for i in 0..10 {
+        let resp = srv.client().get(&format!("/api/v1/objects?key=cut{i}"));
+        assert_eq!(
+            resp.header("X-MMC-Error-Code"),
+            Some("key_not_found"),
+            "a body cut short is not an object"
+        );
+    }
 }

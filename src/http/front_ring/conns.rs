@@ -7,7 +7,7 @@ use std::task::Waker;
 
 use io_uring::{cqueue, opcode, types};
 
-use super::{CANCEL, Inner, RECV, SEND, SEND_DIRECT, bufring, ud};
+use super::{CANCEL, Inner, RECV, RECV_DIRECT, SEND, SEND_DIRECT, bufring, ud};
 
 /// Received bytes a connection may hold unread before its receive is cancelled (resumed
 /// when its stream has read them): past it the client waits on TCP's flow control, as it
@@ -19,6 +19,8 @@ pub enum Recv {
     /// No receive in flight.
     Idle,
     Armed,
+    /// A one-shot receive into a large read's buffer is in flight (`Conn::rdirect`).
+    Direct,
     /// A cancel was pushed; the final completion is still to come.
     Cancelling,
 }
@@ -33,6 +35,17 @@ pub struct Direct {
     /// until the kernel is done with it.
     pub keep: Option<Box<dyn std::any::Any>>,
     /// The send's result (bytes or `-errno`) once it completed.
+    pub done: Option<i32>,
+}
+
+/// A large read received in place: the kernel writes into the reader's buffer at `ptr` with a
+/// one-shot `RECV`, the multishot receive cancelled meanwhile.
+pub struct DirectRead {
+    pub ptr: *mut u8,
+    /// The reader's buffer, when its read was dropped before the receive completed: it lives
+    /// until the kernel is done with it, and what landed in it goes to `rx`.
+    pub keep: Option<Box<dyn std::any::Any>>,
+    /// The receive's result (bytes or `-errno`) once it completed.
     pub done: Option<i32>,
 }
 
@@ -76,6 +89,9 @@ pub struct Conn {
     /// The waiting reader's buffer (`stream::ReadInto`): received bytes are copied straight
     /// there while nothing is unread in `rx`, instead of into `rx` and then again.
     pub dst: Option<Dst>,
+    /// A reader waits to receive in place: the multishot receive is not re-armed meanwhile.
+    pub want_direct: bool,
+    pub rdirect: Option<Box<DirectRead>>,
     pub writer: Option<Waker>,
     /// The stream is gone: the connection closes once nothing of it is in flight.
     pub dropped: bool,
@@ -100,6 +116,8 @@ impl Conn {
             queued: false,
             reader: None,
             dst: None,
+            want_direct: false,
+            rdirect: None,
             writer: None,
             dropped: false,
         }
@@ -132,7 +150,13 @@ impl Inner {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
-        if c.recv != Recv::Idle || c.eof || c.error.is_some() || c.dropped || c.paused {
+        if c.recv != Recv::Idle
+            || c.eof
+            || c.error.is_some()
+            || c.dropped
+            || c.paused
+            || c.want_direct
+        {
             return;
         }
         c.recv = Recv::Armed;
@@ -144,15 +168,17 @@ impl Inner {
         self.push(e);
     }
 
-    fn cancel_recv(&mut self, key: usize) {
+    pub(super) fn cancel_recv(&mut self, key: usize) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
-        if c.recv != Recv::Armed {
-            return;
-        }
+        let kind = match c.recv {
+            Recv::Armed => RECV,
+            Recv::Direct => RECV_DIRECT,
+            _ => return,
+        };
         c.recv = Recv::Cancelling;
-        let e = opcode::AsyncCancel::new(ud(RECV, key))
+        let e = opcode::AsyncCancel::new(ud(kind, key))
             .build()
             .user_data(ud(CANCEL, key));
         self.push(e);
@@ -169,6 +195,10 @@ impl Inner {
         };
         if !more {
             c.recv = Recv::Idle;
+            if c.want_direct {
+                // A large read waited for this end to receive in place.
+                c.wake_reader();
+            }
         }
         let mut pause = false;
         if res > 0 {
@@ -250,6 +280,61 @@ impl Inner {
         }
         .user_data(ud(SEND, key));
         self.push(e);
+    }
+
+    /// Receives into `ptr..ptr + len` (a large read's buffer, which outlives the receive:
+    /// `DirectRead::keep`) with one `RECV`; the multishot receive is not armed (the stream
+    /// waited for that).
+    pub(super) fn start_direct_recv(&mut self, key: usize, ptr: *mut u8, len: usize) {
+        let c = &mut self.conns[key];
+        debug_assert!(c.recv == Recv::Idle && c.rdirect.is_none());
+        c.recv = Recv::Direct;
+        c.paused = false;
+        c.rdirect = Some(Box::new(DirectRead {
+            ptr,
+            keep: None,
+            done: None,
+        }));
+        let len = len.min(u32::MAX as usize) as u32;
+        let e = match c.slot {
+            Some(slot) => opcode::Recv::new(types::Fixed(slot), ptr, len).build(),
+            None => opcode::Recv::new(types::Fd(c.fd), ptr, len).build(),
+        }
+        .user_data(ud(RECV_DIRECT, key));
+        self.push(e);
+    }
+
+    pub(super) fn received_direct(&mut self, key: usize, res: i32) {
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        c.recv = Recv::Idle;
+        if res == 0 {
+            c.eof = true;
+        } else if res < 0 && res != -libc::ECANCELED {
+            c.error = Some(-res);
+            c.wake_writer();
+        }
+        match c.rdirect.as_mut() {
+            // The read was dropped: what landed in its buffer is the stream's next bytes.
+            Some(d) if d.keep.is_some() => {
+                if res > 0 {
+                    // SAFETY: the kernel wrote `res` bytes at `ptr`, in the kept buffer.
+                    let got = unsafe { std::slice::from_raw_parts(d.ptr, res as usize) };
+                    let mut rx = got.to_vec();
+                    rx.extend_from_slice(&c.rx[c.rx_at..]);
+                    c.rx = rx;
+                    c.rx_at = 0;
+                }
+                c.rdirect = None;
+            }
+            Some(d) => d.done = Some(res),
+            None => {}
+        }
+        c.wake_reader();
+        if self.conns[key].dropped {
+            self.close_when_idle(key);
+        }
     }
 
     /// Sends `iov` (the caller's buffer, which outlives the send: `Direct::keep`) with one
@@ -347,7 +432,10 @@ impl Inner {
         if !c.dropped {
             return;
         }
-        if c.recv == Recv::Armed && (c.out.is_empty() || c.error.is_some()) && !c.in_flight {
+        if matches!(c.recv, Recv::Armed | Recv::Direct)
+            && (c.out.is_empty() || c.error.is_some())
+            && !c.in_flight
+        {
             self.cancel_recv(key);
             return;
         }

@@ -65,6 +65,8 @@ const CANCEL: u64 = 4;
 const ACCEPT_RETRY: u64 = 5;
 /// A large write sent from its caller's buffer (`conns::Direct`).
 const SEND_DIRECT: u64 = 6;
+/// A large read received in place (`conns::DirectRead`).
+const RECV_DIRECT: u64 = 7;
 
 /// How long an accept that failed (out of descriptors or memory) waits before the next, as
 /// the monoio front's accept loop does (`http/mod.rs`): a connection left in the backlog
@@ -501,6 +503,7 @@ impl Inner {
                 RECV => self.received(key, res, flags),
                 SEND => self.sent(key, res),
                 SEND_DIRECT => self.sent_direct(key, res),
+                RECV_DIRECT => self.received_direct(key, res),
                 _ => {}
             }
         }

@@ -2,7 +2,9 @@
 //! the connection code serves it as it serves a monoio `TcpStream`.
 //!
 //! A read copies what the pump received for the connection, or waits for the pump's wake; a
-//! read into one buffer that waits has the pump copy what arrives straight into it.
+//! read into one buffer that waits has the pump copy what arrives straight into it, and a read
+//! of `DIRECT_BYTES` or more with nothing pending is received in place by a one-shot `RECV`
+//! (the multishot receive cancelled until a small read arms it again).
 //! A write appends to the connection's output, which the pump sends at its next pass; it
 //! completes when queued, and waits while `WRITE_LIMIT` bytes are unsent (the back-pressure).
 //! A large write (`DIRECT_BYTES`) is sent from the caller's buffer instead, after what was
@@ -18,7 +20,7 @@ use monoio::BufResult;
 use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 
-use super::conns::{Conn, Dst, RX_PAUSE_BYTES};
+use super::conns::{Conn, Dst, RX_PAUSE_BYTES, Recv};
 use super::{FrontRing, Inner};
 use crate::limits::WRITE_BUF_FLUSH_BYTES;
 
@@ -88,6 +90,15 @@ impl RingStream {
                         len: dst[0].len,
                         filled: 0,
                     });
+                }
+                // After reads received in place the multishot receive is not armed: a small
+                // read arms it again.
+                // Nothing unread: a receive paused for a full `rx` resumes too.
+                c.paused = false;
+                c.want_direct = false;
+                if c.recv == Recv::Idle {
+                    inner.rearm.push(key);
+                    return (Poll::Pending, true);
                 }
                 return (Poll::Pending, false);
             }
@@ -297,6 +308,144 @@ impl Drop for ReadInto<'_> {
     }
 }
 
+/// A read of `DIRECT_BYTES` or more, received in place: the connection's multishot receive is
+/// cancelled and the kernel writes into the reader's buffer with one `RECV` (what was received
+/// before is copied first). Dropped while that receive is in flight, the guard hands the buffer
+/// to the connection and cancels the receive; what still lands in the buffer goes to the
+/// connection's received bytes (`Inner::received_direct`).
+struct DirectReadGuard<'a, T: 'static> {
+    stream: &'a RingStream,
+    buf: Option<T>,
+    /// A receive of ours is in flight or completed and not yet collected.
+    started: bool,
+}
+
+enum Then {
+    Wait,
+    Cancel,
+    Start,
+}
+
+impl<T: 'static> DirectReadGuard<'_, T> {
+    fn poll(&mut self, cx: &mut Context<'_>, at: IoSlice) -> Poll<std::io::Result<usize>> {
+        let started = &mut self.started;
+        let (ready, kick) = self.stream.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if let Some(d) = c.rdirect.as_ref() {
+                match d.done {
+                    // Ours in flight, or a dropped read's: its completion wakes us.
+                    None => {
+                        c.reader = Some(cx.waker().clone());
+                        return (Poll::Pending, false);
+                    }
+                    Some(res) => {
+                        c.rdirect = None;
+                        *started = false;
+                        if res >= 0 {
+                            return (Poll::Ready(Ok(res as usize)), false);
+                        }
+                        if res != -libc::ECANCELED {
+                            return (Poll::Ready(Err(broken(-res))), false);
+                        }
+                    }
+                }
+            }
+            if c.unread() > 0 {
+                c.dst = None;
+                let n = copy_out(c, &mut [at]);
+                // As `poll_read`: a receive paused for a full `rx` resumes once it drained
+                // (unless this read goes on in place: `want_direct` keeps it off).
+                if c.paused && c.unread() < RX_PAUSE_BYTES / 2 {
+                    c.paused = false;
+                    inner.rearm.push(key);
+                    return (Poll::Ready(Ok(n)), true);
+                }
+                return (Poll::Ready(Ok(n)), false);
+            }
+            if let Some(e) = c.error {
+                return (Poll::Ready(Err(broken(e))), false);
+            }
+            if c.eof {
+                return (Poll::Ready(Ok(0)), false);
+            }
+            c.reader = Some(cx.waker().clone());
+            c.want_direct = true;
+            let then = match c.recv {
+                Recv::Armed => Then::Cancel,
+                Recv::Idle => Then::Start,
+                Recv::Cancelling | Recv::Direct => Then::Wait,
+            };
+            match then {
+                Then::Wait => (Poll::Pending, false),
+                Then::Cancel => {
+                    inner.cancel_recv(key);
+                    (Poll::Pending, true)
+                }
+                Then::Start => {
+                    inner.start_direct_recv(key, at.ptr, at.len);
+                    *started = true;
+                    (Poll::Pending, true)
+                }
+            }
+        });
+        if kick {
+            self.stream.ring.kick();
+        }
+        ready
+    }
+}
+
+impl<T: 'static> Drop for DirectReadGuard<'_, T> {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take().filter(|_| self.started) else {
+            return;
+        };
+        self.stream.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            let Some(d) = c.rdirect.as_mut() else {
+                return;
+            };
+            match d.done {
+                None => {
+                    d.keep = Some(Box::new(buf));
+                    inner.cancel_recv(key);
+                }
+                Some(res) => {
+                    // Completed, not collected: its bytes are the stream's next ones.
+                    if res > 0 {
+                        // SAFETY: the kernel wrote `res` bytes at `ptr`, in `buf` (alive here).
+                        let got = unsafe { std::slice::from_raw_parts(d.ptr, res as usize) };
+                        let mut rx = got.to_vec();
+                        rx.extend_from_slice(&c.rx[c.rx_at..]);
+                        c.rx = rx;
+                        c.rx_at = 0;
+                    }
+                    c.rdirect = None;
+                }
+            }
+        });
+        self.stream.ring.kick();
+    }
+}
+
+impl RingStream {
+    async fn read_direct<T: IoBufMut>(&mut self, buf: T, at: IoSlice) -> BufResult<usize, T> {
+        let mut guard = DirectReadGuard {
+            stream: self,
+            buf: Some(buf),
+            started: false,
+        };
+        let r = std::future::poll_fn(|cx| guard.poll(cx, at)).await;
+        let mut buf = guard.buf.take().expect("held until the read is over");
+        if let Ok(n) = r {
+            // SAFETY: `n` bytes were written from the buffer's start (by the kernel or by
+            // `copy_out`).
+            unsafe { buf.set_init(n) };
+        }
+        (r, buf)
+    }
+}
+
 impl AsyncReadRent for RingStream {
     async fn read<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
         // As monoio's own read: from the buffer's start, up to its total size.
@@ -304,6 +453,9 @@ impl AsyncReadRent for RingStream {
             ptr: buf.write_ptr(),
             len: buf.bytes_total(),
         }];
+        if dst[0].len >= DIRECT_BYTES {
+            return self.read_direct(buf, dst[0]).await;
+        }
         let into = dst[0].len > 0;
         let guard = ReadInto(self);
         let r = std::future::poll_fn(|cx| guard.0.poll_read(cx, &mut dst, into)).await;
