@@ -127,6 +127,15 @@ impl Conn {
         self.rx.len() - self.rx_at
     }
 
+    /// Puts `got` before the unread received bytes: bytes that landed in the buffer of a read
+    /// that was dropped are the stream's next ones.
+    pub fn unread_first(&mut self, got: &[u8]) {
+        let mut rx = got.to_vec();
+        rx.extend_from_slice(&self.rx[self.rx_at..]);
+        self.rx = rx;
+        self.rx_at = 0;
+    }
+
     fn wake_reader(&mut self) {
         if let Some(w) = self.reader.take() {
             w.wake();
@@ -321,10 +330,7 @@ impl Inner {
                 if res > 0 {
                     // SAFETY: the kernel wrote `res` bytes at `ptr`, in the kept buffer.
                     let got = unsafe { std::slice::from_raw_parts(d.ptr, res as usize) };
-                    let mut rx = got.to_vec();
-                    rx.extend_from_slice(&c.rx[c.rx_at..]);
-                    c.rx = rx;
-                    c.rx_at = 0;
+                    c.unread_first(got);
                 }
                 c.rdirect = None;
             }

@@ -299,10 +299,7 @@ impl Drop for ReadInto<'_> {
                 // SAFETY: the caller's buffer is alive until after this guard, and the pump
                 // wrote `filled` bytes at its start.
                 let got = unsafe { std::slice::from_raw_parts(d.ptr, d.filled) };
-                let mut rx = got.to_vec();
-                rx.extend_from_slice(&c.rx[c.rx_at..]);
-                c.rx = rx;
-                c.rx_at = 0;
+                c.unread_first(got);
             }
         });
     }
@@ -415,10 +412,7 @@ impl<T: 'static> Drop for DirectReadGuard<'_, T> {
                     if res > 0 {
                         // SAFETY: the kernel wrote `res` bytes at `ptr`, in `buf` (alive here).
                         let got = unsafe { std::slice::from_raw_parts(d.ptr, res as usize) };
-                        let mut rx = got.to_vec();
-                        rx.extend_from_slice(&c.rx[c.rx_at..]);
-                        c.rx = rx;
-                        c.rx_at = 0;
+                        c.unread_first(got);
                     }
                     c.rdirect = None;
                 }
