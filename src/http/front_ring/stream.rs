@@ -91,9 +91,8 @@ impl RingStream {
                         filled: 0,
                     });
                 }
-                // After reads received in place the multishot receive is not armed: a small
-                // read arms it again.
-                // Nothing unread: a receive paused for a full `rx` resumes too.
+                // Nothing unread: a small read arms the multishot receive again (after reads
+                // received in place, or a pause for a full `rx`).
                 c.paused = false;
                 c.want_direct = false;
                 if c.recv == Recv::Idle {
