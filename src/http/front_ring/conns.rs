@@ -9,6 +9,24 @@ use io_uring::{cqueue, opcode, types};
 
 use super::{CANCEL, Inner, RECV, RECV_DIRECT, SEND, SEND_DIRECT, bufring, ud};
 
+/// `$op` built on connection `$c`'s socket: its registered slot when it has one (`$t` is a
+/// `types::Fixed`), else its descriptor (`types::Fd`). The operation builders take either, but
+/// not a value that could be one or the other.
+macro_rules! on_socket {
+    ($c:expr, |$t:ident| $op:expr) => {
+        match $c.slot {
+            Some(slot) => {
+                let $t = types::Fixed(slot);
+                $op
+            }
+            None => {
+                let $t = types::Fd($c.fd);
+                $op
+            }
+        }
+    };
+}
+
 /// Received bytes a connection may hold unread before its receive is cancelled (resumed
 /// when its stream has read them): past it the client waits on TCP's flow control, as it
 /// would on a socket nobody reads.
@@ -169,11 +187,8 @@ impl Inner {
             return;
         }
         c.recv = Recv::Armed;
-        let e = match c.slot {
-            Some(slot) => opcode::RecvMulti::new(types::Fixed(slot), bufring::GROUP).build(),
-            None => opcode::RecvMulti::new(types::Fd(c.fd), bufring::GROUP).build(),
-        }
-        .user_data(ud(RECV, key));
+        let e = on_socket!(c, |t| opcode::RecvMulti::new(t, bufring::GROUP).build())
+            .user_data(ud(RECV, key));
         self.push(e);
     }
 
@@ -279,14 +294,9 @@ impl Inner {
         let c = &self.conns[key];
         let rest = &c.sending[c.sent..];
         let (ptr, len) = (rest.as_ptr(), rest.len() as u32);
-        let e = match c.slot {
-            Some(slot) => opcode::Send::new(types::Fixed(slot), ptr, len)
-                .flags(libc::MSG_NOSIGNAL)
-                .build(),
-            None => opcode::Send::new(types::Fd(c.fd), ptr, len)
-                .flags(libc::MSG_NOSIGNAL)
-                .build(),
-        }
+        let e = on_socket!(c, |t| opcode::Send::new(t, ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build())
         .user_data(ud(SEND, key));
         self.push(e);
     }
@@ -305,11 +315,8 @@ impl Inner {
             done: None,
         }));
         let len = len.min(u32::MAX as usize) as u32;
-        let e = match c.slot {
-            Some(slot) => opcode::Recv::new(types::Fixed(slot), ptr, len).build(),
-            None => opcode::Recv::new(types::Fd(c.fd), ptr, len).build(),
-        }
-        .user_data(ud(RECV_DIRECT, key));
+        let e = on_socket!(c, |t| opcode::Recv::new(t, ptr, len).build())
+            .user_data(ud(RECV_DIRECT, key));
         self.push(e);
     }
 
@@ -360,14 +367,9 @@ impl Inner {
         d_ref.msg.msg_iovlen = d_ref.iov.len() as _;
         let m: *const libc::msghdr = &d_ref.msg;
         c.in_flight = true;
-        let e = match c.slot {
-            Some(slot) => opcode::SendMsg::new(types::Fixed(slot), m)
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build(),
-            None => opcode::SendMsg::new(types::Fd(c.fd), m)
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build(),
-        }
+        let e = on_socket!(c, |t| opcode::SendMsg::new(t, m)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build())
         .user_data(ud(SEND_DIRECT, key));
         c.direct = Some(d);
         self.push(e);

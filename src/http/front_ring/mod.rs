@@ -195,20 +195,18 @@ impl FrontRing {
         if let Err(e) = ring.submitter().register_eventfd(efd) {
             return Err((format!("register_eventfd: {e}"), listener));
         }
-        let files = match ring.submitter().register_files_sparse(FILES) {
-            Ok(()) => format!("registered files ({FILES} slots)"),
-            Err(e) => format!("plain descriptors (no registered file table: {e})"),
+        let (files, table) = match ring.submitter().register_files_sparse(FILES) {
+            Ok(()) => (FILES, format!("registered files ({FILES} slots)")),
+            Err(e) => (
+                0,
+                format!("plain descriptors (no registered file table: {e})"),
+            ),
         };
         log::info!(
-            "shard {shard}: front ring ({flags}, {ENTRIES} entries): multishot accept and receive, provided buffers {} x {} KiB, {files}",
+            "shard {shard}: front ring ({flags}, {ENTRIES} entries): multishot accept and receive, provided buffers {} x {} KiB, {table}",
             bufring::COUNT,
             bufring::SIZE / 1024
         );
-        let files = if files.starts_with("registered") {
-            FILES
-        } else {
-            0
-        };
         let fr = FrontRing {
             inner: RefCell::new(Inner {
                 ring,
