@@ -429,11 +429,15 @@ impl Helper {
 
     fn start() -> Helper {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        // `mmc-copy-N` beside `mmc-shard-N` (thread names are cut at 15 bytes).
+        let shard = std::thread::current();
+        let shard = shard.name().unwrap_or("shard");
         let name = format!(
             "mmc-copy-{}",
-            std::thread::current().name().unwrap_or("shard")
+            shard.strip_prefix("mmc-shard-").unwrap_or(shard)
         );
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            beside_the_shard();
             while let Ok(job) = rx.recv() {
                 if !job.done.start() {
                     continue;
@@ -453,6 +457,35 @@ impl Helper {
 
 thread_local! {
     static HELPER: Helper = Helper::start();
+}
+
+/// Moves the calling copy helper off its shard's CPU: it inherits the shard's pinning, and
+/// on the shard's CPU its half could only start once the shard waits, so the copy was never
+/// in two halves at once. It goes to the process's other CPUs (its main thread's mask, which
+/// `taskset` sets and shards are chosen from); it stays when there are none.
+fn beside_the_shard() {
+    let shard = crate::shards::runtime::allowed_cpus();
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it (for the main thread: its
+    // id is the process id) and does not keep the pointer.
+    let others: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(
+            libc::getpid(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        ) != 0
+        {
+            return;
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set) && !shard.contains(&c))
+            .collect()
+    };
+    if !others.is_empty()
+        && let Err(e) = crate::numa::pin_thread_to_cpus(&others)
+    {
+        log::debug!("copy helper: cannot leave its shard's CPU: {e}");
+    }
 }
 
 /// The entries of `iov` that cover bytes `[from, from + len)` of what it names.

@@ -332,3 +332,69 @@ fn the_socket_checks_tokens_as_tcp_does() {
     );
     assert!(got.body == data);
 }
+
+/// The CPUs a thread of `pid` named `comm` may run on (its `Cpus_allowed_list`).
+fn thread_cpus(pid: u32, comm: &str) -> Option<Vec<usize>> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != comm {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).ok()?;
+        let list = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+            .trim()
+            .to_string();
+        let mut cpus = Vec::new();
+        for part in list.split(',') {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?);
+        }
+        return Some(cpus);
+    }
+    None
+}
+
+#[test]
+fn a_large_copy_s_helper_runs_beside_its_shard_not_on_its_cpu() {
+    // Two shards, each pinned to a CPU of this process's mask (round-robin when it has one).
+    let srv = ServerBuilder::new(Driver::Epoll).shards(2).start();
+    let path = socket_of(&srv);
+    let mut s = connect(&path);
+    let data = pattern(4 << 20, 9);
+    let mut out = vec![0u8; data.len()];
+    // A put and a get of a few large objects: whichever shard the connection is on copies
+    // them in two halves, starting its helper.
+    for i in 0..4 {
+        let key = format!("/api/v1/objects?key=sh/helper/{i}");
+        assert_eq!(
+            request(&mut s, "PUT", &key, Some(&iov_of(&[&data]))).status,
+            200
+        );
+        let g = request(&mut s, "GET", &key, Some(&iov_of(&[&out])));
+        assert_eq!(g.header("x-mmc-delivered"), Some("4194304"));
+        assert!(out == data);
+        out.fill(0);
+    }
+    let process = thread_cpus(srv.pid(), "mmc-server").expect("the main thread");
+    let mut helpers = 0;
+    for n in 0..2 {
+        let shard = thread_cpus(srv.pid(), &format!("mmc-shard-{n}")).expect("shard thread");
+        let Some(helper) = thread_cpus(srv.pid(), &format!("mmc-copy-{n}")) else {
+            continue;
+        };
+        helpers += 1;
+        if process.iter().any(|c| !shard.contains(c)) {
+            assert!(
+                helper
+                    .iter()
+                    .all(|c| !shard.contains(c) && process.contains(c)),
+                "shard {n} on {shard:?}: its copy helper may run on {helper:?} (process: {process:?})"
+            );
+        } else {
+            assert_eq!(helper, shard, "one CPU: the helper stays where it is");
+        }
+    }
+    assert!(helpers > 0, "no copy helper started");
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Two or more server builds side by side on the same-host data path (docs/same-host.md).
+
+Starts each build in its default configuration and, round after round (the order reversed
+every other round, so a load that comes and goes hits all alike), runs on each for --window
+seconds: get_into of 8 stored keys in turn, then put_from of fresh keys (16 at a time, removed
+between batches). Prints the median microseconds per request of each, and GB/s.
+
+    python3 perf/same_host_ab.py OLD_BINARY NEW_BINARY[:tcp] ... [--size 1MiB] [--rounds 15]
+
+A build named BINARY:tcp is driven over TCP instead (MMC_TRANSPORT=tcp), for the ratio. Needs
+numpy; imports mmc_client from clients/python of this checkout. Use release builds.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import same_host_bench as bench  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("builds", nargs="+", help="server binaries (BINARY or BINARY:tcp)")
+    ap.add_argument("--size", type=bench.parse_size, default=1 << 20)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--window", type=float, default=0.3, help="seconds per build per round")
+    ap.add_argument("--buffers", type=int, default=4,
+                    help="destination buffers the gets rotate through (default 4)")
+    args = ap.parse_args()
+    size = args.size
+    procs, stores = [], {}
+    try:
+        for build in args.builds:
+            binary, _, mode = build.partition(":")
+            proc, addr = bench.start_server(binary)
+            procs.append(proc)
+            stores[build] = bench.make_store("http://" + addr, mode == "tcp")
+        src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+        dsts = [np.zeros(size, dtype=np.uint8) for _ in range(args.buffers)]
+        keys = ["ab/%d" % i for i in range(8)]
+        for s in stores.values():
+            for k in keys:
+                assert s.put_from(k, src.ctypes.data, size) == 0
+        got = {b: {"get": [], "put": []} for b in args.builds}
+        for r in range(args.rounds):
+            for build in args.builds if r % 2 == 0 else args.builds[::-1]:
+                s = stores[build]
+                n, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < args.window:
+                    assert s.get_into(keys[n % 8], dsts[n % len(dsts)].ctypes.data, size) == 0
+                    n += 1
+                got[build]["get"].append((time.perf_counter() - t0) / n * 1e6)
+                n, busy, t1 = 0, 0.0, time.perf_counter()
+                while time.perf_counter() - t1 < args.window:
+                    batch = ["ab/p/%d/%d" % (r, n + i) for i in range(16)]
+                    t0 = time.perf_counter()
+                    for k in batch:
+                        assert s.put_from(k, src.ctypes.data, size) == 0
+                    busy += time.perf_counter() - t0
+                    n += len(batch)
+                    s.remove_batch(batch)
+                got[build]["put"].append(busy / n * 1e6)
+        assert all(np.array_equal(src, d) for d in dsts), "bytes differ"
+        print("# %s objects, %d rounds of %.1f s per build, medians" % (
+            bench.label(size), args.rounds, args.window))
+        for build in args.builds:
+            g, p = (statistics.median(got[build][op]) for op in ("get", "put"))
+            print("%-40s get %8.1f us (%5.2f GB/s)   put %8.1f us (%5.2f GB/s)" % (
+                build, g, size / g / 1e3, p, size / p / 1e3))
+    finally:
+        for s in stores.values():
+            s.close()
+        for p in procs:
+            p.kill()
+            p.wait(15)
+
+
+if __name__ == "__main__":
+    main()
