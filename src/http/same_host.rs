@@ -305,8 +305,11 @@ impl LocalPeer {
 }
 
 /// Copies at least this many bytes in two halves on two threads (below it, the hand-over
-/// costs more than it saves).
-const SPLIT_MIN_BYTES: usize = 256 * 1024;
+/// costs more than it saves). Measured side by side on the reference VM, one client thread
+/// (perf/RESULTS.md, *Same-host data path*, session 6): a whole copy was faster at 256 KiB
+/// (158 against 228 µs per get), the same at 512 KiB, and halves faster from 1 MiB up (389
+/// against 515 µs; 4 MiB: 524 against 740).
+const SPLIT_MIN_BYTES: usize = 512 * 1024;
 
 /// One `process_vm_readv` (`out`: `process_vm_writev`) of `len` bytes between `local` and the
 /// peer `pid`'s `remote`: all of them or an error.
