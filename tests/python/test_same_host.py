@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import Server
+from conftest import Server, free_port, wait_until
 from mmc_client import DistributedObjectStore, LocalConfig
 from mmc_client import _http
 
@@ -324,6 +324,58 @@ def test_a_socket_of_another_server_at_the_advertised_path_is_not_used(server, t
         c.close()
     finally:
         assert other.stop() == 0
+
+
+def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch):
+    """kill -9 and a restart on the same port: the client's pooled same-host connection and
+    socket fail, its requests go over TCP with their bytes intact, and once the rediscovery
+    interval has passed it finds the new process's socket and uses it again."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    monkeypatch.setattr(_http, "_REDISCOVER_SECONDS", 0.3)
+    listen = "127.0.0.1:%d" % free_port()
+    first = Server([], listen=listen)
+    second = None
+    s = make_store("http://%s" % first.addr)
+    try:
+        seen = count_transports(monkeypatch)
+        src, out = data(1 << 20, 41), np.zeros(1 << 20, dtype=np.uint8)
+        assert s.put_from("sh/restart/0", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("sh/restart/0", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out) and seen["unix"] >= 2
+        path = s._client.local_path(first.host, first.port)
+        assert path is not None
+        first.proc.kill()
+        first.proc.wait(15)
+        # While it is down: the request fails (no retries configured), nothing is written.
+        out[:] = 0
+        assert s.get_into("sh/restart/0", out.ctypes.data, out.nbytes) != OK
+        assert not out.any()
+        assert s._client.local_path(first.host, first.port) is None, "its socket failed"
+        second = Server([], listen=listen)
+        # Right after the restart, TCP carries the requests, bytes intact.
+        tcp_before = seen["tcp"]
+        assert s.put_from("sh/restart/1", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("sh/restart/1", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        assert seen["tcp"] >= tcp_before + 2
+        # Then the new process's socket (at the same path: the same port) is used again.
+        before = seen["unix"]
+
+        def back_on_the_socket():
+            out[:] = 0
+            assert s.get_into("sh/restart/1", out.ctypes.data, out.nbytes) == OK
+            assert np.array_equal(src, out)
+            return seen["unix"] > before
+
+        wait_until("the client uses the restarted server's socket", back_on_the_socket)
+        assert s._client.local_path(second.host, second.port) == path
+        assert socket_path(second) == path
+    finally:
+        s.close()
+        first.proc.kill()
+        first.proc.wait(15)
+        if second is not None:
+            assert second.stop() == 0, "".join(second.log)
 
 
 def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):

@@ -36,6 +36,10 @@ _RECV_CHUNK = 256 * 1024
 # until it is received straight into its destination (recv_into).
 _HEAD_CHUNK = 4096
 _MAX_REDIRECTS = 5
+# A server found without a same-host socket, or whose socket failed, is asked again after this
+# many seconds: a server killed and restarted on its port makes a new socket (and a new process
+# behind it), which its clients take up again instead of staying on TCP for good.
+_REDISCOVER_SECONDS = 5.0
 
 
 class TransportError(Exception):
@@ -391,6 +395,8 @@ class Client:
         # the first data-path request to that server.
         self.same_host = os.environ.get("MMC_TRANSPORT", "").strip().lower() != "tcp"
         self._local: Dict[Tuple[str, int], Optional[str]] = {}
+        # When each server's entry in _local was last set (monotonic seconds).
+        self._local_at: Dict[Tuple[str, int], float] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -511,15 +517,23 @@ class Client:
 
     def local_path(self, host: str, port: int) -> Optional[str]:
         """The same-host socket of the server at (host, port), or None: it runs elsewhere, as
-        another user, without one, or ``MMC_TRANSPORT=tcp``. Found out once per server."""
+        another user, without one, or ``MMC_TRANSPORT=tcp``. Found out at the first request to
+        that server, and again ``_REDISCOVER_SECONDS`` after it was found without one or its
+        socket failed."""
         if not self.same_host or (host, port) in self._https:
             return None
+        now = time.monotonic()
         with self._ep_lock:
             if (host, port) in self._local:
-                return self._local[(host, port)]
+                known = self._local[(host, port)]
+                if known is not None or now - self._local_at[(host, port)] < _REDISCOVER_SECONDS:
+                    return known
+                # Asked again once by this thread; the others keep TCP meanwhile.
+                self._local_at[(host, port)] = now
         path = self._discover(host, port)
         with self._ep_lock:
             self._local[(host, port)] = path
+            self._local_at[(host, port)] = time.monotonic()
         return path
 
     def _discover(self, host: str, port: int) -> Optional[str]:
@@ -595,7 +609,7 @@ class Client:
             if resp.status in (400, 403) and b"same-host" in bytes(resp.body or b""):
                 # Refused, or the copy failed (the server may not read this process's memory,
                 # see _allow_ptrace): TCP from now on for this server.
-                self._forget_local(host, port)
+                self._forget_local(host, port, again=False)
                 return None
             return resp
         return None
@@ -612,9 +626,12 @@ class Client:
                 pass
         return conn, reused
 
-    def _forget_local(self, host: str, port: int) -> None:
+    def _forget_local(self, host: str, port: int, again: bool = True) -> None:
+        """TCP for that server: until it is asked again (``again``: its socket failed), or for
+        good (it refused this process)."""
         with self._ep_lock:
             self._local[(host, port)] = None
+            self._local_at[(host, port)] = time.monotonic() if again else float("inf")
 
     def _exchange(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
                   headers: Optional[Dict[str, str]], reader: BodyReader, expect: bool = False,
