@@ -468,26 +468,24 @@ thread_local! {
 /// `taskset` sets and shards are chosen from); it stays when there are none.
 fn beside_the_shard() {
     let shard = crate::shards::runtime::allowed_cpus();
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it (for the main thread: its
-    // id is the process id) and does not keep the pointer.
-    let others: Vec<usize> = unsafe {
+    // SAFETY: cpu_set_t is plain data (zeroed: the empty set); sched_getaffinity fills it (for
+    // the main thread: its id is the process id) and sched_setaffinity reads it, neither keeps
+    // the pointer; every CPU changed is below CPU_SETSIZE (the range iterated).
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(
-            libc::getpid(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &mut set,
-        ) != 0
-        {
+        if libc::sched_getaffinity(libc::getpid(), size, &mut set) != 0 {
             return;
         }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set) && !shard.contains(&c))
-            .collect()
-    };
-    if !others.is_empty()
-        && let Err(e) = crate::numa::pin_thread_to_cpus(&others)
-    {
-        log::debug!("copy helper: cannot leave its shard's CPU: {e}");
+        for &c in shard.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_CLR(c, &mut set);
+        }
+        if libc::CPU_COUNT(&set) > 0 && libc::sched_setaffinity(0, size, &set) != 0 {
+            log::debug!(
+                "copy helper: cannot leave its shard's CPU: {}",
+                io::Error::last_os_error()
+            );
+        }
     }
 }
 
