@@ -33,8 +33,10 @@ pub const MAX_CHUNK_LINE_BYTES: usize = 1024;
 /// Largest trailer section after the last chunk (431 beyond, like the head).
 pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
-/// Initial read buffer of a connection: one small request fits without growth.
-pub const READ_BUF_INITIAL_BYTES: usize = 8 * 1024;
+/// Initial read buffer of a connection: one small request (a few hundred bytes; a pipelined
+/// burst of 32 GETs is about 3 KiB) fits without growth, and an idle connection holds little
+/// (perf/RESULTS.md, issue 33: 8 KiB made 15.5 KiB per idle connection).
+pub const READ_BUF_INITIAL_BYTES: usize = 4 * 1024;
 
 /// A read buffer grown past this by a large body is dropped and reallocated at the initial size
 /// once the request is done, so an idle connection never pins megabytes.

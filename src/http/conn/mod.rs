@@ -69,7 +69,9 @@ pub async fn run<S: Io>(
         direct,
         peer,
         rbuf: Vec::with_capacity(READ_BUF_INITIAL_BYTES),
-        wbuf: Vec::with_capacity(4096),
+        // Grown by the first answer to its size (a few hundred bytes for most), not 4 KiB
+        // up front for every connection.
+        wbuf: Vec::new(),
         scratch: Vec::new(),
         pending: Pending::None,
         body_since: None,
