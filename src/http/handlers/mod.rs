@@ -347,7 +347,9 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ObjectsBatchExist => objects::batch_exist(req, ctx).await,
         Route::ObjectsBatchRemove => objects::batch_remove(req, ctx).await,
         Route::SegmentsMount => segments::mount(req, ctx).await,
-        Route::SegmentsUnmount => segments::unmount(req, ctx).await,
+        // Boxed, as the other rare requests with large futures (an unmount, a leave): every
+        // connection's task is sized for the largest state it may reach.
+        Route::SegmentsUnmount => Box::pin(segments::unmount(req, ctx)).await,
         Route::Metrics => scrape::metrics(req, ctx),
         Route::MetricsSummary => scrape::summary(ctx),
         Route::MetricsPtracer => scrape::ptracer(ctx, false),
@@ -359,7 +361,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ClusterJoin => cluster::join(req, ctx).await,
         Route::ClusterHeartbeat => cluster::heartbeat(req, ctx).await,
         Route::ClusterCommit => remote::cluster_commit(req, ctx).await,
-        Route::ClusterLeave => cluster::leave(req, ctx).await,
+        Route::ClusterLeave => Box::pin(cluster::leave(req, ctx)).await,
         Route::ClusterMove => tier::cluster_move(req, ctx).await,
         Route::ClusterFreed => freed::receive(req, ctx).await,
         Route::ClusterDamaged => tier::cluster_damaged(req, ctx).await,

@@ -199,7 +199,8 @@ pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         match optional(req, ctx, "grant") {
             Err(r) => return r,
             Ok(Some(text)) if req.head.method != Method::Delete => {
-                return remote::grant_get(req, ctx, &key, &text, start).await;
+                // Boxed, as grant_put below.
+                return Box::pin(remote::grant_get(req, ctx, &key, &text, start)).await;
             }
             Ok(_) if is_local_service(ctx) => return remote::needs_grant(ctx),
             Ok(_) => {}
@@ -299,7 +300,10 @@ pub async fn put(
 ) -> Option<Response> {
     match optional(req, ctx, "grant") {
         Err(r) => return consumed(ctx, fill, r).await,
-        Ok(Some(text)) => return remote::grant_put(req, ctx, &key, size, &text, fill).await,
+        // Boxed: a task is sized for its largest state, this 4.6 KiB one (docs/io-uring.md).
+        Ok(Some(text)) => {
+            return Box::pin(remote::grant_put(req, ctx, &key, size, &text, fill)).await;
+        }
         Ok(None) if is_local_service(ctx) => {
             let r = remote::needs_grant(ctx);
             return consumed(ctx, fill, r).await;
