@@ -75,6 +75,13 @@ def data(n, seed):
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
+def put_then_get(s, key, src, out):
+    """put_from `src` under `key`, get_into `out`: both succeed and the bytes come back."""
+    assert s.put_from(key, src.ctypes.data, src.nbytes) == OK
+    assert s.get_into(key, out.ctypes.data, out.nbytes) == OK
+    assert np.array_equal(src, out)
+
+
 def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, store,
                                                                      monkeypatch):
     host, port = server.host, server.port
@@ -135,10 +142,7 @@ def test_mmc_transport_tcp_forces_tcp(server, monkeypatch):
     s = make_store("http://%s" % server.addr)
     try:
         seen = count_transports(monkeypatch)
-        src, out = data(1 << 20, 3), np.zeros(1 << 20, dtype=np.uint8)
-        assert s.put_from("sh/tcp", src.ctypes.data, src.nbytes) == OK
-        assert s.get_into("sh/tcp", out.ctypes.data, out.nbytes) == OK
-        assert np.array_equal(src, out)
+        put_then_get(s, "sh/tcp", data(1 << 20, 3), np.zeros(1 << 20, dtype=np.uint8))
         assert s._client.local_path(server.host, server.port) is None
         assert seen["unix"] == 0 and seen["tcp"] >= 2
     finally:
@@ -339,9 +343,8 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
     try:
         seen = count_transports(monkeypatch)
         src, out = data(1 << 20, 41), np.zeros(1 << 20, dtype=np.uint8)
-        assert s.put_from("sh/restart/0", src.ctypes.data, src.nbytes) == OK
-        assert s.get_into("sh/restart/0", out.ctypes.data, out.nbytes) == OK
-        assert np.array_equal(src, out) and seen["unix"] >= 2
+        put_then_get(s, "sh/restart/0", src, out)
+        assert seen["unix"] >= 2
         path = s._client.local_path(first.host, first.port)
         assert path is not None
         first.proc.kill()
@@ -354,9 +357,7 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
         second = Server([], listen=listen)
         # Right after the restart, TCP carries the requests, bytes intact.
         tcp_before = seen["tcp"]
-        assert s.put_from("sh/restart/1", src.ctypes.data, src.nbytes) == OK
-        assert s.get_into("sh/restart/1", out.ctypes.data, out.nbytes) == OK
-        assert np.array_equal(src, out)
+        put_then_get(s, "sh/restart/1", src, out)
         assert seen["tcp"] >= tcp_before + 2
         # Then the new process's socket (at the same path: the same port) is used again.
         before = seen["unix"]
