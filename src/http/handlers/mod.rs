@@ -347,7 +347,7 @@ async fn route(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Route::ObjectsBatchExist => objects::batch_exist(req, ctx).await,
         Route::ObjectsBatchRemove => objects::batch_remove(req, ctx).await,
         Route::SegmentsMount => segments::mount(req, ctx).await,
-        // Boxed, as the other rare requests with large futures (an unmount, a leave): every
+        // Boxed, as the leave below: rare requests whose futures are large, and every
         // connection's task is sized for the largest state it may reach.
         Route::SegmentsUnmount => Box::pin(segments::unmount(req, ctx)).await,
         Route::Metrics => scrape::metrics(req, ctx),
