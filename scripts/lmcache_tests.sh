@@ -10,10 +10,11 @@
 #   bash scripts/lmcache_tests.sh -k Load    # extra arguments go to pytest
 #   MMC_LMCACHE_BENCH=1 bash scripts/lmcache_tests.sh   # also `lmcache bench l2 --no-skip-verify`
 #
-# LMCache is pinned (0.5.6). It is installed into target/lmcache-venv from a wheelhouse kept
-# between runs on this machine (${XDG_CACHE_HOME:-~/.cache}/mmc-server/lmcache-0.5.6: ~3.1 GB,
-# torch with its CUDA libraries, which LMCache imports; the tests run on the CPU). The first run
-# fills it from PyPI (pip's own HTTP cache is not relied on); later runs install offline. The
+# LMCache is pinned (0.5.6). It is installed from a wheelhouse kept between runs on this machine
+# (${XDG_CACHE_HOME:-~/.cache}/mmc-server/lmcache-0.5.6: ~3.1 GB, torch with its CUDA libraries,
+# which LMCache imports; the tests run on the CPU) into a base venv kept beside it (~6 GB), which
+# target/lmcache-venv extends. The first run fills the wheelhouse from PyPI (pip's own HTTP cache
+# is not relied on); later runs install offline. The
 # tests come from LMCache's sdist (kept in the same cache), unpacked under target/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,15 +40,36 @@ if [ ! -f "$WHEELS/.complete-$LMCACHE_VERSION" ]; then
 fi
 t_wheels=$((SECONDS - t0))
 
-# 2. The virtualenv, installed offline from the wheelhouse.
-if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('lmcache') != '$LMCACHE_VERSION')" 2>/dev/null; then
-  echo "== lmcache: installing LMCache $LMCACHE_VERSION into $VENV (offline, from the wheelhouse)"
+# 2. The virtualenvs. LMCache and its torch unpack to ~6 GB, so they are installed once per
+# machine, offline from the wheelhouse, into a base venv kept beside it; each checkout's own venv
+# (target/lmcache-venv, a few MB) sees the base's packages through a .pth file and gets the client
+# under test installed into it, as users install it (the extra names LMCache: satisfied by the
+# base). A clean clone thus costs no 6 GB of its own (CI on a crowded disk ran out of space here).
+PYVER=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+BASE=$CACHE/venv-py$PYVER
+BASE_OK=$BASE/.complete-$LMCACHE_VERSION
+if [ ! -f "$BASE_OK" ]; then
+  (
+    flock 9
+    if [ ! -f "$BASE_OK" ]; then
+      echo "== lmcache: installing LMCache $LMCACHE_VERSION into $BASE (offline, from the wheelhouse; once per machine)"
+      rm -rf "$BASE"
+      python3 -m venv "$BASE"
+      # --no-compile: byte-compiling torch at install took 4 of its 5 minutes here; imports
+      # compile what they use.
+      "$BASE/bin/python" "${PIP[@]}" install --no-compile --no-index --find-links "$WHEELS" \
+        "lmcache==$LMCACHE_VERSION" pytest
+      touch "$BASE_OK"
+    fi
+  ) 9>"$CACHE/.venv.lock"
+fi
+BASE_SITE=$("$BASE/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.base" ] || [ "$(cat "$VENV/.base")" != "$BASE_SITE" ]; then
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  # --no-compile: byte-compiling torch at install took 4 of its 5 minutes here; imports compile
-  # what they use.
-  "$VENV/bin/python" "${PIP[@]}" install --no-compile --no-index --find-links "$WHEELS" \
-    "lmcache==$LMCACHE_VERSION" pytest
+  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$BASE_SITE" >"$SITE/mmc-lmcache-base.pth"
+  echo "$BASE_SITE" >"$VENV/.base"
 fi
 # The client under test, as users install it (the extra names LMCache: satisfied offline).
 "$VENV/bin/python" "${PIP[@]}" install --no-compile --no-index --find-links "$WHEELS" "./clients/python[lmcache]"

@@ -36,6 +36,11 @@ export MMC_REQUIRE_ETCD=1
 if [ "$(id -u)" -eq 0 ]; then export MMC_REQUIRE_TMPFS=1; fi
 if [ "$(nproc)" -ge 2 ]; then export MMC_REQUIRE_TWO_CPUS=1; fi
 
+# What the run will write: ~4.5 GB in the checkout (target/debug, fuzz/target, the Python venv)
+# and, the first time on a machine, ~9 GB of LMCache's wheels and base venv under ~/.cache. Said
+# up front, so that a run that later fails with ENOSPC is read for what it is.
+df -h . | awk 'NR == 2 { print "== disk: " $4 " free on the file system of the checkout" }'
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 # --workspace: the server and its load generator (perf/mmc-perf, whose binary tests/it/perf.rs
