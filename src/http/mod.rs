@@ -98,9 +98,9 @@ pub struct Front {
     conns: RefCell<Slab<ConnEntry>>,
     /// `Date` header value, refreshed every tick.
     date: RefCell<[u8; 29]>,
-    /// Generated request ids: a per-process prefix, the shard, a counter.
-    id_prefix: [u8; 12],
-    id_seq: Cell<u64>,
+    /// The next generated request id: a per-process prefix (8 hex digits), the shard (4), a
+    /// counter (12), kept as text and counted up in place (`next_hex`).
+    next_id: Cell<[u8; 24]>,
     draining: Cell<bool>,
     accept_canceller: RefCell<Canceller>,
     auth: auth::Auth,
@@ -162,15 +162,14 @@ impl Front {
             .tls
             .clone()
             .map(monoio_rustls::TlsAcceptor::from);
-        let mut id_prefix = [0u8; 12];
-        hex_into(&mut id_prefix[..8], boot_id as u64);
-        hex_into(&mut id_prefix[8..], shard.id as u64);
+        let mut next_id = [b'0'; 24];
+        hex_into(&mut next_id[..8], boot_id as u64);
+        hex_into(&mut next_id[8..12], shard.id as u64);
         let front = Front {
             shard,
             conns: RefCell::new(Slab::new()),
             date: RefCell::new([b' '; 29]),
-            id_prefix,
-            id_seq: Cell::new(0),
+            next_id: Cell::new(next_id),
             draining: Cell::new(false),
             accept_canceller: RefCell::new(Canceller::new()),
             auth,
@@ -248,14 +247,14 @@ impl Front {
         out: &mut Vec<u8>,
     ) -> Option<response::Tail> {
         self.shard.stats().count_response(resp.status.0);
-        let mut generated = [0u8; 24];
+        let generated: [u8; 24];
         let request_id = match head.and_then(|h| h.request_id) {
             Some(id) if is_valid_request_id(id) => id,
             _ => {
-                let seq = self.id_seq.get();
-                self.id_seq.set(seq + 1);
-                generated[..12].copy_from_slice(&self.id_prefix);
-                hex_into(&mut generated[12..], seq);
+                generated = self.next_id.get();
+                let mut next = generated;
+                next_hex(&mut next[12..]);
+                self.next_id.set(next);
                 &generated[..]
             }
         };
@@ -485,9 +484,46 @@ fn hex_into(out: &mut [u8], mut v: u64) {
     }
 }
 
+/// Counts the lower-case hex number `digits` up by one, in place (wrapping to zeros): most
+/// calls change only the last digit.
+fn next_hex(digits: &mut [u8]) {
+    for d in digits.iter_mut().rev() {
+        match *d {
+            b'9' => {
+                *d = b'a';
+                return;
+            }
+            b'f' => *d = b'0',
+            _ => {
+                *d += 1;
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_ids_count_up_in_hex_as_the_counter_did() {
+        let mut digits = [b'0'; 12];
+        let mut expected = [0u8; 12];
+        for v in (0..5000u64)
+            .chain(0xfff_ff00..0x1000_0100)
+            .chain(0xffff_ffff_ff00..0xffff_ffff_ffff)
+        {
+            hex_into(&mut expected, v);
+            if v == 0 || v == 0xfff_ff00 || v == 0xffff_ffff_ff00 {
+                digits = expected;
+            }
+            assert_eq!(digits, expected, "at {v:#x}");
+            next_hex(&mut digits);
+        }
+        next_hex(&mut digits);
+        assert_eq!(&digits, b"000000000000", "48 bits wrap to zero");
+    }
 
     #[test]
     fn request_ids() {

@@ -337,13 +337,13 @@ impl Shard {
 
     pub(super) fn alloc_reply(self: &Rc<Self>, step: AllocStep) -> Reply {
         match step {
-            AllocStep::Granted { obj, blobs, link } => Reply::Granted(WriteGrant::new(
+            AllocStep::Granted { obj, blobs, link } => Reply::Granted(Box::new(WriteGrant::new(
                 obj,
                 blobs,
                 link,
                 self.id,
                 self.shared.clone(),
-            )),
+            ))),
             AllocStep::Refused(m) => Reply::Refused(m),
             AllocStep::WaitForFlush | AllocStep::WaitForRoom { .. } => {
                 Reply::Refused(Refusal::of(ErrorKind::NoSpace))

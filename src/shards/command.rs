@@ -302,7 +302,9 @@ pub enum Reply {
     /// The owner shard could not take the request (its inbox, or our outstanding limit, is
     /// full). The client should retry later (429).
     Overloaded,
-    Granted(WriteGrant),
+    /// Boxed: a grant is 160 bytes and every reply, a GET's included, is moved several times
+    /// between the store and the answer (72 bytes unboxed, the size of `Read`).
+    Granted(Box<WriteGrant>),
     Read(PinnedBlob),
     /// Whether the object is readable (`Some(rank)` of a readable copy).
     Exists(Option<u32>),

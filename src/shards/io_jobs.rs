@@ -39,6 +39,9 @@ pub(super) fn read_outcome(
 impl Shard {
     /// Starts the store's pending I/O jobs and hands its events to their consumers.
     pub(super) fn after_store(self: &Rc<Self>) {
+        if !self.store.borrow().has_output() {
+            return;
+        }
         let jobs = self.store.borrow_mut().take_jobs();
         for job in jobs {
             self.spawn_job(job);

@@ -54,6 +54,17 @@ impl Shard {
         self.submit(owner, cmd).wait().await
     }
 
+    /// A `/metadata` read answered here when this shard owns the key (what
+    /// `Command::MetadataGet` does on its owner, without the command); else `Err(owner)`.
+    pub fn metadata_get_here(&self, key: &[u8]) -> Result<Reply, ShardId> {
+        let owner = self.owner_of(key);
+        if owner == self.id {
+            Ok(self.metadata.borrow().get(key))
+        } else {
+            Err(owner)
+        }
+    }
+
     /// Hands `cmd` to shard `owner` without waiting, so several owners work in parallel.
     pub fn submit(self: &Rc<Self>, owner: ShardId, cmd: Command) -> Submitted<'_> {
         if owner == self.id {

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::{Ctx, Request, required_key};
+use super::{Ctx, Request, required_key_ref};
 use crate::common::error_kind::{ErrorKind, Refusal};
 use crate::http::parse::Method;
 use crate::http::response::{Body, ContentType, Response, Status};
@@ -94,15 +94,29 @@ const METADATA_KEY_NOT_FOUND: Refusal = Refusal {
 };
 
 pub async fn metadata(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let key = match required_key(req, ctx, "key") {
+    let key = match required_key_ref(req, ctx, "key") {
         Ok(k) => k,
         Err(r) => return r,
     };
-    match req.head.method {
-        Method::Get | Method::Head => match ctx.shard.execute(Command::MetadataGet { key }).await {
+    if let Method::Get | Method::Head = req.head.method {
+        // A key of this shard is read where it is: no command, no copy of the key.
+        let reply = match ctx.shard.metadata_get_here(&key) {
+            Ok(r) => r,
+            Err(owner) => {
+                let key = key.into_owned().into_boxed_slice();
+                ctx.shard
+                    .submit(owner, Command::MetadataGet { key })
+                    .wait()
+                    .await
+            }
+        };
+        return match reply {
             Reply::Value(v) => Response::new(Status::OK, ContentType::Text, Body::Bytes(v)),
             other => ctx.reply_error(other, METADATA_KEY_NOT_FOUND),
-        },
+        };
+    }
+    let key = key.into_owned().into_boxed_slice();
+    match req.head.method {
         Method::Put => {
             let value = Bytes::copy_from_slice(req.body);
             match ctx.shard.execute(Command::MetadataPut { key, value }).await {

@@ -400,6 +400,18 @@ fn required<'q>(
 
 /// A required key within the key limit (any bytes: `/metadata` keys).
 fn required_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<[u8]>, Response> {
+    Ok(required_key_ref(req, ctx, name)?
+        .into_owned()
+        .into_boxed_slice())
+}
+
+/// As `required_key`, borrowed from the request when it has no escape (for a read answered
+/// without a command, which needs no key of its own).
+fn required_key_ref<'q>(
+    req: &Request<'q>,
+    ctx: &mut Ctx<'_>,
+    name: &str,
+) -> Result<Cow<'q, [u8]>, Response> {
     let k = required(req, ctx, name)?;
     if k.len() > MAX_KEY_BYTES {
         return Err(ctx.business_error(
@@ -407,7 +419,7 @@ fn required_key(req: &Request<'_>, ctx: &mut Ctx<'_>, name: &str) -> Result<Box<
             &format!("Key too long (max {MAX_KEY_BYTES} bytes)"),
         ));
     }
-    Ok(k.into_owned().into_boxed_slice())
+    Ok(k)
 }
 
 /// A required object key: within the limit, UTF-8, no control characters.

@@ -327,7 +327,7 @@ pub async fn put(
         placement: opts,
     };
     let grant = match ctx.shard.execute(cmd).await {
-        Reply::Granted(g) => g,
+        Reply::Granted(g) => *g,
         other => {
             let r = ctx.reply_error(other, super::KEY_NOT_FOUND);
             return consumed(ctx, fill, r).await;
@@ -570,7 +570,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
                 } else {
                     Err(Refusal::new(ErrorKind::Failed, "Write failed"))
                 });
-                grants.push((i, g, ok));
+                grants.push((i, *g, ok));
             }
             other => results.push(Err(reply_refusal(&other, super::KEY_NOT_FOUND))),
         }

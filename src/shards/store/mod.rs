@@ -606,6 +606,16 @@ impl Store {
         self.objects.len() - self.purge.as_ref().map_or(0, |p| p.left)
     }
 
+    /// Whether operations left anything for the shard to hand on (I/O jobs, journal records,
+    /// freed records of remote blobs, events): most reads leave nothing, and the shard then
+    /// skips its hand-over after them.
+    pub fn has_output(&self) -> bool {
+        !self.jobs.is_empty()
+            || !self.events.is_empty()
+            || self.has_journal_out()
+            || self.has_freed_remote()
+    }
+
     pub fn take_jobs(&mut self) -> Vec<IoJob> {
         std::mem::take(&mut self.jobs)
     }
