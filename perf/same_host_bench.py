@@ -89,6 +89,20 @@ def make_store(url, tcp):
     return s
 
 
+def split_counts(url):
+    """The server's large same-host copies made in two halves so far, and the first halves
+    its shards took back from their copy helpers (docs/same-host.md, *Watching it*)."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    got = {}
+    for line in text.splitlines():
+        for name in ("split_copies", "halves_taken_back"):
+            if line.startswith("memcache_same_host_%s_total " % name):
+                got[name] = int(float(line.split()[1]))
+    return got.get("split_copies", 0), got.get("halves_taken_back", 0)
+
+
 def timed(threads, seconds, work):
     """Runs work(t, stop) on `threads` threads for `seconds`; each returns (bytes it moved,
     seconds it spent moving them). The rate is the sum of the threads' own rates."""
@@ -201,6 +215,7 @@ def main():
         for size in sizes:
             for threads in counts:
                 case = Case(size, threads, args.window)
+                split0, back0 = split_counts(url)
                 got = {k: [] for k in ("memmove", "put same-host", "put tcp", "get same-host",
                                        "get tcp")}
                 for _ in range(args.rounds):
@@ -217,9 +232,10 @@ def main():
                         store.remove_all()
                 rows.append((size, threads, {k: statistics.median(v) for k, v in got.items()}))
                 r = rows[-1][2]
-                print("# %s x%d: %s" % (label(size), threads,
-                                        ", ".join("%s %.2f" % kv for kv in r.items())),
-                      file=sys.stderr, flush=True)
+                split1, back1 = split_counts(url)
+                print("# %s x%d: %s; copies split %d, first halves taken back %d" % (
+                    label(size), threads, ", ".join("%s %.2f" % kv for kv in r.items()),
+                    split1 - split0, back1 - back0), file=sys.stderr, flush=True)
     finally:
         for s in stores.values():
             s.close()

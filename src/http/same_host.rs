@@ -161,6 +161,18 @@ pub enum Refusal {
 pub struct LocalPeer {
     pub pid: libc::pid_t,
     pidfd: OwnedFd,
+    /// Large copies made in two halves since the last `take_splits`, and of their first halves
+    /// those the calling thread took back from its helper (not started yet).
+    splits: std::cell::Cell<Splits>,
+}
+
+/// What became of the large copies of a connection's requests (`LocalPeer::take_splits`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Splits {
+    /// Copies made in two halves, the first handed to the shard's copy helper.
+    pub split: u64,
+    /// First halves the shard made itself after all, its helper not having started them.
+    pub taken_back: u64,
 }
 
 impl LocalPeer {
@@ -184,6 +196,7 @@ impl LocalPeer {
         Ok(LocalPeer {
             pid: cred.pid,
             pidfd,
+            splits: Default::default(),
         })
     }
 
@@ -194,7 +207,13 @@ impl LocalPeer {
         LocalPeer {
             pid,
             pidfd: pidfd_open(pid).expect("pidfd_open"),
+            splits: Default::default(),
         }
+    }
+
+    /// The large copies split since the last call (for the shard's statistics).
+    pub fn take_splits(&self) -> Splits {
+        self.splits.take()
     }
 
     /// Whether the process is still running: once it has exited, its pid may name another
@@ -275,6 +294,8 @@ impl LocalPeer {
         };
         let done = job.done.clone();
         let handed = HELPER.with(|h| h.send(job));
+        let mut splits = self.splits.get();
+        splits.split += 1;
         // SAFETY: forwarded contract, for the second half.
         let mine = unsafe {
             vm_copy(
@@ -288,18 +309,23 @@ impl LocalPeer {
         let theirs = match handed {
             // The helper is gone (it cannot be, but for a failed spawn): this thread copies
             // the first half too.
-            // SAFETY: forwarded contract, for the first half.
-            Err(job) => unsafe { vm_copy(job.pid, &job.remote, local, half, out) },
+            Err(job) => {
+                splits.taken_back += 1;
+                // SAFETY: forwarded contract, for the first half.
+                unsafe { vm_copy(job.pid, &job.remote, local, half, out) }
+            }
             // Not started yet (on a busy machine the helper may wait for a core): this thread
             // takes its half back rather than wait for it.
-            // SAFETY: forwarded contract, for the first half.
-            Ok(()) if done.take_back() => unsafe {
-                vm_copy(self.pid, &sub_iov(remote, 0, half), local, half, out)
-            },
+            Ok(()) if done.take_back() => {
+                splits.taken_back += 1;
+                // SAFETY: forwarded contract, for the first half.
+                unsafe { vm_copy(self.pid, &sub_iov(remote, 0, half), local, half, out) }
+            }
             // Whatever happened here, the helper's half is waited for: it writes into memory
             // the caller owns only until this call returns.
             Ok(()) => done.wait(),
         };
+        self.splits.set(splits);
         mine.and(theirs)
     }
 }

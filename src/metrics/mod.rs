@@ -47,8 +47,25 @@ pub struct ShardStats {
     pub buffered_bytes: Gauge,
     pub metadata_keys: Gauge,
     pub metadata_bytes: Gauge,
+    /// The same-host data path (`http::same_host`): puts whose bytes were read from a client's
+    /// memory and gets whose bytes were written into it, their bytes, the copies that failed,
+    /// and the large copies made in two halves (`same_host_halves_taken_back`: first halves the
+    /// shard made itself, its copy helper not having started them).
+    pub same_host: SameHostStats,
     /// Request latencies per operation (`memcache_http_request_duration_seconds`).
     pub request_durations: requests::RequestDurations,
+}
+
+/// See [`ShardStats::same_host`].
+#[derive(Default, Debug)]
+pub struct SameHostStats {
+    pub puts: Counter,
+    pub put_bytes: Counter,
+    pub gets: Counter,
+    pub get_bytes: Counter,
+    pub copy_failures: Counter,
+    pub split_copies: Counter,
+    pub halves_taken_back: Counter,
 }
 
 impl ShardStats {

@@ -191,6 +191,28 @@ fn puts_and_gets_copy_between_the_clients_memory_and_the_segment(driver: Driver)
         Some(b""),
     );
     assert_eq!(r.json()["size"], 0);
+    // The shard statistics count what went through the socket, and only that: four puts, the
+    // three gets written into this process's memory (not the one of another length, nor the
+    // missing key), no failure; the 1 and 3 MiB copies were split, each first half made by
+    // the helper or taken back.
+    let m = crate::observability::scrape(&mut srv.client());
+    let v = |name: &str| m.get(name).copied().unwrap_or(-1.0) as i64;
+    let (one, three) = (1i64 << 20, 3i64 << 20);
+    assert_eq!(v("memcache_same_host_puts_total"), 4);
+    assert_eq!(
+        v("memcache_same_host_put_bytes_total"),
+        one + three + 1000 + 4096
+    );
+    assert_eq!(v("memcache_same_host_gets_total"), 3);
+    assert_eq!(v("memcache_same_host_get_bytes_total"), one + three + 1000);
+    assert_eq!(v("memcache_same_host_copy_failures_total"), 0);
+    let split = v("memcache_same_host_split_copies_total");
+    assert!((2..=4).contains(&split), "{split} split copies");
+    let back = v("memcache_same_host_halves_taken_back_total");
+    assert!(
+        (0..=split).contains(&back),
+        "{back} of {split} halves taken back"
+    );
 }
 
 fn what_is_not_the_clients_memory_fails_the_request_and_stores_nothing(driver: Driver) {
@@ -265,6 +287,11 @@ fn what_is_not_the_clients_memory_fails_the_request_and_stores_nothing(driver: D
     assert!(String::from_utf8_lossy(&text[..n]).starts_with("HTTP/1.1 400"));
     // SAFETY: the first page is still mapped.
     unsafe { libc::munmap(base as *mut libc::c_void, 4096) };
+    // Two copies failed (the torn put, the get into memory not ours); one put was stored.
+    let m = crate::observability::scrape(&mut srv.client());
+    assert_eq!(m.get("memcache_same_host_copy_failures_total"), Some(&2.0));
+    assert_eq!(m.get("memcache_same_host_puts_total"), Some(&1.0));
+    assert_eq!(m.get("memcache_same_host_gets_total"), Some(&0.0));
 }
 
 #[test]

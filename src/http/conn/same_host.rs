@@ -41,14 +41,33 @@ pub(super) async fn put(
         None => Filled::Ok,
         Some(grant) => fill_from_peer(peer, grant, iov, size as usize),
     };
-    match handlers::put_streamed(req, ctx, size, fill).await {
+    let resp = match handlers::put_streamed(req, ctx, size, fill).await {
         Some(resp) => resp,
         None => copy_failed(ctx),
+    };
+    let stats = &ctx.shard.stats().same_host;
+    if resp.status == Status::OK {
+        stats.puts.inc();
+        stats.put_bytes.add(size);
+    }
+    count_splits(ctx, peer);
+    resp
+}
+
+/// Adds the large copies `peer`'s request split (and the halves taken back) to the shard's
+/// statistics.
+fn count_splits(ctx: &Ctx<'_>, peer: &LocalPeer) {
+    let splits = peer.take_splits();
+    if splits.split > 0 {
+        let stats = &ctx.shard.stats().same_host;
+        stats.split_copies.add(splits.split);
+        stats.halves_taken_back.add(splits.taken_back);
     }
 }
 
 /// The answer when the client's memory could not be read or written; the connection closes.
 fn copy_failed(ctx: &mut Ctx<'_>) -> Response {
+    ctx.shard.stats().same_host.copy_failures.inc();
     let mut r = ctx.protocol_error(
         Status::BAD_REQUEST,
         "Bad request: the same-host copy failed (the client's memory named by X-Mmc-Iov could not be copied)",
@@ -149,10 +168,15 @@ pub(super) fn deliver(
         };
         if !ok {
             *resp = copy_failed(ctx);
+            count_splits(ctx, peer);
             return;
         }
         at += n;
     }
+    count_splits(ctx, peer);
+    let stats = &ctx.shard.stats().same_host;
+    stats.gets.inc();
+    stats.get_bytes.add(len as u64);
     // The pins and the lease's hold end here, after the copy; the answer says how much.
     resp.body = Body::Omitted(len as u64);
     resp.same_host = SameHost::Delivered;

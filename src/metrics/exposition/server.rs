@@ -88,6 +88,62 @@ static SERVER_SINGLES: &[Single] = &[
     ),
     (
         family!(
+            "memcache_same_host_puts_total",
+            "Puts whose bytes the server read from a same-host client's memory",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.puts.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_put_bytes_total",
+            "Bytes of puts read from same-host clients' memory",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.put_bytes.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_gets_total",
+            "Gets whose bytes the server wrote into a same-host client's memory",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.gets.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_get_bytes_total",
+            "Bytes of gets written into same-host clients' memory",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.get_bytes.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_copy_failures_total",
+            "Same-host copies that failed (the client exited, or an address was not its memory)",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.copy_failures.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_split_copies_total",
+            "Large same-host copies made in two halves, the first handed to the shard's copy helper",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.split_copies.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_halves_taken_back_total",
+            "First halves of split same-host copies the shard made itself, its copy helper not having started them",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.halves_taken_back.get()),
+    ),
+    (
+        family!(
             "memcache_metadata_keys",
             "Keys stored through /metadata",
             gauge
