@@ -428,18 +428,32 @@ impl Done {
         self.waiter.unpark();
     }
 
+    /// Waits for the helper's half: first by spinning (for up to `SPIN_BEFORE_PARK`; the
+    /// shard thread is blocked in the copy either way, and a parked thread's CPU may halt,
+    /// which on a VM costs far more to wake from than the half usually takes to finish), then
+    /// parked.
     fn wait(&self) -> io::Result<()> {
         use std::sync::atomic::Ordering::Acquire;
+        let spin_until = std::time::Instant::now() + SPIN_BEFORE_PARK;
+        let mut spins = 0u32;
         loop {
             match self.state.load(Acquire) {
                 OK => return Ok(()),
                 FAILED => return Err(io::Error::from_raw_os_error(libc::EFAULT)),
+                // The clock read once per 64 spins.
+                _ if spins % 64 != 0 || std::time::Instant::now() < spin_until => {
+                    spins = spins.wrapping_add(1);
+                    std::hint::spin_loop();
+                }
                 _ => std::thread::park(),
             }
             // (A park may end without an unpark: the state is read again.)
         }
     }
 }
+
+/// How long a shard spins for its helper's half before it parks (`Done::wait`).
+const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// A shard thread's copy helper: a thread that takes the first half of its large copies,
 /// started at its first one, ending with the shard thread (its channel closes).
