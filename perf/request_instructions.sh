@@ -10,12 +10,15 @@
 # the handler, the store, encoding, metrics; not the socket calls, nor the runtime around
 # them). One keep-alive connection PUTs `bench` (16 bytes), then sends REQUESTS `GET
 # /metadata?key=bench` (the request of compare.sh) in pipelined bursts of 32. Environment:
-# REQUESTS (32000), PATH_Q (the request target, `/metadata?key=bench`), KEEP=1 keeps the
-# callgrind files (under the printed directory) for `callgrind_annotate`.
+# REQUESTS (32000), PATH_Q (the request target, `/metadata?key=bench`), PUT_Q (where the 16
+# bytes are put first, `/metadata?key=bench`; `PUT_Q=/api/v1/objects?key=bench
+# PATH_Q=/api/v1/objects?key=bench` counts an object GET), KEEP=1 keeps the callgrind files
+# (under the printed directory) for `callgrind_annotate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS=${REQUESTS:-32000}
 PATH_Q=${PATH_Q:-/metadata?key=bench}
+PUT_Q=${PUT_Q:-/metadata?key=bench}
 BINS=("$@")
 [ ${#BINS[@]} -gt 0 ] || BINS=(target/release/mmc-server)
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
@@ -25,13 +28,13 @@ work=$(mktemp -d)
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 drive() { # PORT: the PUT, then REQUESTS GETs in bursts of 32, each burst's answers read whole
-  python3 - "$1" "$REQUESTS" "$PATH_Q" <<'EOF'
+  python3 - "$1" "$REQUESTS" "$PATH_Q" "$PUT_Q" <<'EOF'
 import socket, sys
-port, n, target = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+port, n, target, put = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 s = socket.create_connection(("127.0.0.1", port), timeout=120)
-s.sendall(b"PUT /metadata?key=bench HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n" + b"v" * 16)
+s.sendall(b"PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n" % put.encode() + b"v" * 16)
 if not s.recv(65536).startswith(b"HTTP/1.1 200"):
-    sys.exit("the PUT of bench failed")
+    sys.exit("the PUT of %s failed" % put)
 burst = ("GET %s HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n" % target).encode() * 32
 def answers(buf):
     """The number of whole answers at the start of buf (each head's Content-Length read)."""
