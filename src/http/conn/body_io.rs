@@ -63,6 +63,7 @@ pub(super) async fn stream_put<S: Io>(
                 route: Route::Objects,
                 body: &[],
                 body_since: None,
+                dispatched: std::time::Instant::now(),
             };
             let expect_continue = head.expect_continue;
             let fill = async |grant: Option<&WriteGrant>| {

@@ -41,7 +41,8 @@ pub(super) async fn answer<S: Io>(
     wbuf: &mut Vec<u8>,
 ) -> Option<bool> {
     // The head is parsed (a body over several reads began to arrive after it).
-    let started = body_since.map_or_else(Instant::now, |t| t.min(Instant::now()));
+    let now = Instant::now();
+    let started = body_since.map_or(now, |t| t.min(now));
     let shard = front.shard();
     let stats = shard.stats();
     stats.http_requests.inc();
@@ -71,6 +72,7 @@ pub(super) async fn answer<S: Io>(
                 route,
                 body: &req_bytes[head.len..],
                 body_since,
+                dispatched: now,
             };
             // Membership messages are counted but never shed (`Route::is_membership`).
             let working = if route.is_membership() {

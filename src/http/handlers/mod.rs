@@ -82,6 +82,9 @@ pub struct Request<'a> {
     /// When the body started to arrive, if it took several reads (a put's transfer time
     /// includes receiving it); `None` when it came with its head.
     pub body_since: Option<std::time::Instant>,
+    /// When the request was handed to its handler: the start of its client latency (read
+    /// once, where the request's duration starts, not again by each handler).
+    pub dispatched: std::time::Instant,
 }
 
 impl Request<'_> {
@@ -288,7 +291,7 @@ pub async fn put_streamed(
     fill: impl AsyncFnOnce(Option<&crate::shards::WriteGrant>) -> Filled,
 ) -> Option<Response> {
     let span = ctx.shard.remote().tracer.begin(Tp::Put);
-    let start = std::time::Instant::now();
+    let start = req.dispatched;
     let resp = match object_key(req, ctx, "key") {
         Ok(key) => objects::put(req, ctx, key, size, start, fill).await,
         Err(r) => objects::consumed(ctx, fill, r).await,

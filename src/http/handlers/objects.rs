@@ -190,7 +190,7 @@ async fn head_object(req: &Request<'_>, ctx: &mut Ctx<'_>, key: Box<[u8]>) -> Re
 }
 
 pub async fn object(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let start = Instant::now();
+    let start = req.dispatched;
     let key = match object_key(req, ctx, "key") {
         Ok(k) => k,
         Err(r) => return r,
@@ -393,7 +393,7 @@ pub(super) async fn consumed(
 }
 
 pub async fn exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let start = Instant::now();
+    let start = req.dispatched;
     let key = match object_key(req, ctx, "key") {
         Ok(k) => k,
         Err(r) => return r,
@@ -487,7 +487,7 @@ fn reply_refusal(r: &Reply, not_found: Refusal) -> Refusal {
 }
 
 pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let start = Instant::now();
+    let start = req.dispatched;
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
@@ -614,7 +614,7 @@ pub async fn batch_put(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
 }
 
 pub async fn batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let start = Instant::now();
+    let start = req.dispatched;
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
@@ -739,7 +739,7 @@ async fn head_batch_get(req: &Request<'_>, ctx: &mut Ctx<'_>, keys: &[Box<[u8]>]
 }
 
 pub async fn batch_exist(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
-    let start = Instant::now();
+    let start = req.dispatched;
     let keys = match batch_keys(req, ctx) {
         Ok(k) => k,
         Err(r) => return r,
