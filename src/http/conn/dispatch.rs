@@ -205,8 +205,9 @@ fn booked(t: response::Transfer, body: &Body) -> (response::Transfer, Booked) {
 /// the write buffer or straight to the socket) until now.
 pub(super) fn record_transfer(front: &Front, sending: Sending) {
     if let Some((t, ranks, from)) = sending {
-        let transfer_ns = from.elapsed().as_nanos() as u64;
-        let latency_us = t.started.elapsed().as_micros() as u64;
+        let now = Instant::now();
+        let transfer_ns = now.saturating_duration_since(from).as_nanos() as u64;
+        let latency_us = now.saturating_duration_since(t.started).as_micros() as u64;
         front
             .shard()
             .remote()
