@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -92,7 +93,6 @@ def make_store(url, tcp):
 def split_counts(url):
     """The server's large same-host copies made in two halves so far, and the first halves
     its shards took back from their copy helpers (docs/same-host.md, *Watching it*)."""
-    import urllib.request
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     got = {}

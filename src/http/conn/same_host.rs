@@ -156,24 +156,24 @@ pub(super) fn deliver(
         return;
     }
     let mut at = 0;
-    for part in parts {
+    // Part after part, stopping at the first that fails.
+    let copied = parts.iter().all(|part| {
         let n = part.len();
         let to = sub_iov(iov, at, n);
-        let ok = match part {
+        at += n;
+        match part {
             Part::Bytes(b) => {
                 // SAFETY: `b` is `n` readable bytes, shared and never written.
                 unsafe { peer.write(&to, b.as_ptr(), n) }.is_ok()
             }
             Part::Blob(p) => write_blob(peer, &to, p),
-        };
-        if !ok {
-            *resp = copy_failed(ctx);
-            count_splits(ctx, peer);
-            return;
         }
-        at += n;
-    }
+    });
     count_splits(ctx, peer);
+    if !copied {
+        *resp = copy_failed(ctx);
+        return;
+    }
     let stats = &ctx.shard.stats().same_host;
     stats.gets.inc();
     stats.get_bytes.add(len as u64);
