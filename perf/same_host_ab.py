@@ -8,7 +8,9 @@ between batches). Prints the median microseconds per request of each, and GB/s.
 
     python3 perf/same_host_ab.py OLD_BINARY NEW_BINARY[:tcp] ... [--size 1MiB] [--rounds 15]
 
-A build named BINARY:tcp is driven over TCP instead (MMC_TRANSPORT=tcp), for the ratio. Needs
+A build named BINARY:tcp is driven over TCP instead (MMC_TRANSPORT=tcp), for the ratio;
+BINARY:noroute sends every request to the server's shared same-host socket instead of the
+socket of the key's owner shard (as against a server without per-shard sockets). Needs
 numpy; imports mmc_client from clients/python of this checkout. Use release builds.
 """
 
@@ -41,11 +43,14 @@ def main():
             binary, _, mode = build.partition(":")
             proc, addr = bench.start_server(binary)
             procs.append(proc)
-            stores[build] = bench.make_store("http://" + addr, mode == "tcp")
+            stores[build] = bench.make_store("http://" + addr, "tcp" in mode.split(":"))
         src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
         dsts = [np.zeros(size, dtype=np.uint8) for _ in range(args.buffers)]
         keys = ["ab/%d" % i for i in range(8)]
-        for s in stores.values():
+        for build, s in stores.items():
+            if "noroute" in build.split(":")[1:]:
+                # Every request on the shared socket, as a server without per-shard ones.
+                s._client.owner_socket = lambda host, port, path, key: (path, None)
             for k in keys:
                 assert s.put_from(k, src.ctypes.data, size) == 0
         got = {b: {"get": [], "put": []} for b in args.builds}

@@ -31,7 +31,8 @@ import urllib.request
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+# MMC_CLIENT_DIR: another checkout's clients/python, to compare clients.
+sys.path.insert(0, os.environ.get("MMC_CLIENT_DIR") or os.path.join(ROOT, "clients", "python"))
 
 from mmc_client import DistributedObjectStore, LocalConfig  # noqa: E402
 

@@ -38,6 +38,11 @@ if [ ! -f "$WHEELS/.complete-$LMCACHE_VERSION" ]; then
   python3 "${PIP[@]}" wheel -w "$WHEELS" "lmcache==$LMCACHE_VERSION" pytest
   touch "$WHEELS/.complete-$LMCACHE_VERSION"
 fi
+# The client's own dependency (clients/python/pyproject.toml: xxhash), added when missing (a
+# wheelhouse filled before the client had it).
+if ! ls "$WHEELS"/xxhash-*.whl >/dev/null 2>&1; then
+  python3 "${PIP[@]}" wheel -w "$WHEELS" "xxhash>=3"
+fi
 t_wheels=$((SECONDS - t0))
 
 # 2. The virtualenvs. LMCache and its torch unpack to ~6 GB, so they are installed once per

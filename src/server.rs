@@ -26,8 +26,8 @@ pub struct Server {
     kv_publisher: Option<crate::kv_events::KvPublisher>,
     /// The election and `/metadata` writer threads (HA on).
     ha: Option<crate::ha::election::HaThreads>,
-    /// The same-host socket's path (`ock.mmc.http.same_host_socket`), removed at the end.
-    same_host_path: Option<std::path::PathBuf>,
+    /// The same-host sockets' paths (`ock.mmc.http.same_host_socket`), removed at the end.
+    same_host_paths: Vec<std::path::PathBuf>,
     /// The OTLP exporter (`ock.mmc.otlp.endpoint` set), flushed at the end.
     otlp: Option<crate::http::otlp::Exporter>,
 }
@@ -194,6 +194,7 @@ impl Server {
             &shared.config.http.same_host_socket,
             local_addr.port(),
             boot,
+            shard_count,
         );
         let kv_publisher = if shared.config.kv_events.enable {
             let p = crate::kv_events::KvPublisher::start(
@@ -233,15 +234,7 @@ impl Server {
             let shared = shared.clone();
             let started = started_tx.clone();
             let driver = plan.driver;
-            let unix = same_host
-                .as_ref()
-                .and_then(|(l, _, advert)| match l.try_clone() {
-                    Ok(l) => Some((l, advert.clone())),
-                    Err(e) => {
-                        log::warn!("shard {id}: no same-host socket: {e}");
-                        None
-                    }
-                });
+            let unix = same_host.as_ref().and_then(|s| s.for_shard(id));
             let spawn = std::thread::Builder::new()
                 .name(format!("mmc-shard-{id}"))
                 .spawn(move || {
@@ -281,7 +274,7 @@ impl Server {
             drivers,
             threads,
             kv_publisher,
-            same_host_path: same_host.map(|(_, path, _)| path),
+            same_host_paths: same_host.map(|s| s.paths).unwrap_or_default(),
             ha: None,
             otlp: None,
         };
@@ -375,7 +368,7 @@ impl Server {
         if let Some(p) = self.kv_publisher {
             p.stop();
         }
-        if let Some(path) = &self.same_host_path {
+        for path in &self.same_host_paths {
             let _ = std::fs::remove_file(path);
         }
         // Last (the spans of everything above are queued by now): the metrics with every
@@ -426,35 +419,104 @@ fn start_agent(shared: &Arc<Shared>, listen: SocketAddr) -> std::io::Result<()> 
         .map(|_| ())
 }
 
-/// Binds the same-host socket (`http::same_host`) for the TCP `port`: the listener, its path
-/// and what `/health` says of it. `None` when it is off or cannot be bound (logged: clients
-/// then use TCP).
-fn bind_same_host(
-    value: &str,
-    port: u16,
-    boot: u32,
-) -> Option<(
-    std::os::unix::net::UnixListener,
-    std::path::PathBuf,
-    Box<str>,
-)> {
-    let path = crate::http::same_host::socket_path(value, port)?;
-    let bound = crate::http::same_host::bind(&path, value == "auto")
-        .and_then(|l| l.set_nonblocking(true).map(|()| l));
-    match bound {
-        Ok(l) => {
-            log::info!("same-host data path on {}", path.display());
-            let advert = crate::http::same_host::advert(boot, &path);
-            Some((l, path, advert))
-        }
+/// The same-host sockets (`http::same_host`): the one every shard accepts on, and, with more
+/// than one shard, each shard's own (a client sends a key's request to its owner's).
+struct SameHostSockets {
+    shared: std::os::unix::net::UnixListener,
+    own: Vec<std::os::unix::net::UnixListener>,
+    /// Every socket's path (the shared one first), removed at the end.
+    paths: Vec<std::path::PathBuf>,
+    advert: Box<str>,
+}
+
+impl SameHostSockets {
+    /// Shard `id`'s listeners: a handle on the shared socket, and its own when there are.
+    fn for_shard(
+        &self,
+        id: usize,
+    ) -> Option<(
+        std::os::unix::net::UnixListener,
+        Option<std::os::unix::net::UnixListener>,
+        Box<str>,
+    )> {
+        let clone = |l: &std::os::unix::net::UnixListener| match l.try_clone() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::warn!("shard {id}: no same-host socket: {e}");
+                None
+            }
+        };
+        let shared = clone(&self.shared)?;
+        let own = self.own.get(id).and_then(clone);
+        Some((shared, own, self.advert.clone()))
+    }
+}
+
+/// Binds the same-host sockets for the TCP `port`. `None` when they are off or the shared one
+/// cannot be bound (logged: clients then use TCP); when a shard's own socket cannot be bound
+/// (logged), there are none and clients send every request to the shared one.
+fn bind_same_host(value: &str, port: u16, boot: u32, shards: usize) -> Option<SameHostSockets> {
+    use crate::http::same_host::{advert, bind, shard_path, socket_path};
+    let path = socket_path(value, port)?;
+    if advert(boot, &path, None).is_none() {
+        log::warn!(
+            "no same-host data path: {path:?} is not a path a header can carry (clients use TCP)"
+        );
+        return None;
+    }
+    let nonblocking = |l: std::os::unix::net::UnixListener| l.set_nonblocking(true).map(|()| l);
+    let shared = match bind(&path, value == "auto").and_then(nonblocking) {
+        Ok(l) => l,
         Err(e) => {
             log::warn!(
                 "no same-host data path: cannot bind {}: {e} (clients use TCP)",
                 path.display()
             );
-            None
+            return None;
+        }
+    };
+    let mut paths = vec![path.clone()];
+    let mut own = Vec::new();
+    if shards > 1 {
+        for id in 0..shards {
+            let p = shard_path(&path, id);
+            match bind(&p, false).and_then(nonblocking) {
+                Ok(l) => {
+                    own.push(l);
+                    paths.push(p);
+                }
+                Err(e) => {
+                    log::warn!(
+                        "cannot bind {}: {e}; same-host clients send every request to {}",
+                        p.display(),
+                        path.display()
+                    );
+                    for p in paths.drain(1..) {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    own.clear();
+                    break;
+                }
+            }
         }
     }
+    log::info!(
+        "same-host data path on {}{}",
+        path.display(),
+        if own.is_empty() {
+            String::new()
+        } else {
+            format!(" (and one socket per shard: {}.N)", path.display())
+        }
+    );
+    let own_count = (!own.is_empty()).then_some(own.len());
+    Some(SameHostSockets {
+        shared,
+        own,
+        paths,
+        // Checked above: the path goes in a header.
+        advert: advert(boot, &path, own_count)?,
+    })
 }
 
 /// How a shard serves its TCP listener: on monoio, or on a front ring of its own.
@@ -498,7 +560,11 @@ async fn shard_main(
     id: usize,
     shared: Arc<Shared>,
     listening: Listening,
-    unix: Option<(std::os::unix::net::UnixListener, Box<str>)>,
+    unix: Option<(
+        std::os::unix::net::UnixListener,
+        Option<std::os::unix::net::UnixListener>,
+        Box<str>,
+    )>,
     boot_id: u32,
     uring: bool,
 ) {
@@ -526,12 +592,14 @@ async fn shard_main(
             (None, Some(ring))
         }
     };
-    if let Some((unix, advert)) = unix {
-        match monoio::net::UnixListener::from_std(unix) {
-            Ok(l) => {
-                monoio::spawn(front.clone().serve_same_host(l, advert));
+    if let Some((unix, own, advert)) = unix {
+        for l in std::iter::once(unix).chain(own) {
+            match monoio::net::UnixListener::from_std(l) {
+                Ok(l) => {
+                    monoio::spawn(front.clone().serve_same_host(l, advert.clone()));
+                }
+                Err(e) => log::warn!("shard {id}: cannot register a same-host socket: {e}"),
             }
-            Err(e) => log::warn!("shard {id}: cannot register the same-host socket: {e}"),
         }
     }
     shared.life.accepting.fetch_add(1, Ordering::AcqRel);

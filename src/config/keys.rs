@@ -108,11 +108,12 @@ fn comma_list(v: &str) -> impl Iterator<Item = &str> {
 /// `auto`, `off`, or an absolute path for the same-host Unix socket.
 fn same_host_socket(v: &str) -> Result<String, String> {
     let v = v.trim();
-    if v == "auto" || v == "off" || (v.starts_with('/') && v.len() < 100 && !v.contains('\0')) {
+    let path_ok = v.starts_with('/') && v.len() < 100 && !v.chars().any(char::is_control);
+    if v == "auto" || v == "off" || path_ok {
         Ok(v.to_string())
     } else {
         Err(format!(
-            "{v:?}: expected auto, off or an absolute path (under 100 bytes)"
+            "{v:?}: expected auto, off or an absolute path (under 100 bytes, no control characters)"
         ))
     }
 }

@@ -634,6 +634,28 @@ mod tests {
     }
 
     #[test]
+    fn the_same_host_socket_is_auto_off_or_an_absolute_path_a_header_can_carry() {
+        let mut c = Config::defaults();
+        for ok in ["auto", "off", " /run/mmc/s.sock "] {
+            c.set("ock.mmc.http.same_host_socket", ok).unwrap();
+            assert_eq!(c.http.same_host_socket, ok.trim());
+        }
+        let long = format!("/{}", "a".repeat(100));
+        for bad in [
+            "s.sock",
+            "/run/a\r\nX-Evil: 1",
+            "/run/a\u{7f}",
+            "/run/\0",
+            &long,
+        ] {
+            assert!(
+                c.set("ock.mmc.http.same_host_socket", bad).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn render_shows_what_was_set() {
         let mut c = Config::defaults();
         c.set("ock.mmc.http.idle_timeout_ms", " 5000 ").unwrap();

@@ -76,14 +76,31 @@ pub fn bind(path: &Path, private_dir: bool) -> io::Result<std::os::unix::net::Un
 }
 
 /// What `X-Mmc-Same-Host` says on `/health`: this process's id (so that a client can tell the
-/// socket it reaches belongs to the server it talks to over TCP) and the socket's path.
-pub fn advert(boot_id: u32, path: &Path) -> Box<str> {
-    format!("{boot_id:08x}-{} {}", std::process::id(), path.display()).into()
+/// socket it reaches belongs to the server it talks to over TCP) and the socket's path; when
+/// every shard also listens on a socket of its own ([`shard_path`]), a second header follows,
+/// `X-Mmc-Same-Host-Shards: N` (a client then sends a key's request to its owner's socket, the
+/// owner computed as `shards::shard_for` does, so that no other shard takes part in it; a
+/// client that does not know it uses the shared socket as before). `None` for a path that
+/// holds a control character (it could not go in a header).
+pub fn advert(boot_id: u32, path: &Path, own_sockets: Option<usize>) -> Option<Box<str>> {
+    let path = path.to_str().filter(|p| !p.chars().any(char::is_control))?;
+    let id = format!("{boot_id:08x}-{} {path}", std::process::id());
+    Some(match own_sockets {
+        Some(n) => format!("{id}\r\nX-Mmc-Same-Host-Shards: {n}").into(),
+        None => id.into(),
+    })
+}
+
+/// The socket of shard `shard` only, beside the shared one at `path`: `PATH.N`.
+pub fn shard_path(path: &Path, shard: usize) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".{shard}"));
+    PathBuf::from(p)
 }
 
 impl super::Front {
-    /// Accepts same-host connections on `listener` (every shard accepts on the one socket)
-    /// until the drain begins. `advert` is what `/health` says of it. A peer of another user
+    /// Accepts same-host connections on `listener` (the socket every shard accepts on, or
+    /// this shard's own) until the drain begins. `advert` is what `/health` says of it. A peer of another user
     /// is answered 403 and closed: its requests go over TCP.
     pub async fn serve_same_host(
         self: std::rc::Rc<Self>,

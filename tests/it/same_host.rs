@@ -12,9 +12,14 @@ use crate::harness::{Driver, Server, ServerBuilder};
 fn socket_of(srv: &Server) -> String {
     let r = srv.client().get("/health");
     assert_eq!(r.status, 200);
-    let advert = r
-        .header("x-mmc-same-host")
-        .expect("X-Mmc-Same-Host on /health");
+    advert_path(
+        r.header("x-mmc-same-host")
+            .expect("X-Mmc-Same-Host on /health"),
+    )
+}
+
+/// The socket's path in `X-Mmc-Same-Host: ID PATH`.
+fn advert_path(advert: &str) -> String {
     let (_, path) = advert.split_once(' ').expect("ID PATH");
     path.to_string()
 }
@@ -327,13 +332,7 @@ fn the_socket_checks_tokens_as_tcp_does() {
         &[("Authorization", "Bearer sekret-token-123")],
         None,
     );
-    let path = r
-        .header("x-mmc-same-host")
-        .unwrap()
-        .split_once(' ')
-        .unwrap()
-        .1
-        .to_string();
+    let path = advert_path(r.header("x-mmc-same-host").unwrap());
     let data = pattern(5000, 3);
     let mut s = connect(&path);
     let put = request(
@@ -424,4 +423,87 @@ fn a_large_copy_s_helper_runs_beside_its_shard_not_on_its_cpu() {
         }
     }
     assert!(helpers > 0, "no copy helper started");
+}
+
+/// `memcache_shard_cross_requests_total`: requests a shard sent to another shard.
+fn cross_requests(srv: &Server) -> f64 {
+    crate::observability::scrape(&mut srv.client())["memcache_shard_cross_requests_total"]
+}
+
+#[test]
+fn every_shard_has_a_socket_of_its_own_and_a_key_s_owner_serves_it_alone() {
+    let mut srv = ServerBuilder::new(Driver::Epoll).shards(2).start();
+    let health = srv.client().get("/health");
+    assert_eq!(health.header("x-mmc-same-host-shards"), Some("2"));
+    let path = advert_path(health.header("x-mmc-same-host").unwrap());
+    assert!(!path.contains(['\r', '\n', ' ']), "{path:?}");
+    let own: Vec<String> = (0..2).map(|n| format!("{path}.{n}")).collect();
+    use std::os::unix::fs::PermissionsExt;
+    for p in &own {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "{p}: only the server's user may connect"
+        );
+    }
+    let data = pattern(600 << 10, 3);
+    let mut out = vec![0u8; data.len()];
+    // Keys of each shard, put and read on their owner's socket: no other shard takes part.
+    let mut keys = [Vec::new(), Vec::new()];
+    for i in 0.. {
+        let key = format!("sh/own/{i}");
+        let owner = mmc::shards::shard_for(key.as_bytes(), 2);
+        if keys[owner].len() < 3 {
+            keys[owner].push(key);
+        }
+        if keys.iter().all(|k| k.len() == 3) {
+            break;
+        }
+    }
+    let before = cross_requests(&srv);
+    for (shard, keys) in keys.iter().enumerate() {
+        let mut s = connect(&own[shard]);
+        for key in keys {
+            let target = format!("/api/v1/objects?key={key}");
+            assert_eq!(
+                request(&mut s, "PUT", &target, Some(&iov_of(&[&data]))).status,
+                200
+            );
+            let g = request(&mut s, "GET", &target, Some(&iov_of(&[&out])));
+            assert_eq!(g.header("x-mmc-delivered"), Some("614400"));
+            assert!(out == data);
+            out.fill(0);
+        }
+    }
+    assert_eq!(
+        cross_requests(&srv),
+        before,
+        "a request went to another shard"
+    );
+    // The same keys on the other shard's socket: that shard asks the owner, as on the shared
+    // socket or over TCP (the test above fails if the sockets were not each shard's own).
+    let mut s = connect(&own[1]);
+    let target = format!("/api/v1/objects?key={}", keys[0][0]);
+    let g = request(&mut s, "GET", &target, Some(&iov_of(&[&out])));
+    assert_eq!(g.header("x-mmc-delivered"), Some("614400"));
+    assert!(out == data);
+    assert!(
+        cross_requests(&srv) > before,
+        "shard 1 read shard 0's key without asking it"
+    );
+    // Every socket goes with the server.
+    srv.stop();
+    for p in std::iter::once(&path).chain(&own) {
+        assert!(!std::path::Path::new(p).exists(), "{p} left behind");
+    }
+}
+
+#[test]
+fn one_shard_has_the_shared_socket_only() {
+    let srv = ServerBuilder::new(Driver::Epoll).shards(1).start();
+    let health = srv.client().get("/health");
+    assert!(health.header("x-mmc-same-host-shards").is_none());
+    let path = socket_of(&srv);
+    assert!(!std::path::Path::new(&format!("{path}.0")).exists());
 }

@@ -52,14 +52,51 @@ def socket_path(server):
     return headers["x-mmc-same-host"].split(" ", 1)[1]
 
 
+def cross_requests(server):
+    """memcache_shard_cross_requests_total: requests a shard sent to another shard."""
+    text = server.get("/metrics").decode()
+    return float(re.search(r"^memcache_shard_cross_requests_total (\S+)$", text, re.M).group(1))
+
+
+def record_sockets(monkeypatch):
+    """The same-host socket path of each request sent (single or pipelined)."""
+    paths = []
+    real = _http.Client._take_local
+
+    def take_local(self, host, port, path, pid=None):
+        paths.append(path)
+        return real(self, host, port, path, pid)
+
+    monkeypatch.setattr(_http.Client, "_take_local", take_local)
+    return paths
+
+
+def keys_of_each_shard(prefix, per_shard):
+    """``per_shard`` keys owned by each of two shards (the server's hash, _http.shard_for)."""
+    keys = ([], [])
+    i = 0
+    while min(len(k) for k in keys) < per_shard:
+        key = "%s/%d" % (prefix, i)
+        owner = keys[_http.shard_for(key.encode(), 2)]
+        if len(owner) < per_shard:
+            owner.append(key)
+        i += 1
+    return keys
+
+
 def count_transports(monkeypatch):
     """Counts the requests sent per transport (same-host socket or TCP)."""
     seen = {"unix": 0, "tcp": 0, "pipelined": 0}
-    real, real_pipeline = _http.Client._on, _http.Client.pipeline
+    real, real_local = _http.Client._on, _http.Client._on_local
+    real_pipeline = _http.Client.pipeline
 
     def on(self, conn, *args, **kwargs):
         seen["unix" if conn.sock.family == socket.AF_UNIX else "tcp"] += 1
         return real(self, conn, *args, **kwargs)
+
+    def on_local(self, conn, *args, **kwargs):
+        seen["unix"] += 1
+        return real_local(self, conn, *args, **kwargs)
 
     def pipeline(self, requests):
         answers = real_pipeline(self, requests)
@@ -67,6 +104,7 @@ def count_transports(monkeypatch):
         return answers
 
     monkeypatch.setattr(_http.Client, "_on", on)
+    monkeypatch.setattr(_http.Client, "_on_local", on_local)
     monkeypatch.setattr(_http.Client, "pipeline", pipeline)
     return seen
 
@@ -135,6 +173,72 @@ def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, sto
                                                               INVALID]
     assert all(np.array_equal(vals[i], outs[i]) for i in (1, 3, 4, 5))
     assert not wrong[0].any() and not wrong[1].any()
+
+
+def test_each_key_goes_to_the_socket_of_its_owner_shard(server, store, monkeypatch):
+    """The server (two shards) has a socket per shard; every single and batch call goes to
+    the one of its key's owner, so no shard asks another (the cross-shard count stays)."""
+    path = socket_path(server)
+    assert store._client.local_path(server.host, server.port) == path
+    assert store._client._local_shards[(server.host, server.port)][0] == 2
+    paths = record_sockets(monkeypatch)
+    before = cross_requests(server)
+    ones, twos = keys_of_each_shard("sh/own", 4)
+    for key in ones + twos:
+        src, out = data(200_000, len(key)), np.zeros(200_000, dtype=np.uint8)
+        put_then_get(store, key, src, out)
+    assert sorted(set(paths)) == [path + ".0", path + ".1"], paths
+    assert paths.count(path + ".0") == 2 * len(ones)
+    batch = ["sh/own/batch/%d" % i for i in range(10)]
+    vals = [data(70_000 + i, i) for i in range(10)]
+    assert store.batch_put_from(batch, [v.ctypes.data for v in vals],
+                                [v.nbytes for v in vals]) == [OK] * 10
+    outs = [np.zeros_like(v) for v in vals]
+    assert store.batch_get_into(batch, [o.ctypes.data for o in outs],
+                                [o.nbytes for o in outs]) == [OK] * 10
+    assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+    assert path not in paths, "a request went to the shared socket"
+    assert cross_requests(server) == before, "a shard asked another for a key"
+
+
+def test_a_shard_socket_that_is_not_the_server_s_is_not_used(monkeypatch):
+    """A socket at a shard's path that another process bound (or an earlier server left) is
+    recognised by its peer's pid and not used: those keys go to the shared socket, bytes
+    intact, and nothing is sent to the impostor."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    srv = Server([])
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = None
+    try:
+        path = socket_path(srv)
+        os.unlink(path + ".0")
+        impostor.bind(path + ".0")
+        impostor.listen(16)
+        s = make_store("http://%s" % srv.addr)
+        assert s._client.local_path(srv.host, srv.port) == path
+        seen = count_transports(monkeypatch)
+        paths = record_sockets(monkeypatch)
+        ones, twos = keys_of_each_shard("sh/impostor", 3)
+        for key in ones + twos:
+            src, out = data(100_000, len(key)), np.zeros(100_000, dtype=np.uint8)
+            put_then_get(s, key, src, out)
+        assert seen["tcp"] == 0 and seen["unix"] == 12, seen
+        # The first request to shard 0 found the impostor: from then on the shared socket.
+        assert paths[0] in (path + ".0", path + ".1") and path in paths, paths
+        impostor.setblocking(False)
+        while True:
+            try:
+                conn, _ = impostor.accept()
+            except BlockingIOError:
+                break
+            conn.settimeout(1)
+            assert conn.recv(1) == b"", "a request was sent to the impostor"
+            conn.close()
+    finally:
+        if s is not None:
+            s.close()
+        impostor.close()
+        assert srv.stop() == 0, "".join(srv.log)
 
 
 def test_mmc_transport_tcp_forces_tcp(server, monkeypatch):

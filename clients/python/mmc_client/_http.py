@@ -29,6 +29,22 @@ from urllib.parse import urlsplit
 
 from . import errors
 
+_xxh3: Optional[Callable[[bytes, int], int]]
+try:
+    from xxhash import xxh3_64_intdigest as _xxh3
+except ImportError:  # a dependency of the package; without it, no routing by shard
+    _xxh3 = None
+
+# The server's key-to-shard hash (src/shards/mod.rs, shard_for): xxh3-64 of the key's bytes
+# with this seed, reduced to a shard by multiply-high.
+_SHARD_SEED = 0x6D6D635F73686172
+
+
+def shard_for(key: bytes, shards: int) -> int:
+    """The shard of ``shards`` that owns ``key`` in the server (``shard_for`` there)."""
+    assert _xxh3 is not None
+    return (_xxh3(key, _SHARD_SEED) * shards) >> 64
+
 # iovecs per sendmsg call (IOV_MAX is 1024 on Linux).
 _IOV_MAX = 1000
 _RECV_CHUNK = 256 * 1024
@@ -159,6 +175,10 @@ class Connection:
 
     def send(self, parts: Sequence[Any]) -> None:
         """Sends every buffer of ``parts`` (bytes or memoryviews) without joining them."""
+        if len(parts) == 1 and type(parts[0]) is bytes and not self.tls:
+            # A head alone (every same-host request): no iovec list to build.
+            self.sock.sendall(parts[0])
+            return
         views = [memoryview(p).cast("B") if not isinstance(p, bytes) else memoryview(p)
                  for p in parts if len(p)]
         if self.tls:
@@ -397,6 +417,9 @@ class Client:
         self._local: Dict[Tuple[str, int], Optional[str]] = {}
         # When each server's entry in _local was last set (monotonic seconds).
         self._local_at: Dict[Tuple[str, int], float] = {}
+        # Servers whose every shard also listens on a socket of its own (PATH.N): (number of
+        # shards, the server's pid). A key's request goes to its owner's socket.
+        self._local_shards: Dict[Tuple[str, int], Tuple[int, int]] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -428,10 +451,11 @@ class Client:
     def request(self, method: str, target: str, body: Sequence[Any] = (),
                 headers: Optional[Dict[str, str]] = None,
                 reader: BodyReader = _DEFAULT_READER,
-                local: Optional[str] = None) -> Response:
+                local: Optional[str] = None, key: Optional[bytes] = None) -> Response:
         """``body`` is a sequence of buffers sent back to back (no copy). ``local``: the
         ``X-Mmc-Iov`` of the object's buffers (the put's body, the get's destination), for a
-        server on this host that takes it instead of bytes on the socket."""
+        server on this host that takes it instead of bytes on the socket; ``key`` (its bytes)
+        then picks the socket of the shard that owns it."""
         deadline = time.monotonic() + self.retry_ms / 1000.0
         attempt = 0
         # Failures in a row that moved to the next URL: each URL gets one try without waiting.
@@ -440,7 +464,8 @@ class Client:
             index = self.current
             host, port = self.endpoints[index]
             try:
-                resp = self._follow(method, host, port, target, body, headers, reader, local)
+                resp = self._follow(method, host, port, target, body, headers, reader, local,
+                                    key)
                 if resp.status not in (429, 503):
                     return resp
                 failure = TransportError(errors.from_answer(resp),
@@ -471,7 +496,7 @@ class Client:
 
     def _follow(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
                 headers: Optional[Dict[str, str]], reader: BodyReader,
-                local: Optional[str] = None) -> Response:
+                local: Optional[str] = None, key: Optional[bytes] = None) -> Response:
         at_meta = True
         first = True
         for _ in range(_MAX_REDIRECTS + 1):
@@ -480,7 +505,8 @@ class Client:
             try:
                 resp = None
                 if local is not None:
-                    resp = self._same_host(method, host, port, target, headers, reader, local)
+                    resp = self._same_host(method, host, port, target, headers, reader, local,
+                                           key)
                 if resp is None:
                     resp = self._exchange(method, host, port, target, body, headers, reader,
                                           expect, at_meta)
@@ -543,6 +569,9 @@ class Client:
             if resp.status != 200 or not advert:
                 return None
             path = str(advert).partition(" ")[2]
+            # Every shard also has a socket of its own: PATH.0, PATH.1, ...
+            count = str(resp.header("x-mmc-same-host-shards") or "")
+            shards = int(count) if count.isdigit() else 0
             conn, _ = self.pool.take(host, port, None, path)
             try:
                 server_pid, server_uid = _peer_cred(conn.sock)
@@ -557,6 +586,11 @@ class Client:
                     conn.close()
                     return None
                 _allow_ptrace(server_pid)
+                with self._ep_lock:
+                    if shards > 1 and _xxh3 is not None:
+                        self._local_shards[(host, port)] = (shards, server_pid)
+                    else:
+                        self._local_shards.pop((host, port), None)
             except BaseException:
                 conn.close()
                 raise
@@ -570,9 +604,10 @@ class Client:
 
     def _same_host(self, method: str, host: str, port: int, target: str,
                    headers: Optional[Dict[str, str]], reader: BodyReader,
-                   local: str) -> Optional[Response]:
-        """The request over the server's same-host socket with ``X-Mmc-Iov: local``; None
-        when the server has none (or refuses this process), so TCP carries it."""
+                   local: str, key: Optional[bytes] = None) -> Optional[Response]:
+        """The request over the server's same-host socket with ``X-Mmc-Iov: local`` (the
+        socket of ``key``'s owner shard when the server has one per shard); None when the
+        server has none (or refuses this process), so TCP carries it."""
         path = self.local_path(host, port)
         if path is None:
             return None
@@ -580,13 +615,13 @@ class Client:
         hdrs["X-Mmc-Iov"] = local
         for _ in range(3):
             try:
-                conn, reused = self._take_local(host, port, path)
+                conn, reused = self._take_owner(host, port, path, key)
             except OSError:
                 self._forget_local(host, port)
                 return None
             try:
-                resp, keep = self._on(conn, reused, method, host, port, target, (), hdrs, reader,
-                                      False)
+                resp, keep = self._on_local(conn, reused, method, host, port, target, hdrs,
+                                            reader)
             except _StaleConnection:
                 conn.close()
                 continue
@@ -614,17 +649,54 @@ class Client:
             return resp
         return None
 
-    def _take_local(self, host: str, port: int, path: str) -> Tuple[Connection, bool]:
+    def _take_local(self, host: str, port: int, path: str,
+                    pid: Optional[int] = None) -> Tuple[Connection, bool]:
         """A pooled or new connection to a same-host socket. A new one (in a process forked
         after the socket was found, too) names its server as this process's ptracer where Yama
-        asks for it (see _allow_ptrace)."""
+        asks for it (see _allow_ptrace). With ``pid``, a new one must reach that process
+        (OSError otherwise)."""
         conn, reused = self.pool.take(host, port, None, path)
         if not reused:
             try:
-                _allow_ptrace(_peer_cred(conn.sock)[0])
+                peer = _peer_cred(conn.sock)[0]
             except OSError:
-                pass
+                peer = None
+            if pid is not None and peer != pid:
+                conn.close()
+                raise OSError("%s is not the server's socket" % path)
+            if peer is not None:
+                try:
+                    _allow_ptrace(peer)
+                except OSError:
+                    pass
         return conn, reused
+
+    def owner_socket(self, host: str, port: int, path: str,
+                     key: Optional[bytes]) -> Tuple[str, Optional[int]]:
+        """The socket for ``key``'s request to the server whose shared same-host socket is
+        ``path``: its owner shard's, with the server's pid to check, when the server has one
+        per shard; else ``path``."""
+        if key is None:
+            return path, None
+        routing = self._local_shards.get((host, port))
+        if routing is None:
+            return path, None
+        shards, pid = routing
+        return "%s.%d" % (path, shard_for(key, shards)), pid
+
+    def _take_owner(self, host: str, port: int, path: str,
+                    key: Optional[bytes]) -> Tuple[Connection, bool]:
+        """A connection to ``key``'s owner shard's socket, or to the shared socket when the
+        server has none per shard or that one cannot be reached (then the shared socket for
+        every key of that server, until it is found again)."""
+        own, pid = self.owner_socket(host, port, path, key)
+        if own != path:
+            try:
+                return self._take_local(host, port, own, pid)
+            except OSError:
+                with self._ep_lock:
+                    self._local_shards.pop((host, port), None)
+        return self._take_local(host, port, path)
 
     def _forget_local(self, host: str, port: int, again: bool = True) -> None:
         """TCP for that server: until it is asked again (``again``: its socket failed), or for
@@ -684,7 +756,7 @@ class Client:
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
     def follow(self, resp: Response, method: str, body: Sequence[Any], reader: BodyReader,
-               local: Optional[str]) -> Response:
+               local: Optional[str], key: Optional[bytes] = None) -> Response:
         """Carries a request on from the ``307``/``308`` it was answered (a pipelined one:
         the meta allocated or leased for it, so it goes where the meta said, not again to
         the meta)."""
@@ -702,7 +774,7 @@ class Client:
         target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
         if self.on_redirect is not None:
             self.on_redirect(method, target, host, port)
-        return self._follow(method, host, port, target, body, None, reader, local)
+        return self._follow(method, host, port, target, body, None, reader, local, key)
 
     def _head(self, method: str, host: str, port: int, target: str, body_len: int,
               headers: Optional[Dict[str, str]], expect: bool) -> bytes:
@@ -717,45 +789,105 @@ class Client:
             lines.append("%s: %s" % (k, v))
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    def pipeline(self, requests: Sequence[Tuple[str, str, str, BodyReader]]
+    def pipeline(self, requests: Sequence[Tuple[str, str, str, BodyReader, bytes]]
                  ) -> List[Optional[Response]]:
-        """Same host: ``(method, target, X-Mmc-Iov, reader)`` requests to the current meta
-        sent back to back on one same-host connection, their answers read in order (the
-        server answers pipelined requests in order, with one write for those it has). One
-        ``Response`` per request, or None for each one not answered (no same-host socket,
-        the connection broke): the caller sends those alone."""
+        """Same host: ``(method, target, X-Mmc-Iov, reader, key)`` requests to the current
+        meta sent back to back on same-host connections, one per socket they go to (each
+        key's owner shard's when the server has one per shard, else the shared one): every
+        group is sent before any answer is read, so the shards work on them at once; the
+        answers are read in order per connection (the server answers pipelined requests in
+        order, with one write for those it has). One ``Response`` per request, or None for
+        each one not answered (no same-host socket, a connection broke): the caller sends
+        those alone."""
         out: List[Optional[Response]] = [None] * len(requests)
         host, port = self.endpoints[self.current]
         path = self.local_path(host, port)
         if path is None or not requests:
             return out
+        groups: Dict[str, List[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(self.owner_socket(host, port, path, req[4])[0], []).append(i)
+        sent: List[Tuple[Connection, str, List[int]]] = []
         try:
-            conn, _ = self._take_local(host, port, path)
-        except OSError:
-            return out
+            for sock_path, idxs in groups.items():
+                try:
+                    if sock_path == path:
+                        conn, _ = self._take_local(host, port, path)
+                    else:
+                        conn, _ = self._take_local(host, port, sock_path,
+                                                   self.owner_socket(host, port, path,
+                                                                     requests[idxs[0]][4])[1])
+                except OSError:
+                    continue
+                sent.append((conn, sock_path, idxs))
+                try:
+                    conn.send([self._head(requests[i][0], host, port, requests[i][1], 0,
+                                          {"X-Mmc-Iov": requests[i][2]}, False) for i in idxs])
+                except OSError:
+                    conn.close()
+            for conn, sock_path, idxs in sent:
+                if not conn.closed:
+                    self._read_pipelined(conn, sock_path, requests, idxs, out)
+        except BaseException:
+            for conn, _, _ in sent:
+                conn.close()
+            raise
+        return out
+
+    def _read_pipelined(self, conn: Connection, sock_path: str,
+                        requests: Sequence[Tuple[str, str, str, BodyReader, bytes]],
+                        idxs: List[int], out: List[Optional[Response]]) -> None:
+        """The answers to ``requests[idxs]``, sent in that order on ``conn``, into ``out``;
+        the connection back to the pool when it stays open."""
+        keep = True
         try:
-            conn.send([self._head(m, host, port, t, 0, {"X-Mmc-Iov": iov}, False)
-                       for m, t, iov, _ in requests])
-            keep = True
-            for i, (method, target, _, reader) in enumerate(requests):
+            for i in idxs:
+                _, target, _, reader, _ = requests[i]
                 status, hdrs = conn.read_head()
                 clen = hdrs.get("content-length")
                 length = int(clen) if clen is not None else None
                 data = reader.read(conn, status, hdrs, length)
-                out[i] = Response(status, hdrs, data, "unix:%s%s" % (path, target))
+                out[i] = Response(status, hdrs, data, "unix:%s%s" % (sock_path, target))
                 keep = length is not None and hdrs.get("connection", "").lower() != "close"
                 if not keep:
                     break
         except (OSError, EOFError, ValueError):
             keep = False
-        except BaseException:
-            conn.close()
-            raise
         if keep and not conn.closed:
             self.pool.give(conn)
         else:
             conn.close()
-        return out
+
+    def _on_local(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+                  target: str, headers: Dict[str, str],
+                  reader: BodyReader) -> Tuple[Response, bool]:
+        """``_on`` for a same-host request: it has no body (its bytes are named by
+        ``X-Mmc-Iov``), so no ``Expect``; one ``sendall`` of the head. The request path of
+        every same-host put and get, kept short."""
+        lines = "".join("%s: %s\r\n" % kv for kv in headers.items())
+        if self.token:
+            lines += "Authorization: Bearer %s\r\n" % self.token
+        if method in ("PUT", "POST"):
+            lines += "Content-Length: 0\r\n"
+        conn.uses += 1
+        sock, read_head = conn.sock, conn.read_head
+        try:
+            sock.sendall(("%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s\r\n"
+                          % (method, target, host, port, lines)).encode("latin-1"))
+            status, hdrs = read_head()
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            # Closed before any answer: a pooled connection the server had closed.
+            if reused and not conn.rbuf:
+                raise _StaleConnection()
+            raise
+        while 100 <= status < 200:
+            status, hdrs = read_head()
+        clen = hdrs.get("content-length")
+        length = int(clen) if clen is not None else None
+        data = reader.read(conn, status, hdrs, length)
+        keep = length is not None and not conn.closed \
+            and hdrs.get("connection", "").lower() != "close"
+        return Response(status, hdrs, data, "unix:%s%s" % (conn.host[5:], target)), keep
 
     def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
             target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import re
 import ssl
 import struct
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
@@ -121,7 +122,16 @@ def _bytes_view(buf: Any) -> memoryview:
         raise _ArgTypeError("bytes-like value expected, not %s" % type(buf).__name__) from None
 
 
+# Keys made only of characters a query value carries as they are (unreserved ones, and "/",
+# ":", "@", which RFC 3986 allows in a query and the server takes literally) need no quoting:
+# most keys. ("+" reads as a space, "%", "&", "=", "#" and the rest are quoted.)
+_UNRESERVED_KEY = re.compile(r"[A-Za-z0-9_.~/:@-]{1,4096}").fullmatch
+
+
 def _check_key(key: Any) -> str:
+    """``key`` quoted for a query; ``_ArgTypeError`` or ``_Fail`` when it is not a key."""
+    if type(key) is str and _UNRESERVED_KEY(key):
+        return key
     if not isinstance(key, str):
         raise _ArgTypeError("key must be a str, not %s" % type(key).__name__)
     if not key or len(key.encode()) > 4096:
@@ -399,6 +409,14 @@ def _local_iov(parts: Parts) -> Optional[str]:
         return None
 
 
+def _ptr_iov(ptr: Buffer, size: int) -> Optional[str]:
+    """The ``X-Mmc-Iov`` of ``size`` bytes at the address ``ptr`` (checked by _view), without
+    asking the memoryview for it; None for a buffer object or nothing to copy."""
+    if type(ptr) is int and size > 0:
+        return "%x:%d" % (ptr, size)
+    return None
+
+
 def _skip_or_close(conn: Connection, length: int) -> Optional[int]:
     if length <= _SKIP_LIMIT:
         conn.skip(length)
@@ -629,7 +647,7 @@ class DistributedObjectStore(GvaMixin):
                 part.append(i)
                 readers.append(reader)
                 reqs.append((method, "/api/v1/objects?key=" + _check_key(keys[i]) + extra,
-                             iov, reader))
+                             iov, reader, keys[i].encode()))
             answers = self._c().pipeline(reqs)
             for i, reader, resp in zip(part, readers, answers):
                 try:
@@ -639,7 +657,7 @@ class DistributedObjectStore(GvaMixin):
                         parts = cast(Parts, values[i])
                         reader = _IntoReader(parts) if method == "GET" else BodyReader()
                         resp = self._c().follow(resp, method, parts if method == "PUT" else (),
-                                                reader, _local_iov(parts))
+                                                reader, _local_iov(parts), keys[i].encode())
                     if resp is None or resp.status in (429, 503) or (
                             resp.status in (400, 403)
                             and b"same-host" in bytes(resp.body or b"")):
@@ -682,11 +700,13 @@ class DistributedObjectStore(GvaMixin):
     # -- puts ----------------------------------------------------------------------------
 
     def _put_parts(self, key: str, parts: Parts,
-                   replicateConfig: Optional[ReplicateConfig]) -> int:
-        q = _check_key(key)
+                   replicateConfig: Optional[ReplicateConfig], q: Optional[str] = None,
+                   iov: Optional[str] = None) -> int:
+        """``q`` and ``iov`` as for _get_parts."""
+        q = q or _check_key(key)
         extra = (replicateConfig or ReplicateConfig()).query()
         resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts),
-                                 local=_local_iov(parts))
+                                 local=iov or _local_iov(parts), key=key.encode())
         try:
             _json(resp)
         except _Fail as f:
@@ -701,9 +721,10 @@ class DistributedObjectStore(GvaMixin):
     def put_from(self, key: str, buffer_ptr: Buffer, size: int,
                  direct: int = SMEMB_COPY_H2G,
                  replicateConfig: Optional[ReplicateConfig] = None) -> int:
-        _check_key(key)
+        q = _check_key(key)
         _direct(direct, SMEMB_COPY_H2G)
-        return self._put_parts(key, [_view(buffer_ptr, size, False)], replicateConfig)
+        view = _view(buffer_ptr, size, False)
+        return self._put_parts(key, [view], replicateConfig, q, _ptr_iov(buffer_ptr, size))
 
     @_guard(_code)
     def put_from_layers(self, key: str, buffer_ptrs: Sequence[Buffer], sizes: Sequence[int],
@@ -870,10 +891,14 @@ class DistributedObjectStore(GvaMixin):
             return cast(bytes, resp.body)
         return b""
 
-    def _get_parts(self, key: str, parts: Parts) -> int:
+    def _get_parts(self, key: str, parts: Parts, q: Optional[str] = None,
+                   iov: Optional[str] = None) -> int:
+        """``q``: the key quoted, when the caller has it; ``iov``: the parts' ``X-Mmc-Iov``,
+        when the caller has it."""
         reader = _IntoReader(parts)
-        resp = self._c().request("GET", "/api/v1/objects?key=" + _check_key(key), reader=reader,
-                                 local=_local_iov(parts))
+        resp = self._c().request("GET", "/api/v1/objects?key=" + (q or _check_key(key)),
+                                 reader=reader, local=iov or _local_iov(parts),
+                                 key=key.encode())
         if isinstance(resp.body, bytes):
             _json(resp)
             return errors.MMC_ERROR
@@ -885,9 +910,10 @@ class DistributedObjectStore(GvaMixin):
         """Receives the object straight into ``size`` bytes at ``buffer_ptr``: 0; -3102 for a
         missing key; -3000 when the buffer is not the object's size, larger or smaller
         (nothing written: a shorter object is not a full read)."""
-        _check_key(key)
+        q = _check_key(key)
         _direct(direct, SMEMB_COPY_G2H)
-        return self._get_parts(key, [_view(buffer_ptr, size, True)])
+        view = _view(buffer_ptr, size, True)
+        return self._get_parts(key, [view], q, _ptr_iov(buffer_ptr, size))
 
     @_guard(_code)
     def get_into_layers(self, key: str, buffer_ptrs: Sequence[Buffer], sizes: Sequence[int],
