@@ -96,6 +96,20 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Puts `data` under `key` from this process's memory, gets it back into `out` (zeroed after).
+fn put_then_get(s: &mut UnixStream, key: &str, data: &[u8], out: &mut [u8]) {
+    let target = format!("/api/v1/objects?key={key}");
+    assert_eq!(
+        request(s, "PUT", &target, Some(&iov_of(&[data]))).status,
+        200
+    );
+    let g = request(s, "GET", &target, Some(&iov_of(&[out])));
+    let len = data.len().to_string();
+    assert_eq!(g.header("x-mmc-delivered"), Some(len.as_str()));
+    assert!(out == data);
+    out.fill(0);
+}
+
 fn connect(path: &str) -> UnixStream {
     let s = UnixStream::connect(path).expect("connect to the same-host socket");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -393,15 +407,7 @@ fn a_large_copy_s_helper_runs_beside_its_shard_not_on_its_cpu() {
     // A put and a get of a few large objects: whichever shard the connection is on copies
     // them in two halves, starting its helper.
     for i in 0..4 {
-        let key = format!("/api/v1/objects?key=sh/helper/{i}");
-        assert_eq!(
-            request(&mut s, "PUT", &key, Some(&iov_of(&[&data]))).status,
-            200
-        );
-        let g = request(&mut s, "GET", &key, Some(&iov_of(&[&out])));
-        assert_eq!(g.header("x-mmc-delivered"), Some("4194304"));
-        assert!(out == data);
-        out.fill(0);
+        put_then_get(&mut s, &format!("sh/helper/{i}"), &data, &mut out);
     }
     let process = thread_cpus(srv.pid(), "mmc-server").expect("the main thread");
     let mut helpers = 0;
@@ -465,15 +471,7 @@ fn every_shard_has_a_socket_of_its_own_and_a_key_s_owner_serves_it_alone() {
     for (shard, keys) in keys.iter().enumerate() {
         let mut s = connect(&own[shard]);
         for key in keys {
-            let target = format!("/api/v1/objects?key={key}");
-            assert_eq!(
-                request(&mut s, "PUT", &target, Some(&iov_of(&[&data]))).status,
-                200
-            );
-            let g = request(&mut s, "GET", &target, Some(&iov_of(&[&out])));
-            assert_eq!(g.header("x-mmc-delivered"), Some("614400"));
-            assert!(out == data);
-            out.fill(0);
+            put_then_get(&mut s, key, &data, &mut out);
         }
     }
     assert_eq!(

@@ -120,6 +120,23 @@ def put_then_get(s, key, src, out):
     assert np.array_equal(src, out)
 
 
+def batch_put_then_get(s, keys, vals):
+    """batch_put_from ``vals`` under ``keys``, batch_get_into fresh buffers: all succeed and
+    the bytes come back."""
+    assert s.batch_put_from(keys, [v.ctypes.data for v in vals],
+                            [v.nbytes for v in vals]) == [OK] * len(keys)
+    outs = [np.zeros_like(v) for v in vals]
+    assert s.batch_get_into(keys, [o.ctypes.data for o in outs],
+                            [o.nbytes for o in outs]) == [OK] * len(keys)
+    assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+
+
+def put_then_get_each(s, keys, n):
+    """put_then_get of ``n`` bytes (seeded by the key) for each of ``keys``."""
+    for key in keys:
+        put_then_get(s, key, data(n, len(key)), np.zeros(n, dtype=np.uint8))
+
+
 def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, store,
                                                                      monkeypatch):
     host, port = server.host, server.port
@@ -184,19 +201,12 @@ def test_each_key_goes_to_the_socket_of_its_owner_shard(server, store, monkeypat
     paths = record_sockets(monkeypatch)
     before = cross_requests(server)
     ones, twos = keys_of_each_shard("sh/own", 4)
-    for key in ones + twos:
-        src, out = data(200_000, len(key)), np.zeros(200_000, dtype=np.uint8)
-        put_then_get(store, key, src, out)
+    put_then_get_each(store, ones + twos, 200_000)
     assert sorted(set(paths)) == [path + ".0", path + ".1"], paths
     assert paths.count(path + ".0") == 2 * len(ones)
     batch = ["sh/own/batch/%d" % i for i in range(10)]
     vals = [data(70_000 + i, i) for i in range(10)]
-    assert store.batch_put_from(batch, [v.ctypes.data for v in vals],
-                                [v.nbytes for v in vals]) == [OK] * 10
-    outs = [np.zeros_like(v) for v in vals]
-    assert store.batch_get_into(batch, [o.ctypes.data for o in outs],
-                                [o.nbytes for o in outs]) == [OK] * 10
-    assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+    batch_put_then_get(store, batch, vals)
     assert path not in paths, "a request went to the shared socket"
     assert cross_requests(server) == before, "a shard asked another for a key"
 
@@ -219,9 +229,7 @@ def test_a_shard_socket_that_is_not_the_server_s_is_not_used(monkeypatch):
         seen = count_transports(monkeypatch)
         paths = record_sockets(monkeypatch)
         ones, twos = keys_of_each_shard("sh/impostor", 3)
-        for key in ones + twos:
-            src, out = data(100_000, len(key)), np.zeros(100_000, dtype=np.uint8)
-            put_then_get(s, key, src, out)
+        put_then_get_each(s, ones + twos, 100_000)
         assert seen["tcp"] == 0 and seen["unix"] == 12, seen
         # The first request to shard 0 found the impostor: from then on the shared socket.
         assert paths[0] in (path + ".0", path + ".1") and path in paths, paths
@@ -508,12 +516,7 @@ def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
         assert np.array_equal(src, out)
         keys = ["sh/cl%d" % i for i in range(4)]
         vals = [data(200_000, 20 + i) for i in range(4)]
-        assert s.batch_put_from(keys, [v.ctypes.data for v in vals],
-                                [v.nbytes for v in vals]) == [OK] * 4
-        outs = [np.zeros_like(v) for v in vals]
-        assert s.batch_get_into(keys, [o.ctypes.data for o in outs],
-                                [o.nbytes for o in outs]) == [OK] * 4
-        assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
+        batch_put_then_get(s, keys, vals)
         local_ports = {l.port for l in c.locals}
         assert hops and set(hops) <= local_ports, hops
         for l in c.locals:
