@@ -3,7 +3,11 @@
 
 Starts mmc-server in its default configuration (but the port), and for each object size and
 thread count measures, in the same run and in turn:
-  memmove   -- ctypes.memmove of the same size between two NumPy buffers (the ceiling)
+  memmove   -- ctypes.memmove of the same size between two NumPy buffers (the ceiling: the
+               two stay in the CPU's cache, 1 MiB each fits in one core's L2)
+  memmove out of cache -- the same copies into successive slots of a destination larger than
+               the last-level cache (--window bytes over all threads), each written
+               once per pass: memory that is not in cache, as the segment a put writes is
   put_from  -- fresh keys from a NumPy buffer, over the same-host socket, then over TCP
   get_into  -- stored keys into a NumPy buffer, over the same-host socket, then over TCP
 Each figure is the median of --rounds rounds of --seconds each (the transports alternate
@@ -134,6 +138,9 @@ class Case:
         self.src = [np.random.default_rng(size * 7 + t).integers(0, 256, size, dtype=np.uint8)
                     for t in range(threads)]
         self.dst = [np.zeros(size, dtype=np.uint8) for _ in range(threads)]
+        # Each thread's part of the window (touched once, so no page is faulted while timed).
+        self.far = [np.ones(max(window // threads, 2 * size), dtype=np.uint8)
+                    for _ in range(threads)]
         # Puts go in batches of this many keys per thread, removed (untimed) before the next
         # batch: the live set stays within the runs a shard keeps committed, as in a cache in
         # its steady state, instead of faulting fresh pages in (~10 us each on a VM).
@@ -147,6 +154,16 @@ class Case:
             for _ in range(8):
                 ctypes.memmove(d, s, self.size)
             n += 8
+        return n * self.size, time.perf_counter() - t0
+
+    def memmove_far(self, t, stop):
+        n, s, base = 0, self.src[t].ctypes.data, self.far[t].ctypes.data
+        slots = len(self.far[t]) // self.size
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            for _ in range(8):
+                ctypes.memmove(base + (n % slots) * self.size, s, self.size)
+                n += 1
         return n * self.size, time.perf_counter() - t0
 
     def puts(self, store):
@@ -217,10 +234,11 @@ def main():
             for threads in counts:
                 case = Case(size, threads, args.window)
                 split0, back0 = split_counts(url)
-                got = {k: [] for k in ("memmove", "put same-host", "put tcp", "get same-host",
-                                       "get tcp")}
+                got = {k: [] for k in ("memmove", "memmove far", "put same-host", "put tcp",
+                                       "get same-host", "get tcp")}
                 for _ in range(args.rounds):
                     got["memmove"].append(timed(threads, args.seconds, case.memmove))
+                    got["memmove far"].append(timed(threads, args.seconds, case.memmove_far))
                     for name, store in stores.items():
                         got["put " + name].append(timed(threads, args.seconds, case.puts(store)))
                         tag = case.round
@@ -244,15 +262,18 @@ def main():
             proc.terminate()
             proc.wait(15)
 
-    print("| size | threads | memmove GB/s | put same-host | put TCP | get same-host | get TCP "
-          "| put ×TCP | get ×TCP | put ×memmove | get ×memmove |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| size | threads | memmove GB/s | memmove out of cache | put same-host | put TCP "
+          "| get same-host | get TCP | put ×TCP | get ×TCP | put ×memmove | get ×memmove "
+          "| put ×out of cache | get ×out of cache |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size, threads, r in rows:
-        m = r["memmove"]
-        print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f |" % (
-            label(size), threads, m, r["put same-host"], r["put tcp"], r["get same-host"],
-            r["get tcp"], r["put same-host"] / r["put tcp"], r["get same-host"] / r["get tcp"],
-            r["put same-host"] / m, r["get same-host"] / m))
+        m, far = r["memmove"], r["memmove far"]
+        put, get = r["put same-host"], r["get same-host"]
+        print("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f "
+              "| %.2f | %.2f |" % (
+                  label(size), threads, m, far, put, r["put tcp"], get, r["get tcp"],
+                  put / r["put tcp"], get / r["get tcp"], put / m, get / m, put / far,
+                  get / far))
 
 
 if __name__ == "__main__":

@@ -688,7 +688,7 @@ class Client:
                     key: Optional[bytes]) -> Tuple[Connection, bool]:
         """A connection to ``key``'s owner shard's socket, or to the shared socket when the
         server has none per shard or that one cannot be reached (then the shared socket for
-        every key of that server, until it is found again)."""
+        every key of that server, until its socket fails and it is found again)."""
         own, pid = self.owner_socket(host, port, path, key)
         if own != path:
             try:
