@@ -500,14 +500,14 @@ class Client:
         at_meta = True
         first = True
         for _ in range(_MAX_REDIRECTS + 1):
-            body_len = sum(len(b) for b in body)
-            expect = 0 < body_len and body_len >= self.expect_continue_bytes
             try:
                 resp = None
                 if local is not None:
                     resp = self._same_host(method, host, port, target, headers, reader, local,
                                            key)
                 if resp is None:
+                    body_len = sum(len(b) for b in body)
+                    expect = 0 < body_len and body_len >= self.expect_continue_bytes
                     resp = self._exchange(method, host, port, target, body, headers, reader,
                                           expect, at_meta)
             except TransportError as e:
@@ -548,6 +548,10 @@ class Client:
         socket failed."""
         if not self.same_host or (host, port) in self._https:
             return None
+        # Known already (the common case): no lock (a dict read is atomic).
+        known = self._local.get((host, port))
+        if known is not None:
+            return known
         now = time.monotonic()
         with self._ep_lock:
             if (host, port) in self._local:
@@ -611,7 +615,7 @@ class Client:
         path = self.local_path(host, port)
         if path is None:
             return None
-        hdrs = dict(headers or {})
+        hdrs = dict(headers) if headers else {}
         hdrs["X-Mmc-Iov"] = local
         for _ in range(3):
             try:
