@@ -888,7 +888,10 @@ class Client:
             status, hdrs = read_head()
         clen = hdrs.get("content-length")
         length = int(clen) if clen is not None else None
-        data = reader.read(conn, status, hdrs, length)
+        if status in (204, 304):
+            data, length = b"", 0
+        else:
+            data = reader.read(conn, status, hdrs, length)
         keep = length is not None and not conn.closed \
             and hdrs.get("connection", "").lower() != "close"
         return Response(status, hdrs, data, "unix:%s%s" % (conn.host[5:], target)), keep
