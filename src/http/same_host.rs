@@ -181,6 +181,8 @@ pub enum Refusal {
 pub struct LocalPeer {
     pub pid: libc::pid_t,
     pidfd: OwnedFd,
+    /// The connection's socket (owned by the connection, which outlives this), or -1.
+    conn: RawFd,
     /// Large copies made in two halves since the last `take_splits`, and of their first halves
     /// those the calling thread took back from its helper (not started yet).
     splits: std::cell::Cell<Splits>,
@@ -216,6 +218,7 @@ impl LocalPeer {
         Ok(LocalPeer {
             pid: cred.pid,
             pidfd,
+            conn: fd,
             splits: Default::default(),
         })
     }
@@ -227,6 +230,7 @@ impl LocalPeer {
         LocalPeer {
             pid,
             pidfd: pidfd_open(pid).expect("pidfd_open"),
+            conn: -1,
             splits: Default::default(),
         }
     }
@@ -236,17 +240,35 @@ impl LocalPeer {
         self.splits.take()
     }
 
-    /// Whether the process is still running: once it has exited, its pid may name another
-    /// process, so nothing is copied.
-    fn alive(&self) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; no wait.
-        let r = unsafe { libc::poll(&mut p, 1, 0) };
-        r == 0
+    /// Whether a copy may be made now: the process still runs (once it has exited, its pid
+    /// may name another process), and it has not closed the connection. A client closes it
+    /// when it gives up on a request (its timeout, with this server frozen or slow): a copy
+    /// made after that would write into a buffer it has taken back, or read one it may have
+    /// refilled, so none is made (`ESRCH`, `ECONNRESET`).
+    fn may_copy(&self) -> io::Result<()> {
+        let mut p = [
+            libc::pollfd {
+                fd: self.pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            // Only POLLHUP (always reported): the peer closed its end; a half-close
+            // (shutdown of its writing side) leaves its answers wanted.
+            libc::pollfd {
+                fd: self.conn,
+                events: 0,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two pollfds (a negative fd is skipped); no wait.
+        unsafe { libc::poll(p.as_mut_ptr(), 2, 0) };
+        if p[0].revents != 0 {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        if p[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
+        }
+        Ok(())
     }
 
     /// Copies the peer's memory at `remote` into `local` (`len` bytes, the sum of `remote`'s
@@ -290,9 +312,7 @@ impl LocalPeer {
         if len == 0 {
             return Ok(());
         }
-        if !self.alive() {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
+        self.may_copy()?;
         if len < SPLIT_MIN_BYTES {
             // SAFETY: forwarded contract.
             return unsafe { vm_copy(self.pid, remote, local, len, out) };
@@ -544,11 +564,30 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_of_this_user_is_accepted_with_its_pid() {
-        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    fn a_peer_of_this_user_is_accepted_with_its_pid_and_copied_for_until_it_hangs_up() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let peer = LocalPeer::of(a.as_raw_fd()).unwrap();
         assert_eq!(peer.pid, std::process::id() as libc::pid_t);
-        assert!(peer.alive());
+        assert!(peer.may_copy().is_ok());
+        let src = [7u8; 64];
+        let mut dst = [0u8; 64];
+        let remote = [libc::iovec {
+            iov_base: src.as_ptr() as *mut _,
+            iov_len: src.len(),
+        }];
+        // SAFETY: `dst` is ours for the call.
+        unsafe { peer.read(&remote, dst.as_mut_ptr(), 64) }.unwrap();
+        assert_eq!(dst, src);
+        // Half-closed: the answers are still wanted.
+        b.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(peer.may_copy().is_ok());
+        // Closed: no copy any more.
+        drop(b);
+        dst.fill(0);
+        // SAFETY: as above.
+        let e = unsafe { peer.read(&remote, dst.as_mut_ptr(), 64) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET));
+        assert_eq!(dst, [0u8; 64], "copied after the peer hung up");
     }
 
     #[test]

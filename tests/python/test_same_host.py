@@ -8,11 +8,13 @@ import ctypes
 import json
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -131,6 +133,12 @@ def batch_put_then_get(s, keys, vals):
     assert all(np.array_equal(v, o) for v, o in zip(vals, outs))
 
 
+def process_state(pid):
+    """The state letter of /proc/PID/stat (T: stopped)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
 def put_then_get_each(s, keys, n):
     """put_then_get of ``n`` bytes (seeded by the key) for each of ``keys``."""
     for key in keys:
@@ -246,6 +254,52 @@ def test_a_shard_socket_that_is_not_the_server_s_is_not_used(monkeypatch):
         if s is not None:
             s.close()
         impostor.close()
+        assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes(monkeypatch):
+    """SIGSTOP on a server the client reaches through its shards' sockets: a get and a put
+    wait no longer than the client's timeout and fail with the timeout's code. The client
+    closes those connections; when the server resumes it finds the requests in their sockets
+    and copies nothing for them: the get's buffer stays as it was, the put stores nothing (a
+    copy then would read a buffer the caller has refilled since). The next requests succeed,
+    on a shard's socket again."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    srv = Server([])
+    c = LocalConfig()
+    c.meta_service_url = "http://%s" % srv.addr
+    c.client_timeout_seconds = 1.0
+    s = DistributedObjectStore()
+    assert s.setup(c) == 0 and s.init(0) == 0
+    try:
+        src, out = data(1 << 20, 61), np.zeros(1 << 20, dtype=np.uint8)
+        put_then_get(s, "sh/frozen", src, out)
+        out[:] = 0
+        path = socket_path(srv)
+        paths = record_sockets(monkeypatch)
+        srv.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_until("the server stopped", lambda: process_state(srv.proc.pid) == "T")
+            t0 = time.monotonic()
+            assert s.get_into("sh/frozen", out.ctypes.data, out.nbytes) == -3004
+            assert s.put_from("sh/frozen/put", src.ctypes.data, src.nbytes) == -3004
+            assert time.monotonic() - t0 < 6
+            # The caller takes its buffers back: one to read into later, one refilled.
+            src[:] = 1
+        finally:
+            srv.proc.send_signal(signal.SIGCONT)
+        # Both requests were in the server's sockets: give it time to handle them.
+        time.sleep(0.5)
+        assert not out.any(), "the server wrote into a buffer after its get timed out"
+        assert s.is_exist("sh/frozen/put") == 0, "a put that timed out was stored"
+        owners = {path + ".%d" % _http.shard_for(k, 2) for k in (b"sh/frozen", b"sh/frozen/put")}
+        assert set(paths) == owners, paths
+        src = data(1 << 20, 62)
+        put_then_get(s, "sh/frozen/after", src, out)
+        put_then_get_each(s, ["sh/frozen/%d" % i for i in range(4)], 4096)
+        assert path not in paths, paths
+    finally:
+        s.close()
         assert srv.stop() == 0, "".join(srv.log)
 
 
