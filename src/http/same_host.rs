@@ -240,6 +240,12 @@ impl LocalPeer {
         self.splits.take()
     }
 
+    /// Whether the peer has closed the connection (the client gave up on its request).
+    pub fn hung_up(&self) -> bool {
+        self.may_copy()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::ECONNRESET))
+    }
+
     /// Whether a copy may be made now: the process still runs (once it has exited, its pid
     /// may name another process), and it has not closed the connection. A client closes it
     /// when it gives up on a request (its timeout, with this server frozen or slow): a copy
@@ -568,7 +574,7 @@ mod tests {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let peer = LocalPeer::of(a.as_raw_fd()).unwrap();
         assert_eq!(peer.pid, std::process::id() as libc::pid_t);
-        assert!(peer.may_copy().is_ok());
+        assert!(peer.may_copy().is_ok() && !peer.hung_up());
         let src = [7u8; 64];
         let mut dst = [0u8; 64];
         let remote = [libc::iovec {
@@ -588,6 +594,7 @@ mod tests {
         let e = unsafe { peer.read(&remote, dst.as_mut_ptr(), 64) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET));
         assert_eq!(dst, [0u8; 64], "copied after the peer hung up");
+        assert!(peer.hung_up());
     }
 
     #[test]

@@ -133,6 +133,12 @@ fn fill_from_peer(
             staging::give(buf);
         }
     }
+    // The client closes its connection before it gives its buffer back to its caller (a
+    // timeout): still open now, after the copy, means the buffer was not refilled while it
+    // was read. Closed means it may have been: nothing of the put is kept.
+    if peer.hung_up() {
+        return Filled::Broken;
+    }
     grant.wrote(size as u64);
     Filled::Ok
 }
