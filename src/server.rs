@@ -456,14 +456,14 @@ impl SameHostSockets {
 /// cannot be bound (logged: clients then use TCP); when a shard's own socket cannot be bound
 /// (logged), there are none and clients send every request to the shared one.
 fn bind_same_host(value: &str, port: u16, boot: u32, shards: usize) -> Option<SameHostSockets> {
-    use crate::http::same_host::{advert, bind, shard_path, socket_path};
+    use crate::http::same_host::{advert, bind, header_path, shard_path, socket_path};
     let path = socket_path(value, port)?;
-    if advert(boot, &path, None).is_none() {
+    let Some(shown) = header_path(&path) else {
         log::warn!(
             "no same-host data path: {path:?} is not a path a header can carry (clients use TCP)"
         );
         return None;
-    }
+    };
     let nonblocking = |l: std::os::unix::net::UnixListener| l.set_nonblocking(true).map(|()| l);
     let shared = match bind(&path, value == "auto").and_then(nonblocking) {
         Ok(l) => l,
@@ -509,13 +509,12 @@ fn bind_same_host(value: &str, port: u16, boot: u32, shards: usize) -> Option<Sa
             format!(" (and one socket per shard: {}.N)", path.display())
         }
     );
-    let own_count = (!own.is_empty()).then_some(own.len());
+    let advert = advert(boot, shown, (!own.is_empty()).then_some(own.len()));
     Some(SameHostSockets {
         shared,
         own,
         paths,
-        // Checked above: the path goes in a header.
-        advert: advert(boot, &path, own_count)?,
+        advert,
     })
 }
 

@@ -110,7 +110,7 @@ pub struct Front {
     /// lingering without a wake-up of their own: `conn::linger_at_ticks`).
     ticks: Cell<u64>,
     tick_waiters: RefCell<Vec<std::task::Waker>>,
-    /// What `/health` says of the same-host socket (`X-Mmc-Same-Host`), when it is on.
+    /// The header lines `/health` says of the same-host sockets (`X-Mmc-Same-Host`), when on.
     same_host_advert: std::cell::OnceCell<Box<str>>,
 }
 

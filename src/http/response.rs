@@ -181,7 +181,8 @@ pub struct Response {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SameHost {
     No,
-    /// `X-Mmc-Same-Host: ID PATH` (`/health`, when the socket is on: [`Envelope`] has it).
+    /// `X-Mmc-Same-Host: ID PATH` and, with a socket per shard, `X-Mmc-Same-Host-Shards`
+    /// (`/health`, when the socket is on: [`Envelope`] has them).
     Advert,
     /// The body ([`Body::Omitted`], its length) was copied into the client's memory:
     /// `Content-Length: 0` and `X-Mmc-Delivered: LENGTH`.
@@ -279,7 +280,7 @@ pub struct Envelope<'a> {
     pub http10_keep_alive: bool,
     /// The client spoke HTTP/1.0 (no chunked responses).
     pub http10: bool,
-    /// What `X-Mmc-Same-Host` says ([`SameHost::Advert`]), when the socket is on.
+    /// The same-host header lines, CRLF-ended ([`SameHost::Advert`]), when the socket is on.
     pub same_host_advert: Option<&'a str>,
 }
 
@@ -350,9 +351,7 @@ pub fn encode(
         out.extend_from_slice(b"\r\n");
     }
     if let (SameHost::Advert, Some(advert)) = (resp.same_host, env.same_host_advert) {
-        out.extend_from_slice(b"X-Mmc-Same-Host: ");
         out.extend_from_slice(advert.as_bytes());
-        out.extend_from_slice(b"\r\n");
     }
     if let Some(n) = delivered {
         out.extend_from_slice(b"X-Mmc-Delivered: ");
@@ -492,7 +491,7 @@ mod tests {
             head_only: false,
             http10_keep_alive: false,
             http10: false,
-            same_host_advert: Some("0000abcd-42 /run/x.sock"),
+            same_host_advert: Some("X-Mmc-Same-Host: 0000abcd-42 /run/x.sock\r\n"),
         };
         let mut r = Response::new(Status::OK, ContentType::OctetStream, Body::Omitted(1 << 20));
         r.same_host = SameHost::Delivered;

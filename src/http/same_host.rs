@@ -78,20 +78,28 @@ pub fn bind(path: &Path, private_dir: bool) -> io::Result<std::os::unix::net::Un
     Ok(listener)
 }
 
-/// What `X-Mmc-Same-Host` says on `/health`: this process's id (so that a client can tell the
-/// socket it reaches belongs to the server it talks to over TCP) and the socket's path; when
-/// every shard also listens on a socket of its own ([`shard_path`]), a second header follows,
-/// `X-Mmc-Same-Host-Shards: N` (a client then sends a key's request to its owner's socket, the
-/// owner computed as `shards::shard_for` does, so that no other shard takes part in it; a
-/// client that does not know it uses the shared socket as before). `None` for a path that
-/// holds a control character (it could not go in a header).
-pub fn advert(boot_id: u32, path: &Path, own_sockets: Option<usize>) -> Option<Box<str>> {
-    let path = path.to_str().filter(|p| !p.chars().any(char::is_control))?;
-    let id = format!("{boot_id:08x}-{} {path}", std::process::id());
-    Some(match own_sockets {
-        Some(n) => format!("{id}\r\nX-Mmc-Same-Host-Shards: {n}").into(),
+/// The socket's path as a header can carry it: `None` when it is not UTF-8 or holds a
+/// control character.
+pub fn header_path(path: &Path) -> Option<&str> {
+    path.to_str().filter(|p| !p.chars().any(char::is_control))
+}
+
+/// The header lines `/health` answers with, each ending in CRLF: `X-Mmc-Same-Host: ID PATH`,
+/// this process's id (so that a client can tell the socket it reaches belongs to the server it
+/// talks to over TCP) and the socket's path (`header_path`); when every shard also listens on
+/// a socket of its own ([`shard_path`]), `X-Mmc-Same-Host-Shards: N` too (a client then sends
+/// a key's request to its owner's socket, the owner computed as `shards::shard_for` does, so
+/// that no other shard takes part in it; a client that does not know it uses the shared
+/// socket as before).
+pub fn advert(boot_id: u32, path: &str, own_sockets: Option<usize>) -> Box<str> {
+    let id = format!(
+        "X-Mmc-Same-Host: {boot_id:08x}-{} {path}\r\n",
+        std::process::id()
+    );
+    match own_sockets {
+        Some(n) => format!("{id}X-Mmc-Same-Host-Shards: {n}\r\n").into(),
         None => id.into(),
-    })
+    }
 }
 
 /// The socket of shard `shard` only, beside the shared one at `path`: `PATH.N`.
@@ -242,8 +250,7 @@ impl LocalPeer {
 
     /// Whether the peer has closed the connection (the client gave up on its request).
     pub fn hung_up(&self) -> bool {
-        self.may_copy()
-            .is_err_and(|e| e.raw_os_error() == Some(libc::ECONNRESET))
+        self.poll().1
     }
 
     /// Whether a copy may be made now: the process still runs (once it has exited, its pid
@@ -252,6 +259,15 @@ impl LocalPeer {
     /// made after that would write into a buffer it has taken back, or read one it may have
     /// refilled, so none is made (`ESRCH`, `ECONNRESET`).
     fn may_copy(&self) -> io::Result<()> {
+        match self.poll() {
+            (true, _) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+            (_, true) => Err(io::Error::from_raw_os_error(libc::ECONNRESET)),
+            _ => Ok(()),
+        }
+    }
+
+    /// (Exited, hung up), in one `poll` of the pidfd and the connection's socket.
+    fn poll(&self) -> (bool, bool) {
         let mut p = [
             libc::pollfd {
                 fd: self.pidfd.as_raw_fd(),
@@ -268,13 +284,10 @@ impl LocalPeer {
         ];
         // SAFETY: two pollfds (a negative fd is skipped); no wait.
         unsafe { libc::poll(p.as_mut_ptr(), 2, 0) };
-        if p[0].revents != 0 {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        if p[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
-        }
-        Ok(())
+        (
+            p[0].revents != 0,
+            p[1].revents & (libc::POLLHUP | libc::POLLERR) != 0,
+        )
     }
 
     /// Copies the peer's memory at `remote` into `local` (`len` bytes, the sum of `remote`'s

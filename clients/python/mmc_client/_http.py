@@ -808,19 +808,15 @@ class Client:
         path = self.local_path(host, port)
         if path is None or not requests:
             return out
-        groups: Dict[str, List[int]] = {}
+        # Per socket (with the pid it must reach: None for the shared one), its requests.
+        groups: Dict[Tuple[str, Optional[int]], List[int]] = {}
         for i, req in enumerate(requests):
-            groups.setdefault(self.owner_socket(host, port, path, req[4])[0], []).append(i)
+            groups.setdefault(self.owner_socket(host, port, path, req[4]), []).append(i)
         sent: List[Tuple[Connection, str, List[int]]] = []
         try:
-            for sock_path, idxs in groups.items():
+            for (sock_path, pid), idxs in groups.items():
                 try:
-                    if sock_path == path:
-                        conn, _ = self._take_local(host, port, path)
-                    else:
-                        conn, _ = self._take_local(host, port, sock_path,
-                                                   self.owner_socket(host, port, path,
-                                                                     requests[idxs[0]][4])[1])
+                    conn, _ = self._take_local(host, port, sock_path, pid)
                 except OSError:
                     continue
                 sent.append((conn, sock_path, idxs))
