@@ -12,7 +12,9 @@ client process, over all rounds.
 
 A build named BINARY:tcp is driven over TCP instead (MMC_TRANSPORT=tcp), for the ratio;
 BINARY:noroute sends every request to the server's shared same-host socket instead of the
-socket of the key's owner shard (as against a server without per-shard sockets). Needs
+socket of the key's owner shard (as against a server without per-shard sockets);
+BINARY:spinN has the client poll N us for each answer before it sleeps (MMC_SAME_HOST_SPIN_US;
+spin0: sleep at once). Each name must differ (BINARY and ./BINARY for the same build). Needs
 numpy; imports mmc_client from clients/python of this checkout. Use release builds.
 """
 
@@ -67,6 +69,9 @@ def main():
             if "noroute" in build.split(":")[1:]:
                 # Every request on the shared socket, as a server without per-shard ones.
                 s._client.owner_socket = lambda host, port, path, key: (path, None)
+            for m in build.split(":")[1:]:
+                if m.startswith("spin"):
+                    s._client.spin_s = int(m[4:]) * 1e-6
             for k in keys:
                 assert s.put_from(k, src.ctypes.data, size) == 0
         got = {b: {"get": [], "put": []} for b in args.builds}

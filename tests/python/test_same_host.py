@@ -303,6 +303,53 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         assert srv.stop() == 0, "".join(srv.log)
 
 
+def test_an_answer_is_polled_for_up_to_the_spin_time_then_read_blocking(monkeypatch):
+    assert _http._spin_seconds(None) == pytest.approx(300e-6)
+    assert _http._spin_seconds("0") == 0.0
+    assert _http._spin_seconds("50") == pytest.approx(50e-6)
+    assert _http._spin_seconds("-1") == 0.0 and _http._spin_seconds("x") == pytest.approx(300e-6)
+    monkeypatch.setenv("MMC_SAME_HOST_SPIN_US", "0")
+    assert _http.Client("http://127.0.0.1:1").spin_s == 0.0
+
+    a, b = socket.socketpair()
+    conn = _http.Connection.__new__(_http.Connection)
+    conn.sock, conn.rbuf = a, bytearray()
+    polls = []
+    real_recv = a.recv
+
+    class Counting:
+        def recv(self, n, flags=0):
+            polls.append(flags)
+            return real_recv(n, flags)
+
+    conn.sock = Counting()
+    try:
+        # Nothing comes: it polls (without blocking) until the time is up, buffers nothing.
+        t0 = time.perf_counter()
+        conn.wait_spinning(0.02)
+        assert 0.02 <= time.perf_counter() - t0 < 1.0
+        assert len(polls) > 1 and set(polls) == {socket.MSG_DONTWAIT} and conn.rbuf == b""
+        # An answer sent meanwhile is taken by a poll and buffered for the read that follows.
+        polls.clear()
+        threading.Timer(0.005, b.send, args=(b"HTTP/1.1 200 OK\r\n\r\n",)).start()
+        conn.wait_spinning(5.0)
+        assert conn.rbuf == b"HTTP/1.1 200 OK\r\n\r\n" and len(polls) > 1
+        # Bytes already buffered, or no spin time: no poll at all.
+        polls.clear()
+        conn.wait_spinning(5.0)
+        conn.rbuf = bytearray()
+        conn.wait_spinning(0.0)
+        assert polls == []
+        # The server closed: the poll returns at once and the blocking read says so.
+        b.close()
+        conn.wait_spinning(5.0)
+        assert conn.rbuf == b""
+        with pytest.raises(EOFError):
+            conn._fill()
+    finally:
+        a.close()
+
+
 def test_mmc_transport_tcp_forces_tcp(server, monkeypatch):
     monkeypatch.setenv("MMC_TRANSPORT", "tcp")
     s = make_store("http://%s" % server.addr)
