@@ -323,26 +323,32 @@ def test_an_answer_is_polled_for_up_to_the_spin_time_then_read_blocking(monkeypa
             return real_recv(n, flags)
 
     conn.sock = Counting()
+    waiting = {}
     try:
         # Nothing comes: it polls (without blocking) until the time is up, buffers nothing.
         t0 = time.perf_counter()
-        conn.wait_spinning(0.02)
+        conn.wait_spinning(0.02, waiting)
         assert 0.02 <= time.perf_counter() - t0 < 1.0
         assert len(polls) > 1 and set(polls) == {socket.MSG_DONTWAIT} and conn.rbuf == b""
+        assert waiting == {}
         # An answer sent meanwhile is taken by a poll and buffered for the read that follows.
         polls.clear()
         threading.Timer(0.005, b.send, args=(b"HTTP/1.1 200 OK\r\n\r\n",)).start()
-        conn.wait_spinning(5.0)
+        conn.wait_spinning(5.0, waiting)
         assert conn.rbuf == b"HTTP/1.1 200 OK\r\n\r\n" and len(polls) > 1
         # Bytes already buffered, or no spin time: no poll at all.
         polls.clear()
-        conn.wait_spinning(5.0)
+        conn.wait_spinning(5.0, waiting)
         conn.rbuf = bytearray()
-        conn.wait_spinning(0.0)
-        assert polls == []
+        conn.wait_spinning(0.0, waiting)
+        # Another thread of the client waiting too: this one sleeps instead (no poll).
+        waiting[-1] = True
+        conn.wait_spinning(5.0, waiting)
+        assert polls == [] and waiting == {-1: True}
+        del waiting[-1]
         # The server closed: the poll returns at once and the blocking read says so.
         b.close()
-        conn.wait_spinning(5.0)
+        conn.wait_spinning(5.0, waiting)
         assert conn.rbuf == b""
         with pytest.raises(EOFError):
             conn._fill()
