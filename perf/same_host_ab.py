@@ -14,7 +14,8 @@ A build named BINARY:tcp is driven over TCP instead (MMC_TRANSPORT=tcp), for the
 BINARY:noroute sends every request to the server's shared same-host socket instead of the
 socket of the key's owner shard (as against a server without per-shard sockets);
 BINARY:spinN has the client poll N us for each answer before it sleeps (MMC_SAME_HOST_SPIN_US;
-spin0: sleep at once). Each name must differ (BINARY and ./BINARY for the same build). Needs
+spin0: sleep at once); BINARY:shared has the requests' buffers come from
+alloc_shared_buffer (copied with memcpy by the server). Each name must differ (BINARY and ./BINARY for the same build). Needs
 numpy; imports mmc_client from clients/python of this checkout. Use release builds.
 """
 
@@ -64,6 +65,19 @@ def main():
             stores[build] = bench.make_store("http://" + addr, "tcp" in mode.split(":"))
         src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
         dsts = [np.zeros(size, dtype=np.uint8) for _ in range(args.buffers)]
+        # BINARY:shared: the buffers of that build's requests are shared buffers (the same
+        # bytes, copied with memcpy by the server).
+        bufs = {}
+        for build, s in stores.items():
+            if "shared" in build.split(":")[1:]:
+                arrays = []
+                for a in [src] + dsts:
+                    b = s.alloc_shared_buffer(size)
+                    arrays.append(np.frombuffer(b.view, dtype=np.uint8))
+                    arrays[-1][:] = a
+                bufs[build] = (arrays[0], arrays[1:])
+            else:
+                bufs[build] = (src, dsts)
         keys = ["ab/%d" % i for i in range(8)]
         for build, s in stores.items():
             if "noroute" in build.split(":")[1:]:
@@ -73,7 +87,7 @@ def main():
                 if m.startswith("spin"):
                     s._client.spin_s = int(m[4:]) * 1e-6
             for k in keys:
-                assert s.put_from(k, src.ctypes.data, size) == 0
+                assert s.put_from(k, bufs[build][0].ctypes.data, size) == 0
         got = {b: {"get": [], "put": []} for b in args.builds}
         # (requests, server CPU ns, client CPU ns) per build and operation, over all rounds.
         cpu = {b: {"get": [0, 0, 0], "put": [0, 0, 0]} for b in args.builds}
@@ -87,6 +101,7 @@ def main():
         for r in range(args.rounds):
             for build in args.builds if r % 2 == 0 else args.builds[::-1]:
                 s = stores[build]
+                src, dsts = bufs[build]
                 s0, c0 = cpu_ns(pids[build]), time.process_time_ns()
                 n, t0 = 0, time.perf_counter()
                 while time.perf_counter() - t0 < args.window:
@@ -107,7 +122,8 @@ def main():
                 got[build]["put"].append(busy / n * 1e6)
                 # (The removes between batches are in the CPU figures too: one per put.)
                 account(build, "put", n, s0, c0)
-        assert all(np.array_equal(src, d) for d in dsts), "bytes differ"
+        assert all(np.array_equal(src, d) for src, dsts in bufs.values() for d in dsts), \
+            "bytes differ"
         print("# %s objects, %d rounds of %.1f s per build, medians" % (
             bench.label(size), args.rounds, args.window))
         for build in args.builds:

@@ -10,6 +10,9 @@ thread count measures, in the same run and in turn:
                once per pass: memory that is not in cache, as the segment a put writes is
   put_from  -- fresh keys from a NumPy buffer, over the same-host socket, then over TCP
   get_into  -- stored keys into a NumPy buffer, over the same-host socket, then over TCP
+  shared    -- the same puts and gets over the same-host socket from and into buffers of
+               alloc_shared_buffer (the server copies with memcpy: docs/same-host.md,
+               *Shared buffers*)
 Each figure is the median of --rounds rounds of --seconds each (the transports alternate
 round by round, so a load that comes and goes hits both alike); every get's bytes are
 checked at the end of its round. Prints a Markdown table: GB/s (object bytes, all threads
@@ -166,12 +169,23 @@ class Case:
                 n += 1
         return n * self.size, time.perf_counter() - t0
 
-    def puts(self, store):
+    def share(self, store):
+        """Each thread's source and destination again, in buffers shared with the server."""
+        def shared(a):
+            b = store.alloc_shared_buffer(a.nbytes)
+            out = np.frombuffer(b.view, dtype=np.uint8)
+            out[:] = a
+            return out
+        self.shared_src = [shared(a) for a in self.src]
+        self.shared_dst = [shared(a) for a in self.dst]
+
+    def puts(self, store, shared=False):
         self.round += 1
         tag = self.round
+        srcs = self.shared_src if shared else self.src
 
         def work(t, stop):
-            moved, busy, n, ptr = 0, 0.0, 0, self.src[t].ctypes.data
+            moved, busy, n, ptr = 0, 0.0, 0, srcs[t].ctypes.data
             while not stop.is_set():
                 keys = ["sh/%d/%d/%d" % (tag, t, n + i) for i in range(self.batch)]
                 n += self.batch
@@ -184,16 +198,18 @@ class Case:
             return moved, busy
         return work
 
-    def gets(self, store, tag):
+    def gets(self, store, tag, shared=False):
+        dsts = self.shared_dst if shared else self.dst
+
         def work(t, stop):
-            n, ptr = 0, self.dst[t].ctypes.data
+            n, ptr = 0, dsts[t].ctypes.data
             t0 = time.perf_counter()
             while not stop.is_set():
-                self.dst[t][:1] = 0
+                dsts[t][:1] = 0
                 assert store.get_into("sh/%d/%d/%d" % (tag, t, n % 4), ptr, self.size) == 0
                 n += 1
             busy = time.perf_counter() - t0
-            assert np.array_equal(self.src[t], self.dst[t]), "bytes differ"
+            assert np.array_equal(self.src[t], dsts[t]), "bytes differ"
             return n * self.size, busy
         return work
 
@@ -233,21 +249,25 @@ def main():
         for size in sizes:
             for threads in counts:
                 case = Case(size, threads, args.window)
+                case.share(stores["same-host"])
                 split0, back0 = split_counts(url)
                 got = {k: [] for k in ("memmove", "memmove far", "put same-host", "put tcp",
-                                       "get same-host", "get tcp")}
+                                       "put shared", "get same-host", "get tcp", "get shared")}
+                runs = [("same-host", False), ("tcp", False), ("shared", True)]
                 for _ in range(args.rounds):
                     got["memmove"].append(timed(threads, args.seconds, case.memmove))
                     got["memmove far"].append(timed(threads, args.seconds, case.memmove_far))
-                    for name, store in stores.items():
-                        got["put " + name].append(timed(threads, args.seconds, case.puts(store)))
+                    for name, shared in runs:
+                        store = stores["same-host" if shared else name]
+                        got["put " + name].append(timed(threads, args.seconds,
+                                                        case.puts(store, shared)))
                         tag = case.round
                         for t in range(threads):  # the keys the gets read, whatever the puts did
                             for n in range(4):
                                 store.put_from("sh/%d/%d/%d" % (tag, t, n),
                                                case.src[t].ctypes.data, size)
                         got["get " + name].append(timed(threads, args.seconds,
-                                                        case.gets(store, tag)))
+                                                        case.gets(store, tag, shared)))
                         store.remove_all()
                 rows.append((size, threads, {k: statistics.median(v) for k, v in got.items()}))
                 r = rows[-1][2]
@@ -274,6 +294,18 @@ def main():
                   label(size), threads, m, far, put, r["put tcp"], get, r["get tcp"],
                   put / r["put tcp"], get / r["get tcp"], put / m, get / m, put / far,
                   get / far))
+    print()
+    print("Shared buffers (alloc_shared_buffer; the server copies with memcpy):")
+    print()
+    print("| size | threads | put shared | get shared | put ×TCP | get ×TCP | put ×memmove "
+          "| get ×memmove | put ×out of cache | get ×out of cache |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size, threads, r in rows:
+        m, far = r["memmove"], r["memmove far"]
+        put, get = r["put shared"], r["get shared"]
+        print("| %s | %d | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f |" % (
+            label(size), threads, put, get, put / r["put tcp"], get / r["get tcp"], put / m,
+            get / m, put / far, get / far))
 
 
 if __name__ == "__main__":

@@ -96,6 +96,9 @@ pub struct Head<'b> {
     /// `X-Mmc-Iov`: where the object's bytes are in the client's memory (honoured on the
     /// same-host Unix socket only, `http::same_host`; ignored on TCP).
     pub same_host_iov: Option<&'b [u8]>,
+    /// `X-Mmc-Shared`: buffers the client shares with the server (same-host socket only,
+    /// `http::same_host::shared`).
+    pub same_host_shared: Option<&'b [u8]>,
 }
 
 /// A request the server refuses at the protocol level. The connection is closed after the
@@ -181,6 +184,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     let mut traceparent = None;
     let mut accept = None;
     let mut same_host_iov = None;
+    let mut same_host_shared = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = trim(h.value);
@@ -245,6 +249,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             11 if name.eq_ignore_ascii_case(b"traceparent") => traceparent = Some(value),
             6 if accept.is_none() && name.eq_ignore_ascii_case(b"accept") => accept = Some(value),
             9 if name.eq_ignore_ascii_case(b"x-mmc-iov") => same_host_iov = Some(value),
+            12 if name.eq_ignore_ascii_case(b"x-mmc-shared") => same_host_shared = Some(value),
             _ => {}
         }
     }
@@ -295,6 +300,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         traceparent,
         accept,
         same_host_iov,
+        same_host_shared,
     })
 }
 

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 mod copy;
 use copy::{SPLIT_MIN_BYTES, vm_copy};
+pub mod shared;
 
 /// Entries of one `X-Mmc-Iov` (the kernel's `IOV_MAX`: one `process_vm_*` call takes them).
 pub const MAX_IOV: usize = 1024;
@@ -194,6 +195,8 @@ pub struct LocalPeer {
     /// Large copies made in two halves since the last `take_splits`, and of their first halves
     /// those the calling thread took back from its helper (not started yet).
     splits: std::cell::Cell<Splits>,
+    /// The buffers the client shares with the server (`X-Mmc-Shared`), mapped here.
+    shared: std::cell::RefCell<shared::Shared>,
 }
 
 /// What became of the large copies of a connection's requests (`LocalPeer::take_splits`).
@@ -203,6 +206,9 @@ pub struct Splits {
     pub split: u64,
     /// First halves the shard made itself after all, its helper not having started them.
     pub taken_back: u64,
+    /// Copies made with `memcpy` through buffers the client shares (`shared`), whatever
+    /// their size.
+    pub shared: u64,
 }
 
 impl LocalPeer {
@@ -228,6 +234,7 @@ impl LocalPeer {
             pidfd,
             conn: fd,
             splits: Default::default(),
+            shared: Default::default(),
         })
     }
 
@@ -240,12 +247,34 @@ impl LocalPeer {
             pidfd: pidfd_open(pid).expect("pidfd_open"),
             conn: -1,
             splits: Default::default(),
+            shared: Default::default(),
         }
     }
 
     /// The large copies split since the last call (for the shard's statistics).
     pub fn take_splits(&self) -> Splits {
         self.splits.take()
+    }
+
+    /// Registers the buffers `X-Mmc-Shared` offers (`shared::parse`). Returns how many
+    /// offers were refused (a malformed header counts as one): their copies go through the
+    /// kernel.
+    pub fn share(&self, header: &[u8]) -> u64 {
+        let Some(offers) = shared::parse(header) else {
+            return 1;
+        };
+        let mut shared = self.shared.borrow_mut();
+        let mut refused = 0;
+        for offer in offers {
+            if let Err(e) = shared.register(self.pidfd.as_raw_fd(), offer) {
+                log::debug!(
+                    "same-host: buffer {offer:?} of pid {} refused: {e}",
+                    self.pid
+                );
+                refused += 1;
+            }
+        }
+        refused
     }
 
     /// Whether the peer has closed the connection (the client gave up on its request).
@@ -332,6 +361,27 @@ impl LocalPeer {
             return Ok(());
         }
         self.may_copy()?;
+        if let Some(parts) = self.shared.borrow().translate(remote) {
+            let mut at = 0;
+            for (p, n) in parts {
+                // SAFETY: `p` is `n` bytes of a mapping of the client's sealed memfd (it cannot
+                // shrink), alive while registered; `local` is valid for `len` bytes per the
+                // caller's contract. The client may write its buffer meanwhile (its own
+                // bytes, as with process_vm_*): the copy takes whatever is there.
+                unsafe {
+                    if out {
+                        std::ptr::copy_nonoverlapping(local.add(at), p, n);
+                    } else {
+                        std::ptr::copy_nonoverlapping(p, local.add(at), n);
+                    }
+                }
+                at += n;
+            }
+            let mut splits = self.splits.get();
+            splits.shared += 1;
+            self.splits.set(splits);
+            return Ok(());
+        }
         if len < SPLIT_MIN_BYTES {
             // SAFETY: forwarded contract.
             return unsafe { vm_copy(self.pid, remote, local, len, out) };

@@ -50,7 +50,8 @@ pub struct ShardStats {
     /// The same-host data path (`http::same_host`): puts whose bytes were read from a client's
     /// memory and gets whose bytes were written into it, their bytes, the copies that failed,
     /// and the large copies made in two halves (`same_host_halves_taken_back`: first halves the
-    /// shard made itself, its copy helper not having started them).
+    /// shard made itself, its copy helper not having started them), the copies made through
+    /// buffers clients share and the offers of such buffers refused.
     pub same_host: SameHostStats,
     /// Request latencies per operation (`memcache_http_request_duration_seconds`).
     pub request_durations: requests::RequestDurations,
@@ -66,6 +67,10 @@ pub struct SameHostStats {
     pub copy_failures: Counter,
     pub split_copies: Counter,
     pub halves_taken_back: Counter,
+    /// Copies made with `memcpy` through buffers a client shares (`X-Mmc-Shared`).
+    pub shared_copies: Counter,
+    /// `X-Mmc-Shared` offers refused (not a sealed memfd, not the file named, …).
+    pub shared_refusals: Counter,
 }
 
 impl ShardStats {

@@ -303,6 +303,158 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         assert srv.stop() == 0, "".join(srv.log)
 
 
+def same_host_counts(server):
+    """memcache_same_host_{shared_copies,shared_refusals,gets,puts}_total, by short name."""
+    text = server.get("/metrics").decode()
+    return {name: int(float(re.search(r"^memcache_same_host_%s_total (\S+)$" % name, text,
+                                      re.M).group(1)))
+            for name in ("shared_copies", "shared_refusals", "gets", "puts")}
+
+
+def count_offers(monkeypatch):
+    """The X-Mmc-Shared offers the client sends (one per connection and buffer)."""
+    offers = []
+    real = _http.Client._offer
+
+    def offer(self, conn, iov):
+        got = real(self, conn, iov)
+        if got:
+            offers.append(got)
+        return got
+
+    monkeypatch.setattr(_http.Client, "_offer", offer)
+    return offers
+
+
+def shared_array(store, n, seed=None):
+    """A NumPy array over a new shared buffer of ``n`` bytes (random bytes, or zeros)."""
+    b = store.alloc_shared_buffer(n)
+    a = np.frombuffer(b.view, dtype=np.uint8)
+    if seed is not None:
+        a[:] = data(n, seed)
+    return a
+
+
+def test_shared_buffers_are_copied_by_the_server_itself_with_bytes_intact(server, store,
+                                                                         monkeypatch):
+    offers = count_offers(monkeypatch)
+    before = same_host_counts(server)
+    # One buffer holds several objects' bytes: puts and gets at offsets in it.
+    big = shared_array(store, 4 << 20, seed=1)
+    out = shared_array(store, 4 << 20)
+    sizes = [1, 4096, 65536, 1 << 20]
+    at = 0
+    for n in sizes:
+        assert store.put_from("sb/%d" % n, big[at:].ctypes.data, n) == OK
+        assert store.get_into("sb/%d" % n, out[at:].ctypes.data, n) == OK
+        assert np.array_equal(big[at:at + n], out[at:at + n]), n
+        assert store.get("sb/%d" % n) == big[at:at + n].tobytes()
+        at += n
+    # Layers in one buffer, and batches.
+    assert store.put_from_layers("sb/layers", [big.ctypes.data, big[5000:].ctypes.data],
+                                 [100, 200]) == OK
+    assert store.get_into_layers("sb/layers", [out.ctypes.data, out[100:].ctypes.data],
+                                 [100, 200]) == OK
+    assert np.array_equal(out[:100], big[:100]) and np.array_equal(out[100:300], big[5000:5200])
+    keys = ["sb/b%d" % i for i in range(8)]
+    assert store.batch_put_from(keys, [big[i * 1000:].ctypes.data for i in range(8)],
+                                [500] * 8) == [OK] * 8
+    out[:] = 0
+    assert store.batch_get_into(keys, [out[i * 500:].ctypes.data for i in range(8)],
+                                [500] * 8) == [OK] * 8
+    assert all(np.array_equal(out[i * 500:(i + 1) * 500], big[i * 1000:i * 1000 + 500])
+               for i in range(8))
+    after = same_host_counts(server)
+    # Every copy went through the shared mapping: 4 puts and 4 gets, a layered put and get,
+    # 16 batched ones (none through the kernel's copy, none refused).
+    assert after["shared_copies"] - before["shared_copies"] == 26, (before, after)
+    assert after["shared_refusals"] == before["shared_refusals"]
+    assert after["puts"] - before["puts"] == 13 and after["gets"] - before["gets"] == 13
+    # Each buffer offered once per connection that used it (one per shard socket, at most).
+    n_shards = store._client._local_shards[(server.host, server.port)][0]
+    assert 2 <= len(offers) <= 2 * n_shards, offers
+    # Ordinary memory beside them still goes through the kernel.
+    plain = data(65536, 9)
+    assert store.put_from("sb/plain", plain.ctypes.data, plain.nbytes) == OK
+    assert store.get_into("sb/plain", out.ctypes.data, plain.nbytes) == OK
+    assert np.array_equal(out[:plain.nbytes], plain)
+    # (The get into `out` is a shared copy; the put from `plain` is not.)
+    assert same_host_counts(server)["shared_copies"] == after["shared_copies"] + 1
+
+
+def unsealed_buffer(client, n, ino_delta=0):
+    """A buffer registered with the client as shared, but not sealed against shrinking (or
+    offered with another inode number): a server must not trust it."""
+    fd = os.memfd_create("unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, n)
+    b = _http.SharedBuffer.__new__(_http.SharedBuffer)
+    b._map = _http.mmap.mmap(fd, n)
+    b.fd, b.size, b.ino = fd, n, os.fstat(fd).st_ino + ino_delta
+    b.view = memoryview(b._map)
+    b.ptr = _http.address_of(b.view)
+    starts, bufs = client._shared
+    client._shared = (starts + [b.ptr], bufs + [b])
+    return b
+
+
+@pytest.mark.parametrize("ino_delta", [0, 1], ids=["unsealed", "another-file"])
+def test_a_buffer_the_server_cannot_trust_is_refused_and_copied_through_the_kernel(
+        server, store, ino_delta):
+    b = unsealed_buffer(store._client, 1 << 20, ino_delta)
+    a = np.frombuffer(b.view, dtype=np.uint8)
+    a[:] = data(1 << 20, 4)
+    before = same_host_counts(server)
+    assert store.put_from("sb/untrusted", b.ptr, b.size) == OK
+    out = np.zeros(1 << 20, dtype=np.uint8)
+    assert store.get_into("sb/untrusted", out.ctypes.data, out.nbytes) == OK
+    assert np.array_equal(a, out)
+    after = same_host_counts(server)
+    assert after["shared_refusals"] == before["shared_refusals"] + 1, (before, after)
+    assert after["shared_copies"] == before["shared_copies"]
+    assert after["puts"] == before["puts"] + 1 and after["gets"] == before["gets"] + 1
+
+
+DYING_SHARED_CLIENT = r"""
+import fcntl, mmap, os, socket, sys
+n = 32 << 20
+fd = os.memfd_create("dying", os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, n)
+fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+m = mmap.mmap(fd, n)
+m[:] = b"\x44" * n
+import ctypes
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(("PUT /api/v1/objects?key=%s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n"
+           "X-Mmc-Iov: %x:%d\r\nX-Mmc-Shared: %d:%d:%x:%d\r\n\r\n"
+           % (sys.argv[2], addr, n, fd, os.fstat(fd).st_ino, addr, n)).encode())
+if sys.argv[3] == "wait":
+    print(s.recv(4096).decode("latin-1").split("\r\n")[0])
+os._exit(0)
+"""
+
+
+def test_a_put_from_a_shared_buffer_whose_client_dies_is_whole_or_absent(server, store):
+    path = socket_path(server)
+    # The same client waiting for its answer: stored, through the shared mapping.
+    before = same_host_counts(server)
+    ok = subprocess.run([sys.executable, "-c", DYING_SHARED_CLIENT, path, "sb/kept", "wait"],
+                        timeout=60, capture_output=True, text=True)
+    assert ok.stdout.startswith("HTTP/1.1 200"), (ok.stdout, ok.stderr)
+    assert store.get("sb/kept") == b"\x44" * (32 << 20)
+    assert same_host_counts(server)["shared_copies"] == before["shared_copies"] + 1
+    # Killed right after sending (the server's mapping keeps the file's pages): the object is
+    # stored whole or not at all, never in part; the server is unharmed.
+    for i in range(3):
+        child = subprocess.run([sys.executable, "-c", DYING_SHARED_CLIENT, path,
+                                "sb/dying%d" % i, "exit"], timeout=60)
+        assert child.returncode == 0
+        got = store.get("sb/dying%d" % i)
+        assert got in (b"", b"\x44" * (32 << 20)), len(got)
+    assert server.get("/health")
+
+
 def test_an_answer_is_polled_for_up_to_the_spin_time_then_read_blocking(monkeypatch):
     assert _http._spin_seconds(None) == pytest.approx(300e-6)
     assert _http._spin_seconds("0") == 0.0

@@ -16,7 +16,10 @@ Everything here raises :class:`TransportError` (with an upstream-style code) or 
 
 from __future__ import annotations
 
+import bisect
 import ctypes
+import fcntl
+import mmap
 import os
 import random
 import socket
@@ -168,6 +171,8 @@ class Connection:
         self.rbuf = bytearray()
         self.uses = 0
         self.closed = False
+        # The shared buffers (their inode numbers) offered to the server on this connection.
+        self.shared: Set[int] = set()
 
     def close(self) -> None:
         if not self.closed:
@@ -469,9 +474,48 @@ class Client:
         # The threads waiting in Connection.wait_spinning (set and deleted per thread id: each
         # one atomic under the GIL).
         self._waiting: Dict[int, bool] = {}
+        # The buffers alloc_shared made, sorted by address, beside their addresses (for
+        # bisect); replaced whole, never changed in place, so it is read without a lock.
+        self._shared: Tuple[List[int], List[SharedBuffer]] = ([], [])
 
     def close(self) -> None:
         self.pool.close()
+        # The connections that offered them are closed: the servers have unmapped them.
+        with self._ep_lock:
+            bufs, self._shared = self._shared[1], ([], [])
+        for b in bufs:
+            b.close()
+
+    def alloc_shared(self, size: int) -> "SharedBuffer":
+        """A buffer of ``size`` bytes that same-host servers copy to and from with ``memcpy``
+        (``SharedBuffer``); freed by ``close``."""
+        b = SharedBuffer(size)
+        with self._ep_lock:
+            starts, bufs = list(self._shared[0]), list(self._shared[1])
+            i = bisect.bisect(starts, b.ptr)
+            starts.insert(i, b.ptr)
+            bufs.insert(i, b)
+            self._shared = (starts, bufs)
+        return b
+
+    def _offer(self, conn: Connection, iov: str) -> Optional[str]:
+        """``X-Mmc-Shared`` for the shared buffers ``iov`` falls in that ``conn`` has not
+        offered yet (None: none). An entry not wholly in one shared buffer is copied through
+        the kernel as before."""
+        out = []
+        starts, bufs = self._shared
+        for item in iov.split(","):
+            a, _, n = item.partition(":")
+            addr = int(a, 16)
+            i = bisect.bisect(starts, addr) - 1
+            if i < 0:
+                continue
+            b = bufs[i]
+            if addr + int(n) > b.ptr + b.size or b.ino in conn.shared:
+                continue
+            conn.shared.add(b.ino)
+            out.append("%d:%d:%x:%d" % (b.fd, b.ino, b.ptr, b.size))
+        return ",".join(out) or None
 
     def _scheme(self, host: str, port: int) -> str:
         return "https" if (host, port) in self._https else "http"
@@ -871,7 +915,8 @@ class Client:
                 sent.append((conn, sock_path, idxs))
                 try:
                     conn.send([self._head(requests[i][0], host, port, requests[i][1], 0,
-                                          {"X-Mmc-Iov": requests[i][2]}, False) for i in idxs])
+                                          self._local_headers(conn, requests[i][2]), False)
+                               for i in idxs])
                 except OSError:
                     conn.close()
             for conn, sock_path, idxs in sent:
@@ -882,6 +927,16 @@ class Client:
                 conn.close()
             raise
         return out
+
+    def _local_headers(self, conn: Connection, iov: str) -> Dict[str, str]:
+        """A same-host request's own headers on ``conn``: its ``X-Mmc-Iov``, and the offer of
+        the shared buffers it uses that ``conn`` has not offered yet."""
+        hdrs = {"X-Mmc-Iov": iov}
+        if self._shared[1]:
+            offer = self._offer(conn, iov)
+            if offer:
+                hdrs["X-Mmc-Shared"] = offer
+        return hdrs
 
     def _read_pipelined(self, conn: Connection, sock_path: str,
                         requests: Sequence[Tuple[str, str, str, BodyReader, bytes]],
@@ -919,6 +974,10 @@ class Client:
             lines += "Authorization: Bearer %s\r\n" % self.token
         if method in ("PUT", "POST"):
             lines += "Content-Length: 0\r\n"
+        if self._shared[1]:
+            offer = self._offer(conn, headers["X-Mmc-Iov"])
+            if offer:
+                lines += "X-Mmc-Shared: %s\r\n" % offer
         conn.uses += 1
         sock, read_head = conn.sock, conn.read_head
         try:
@@ -1062,6 +1121,42 @@ _ReleaseBuffer = ctypes.pythonapi.PyBuffer_Release
 _ReleaseBuffer.argtypes = (ctypes.POINTER(_PyBuffer),)
 _ReleaseBuffer.restype = None
 _PyBUF_SIMPLE = 0
+
+
+class SharedBuffer:
+    """Memory this process shares with the same-host servers it uses: a ``memfd`` sealed
+    against shrinking and mapped here (docs/same-host.md, *Shared buffers*). A put from it or a
+    get into it is a ``memcpy`` in the server (no kernel copy); elsewhere the same calls work
+    as on any memory. ``ptr`` is its address, ``view`` a writable ``memoryview`` of it
+    (``numpy.frombuffer(b.view, dtype=numpy.uint8)`` for an array)."""
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise ValueError("a shared buffer needs a positive size")
+        fd = os.memfd_create("mmc-shared", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            # It can never shrink under a server's copy (the server checks).
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            self._map = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.size, self.ino = fd, size, os.fstat(fd).st_ino
+        self.view = memoryview(self._map)
+        self.ptr = address_of(self.view)
+
+    def close(self) -> None:
+        """Frees it; while arrays made from ``view`` still exist, the memory stays mapped
+        until the last of them goes (the descriptor is closed at once either way)."""
+        if self.fd >= 0:
+            try:
+                self.view.release()
+                self._map.close()
+            except BufferError:
+                pass
+            os.close(self.fd)
+            self.fd = -1
 
 
 def address_of(view: memoryview) -> int:

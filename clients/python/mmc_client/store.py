@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from . import _localconf, errors
 from ._gva import GvaMixin
-from ._http import BodyReader, Client, Connection, TransportError, iov_header
+from ._http import BodyReader, Client, Connection, SharedBuffer, TransportError, iov_header
 
 log = logging.getLogger("mmc_client")
 
@@ -606,6 +606,19 @@ class DistributedObjectStore(GvaMixin):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def alloc_shared_buffer(self, size: int) -> SharedBuffer:
+        """``size`` bytes of memory shared with the same-host servers this store uses (an
+        extension: upstream has no such call). A ``put_from`` from it or a ``get_into`` into it
+        (and the ``*_layers`` and batch forms) is then copied by the server with ``memcpy``,
+        without the kernel's copy between processes: about twice as fast at 1 MiB
+        (docs/same-host.md, *Shared buffers*). Anywhere else, over TCP included, it is ordinary
+        memory. ``.ptr`` is its address, ``.view`` a writable ``memoryview``; it is freed when
+        the store is closed. Raises ``RuntimeError`` before ``init``."""
+        c = self._client
+        if c is None:
+            raise RuntimeError("alloc_shared_buffer before init")
+        return c.alloc_shared(size)
 
     def register_buffer(self, buffer_ptr: Buffer, size: int) -> int:
         """Host memory needs no registration over HTTP: 0."""

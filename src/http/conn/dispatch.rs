@@ -62,6 +62,14 @@ pub(super) async fn answer<S: Io>(
         }
         _ => None,
     };
+    // Buffers it shares, offered on the request that first names them (a refused one is
+    // copied through the kernel as any other memory).
+    if let (Some((peer, Some(_))), Some(text)) = (&same_host, head.same_host_shared) {
+        let refused = peer.share(text);
+        if refused > 0 {
+            shard.stats().same_host.shared_refusals.add(refused);
+        }
+    }
     let mut resp = match (early, verdict) {
         (None, Verdict::Dispatch(_)) if matches!(same_host, Some((_, None))) => {
             ctx.protocol_error(Status::BAD_REQUEST, "Bad request: malformed X-Mmc-Iov")

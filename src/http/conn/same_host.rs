@@ -54,14 +54,15 @@ pub(super) async fn put(
     resp
 }
 
-/// Adds the large copies `peer`'s request split (and the halves taken back) to the shard's
-/// statistics.
+/// Adds the large copies `peer`'s request split (and the halves taken back), and those made
+/// through shared buffers, to the shard's statistics.
 fn count_splits(ctx: &Ctx<'_>, peer: &LocalPeer) {
     let splits = peer.take_splits();
-    if splits.split > 0 {
+    if splits != Default::default() {
         let stats = &ctx.shard.stats().same_host;
         stats.split_copies.add(splits.split);
         stats.halves_taken_back.add(splits.taken_back);
+        stats.shared_copies.add(splits.shared);
     }
 }
 

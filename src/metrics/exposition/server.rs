@@ -144,6 +144,22 @@ static SERVER_SINGLES: &[Single] = &[
     ),
     (
         family!(
+            "memcache_same_host_shared_copies_total",
+            "Same-host copies made with memcpy through a buffer the client shares with the server",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.shared_copies.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_shared_refusals_total",
+            "Buffers same-host clients offered to share that the server refused",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.shared_refusals.get()),
+    ),
+    (
+        family!(
             "memcache_metadata_keys",
             "Keys stored through /metadata",
             gauge
