@@ -362,23 +362,32 @@ impl LocalPeer {
         }
         self.may_copy()?;
         if let Some(parts) = self.shared.borrow().translate(remote) {
+            let mut splits = self.splits.get();
+            splits.shared += 1;
             let mut at = 0;
             for (p, n) in parts {
                 // SAFETY: `p` is `n` bytes of a mapping of the client's sealed memfd (it cannot
                 // shrink), alive while registered; `local` is valid for `len` bytes per the
                 // caller's contract. The client may write its buffer meanwhile (its own
                 // bytes, as with process_vm_*): the copy takes whatever is there.
-                unsafe {
+                let (dst, src) = unsafe {
                     if out {
-                        std::ptr::copy_nonoverlapping(local.add(at), p, n);
+                        (p, local.add(at).cast_const())
                     } else {
-                        std::ptr::copy_nonoverlapping(p, local.add(at), n);
+                        (local.add(at), p.cast_const())
                     }
+                };
+                if n >= copy::SHARED_SPLIT_MIN_BYTES {
+                    // SAFETY: as above.
+                    let taken_back = unsafe { copy::memcpy_in_halves(dst, src, n) };
+                    splits.split += 1;
+                    splits.taken_back += u64::from(taken_back);
+                } else {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
                 }
                 at += n;
             }
-            let mut splits = self.splits.get();
-            splits.shared += 1;
             self.splits.set(splits);
             return Ok(());
         }

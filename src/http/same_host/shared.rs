@@ -330,6 +330,39 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_copies_through_its_shared_buffer_whole_or_in_halves() {
+        let peer = super::super::LocalPeer::this_process();
+        let len = 2 * super::super::copy::SHARED_SPLIT_MIN_BYTES + 123;
+        let (fd, ino, addr) = memfd(len, libc::F_SEAL_SHRINK);
+        let header = format!("{}:{ino}:{:x}:{len}", fd.as_raw_fd(), addr as usize);
+        assert_eq!(peer.share(header.as_bytes()), 0);
+        assert_eq!(peer.share(b"not an offer"), 1);
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        for n in [1000, len] {
+            let remote = [iov(addr as usize, n)];
+            // A get's copy into the client's buffer, then a put's out of it.
+            // SAFETY: `src` holds `n` bytes; the remote range is the mapped memfd.
+            unsafe { peer.write(&remote, src.as_ptr(), n).unwrap() };
+            // SAFETY: the memfd's mapping here holds `len` bytes.
+            assert!(unsafe { std::slice::from_raw_parts(addr, n) } == &src[..n]);
+            let mut back = vec![0u8; n];
+            // SAFETY: `back` holds `n` bytes.
+            unsafe { peer.read(&remote, back.as_mut_ptr(), n).unwrap() };
+            assert!(back == src[..n]);
+            let splits = peer.take_splits();
+            assert_eq!(splits.shared, 2, "{n}");
+            assert_eq!(splits.split, if n == len { 2 } else { 0 }, "{n}");
+        }
+        // Ordinary memory of the peer beside it: through the kernel, not counted as shared.
+        let mut plain = vec![0u8; 1000];
+        let remote = [iov(plain.as_mut_ptr() as usize, 1000)];
+        // SAFETY: both hold 1000 bytes.
+        unsafe { peer.write(&remote, src.as_ptr(), 1000).unwrap() };
+        assert!(plain == src[..1000]);
+        assert_eq!(peer.take_splits().shared, 0);
+    }
+
+    #[test]
     fn memory_that_could_shrink_or_is_not_the_file_named_is_refused() {
         let len = 8192;
         let pidfd = own_pidfd();
