@@ -257,13 +257,16 @@ def test_a_shard_socket_that_is_not_the_server_s_is_not_used(monkeypatch):
         assert srv.stop() == 0, "".join(srv.log)
 
 
-def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes(monkeypatch):
+@pytest.mark.parametrize("buffers", ["ordinary", "shared"])
+def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes(monkeypatch,
+                                                                                 buffers):
     """SIGSTOP on a server the client reaches through its shards' sockets: a get and a put
     wait no longer than the client's timeout and fail with the timeout's code. The client
     closes those connections; when the server resumes it finds the requests in their sockets
     and copies nothing for them: the get's buffer stays as it was, the put stores nothing (a
     copy then would read a buffer the caller has refilled since). The next requests succeed,
-    on a shard's socket again."""
+    on a shard's socket again. The same with shared buffers, which the server still has
+    mapped when it resumes."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
     srv = Server([])
     c = LocalConfig()
@@ -273,7 +276,11 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
     assert s.setup(c) == 0 and s.init(0) == 0
     try:
         src, out = data(1 << 20, 61), np.zeros(1 << 20, dtype=np.uint8)
+        if buffers == "shared":
+            src, out = shared_array(s, 1 << 20, seed=61), shared_array(s, 1 << 20)
         put_then_get(s, "sh/frozen", src, out)
+        copies = same_host_counts(srv)["shared_copies"]
+        assert copies == (2 if buffers == "shared" else 0)
         out[:] = 0
         path = socket_path(srv)
         paths = record_sockets(monkeypatch)
@@ -292,10 +299,13 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         time.sleep(0.5)
         assert not out.any(), "the server wrote into a buffer after its get timed out"
         assert s.is_exist("sh/frozen/put") == 0, "a put that timed out was stored"
+        assert same_host_counts(srv)["shared_copies"] == copies
         owners = {path + ".%d" % _http.shard_for(k, 2) for k in (b"sh/frozen", b"sh/frozen/put")}
         assert set(paths) == owners, paths
-        src = data(1 << 20, 62)
+        src[:] = data(1 << 20, 62)
         put_then_get(s, "sh/frozen/after", src, out)
+        # (On new connections, which offer the shared buffers again.)
+        assert same_host_counts(srv)["shared_copies"] == copies * 2
         put_then_get_each(s, ["sh/frozen/%d" % i for i in range(4)], 4096)
         assert path not in paths, paths
     finally:
@@ -716,6 +726,10 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
         src, out = data(1 << 20, 41), np.zeros(1 << 20, dtype=np.uint8)
         put_then_get(s, "sh/restart/0", src, out)
         assert seen["unix"] >= 2
+        # Shared buffers offered to the first process.
+        sh_src, sh_out = shared_array(s, 1 << 20, seed=43), shared_array(s, 1 << 20)
+        put_then_get(s, "sh/restart/shared", sh_src, sh_out)
+        assert same_host_counts(first)["shared_copies"] == 2
         path = s._client.local_path(first.host, first.port)
         assert path is not None
         first.proc.kill()
@@ -742,6 +756,10 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
         wait_until("the client uses the restarted server's socket", back_on_the_socket)
         assert s._client.local_path(second.host, second.port) == path
         assert socket_path(second) == path
+        # The same shared buffers work with the new process: offered again on its connections.
+        sh_out[:] = 0
+        put_then_get(s, "sh/restart/shared", sh_src, sh_out)
+        assert same_host_counts(second)["shared_copies"] == 2
     finally:
         s.close()
         first.proc.kill()
