@@ -377,14 +377,17 @@ impl LocalPeer {
                         (local.add(at), p.cast_const())
                     }
                 };
+                // A put's bytes go into a blob (`local`), read later if ever: streamed past
+                // the cache. A get's go to the client, which reads them next: cached.
+                let stream = !out;
                 if n >= copy::SHARED_SPLIT_MIN_BYTES {
                     // SAFETY: as above.
-                    let taken_back = unsafe { copy::memcpy_in_halves(dst, src, n) };
+                    let taken_back = unsafe { copy::memcpy_in_halves(dst, src, n, stream) };
                     splits.split += 1;
                     splits.taken_back += u64::from(taken_back);
                 } else {
                     // SAFETY: as above.
-                    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+                    unsafe { copy::memcpy(dst, src, n, stream) };
                 }
                 at += n;
             }
