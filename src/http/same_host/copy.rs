@@ -216,7 +216,11 @@ enum What {
         out: bool,
     },
     /// `memcpy` from `src` to `dst` (with non-temporal stores when `stream`).
-    Mem { dst: usize, src: usize, stream: bool },
+    Mem {
+        dst: usize,
+        src: usize,
+        stream: bool,
+    },
 }
 
 impl Job {
@@ -399,7 +403,15 @@ mod tests {
     fn a_streamed_copy_is_a_copy_at_every_alignment_and_length() {
         let n = STREAM_MIN_BYTES + 4096;
         let src: Vec<u8> = (0..n + 64).map(|i| (i * 31 % 253) as u8).collect();
-        for len in [0, 1, 63, STREAM_MIN_BYTES - 1, STREAM_MIN_BYTES, STREAM_MIN_BYTES + 77, n] {
+        for len in [
+            0,
+            1,
+            63,
+            STREAM_MIN_BYTES - 1,
+            STREAM_MIN_BYTES,
+            STREAM_MIN_BYTES + 77,
+            n,
+        ] {
             for (d_off, s_off) in [(0, 0), (1, 0), (0, 3), (15, 7), (16, 1), (33, 60)] {
                 for stream in [false, true] {
                     let mut dst = vec![0xeeu8; n + 128];
