@@ -424,6 +424,26 @@ def test_a_buffer_the_server_cannot_trust_is_refused_and_copied_through_the_kern
     assert after["puts"] == before["puts"] + 1 and after["gets"] == before["gets"] + 1
 
 
+def test_a_malformed_offer_is_refused_and_the_request_served_all_the_same(server, store):
+    src = data(4096, 8)
+    store.put_from("sb/malformed", src.ctypes.data, src.nbytes)
+    out = np.zeros(4096, dtype=np.uint8)
+    before = same_host_counts(server)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(socket_path(server))
+        for offer in ("garbage", "1:2:0:5", "3:4:%x:%d,junk" % (out.ctypes.data, 4096)):
+            s.sendall(("GET /api/v1/objects?key=sb/malformed HTTP/1.1\r\nHost: t\r\n"
+                       "X-Mmc-Iov: %x:%d\r\nX-Mmc-Shared: %s\r\n\r\n"
+                       % (out.ctypes.data, out.nbytes, offer)).encode())
+            answer = s.recv(65536).decode("latin-1")
+            assert answer.startswith("HTTP/1.1 200") and "x-mmc-delivered: 4096" in \
+                answer.lower(), answer
+    assert np.array_equal(src, out)
+    after = same_host_counts(server)
+    assert after["shared_refusals"] == before["shared_refusals"] + 3, (before, after)
+    assert after["shared_copies"] == before["shared_copies"]
+
+
 DYING_SHARED_CLIENT = r"""
 import fcntl, mmap, os, socket, sys
 n = 32 << 20
