@@ -392,6 +392,36 @@ def test_shared_buffers_are_copied_by_the_server_itself_with_bytes_intact(server
     assert same_host_counts(server)["shared_copies"] == after["shared_copies"] + 1
 
 
+def test_a_freed_shared_buffer_gives_its_memory_back_and_is_ordinary_memory_after(server, store):
+    b = store.alloc_shared_buffer(1 << 20)
+    a = np.frombuffer(b.view, dtype=np.uint8)
+    a[:] = data(1 << 20, 12)
+    before = same_host_counts(server)
+    assert store.put_from("sb/freed", b.ptr, b.size) == OK
+    assert same_host_counts(server)["shared_copies"] == before["shared_copies"] + 1
+    file = os.dup(b.fd)
+    try:
+        assert os.fstat(file).st_blocks > 0
+        assert store.free_shared_buffer(b) == OK
+        assert store.free_shared_buffer(b) == OK  # twice: nothing more
+        # Its pages are gone; its addresses stay mapped (to the empty file): zeros.
+        assert os.fstat(file).st_blocks == 0
+        assert not a.any()
+    finally:
+        os.close(file)
+    assert all(x is not b for x in store._client._shared[1])
+    # The stored object is intact; the old addresses are ordinary memory now (no offer).
+    out = shared_array(store, 1 << 20)
+    assert store.get_into("sb/freed", out.ctypes.data, out.nbytes) == OK
+    assert np.array_equal(out, data(1 << 20, 12))
+    offers = []
+    real = store._client._offer
+    store._client._offer = lambda conn, iov: offers.append(real(conn, iov)) or offers[-1]
+    assert store.put_from("sb/freed/again", b.ptr, b.size) == OK
+    assert store.get("sb/freed/again") == bytes(1 << 20)
+    assert offers == [None]
+
+
 def unsealed_buffer(client, n, ino_delta=0):
     """A buffer registered with the client as shared, but not sealed against shrinking (or
     offered with another inode number): a server must not trust it."""

@@ -498,6 +498,17 @@ class Client:
             self._shared = (starts, bufs)
         return b
 
+    def free_shared(self, b: "SharedBuffer") -> None:
+        """Frees ``b``'s memory and forgets it (see ``SharedBuffer.retire``); a buffer not
+        of this client, or freed already: nothing."""
+        with self._ep_lock:
+            starts, bufs = self._shared
+            if not any(x is b for x in bufs):
+                return
+            i = next(i for i, x in enumerate(bufs) if x is b)
+            self._shared = (starts[:i] + starts[i + 1:], bufs[:i] + bufs[i + 1:])
+        b.retire()
+
     def _offer(self, conn: Connection, iov: str) -> Optional[str]:
         """``X-Mmc-Shared`` for the shared buffers ``iov`` falls in that ``conn`` has not
         offered yet (None: none). An entry not wholly in one shared buffer is copied through
@@ -1123,6 +1134,11 @@ _ReleaseBuffer.restype = None
 _PyBUF_SIMPLE = 0
 
 
+# Mappings of freed shared buffers, kept so that their addresses are never reused
+# (SharedBuffer.retire).
+_RETIRED: List[mmap.mmap] = []
+
+
 class SharedBuffer:
     """Memory this process shares with the same-host servers it uses: a ``memfd`` sealed
     against shrinking and mapped here (docs/same-host.md, *Shared buffers*). A put from it or a
@@ -1145,6 +1161,18 @@ class SharedBuffer:
         self.fd, self.size, self.ino = fd, size, os.fstat(fd).st_ino
         self.view = memoryview(self._map)
         self.ptr = address_of(self.view)
+
+    def retire(self) -> None:
+        """Frees its memory (``MADV_REMOVE`` empties the file) but keeps its addresses
+        mapped, to the empty file, for the rest of the process: servers may still have it
+        mapped for connections that offered it, and memory allocated later at the same
+        addresses would be copied into their old mapping instead. So no new allocation lands
+        there; a stray use reads zeros. Costs address space only."""
+        if self.fd >= 0:
+            self._map.madvise(mmap.MADV_REMOVE)
+            _RETIRED.append(self._map)
+            os.close(self.fd)
+            self.fd = -1
 
     def close(self) -> None:
         """Frees it; while arrays made from ``view`` still exist, the memory stays mapped

@@ -613,12 +613,24 @@ class DistributedObjectStore(GvaMixin):
         (and the ``*_layers`` and batch forms) is then copied by the server with ``memcpy``,
         without the kernel's copy between processes: about twice as fast at 1 MiB
         (docs/same-host.md, *Shared buffers*). Anywhere else, over TCP included, it is ordinary
-        memory. ``.ptr`` is its address, ``.view`` a writable ``memoryview``; it is freed when
-        the store is closed. Raises ``RuntimeError`` before ``init``."""
+        memory. ``.ptr`` is its address, ``.view`` a writable ``memoryview``; it is freed by
+        ``free_shared_buffer`` or when the store is closed. Raises ``RuntimeError`` before
+        ``init``."""
         c = self._client
         if c is None:
             raise RuntimeError("alloc_shared_buffer before init")
         return c.alloc_shared(size)
+
+    def free_shared_buffer(self, buffer: SharedBuffer) -> int:
+        """Frees a buffer of ``alloc_shared_buffer`` before the store is closed: its memory
+        goes at once; its addresses stay reserved (mapped to nothing) for the life of the
+        process, so nothing else is allocated where the servers may still have it mapped.
+        0; ``MMC_CLIENT_NOT_INIT`` before ``init``."""
+        c = self._client
+        if c is None:
+            return errors.MMC_CLIENT_NOT_INIT
+        c.free_shared(buffer)
+        return errors.MMC_OK
 
     def register_buffer(self, buffer_ptr: Buffer, size: int) -> int:
         """Host memory needs no registration over HTTP: 0."""
