@@ -503,9 +503,9 @@ class Client:
         of this client, or freed already: nothing."""
         with self._ep_lock:
             starts, bufs = self._shared
-            if not any(x is b for x in bufs):
+            i = next((i for i, x in enumerate(bufs) if x is b), -1)
+            if i < 0:
                 return
-            i = next(i for i, x in enumerate(bufs) if x is b)
             self._shared = (starts[:i] + starts[i + 1:], bufs[:i] + bufs[i + 1:])
         b.retire()
 

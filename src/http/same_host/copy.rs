@@ -68,20 +68,14 @@ pub(super) unsafe fn in_halves(
     out: bool,
 ) -> (io::Result<()>, bool) {
     let half = len / 2;
-    let job = Job {
-        what: What::Vm {
-            pid,
-            remote: super::sub_iov(remote, 0, half),
-            local: local as usize,
-            out,
-        },
-        len: half,
-        done: Done::new(),
+    let first = What::Vm {
+        pid,
+        remote: super::sub_iov(remote, 0, half),
+        local: local as usize,
+        out,
     };
-    let done = job.done.clone();
-    let handed = HELPER.with(|h| h.send(job));
-    // SAFETY: forwarded contract, for the second half.
-    let mine = unsafe {
+    // SAFETY (each closure): forwarded contract, for its half.
+    let second = || unsafe {
         vm_copy(
             pid,
             &super::sub_iov(remote, half, len - half),
@@ -90,26 +84,9 @@ pub(super) unsafe fn in_halves(
             out,
         )
     };
-    let (theirs, taken_back) = match handed {
-        // The helper is gone (it cannot be, but for a failed spawn): this thread copies the
-        // first half too.
-        // SAFETY: forwarded contract, for the first half.
-        Err(_) => (
-            unsafe { vm_copy(pid, &super::sub_iov(remote, 0, half), local, half, out) },
-            true,
-        ),
-        // Not started yet (on a busy machine the helper may wait for a core): this thread
-        // takes its half back rather than wait for it.
-        Ok(()) if done.take_back() => {
-            // SAFETY: forwarded contract, for the first half.
-            let r = unsafe { vm_copy(pid, &super::sub_iov(remote, 0, half), local, half, out) };
-            (r, true)
-        }
-        // Whatever happened here, the helper's half is waited for: it writes into memory the
-        // caller owns only until this call returns.
-        Ok(()) => (done.wait(), false),
-    };
-    (mine.and(theirs), taken_back)
+    let first_here = || unsafe { vm_copy(pid, &super::sub_iov(remote, 0, half), local, half, out) };
+    // SAFETY: `first` names the caller's memory, valid until this returns.
+    unsafe { split(first, half, second, first_here) }
 }
 
 /// A `memcpy` of `len` bytes (at least [`SHARED_SPLIT_MIN_BYTES`]) in two halves at once, the first
@@ -126,32 +103,52 @@ pub(super) unsafe fn memcpy_in_halves(
     stream: bool,
 ) -> bool {
     let half = len / 2;
+    let first = What::Mem {
+        dst: dst as usize,
+        src: src as usize,
+        stream,
+    };
+    // SAFETY (each closure): the caller's ranges, its half. A memcpy cannot fail.
+    let second = || {
+        unsafe { memcpy(dst.add(half), src.add(half), len - half, stream) };
+        Ok(())
+    };
+    let first_here = || {
+        unsafe { memcpy(dst, src, half, stream) };
+        Ok(())
+    };
+    // SAFETY: `first` names the caller's ranges, valid until this returns.
+    unsafe { split(first, half, second, first_here) }.1
+}
+
+/// The hand-over both split copies make: `first` (the first `half` bytes) goes to this shard's
+/// copy helper, `second` runs here, then `first_here` (the same first half) runs here too when
+/// the helper had not started it (on a busy machine it may wait for a core) or there is none;
+/// otherwise the helper's half is waited for, whatever happened here: it touches memory the
+/// caller owns only until this returns. The copy's result, and whether the first half was
+/// taken back.
+///
+/// # Safety
+/// The addresses `first` names are valid for its `half` bytes until this returns.
+unsafe fn split(
+    first: What,
+    half: usize,
+    second: impl FnOnce() -> io::Result<()>,
+    first_here: impl FnOnce() -> io::Result<()>,
+) -> (io::Result<()>, bool) {
     let job = Job {
-        what: What::Mem {
-            dst: dst as usize,
-            src: src as usize,
-            stream,
-        },
+        what: first,
         len: half,
         done: Done::new(),
     };
     let done = job.done.clone();
     let handed = HELPER.with(|h| h.send(job));
-    // SAFETY: the second half of the caller's ranges.
-    unsafe { memcpy(dst.add(half), src.add(half), len - half, stream) };
-    match handed {
-        Ok(()) if !done.take_back() => {
-            // Started by the helper: waited for (it writes into `dst` only until then). A
-            // memcpy cannot fail.
-            let _ = done.wait();
-            false
-        }
-        // SAFETY: the first half, which the helper will not touch (not handed, or taken back).
-        _ => {
-            unsafe { memcpy(dst, src, half, stream) };
-            true
-        }
-    }
+    let mine = second();
+    let (theirs, taken_back) = match handed {
+        Ok(()) if !done.take_back() => (done.wait(), false),
+        _ => (first_here(), true),
+    };
+    (mine.and(theirs), taken_back)
 }
 
 /// A `memcpy` of `len` bytes; with `stream`, past [`STREAM_MIN_BYTES`], its stores bypass the
