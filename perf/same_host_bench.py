@@ -213,6 +213,22 @@ class Case:
             return n * self.size, busy
         return work
 
+    def gets_bytes(self, store, tag):
+        """get(): a new bytes object per call (same host: the server copies into the thread's
+        shared buffer, then into the bytes)."""
+        def work(t, stop):
+            n = 0
+            t0 = time.perf_counter()
+            last = b""
+            while not stop.is_set():
+                last = store.get("sh/%d/%d/%d" % (tag, t, n % 4))
+                assert len(last) == self.size
+                n += 1
+            busy = time.perf_counter() - t0
+            assert last == self.src[t].tobytes(), "bytes differ"
+            return n * self.size, busy
+        return work
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -252,7 +268,8 @@ def main():
                 case.share(stores["same-host"])
                 split0, back0 = split_counts(url)
                 got = {k: [] for k in ("memmove", "memmove far", "put same-host", "put tcp",
-                                       "put shared", "get same-host", "get tcp", "get shared")}
+                                       "put shared", "get same-host", "get tcp", "get shared",
+                                       "get() same-host", "get() tcp")}
                 runs = [("same-host", False), ("tcp", False), ("shared", True)]
                 for _ in range(args.rounds):
                     got["memmove"].append(timed(threads, args.seconds, case.memmove))
@@ -268,6 +285,9 @@ def main():
                                                case.src[t].ctypes.data, size)
                         got["get " + name].append(timed(threads, args.seconds,
                                                         case.gets(store, tag, shared)))
+                        if not shared:
+                            got["get() " + name].append(timed(threads, args.seconds,
+                                                              case.gets_bytes(store, tag)))
                         store.remove_all()
                 rows.append((size, threads, {k: statistics.median(v) for k, v in got.items()}))
                 r = rows[-1][2]
@@ -306,6 +326,17 @@ def main():
         print("| %s | %d | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f |" % (
             label(size), threads, put, get, put / r["put tcp"], get / r["get tcp"], put / m,
             get / m, put / far, get / far))
+
+    print()
+    print("get(): new bytes per call (same host: copied into the thread's shared buffer, then "
+          "into the bytes):")
+    print()
+    print("| size | threads | get() same-host | get() TCP | ×TCP | ×memmove |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for size, threads, r in rows:
+        g, gt = r["get() same-host"], r["get() tcp"]
+        print("| %s | %d | %.2f | %.2f | %.1f | %.2f |" % (label(size), threads, g, gt, g / gt,
+                                                          g / r["memmove"]))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@
 #   with `--features tokio-uring`; mmc-ring, mmc-server's `--io-driver ring`, on request),
 #   MMC (target/release/mmc-server), MMC_OLD (another build, for the servers old-uring,
 #   old-epoll and old-ring: mmc-server's drivers on that build, to compare two builds side by side).
+#   A server of mmc-server's written NAME@VAR=VALUE[,VAR=VALUE] (mmc-ring@MMC_X=1) runs with those
+#   environment variables: one build, several settings, side by side.
+# Each run's line also has wrk's latency percentiles (p50, p99).
 # Everything started here is killed on exit; every step is bounded by timeout.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,12 +71,14 @@ for s in $SERVERS; do
       # timeout -> nginx master -> worker (the worker serves; measure it)
       master=$(pgrep -P $! | head -1); PID[$s]=$(pgrep -P "$master" | head -1)
       ;;
-    mmc-uring|mmc-epoll|mmc-ring|old-uring|old-epoll|old-ring)
+    mmc-uring|mmc-epoll|mmc-ring|old-uring|old-epoll|old-ring|mmc-*@*|old-*@*)
       bin=$work/mmcbench-server; src=$MMC
       case $s in old-*) bin=$work/mmcbench-old; src=${MMC_OLD:?old-* servers need MMC_OLD};; esac
       [ -f "$bin" ] || cp "$src" "$bin"
-      drv=${s#*-}
-      taskset -c "$SERVER_CPU" timeout "$MAX_SECS" "$bin" --listen "127.0.0.1:$port" --shards 1 --io-driver "$drv" > "${LOG[$s]}" 2>&1 &
+      # NAME@K=V,K=V: the same server with those environment variables.
+      base=${s%%@*}; vars=(); [ "$base" != "$s" ] && IFS=, read -r -a vars <<< "${s#*@}"
+      drv=${base#*-}
+      taskset -c "$SERVER_CPU" timeout "$MAX_SECS" env "${vars[@]}" "$bin" --listen "127.0.0.1:$port" --shards 1 --io-driver "$drv" > "${LOG[$s]}" 2>&1 &
       pids+=($!)
       URL[$s]="http://127.0.0.1:$port/metadata?key=bench"
       wait_up "http://127.0.0.1:$port/health"
@@ -112,7 +117,7 @@ measure() { # NAME
   timeout 30 taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d2s "${wrk_args[@]}" "$url" > /dev/null 2>&1 || true
   load=$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' '/')
   x0=$(csw "$pid"); u0=$(utime "$pid"); c0=$(cpu "$pid"); s0=$(busy_cpu "$SERVER_CPU"); l0=$(busy_cpu "$LOAD_CPU")
-  { TIMEFORMAT='%3U %3S'; time timeout $((SECS + 30)) taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${SECS}s" "${wrk_args[@]}" "$url" > "$work/wrk.out" 2>&1; } 2> "$work/wrk.time" || true
+  { TIMEFORMAT='%3U %3S'; time timeout $((SECS + 30)) taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "${wrk_args[@]}" "$url" > "$work/wrk.out" 2>&1; } 2> "$work/wrk.time" || true
   c1=$(cpu "$pid"); u1=$(utime "$pid"); x1=$(csw "$pid"); s1=$(busy_cpu "$SERVER_CPU"); l1=$(busy_cpu "$LOAD_CPU")
   out=$(cat "$work/wrk.out")
   rps=$(echo "$out" | awk '/Requests\/sec/{print $2}')
@@ -124,7 +129,8 @@ measure() { # NAME
   other=$(awk -v s="$((s1 - s0))" -v l="$((l1 - l0))" -v srv="$((c1 - c0))" -v w="$wrk_s" -v t="$tck" -v d="$SECS" \
     'BEGIN{o=(s-srv)/t + (l/t - w); if (o<0) o=0; printf "%.1f", o/d*100}')
   if echo "$out" | grep -q "Non-2xx\|Socket errors"; then echo "# $name: $(echo "$out" | grep "Non-2xx\|Socket errors" | tr -s ' ')"; fi
-  printf '%-19s rps=%-10s cpu_us_per_req=%-6s user_us=%-5s other_cpu_pct=%-5s csw_per_1k_req=%-6s loadavg=%s\n' "$name" "$rps" "$us" "$user_us" "$other" "$csw_k" "$load"
+  p50=$(echo "$out" | awk '$1=="50%"{print $2}'); p99=$(echo "$out" | awk '$1=="99%"{print $2}')
+  printf '%-19s rps=%-10s cpu_us_per_req=%-6s user_us=%-5s other_cpu_pct=%-5s csw_per_1k_req=%-6s p50=%-8s p99=%-8s loadavg=%s\n' "$name" "$rps" "$us" "$user_us" "$other" "$csw_k" "$p50" "$p99" "$load"
   echo "$name $rps $us $other $csw_k $user_us" >> "$results"
 }
 

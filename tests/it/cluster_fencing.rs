@@ -340,7 +340,9 @@ fn a_leaving_rank_keeps_reporting_while_it_drains() {
         );
     }
     let t = Instant::now();
-    let status = a.stop();
+    // A debug build on a busy two-CPU machine has drained these in up to ~15 s: the bound is
+    // for a drain that never ends, not for a slow one.
+    let status = a.stop_within(Duration::from_secs(90));
     let took = t.elapsed();
     assert!(status.success(), "{status}");
     assert!(

@@ -217,8 +217,14 @@ impl Server {
 
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.stop_within(Duration::from_secs(15))
+    }
+
+    /// [`stop`](Self::stop) for a server with more to do before it exits (a drain of many
+    /// objects), failing only after `limit`.
+    pub fn stop_within(&mut self, limit: Duration) -> std::process::ExitStatus {
         self.signal(libc::SIGTERM);
-        match self.wait_exit(Duration::from_secs(15)) {
+        match self.wait_exit(limit) {
             Some(status) => status,
             None => {
                 // Fail, but leave no server behind.

@@ -155,7 +155,8 @@ def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, sto
         assert store.put_from("sh/%d" % n, src.ctypes.data, n) == OK
         assert store.get_into("sh/%d" % n, out.ctypes.data, n) == OK
         assert np.array_equal(src, out), n
-        # TCP reads what the socket stored.
+        # get() returns the same bytes (copied into its thread's shared buffer, or on the
+        # socket when larger than it).
         assert store.get("sh/%d" % n) == src.tobytes()
     # Layers, both ways.
     layers = [data(100_000, i) for i in range(3)]
@@ -186,8 +187,8 @@ def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, sto
     assert store.get_into("sh/4096", small.ctypes.data, 10) == INVALID
     assert (small == 7).all()
     # Every put and get of bytes went over the socket (a batch's keys as single requests sent
-    # back to back); only the bytes API's gets (which return new bytes objects) over TCP.
-    assert seen == {"unix": 13, "pipelined": 19, "tcp": 5}, seen
+    # back to back), get() included.
+    assert seen == {"unix": 18, "pipelined": 19, "tcp": 0}, seen
     # A batch whose buffers do not fit some objects: those keys are -3000 (the bytes come on
     # the socket and are dropped, or the connection is closed past 1 MiB), the others intact.
     outs = [np.zeros_like(v) for v in vals]
@@ -281,6 +282,10 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         put_then_get(s, "sh/frozen", src, out)
         copies = same_host_counts(srv)["shared_copies"]
         assert copies == (2 if buffers == "shared" else 0)
+        # get() copies into the thread's own shared buffer.
+        assert s.get("sh/frozen") == src.tobytes()
+        before_freeze = scratch_of(s)
+        copies += 1
         out[:] = 0
         path = socket_path(srv)
         paths = record_sockets(monkeypatch)
@@ -293,6 +298,13 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
             assert time.monotonic() - t0 < 6
             # The caller takes its buffers back: one to read into later, one refilled.
             src[:] = 1
+            # A get() that times out gives up its thread's buffer (the server may still write
+            # into it when it resumes): the next get() takes another.
+            t0 = time.monotonic()
+            assert s.get("sh/frozen") == b""
+            assert time.monotonic() - t0 < 3
+            assert scratch_of(s) is None
+            assert before_freeze not in s._client._shared[1]
         finally:
             srv.proc.send_signal(signal.SIGCONT)
         # Both requests were in the server's sockets: give it time to handle them.
@@ -304,6 +316,8 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         assert set(paths) == owners, paths
         src[:] = data(1 << 20, 62)
         put_then_get(s, "sh/frozen/after", src, out)
+        assert s.get("sh/frozen/after") == src.tobytes()
+        assert scratch_of(s) is not None and scratch_of(s) is not before_freeze
         # (On new connections, which offer the shared buffers again.)
         assert same_host_counts(srv)["shared_copies"] == copies * 2
         put_then_get_each(s, ["sh/frozen/%d" % i for i in range(4)], 4096)
@@ -375,14 +389,16 @@ def test_shared_buffers_are_copied_by_the_server_itself_with_bytes_intact(server
     assert all(np.array_equal(out[i * 500:(i + 1) * 500], big[i * 1000:i * 1000 + 500])
                for i in range(8))
     after = same_host_counts(server)
-    # Every copy went through the shared mapping: 4 puts and 4 gets, a layered put and get,
-    # 16 batched ones (none through the kernel's copy, none refused).
-    assert after["shared_copies"] - before["shared_copies"] == 26, (before, after)
+    # Every copy went through the shared mapping: 4 puts, 4 gets into `out` and 4 get()s
+    # into the thread's buffer, a layered put and get, 16 batched ones (none through the
+    # kernel's copy, none refused).
+    assert after["shared_copies"] - before["shared_copies"] == 30, (before, after)
     assert after["shared_refusals"] == before["shared_refusals"]
-    assert after["puts"] - before["puts"] == 13 and after["gets"] - before["gets"] == 13
-    # Each buffer offered once per connection that used it (one per shard socket, at most).
+    assert after["puts"] - before["puts"] == 13 and after["gets"] - before["gets"] == 17
+    # Each buffer (`big`, `out`, the get()s' own) offered once per connection that used it
+    # (one per shard socket, at most).
     n_shards = store._client._local_shards[(server.host, server.port)][0]
-    assert 2 <= len(offers) <= 2 * n_shards, offers
+    assert 3 <= len(offers) <= 3 * n_shards, offers
     # Ordinary memory beside them still goes through the kernel.
     plain = data(65536, 9)
     assert store.put_from("sb/plain", plain.ctypes.data, plain.nbytes) == OK
@@ -390,6 +406,117 @@ def test_shared_buffers_are_copied_by_the_server_itself_with_bytes_intact(server
     assert np.array_equal(out[:plain.nbytes], plain)
     # (The get into `out` is a shared copy; the put from `plain` is not.)
     assert same_host_counts(server)["shared_copies"] == after["shared_copies"] + 1
+
+
+def scratch_of(store):
+    """This thread's get() buffer (Client.get_scratch), or None before its first get()."""
+    held = getattr(store._client._scratch, "held", None)
+    return held.buf if held is not None else None
+
+
+def test_get_copies_into_the_thread_s_shared_buffer_any_length_up_to_its_size(server, store,
+                                                                             monkeypatch):
+    sizes = [1, 65536, 1 << 20, (1 << 20) + 1, 3 << 20]
+    vals = {n: data(n, 200 + n % 97) for n in sizes}
+    for n, v in vals.items():
+        assert store.put_from("sg/%d" % n, v.ctypes.data, n) == OK
+    seen = count_transports(monkeypatch)
+    before = same_host_counts(server)
+    assert scratch_of(store) is None
+    for n in sizes[:3]:
+        assert store.get("sg/%d" % n) == vals[n].tobytes(), n
+    first = scratch_of(store)
+    assert first.size == 1 << 20
+    after = same_host_counts(server)
+    # Copied by the server into the shared buffer: three gets, three shared copies.
+    assert after["gets"] - before["gets"] == 3 and \
+        after["shared_copies"] - before["shared_copies"] == 3, (before, after)
+    # Larger than the buffer: the bytes come on the socket (not a delivered get), and the
+    # thread's buffer grows to the next power of two; the next get of that size is copied.
+    assert store.get("sg/%d" % ((1 << 20) + 1)) == vals[(1 << 20) + 1].tobytes()
+    assert same_host_counts(server)["gets"] == after["gets"]
+    grown = scratch_of(store)
+    assert grown.size == 2 << 20 and grown is not first
+    assert first not in store._client._shared[1], "the outgrown buffer is freed"
+    assert store.get("sg/%d" % ((1 << 20) + 1)) == vals[(1 << 20) + 1].tobytes()
+    assert store.get("sg/%d" % (3 << 20)) == vals[3 << 20].tobytes()
+    assert store.get("sg/%d" % (3 << 20)) == vals[3 << 20].tobytes()
+    assert scratch_of(store).size == 4 << 20
+    final = same_host_counts(server)
+    assert final["gets"] - after["gets"] == 2, (after, final)
+    # A missing key: b"", as over TCP.
+    assert store.get("sg/missing") == b""
+    assert seen == {"unix": 8, "tcp": 0, "pipelined": 0}, seen
+
+
+def test_get_buffers_are_per_thread_and_go_with_their_thread(server, store):
+    keys = ["sg/t%d" % i for i in range(8)]
+    vals = [data(200_000 + i, 300 + i) for i in range(8)]
+    for k, v in zip(keys, vals):
+        assert store.put_from(k, v.ctypes.data, v.nbytes) == OK
+    shared_before = len(store._client._shared[1])
+    bufs, bad = [], []
+
+    def run(t):
+        for r in range(20):
+            i = (t + r) % 8
+            if store.get(keys[i]) != vals[i].tobytes():
+                bad.append((t, r))
+        bufs.append(scratch_of(store).ptr)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, bad
+    assert len(set(bufs)) == 4, "each thread has a buffer of its own"
+    import gc
+    gc.collect()
+    # The threads ended: their buffers are freed.
+    assert len(store._client._shared[1]) == shared_before
+
+
+def test_an_up_to_iov_is_for_gets_only_and_a_larger_object_comes_on_the_socket(server, store):
+    src = data(4096, 11)
+    assert store.put_from("sg/raw", src.ctypes.data, src.nbytes) == OK
+    out = np.full(8192, 5, dtype=np.uint8)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(socket_path(server))
+        # Up to 8192 bytes: the 4096 of the object go into the first bytes.
+        s.sendall(("GET /api/v1/objects?key=sg/raw HTTP/1.1\r\nHost: t\r\n"
+                   "X-Mmc-Iov: ~%x:%d\r\n\r\n" % (out.ctypes.data, out.nbytes)).encode())
+        answer = s.recv(65536).decode("latin-1")
+        assert answer.startswith("HTTP/1.1 200") and "x-mmc-delivered: 4096" in \
+            answer.lower(), answer
+        assert np.array_equal(out[:4096], src) and (out[4096:] == 5).all()
+        # Up to 100 bytes: the object is larger, its bytes come on the socket, nothing copied.
+        out[:] = 5
+        s.sendall(("GET /api/v1/objects?key=sg/raw HTTP/1.1\r\nHost: t\r\n"
+                   "X-Mmc-Iov: ~%x:100\r\n\r\n" % out.ctypes.data).encode())
+        answer = b""
+        while not answer.endswith(src.tobytes()):
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and b"x-mmc-delivered" not in answer.lower()
+        assert (out == 5).all()
+        # Without `~`, a shorter object is not delivered either (get_into's exact length).
+        s.sendall(("GET /api/v1/objects?key=sg/raw HTTP/1.1\r\nHost: t\r\n"
+                   "X-Mmc-Iov: %x:%d\r\n\r\n" % (out.ctypes.data, out.nbytes)).encode())
+        answer = b""
+        while not answer.endswith(src.tobytes()):
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert (out == 5).all()
+        # On a put, `~` is malformed: 400, nothing stored.
+        s.sendall(("PUT /api/v1/objects?key=sg/raw-put HTTP/1.1\r\nHost: t\r\n"
+                   "Content-Length: 0\r\nX-Mmc-Iov: ~%x:%d\r\n\r\n"
+                   % (src.ctypes.data, src.nbytes)).encode())
+        answer = s.recv(65536).decode("latin-1")
+        assert answer.startswith("HTTP/1.1 400") and "malformed X-Mmc-Iov" in answer, answer
+    assert store.is_exist("sg/raw-put") == 0
 
 
 def test_a_freed_shared_buffer_gives_its_memory_back_and_is_ordinary_memory_after(server, store):
@@ -419,7 +546,8 @@ def test_a_freed_shared_buffer_gives_its_memory_back_and_is_ordinary_memory_afte
     store._client._offer = lambda conn, iov: offers.append(real(conn, iov)) or offers[-1]
     assert store.put_from("sb/freed/again", b.ptr, b.size) == OK
     assert store.get("sb/freed/again") == bytes(1 << 20)
-    assert offers == [None]
+    # (The get() offers its thread's own buffer, never the freed one.)
+    assert offers[0] is None and not any("%x:" % b.ptr in (o or "") for o in offers)
 
 
 def unsealed_buffer(client, n, ino_delta=0):

@@ -27,6 +27,7 @@ import ssl
 import struct
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from urllib.parse import urlsplit
 
@@ -59,6 +60,10 @@ _MAX_REDIRECTS = 5
 # many seconds: a server killed and restarted on its port makes a new socket (and a new process
 # behind it), which its clients take up again instead of staying on TCP for good.
 _REDISCOVER_SECONDS = 5.0
+# Each thread's shared buffer for same-host get()s (Client.get_scratch): its first size, and
+# the largest it grows to (a larger object comes over the socket).
+_SCRATCH_MIN_BYTES = 1 << 20
+_SCRATCH_MAX_BYTES = 64 << 20
 
 
 class TransportError(Exception):
@@ -477,6 +482,8 @@ class Client:
         # The buffers alloc_shared made, sorted by address, beside their addresses (for
         # bisect); replaced whole, never changed in place, so it is read without a lock.
         self._shared: Tuple[List[int], List[SharedBuffer]] = ([], [])
+        # Each thread's shared buffer for get()'s bytes (get_scratch).
+        self._scratch = threading.local()
 
     def close(self) -> None:
         self.pool.close()
@@ -498,6 +505,35 @@ class Client:
             self._shared = (starts, bufs)
         return b
 
+    def get_scratch(self, at_least: int = 0) -> Optional["SharedBuffer"]:
+        """This thread's shared buffer that same-host gets of new bytes (``get``) are copied
+        into: ``_SCRATCH_MIN_BYTES`` at first, replaced by one of the next power of two when
+        an object of ``at_least`` bytes did not fit (up to ``_SCRATCH_MAX_BYTES``); freed when
+        the thread ends. None where shared memory cannot be made (no ``memfd_create``)."""
+        held: Optional[_Scratch] = getattr(self._scratch, "held", None)
+        b = held.buf if held is not None else None
+        if b is not None and b.size >= at_least:
+            return b
+        if getattr(self._scratch, "failed", False) or at_least > _SCRATCH_MAX_BYTES:
+            return b
+        size = max(_SCRATCH_MIN_BYTES, 1 << max(at_least - 1, 0).bit_length())
+        try:
+            new = self.alloc_shared(size)
+        except OSError:
+            self._scratch.failed = True
+            return b
+        if held is not None:
+            held.free()
+        self._scratch.held = _Scratch(self, new)
+        return new
+
+    def drop_scratch(self) -> None:
+        """Frees this thread's buffer of ``get_scratch``; its next get takes a new one."""
+        held: Optional[_Scratch] = getattr(self._scratch, "held", None)
+        if held is not None:
+            self._scratch.held = None
+            held.free()
+
     def free_shared(self, b: "SharedBuffer") -> None:
         """Frees ``b``'s memory and forgets it (see ``SharedBuffer.retire``); a buffer not
         of this client, or freed already: nothing."""
@@ -515,7 +551,7 @@ class Client:
         the kernel as before."""
         out = []
         starts, bufs = self._shared
-        for item in iov.split(","):
+        for item in iov.lstrip("~").split(","):
             a, _, n = item.partition(":")
             addr = int(a, 16)
             i = bisect.bisect(starts, addr) - 1
@@ -1137,6 +1173,24 @@ _PyBUF_SIMPLE = 0
 # Mappings of freed shared buffers, kept so that their addresses are never reused
 # (SharedBuffer.retire).
 _RETIRED: List[mmap.mmap] = []
+
+
+class _Scratch:
+    """A thread's buffer of ``Client.get_scratch``, held in its ``threading.local``: freed
+    when replaced, or when the thread ends and its locals go."""
+
+    def __init__(self, client: Client, buf: "SharedBuffer") -> None:
+        self.buf = buf
+        self._done = weakref.finalize(self, _free_scratch, weakref.ref(client), buf)
+
+    def free(self) -> None:
+        self._done()
+
+
+def _free_scratch(client: "weakref.ReferenceType[Client]", buf: "SharedBuffer") -> None:
+    c = client()
+    if c is not None:
+        c.free_shared(buf)
 
 
 class SharedBuffer:

@@ -56,8 +56,18 @@ pub(super) async fn answer<S: Io>(
         trace,
     };
     // The same-host path: a peer of the Unix socket naming its memory (`X-Mmc-Iov`).
+    // A leading `~` (gets only): the object may be shorter than the memory named, and goes
+    // into its first bytes.
+    let mut up_to = false;
     let same_host = match (peer, head.same_host_iov, &verdict) {
         (Some(peer), Some(text), Verdict::Dispatch(Route::Objects)) => {
+            let text = match text.strip_prefix(b"~") {
+                Some(rest) if head.method == Method::Get => {
+                    up_to = true;
+                    rest
+                }
+                _ => text,
+            };
             Some((peer, crate::http::same_host::parse_iov(text)))
         }
         _ => None,
@@ -97,7 +107,7 @@ pub(super) async fn answer<S: Io>(
                     }
                     Some((peer, Some(iov))) if head.method == Method::Get => {
                         let mut resp = handlers::handle(&req, &mut ctx).await;
-                        same_host::deliver(peer, &iov, &mut ctx, &mut resp);
+                        same_host::deliver(peer, &iov, up_to, &mut ctx, &mut resp);
                         resp
                     }
                     _ => handlers::handle(&req, &mut ctx).await,

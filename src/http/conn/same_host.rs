@@ -145,13 +145,15 @@ fn fill_from_peer(
 }
 
 /// A get's answer with `X-Mmc-Iov`: when it is the object's bytes (200, blobs and bytes) of
-/// exactly the length `iov` names, they are written into the peer's memory now, while `resp`
-/// still holds their lease and pins, and the answer becomes an empty body with
-/// `X-Mmc-Delivered: LENGTH`. Any other answer (an error, another length) goes out as usual,
-/// on the socket. The copy failing is the answer's failure.
+/// exactly the length `iov` names (`up_to`: of at most that length, into its first bytes),
+/// they are written into the peer's memory now, while `resp` still holds their lease and
+/// pins, and the answer becomes an empty body with `X-Mmc-Delivered: LENGTH`. Any other
+/// answer (an error, another length) goes out as usual, on the socket. The copy failing is
+/// the answer's failure.
 pub(super) fn deliver(
     peer: &LocalPeer,
     iov: &[libc::iovec],
+    up_to: bool,
     ctx: &mut Ctx<'_>,
     resp: &mut Response,
 ) {
@@ -159,7 +161,13 @@ pub(super) fn deliver(
         return;
     };
     let len: usize = parts.iter().map(Part::len).sum();
-    if resp.status != Status::OK || total(iov) != Some(len as u64) {
+    let room = total(iov).unwrap_or(0);
+    let fits = if up_to {
+        len as u64 <= room
+    } else {
+        len as u64 == room
+    };
+    if resp.status != Status::OK || !fits {
         return;
     }
     let mut at = 0;
