@@ -449,6 +449,34 @@ def test_get_copies_into_the_thread_s_shared_buffer_any_length_up_to_its_size(se
     assert seen == {"unix": 8, "tcp": 0, "pipelined": 0}, seen
 
 
+def test_get_batch_copies_each_object_into_its_slot_of_the_thread_s_buffer(server, store,
+                                                                          monkeypatch):
+    small = {"gb/s%d" % i: data(65536 + i, 400 + i) for i in range(8)}
+    large = {"gb/l%d" % i: data(512 << 10, 500 + i) for i in range(4)}
+    many = {"gb/m%d" % i: data(1000 + i, 600 + i) for i in range(70)}
+    for k, v in {**small, **large, **many}.items():
+        assert store.put_from(k, v.ctypes.data, v.nbytes) == OK
+    seen = count_transports(monkeypatch)
+    before = same_host_counts(server)
+    # Eight objects in eight slots of the 1 MiB buffer; a missing and an invalid key: b"".
+    keys = list(small) + ["gb/missing", ""]
+    assert store.get_batch(keys) == [v.tobytes() for v in small.values()] + [b"", b""]
+    after = same_host_counts(server)
+    assert after["gets"] - before["gets"] == 8, (before, after)
+    assert scratch_of(store).size == 1 << 20
+    # Four of 512 KiB do not fit a quarter of it: they come on the socket, and the buffer
+    # grows to hold four of them; the same batch again is copied.
+    assert store.get_batch(list(large)) == [v.tobytes() for v in large.values()]
+    assert same_host_counts(server)["gets"] == after["gets"]
+    assert scratch_of(store).size == 2 << 20
+    assert store.get_batch(list(large)) == [v.tobytes() for v in large.values()]
+    assert same_host_counts(server)["gets"] == after["gets"] + 4
+    # More keys than one pipelined group.
+    assert store.get_batch(list(many)) == [v.tobytes() for v in many.values()]
+    assert same_host_counts(server)["gets"] == after["gets"] + 4 + 70
+    assert seen["tcp"] == 0 and seen["pipelined"] == 10 + 4 + 4 + 70 - 1, seen
+
+
 def test_get_buffers_are_per_thread_and_go_with_their_thread(server, store):
     keys = ["sg/t%d" % i for i in range(8)]
     vals = [data(200_000 + i, 300 + i) for i in range(8)]
@@ -972,6 +1000,14 @@ def test_through_a_meta_to_the_local_service_on_this_host(monkeypatch):
         keys = ["sh/cl%d" % i for i in range(4)]
         vals = [data(200_000, 20 + i) for i in range(4)]
         batch_put_then_get(s, keys, vals)
+        # get() and get_batch follow the meta's 307 into the thread's shared buffer.
+        hops_before = len(hops)
+        copied = sum(same_host_counts(l)["gets"] for l in c.locals)
+        assert s.get("sh/cl") == src.tobytes()
+        assert s.get_batch(keys + ["sh/cl-missing"]) == [v.tobytes() for v in vals] + [b""]
+        assert len(hops) - hops_before == 5, hops
+        # (The 3 MiB object came on the socket: larger than the thread's first buffer.)
+        assert sum(same_host_counts(l)["gets"] for l in c.locals) - copied == 4
         local_ports = {l.port for l in c.locals}
         assert hops and set(hops) <= local_ports, hops
         for l in c.locals:
