@@ -223,6 +223,55 @@ def test_put_batch_get_batch_large(store):
     assert store.batch_is_exist(keys[:2]) == [0, 0]
 
 
+def test_get_and_get_batch_over_tcp_read_each_object_straight_into_its_bytes(server,
+                                                                             monkeypatch):
+    """Over TCP (the same host's socket turned off), get and get_batch give bytes objects
+    equal to what was stored, large (received straight into the new object) and small,
+    missing keys as b""; the connection stays usable after each."""
+    monkeypatch.setenv("MMC_TRANSPORT", "tcp")
+    s = make_store("http://%s" % server.addr)
+    assert s.init(0) == 0
+    try:
+        rng = np.random.default_rng(5)
+        sizes = [0, 1, 65535, 65536, 300_001, 3 << 20]
+        keys = ["tb/%d" % n for n in sizes]
+        vals = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+        assert s.put_batch(keys[1:], vals[1:]) == OK
+        for k, v in zip(keys[1:], vals[1:]):
+            got = s.get(k)
+            assert type(got) is bytes and got == v and hash(got) == hash(v)
+        got = s.get_batch(keys + ["tb/missing"])
+        assert got == [b""] + vals[1:] + [b""]
+        assert all(type(g) is bytes for g in got)
+        assert s.get("tb/1") == vals[1]
+    finally:
+        s.close()
+
+
+def test_read_bytes_fills_a_new_bytes_object_or_fails_whole():
+    from mmc_client import _http
+    a, b = socket.socketpair()
+    try:
+        conn = _http.Connection.__new__(_http.Connection)
+        conn.sock, conn.rbuf = a, bytearray(b"head-start")
+        payload = bytes(range(256)) * 1024
+        # (From a thread: more than the socket pair's buffer holds.)
+        sender = threading.Thread(target=b.sendall, args=(payload[10:],))
+        sender.start()
+        stream = b"head-start" + payload[10:]
+        got = conn.read_bytes(len(payload) - 256)
+        assert type(got) is bytes and got == stream[:-256]
+        assert conn.read_bytes(256) == payload[-256:]
+        sender.join(10)
+        # The peer closes in the middle of a large body: EOFError, nothing returned.
+        b.sendall(b"x" * 1000)
+        b.close()
+        with pytest.raises(EOFError):
+            conn.read_bytes(100_000)
+    finally:
+        a.close()
+
+
 def test_key_info(store):
     assert store.put("ki/a", b"12345", ReplicateConfig(medium="dram")) == OK
     info = store.get_key_info("ki/a")

@@ -528,6 +528,39 @@ class _BatchIntoReader(BodyReader):
         return None
 
 
+class _BatchBytesReader(BodyReader):
+    """get_batch over TCP: the length-prefixed answer read object by object, each straight
+    into its new ``bytes`` (``values``: None for a missing key)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.values: Optional[List[Optional[bytes]]] = None
+
+    def read(self, conn: Connection, status: int, headers: Dict[str, str],
+             length: Optional[int]) -> Any:
+        octets = headers.get("content-type", "").startswith("application/octet-stream")
+        if status != 200 or not octets or length is None:
+            return super().read(conn, status, headers, length)
+        values: List[Optional[bytes]] = []
+        left = length
+        for _ in range(self.count):
+            if left < 8:
+                raise ValueError("batch_get answer ended early")
+            (n,) = struct.unpack(">Q", bytes(conn.read_exact(8)))
+            left -= 8
+            if n == _MISSING:
+                values.append(None)
+                continue
+            if n > left:
+                raise ValueError("batch_get answer ended early")
+            values.append(conn.read_bytes(n))
+            left -= n
+        if left:
+            conn.skip(left)
+        self.values = values
+        return None
+
+
 def _split_batch_get(body: bytes, count: int) -> List[Optional[bytes]]:
     out: List[Optional[bytes]] = []
     pos = 0
@@ -1011,12 +1044,18 @@ class DistributedObjectStore(GvaMixin):
         if valid and self._same_host_now():
             valid = self._get_batch_local(keys, valid, out)
         for part in _chunks(valid):
-            resp = self._batch_json("POST", "/api/v1/objects/batch_get", [keys[i] for i in part])
-            if resp.status != 200 or not resp.header("content-type", "").startswith(
-                    "application/octet-stream"):
-                _json(resp)
-                raise _Fail(errors.MMC_ERROR)
-            for i, v in zip(part, _split_batch_get(resp.body, len(part))):
+            reader = _BatchBytesReader(len(part))
+            resp = self._batch_json("POST", "/api/v1/objects/batch_get", [keys[i] for i in part],
+                                    reader)
+            if reader.values is None:
+                if resp.status == 200 and resp.header("content-type", "").startswith(
+                        "application/octet-stream"):
+                    # (A chunked answer: read whole.)
+                    reader.values = _split_batch_get(resp.body, len(part))
+                else:
+                    _json(resp)
+                    raise _Fail(errors.MMC_ERROR)
+            for i, v in zip(part, reader.values):
                 out[i] = v if v is not None else b""
         return out
 
