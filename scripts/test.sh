@@ -70,7 +70,7 @@ echo "== mypy --strict clients/python/mmc_client"
 (cd clients/python && ../../target/pyenv/bin/python -m mypy --strict --no-incremental mmc_client)
 # schemathesis checks /openapi.json against the running server (tests/python/test_openapi.py).
 target/pyenv/bin/python -m pip install -q --disable-pip-version-check schemathesis==4.32.5
-MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q tests/python
+MMC_SERVER_BIN="$PWD/target/debug/mmc-server" target/pyenv/bin/python -m pytest -q -o faulthandler_timeout=300 tests/python
 echo "== LMCache 0.5.6's own L2 connector and storage-manager tests through mmc_client.lmcache (scripts/lmcache_tests.sh)"
 MMC_SERVER_BIN="$PWD/target/debug/mmc-server" bash scripts/lmcache_tests.sh
 if [ "${MMC_SKIP_FUZZ:-}" = 1 ] && [ "${CI:-}" != true ]; then

@@ -483,6 +483,7 @@ def test_get_buffers_are_per_thread_and_go_with_their_thread(server, store):
     for k, v in zip(keys, vals):
         assert store.put_from(k, v.ctypes.data, v.nbytes) == OK
     shared_before = len(store._client._shared[1])
+    scratch_before = scratch_of(store)
     bufs, bad = [], []
 
     def run(t):
@@ -501,8 +502,10 @@ def test_get_buffers_are_per_thread_and_go_with_their_thread(server, store):
     assert len(set(bufs)) == 4, "each thread has a buffer of its own"
     import gc
     gc.collect()
-    # The threads ended: their buffers are freed.
-    assert len(store._client._shared[1]) == shared_before
+    # The threads ended: their buffers are freed (at this thread's next get).
+    assert store.get(keys[0]) == vals[0].tobytes()
+    assert len(store._client._shared[1]) == shared_before + (scratch_of(store) is not None and
+                                                             scratch_before is None)
 
 
 def test_an_up_to_iov_is_for_gets_only_and_a_larger_object_comes_on_the_socket(server, store):

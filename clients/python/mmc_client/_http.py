@@ -498,8 +498,10 @@ class Client:
         # The buffers alloc_shared made, sorted by address, beside their addresses (for
         # bisect); replaced whole, never changed in place, so it is read without a lock.
         self._shared: Tuple[List[int], List[SharedBuffer]] = ([], [])
-        # Each thread's shared buffer for get()'s bytes (get_scratch).
+        # Each thread's shared buffer for get()'s bytes (get_scratch), and those of threads
+        # gone, to free.
         self._scratch = threading.local()
+        self._orphans: List[SharedBuffer] = []
 
     def close(self) -> None:
         self.pool.close()
@@ -526,6 +528,8 @@ class Client:
         into: ``_SCRATCH_MIN_BYTES`` at first, replaced by one of the next power of two when
         an object of ``at_least`` bytes did not fit (up to ``_SCRATCH_MAX_BYTES``); freed when
         the thread ends. None where shared memory cannot be made (no ``memfd_create``)."""
+        while self._orphans:
+            self.free_shared(self._orphans.pop())
         held: Optional[_Scratch] = getattr(self._scratch, "held", None)
         b = held.buf if held is not None else None
         if b is not None and b.size >= at_least:
@@ -1210,16 +1214,23 @@ class _Scratch:
 
     def __init__(self, client: Client, buf: "SharedBuffer") -> None:
         self.buf = buf
-        self._done = weakref.finalize(self, _free_scratch, weakref.ref(client), buf)
+        self._client = weakref.ref(client)
+        self._done = weakref.finalize(self, _free_scratch, self._client, buf)
 
     def free(self) -> None:
-        self._done()
+        """Frees it now (its thread, outside the client's lock)."""
+        if self._done.detach() is not None:
+            c = self._client()
+            if c is not None:
+                c.free_shared(self.buf)
 
 
 def _free_scratch(client: "weakref.ReferenceType[Client]", buf: "SharedBuffer") -> None:
+    # Run by the garbage collector at any moment, perhaps in a thread that holds the client's
+    # lock: only noted here (a list append is atomic); the next get_scratch frees it.
     c = client()
     if c is not None:
-        c.free_shared(buf)
+        c._orphans.append(buf)
 
 
 class SharedBuffer:
