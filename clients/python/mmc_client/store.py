@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 from . import _localconf, errors
 from ._gva import GvaMixin
-from ._http import BodyReader, Client, Connection, SharedBuffer, TransportError, iov_header
+from ._http import (_PyBUF_WRITE, BodyReader, Client, Connection, SharedBuffer, TransportError,
+                    _PyMemoryView_FromMemory, iov_header)
 
 log = logging.getLogger("mmc_client")
 
@@ -64,11 +65,7 @@ _REMOTE_BATCH_FAILURE = "Write failed"
 # Upstream's limit on the layers of one object (*_layers).
 MAX_LAYER_NUM = 255
 
-_PyMemoryView_FromMemory = ctypes.pythonapi.PyMemoryView_FromMemory
-_PyMemoryView_FromMemory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-_PyMemoryView_FromMemory.restype = ctypes.py_object
 _PyBUF_READ = 0x100
-_PyBUF_WRITE = 0x200
 
 # A buffer argument: an address of host memory (int) or an object with the buffer protocol.
 Buffer = Any
