@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh Debian machine: installs what the tests
 # need, checks formatting and lints, builds once, runs every unit and integration test (each
-# server test under both io drivers, io_uring and epoll).
+# server test under both io drivers, monoio's io_uring and epoll, then again on the front ring,
+# the default's path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,8 +52,8 @@ echo "== build"
 cargo build --workspace --all-targets --locked
 echo "== unit and integration tests"
 cargo test --workspace --all-targets --locked
-# The opt-in front ring (--io-driver ring, docs/io-uring.md): every integration test that runs
-# on io_uring again, on it (the epoll variants are not run twice).
+# The front ring (the default driver's path, --io-driver ring, docs/io-uring.md): every
+# integration test that runs on io_uring again, on it (the epoll variants are not run twice).
 echo "== integration tests on --io-driver ring (all but the epoll variants)"
 MMC_IT_URING_DRIVER=ring cargo test --locked --test it -- --skip epoll
 echo "== Python tests: KV-event subscribers (pyzmq; msgspec and msgpack decoders shaped like vLLM's and llm-d's), OpenAPI, the Python client and mmcctl"

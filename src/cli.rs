@@ -40,8 +40,9 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
 
-    /// io driver: io_uring when available with epoll fallback (auto), io_uring only, epoll,
-    /// or io_uring with the plain-TCP front on a ring of its own (ring; opt-in).
+    /// io driver: io_uring with the plain-TCP front on a ring of its own when the kernel has
+    /// it, else monoio's io_uring, else epoll (auto); monoio's io_uring only (uring); epoll;
+    /// or the front ring without the epoll fallback (ring).
     #[arg(
         long = "io-driver",
         value_name = "auto|uring|epoll|ring",

@@ -524,9 +524,9 @@ enum Listening {
     Ring(Rc<FrontRing>),
 }
 
-/// With `--io-driver ring` on an io_uring runtime, the shard's front ring; on a kernel without
-/// what it needs, logged, the listener stays on monoio (today's io_uring path). A TLS
-/// listener stays on monoio (monoio-rustls), logged.
+/// With `--io-driver auto` (the default) or `ring` on an io_uring runtime, the shard's front
+/// ring; on a kernel without what it needs, logged, the listener stays on monoio (`--io-driver
+/// uring`'s path). A TLS listener stays on monoio (monoio-rustls), logged.
 fn front_ring(
     choice: runtime::DriverChoice,
     kind: DriverKind,
@@ -534,7 +534,11 @@ fn front_ring(
     listener: std::net::TcpListener,
     tls: bool,
 ) -> (DriverKind, Listening) {
-    if choice != runtime::DriverChoice::Ring || kind == DriverKind::Epoll {
+    let wanted = matches!(
+        choice,
+        runtime::DriverChoice::Ring | runtime::DriverChoice::Auto
+    );
+    if !wanted || kind == DriverKind::Epoll {
         return (kind, Listening::Monoio(listener));
     }
     if tls {

@@ -15,14 +15,17 @@ use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 /// What the operator asked for with `--io-driver`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DriverChoice {
-    /// io_uring if the kernel allows it, else epoll.
+    /// io_uring if the kernel allows it, with the plain-TCP front on a ring of its own
+    /// (`http::front_ring`) when the kernel has multishot receive and buffer rings; else
+    /// epoll.
     Auto,
-    /// io_uring or fail.
+    /// monoio's io_uring driver for everything (no front ring), or fail.
     Uring,
     /// epoll only.
     Epoll,
     /// io_uring or fail, with the plain-TCP front on a ring of its own (`http::front_ring`)
-    /// when the kernel has multishot receive and buffer rings.
+    /// when the kernel has multishot receive and buffer rings (as `Auto`, without the epoll
+    /// fallback).
     Ring,
 }
 

@@ -410,17 +410,43 @@ fn front_ring_driver_and_its_fallback() {
 }
 
 #[test]
-fn auto_driver_uses_tuned_io_uring_here() {
-    // On this kernel io_uring with the setup flags works; auto must pick it.
+fn auto_driver_uses_tuned_io_uring_and_the_front_ring_here() {
+    // On this kernel io_uring with the setup flags, multishot receive and buffer rings work:
+    // auto (the default) must pick them, the front ring on every shard.
     let srv = ServerBuilder::new(Driver::Epoll).io_driver("auto").start();
-    assert!(
-        srv.log()
-            .contains("io_uring (coop_taskrun+single_issuer+defer_taskrun"),
-        "{}",
-        srv.log()
+    let log = srv.log();
+    assert_eq!(log.matches(": front ring (").count(), 2, "{log}");
+    assert_eq!(log.matches("+ front ring").count(), 1, "{log}");
+    assert_eq!(
+        log.matches(": io driver io_uring (coop_taskrun+single_issuer+defer_taskrun")
+            .count(),
+        2,
+        "{log}"
     );
     let mut c = Client::connect(srv.addr);
     assert_eq!(c.get("/healthz").status, 200);
+    drop(srv);
+    // No front ring on this kernel (injected): auto serves on monoio's io_uring, logged per
+    // shard; `uring` never builds a front ring.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .io_driver("auto")
+        .env("MMC_FAULT_URING", "front")
+        .start();
+    let log = srv.log();
+    assert_eq!(log.matches("front ring unavailable").count(), 2, "{log}");
+    assert!(!log.contains("+ front ring"), "{log}");
+    assert_eq!(
+        log.matches(": io driver io_uring (coop_taskrun+single_issuer+defer_taskrun")
+            .count(),
+        2,
+        "{log}"
+    );
+    assert_eq!(srv.client().get("/health").status, 200);
+    drop(srv);
+    let srv = ServerBuilder::new(Driver::Epoll).io_driver("uring").start();
+    let log = srv.log();
+    assert!(!log.contains("front ring"), "{log}");
+    assert_eq!(srv.client().get("/health").status, 200);
 }
 
 /// Sockets of `port` in CLOSE-WAIT, from `/proc/net/tcp`: the client closed, the server did

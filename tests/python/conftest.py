@@ -23,7 +23,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, args, env=None, driver="epoll", listen="127.0.0.1:0"):
+    def __init__(self, args, env=None, driver="auto", listen="127.0.0.1:0"):
         cmd = [SERVER, "--listen", listen, "--io-driver", driver, "--shards", "2"] + args
         self.proc = subprocess.Popen(
             cmd,
@@ -100,9 +100,11 @@ def server():
     assert s.stop() == 0, "".join(s.log)
 
 
-@pytest.fixture(params=["uring", "epoll"])
+@pytest.fixture(params=["auto", "epoll"])
 def server_factory(request):
-    """Starts servers for a test, under each io driver in turn; stops them after it."""
+    """Starts servers for a test, under the default io driver (io_uring with the front ring
+    here) and epoll in turn; stops them after it (monoio's io_uring driver, `uring`, is the
+    Rust suite's)."""
     started = []
 
     def make(args, env=None):

@@ -30,7 +30,7 @@ macro_rules! on_socket {
 /// Received bytes a connection may hold unread before its receive is cancelled (resumed
 /// when its stream has read them): past it the client waits on TCP's flow control, as it
 /// would on a socket nobody reads.
-pub const RX_PAUSE_BYTES: usize = 256 * 1024;
+pub const RX_PAUSE_BYTES: usize = 32 * 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Recv {
@@ -160,7 +160,7 @@ impl Conn {
         }
     }
 
-    fn wake_writer(&mut self) {
+    pub(super) fn wake_writer(&mut self) {
         if let Some(w) = self.writer.take() {
             w.wake();
         }

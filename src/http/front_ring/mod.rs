@@ -1,6 +1,7 @@
-//! The front ring (`--io-driver ring`): a per-shard io_uring of our own for the shard's
-//! plain-TCP listener and its connections, beside the shard's monoio runtime, which stays the
-//! executor (handlers, timers, cross-shard inboxes, TLS, same-host sockets, SSD files).
+//! The front ring (`--io-driver auto`, the default, and `ring`): a per-shard io_uring of our
+//! own for the shard's plain-TCP listener and its connections, beside the shard's monoio
+//! runtime, which stays the executor (handlers, timers, cross-shard inboxes, TLS, same-host
+//! sockets, SSD files).
 //! [docs/io-uring.md](../../../docs/io-uring.md) (*Integration plan*, steps 1-2) says why.
 //!
 //! - One multishot accept on the listener; one multishot receive per connection into the

@@ -325,6 +325,7 @@ enum Then {
 impl<T: 'static> DirectReadGuard<'_, T> {
     fn poll(&mut self, cx: &mut Context<'_>, at: IoSlice) -> Poll<std::io::Result<usize>> {
         let started = &mut self.started;
+        let fd = self.stream.fd;
         let (ready, kick) = self.stream.with(|inner, key| {
             let c = &mut inner.conns[key];
             if let Some(d) = c.rdirect.as_ref() {
@@ -378,6 +379,29 @@ impl<T: 'static> DirectReadGuard<'_, T> {
                     (Poll::Pending, true)
                 }
                 Then::Start => {
+                    // Nothing of the ring's is receiving on the socket: what it holds already
+                    // is taken at once with one `recv` (a body streaming in, as the epoll
+                    // driver reads it), without a pass of the pump and a wake per piece; the
+                    // ring's `RECV` waits only when the socket is empty.
+                    // SAFETY: `at` is the reader's buffer, alive and writable for `at.len`
+                    // bytes; `fd` is open while the stream lives.
+                    // (`want_direct` stays set, as after a receive in place: the multishot
+                    // receive is armed again by the next small read.)
+                    let n = unsafe { libc::recv(fd, at.ptr.cast(), at.len, libc::MSG_DONTWAIT) };
+                    if n >= 0 {
+                        c.reader = None;
+                        if n == 0 {
+                            c.eof = true;
+                        }
+                        return (Poll::Ready(Ok(n as usize)), false);
+                    }
+                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                    if errno != libc::EAGAIN && errno != libc::EINTR {
+                        c.reader = None;
+                        c.error = Some(errno);
+                        c.wake_writer();
+                        return (Poll::Ready(Err(broken(errno))), false);
+                    }
                     inner.start_direct_recv(key, at.ptr, at.len);
                     *started = true;
                     (Poll::Pending, true)
