@@ -585,3 +585,68 @@ fn front_ring_moves_large_bodies_in_place_and_closes_what_hangs_up() {
         );
     }
 }
+
+#[test]
+fn front_ring_connection_switches_between_large_bodies_and_small_requests() {
+    use std::io::Write;
+    // One connection: large PUTs (its small reads then become one-shot receives into the
+    // reader's buffer), a pipelined burst of small requests (two small reads in a row: back to
+    // the multishot receive), a large body sent slowly in pieces, then small requests again.
+    // Every answer in order, every byte where it belongs.
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .io_driver("ring")
+        .shards(1)
+        .start();
+    let mut c = Client::connect(srv.addr);
+    let bodies: Vec<Vec<u8>> = (0..6usize)
+        .map(|k| {
+            (0..(300 << 10) + k * 4099)
+                .map(|i: usize| (i * 13 + k * 7 + i / 511) as u8)
+                .collect()
+        })
+        .collect();
+    for (k, b) in bodies.iter().enumerate() {
+        let put = c.request("PUT", &format!("/api/v1/objects?key=sw{k}"), Some(b));
+        assert_eq!(put.status, 200, "{}", put.text());
+    }
+    let burst: Vec<u8> = (0..40)
+        .flat_map(|i| {
+            format!(
+                "GET /api/v1/objects?key=sw{} HTTP/1.1\r\nHost: t\r\n\r\n",
+                i % 6
+            )
+            .into_bytes()
+        })
+        .collect();
+    c.send(&burst);
+    for i in 0..40 {
+        let r = c.read_response(false);
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == bodies[i % 6],
+            "burst answer {i}: the bytes differ"
+        );
+    }
+    let slow: Vec<u8> = (0..(3 << 20) + 5).map(|i: usize| (i / 3) as u8).collect();
+    c.stream
+        .write_all(
+            format!(
+                "PUT /api/v1/objects?key=sw-slow HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+                slow.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    for piece in slow.chunks(200 * 1024 + 17) {
+        c.stream.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let put = c.read_response(false);
+    assert_eq!(put.status, 200, "{}", put.text());
+    for _ in 0..3 {
+        assert_eq!(c.get("/health").status, 200);
+        let r = c.get("/api/v1/objects?key=sw-slow");
+        assert_eq!(r.status, 200);
+        assert!(r.body == slow, "the slow body's bytes differ");
+    }
+}

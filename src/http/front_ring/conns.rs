@@ -109,6 +109,13 @@ pub struct Conn {
     pub dst: Option<Dst>,
     /// A reader waits to receive in place: the multishot receive is not re-armed meanwhile.
     pub want_direct: bool,
+    /// The connection streams large bodies (a large read came since the last two small reads
+    /// in a row): its small reads are one-shot receives into the reader's buffer too, so the
+    /// multishot receive does not take a body's first hundreds of KiB into provided buffers
+    /// (a completion and two copies per 8 KiB) before the body's large read cancels it.
+    pub bulk: bool,
+    /// The last read was small (for `bulk`).
+    pub small_before: bool,
     pub rdirect: Option<Box<DirectRead>>,
     pub writer: Option<Waker>,
     /// The stream is gone: the connection closes once nothing of it is in flight.
@@ -135,6 +142,8 @@ impl Conn {
             reader: None,
             dst: None,
             want_direct: false,
+            bulk: false,
+            small_before: false,
             rdirect: None,
             writer: None,
             dropped: false,

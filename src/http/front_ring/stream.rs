@@ -32,6 +32,10 @@ const WRITE_LIMIT: usize = WRITE_BUF_FLUSH_BYTES;
 /// `WRITE_LIMIT` pieces: one copy fewer, and one send where there were many.
 const DIRECT_BYTES: usize = 64 * 1024;
 
+/// A drained `rx` keeps its allocation up to this size (a larger one is freed, for idle
+/// connections' memory); kept, the next request's bytes need no fresh pages.
+const RX_KEEP_BYTES: usize = 1024 * 1024;
+
 fn broken(errno: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(errno)
 }
@@ -267,7 +271,7 @@ fn copy_out(c: &mut Conn, dst: &mut [IoSlice]) -> usize {
     if c.unread() == 0 {
         c.rx.clear();
         c.rx_at = 0;
-        if c.rx.capacity() > 4 * RX_PAUSE_BYTES {
+        if c.rx.capacity() > RX_KEEP_BYTES {
             c.rx = Vec::new();
         }
     }
@@ -470,7 +474,18 @@ impl AsyncReadRent for RingStream {
             ptr: buf.write_ptr(),
             len: buf.bytes_total(),
         }];
-        if dst[0].len >= DIRECT_BYTES {
+        let large = dst[0].len >= DIRECT_BYTES;
+        let bulk = self.with(|inner, key| {
+            let c = &mut inner.conns[key];
+            if large {
+                c.bulk = true;
+            } else if c.small_before {
+                c.bulk = false;
+            }
+            c.small_before = !large;
+            c.bulk
+        });
+        if large || (bulk && dst[0].len > 0) {
             return self.read_direct(buf, dst[0]).await;
         }
         let into = dst[0].len > 0;
