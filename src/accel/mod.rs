@@ -56,17 +56,18 @@ pub trait DeviceMemory: Send + Sync {
     unsafe fn discard(&self, offset: u64, len: u64);
 }
 
-/// Device memory emulated in host memory: an anonymous `MAP_NORESERVE` mapping, committed
-/// page by page on first write and returned to the kernel by `discard`.
+/// Device memory emulated in host memory: a sparse mapping of a `memfd`
+/// ([`MappedRegion::new_shared`]; anonymous memory where there are no memfds), committed page
+/// by page on first write and returned to the kernel by `discard`. Its host mapping is where
+/// same-host clients copy from (`http::same_host`), as for DRAM.
 pub struct HostEmulated {
     region: MappedRegion,
 }
 
 impl HostEmulated {
     pub fn new(len: u64) -> io::Result<HostEmulated> {
-        Ok(HostEmulated {
-            region: MappedRegion::new(len)?,
-        })
+        let region = MappedRegion::new_shared(len).or_else(|_| MappedRegion::new(len))?;
+        Ok(HostEmulated { region })
     }
 }
 

@@ -11,6 +11,16 @@ use super::segment::PAGE_BYTES as PAGE;
 pub struct MappedRegion {
     base: NonNull<u8>,
     len: u64,
+    /// The `memfd` under a shared region ([`MappedRegion::new_shared`]): same-host clients
+    /// map it read-only (`http::same_host`, mapped gets).
+    file: Option<SharedFile>,
+}
+
+/// A shared region's file: its descriptor in this process and its inode number, which a
+/// client that opens `/proc/PID/fd/FD` checks it got.
+pub struct SharedFile {
+    pub fd: std::os::fd::OwnedFd,
+    pub ino: u64,
 }
 
 // SAFETY: plain memory. Who may touch which range is decided by the store's allocator (a range
@@ -25,6 +35,7 @@ impl MappedRegion {
             return Ok(MappedRegion {
                 base: NonNull::dangling(),
                 len: 0,
+                file: None,
             });
         }
         let size = usize::try_from(len).map_err(|_| io::Error::other("region too large"))?;
@@ -45,7 +56,76 @@ impl MappedRegion {
         Ok(MappedRegion {
             base: NonNull::new(p.cast()).expect("mmap returned null"),
             len,
+            file: None,
         })
+    }
+
+    /// A region on a `memfd` of `len` bytes, mapped shared: the same as [`MappedRegion::new`]
+    /// for this process (sparse, committed on first write, freed ranges given back), and a
+    /// file that same-host clients of the server's user may map read-only to copy a leased
+    /// blob themselves. The file is sealed against shrinking and growing, so no process can
+    /// take pages from under the server's mapping (a `SIGBUS`).
+    pub fn new_shared(len: u64) -> io::Result<MappedRegion> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let size = usize::try_from(len).map_err(|_| io::Error::other("region too large"))?;
+        if len == 0 {
+            return MappedRegion::new(0);
+        }
+        // SAFETY: a NUL-terminated name and valid flags.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"mmc-dram-segment".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just returned to us, owned from here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        // SAFETY: plain syscalls on our descriptor.
+        let ok = unsafe {
+            libc::ftruncate(raw, len as libc::off_t) == 0
+                && libc::fcntl(
+                    raw,
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+                ) == 0
+        };
+        if !ok {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: an all-zero stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our descriptor, a valid out-parameter.
+        if unsafe { libc::fstat(raw, &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a shared mapping of our own file at no fixed address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                raw,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(MappedRegion {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+            file: Some(SharedFile { fd, ino: st.st_ino }),
+        })
+    }
+
+    /// The file of a shared region ([`MappedRegion::new_shared`]).
+    pub fn shared_file(&self) -> Option<&SharedFile> {
+        self.file.as_ref()
     }
 
     pub fn len(&self) -> u64 {
@@ -107,15 +187,15 @@ impl MappedRegion {
         let start = offset.div_ceil(PAGE) * PAGE;
         let end = offset.saturating_add(len).min(self.len) / PAGE * PAGE;
         if end > start {
-            // SAFETY: inside the mapping; MADV_DONTNEED on private anonymous memory only drops
-            // the pages' contents.
-            unsafe {
-                libc::madvise(
-                    self.ptr(start).cast(),
-                    (end - start) as usize,
-                    libc::MADV_DONTNEED,
-                )
+            // On a shared file the pages must leave the file (`MADV_REMOVE`, which also
+            // unmaps them from clients' read-only mappings); MADV_DONTNEED would only unmap.
+            let advice = if self.file.is_some() {
+                libc::MADV_REMOVE
+            } else {
+                libc::MADV_DONTNEED
             };
+            // SAFETY: inside the mapping; either advice only drops the pages' contents.
+            unsafe { libc::madvise(self.ptr(start).cast(), (end - start) as usize, advice) };
         }
     }
 }
@@ -185,6 +265,44 @@ impl MappedRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_region_is_a_sealed_memfd_read_back_through_its_file_and_discarded() {
+        use std::os::fd::AsRawFd;
+        let r = MappedRegion::new_shared(1 << 20).unwrap();
+        let f = r.shared_file().unwrap();
+        let data: Vec<u8> = (0..=255).collect();
+        unsafe { r.write(8192, &data).unwrap() };
+        // Another mapping of the file (as a client's, read-only) sees the bytes.
+        let path = format!("/proc/self/fd/{}", f.fd.as_raw_fd());
+        let file = std::fs::File::open(&path).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(file.metadata().unwrap().ino(), f.ino);
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                1 << 20,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let seen = unsafe { std::slice::from_raw_parts(p.cast::<u8>().add(8192), 256) };
+        assert_eq!(seen, &data[..]);
+        // Sealed: nobody can shrink it under the server's mapping.
+        assert_ne!(unsafe { libc::ftruncate(f.fd.as_raw_fd(), 4096) }, 0);
+        assert_eq!(r.resident_bytes(8192, 256).unwrap(), 4096);
+        unsafe { r.discard(8192, 4096) };
+        assert_eq!(
+            r.resident_bytes(8192, 256).unwrap(),
+            0,
+            "the page left the file"
+        );
+        assert_eq!(seen[0], 0, "and reads back as zeros everywhere");
+        unsafe { libc::munmap(p, 1 << 20) };
+    }
 
     #[test]
     fn write_read_discard() {

@@ -350,6 +350,8 @@ pub static KEYS: &[KeySpec] = &[
         "Read-buffer memory one shard's connections may hold for requests still arriving (bodies are buffered, except large object puts, which stream); past it: 429. At least max_body_bytes."),
     key("ock.mmc.http.same_host_socket", "auto", Text(|c| &mut c.http.same_host_socket, same_host_socket),
         "The Unix socket of the same-host data path (docs/same-host.md): clients of this host running as the server's user send requests there and the server copies object bytes straight between their memory and the segments. auto: $XDG_RUNTIME_DIR/mmc-server/PORT.sock, else /tmp/mmc-server-UID/PORT.sock (a directory of mode 0700); off: none; or an absolute path."),
+    key("ock.mmc.http.same_host_spin_us", "300", U64(|c| &mut c.http.same_host_spin_us, 0, 100_000),
+        "Microseconds a same-host connection polls for its client's next request before it sleeps (one connection per shard at a time): a client sending requests one after another then finds the shard awake. 0: sleep at once."),
     key("ock.mmc.metadata.max_value_bytes", "1MB", Size(|c| &mut c.metadata.max_value_bytes, 1, 1 << 32),
         "Largest value PUT /metadata accepts (413 beyond)."),
     key("ock.mmc.metadata.max_total_bytes", "256MB", Size(|c| &mut c.metadata.max_total_bytes, 1024, 1 << 44),

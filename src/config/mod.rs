@@ -108,6 +108,9 @@ pub struct HttpConfig {
     /// `ock.mmc.http.same_host_socket`: `auto`, `off` or the Unix socket's absolute path
     /// (the same-host data path, `http::same_host`).
     pub same_host_socket: String,
+    /// `ock.mmc.http.same_host_spin_us`: how long a same-host connection polls for its
+    /// client's next request before it sleeps (`http::conn`).
+    pub same_host_spin_us: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -231,6 +234,7 @@ impl Config {
                 max_inflight_per_shard: 0,
                 max_buffered_bytes_per_shard: 0,
                 same_host_socket: String::new(),
+                same_host_spin_us: 0,
             },
             metadata: MetadataConfig {
                 max_value_bytes: 0,

@@ -99,6 +99,9 @@ pub struct Head<'b> {
     /// `X-Mmc-Shared`: buffers the client shares with the server (same-host socket only,
     /// `http::same_host::shared`).
     pub same_host_shared: Option<&'b [u8]>,
+    /// `X-Mmc-Map: N`: the client maps segments read-only and is done with the mapped
+    /// answers up to lease `N` (same-host socket only, `http::same_host`).
+    pub same_host_map: Option<&'b [u8]>,
 }
 
 /// A request the server refuses at the protocol level. The connection is closed after the
@@ -185,6 +188,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
     let mut accept = None;
     let mut same_host_iov = None;
     let mut same_host_shared = None;
+    let mut same_host_map = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = trim(h.value);
@@ -250,6 +254,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
             6 if accept.is_none() && name.eq_ignore_ascii_case(b"accept") => accept = Some(value),
             9 if name.eq_ignore_ascii_case(b"x-mmc-iov") => same_host_iov = Some(value),
             12 if name.eq_ignore_ascii_case(b"x-mmc-shared") => same_host_shared = Some(value),
+            9 if name.eq_ignore_ascii_case(b"x-mmc-map") => same_host_map = Some(value),
             _ => {}
         }
     }
@@ -301,6 +306,7 @@ pub fn parse_head(buf: &[u8]) -> Parsed<'_> {
         accept,
         same_host_iov,
         same_host_shared,
+        same_host_map,
     })
 }
 

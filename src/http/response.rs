@@ -160,7 +160,8 @@ pub struct Response {
     pub retry_after_secs: Option<u32>,
     /// `WWW-Authenticate: ` [`crate::http::auth::CHALLENGE`] (401).
     pub www_authenticate: bool,
-    /// `Location` (a standby's 307 to the leader).
+    /// `Location` (a standby's 307 to the leader); with [`SameHost::Mapped`], the value of
+    /// `X-Mmc-Mapped` instead (a same-host get's answer has no `Location`).
     pub location: Option<Box<str>>,
     /// `Cache-Control: no-store`: on every dynamic response.
     pub no_store: bool,
@@ -187,6 +188,10 @@ pub enum SameHost {
     /// The body ([`Body::Omitted`], its length) was copied into the client's memory:
     /// `Content-Length: 0` and `X-Mmc-Delivered: LENGTH`.
     Delivered,
+    /// The body ([`Body::Omitted`], its length) stays where it is, pinned, for the client to
+    /// copy from its read-only mapping of the segment: `Content-Length: 0` and
+    /// `X-Mmc-Mapped: LEASE FD:INO:OFFSET:LENGTH[,…]` (the text in `Response::location`).
+    Mapped,
 }
 
 /// A data-plane body on its way out: recorded in the client bandwidth metrics when sent.
@@ -303,6 +308,12 @@ pub fn encode(
     let mut body_len = resp.body_len(scratch);
     // A body copied into a same-host client's memory: no byte of it on the socket.
     let delivered = (resp.same_host == SameHost::Delivered).then(|| body_len.unwrap_or(0));
+    let mapped = (resp.same_host == SameHost::Mapped)
+        .then_some(resp.location.as_deref())
+        .flatten();
+    if mapped.is_some() {
+        body_len = Some(0);
+    }
     if delivered.is_some() {
         body_len = Some(0);
     }
@@ -340,7 +351,11 @@ pub fn encode(
         out.extend_from_slice(itoa::Buffer::new().format(secs).as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(location) = &resp.location {
+    if let Some(text) = mapped {
+        out.extend_from_slice(b"X-Mmc-Mapped: ");
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    } else if let Some(location) = &resp.location {
         out.extend_from_slice(b"Location: ");
         out.extend_from_slice(location.as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -369,7 +384,7 @@ pub fn encode(
         out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if env.head_only || delivered.is_some() {
+    if env.head_only || delivered.is_some() || mapped.is_some() {
         return None;
     }
     match resp.body {

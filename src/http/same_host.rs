@@ -197,6 +197,28 @@ pub struct LocalPeer {
     splits: std::cell::Cell<Splits>,
     /// The buffers the client shares with the server (`X-Mmc-Shared`), mapped here.
     shared: std::cell::RefCell<shared::Shared>,
+    /// Mapped gets whose client may still be copying (`X-Mmc-Map`): each answer's lease
+    /// number and its pinned blobs, held until the client says it is done or the connection
+    /// closes.
+    held: std::cell::RefCell<std::collections::VecDeque<(u64, Vec<super::response::Part>)>>,
+    /// The last lease number given on this connection.
+    leases: std::cell::Cell<u64>,
+}
+
+/// At most this many mapped answers are held per connection; a get beyond them is copied by
+/// the server as before.
+pub const MAX_HELD_LEASES: usize = 256;
+
+impl Drop for LocalPeer {
+    fn drop(&mut self) {
+        // The client checks, after copying from a mapped blob, that its connection is still
+        // open: so the connection is shut down before the pins go, never after.
+        if !self.held.get_mut().is_empty() && self.conn >= 0 {
+            // SAFETY: the connection's socket, still open (the connection outlives this).
+            unsafe { libc::shutdown(self.conn, libc::SHUT_RDWR) };
+        }
+        self.held.get_mut().clear();
+    }
 }
 
 /// What became of the large copies of a connection's requests (`LocalPeer::take_splits`).
@@ -235,6 +257,8 @@ impl LocalPeer {
             conn: fd,
             splits: Default::default(),
             shared: Default::default(),
+            held: Default::default(),
+            leases: Default::default(),
         })
     }
 
@@ -248,6 +272,8 @@ impl LocalPeer {
             conn: -1,
             splits: Default::default(),
             shared: Default::default(),
+            held: Default::default(),
+            leases: Default::default(),
         }
     }
 
@@ -278,6 +304,38 @@ impl LocalPeer {
     }
 
     /// Whether the peer has closed the connection (the client gave up on its request).
+    /// `X-Mmc-Map: N`: the client is done copying from the mapped answers up to lease `N`;
+    /// their pins go. Returns how many answers' pins went.
+    pub fn release(&self, upto: u64) -> usize {
+        let mut held = self.held.borrow_mut();
+        let before = held.len();
+        while held.front().is_some_and(|(n, _)| *n <= upto) {
+            held.pop_front();
+        }
+        before - held.len()
+    }
+
+    /// Holds a mapped answer's pinned blobs until the client is done with them. `None` when
+    /// the connection already holds [`MAX_HELD_LEASES`] (the parts are given back).
+    pub fn hold(
+        &self,
+        parts: Vec<super::response::Part>,
+    ) -> Result<u64, Vec<super::response::Part>> {
+        let mut held = self.held.borrow_mut();
+        if held.len() >= MAX_HELD_LEASES {
+            return Err(parts);
+        }
+        let n = self.leases.get() + 1;
+        self.leases.set(n);
+        held.push_back((n, parts));
+        Ok(n)
+    }
+
+    /// Mapped answers whose pins this connection holds.
+    pub fn held(&self) -> usize {
+        self.held.borrow().len()
+    }
+
     pub fn hung_up(&self) -> bool {
         self.poll().1
     }
@@ -670,6 +728,35 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET));
         assert_eq!(dst, [0u8; 64], "copied after the peer hung up");
         assert!(peer.hung_up());
+    }
+
+    #[test]
+    fn mapped_answers_are_held_until_the_client_is_done_and_a_close_comes_before_their_release() {
+        use crate::http::response::Part;
+        use std::io::Read;
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer = LocalPeer::of(a.as_raw_fd()).unwrap();
+        let part = || vec![Part::Bytes(bytes::Bytes::from_static(b"blob"))];
+        let leases: Vec<u64> = (0..3).map(|_| peer.hold(part()).unwrap()).collect();
+        assert_eq!(leases, [1, 2, 3]);
+        // Done up to 2: the first two go, in order; a number already done changes nothing.
+        assert_eq!(peer.release(2), 2);
+        assert_eq!(peer.release(1), 0);
+        assert_eq!(peer.held(), 1);
+        // At most MAX_HELD_LEASES: the next answer is copied by the server instead.
+        while peer.held() < MAX_HELD_LEASES {
+            peer.hold(part()).unwrap();
+        }
+        assert!(peer.hold(part()).is_err());
+        assert_eq!(peer.release(u64::MAX), MAX_HELD_LEASES);
+        // Closing with answers held: the connection is shut down (the client sees it) before
+        // their pins go.
+        peer.hold(part()).unwrap();
+        drop(peer);
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(b.read(&mut buf).unwrap(), 0, "shut down");
     }
 
     #[test]

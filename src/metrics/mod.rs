@@ -71,6 +71,9 @@ pub struct SameHostStats {
     pub shared_copies: Counter,
     /// `X-Mmc-Shared` offers refused (not a sealed memfd, not the file named, …).
     pub shared_refusals: Counter,
+    /// Gets answered with the blobs' places in segments the client maps (`X-Mmc-Mapped`):
+    /// the client copied them (also counted in `gets`).
+    pub mapped_gets: Counter,
 }
 
 impl ShardStats {

@@ -172,6 +172,12 @@ pub struct PinnedBlob {
 }
 
 impl PinnedBlob {
+    /// Pinned on its owner shard here (not bytes served under a meta's grant): it stays
+    /// readable, unmoved and unfreed, for as long as this lives.
+    pub fn is_managed(&self) -> bool {
+        self.managed
+    }
+
     /// A blob of this process's memory read under a grant: the meta service holds its lease.
     pub fn unmanaged(view: BlobView, shared: Arc<Shared>) -> PinnedBlob {
         PinnedBlob {

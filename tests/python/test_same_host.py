@@ -21,7 +21,7 @@ import pytest
 
 from conftest import Server, free_port, wait_until
 from mmc_client import DistributedObjectStore, LocalConfig
-from mmc_client import _http
+from mmc_client import _http, _mapped
 
 OK = 0
 INVALID = -3000
@@ -258,7 +258,7 @@ def test_a_shard_socket_that_is_not_the_server_s_is_not_used(monkeypatch):
         assert srv.stop() == 0, "".join(srv.log)
 
 
-@pytest.mark.parametrize("buffers", ["ordinary", "shared"])
+@pytest.mark.parametrize("buffers", ["ordinary", "shared", "mapped"])
 def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes(monkeypatch,
                                                                                  buffers):
     """SIGSTOP on a server the client reaches through its shards' sockets: a get and a put
@@ -267,8 +267,10 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
     and copies nothing for them: the get's buffer stays as it was, the put stores nothing (a
     copy then would read a buffer the caller has refilled since). The next requests succeed,
     on a shard's socket again. The same with shared buffers, which the server still has
-    mapped when it resumes."""
+    mapped when it resumes. And with mapped gets (the client copies; the get that timed out
+    was answered, if at all, on a connection the client had closed: nothing copied)."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "1" if buffers == "mapped" else "0")
     srv = Server([])
     c = LocalConfig()
     c.meta_service_url = "http://%s" % srv.addr
@@ -285,7 +287,8 @@ def test_a_frozen_server_times_the_client_out_and_copies_nothing_once_it_resumes
         # get() copies into the thread's own shared buffer.
         assert s.get("sh/frozen") == src.tobytes()
         before_freeze = scratch_of(s)
-        copies += 1
+        copies += 0 if buffers == "mapped" else 1
+        assert (mapped_gets(srv) > 0) == (buffers == "mapped")
         out[:] = 0
         path = socket_path(srv)
         paths = record_sockets(monkeypatch)
@@ -335,6 +338,13 @@ def same_host_counts(server):
             for name in ("shared_copies", "shared_refusals", "gets", "puts")}
 
 
+def mapped_gets(server):
+    """memcache_same_host_mapped_gets_total: gets the client copied from its mapping."""
+    text = server.get("/metrics").decode()
+    return int(float(re.search(r"^memcache_same_host_mapped_gets_total (\S+)$", text,
+                               re.M).group(1)))
+
+
 def count_offers(monkeypatch):
     """The X-Mmc-Shared offers the client sends (one per connection and buffer)."""
     offers = []
@@ -361,6 +371,8 @@ def shared_array(store, n, seed=None):
 
 def test_shared_buffers_are_copied_by_the_server_itself_with_bytes_intact(server, store,
                                                                          monkeypatch):
+    # (Gets the server copies: not mapped ones, which the client copies itself.)
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "0")
     offers = count_offers(monkeypatch)
     before = same_host_counts(server)
     # One buffer holds several objects' bytes: puts and gets at offsets in it.
@@ -416,6 +428,7 @@ def scratch_of(store):
 
 def test_get_copies_into_the_thread_s_shared_buffer_any_length_up_to_its_size(server, store,
                                                                              monkeypatch):
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "0")
     sizes = [1, 65536, 1 << 20, (1 << 20) + 1, 3 << 20]
     vals = {n: data(n, 200 + n % 97) for n in sizes}
     for n, v in vals.items():
@@ -920,11 +933,14 @@ def test_a_socket_of_another_server_at_the_advertised_path_is_not_used(server, t
         assert other.stop() == 0
 
 
-def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch):
+@pytest.mark.parametrize("mapped", [False, True], ids=["copied", "mapped"])
+def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch, mapped):
     """kill -9 and a restart on the same port: the client's pooled same-host connection and
     socket fail, its requests go over TCP with their bytes intact, and once the rediscovery
-    interval has passed it finds the new process's socket and uses it again."""
+    interval has passed it finds the new process's socket and uses it again. Mapped: the
+    client maps the new process's segments, and lets the dead one's go."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "1" if mapped else "0")
     monkeypatch.setattr(_http, "_REDISCOVER_SECONDS", 0.3)
     listen = "127.0.0.1:%d" % free_port()
     first = Server([], listen=listen)
@@ -938,7 +954,10 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
         # Shared buffers offered to the first process.
         sh_src, sh_out = shared_array(s, 1 << 20, seed=43), shared_array(s, 1 << 20)
         put_then_get(s, "sh/restart/shared", sh_src, sh_out)
-        assert same_host_counts(first)["shared_copies"] == 2
+        # (A mapped get is the client's copy: only the put is the server's.)
+        assert same_host_counts(first)["shared_copies"] == (1 if mapped else 2)
+        assert (mapped_gets(first) == 2) == mapped
+        assert any(k[0] == first.proc.pid for k in _mapped._segments) == mapped
         path = s._client.local_path(first.host, first.port)
         assert path is not None
         first.proc.kill()
@@ -968,7 +987,11 @@ def test_a_server_killed_and_restarted_on_its_port_is_taken_up_again(monkeypatch
         # The same shared buffers work with the new process: offered again on its connections.
         sh_out[:] = 0
         put_then_get(s, "sh/restart/shared", sh_src, sh_out)
-        assert same_host_counts(second)["shared_copies"] == 2
+        assert same_host_counts(second)["shared_copies"] == (1 if mapped else 2)
+        if mapped:
+            assert any(k[0] == second.proc.pid for k in _mapped._segments)
+            assert not any(k[0] == first.proc.pid for k in _mapped._segments), \
+                "the dead server's segments are let go"
     finally:
         s.close()
         first.proc.kill()
@@ -1073,3 +1096,186 @@ def test_a_server_and_client_of_one_unprivileged_user_use_the_socket():
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
+
+
+def segment_mappings():
+    """This process's mappings of a server's segment files: their permissions."""
+    with open("/proc/self/maps") as f:
+        return [line.split()[1] for line in f if "memfd:mmc-dram-segment" in line]
+
+
+def test_mapped_gets_are_copied_by_the_client_from_a_read_only_mapping(server, store,
+                                                                       monkeypatch):
+    """With mapped gets (the default), every get form is answered with the blobs' places and
+    copied by the client from its own read-only mapping of the segment, each segment mapped
+    once; bytes intact, nothing on TCP, no copy by the server."""
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "1")
+    sizes = [1, 4096, 65536, 1 << 20, 3 << 20]
+    vals = {n: data(n, 700 + n % 89) for n in sizes}
+    for n, v in vals.items():
+        assert store.put_from("mg/%d" % n, v.ctypes.data, n) == OK
+    small = {"mg/s%d" % i: data(1000 + i, 800 + i) for i in range(8)}
+    for k, v in small.items():
+        assert store.put_from(k, v.ctypes.data, v.nbytes) == OK
+    seen = count_transports(monkeypatch)
+    before, mapped_before = same_host_counts(server), mapped_gets(server)
+    maps_before = _mapped.mappings_made
+    for n, v in vals.items():
+        out = np.zeros(n, dtype=np.uint8)
+        assert store.get_into("mg/%d" % n, out.ctypes.data, n) == OK
+        assert np.array_equal(out, v), n
+    for n in sizes[:3]:
+        assert store.get("mg/%d" % n) == vals[n].tobytes()
+    v = vals[65536]
+    a, b = np.zeros(1000, dtype=np.uint8), np.zeros(65536 - 1000, dtype=np.uint8)
+    assert store.get_into_layers("mg/65536", [a.ctypes.data, b.ctypes.data],
+                                 [a.nbytes, b.nbytes]) == OK
+    assert np.array_equal(np.concatenate([a, b]), v)
+    outs = {k: np.zeros(x.nbytes, dtype=np.uint8) for k, x in small.items()}
+    assert store.batch_get_into(list(small), [o.ctypes.data for o in outs.values()],
+                                [o.nbytes for o in outs.values()]) == [OK] * 8
+    assert all(np.array_equal(outs[k], small[k]) for k in small)
+    assert store.get_batch(list(small)) == [x.tobytes() for x in small.values()]
+    # A buffer of the wrong size: refused as before, nothing written, nothing mapped.
+    wrong = np.zeros(4095, dtype=np.uint8)
+    assert store.get_into("mg/4096", wrong.ctypes.data, wrong.nbytes) == INVALID
+    assert not wrong.any()
+    after = same_host_counts(server)
+    assert mapped_gets(server) - mapped_before == 5 + 3 + 1 + 8 + 8
+    assert after["shared_copies"] == before["shared_copies"]
+    assert seen["tcp"] == 0, seen
+    # One mapping per segment the objects were in, read-only and shared, whatever the gets.
+    assert _mapped.mappings_made - maps_before <= 2
+    perms = segment_mappings()
+    assert perms and all(p == "r--s" for p in perms), perms
+
+
+def raw_mapped_get(sock, key, dest, done):
+    """A same-host GET of ``key`` into ``dest`` asking for a mapped answer (X-Mmc-Map: done);
+    returns the answer's headers, its body read."""
+    sock.sendall(("GET /api/v1/objects?key=%s HTTP/1.1\r\nHost: t\r\nX-Mmc-Iov: %x:%d\r\n"
+                  "X-Mmc-Map: %d\r\n\r\n" % (key, dest.ctypes.data, dest.nbytes, done))
+                 .encode())
+    data_ = b""
+    while b"\r\n\r\n" not in data_:
+        chunk = sock.recv(65536)
+        assert chunk, "closed"
+        data_ += chunk
+    head, _, body = data_.partition(b"\r\n\r\n")
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+    headers = {k.lower(): v for k, v in headers.items()}
+    want = int(headers.get("content-length", "0"))
+    while len(body) < want:
+        body += sock.recv(65536)
+    return headers
+
+
+def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeypatch):
+    """The blob a mapped answer names stays allocated and the object's (pinned: not freed,
+    not reused) while the connection holds its lease, through a remove of its key and puts
+    of others; once the client says it is done (X-Mmc-Map: LEASE on its next request), or
+    closes the connection, it is freed."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    srv = Server(["--set", "ock.mmc.local_service.dram.size=16MB",
+                  "--set", "ock.mmc.local_service.hbm.size=0"])
+    s = make_store("http://%s" % srv.addr)
+    path = socket_path(srv)
+    n = 1 << 20
+    dest = np.zeros(n, dtype=np.uint8)
+    fill = data(n, 901)
+
+    def allocated():
+        text = srv.get("/metrics").decode()
+        return int(float(re.search(r'^memcache_allocated_bytes\{medium="dram"\} (\S+)$', text,
+                                   re.M).group(1)))
+
+    def mapped_view(sock, key):
+        headers = raw_mapped_get(sock, key, dest, 0)
+        lease, ranges = _mapped.parse(headers["x-mmc-mapped"])
+        assert len(ranges) == 1 and ranges[0][3] == n, ranges
+        pid = _http._peer_cred(sock)[0]
+        fd, ino, off, length = ranges[0]
+        seg = _mapped._map(pid, fd, ino, off + length)
+        seg.users -= 1
+        view = np.frombuffer((ctypes.c_ubyte * length).from_address(seg.base + off),
+                             dtype=np.uint8)
+        return lease, view
+
+    try:
+        for how in ("done", "close"):
+            obj = data(n, 902)
+            assert s.put_from("ml/" + how, obj.ctypes.data, n) == OK
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(path)
+            lease, view = mapped_view(sock, "ml/" + how)
+            assert np.array_equal(view, obj)
+            assert not dest.any(), "a mapped get writes nothing into the client's buffer"
+            assert s.remove("ml/" + how) == OK
+            for i in range(8):
+                assert s.put_from("ml/%s/%d" % (how, i), fill.ctypes.data, n) == OK
+                assert s.remove("ml/%s/%d" % (how, i)) == OK
+            time.sleep(0.2)
+            assert allocated() == n, "the held blob was freed"
+            assert np.array_equal(view, obj), "the held blob was reused"
+            if how == "done":
+                headers = raw_mapped_get(sock, "ml/missing", dest, lease)
+                assert "x-mmc-mapped" not in headers
+            else:
+                sock.close()
+            wait_until("the blob is freed (%s)" % how, lambda: allocated() == 0)
+            sock.close()
+    finally:
+        s.close()
+        assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_a_mapped_copy_counts_only_if_its_connection_stayed_open():
+    """The client's check after copying from a mapped blob: an open connection passes, with
+    answers queued on it or not; one the server has shut down (which it does before letting
+    its pins go) fails the copy, queued answers or not."""
+    a, b = socket.socketpair()
+    try:
+        _mapped._check_open(a.fileno())
+        b.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        _mapped._check_open(a.fileno())
+        b.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(EOFError):
+            _mapped._check_open(a.fileno())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_client_that_cannot_map_the_segments_has_the_server_copy(server, store, monkeypatch):
+    """Mapped gets off (MMC_SAME_HOST_MAP=0), or a server whose segment files this process
+    cannot open: the server copies each get as before, bytes intact."""
+    monkeypatch.setattr(_mapped, "_unmappable", set())
+    monkeypatch.setattr(_mapped, "_segments", {})
+    src, out = data(1 << 20, 903), np.zeros(1 << 20, dtype=np.uint8)
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "0")
+    before, mapped_before = same_host_counts(server), mapped_gets(server)
+    put_then_get(store, "mc/off", src, out)
+    assert mapped_gets(server) == mapped_before
+    assert same_host_counts(server)["gets"] == before["gets"] + 1
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "1")
+    real_open = os.open
+
+    def refuse(p, *a, **k):
+        if p.startswith("/proc/"):
+            raise PermissionError(13, "denied", p)
+        return real_open(p, *a, **k)
+
+    monkeypatch.setattr(_mapped.os, "open", refuse)
+    out[:] = 0
+    # The first get's answer cannot be copied: that get goes again (over TCP) ...
+    assert store.get_into("mc/off", out.ctypes.data, out.nbytes) == OK
+    assert np.array_equal(src, out)
+    assert server.proc.pid in _mapped._unmappable
+    # ... and this server is no longer asked for mapped answers: it copies.
+    monkeypatch.setattr(_http, "_REDISCOVER_SECONDS", 0.0)
+    gets = same_host_counts(server)["gets"]
+    wait_until("the socket is used again",
+               lambda: store.get_into("mc/off", out.ctypes.data, out.nbytes) == OK
+               and same_host_counts(server)["gets"] > gets)
+    assert np.array_equal(src, out)
+    assert not any(k[0] == server.proc.pid for k in _mapped._segments)

@@ -31,7 +31,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 from urllib.parse import urlsplit
 
-from . import errors
+from . import _mapped, errors
 
 _xxh3: Optional[Callable[[bytes, int], int]]
 try:
@@ -172,6 +172,16 @@ class Connection:
                 sock.close()
                 raise
         self.sock: socket.socket = sock
+        # A same-host server's pid (SO_PEERCRED): whose segment files a mapped get names.
+        self.peer_pid: Optional[int] = None
+        if unix_path is not None:
+            try:
+                self.peer_pid = _peer_cred(sock)[0]
+            except OSError:
+                pass
+        # The last lease of a mapped get copied on this connection (_mapped): said to the
+        # server with the next request, which lets its pins go.
+        self.map_done = 0
         self.tls = tls is not None
         self.rbuf = bytearray()
         self.uses = 0
@@ -999,6 +1009,8 @@ class Client:
         """A same-host request's own headers on ``conn``: its ``X-Mmc-Iov``, and the offer of
         the shared buffers it uses that ``conn`` has not offered yet."""
         hdrs = {"X-Mmc-Iov": iov}
+        if _mapped.may_map(conn.peer_pid):
+            hdrs["X-Mmc-Map"] = str(conn.map_done)
         if self._shared[1]:
             offer = self._offer(conn, iov)
             if offer:
@@ -1041,6 +1053,8 @@ class Client:
             lines += "Authorization: Bearer %s\r\n" % self.token
         if method in ("PUT", "POST"):
             lines += "Content-Length: 0\r\n"
+        if _mapped.may_map(conn.peer_pid):
+            lines += "X-Mmc-Map: %d\r\n" % conn.map_done
         if self._shared[1]:
             offer = self._offer(conn, headers["X-Mmc-Iov"])
             if offer:

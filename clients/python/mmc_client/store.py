@@ -18,10 +18,10 @@ import struct
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
 from urllib.parse import quote
 
-from . import _localconf, errors
+from . import _localconf, _mapped, errors
 from ._gva import GvaMixin
 from ._http import (_PyBUF_WRITE, BodyReader, Client, Connection, SharedBuffer, TransportError,
-                    _PyMemoryView_FromMemory, iov_header)
+                    _PyMemoryView_FromMemory, address_of, iov_header)
 
 log = logging.getLogger("mmc_client")
 
@@ -426,8 +426,10 @@ class _IntoReader(BodyReader):
     """get_into (and get_into_layers): an object's bytes go straight into the caller's memory,
     its layers one after the other; only when the object has exactly their total size."""
 
-    def __init__(self, parts: Parts) -> None:
+    def __init__(self, parts: Parts, iov: Optional[str] = None) -> None:
+        """``iov``: the parts' ``X-Mmc-Iov`` when the caller has it."""
         self.parts = parts
+        self.iov = iov
         self.total = sum(len(v) for v in parts)
         self.code = errors.MMC_OK
         self.length: Optional[int] = None
@@ -435,6 +437,20 @@ class _IntoReader(BodyReader):
     def read(self, conn: Connection, status: int, headers: Dict[str, str],
              length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
+        mapped = headers.get("x-mmc-mapped")
+        if status == 200 and octets and mapped is not None and length == 0:
+            # Same host, mapped: this thread copies the leased blobs from the server's
+            # segment (only when they are exactly the buffers' size).
+            if self.iov:
+                dests = [(int(a, 16), int(n)) for a, _, n in
+                         (e.partition(":") for e in self.iov.split(","))]
+            else:
+                dests = [(address_of(v), len(v)) for v in self.parts if len(v)]
+            lease, self.length = _mapped.copy(conn.peer_pid or 0, conn.sock.fileno(), mapped,
+                                              dests)
+            conn.map_done = lease
+            self.code = errors.MMC_OK
+            return self.length
         delivered = headers.get("x-mmc-delivered")
         if status == 200 and octets and delivered is not None and length == 0:
             # Same host: the server copied the object into the buffers itself (only when it
@@ -470,6 +486,13 @@ class _GetReader(BodyReader):
     def read(self, conn: Connection, status: int, headers: Dict[str, str],
              length: Optional[int]) -> Any:
         octets = headers.get("content-type", "").startswith("application/octet-stream")
+        mapped = headers.get("x-mmc-mapped")
+        if status == 200 and octets and mapped is not None and length == 0:
+            # Mapped: the bytes made straight from the server's segment (one copy).
+            lease, data = _mapped.string_at(conn.peer_pid or 0, conn.sock.fileno(), mapped,
+                                            self.room)
+            conn.map_done = lease
+            return data
         delivered = headers.get("x-mmc-delivered")
         if status == 200 and octets and delivered is not None and length == 0:
             n = int(delivered)
@@ -724,7 +747,7 @@ class DistributedObjectStore(GvaMixin):
                 if iov is None:
                     alone.append(i)
                     continue
-                reader = _IntoReader(parts) if method == "GET" else BodyReader()
+                reader = _IntoReader(parts, iov) if method == "GET" else BodyReader()
                 part.append(i)
                 readers.append(reader)
                 reqs.append((method, "/api/v1/objects?key=" + _check_key(keys[i]) + extra,
@@ -997,9 +1020,10 @@ class DistributedObjectStore(GvaMixin):
                    iov: Optional[str] = None) -> int:
         """``q``: the key quoted, when the caller has it; ``iov``: the parts' ``X-Mmc-Iov``,
         when the caller has it."""
-        reader = _IntoReader(parts)
+        iov = iov or _local_iov(parts)
+        reader = _IntoReader(parts, iov)
         resp = self._c().request("GET", "/api/v1/objects?key=" + (q or _check_key(key)),
-                                 reader=reader, local=iov or _local_iov(parts),
+                                 reader=reader, local=iov,
                                  key=key.encode())
         if isinstance(resp.body, bytes):
             _json(resp)

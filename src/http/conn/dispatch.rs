@@ -80,6 +80,15 @@ pub(super) async fn answer<S: Io>(
             shard.stats().same_host.shared_refusals.add(refused);
         }
     }
+    // `X-Mmc-Map: N`: the client is done copying from the mapped answers up to lease N.
+    if let (Some(peer), Some(n)) = (peer, head.same_host_map) {
+        if let Some(n) = std::str::from_utf8(n)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+        {
+            peer.release(n);
+        }
+    }
     let mut resp = match (early, verdict) {
         (None, Verdict::Dispatch(_)) if matches!(same_host, Some((_, None))) => {
             ctx.protocol_error(Status::BAD_REQUEST, "Bad request: malformed X-Mmc-Iov")
@@ -107,7 +116,11 @@ pub(super) async fn answer<S: Io>(
                     }
                     Some((peer, Some(iov))) if head.method == Method::Get => {
                         let mut resp = handlers::handle(&req, &mut ctx).await;
-                        same_host::deliver(peer, &iov, up_to, &mut ctx, &mut resp);
+                        if !(head.same_host_map.is_some()
+                            && same_host::map(peer, &iov, up_to, &mut ctx, &mut resp))
+                        {
+                            same_host::deliver(peer, &iov, up_to, &mut ctx, &mut resp);
+                        }
                         resp
                     }
                     _ => handlers::handle(&req, &mut ctx).await,

@@ -132,6 +132,13 @@ pub async fn run<S: Io>(
             return;
         }
         let len = b.rbuf.len();
+        if b.peer.is_some() && b.rbuf.is_empty() {
+            match spin_for_next(&front, fd, &mut b.rbuf).await {
+                Some(0) => return,
+                Some(_) => continue,
+                None => {}
+            }
+        }
         let (res, slice) = stream
             .read(std::mem::take(&mut b.rbuf).slice_mut(len..))
             .await;
@@ -141,6 +148,81 @@ pub async fn run<S: Io>(
             Ok(_) => {}
         }
     }
+}
+
+/// Polls `fd` without blocking, yielding to the shard's other tasks (and the CPU to other
+/// threads) between polls, for up to `ock.mmc.http.same_host_spin_us`: a same-host client
+/// sending requests one after another (a loop of gets) finds the shard awake, instead of
+/// paying for the wake-up of a sleeping thread, tens of microseconds on a VM (1 MiB mapped
+/// gets 120 -> 100 us, docs/same-host.md). One connection of the shard polls at a time.
+/// `Some(n)`: `n` bytes were read into `rbuf` (0: the client closed).
+async fn spin_for_next(front: &Front, fd: RawFd, rbuf: &mut Vec<u8>) -> Option<usize> {
+    let spin = std::time::Duration::from_micros(front.config().http.same_host_spin_us);
+    // One connection of the shard polls at a time: several would only take turns.
+    if spin.is_zero() || SPINNING.get() {
+        return None;
+    }
+    struct Spinning;
+    impl Drop for Spinning {
+        fn drop(&mut self) {
+            SPINNING.set(false);
+        }
+    }
+    SPINNING.set(true);
+    let _spinning = Spinning;
+    spin_polls(fd, rbuf, spin).await
+}
+
+thread_local! {
+    /// Whether a same-host connection of this shard is polling for its next request.
+    static SPINNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+async fn spin_polls(fd: RawFd, rbuf: &mut Vec<u8>, spin: std::time::Duration) -> Option<usize> {
+    let t0 = Instant::now();
+    loop {
+        let spare = rbuf.spare_capacity_mut();
+        // SAFETY: reads at most `spare.len()` bytes into the vector's spare capacity.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            // SAFETY: the kernel initialised `n` bytes.
+            unsafe { rbuf.set_len(rbuf.len() + n as usize) };
+            return Some(n as usize);
+        }
+        if n == 0 {
+            return Some(0);
+        }
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if e != Some(libc::EAGAIN) && e != Some(libc::EINTR) || t0.elapsed() >= spin {
+            return None;
+        }
+        // Another thread that needs this CPU (a shard's copy helper, the client itself) gets it.
+        // SAFETY: no preconditions.
+        unsafe { libc::sched_yield() };
+        yield_once().await;
+    }
+}
+
+/// Lets the shard's other ready tasks (and its ring's completions) run once.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Answers every complete request in the read buffer, in order. Returns where the

@@ -197,6 +197,76 @@ pub(super) fn deliver(
     resp.same_host = SameHost::Delivered;
 }
 
+/// A get asked for with `X-Mmc-Map`: when every blob of the answer is pinned here in a DRAM
+/// segment on a memfd, the answer names where they are (`X-Mmc-Mapped`) instead of copying
+/// them, and the connection holds their pins (the read's lease) until the client says it is
+/// done (`X-Mmc-Map: N` on a later request) or the connection closes: the client copies from
+/// its read-only mapping of the segment. Returns false (nothing changed) when the answer
+/// cannot be mapped: the caller copies it as before.
+pub(super) fn map(
+    peer: &LocalPeer,
+    iov: &[libc::iovec],
+    up_to: bool,
+    ctx: &mut Ctx<'_>,
+    resp: &mut Response,
+) -> bool {
+    use std::fmt::Write;
+    use std::os::fd::AsRawFd;
+    let Body::Parts(parts) = &resp.body else {
+        return false;
+    };
+    let len: usize = parts.iter().map(Part::len).sum();
+    let room = total(iov).unwrap_or(0);
+    let fits = if up_to {
+        len as u64 <= room
+    } else {
+        len as u64 == room
+    };
+    if resp.status != Status::OK || !fits || peer.held() >= crate::http::same_host::MAX_HELD_LEASES
+    {
+        return false;
+    }
+    let mut places = String::new();
+    for part in parts {
+        let Part::Blob(p) = part else { return false };
+        let v = &p.view;
+        let file = v.seg.backend.addressable().and_then(|r| {
+            r.check(v.offset, v.len as usize).ok()?;
+            r.shared_file()
+        });
+        let (Some(file), true) = (file, p.is_managed()) else {
+            return false;
+        };
+        let sep = if places.is_empty() { "" } else { "," };
+        let _ = write!(
+            places,
+            "{sep}{}:{}:{}:{}",
+            file.fd.as_raw_fd(),
+            file.ino,
+            v.offset,
+            v.len
+        );
+    }
+    let Body::Parts(parts) = std::mem::replace(&mut resp.body, Body::Omitted(len as u64)) else {
+        unreachable!("matched above");
+    };
+    match peer.hold(parts) {
+        Ok(lease) => {
+            resp.location = Some(format!("{lease} {places}").into_boxed_str());
+            resp.same_host = SameHost::Mapped;
+            let stats = &ctx.shard.stats().same_host;
+            stats.gets.inc();
+            stats.get_bytes.add(len as u64);
+            stats.mapped_gets.inc();
+            true
+        }
+        Err(parts) => {
+            resp.body = Body::Parts(parts);
+            false
+        }
+    }
+}
+
 /// A pinned blob's bytes into the peer's memory at `to`.
 fn write_blob(peer: &LocalPeer, to: &[libc::iovec], p: &crate::shards::PinnedBlob) -> bool {
     let v = &p.view;

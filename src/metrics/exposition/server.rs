@@ -160,6 +160,14 @@ static SERVER_SINGLES: &[Single] = &[
     ),
     (
         family!(
+            "memcache_same_host_mapped_gets_total",
+            "Same-host gets the client copied itself from its read-only mapping of the segment, the blobs pinned meanwhile",
+            counter
+        ),
+        |c| st(c, |s| s.same_host.mapped_gets.get()),
+    ),
+    (
+        family!(
             "memcache_metadata_keys",
             "Keys stored through /metadata",
             gauge

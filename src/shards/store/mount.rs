@@ -111,12 +111,19 @@ fn ssd_error(name: &str, dir: &str, e: std::io::Error) -> String {
     format!("cannot create the SSD file for {name} in {dir}: {e}")
 }
 
-/// Reserves a memory segment's address space (DRAM: an anonymous mapping; HBM: the device).
+/// Reserves a memory segment's address space (DRAM: a shared memfd mapping; HBM: the device).
 fn memory_backend(medium: Medium, size: u64, name: &str) -> Result<Backend, String> {
     match medium {
-        Medium::Dram => Ok(Backend::Host(MappedRegion::new(size).map_err(|e| {
-            format!("cannot reserve {size} bytes of DRAM for {name}: {e}")
-        })?)),
+        // A memfd, which same-host clients may map read-only (mapped gets); anonymous memory
+        // where memfds are not to be had.
+        Medium::Dram => Ok(Backend::Host(
+            MappedRegion::new_shared(size)
+                .or_else(|e| {
+                    log::warn!("{name}: no memfd for the DRAM segment ({e}); anonymous memory, no mapped same-host gets");
+                    MappedRegion::new(size)
+                })
+                .map_err(|e| format!("cannot reserve {size} bytes of DRAM for {name}: {e}"))?,
+        )),
         Medium::Hbm => Ok(Backend::Device(Box::new(HostEmulated::new(size).map_err(
             |e| format!("cannot reserve {size} bytes of HBM for {name}: {e}"),
         )?))),

@@ -1,0 +1,212 @@
+"""Mapped same-host gets (docs/same-host.md, *Mapped gets*): the client copies a leased blob
+itself from a read-only mapping of the server's DRAM segment.
+
+A same-host get sent with ``X-Mmc-Map: N`` may be answered ``200`` with no body and
+``X-Mmc-Mapped: LEASE FD:INO:OFFSET:LENGTH[,…]``: the object is those ranges of the server's
+segment files (its descriptor numbers, their inode numbers), pinned by the server until this
+connection says it is done with the lease (``X-Mmc-Map: LEASE`` on a later request) or closes.
+This module maps each segment once per process, read-only (``/proc/PID/fd/FD`` opened
+``O_RDONLY``, checked to be that inode), copies the ranges with ``memmove`` into the caller's
+memory, and then checks that the connection is still open: the server shuts a connection down
+before it lets its pins go, so a copy followed by an open connection was made while the pins
+were held.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import threading
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_long]
+_munmap = _libc.munmap
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_PROT_READ = 1
+_MAP_SHARED = 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_memmove = ctypes.memmove
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+
+
+class _Segment:
+    __slots__ = ("base", "size", "users")
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base, self.size, self.users = base, size, 0
+
+
+_lock = threading.Lock()
+# (server pid, its descriptor number, the file's inode) -> the segment mapped here.
+_segments: Dict[Tuple[int, int, int], _Segment] = {}
+# Servers (pids) whose segments could not be mapped: no mapped gets asked of them again.
+_unmappable: Set[int] = set()
+# Mappings made so far (for tests: each segment is mapped once per process).
+mappings_made = 0
+
+
+def enabled() -> bool:
+    return os.environ.get("MMC_SAME_HOST_MAP", "1") != "0"
+
+
+def may_map(pid: Optional[int]) -> bool:
+    """Whether gets to the server ``pid`` may ask for mapped answers."""
+    return pid is not None and pid not in _unmappable and enabled()
+
+
+class MapFailed(ValueError):
+    """A mapped answer that could not be copied (the segment could not be mapped, or the
+    answer was malformed): the request is made again without mapping."""
+
+
+def _map(pid: int, fd: int, ino: int, need: int) -> _Segment:
+    """The segment ``(pid, fd, ino)``, mapped on first use; its ``users`` counted up (the
+    caller counts it down when its copy is done)."""
+    global mappings_made
+    key = (pid, fd, ino)
+    with _lock:
+        seg = _segments.get(key)
+        if seg is not None and seg.size >= need:
+            seg.users += 1
+            return seg
+    try:
+        f = os.open("/proc/%d/fd/%d" % (pid, fd), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        _unmappable.add(pid)
+        raise MapFailed("cannot open the server's segment: %s" % e) from e
+    try:
+        st = os.fstat(f)
+        if st.st_ino != ino or st.st_size < need:
+            # A descriptor number reused for another file: never mapped as the segment.
+            raise MapFailed("the server's descriptor %d is not the segment named" % fd)
+        base = _mmap(None, st.st_size, _PROT_READ, _MAP_SHARED, f, 0)
+        if base is None or base == _MAP_FAILED:
+            _unmappable.add(pid)
+            raise MapFailed("cannot map the server's segment: errno %d" % ctypes.get_errno())
+    finally:
+        os.close(f)
+    seg = _Segment(base, st.st_size)
+    stale: List[_Segment] = []
+    with _lock:
+        old = _segments.get(key)
+        if old is not None and old.users == 0:
+            stale.append(old)
+        _segments[key] = seg
+        seg.users += 1
+        mappings_made += 1
+        # Segments of servers that are gone keep their memory while mapped: let them go
+        # (those no copy is using).
+        for k, s in list(_segments.items()):
+            if k[0] != pid and s.users == 0 and not _alive(k[0]):
+                del _segments[k]
+                stale.append(s)
+    for s in stale:
+        _munmap(s.base, s.size)
+    return seg
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def parse(text: str) -> Tuple[int, List[Tuple[int, int, int, int]]]:
+    """``X-Mmc-Mapped``'s lease and ranges ``(fd, ino, offset, length)``."""
+    try:
+        lease, _, rest = text.strip().partition(" ")
+        ranges = []
+        for entry in rest.split(","):
+            fd, ino, off, n = entry.split(":")
+            ranges.append((int(fd), int(ino), int(off), int(n)))
+        return int(lease), ranges
+    except ValueError as e:
+        raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
+
+
+def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
+         up_to: bool = False) -> Tuple[int, int]:
+    """Copies the object ``X-Mmc-Mapped: text`` names into ``dests`` (address, length), in
+    order: exactly their total length, or (``up_to``) at most. Returns (lease, bytes copied).
+    Raises MapFailed for an answer it cannot copy, EOFError when the connection (``sock_fd``)
+    closed, which may have been before the copy ended: then nothing copied counts."""
+    lease, ranges = parse(text)
+    total = sum(r[3] for r in ranges)
+    room = sum(d[1] for d in dests)
+    if total > room or (total != room and not up_to):
+        raise MapFailed("a mapped answer of %d bytes for %d" % (total, room))
+    segs = [_map(pid, fd, ino, off + n) for fd, ino, off, n in ranges]
+    try:
+        if len(ranges) == 1 and len(dests) == 1:
+            _memmove(dests[0][0], segs[0].base + ranges[0][2], total)
+            ranges = []
+        di, dat = 0, 0
+        for (fd, ino, off, n), seg in zip(ranges, segs):
+            src = seg.base + off
+            while n > 0:
+                daddr, dlen = dests[di]
+                step = min(n, dlen - dat)
+                _memmove(daddr + dat, src, step)
+                src += step
+                n -= step
+                dat += step
+                if dat == dlen:
+                    di, dat = di + 1, 0
+    finally:
+        with _lock:
+            for seg in segs:
+                seg.users -= 1
+    _check_open(sock_fd)
+    return lease, total
+
+
+_CLOSED = _POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
+_pollers = threading.local()
+
+
+def _check_open(sock_fd: int) -> None:
+    """Raises EOFError unless the connection ``sock_fd`` is still open: the server held the
+    pins for the whole copy just made (it shuts a connection down before it lets its pins go),
+    whatever answers it may have queued on it."""
+    p = getattr(_pollers, "p", None)
+    if p is None:
+        p = _pollers.p = select.poll()
+    p.register(sock_fd, _POLLRDHUP)
+    try:
+        events = p.poll(0)
+    finally:
+        p.unregister(sock_fd)
+    if any(ev & _CLOSED for _, ev in events):
+        raise EOFError("the connection closed while a mapped get was copied")
+
+
+def string_at(pid: int, sock_fd: int, text: str, limit: int) -> Tuple[int, bytes]:
+    """The object ``X-Mmc-Mapped: text`` names as new ``bytes`` (one copy), at most ``limit``
+    bytes. Returns (lease, bytes); raises as :func:`copy`."""
+    lease, ranges = parse(text)
+    total = sum(r[3] for r in ranges)
+    if total > limit:
+        raise MapFailed("a mapped answer of %d bytes for %d" % (total, limit))
+    segs = [_map(pid, fd, ino, off + n) for fd, ino, off, n in ranges]
+    try:
+        if len(ranges) == 1:
+            out = ctypes.string_at(segs[0].base + ranges[0][2], total)
+        else:
+            out = b"".join(ctypes.string_at(seg.base + off, n)
+                           for (_, _, off, n), seg in zip(ranges, segs))
+    finally:
+        with _lock:
+            for seg in segs:
+                seg.users -= 1
+    _check_open(sock_fd)
+    return lease, out
