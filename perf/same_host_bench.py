@@ -9,7 +9,9 @@ thread count measures, in the same run and in turn:
                the last-level cache (--window bytes over all threads), each written
                once per pass: memory that is not in cache, as the segment a put writes is
   put_from  -- fresh keys from a NumPy buffer, over the same-host socket, then over TCP
-  get_into  -- stored keys into a NumPy buffer, over the same-host socket, then over TCP
+  get_into  -- stored keys into a NumPy buffer, over the same-host socket (a mapped get: the
+               client copies from its read-only mapping of the segment; MMC_SAME_HOST_MAP=0:
+               the server copies), then over TCP
   shared    -- the same puts and gets over the same-host socket from and into buffers of
                alloc_shared_buffer (the server copies with memcpy: docs/same-host.md,
                *Shared buffers*)
@@ -214,8 +216,9 @@ class Case:
         return work
 
     def gets_bytes(self, store, tag):
-        """get(): a new bytes object per call (same host: the server copies into the thread's
-        shared buffer, then into the bytes)."""
+        """get(): a new bytes object per call (same host: made straight from the mapped
+        segment; with MMC_SAME_HOST_MAP=0 the server copies into the thread's shared buffer,
+        and the bytes are made from there)."""
         def work(t, stop):
             n = 0
             t0 = time.perf_counter()
@@ -328,8 +331,8 @@ def main():
             get / m, put / far, get / far))
 
     print()
-    print("get(): new bytes per call (same host: copied into the thread's shared buffer, then "
-          "into the bytes):")
+    print("get(): new bytes per call (same host: made from the mapped segment, or with "
+          "MMC_SAME_HOST_MAP=0 from the thread's shared buffer the server copied into):")
     print()
     print("| size | threads | get() same-host | get() TCP | ×TCP | ×memmove |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -1144,6 +1144,15 @@ def test_mapped_gets_are_copied_by_the_client_from_a_read_only_mapping(server, s
     assert mapped_gets(server) - mapped_before == 5 + 3 + 1 + 8 + 8
     assert after["shared_copies"] == before["shared_copies"]
     assert seen["tcp"] == 0, seen
+    # Into a buffer the client shares: mapped up to 2 MiB; larger, the server copies it
+    # itself, in two halves at once (faster than the client's one memmove).
+    for n, copied in ((1 << 20, 0), (3 << 20, 1)):
+        sh = shared_array(store, n)
+        mapped0, shared0 = mapped_gets(server), same_host_counts(server)["shared_copies"]
+        assert store.get_into("mg/%d" % n, sh.ctypes.data, n) == OK
+        assert np.array_equal(sh, vals[n]), n
+        assert mapped_gets(server) - mapped0 == 1 - copied
+        assert same_host_counts(server)["shared_copies"] - shared0 == copied
     # One mapping per segment the objects were in, read-only and shared, whatever the gets.
     assert _mapped.mappings_made - maps_before <= 2
     perms = segment_mappings()

@@ -222,7 +222,10 @@ pub(super) fn map(
     } else {
         len as u64 == room
     };
-    if resp.status != Status::OK || !fits || peer.held() >= crate::http::same_host::MAX_HELD_LEASES
+    if resp.status != Status::OK
+        || !fits
+        || peer.held() >= crate::http::same_host::MAX_HELD_LEASES
+        || peer.copies_faster(iov, len)
     {
         return false;
     }
