@@ -216,6 +216,17 @@ fn build(choice: DriverChoice, ring_entries: u32, shard: usize) -> Result<Built,
     }
 }
 
+thread_local! {
+    static ON_IO_URING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is a shard on an io_uring driver: every operation there completes
+/// through the ring, so a task that awaits one lets the shard's other tasks run first (the
+/// epoll driver completes a ready operation at once, without yielding).
+pub fn on_io_uring() -> bool {
+    ON_IO_URING.get()
+}
+
 /// Builds this thread's runtime and runs `make(kind)` on it to completion. Logs the driver
 /// once. Returns an error (never panics) when the requested driver cannot be built.
 pub fn run_shard<F, M>(
@@ -231,6 +242,7 @@ where
     match build(choice, ring_entries, shard)? {
         Built::Uring(mut rt, kind) => {
             log::info!("shard {shard}: io driver {kind}");
+            ON_IO_URING.set(true);
             Ok(rt.block_on(make(kind)))
         }
         Built::Epoll(mut rt) => {

@@ -1288,3 +1288,34 @@ def test_a_client_that_cannot_map_the_segments_has_the_server_copy(server, store
                and same_host_counts(server)["gets"] > gets)
     assert np.array_equal(src, out)
     assert not any(k[0] == server.proc.pid for k in _mapped._segments)
+
+
+@pytest.mark.parametrize("driver", ["auto", "uring", "epoll"])
+def test_a_shard_polling_a_same_host_connection_still_serves_its_others(monkeypatch, driver):
+    """After answering on a same-host connection the shard polls it for the next request
+    (ock.mmc.http.same_host_spin_us, here 100 ms): meanwhile the shard's other connections,
+    same-host (both on shard 0's own socket) and new TCP ones, are answered at once, not after
+    it, on every io driver (the epoll driver does not poll)."""
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    srv = Server(["--set", "ock.mmc.http.same_host_spin_us=100000"], driver=driver)
+    try:
+        path = socket_path(srv) + ".0"
+        first, second = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+        first.connect(path)
+        second.connect(path)
+        head = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+        slowest = 0.0
+        for _ in range(6):
+            first.sendall(head)
+            assert first.recv(65536).startswith(b"HTTP/1.1 200")
+            # The shard now polls `first` for up to 100 ms.
+            t0 = time.monotonic()
+            assert srv.get("/health")
+            second.sendall(head)
+            assert second.recv(65536).startswith(b"HTTP/1.1 200")
+            slowest = max(slowest, time.monotonic() - t0)
+        assert slowest < 0.05, "answered after %.0f ms" % (slowest * 1e3)
+        first.close()
+        second.close()
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)

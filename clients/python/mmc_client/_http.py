@@ -728,8 +728,10 @@ class Client:
                 known = self._local[(host, port)]
                 if known is not None or now - self._local_at[(host, port)] < _REDISCOVER_SECONDS:
                     return known
-                # Asked again once by this thread; the others keep TCP meanwhile.
-                self._local_at[(host, port)] = now
+            else:
+                self._local[(host, port)] = None
+            # Asked (again) once, by this thread; the others keep TCP meanwhile.
+            self._local_at[(host, port)] = now
         path = self._discover(host, port)
         with self._ep_lock:
             self._local[(host, port)] = path

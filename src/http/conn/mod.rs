@@ -153,13 +153,14 @@ pub async fn run<S: Io>(
 /// Polls `fd` without blocking, yielding to the shard's other tasks (and the CPU to other
 /// threads) between polls, for up to `ock.mmc.http.same_host_spin_us`: a same-host client
 /// sending requests one after another (a loop of gets) finds the shard awake, instead of
-/// paying for the wake-up of a sleeping thread, tens of microseconds on a VM (1 MiB mapped
-/// gets 120 -> 100 us, docs/same-host.md). One connection of the shard polls at a time.
-/// `Some(n)`: `n` bytes were read into `rbuf` (0: the client closed).
+/// paying for the wake-up of a sleeping thread, tens of microseconds on a VM
+/// (docs/same-host.md). One connection of the shard polls at a time, on the io_uring drivers
+/// only ([`yield_to_driver`] needs one). `Some(n)`: `n` bytes were read into `rbuf` (0: the
+/// client closed).
 async fn spin_for_next(front: &Front, fd: RawFd, rbuf: &mut Vec<u8>) -> Option<usize> {
     let spin = std::time::Duration::from_micros(front.config().http.same_host_spin_us);
     // One connection of the shard polls at a time: several would only take turns.
-    if spin.is_zero() || SPINNING.get() {
+    if spin.is_zero() || SPINNING.get() || !crate::shards::runtime::on_io_uring() {
         return None;
     }
     struct Spinning;
@@ -206,23 +207,52 @@ async fn spin_polls(fd: RawFd, rbuf: &mut Vec<u8>, spin: std::time::Duration) ->
         // Another thread that needs this CPU (a shard's copy helper, the client itself) gets it.
         // SAFETY: no preconditions.
         unsafe { libc::sched_yield() };
-        yield_once().await;
+        if !yield_to_driver().await {
+            return None;
+        }
     }
 }
 
-/// Lets the shard's other ready tasks (and its ring's completions) run once.
-async fn yield_once() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            std::task::Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
+/// Lets the shard's other tasks run, and its driver reap every completion, once, without
+/// letting the thread sleep: a byte written to a socket pair of the shard's is read back
+/// through the driver, which parks to complete the read and finds it done at once. (A task
+/// that woke itself instead would be run again before any other: monoio puts a task that is
+/// woken while it runs at the front of its queue, so the shard's others starved; and with
+/// DEFER_TASKRUN a ring posts completions only when the driver waits on it.) `false` when the
+/// pair cannot be made (no polling then).
+async fn yield_to_driver() -> bool {
+    use std::os::fd::AsRawFd;
+    let Some((mut read_end, write_end, buf)) = YIELDER.take().or_else(|| {
+        let (a, b) = std::os::unix::net::UnixStream::pair().ok()?;
+        a.set_nonblocking(true).ok()?;
+        let a = monoio::net::UnixStream::from_std(a).ok()?;
+        Some((a, b, Vec::with_capacity(16)))
+    }) else {
+        return false;
+    };
+    // SAFETY: one byte from a local into our own socket.
+    let wrote = unsafe { libc::write(write_end.as_raw_fd(), [1u8].as_ptr().cast(), 1) } == 1;
+    if !wrote {
+        return false;
+    }
+    let (res, mut buf) = read_end.read(buf).await;
+    buf.clear();
+    if res.is_ok() {
+        YIELDER.set(Some((read_end, write_end, buf)));
+    }
+    res.is_ok()
+}
+
+type Yielder = (
+    monoio::net::UnixStream,
+    std::os::unix::net::UnixStream,
+    Vec<u8>,
+);
+
+thread_local! {
+    /// The shard's socket pair for [`yield_to_driver`] (one polling connection uses it at a
+    /// time).
+    static YIELDER: std::cell::Cell<Option<Yielder>> = const { std::cell::Cell::new(None) };
 }
 
 /// Answers every complete request in the read buffer, in order. Returns where the
