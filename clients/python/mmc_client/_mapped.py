@@ -14,11 +14,12 @@ were held.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
 import threading
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _mmap = _libc.mmap
@@ -145,8 +146,7 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
     room = sum(d[1] for d in dests)
     if total > room or (total != room and not up_to):
         raise MapFailed("a mapped answer of %d bytes for %d" % (total, room))
-    segs = [_map(pid, fd, ino, off + n) for fd, ino, off, n in ranges]
-    try:
+    with _mapped_ranges(pid, ranges) as segs:
         if len(ranges) == 1 and len(dests) == 1:
             _memmove(dests[0][0], segs[0].base + ranges[0][2], total)
             ranges = []
@@ -162,12 +162,22 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
                 dat += step
                 if dat == dlen:
                     di, dat = di + 1, 0
+    _check_open(sock_fd)
+    return lease, total
+
+
+@contextlib.contextmanager
+def _mapped_ranges(pid: int, ranges: List[Tuple[int, int, int, int]]) -> Iterator[List[_Segment]]:
+    """The segments of ``ranges``, mapped, and counted in use (not unmapped) meanwhile."""
+    segs: List[_Segment] = []
+    try:
+        for fd, ino, off, n in ranges:
+            segs.append(_map(pid, fd, ino, off + n))
+        yield segs
     finally:
         with _lock:
             for seg in segs:
                 seg.users -= 1
-    _check_open(sock_fd)
-    return lease, total
 
 
 _CLOSED = _POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
@@ -197,16 +207,8 @@ def string_at(pid: int, sock_fd: int, text: str, limit: int) -> Tuple[int, bytes
     total = sum(r[3] for r in ranges)
     if total > limit:
         raise MapFailed("a mapped answer of %d bytes for %d" % (total, limit))
-    segs = [_map(pid, fd, ino, off + n) for fd, ino, off, n in ranges]
-    try:
-        if len(ranges) == 1:
-            out = ctypes.string_at(segs[0].base + ranges[0][2], total)
-        else:
-            out = b"".join(ctypes.string_at(seg.base + off, n)
-                           for (_, _, off, n), seg in zip(ranges, segs))
-    finally:
-        with _lock:
-            for seg in segs:
-                seg.users -= 1
+    with _mapped_ranges(pid, ranges) as segs:
+        out = b"".join(ctypes.string_at(seg.base + off, n)
+                       for (_, _, off, n), seg in zip(ranges, segs))
     _check_open(sock_fd)
     return lease, out

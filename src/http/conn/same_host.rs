@@ -144,6 +144,22 @@ fn fill_from_peer(
     Filled::Ok
 }
 
+/// The length of a get's answer when it is the object's bytes (200, blobs and bytes) of
+/// exactly the length `iov` names (`up_to`: at most that length); `None` for any other answer.
+fn fitting_len(resp: &Response, iov: &[libc::iovec], up_to: bool) -> Option<usize> {
+    let Body::Parts(parts) = &resp.body else {
+        return None;
+    };
+    let len: usize = parts.iter().map(Part::len).sum();
+    let room = total(iov).unwrap_or(0);
+    let fits = if up_to {
+        len as u64 <= room
+    } else {
+        len as u64 == room
+    };
+    (resp.status == Status::OK && fits).then_some(len)
+}
+
 /// A get's answer with `X-Mmc-Iov`: when it is the object's bytes (200, blobs and bytes) of
 /// exactly the length `iov` names (`up_to`: of at most that length, into its first bytes),
 /// they are written into the peer's memory now, while `resp` still holds their lease and
@@ -157,19 +173,12 @@ pub(super) fn deliver(
     ctx: &mut Ctx<'_>,
     resp: &mut Response,
 ) {
+    let Some(len) = fitting_len(resp, iov, up_to) else {
+        return;
+    };
     let Body::Parts(parts) = &resp.body else {
         return;
     };
-    let len: usize = parts.iter().map(Part::len).sum();
-    let room = total(iov).unwrap_or(0);
-    let fits = if up_to {
-        len as u64 <= room
-    } else {
-        len as u64 == room
-    };
-    if resp.status != Status::OK || !fits {
-        return;
-    }
     let mut at = 0;
     // Part after part, stopping at the first that fails.
     let copied = parts.iter().all(|part| {
@@ -212,21 +221,13 @@ pub(super) fn map(
 ) -> bool {
     use std::fmt::Write;
     use std::os::fd::AsRawFd;
+    let Some(len) = fitting_len(resp, iov, up_to) else {
+        return false;
+    };
     let Body::Parts(parts) = &resp.body else {
         return false;
     };
-    let len: usize = parts.iter().map(Part::len).sum();
-    let room = total(iov).unwrap_or(0);
-    let fits = if up_to {
-        len as u64 <= room
-    } else {
-        len as u64 == room
-    };
-    if resp.status != Status::OK
-        || !fits
-        || peer.held() >= crate::http::same_host::MAX_HELD_LEASES
-        || peer.copies_faster(iov, len)
-    {
+    if peer.held() >= crate::http::same_host::MAX_HELD_LEASES || peer.copies_faster(iov, len) {
         return false;
     }
     let mut places = String::new();
