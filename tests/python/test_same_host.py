@@ -27,9 +27,11 @@ OK = 0
 INVALID = -3000
 
 
-def make_store(url):
+def make_store(url, **config):
     c = LocalConfig()
     c.meta_service_url = url
+    for name, value in config.items():
+        setattr(c, name, value)
     s = DistributedObjectStore()
     assert s.setup(c) == 0
     assert s.init(0) == 0
@@ -89,14 +91,14 @@ def keys_of_each_shard(prefix, per_shard):
 def count_transports(monkeypatch):
     """Counts the requests sent per transport (same-host socket or TCP)."""
     seen = {"unix": 0, "tcp": 0, "pipelined": 0}
-    real, real_local = _http.Client._on, _http.Client._on_local
+    real, real_local = _http.Client._on, _http.Client._send_local
     real_pipeline = _http.Client.pipeline
 
     def on(self, conn, *args, **kwargs):
         seen["unix" if conn.sock.family == socket.AF_UNIX else "tcp"] += 1
         return real(self, conn, *args, **kwargs)
 
-    def on_local(self, conn, *args, **kwargs):
+    def send_local(self, conn, *args, **kwargs):
         seen["unix"] += 1
         return real_local(self, conn, *args, **kwargs)
 
@@ -106,7 +108,7 @@ def count_transports(monkeypatch):
         return answers
 
     monkeypatch.setattr(_http.Client, "_on", on)
-    monkeypatch.setattr(_http.Client, "_on_local", on_local)
+    monkeypatch.setattr(_http.Client, "_send_local", send_local)
     monkeypatch.setattr(_http.Client, "pipeline", pipeline)
     return seen
 
@@ -143,6 +145,57 @@ def put_then_get_each(s, keys, n):
     """put_then_get of ``n`` bytes (seeded by the key) for each of ``keys``."""
     for key in keys:
         put_then_get(s, key, data(n, len(key)), np.zeros(n, dtype=np.uint8))
+
+
+def test_puts_and_gets_of_an_address_go_the_short_way_and_other_answers_go_on_from_there(
+        server, store, monkeypatch):
+    """put_from and get_into of an address (the common call) go the short way: the request
+    sent and its answer read without the long way's layers (Client.local_start), mapped or
+    copied by the server. An answer the short way does not finish (a missing key, a buffer of
+    the wrong size, a put refused) goes on from where it is, the long way: one request each,
+    the codes the long way gives."""
+    warm = data(16, 40)
+    assert store.put_from("sw/warm", warm.ctypes.data, warm.nbytes) == OK  # (finds the socket)
+    seen = count_transports(monkeypatch)
+    long_way = []
+    real_on_local = _http.Client._on_local
+
+    def on_local(self, *args, **kwargs):
+        long_way.append(args[2])
+        return real_on_local(self, *args, **kwargs)
+
+    monkeypatch.setattr(_http.Client, "_on_local", on_local)
+    src, out = data(1 << 20, 41), np.zeros(1 << 20, dtype=np.uint8)
+    mapped0, counts0 = mapped_gets(server), same_host_counts(server)
+    for mapped in ("1", "0"):
+        monkeypatch.setenv("MMC_SAME_HOST_MAP", mapped)
+        out[:] = 0
+        put_then_get(store, "sw/%s" % mapped, src, out)
+    assert mapped_gets(server) == mapped0 + 1
+    counts = same_host_counts(server)
+    assert (counts["puts"], counts["gets"]) == (counts0["puts"] + 2, counts0["gets"] + 2)
+    assert long_way == [] and seen == {"unix": 4, "tcp": 0, "pipelined": 0}, (long_way, seen)
+    # A missing key; a buffer of the wrong size (nothing written).
+    assert store.get_into("sw/missing", out.ctypes.data, out.nbytes) == -3102
+    small = np.full(10, 7, dtype=np.uint8)
+    assert store.get_into("sw/1", small.ctypes.data, small.nbytes) == INVALID
+    assert (small == 7).all()
+    # A put of a key that is there: refused (200, success false); upstream's code for it
+    # is 0 unless duplicate puts are errors.
+    other = data(1 << 20, 42)
+    assert store.put_from("sw/1", other.ctypes.data, other.nbytes) == OK
+    assert store.get_into("sw/1", out.ctypes.data, out.nbytes) == OK
+    assert np.array_equal(src, out)
+    assert long_way == ["GET", "GET"] and seen == {"unix": 4 + 4, "tcp": 0, "pipelined": 0}, (
+        long_way, seen)
+    strict = make_store("http://%s" % server.addr, duplicate_put_is_error=True)
+    try:
+        # (The first request finds the socket, the long way.)
+        assert strict.put_from("sw/strict", other.ctypes.data, other.nbytes) == OK
+        assert strict.put_from("sw/1", other.ctypes.data, other.nbytes) == -3006
+    finally:
+        strict.close()
+    assert long_way == ["GET", "GET", "PUT"], long_way
 
 
 def test_every_data_path_call_goes_over_the_socket_with_bytes_intact(server, store,

@@ -272,6 +272,10 @@ class Connection:
 
     def read_head(self) -> Tuple[int, Dict[str, str]]:
         """Reads one response head: (status, headers dict with lower-case names)."""
+        return parse_head(self.read_head_text())
+
+    def read_head_text(self) -> str:
+        """Reads one response head, as text without its final empty line."""
         start = 0
         while True:
             end = self.rbuf.find(b"\r\n\r\n", start)
@@ -281,18 +285,9 @@ class Connection:
             if len(self.rbuf) > 64 * 1024:
                 raise ValueError("response head too large")
             self._fill()
-        head = bytes(self.rbuf[:end]).decode("latin-1")
+        head = self.rbuf[:end].decode("latin-1")
         del self.rbuf[:end + 4]
-        lines = head.split("\r\n")
-        status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1."):
-            raise ValueError("bad status line %r" % lines[0])
-        status = int(status_line[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return status, headers
+        return head
 
     def read_exact_into(self, view: memoryview) -> None:
         """Fills ``view`` (a writable byte memoryview) from the buffer, then the socket."""
@@ -369,6 +364,32 @@ class Connection:
             if not data:
                 return out
             out += data
+
+
+def parse_head(head: str) -> Tuple[int, Dict[str, str]]:
+    """A response head's (status, headers dict with lower-case names)."""
+    lines = head.split("\r\n")
+    status_line = lines[0].split(" ", 2)
+    if len(status_line) < 2 or not status_line[0].startswith("HTTP/1."):
+        raise ValueError("bad status line %r" % lines[0])
+    status = int(status_line[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def head_field(head: str, name: str) -> Optional[str]:
+    """The value of header ``name`` in a response head's text when the server spelled its name
+    so (the same-host short way's look-up: a name spelled otherwise is found by parse_head);
+    None when absent."""
+    i = head.find("\r\n%s: " % name)
+    if i < 0:
+        return None
+    i += len(name) + 4
+    j = head.find("\r\n", i)
+    return head[i:] if j < 0 else head[i:j]
 
 
 class BodyReader:
@@ -621,11 +642,14 @@ class Client:
     def request(self, method: str, target: str, body: Sequence[Any] = (),
                 headers: Optional[Dict[str, str]] = None,
                 reader: BodyReader = _DEFAULT_READER,
-                local: Optional[str] = None, key: Optional[bytes] = None) -> Response:
+                local: Optional[str] = None, key: Optional[bytes] = None,
+                first: Optional[Tuple[Connection, bool, str]] = None) -> Response:
         """``body`` is a sequence of buffers sent back to back (no copy). ``local``: the
         ``X-Mmc-Iov`` of the object's buffers (the put's body, the get's destination), for a
         server on this host that takes it instead of bytes on the socket; ``key`` (its bytes)
-        then picks the socket of the shard that owns it."""
+        then picks the socket of the shard that owns it. ``first``: the request was sent
+        already, the short way (:meth:`local_start`), and this is its connection, whether it
+        was pooled, and its answer's head: the request goes on from there."""
         deadline = time.monotonic() + self.retry_ms / 1000.0
         attempt = 0
         # Failures in a row that moved to the next URL: each URL gets one try without waiting.
@@ -634,8 +658,10 @@ class Client:
             index = self.current
             host, port = self.endpoints[index]
             try:
+                # (A request sent the short way goes on once; any later attempt is a new one.)
+                sent, first = first, None
                 resp = self._follow(method, host, port, target, body, headers, reader, local,
-                                    key)
+                                    key, sent)
                 if resp.status not in (429, 503):
                     return resp
                 failure = TransportError(errors.from_answer(resp),
@@ -666,15 +692,17 @@ class Client:
 
     def _follow(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
                 headers: Optional[Dict[str, str]], reader: BodyReader,
-                local: Optional[str] = None, key: Optional[bytes] = None) -> Response:
+                local: Optional[str] = None, key: Optional[bytes] = None,
+                sent: Optional[Tuple[Connection, bool, str]] = None) -> Response:
         at_meta = True
         first = True
         for _ in range(_MAX_REDIRECTS + 1):
             try:
                 resp = None
                 if local is not None:
+                    once, sent = sent, None
                     resp = self._same_host(method, host, port, target, headers, reader, local,
-                                           key)
+                                           key, once)
                 if resp is None:
                     body_len = sum(len(b) for b in body)
                     expect = 0 < body_len and body_len >= self.expect_continue_bytes
@@ -780,24 +808,36 @@ class Client:
 
     def _same_host(self, method: str, host: str, port: int, target: str,
                    headers: Optional[Dict[str, str]], reader: BodyReader,
-                   local: str, key: Optional[bytes] = None) -> Optional[Response]:
+                   local: str, key: Optional[bytes] = None,
+                   sent: Optional[Tuple[Connection, bool, str]] = None) -> Optional[Response]:
         """The request over the server's same-host socket with ``X-Mmc-Iov: local`` (the
         socket of ``key``'s owner shard when the server has one per shard); None when the
-        server has none (or refuses this process), so TCP carries it."""
-        path = self.local_path(host, port)
-        if path is None:
-            return None
+        server has none (or refuses this process), so TCP carries it. ``sent``: as
+        ``request``'s ``first``."""
+        path = None
+        if sent is None:
+            path = self.local_path(host, port)
+            if path is None:
+                return None
         hdrs = dict(headers) if headers else {}
         hdrs["X-Mmc-Iov"] = local
         for _ in range(3):
-            try:
-                conn, reused = self._take_owner(host, port, path, key)
-            except OSError:
-                self._forget_local(host, port)
-                return None
+            head = None
+            if sent is not None:
+                conn, reused, head = sent
+                sent = None
+            else:
+                path = path or self.local_path(host, port)
+                if path is None:
+                    return None
+                try:
+                    conn, reused = self._take_owner(host, port, path, key)
+                except OSError:
+                    self._forget_local(host, port)
+                    return None
             try:
                 resp, keep = self._on_local(conn, reused, method, host, port, target, hdrs,
-                                            reader)
+                                            reader, head)
             except _StaleConnection:
                 conn.close()
                 continue
@@ -1044,13 +1084,12 @@ class Client:
         else:
             conn.close()
 
-    def _on_local(self, conn: Connection, reused: bool, method: str, host: str, port: int,
-                  target: str, headers: Dict[str, str],
-                  reader: BodyReader) -> Tuple[Response, bool]:
-        """``_on`` for a same-host request: it has no body (its bytes are named by
-        ``X-Mmc-Iov``), so no ``Expect``; one ``sendall`` of the head. The request path of
-        every same-host put and get, kept short."""
-        lines = "".join("%s: %s\r\n" % kv for kv in headers.items())
+    def _send_local(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+                    target: str, lines: str, iov: str) -> str:
+        """Sends a same-host request on ``conn``: it has no body (its bytes are named by
+        ``X-Mmc-Iov``), so no ``Expect``; one ``sendall`` of the head (``lines``: its own header
+        lines, ``X-Mmc-Iov``'s among them). Returns its answer's head (text); raises
+        _StaleConnection for a pooled connection the server had closed."""
         if self.token:
             lines += "Authorization: Bearer %s\r\n" % self.token
         if method in ("PUT", "POST"):
@@ -1058,23 +1097,33 @@ class Client:
         if _mapped.may_map(conn.peer_pid):
             lines += "X-Mmc-Map: %d\r\n" % conn.map_done
         if self._shared[1]:
-            offer = self._offer(conn, headers["X-Mmc-Iov"])
+            offer = self._offer(conn, iov)
             if offer:
                 lines += "X-Mmc-Shared: %s\r\n" % offer
         conn.uses += 1
-        sock, read_head = conn.sock, conn.read_head
         try:
-            sock.sendall(("%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s\r\n"
-                          % (method, target, host, port, lines)).encode("latin-1"))
+            conn.sock.sendall(("%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s\r\n"
+                               % (method, target, host, port, lines)).encode("latin-1"))
             conn.wait_spinning(self.spin_s, self._waiting)
-            status, hdrs = read_head()
+            return conn.read_head_text()
         except (BrokenPipeError, ConnectionResetError, EOFError):
             # Closed before any answer: a pooled connection the server had closed.
             if reused and not conn.rbuf:
                 raise _StaleConnection()
             raise
+
+    def _on_local(self, conn: Connection, reused: bool, method: str, host: str, port: int,
+                  target: str, headers: Dict[str, str], reader: BodyReader,
+                  head: Optional[str] = None) -> Tuple[Response, bool]:
+        """``_on`` for a same-host request (``head``: its answer's head when it was sent
+        already)."""
+        if head is None:
+            head = self._send_local(conn, reused, method, host, port, target,
+                                    "".join("%s: %s\r\n" % kv for kv in headers.items()),
+                                    headers["X-Mmc-Iov"])
+        status, hdrs = parse_head(head)
         while 100 <= status < 200:
-            status, hdrs = read_head()
+            status, hdrs = conn.read_head()
         clen = hdrs.get("content-length")
         length = int(clen) if clen is not None else None
         if status in (204, 304):
@@ -1084,6 +1133,70 @@ class Client:
         keep = length is not None and not conn.closed \
             and hdrs.get("connection", "").lower() != "close"
         return Response(status, hdrs, data, "unix:%s%s" % (conn.host[5:], target)), keep
+
+    def local_start(self, method: str, target: str, iov: str,
+                    key: bytes) -> Optional[Tuple[Connection, bool, str]]:
+        """The short way of a same-host put or get (docs/same-host.md, *The client's short
+        way*): when the server this client talks to now is known to have a same-host socket,
+        sends the request there (``X-Mmc-Iov: iov``, on ``key``'s owner shard's socket) and
+        reads its answer's head. Returns the connection, whether it was pooled, and that
+        head; the caller finishes an answer it knows (then gives the connection back with
+        :meth:`local_done`) or hands the rest to ``request(..., first=...)``. None when
+        nothing was sent (no socket known yet, none to reach, a pooled connection the server
+        had closed): the request goes the long way, which also finds, forgets or retries
+        what this one met."""
+        host, port = self.endpoints[self.current]
+        path = self._local.get((host, port)) if self.same_host else None
+        if path is None:
+            return None
+        try:
+            conn, reused = self._take_owner(host, port, path, key)
+        except OSError:
+            return None
+        try:
+            head = self._send_local(conn, reused, method, host, port, target,
+                                    "X-Mmc-Iov: %s\r\n" % iov, iov)
+        except _StaleConnection:
+            conn.close()
+            return None
+        except (socket.timeout, BlockingIOError) as e:
+            conn.close()
+            raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
+        except (OSError, EOFError, ValueError):
+            # The server went away mid-request: TCP says what happened to it.
+            conn.close()
+            self._forget_local(host, port)
+            return None
+        except BaseException:
+            conn.close()
+            raise
+        return conn, reused, head
+
+    def local_body(self, conn: Connection, length: int) -> Optional[bytes]:
+        """The body of a short-way answer whose head said its length, read whole; the
+        connection back to the pool. None when it could not be read (closed, and TCP for its
+        server, as the long way does): the request goes the long way again."""
+        try:
+            data = conn.read_bytes(length)
+        except (socket.timeout, BlockingIOError) as e:
+            conn.close()
+            raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
+        except (OSError, EOFError, ValueError):
+            self.local_failed(conn)
+            return None
+        self.pool.give(conn)
+        return data
+
+    def local_done(self, conn: Connection) -> None:
+        """A connection of the short way whose answer was read whole, back to the pool."""
+        self.pool.give(conn)
+
+    def local_failed(self, conn: Connection) -> None:
+        """A connection of the short way whose answer could not be read or copied: closed, and
+        TCP for its server until it is asked again (as the long way does)."""
+        conn.close()
+        host, port = self.endpoints[self.current]
+        self._forget_local(host, port)
 
     def _on(self, conn: Connection, reused: bool, method: str, host: str, port: int,
             target: str, body: Sequence[Any], headers: Optional[Dict[str, str]],

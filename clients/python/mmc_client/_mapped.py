@@ -135,21 +135,41 @@ def parse(text: str) -> Tuple[int, List[Tuple[int, int, int, int]]]:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
 
 
+def _one_range(text: str) -> Tuple[int, int, int, int, int]:
+    """``X-Mmc-Mapped``'s lease and its one range's fd, inode, offset and length."""
+    try:
+        lease, _, rest = text.strip().partition(" ")
+        fd, ino, off, n = rest.split(":")
+        return int(lease), int(fd), int(ino), int(off), int(n)
+    except ValueError as e:
+        raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
+
+
 def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
          up_to: bool = False) -> Tuple[int, int]:
     """Copies the object ``X-Mmc-Mapped: text`` names into ``dests`` (address, length), in
     order: exactly their total length, or (``up_to``) at most. Returns (lease, bytes copied).
     Raises MapFailed for an answer it cannot copy, EOFError when the connection (``sock_fd``)
     closed, which may have been before the copy ended: then nothing copied counts."""
+    if len(dests) == 1 and "," not in text:
+        # One blob into one buffer (a get_into of an object in one blob): the short way.
+        lease, fd, ino, off, n = _one_range(text)
+        if n > dests[0][1] or (n != dests[0][1] and not up_to):
+            raise MapFailed("a mapped answer of %d bytes for %d" % (n, dests[0][1]))
+        seg = _map(pid, fd, ino, off + n)
+        try:
+            _memmove(dests[0][0], seg.base + off, n)
+        finally:
+            with _lock:
+                seg.users -= 1
+        _check_open(sock_fd)
+        return lease, n
     lease, ranges = parse(text)
     total = sum(r[3] for r in ranges)
     room = sum(d[1] for d in dests)
     if total > room or (total != room and not up_to):
         raise MapFailed("a mapped answer of %d bytes for %d" % (total, room))
     with _mapped_ranges(pid, ranges) as segs:
-        if len(ranges) == 1 and len(dests) == 1:
-            _memmove(dests[0][0], segs[0].base + ranges[0][2], total)
-            ranges = []
         di, dat = 0, 0
         for (fd, ino, off, n), seg in zip(ranges, segs):
             src = seg.base + off

@@ -20,8 +20,9 @@ from urllib.parse import quote
 
 from . import _localconf, _mapped, errors
 from ._gva import GvaMixin
-from ._http import (_PyBUF_WRITE, BodyReader, Client, Connection, SharedBuffer, TransportError,
-                    _PyMemoryView_FromMemory, address_of, iov_header)
+from ._http import (_PyBUF_WRITE, BodyReader, Client, Connection, Response, SharedBuffer,
+                    TransportError, _PyMemoryView_FromMemory, address_of, head_field,
+                    iov_header, parse_head)
 
 log = logging.getLogger("mmc_client")
 
@@ -71,6 +72,15 @@ _PyBUF_READ = 0x100
 Buffer = Any
 # One object's bytes as the buffers they are sent from or received into, back to back.
 Parts = List[memoryview]
+# A request sent the short way (Client.local_start): its connection, whether it was pooled, and
+# its answer's head.
+Started = Tuple[Connection, bool, str]
+# A put's answer read by the short way: its body up to this many bytes (the server's answer to a
+# put is a few dozen); a longer one goes the long way.
+_SHORT_BODY_MAX = 4096
+# How the server's answer to a same-host get that it copied, or whose places it says, begins.
+_GOT_HEAD = ("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+             "Content-Length: 0\r\n")
 
 
 class _Fail(Exception):
@@ -805,17 +815,50 @@ class DistributedObjectStore(GvaMixin):
 
     def _put_parts(self, key: str, parts: Parts,
                    replicateConfig: Optional[ReplicateConfig], q: Optional[str] = None,
-                   iov: Optional[str] = None) -> int:
-        """``q`` and ``iov`` as for _get_parts."""
+                   iov: Optional[str] = None, first: Optional[Started] = None,
+                   extra: Optional[str] = None) -> int:
+        """``q``, ``iov`` and ``first`` as for _get_parts; ``extra``: replicateConfig's query,
+        when the caller has it."""
         q = q or _check_key(key)
-        extra = (replicateConfig or ReplicateConfig()).query()
+        if extra is None:
+            extra = replicateConfig.query() if replicateConfig is not None else ""
         resp = self._c().request("PUT", "/api/v1/objects?key=" + q + extra, list(parts),
-                                 local=iov or _local_iov(parts), key=key.encode())
+                                 local=iov or _local_iov(parts), key=key.encode(),
+                                 first=first)
+        return self._put_answer(resp)
+
+    def _put_answer(self, resp: Response) -> int:
         try:
             _json(resp)
         except _Fail as f:
             return self._put_code(f.code)
         return errors.MMC_OK
+
+    def _put_from_short(self, key: str, q: str, ptr: int, size: int,
+                        replicateConfig: Optional[ReplicateConfig]) -> int:
+        """put_from of ``size`` bytes at the address ``ptr``, the short way when it applies (as
+        _get_into_short): a 200 answer is finished here, any other goes on the long way."""
+        c = self._c()
+        iov = "%x:%d" % (ptr, size)
+        extra = replicateConfig.query() if replicateConfig is not None else ""
+        target = "/api/v1/objects?key=" + q + extra
+        kb = key.encode()
+        started = c.local_start("PUT", target, iov, kb)
+        if started is not None:
+            conn, _, head = started
+            clen = head_field(head, "Content-Length")
+            if head.startswith("HTTP/1.1 200 ") and "\r\nConnection:" not in head \
+                    and clen is not None and clen.isdigit() and int(clen) <= _SHORT_BODY_MAX:
+                body = c.local_body(conn, int(clen))
+                if body is None:
+                    started = None
+                elif body.startswith(b'{"success":true,'):
+                    return errors.MMC_OK
+                else:
+                    return self._put_answer(Response(200, parse_head(head)[1], body,
+                                                     "unix:%s%s" % (conn.host[5:], target)))
+        return self._put_parts(key, [_view(ptr, size, False)], replicateConfig, q, iov,
+                               started, extra)
 
     @_guard(_code)
     def put(self, key: str, buf: Any, replicateConfig: Optional[ReplicateConfig] = None) -> int:
@@ -827,6 +870,8 @@ class DistributedObjectStore(GvaMixin):
                  replicateConfig: Optional[ReplicateConfig] = None) -> int:
         q = _check_key(key)
         _direct(direct, SMEMB_COPY_H2G)
+        if type(buffer_ptr) is int and type(size) is int and size > 0 and buffer_ptr:
+            return self._put_from_short(key, q, buffer_ptr, size, replicateConfig)
         view = _view(buffer_ptr, size, False)
         return self._put_parts(key, [view], replicateConfig, q, _ptr_iov(buffer_ptr, size))
 
@@ -1017,14 +1062,15 @@ class DistributedObjectStore(GvaMixin):
         return b""
 
     def _get_parts(self, key: str, parts: Parts, q: Optional[str] = None,
-                   iov: Optional[str] = None) -> int:
+                   iov: Optional[str] = None, first: Optional[Started] = None) -> int:
         """``q``: the key quoted, when the caller has it; ``iov``: the parts' ``X-Mmc-Iov``,
-        when the caller has it."""
+        when the caller has it; ``first``: the request went the short way, and this is where
+        it stands (``Client.request``'s ``first``)."""
         iov = iov or _local_iov(parts)
         reader = _IntoReader(parts, iov)
         resp = self._c().request("GET", "/api/v1/objects?key=" + (q or _check_key(key)),
                                  reader=reader, local=iov,
-                                 key=key.encode())
+                                 key=key.encode(), first=first)
         if isinstance(resp.body, bytes):
             _json(resp)
             return errors.MMC_ERROR
@@ -1038,8 +1084,43 @@ class DistributedObjectStore(GvaMixin):
         (nothing written: a shorter object is not a full read)."""
         q = _check_key(key)
         _direct(direct, SMEMB_COPY_G2H)
+        if type(buffer_ptr) is int and type(size) is int and size > 0 and buffer_ptr:
+            return self._get_into_short(key, q, buffer_ptr, size)
         view = _view(buffer_ptr, size, True)
         return self._get_parts(key, [view], q, _ptr_iov(buffer_ptr, size))
+
+    def _get_into_short(self, key: str, q: str, ptr: int, size: int) -> int:
+        """get_into of ``size`` bytes at the address ``ptr``, the short way when it applies
+        (``Client.local_start``, docs/same-host.md): an answer that is the bytes' places in a
+        segment (copied here) or says the server copied them is finished here; any other goes
+        on the long way, from where it is."""
+        c = self._c()
+        iov = "%x:%d" % (ptr, size)
+        target = "/api/v1/objects?key=" + q
+        kb = key.encode()
+        started = c.local_start("GET", target, iov, kb)
+        if started is not None:
+            conn, _, head = started
+            # (The server's own spelling and order; spelled otherwise, the long way reads it.)
+            if head.startswith(_GOT_HEAD) and "\r\nConnection:" not in head:
+                mapped = head_field(head, "X-Mmc-Mapped")
+                if mapped is not None:
+                    try:
+                        conn.map_done = _mapped.copy(conn.peer_pid or 0, conn.sock.fileno(),
+                                                     mapped, [(ptr, size)])[0]
+                    except (ValueError, EOFError, OSError):
+                        # (As the long way: not copied, and TCP for this server for now.)
+                        c.local_failed(conn)
+                        started = None
+                    else:
+                        c.local_done(conn)
+                        return errors.MMC_OK
+                else:
+                    delivered = head_field(head, "X-Mmc-Delivered")
+                    if delivered is not None:
+                        c.local_done(conn)
+                        return errors.MMC_OK if delivered == str(size) else errors.MMC_ERROR
+        return self._get_parts(key, [_view(ptr, size, True)], q, iov, started)
 
     @_guard(_code)
     def get_into_layers(self, key: str, buffer_ptrs: Sequence[Buffer], sizes: Sequence[int],
