@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, cast
 from urllib.parse import urlsplit
 
 from . import _mapped, errors
@@ -83,6 +83,9 @@ class TransportError(Exception):
 
 class _StaleConnection(Exception):
     """A pooled connection turned out closed before any byte of the answer arrived."""
+
+
+_T = TypeVar("_T")
 
 
 class Response:
@@ -836,23 +839,14 @@ class Client:
                     self._forget_local(host, port)
                     return None
             try:
-                resp, keep = self._on_local(conn, reused, method, host, port, target, hdrs,
-                                            reader, head)
+                got = self._on_socket(conn, host, port, lambda: self._on_local(
+                    conn, reused, method, host, port, target, hdrs, reader, head))
             except _StaleConnection:
                 conn.close()
                 continue
-            except (socket.timeout, BlockingIOError) as e:
-                # (SO_RCVTIMEO's end is EAGAIN.)
-                conn.close()
-                raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
-            except (OSError, EOFError, ValueError):
-                conn.close()
-                # The server went away mid-request: TCP says what happened to it.
-                self._forget_local(host, port)
+            if got is None:
                 return None
-            except BaseException:
-                conn.close()
-                raise
+            resp, keep = got
             if keep:
                 self.pool.give(conn)
             else:
@@ -1154,37 +1148,44 @@ class Client:
         except OSError:
             return None
         try:
-            head = self._send_local(conn, reused, method, host, port, target,
-                                    "X-Mmc-Iov: %s\r\n" % iov, iov)
+            head = self._on_socket(conn, host, port, lambda: self._send_local(
+                conn, reused, method, host, port, target, "X-Mmc-Iov: %s\r\n" % iov, iov))
         except _StaleConnection:
             conn.close()
             return None
+        return None if head is None else (conn, reused, head)
+
+    def _on_socket(self, conn: Connection, host: str, port: int,
+                   step: Callable[[], _T]) -> Optional[_T]:
+        """``step()``, an exchange on the same-host connection ``conn`` to (host, port), and
+        what its failures mean: a timeout is the request's (TransportError); the server gone
+        mid-request closes ``conn`` and means TCP for that server until it is asked again
+        (None: TCP says what happened to it); a pooled connection found closed
+        (_StaleConnection) is the caller's to retry."""
+        try:
+            return step()
+        except _StaleConnection:
+            raise
         except (socket.timeout, BlockingIOError) as e:
+            # (SO_RCVTIMEO's end is EAGAIN.)
             conn.close()
             raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
         except (OSError, EOFError, ValueError):
-            # The server went away mid-request: TCP says what happened to it.
             conn.close()
             self._forget_local(host, port)
             return None
         except BaseException:
             conn.close()
             raise
-        return conn, reused, head
 
     def local_body(self, conn: Connection, length: int) -> Optional[bytes]:
         """The body of a short-way answer whose head said its length, read whole; the
         connection back to the pool. None when it could not be read (closed, and TCP for its
         server, as the long way does): the request goes the long way again."""
-        try:
-            data = conn.read_bytes(length)
-        except (socket.timeout, BlockingIOError) as e:
-            conn.close()
-            raise TransportError(errors.MMC_TIMEOUT, "request timed out") from e
-        except (OSError, EOFError, ValueError):
-            self.local_failed(conn)
-            return None
-        self.pool.give(conn)
+        host, port = self.endpoints[self.current]
+        data = self._on_socket(conn, host, port, lambda: conn.read_bytes(length))
+        if data is not None:
+            self.pool.give(conn)
         return data
 
     def local_done(self, conn: Connection) -> None:
