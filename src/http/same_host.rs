@@ -129,7 +129,9 @@ impl super::Front {
                     stats.connections_accepted.inc();
                     let fd = stream.as_raw_fd();
                     let peer = match LocalPeer::of(fd) {
-                        Ok(p) if self.connection_count() < max_conns => p,
+                        Ok(p) if self.connection_count() < max_conns => {
+                            p.counted_in(self.shard.shared.clone(), self.shard.id)
+                        }
                         Ok(_) => {
                             stats.connections_rejected.inc();
                             monoio::spawn(refuse(self.clone(), stream, "Too many connections"));
@@ -198,12 +200,26 @@ pub struct LocalPeer {
     /// The buffers the client shares with the server (`X-Mmc-Shared`), mapped here.
     shared: std::cell::RefCell<shared::Shared>,
     /// Mapped gets whose client may still be copying (`X-Mmc-Map`): each answer's lease
-    /// number and its pinned blobs, held until the client says it is done or the connection
-    /// closes.
-    held: std::cell::RefCell<std::collections::VecDeque<(u64, Vec<super::response::Part>)>>,
+    /// number, its pinned blobs and their bytes, held until the client says it is done or
+    /// the connection closes.
+    held: std::cell::RefCell<std::collections::VecDeque<Held>>,
     /// The last lease number given on this connection.
     leases: std::cell::Cell<u64>,
+    /// Where the held answers are counted (the shard's statistics; none in unit tests).
+    counted: Option<Counted>,
 }
+
+/// The shard whose statistics count a peer's held answers.
+struct Counted(std::sync::Arc<crate::shards::Shared>, usize);
+
+impl std::fmt::Debug for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shard {}", self.1)
+    }
+}
+
+/// A mapped answer held for its client: its lease number, its pinned blobs, their bytes.
+type Held = (u64, Vec<super::response::Part>, u64);
 
 /// At most this many mapped answers are held per connection; a get beyond them is copied by
 /// the server as before.
@@ -217,7 +233,9 @@ impl Drop for LocalPeer {
             // SAFETY: the connection's socket, still open (the connection outlives this).
             unsafe { libc::shutdown(self.conn, libc::SHUT_RDWR) };
         }
-        self.held.get_mut().clear();
+        let held = std::mem::take(self.held.get_mut());
+        let bytes: u64 = held.iter().map(|h| h.2).sum();
+        self.count_held(-(held.len() as i64), -(bytes as i64));
     }
 }
 
@@ -259,7 +277,29 @@ impl LocalPeer {
             shared: Default::default(),
             held: Default::default(),
             leases: Default::default(),
+            counted: None,
         })
+    }
+
+    /// Counts the answers this peer holds in shard `shard`'s statistics
+    /// (`memcache_same_host_held_answers`, `memcache_same_host_held_bytes`).
+    pub fn counted_in(
+        mut self,
+        shared: std::sync::Arc<crate::shards::Shared>,
+        shard: usize,
+    ) -> Self {
+        self.counted = Some(Counted(shared, shard));
+        self
+    }
+
+    /// Adds `answers` held answers of `bytes` bytes to the shard's held counts (negative:
+    /// takes them away). On the shard's thread (the connection's), as its gauges require.
+    fn count_held(&self, answers: i64, bytes: i64) {
+        if let Some(Counted(shared, shard)) = &self.counted {
+            let stats = &shared.shards[*shard].stats.same_host;
+            stats.held_answers.add(answers);
+            stats.held_bytes.add(bytes);
+        }
     }
 
     /// The peer for a test: this process.
@@ -274,6 +314,7 @@ impl LocalPeer {
             shared: Default::default(),
             held: Default::default(),
             leases: Default::default(),
+            counted: None,
         }
     }
 
@@ -307,12 +348,18 @@ impl LocalPeer {
     /// `X-Mmc-Map: N`: the client is done copying from the mapped answers up to lease `N`;
     /// their pins go. Returns how many answers' pins went.
     pub fn release(&self, upto: u64) -> usize {
-        let mut held = self.held.borrow_mut();
-        let before = held.len();
-        while held.front().is_some_and(|(n, _)| *n <= upto) {
-            held.pop_front();
+        let (mut answers, mut bytes) = (0, 0);
+        {
+            let mut held = self.held.borrow_mut();
+            while held.front().is_some_and(|h| h.0 <= upto) {
+                answers += 1;
+                bytes += held.pop_front().map_or(0, |h| h.2);
+            }
         }
-        before - held.len()
+        if answers > 0 {
+            self.count_held(-(answers as i64), -(bytes as i64));
+        }
+        answers
     }
 
     /// Holds a mapped answer's pinned blobs until the client is done with them. `None` when
@@ -327,7 +374,9 @@ impl LocalPeer {
         }
         let n = self.leases.get() + 1;
         self.leases.set(n);
-        held.push_back((n, parts));
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        held.push_back((n, parts, bytes));
+        self.count_held(1, bytes as i64);
         Ok(n)
     }
 

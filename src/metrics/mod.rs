@@ -74,6 +74,10 @@ pub struct SameHostStats {
     /// Gets answered with the blobs' places in segments the client maps (`X-Mmc-Mapped`):
     /// the client copied them (also counted in `gets`).
     pub mapped_gets: Counter,
+    /// Mapped answers whose blobs' pins same-host connections hold now, and their bytes (the
+    /// client copying, or not done yet: pinned blobs are not freed or evicted).
+    pub held_answers: Gauge,
+    pub held_bytes: Gauge,
 }
 
 impl ShardStats {

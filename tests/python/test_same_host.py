@@ -1235,8 +1235,8 @@ def raw_mapped_get(sock, key, dest, done):
 def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeypatch):
     """The blob a mapped answer names stays allocated and the object's (pinned: not freed,
     not reused) while the connection holds its lease, through a remove of its key and puts
-    of others; once the client says it is done (X-Mmc-Map: LEASE on its next request), or
-    closes the connection, it is freed."""
+    of others, and /metrics counts it held; once the client says it is done (X-Mmc-Map: LEASE
+    on its next request), or closes the connection, it is freed and no longer counted."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
     srv = Server(["--set", "ock.mmc.local_service.dram.size=16MB",
                   "--set", "ock.mmc.local_service.hbm.size=0"])
@@ -1250,6 +1250,12 @@ def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeyp
         text = srv.get("/metrics").decode()
         return int(float(re.search(r'^memcache_allocated_bytes\{medium="dram"\} (\S+)$', text,
                                    re.M).group(1)))
+
+    def held():
+        """memcache_same_host_held_{answers,bytes}: what same-host connections hold now."""
+        text = srv.get("/metrics").decode()
+        return tuple(int(float(re.search(r"^memcache_same_host_held_%s (\S+)$" % what, text,
+                                         re.M).group(1))) for what in ("answers", "bytes"))
 
     def mapped_view(sock, key):
         headers = raw_mapped_get(sock, key, dest, 0)
@@ -1279,12 +1285,14 @@ def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeyp
             time.sleep(0.2)
             assert allocated() == n, "the held blob was freed"
             assert np.array_equal(view, obj), "the held blob was reused"
+            assert held() == (1, n)
             if how == "done":
                 headers = raw_mapped_get(sock, "ml/missing", dest, lease)
                 assert "x-mmc-mapped" not in headers
             else:
                 sock.close()
             wait_until("the blob is freed (%s)" % how, lambda: allocated() == 0)
+            assert held() == (0, 0)
             sock.close()
     finally:
         s.close()

@@ -168,6 +168,22 @@ static SERVER_SINGLES: &[Single] = &[
     ),
     (
         family!(
+            "memcache_same_host_held_answers",
+            "Mapped same-host answers whose blobs' pins connections hold now (their clients copying, or not done yet)",
+            gauge
+        ),
+        |c| st_i(c, |s| s.same_host.held_answers.get()),
+    ),
+    (
+        family!(
+            "memcache_same_host_held_bytes",
+            "Bytes of the blobs mapped same-host answers hold pinned now (not freed or evicted meanwhile)",
+            gauge
+        ),
+        |c| st_i(c, |s| s.same_host.held_bytes.get()),
+    ),
+    (
+        family!(
             "memcache_metadata_keys",
             "Keys stored through /metadata",
             gauge
