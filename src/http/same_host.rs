@@ -15,8 +15,11 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 mod copy;
+mod held;
 use copy::{SPLIT_MIN_BYTES, vm_copy};
 pub mod shared;
+
+pub use held::MAX_HELD_LEASES;
 
 /// Entries of one `X-Mmc-Iov` (the kernel's `IOV_MAX`: one `process_vm_*` call takes them).
 pub const MAX_IOV: usize = 1024;
@@ -199,43 +202,20 @@ pub struct LocalPeer {
     splits: std::cell::Cell<Splits>,
     /// The buffers the client shares with the server (`X-Mmc-Shared`), mapped here.
     shared: std::cell::RefCell<shared::Shared>,
-    /// Mapped gets whose client may still be copying (`X-Mmc-Map`): each answer's lease
-    /// number, its pinned blobs and their bytes, held until the client says it is done or
-    /// the connection closes.
-    held: std::cell::RefCell<std::collections::VecDeque<Held>>,
-    /// The last lease number given on this connection.
-    leases: std::cell::Cell<u64>,
-    /// Where the held answers are counted (the shard's statistics; none in unit tests).
-    counted: Option<Counted>,
+    /// Mapped gets whose client may still be copying (`X-Mmc-Map`), held until the client
+    /// says it is done or the connection closes.
+    held: held::HeldAnswers,
 }
-
-/// The shard whose statistics count a peer's held answers.
-struct Counted(std::sync::Arc<crate::shards::Shared>, usize);
-
-impl std::fmt::Debug for Counted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "shard {}", self.1)
-    }
-}
-
-/// A mapped answer held for its client: its lease number, its pinned blobs, their bytes.
-type Held = (u64, Vec<super::response::Part>, u64);
-
-/// At most this many mapped answers are held per connection; a get beyond them is copied by
-/// the server as before.
-pub const MAX_HELD_LEASES: usize = 256;
 
 impl Drop for LocalPeer {
     fn drop(&mut self) {
         // The client checks, after copying from a mapped blob, that its connection is still
         // open: so the connection is shut down before the pins go, never after.
-        if !self.held.get_mut().is_empty() && self.conn >= 0 {
+        if self.held.len() > 0 && self.conn >= 0 {
             // SAFETY: the connection's socket, still open (the connection outlives this).
             unsafe { libc::shutdown(self.conn, libc::SHUT_RDWR) };
         }
-        let held = std::mem::take(self.held.get_mut());
-        let bytes: u64 = held.iter().map(|h| h.2).sum();
-        self.count_held(-(held.len() as i64), -(bytes as i64));
+        self.held.clear();
     }
 }
 
@@ -276,8 +256,6 @@ impl LocalPeer {
             splits: Default::default(),
             shared: Default::default(),
             held: Default::default(),
-            leases: Default::default(),
-            counted: None,
         })
     }
 
@@ -288,18 +266,8 @@ impl LocalPeer {
         shared: std::sync::Arc<crate::shards::Shared>,
         shard: usize,
     ) -> Self {
-        self.counted = Some(Counted(shared, shard));
+        self.held.count_in(shared, shard);
         self
-    }
-
-    /// Adds `answers` held answers of `bytes` bytes to the shard's held counts (negative:
-    /// takes them away). On the shard's thread (the connection's), as its gauges require.
-    fn count_held(&self, answers: i64, bytes: i64) {
-        if let Some(Counted(shared, shard)) = &self.counted {
-            let stats = &shared.shards[*shard].stats.same_host;
-            stats.held_answers.add(answers);
-            stats.held_bytes.add(bytes);
-        }
     }
 
     /// The peer for a test: this process.
@@ -313,8 +281,6 @@ impl LocalPeer {
             splits: Default::default(),
             shared: Default::default(),
             held: Default::default(),
-            leases: Default::default(),
-            counted: None,
         }
     }
 
@@ -344,40 +310,19 @@ impl LocalPeer {
         refused
     }
 
-    /// Whether the peer has closed the connection (the client gave up on its request).
     /// `X-Mmc-Map: N`: the client is done copying from the mapped answers up to lease `N`;
     /// their pins go. Returns how many answers' pins went.
     pub fn release(&self, upto: u64) -> usize {
-        let (mut answers, mut bytes) = (0, 0);
-        {
-            let mut held = self.held.borrow_mut();
-            while held.front().is_some_and(|h| h.0 <= upto) {
-                answers += 1;
-                bytes += held.pop_front().map_or(0, |h| h.2);
-            }
-        }
-        if answers > 0 {
-            self.count_held(-(answers as i64), -(bytes as i64));
-        }
-        answers
+        self.held.release(upto)
     }
 
-    /// Holds a mapped answer's pinned blobs until the client is done with them. `None` when
+    /// Holds a mapped answer's pinned blobs until the client is done with them. `Err` when
     /// the connection already holds [`MAX_HELD_LEASES`] (the parts are given back).
     pub fn hold(
         &self,
         parts: Vec<super::response::Part>,
     ) -> Result<u64, Vec<super::response::Part>> {
-        let mut held = self.held.borrow_mut();
-        if held.len() >= MAX_HELD_LEASES {
-            return Err(parts);
-        }
-        let n = self.leases.get() + 1;
-        self.leases.set(n);
-        let bytes = parts.iter().map(|p| p.len() as u64).sum();
-        held.push_back((n, parts, bytes));
-        self.count_held(1, bytes as i64);
-        Ok(n)
+        self.held.hold(parts)
     }
 
     /// Whether the server would rather copy `len` bytes into `iov` itself than have the
@@ -390,9 +335,10 @@ impl LocalPeer {
 
     /// Mapped answers whose pins this connection holds.
     pub fn held(&self) -> usize {
-        self.held.borrow().len()
+        self.held.len()
     }
 
+    /// Whether the peer has closed the connection (the client gave up on its request).
     pub fn hung_up(&self) -> bool {
         self.poll().1
     }
