@@ -1027,9 +1027,10 @@ class Client:
                     continue
                 sent.append((conn, sock_path, idxs))
                 try:
-                    conn.send([self._head(requests[i][0], host, port, requests[i][1], 0,
-                                          self._local_headers(conn, requests[i][2]), False)
-                               for i in idxs])
+                    conn.send([b"".join(
+                        self._local_head(conn, requests[i][0], host, port, requests[i][1],
+                                         "X-Mmc-Iov: %s\r\n" % requests[i][2], requests[i][2])
+                        for i in idxs)])
                 except OSError:
                     conn.close()
             for conn, sock_path, idxs in sent:
@@ -1040,18 +1041,6 @@ class Client:
                 conn.close()
             raise
         return out
-
-    def _local_headers(self, conn: Connection, iov: str) -> Dict[str, str]:
-        """A same-host request's own headers on ``conn``: its ``X-Mmc-Iov``, and the offer of
-        the shared buffers it uses that ``conn`` has not offered yet."""
-        hdrs = {"X-Mmc-Iov": iov}
-        if _mapped.may_map(conn.peer_pid):
-            hdrs["X-Mmc-Map"] = str(conn.map_done)
-        if self._shared[1]:
-            offer = self._offer(conn, iov)
-            if offer:
-                hdrs["X-Mmc-Shared"] = offer
-        return hdrs
 
     def _read_pipelined(self, conn: Connection, sock_path: str,
                         requests: Sequence[Tuple[str, str, str, BodyReader, bytes]],
@@ -1084,6 +1073,23 @@ class Client:
         ``X-Mmc-Iov``), so no ``Expect``; one ``sendall`` of the head (``lines``: its own header
         lines, ``X-Mmc-Iov``'s among them). Returns its answer's head (text); raises
         _StaleConnection for a pooled connection the server had closed."""
+        conn.uses += 1
+        try:
+            conn.sock.sendall(self._local_head(conn, method, host, port, target, lines, iov))
+            conn.wait_spinning(self.spin_s, self._waiting)
+            return conn.read_head_text()
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            # Closed before any answer: a pooled connection the server had closed.
+            if reused and not conn.rbuf:
+                raise _StaleConnection()
+            raise
+
+    def _local_head(self, conn: Connection, method: str, host: str, port: int, target: str,
+                    lines: str, iov: str) -> bytes:
+        """A same-host request's head on ``conn`` (``lines``: its own header lines,
+        ``X-Mmc-Iov``'s among them): with the token, the lease the client is done with
+        (``X-Mmc-Map``) and the offer of the shared buffers ``iov`` uses that ``conn`` has not
+        offered yet."""
         if self.token:
             lines += "Authorization: Bearer %s\r\n" % self.token
         if method in ("PUT", "POST"):
@@ -1094,17 +1100,8 @@ class Client:
             offer = self._offer(conn, iov)
             if offer:
                 lines += "X-Mmc-Shared: %s\r\n" % offer
-        conn.uses += 1
-        try:
-            conn.sock.sendall(("%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s\r\n"
-                               % (method, target, host, port, lines)).encode("latin-1"))
-            conn.wait_spinning(self.spin_s, self._waiting)
-            return conn.read_head_text()
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            # Closed before any answer: a pooled connection the server had closed.
-            if reused and not conn.rbuf:
-                raise _StaleConnection()
-            raise
+        return ("%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s\r\n"
+                % (method, target, host, port, lines)).encode("latin-1")
 
     def _on_local(self, conn: Connection, reused: bool, method: str, host: str, port: int,
                   target: str, headers: Dict[str, str], reader: BodyReader,

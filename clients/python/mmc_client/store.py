@@ -424,6 +424,11 @@ def _ptr_iov(ptr: Buffer, size: int) -> Optional[str]:
     return None
 
 
+def _put_ok(status: int, body: Any) -> bool:
+    """Whether a put's answer is the server's success (read without parsing it)."""
+    return status == 200 and isinstance(body, bytes) and body.startswith(b'{"success":true,')
+
+
 def _skip_or_close(conn: Connection, length: int) -> Optional[int]:
     if length <= _SKIP_LIMIT:
         conn.skip(length)
@@ -784,7 +789,8 @@ class DistributedObjectStore(GvaMixin):
                         else:
                             codes[i] = cast(_IntoReader, reader).code
                     else:
-                        _json(resp)
+                        if not _put_ok(resp.status, resp.body):
+                            _json(resp)  # (raises for a refusal)
                         codes[i] = errors.MMC_OK
                 except _Fail as f:
                     codes[i] = self._put_code(f.code) if method == "PUT" else f.code
@@ -852,7 +858,7 @@ class DistributedObjectStore(GvaMixin):
                 body = c.local_body(conn, int(clen))
                 if body is None:
                     started = None
-                elif body.startswith(b'{"success":true,'):
+                elif _put_ok(200, body):
                     return errors.MMC_OK
                 else:
                     return self._put_answer(Response(200, parse_head(head)[1], body,
