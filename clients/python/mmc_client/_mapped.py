@@ -122,25 +122,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _range(entry: str) -> Tuple[int, int, int, int]:
+    """One ``FD:INO:OFFSET:LENGTH`` of ``X-Mmc-Mapped``."""
+    fd, ino, off, n = entry.split(":")
+    return int(fd), int(ino), int(off), int(n)
+
+
 def parse(text: str) -> Tuple[int, List[Tuple[int, int, int, int]]]:
     """``X-Mmc-Mapped``'s lease and ranges ``(fd, ino, offset, length)``."""
     try:
         lease, _, rest = text.strip().partition(" ")
-        ranges = []
-        for entry in rest.split(","):
-            fd, ino, off, n = entry.split(":")
-            ranges.append((int(fd), int(ino), int(off), int(n)))
-        return int(lease), ranges
+        return int(lease), [_range(entry) for entry in rest.split(",")]
     except ValueError as e:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
 
 
-def _one_range(text: str) -> Tuple[int, int, int, int, int]:
-    """``X-Mmc-Mapped``'s lease and its one range's fd, inode, offset and length."""
+def _one_range(text: str) -> Tuple[int, Tuple[int, int, int, int]]:
+    """``X-Mmc-Mapped``'s lease and its one range (no list built: the common answer)."""
     try:
         lease, _, rest = text.strip().partition(" ")
-        fd, ino, off, n = rest.split(":")
-        return int(lease), int(fd), int(ino), int(off), int(n)
+        return int(lease), _range(rest)
     except ValueError as e:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
 
@@ -153,7 +154,7 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
     closed, which may have been before the copy ended: then nothing copied counts."""
     if len(dests) == 1 and "," not in text:
         # One blob into one buffer (a get_into of an object in one blob): the short way.
-        lease, fd, ino, off, n = _one_range(text)
+        lease, (fd, ino, off, n) = _one_range(text)
         if n > dests[0][1] or (n != dests[0][1] and not up_to):
             raise MapFailed("a mapped answer of %d bytes for %d" % (n, dests[0][1]))
         seg = _map(pid, fd, ino, off + n)

@@ -144,9 +144,14 @@ fn fill_from_peer(
     Filled::Ok
 }
 
-/// The length of a get's answer when it is the object's bytes (200, blobs and bytes) of
-/// exactly the length `iov` names (`up_to`: at most that length); `None` for any other answer.
-fn fitting_len(resp: &Response, iov: &[libc::iovec], up_to: bool) -> Option<usize> {
+/// The length and the parts of a get's answer when it is the object's bytes (200, blobs and
+/// bytes) of exactly the length `iov` names (`up_to`: at most that length); `None` for any
+/// other answer.
+fn fitting_len<'r>(
+    resp: &'r Response,
+    iov: &[libc::iovec],
+    up_to: bool,
+) -> Option<(usize, &'r [Part])> {
     let Body::Parts(parts) = &resp.body else {
         return None;
     };
@@ -157,7 +162,7 @@ fn fitting_len(resp: &Response, iov: &[libc::iovec], up_to: bool) -> Option<usiz
     } else {
         len as u64 == room
     };
-    (resp.status == Status::OK && fits).then_some(len)
+    (resp.status == Status::OK && fits).then_some((len, parts))
 }
 
 /// A get's answer with `X-Mmc-Iov`: when it is the object's bytes (200, blobs and bytes) of
@@ -173,10 +178,7 @@ pub(super) fn deliver(
     ctx: &mut Ctx<'_>,
     resp: &mut Response,
 ) {
-    let Some(len) = fitting_len(resp, iov, up_to) else {
-        return;
-    };
-    let Body::Parts(parts) = &resp.body else {
+    let Some((len, parts)) = fitting_len(resp, iov, up_to) else {
         return;
     };
     let mut at = 0;
@@ -221,10 +223,7 @@ pub(super) fn map(
 ) -> bool {
     use std::fmt::Write;
     use std::os::fd::AsRawFd;
-    let Some(len) = fitting_len(resp, iov, up_to) else {
-        return false;
-    };
-    let Body::Parts(parts) = &resp.body else {
+    let Some((len, parts)) = fitting_len(resp, iov, up_to) else {
         return false;
     };
     if peer.held() >= crate::http::same_host::MAX_HELD_LEASES || peer.copies_faster(iov, len) {
