@@ -8,6 +8,10 @@ thread count measures, in the same run and in turn:
   memmove out of cache -- the same copies into successive slots of a destination larger than
                the last-level cache (--window bytes over all threads), each written
                once per pass: memory that is not in cache, as the segment a put writes is
+  kernel copy -- process_vm_readv of the same size between the same two buffers (this
+               process's own memory): the kernel's copy from another process's memory, which
+               a same-host put of arbitrary caller memory is made with (the server reads the
+               caller's buffer), so its ceiling; it pins each page before copying it
   put_from  -- fresh keys from a NumPy buffer, over the same-host socket, then over TCP
   get_into  -- stored keys into a NumPy buffer, over the same-host socket (a mapped get: the
                client copies from its read-only mapping of the segment; MMC_SAME_HOST_MAP=0:
@@ -135,6 +139,16 @@ def timed(threads, seconds, work):
     return sum(b / s for b, s in done if s > 0) / 1e9
 
 
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.process_vm_readv.restype = ctypes.c_ssize_t
+_LIBC.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong,
+                                   ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+
+
 class Case:
     """One size and thread count: each thread's buffers and keys."""
 
@@ -158,6 +172,19 @@ class Case:
         while not stop.is_set():
             for _ in range(8):
                 ctypes.memmove(d, s, self.size)
+            n += 8
+        return n * self.size, time.perf_counter() - t0
+
+    def kernel_copy(self, t, stop):
+        """process_vm_readv of this process's own buffer: the copy a same-host put makes."""
+        local = _Iovec(self.dst[t].ctypes.data, self.size)
+        remote = _Iovec(self.src[t].ctypes.data, self.size)
+        pid, call, n = os.getpid(), _LIBC.process_vm_readv, 0
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            for _ in range(8):
+                if call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) != self.size:
+                    raise OSError(ctypes.get_errno(), "process_vm_readv")
             n += 8
         return n * self.size, time.perf_counter() - t0
 
@@ -270,13 +297,15 @@ def main():
                 case = Case(size, threads, args.window)
                 case.share(stores["same-host"])
                 split0, back0 = split_counts(url)
-                got = {k: [] for k in ("memmove", "memmove far", "put same-host", "put tcp",
+                got = {k: [] for k in ("memmove", "memmove far", "kernel copy",
+                                       "put same-host", "put tcp",
                                        "put shared", "get same-host", "get tcp", "get shared",
                                        "get() same-host", "get() tcp")}
                 runs = [("same-host", False), ("tcp", False), ("shared", True)]
                 for _ in range(args.rounds):
                     got["memmove"].append(timed(threads, args.seconds, case.memmove))
                     got["memmove far"].append(timed(threads, args.seconds, case.memmove_far))
+                    got["kernel copy"].append(timed(threads, args.seconds, case.kernel_copy))
                     for name, shared in runs:
                         store = stores["same-host" if shared else name]
                         got["put " + name].append(timed(threads, args.seconds,
@@ -329,6 +358,17 @@ def main():
         print("| %s | %d | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f |" % (
             label(size), threads, put, get, put / r["put tcp"], get / r["get tcp"], put / m,
             get / m, put / far, get / far))
+
+    print()
+    print("The kernel's copy (process_vm_readv of the same buffers, in cache), which a "
+          "same-host put_from of the caller's memory is made with:")
+    print()
+    print("| size | threads | kernel copy GB/s | ×memmove | put same-host ×kernel copy |")
+    print("|---|---:|---:|---:|---:|")
+    for size, threads, r in rows:
+        k = r["kernel copy"]
+        print("| %s | %d | %.2f | %.2f | %.2f |" % (label(size), threads, k, k / r["memmove"],
+                                                  r["put same-host"] / k))
 
     print()
     print("get(): new bytes per call (same host: made from the mapped segment, or with "
