@@ -237,6 +237,15 @@ fn act(
             // stop being written.
             shared.membership.grant_key.clear();
             shared.membership.local.revoke_writers();
+            // And same-host clients still copying what they were answered under them find
+            // their connections closed after the copy (it counts for nothing): the ranges
+            // may be another object's under the next meta's grants.
+            let swept = shared.membership.local.grant_reads.sweep();
+            if swept > 0 {
+                log::info!(
+                    "joining: shut down {swept} same-host connections holding mapped reads of the previous membership"
+                );
+            }
             // Following no meta: `/health` and `/role` say so, `/ready` is 503 (a service that
             // never joined still says `starting`).
             if shared.membership.local.joined() {

@@ -284,6 +284,16 @@ impl LocalPeer {
         }
     }
 
+    /// Whether this connection may hold a mapped answer read under a grant checked in the
+    /// local service's grant-read `epoch` (`held::HeldAnswers::may_hold_granted`).
+    pub fn may_hold_granted(
+        &self,
+        shared: &std::sync::Arc<crate::shards::Shared>,
+        epoch: u64,
+    ) -> bool {
+        self.held.may_hold_granted(self.conn, shared, epoch)
+    }
+
     /// The large copies split since the last call (for the shard's statistics).
     pub fn take_splits(&self) -> Splits {
         self.splits.take()

@@ -331,7 +331,7 @@ impl Shard {
             view,
             owner: self.id,
             shared: self.shared.clone(),
-            managed: true,
+            granted: None,
         })
     }
 

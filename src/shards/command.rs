@@ -166,32 +166,49 @@ pub struct PinnedBlob {
     pub view: BlobView,
     pub(super) owner: ShardId,
     pub(super) shared: Arc<Shared>,
-    /// Pinned on an owner shard (false: bytes a local service serves under a grant, which
-    /// the meta service's lease protects; there is no pin here to release).
-    pub(super) managed: bool,
+    /// `None`: pinned on an owner shard. `Some`: bytes a local service serves under a grant,
+    /// which the meta service's lease protects; there is no pin here to release.
+    pub(super) granted: Option<GrantedRead>,
+}
+
+/// A read a local service serves under a meta's grant: how long the meta's lease covers it,
+/// and when this process admitted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantedRead {
+    /// The grant's expiry (Unix ms, this host's clock): the meta keeps the range this blob's
+    /// until then at least (`store::get`'s `lease_end` adds the clock skew).
+    pub until_ms: u64,
+    /// The epoch of this process's grant reads, read before the grant was checked
+    /// ([`super::grant_reads::GrantReads::epoch`]): a mapped answer is given only within it.
+    pub epoch: u64,
 }
 
 impl PinnedBlob {
     /// Pinned on its owner shard here (not bytes served under a meta's grant): it stays
     /// readable, unmoved and unfreed, for as long as this lives.
     pub fn is_managed(&self) -> bool {
-        self.managed
+        self.granted.is_none()
+    }
+
+    /// For bytes served under a grant, the read's lease and epoch.
+    pub fn granted(&self) -> Option<GrantedRead> {
+        self.granted
     }
 
     /// A blob of this process's memory read under a grant: the meta service holds its lease.
-    pub fn unmanaged(view: BlobView, shared: Arc<Shared>) -> PinnedBlob {
+    pub fn unmanaged(view: BlobView, shared: Arc<Shared>, read: GrantedRead) -> PinnedBlob {
         PinnedBlob {
             view,
             owner: 0,
             shared,
-            managed: false,
+            granted: Some(read),
         }
     }
 }
 
 impl Drop for PinnedBlob {
     fn drop(&mut self) {
-        if self.managed {
+        if self.granted.is_none() {
             self.shared
                 .notify(self.owner, Notice::Unpin(self.view.handle));
         }

@@ -119,6 +119,9 @@ pub struct LocalIdentity {
     /// writing into a range the next meta may have given to another object (an allocation the
     /// previous meta never committed is in no catalog, hence free there).
     writers: arc_swap::ArcSwap<super::store::WriterLink>,
+    /// Same-host connections holding mapped answers read under the current membership's
+    /// grants: shut down when the service joins again (`super::grant_reads`).
+    pub grant_reads: super::grant_reads::GrantReads,
     /// The leadership (`view_version`) the catalog was last in step with: recovered with the
     /// SSD file at start, then kept by the agent (`cluster::agent::Action::InStep`).
     pub in_step: std::sync::atomic::AtomicU64,
@@ -161,6 +164,7 @@ impl LocalIdentity {
             catalog: Mutex::new(Default::default()), // LOCK-OK: see `catalog`
             moved_at_ms: Default::default(),
             writers: Default::default(),
+            grant_reads: Default::default(),
             in_step: Default::default(),
             heard_by: Default::default(),
             commits_in_flight: Default::default(),

@@ -1259,7 +1259,7 @@ def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeyp
 
     def mapped_view(sock, key):
         headers = raw_mapped_get(sock, key, dest, 0)
-        lease, ranges = _mapped.parse(headers["x-mmc-mapped"])
+        lease, ranges, _ = _mapped.parse(headers["x-mmc-mapped"])
         assert len(ranges) == 1 and ranges[0][3] == n, ranges
         pid = _http._peer_cred(sock)[0]
         fd, ino, off, length = ranges[0]

@@ -9,7 +9,10 @@ This module maps each segment once per process, read-only (``/proc/PID/fd/FD`` o
 ``O_RDONLY``, checked to be that inode), copies the ranges with ``memmove`` into the caller's
 memory, and then checks that the connection is still open: the server shuts a connection down
 before it lets its pins go, so a copy followed by an open connection was made while the pins
-were held.
+were held. A local service serving under a meta's read grant adds the grant's expiry
+(``X-Mmc-Mapped: LEASE RANGES UNTIL``, Unix ms): nothing pins those bytes but the meta's
+lease, so a copy that ended at or after it counts for nothing either (the service shuts the
+connection down when it joins a meta again, for the same check).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ctypes
 import os
 import select
 import threading
+import time
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -128,22 +132,38 @@ def _range(entry: str) -> Tuple[int, int, int, int]:
     return int(fd), int(ino), int(off), int(n)
 
 
-def parse(text: str) -> Tuple[int, List[Tuple[int, int, int, int]]]:
-    """``X-Mmc-Mapped``'s lease and ranges ``(fd, ino, offset, length)``."""
+def parse(text: str) -> Tuple[int, List[Tuple[int, int, int, int]], int]:
+    """``X-Mmc-Mapped``'s lease, ranges ``(fd, ino, offset, length)`` and the Unix time (ms)
+    the copy must end before (0: none)."""
     try:
         lease, _, rest = text.strip().partition(" ")
-        return int(lease), [_range(entry) for entry in rest.split(",")]
+        rest, _, until = rest.partition(" ")
+        return int(lease), [_range(entry) for entry in rest.split(",")], int(until or 0)
     except ValueError as e:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
 
 
-def _one_range(text: str) -> Tuple[int, Tuple[int, int, int, int]]:
-    """``X-Mmc-Mapped``'s lease and its one range (no list built: the common answer)."""
+def _one_range(text: str) -> Tuple[int, Tuple[int, int, int, int], int]:
+    """``X-Mmc-Mapped``'s lease, its one range and its time limit (no list built: the common
+    answer)."""
     try:
         lease, _, rest = text.strip().partition(" ")
-        return int(lease), _range(rest)
+        rest, _, until = rest.partition(" ")
+        return int(lease), _range(rest), int(until or 0)
     except ValueError as e:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
+
+
+def _now_ms() -> float:
+    return time.time() * 1000.0
+
+
+def _check_in_time(until: int) -> None:
+    """Raises EOFError when a copy of bytes read under a meta's grant (on a local service)
+    ended at or after ``until``, the grant's expiry: its range may have been another
+    object's by then. The same clock as the server's (this host's), read after the copy."""
+    if until and _now_ms() >= until:
+        raise EOFError("a mapped get's copy ended after its grant expired")
 
 
 def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
@@ -154,7 +174,7 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
     closed, which may have been before the copy ended: then nothing copied counts."""
     if len(dests) == 1 and "," not in text:
         # One blob into one buffer (a get_into of an object in one blob): the short way.
-        lease, (fd, ino, off, n) = _one_range(text)
+        lease, (fd, ino, off, n), until = _one_range(text)
         if n > dests[0][1] or (n != dests[0][1] and not up_to):
             raise MapFailed("a mapped answer of %d bytes for %d" % (n, dests[0][1]))
         seg = _map(pid, fd, ino, off + n)
@@ -164,8 +184,9 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
             with _lock:
                 seg.users -= 1
         _check_open(sock_fd)
+        _check_in_time(until)
         return lease, n
-    lease, ranges = parse(text)
+    lease, ranges, until = parse(text)
     total = sum(r[3] for r in ranges)
     room = sum(d[1] for d in dests)
     if total > room or (total != room and not up_to):
@@ -184,6 +205,7 @@ def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],
                 if dat == dlen:
                     di, dat = di + 1, 0
     _check_open(sock_fd)
+    _check_in_time(until)
     return lease, total
 
 
@@ -224,7 +246,7 @@ def _check_open(sock_fd: int) -> None:
 def string_at(pid: int, sock_fd: int, text: str, limit: int) -> Tuple[int, bytes]:
     """The object ``X-Mmc-Mapped: text`` names as new ``bytes`` (one copy), at most ``limit``
     bytes. Returns (lease, bytes); raises as :func:`copy`."""
-    lease, ranges = parse(text)
+    lease, ranges, until = parse(text)
     total = sum(r[3] for r in ranges)
     if total > limit:
         raise MapFailed("a mapped answer of %d bytes for %d" % (total, limit))
@@ -232,4 +254,5 @@ def string_at(pid: int, sock_fd: int, text: str, limit: int) -> Tuple[int, bytes
         out = b"".join(ctypes.string_at(seg.base + off, n)
                        for (_, _, off, n), seg in zip(ranges, segs))
     _check_open(sock_fd)
+    _check_in_time(until)
     return lease, out

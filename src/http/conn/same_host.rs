@@ -208,12 +208,17 @@ pub(super) fn deliver(
     resp.same_host = SameHost::Delivered;
 }
 
+/// A mapped answer read under a meta's grant is given only while the grant has this long
+/// left (the client's copy, a few microseconds to milliseconds, must end within it).
+const MAPPED_GRANT_MIN_LEFT_MS: u64 = 250;
+
 /// A get asked for with `X-Mmc-Map`: when every blob of the answer is pinned here in a DRAM
 /// segment on a memfd, the answer names where they are (`X-Mmc-Mapped`) instead of copying
 /// them, and the connection holds their pins (the read's lease) until the client says it is
 /// done (`X-Mmc-Map: N` on a later request) or the connection closes: the client copies from
-/// its read-only mapping of the segment. Returns false (nothing changed) when the answer
-/// cannot be mapped: the caller copies it as before.
+/// its read-only mapping of the segment. On a local service, blobs read under a meta's grant
+/// are mapped too, the grant's expiry added to the answer (`shards::grant_reads`). Returns
+/// false (nothing changed) when the answer cannot be mapped: the caller copies it as before.
 pub(super) fn map(
     peer: &LocalPeer,
     iov: &[libc::iovec],
@@ -230,6 +235,9 @@ pub(super) fn map(
         return false;
     }
     let mut places = String::new();
+    // For bytes read under a meta's grant (on a local service): when the client's copy must
+    // have ended, the earliest of their grants' expiries.
+    let mut until: Option<u64> = None;
     for part in parts {
         let Part::Blob(p) = part else { return false };
         let v = &p.view;
@@ -237,9 +245,20 @@ pub(super) fn map(
             r.check(v.offset, v.len as usize).ok()?;
             r.shared_file()
         });
-        let (Some(file), true) = (file, p.is_managed()) else {
+        let Some(file) = file else {
             return false;
         };
+        if let Some(g) = p.granted() {
+            // Nothing here pins them: the meta's lease holds the range until the grant's
+            // expiry (by this host's clock, which the client reads too), and a join of this
+            // service shuts the connection down before the range can change otherwise.
+            let left = g.until_ms.saturating_sub(crate::grant::unix_ms());
+            if left < MAPPED_GRANT_MIN_LEFT_MS || !peer.may_hold_granted(&ctx.shard.shared, g.epoch)
+            {
+                return false;
+            }
+            until = Some(until.map_or(g.until_ms, |u| u.min(g.until_ms)));
+        }
         let sep = if places.is_empty() { "" } else { "," };
         let _ = write!(
             places,
@@ -255,7 +274,13 @@ pub(super) fn map(
     };
     match peer.hold(parts) {
         Ok(lease) => {
-            resp.location = Some(format!("{lease} {places}").into_boxed_str());
+            resp.location = Some(
+                match until {
+                    Some(until) => format!("{lease} {places} {until}"),
+                    None => format!("{lease} {places}"),
+                }
+                .into_boxed_str(),
+            );
             resp.same_host = SameHost::Mapped;
             let stats = &ctx.shard.stats().same_host;
             stats.gets.inc();

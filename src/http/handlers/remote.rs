@@ -33,7 +33,7 @@ use crate::metrics::client::ClientOp;
 use crate::shards::store::segment::{Medium, SegRef, Segment};
 use crate::shards::store::ssd::IoBuffer;
 use crate::shards::store::{BlobHandle, BlobView, IoOutcome, ObjHandle};
-use crate::shards::{Command, DAMAGED_ON_SSD, PinnedBlob, Reply, Shared, WriteGrant};
+use crate::shards::{Command, DAMAGED_ON_SSD, GrantedRead, PinnedBlob, Reply, Shared, WriteGrant};
 
 /// How long a hop waits for the next hop or the meta service's commit.
 pub(super) const HOP_TIMEOUT: Duration = Duration::from_millis(crate::limits::HOP_TIMEOUT_MS);
@@ -340,6 +340,7 @@ pub(super) async fn grant_get(
     start: Instant,
 ) -> Response {
     joined(ctx).await;
+    let epoch = ctx.shard.shared.membership.local.grant_reads.epoch(); // (See `GrantedRead`.)
     let (grant, seg, _) = match check(req, ctx, key, text) {
         Ok(c) => c,
         Err(r) => return r,
@@ -381,7 +382,11 @@ pub(super) async fn grant_get(
             ),
         };
     }
-    let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.shared.clone());
+    let read = GrantedRead {
+        until_ms: grant.expires_ms,
+        epoch,
+    };
+    let blob = PinnedBlob::unmanaged(view(seg, &grant), ctx.shard.shared.clone(), read);
     let resp = Response::new(
         Status::OK,
         ContentType::OctetStream,

@@ -4,8 +4,9 @@
 //! connection closes; counted on the shard's `/metrics` meanwhile
 //! (`memcache_same_host_held_answers`, `memcache_same_host_held_bytes`).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use crate::http::response::Part;
@@ -24,6 +25,27 @@ pub(super) struct HeldAnswers {
     leases: Cell<u64>,
     /// Where the held answers are counted (the shard's statistics; none in unit tests).
     counted: Option<Counted>,
+    /// The connection's registration with the local service's grant reads
+    /// (`shards::grant_reads`), made by its first mapped answer read under a meta's grant,
+    /// and the process state it is in.
+    granted: OnceCell<Registered>,
+}
+
+/// A connection's registration with the grant reads of the process `.0`.
+struct Registered(Arc<Shared>, u64);
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "grant reads registration {}", self.1)
+    }
+}
+
+impl Drop for HeldAnswers {
+    fn drop(&mut self) {
+        if let Some(Registered(shared, id)) = self.granted.take() {
+            shared.membership.local.grant_reads.forget(id);
+        }
+    }
 }
 
 /// The shard whose statistics count a connection's held answers.
@@ -39,6 +61,21 @@ impl HeldAnswers {
     /// Counts the answers held here in shard `shard`'s statistics from now on.
     pub(super) fn count_in(&mut self, shared: Arc<Shared>, shard: usize) {
         self.counted = Some(Counted(shared, shard));
+    }
+
+    /// Whether the connection on socket `conn` may hold a mapped answer read under a grant
+    /// checked in grant-read `epoch`: no join of the service since (it would have shut the
+    /// connection down, or will). The first registers the connection for the next join's sweep.
+    pub(super) fn may_hold_granted(&self, conn: RawFd, shared: &Arc<Shared>, epoch: u64) -> bool {
+        let reads = &shared.membership.local.grant_reads;
+        if self.granted.get().is_some() {
+            return reads.epoch() == epoch;
+        }
+        let Some(id) = reads.register(conn, epoch) else {
+            return false;
+        };
+        let _ = self.granted.set(Registered(shared.clone(), id));
+        true
     }
 
     /// Holds an answer's pinned blobs; its lease number. `Err` (the parts given back) when
