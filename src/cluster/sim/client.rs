@@ -3,7 +3,7 @@
 //! leader and to the local services, telling the ledger what it invoked and what it heard.
 
 use super::check::Outcome;
-use super::net::{Hop, Read, Rep, Req, Verdict};
+use super::net::{Hop, Mapped, Read, Rep, Req, Verdict};
 use super::timing::CLIENT_TIMEOUT_MS;
 use super::world::Cx;
 use super::{Key, Node, Vid};
@@ -31,6 +31,8 @@ struct Op {
     tries: u8,
     /// Sent to a local service (after a redirect, or a replay).
     at_local: bool,
+    /// A mapped answer being copied, and when the copy ends.
+    copy: Option<(Mapped, u64)>,
 }
 
 pub(super) struct Client {
@@ -39,15 +41,18 @@ pub(super) struct Client {
     leader: Option<Node>,
     /// The first hops of the latest puts (what a replay sends again).
     pub grants: Vec<(Key, Hop)>,
+    /// Asks for mapped answers (`Shape::mapped_reads`).
+    mapped: bool,
 }
 
 impl Client {
-    pub fn new(metas: usize) -> Client {
+    pub fn new(metas: usize, mapped: bool) -> Client {
         Client {
             metas: metas as u8,
             op: None,
             leader: None,
             grants: Vec::new(),
+            mapped,
         }
     }
 
@@ -99,6 +104,7 @@ impl Client {
             deadline: cx.now + CLIENT_TIMEOUT_MS,
             tries: 0,
             at_local: false,
+            copy: None,
         });
     }
 
@@ -125,6 +131,7 @@ impl Client {
             deadline: cx.now + CLIENT_TIMEOUT_MS,
             tries: 0,
             at_local: true,
+            copy: None,
         });
         true
     }
@@ -196,9 +203,11 @@ impl Client {
                             Ask::Get { key } => key,
                             _ => unreachable!("a get's ask"),
                         };
+                        // Half the gets as a same-host client asking for a mapped answer.
                         let req = Req::Read {
                             key,
                             grant: hop.grant,
+                            map: self.mapped && pick % 2 == 0,
                         };
                         (hop.to, req)
                     }
@@ -219,6 +228,14 @@ impl Client {
                     }
                 }
                 self.op = None;
+            }
+            Rep::Mapped(m) if matches!(op.kind, Kind::Get { .. }) => {
+                // The copy from the mapping takes microseconds, or (a quarter of them) up to
+                // 8 s: a client descheduled or frozen mid-copy, past the grant and the lease.
+                let r = pick >> 8;
+                let took = if pick % 4 == 0 { r % 8000 } else { r % 2 };
+                op.copy = Some((m, cx.now + took));
+                op.deadline = cx.now + took + CLIENT_TIMEOUT_MS;
             }
             Rep::Done(v) => {
                 let outcome = match v {
@@ -245,6 +262,31 @@ impl Client {
                 }
             }
             _ => self.end(cx, Outcome::Unknown),
+        }
+    }
+
+    /// A mapped read whose copy ends now or before.
+    pub fn copy_due(&self, now: u64) -> Option<Mapped> {
+        let (m, at) = self.op.as_ref()?.copy?;
+        (at <= now).then_some(m)
+    }
+
+    /// The end of a mapped read's copy: what it took, or `None` when it counts for nothing
+    /// (the get ends without a value, as one whose server went away).
+    pub fn copied(&mut self, cx: &mut Cx, got: Option<Read>) {
+        let Some(op) = self.op.take() else {
+            return;
+        };
+        if let (Kind::Get { invoke }, Ask::Get { key }) = (&op.kind, &op.ask) {
+            match got {
+                Some(read) => {
+                    cx.counts.mapped_reads += 1;
+                    cx.ledger
+                        .read(*key, *invoke, cx.now, read, false, cx.counts);
+                    cx.log(format!("read k{key} through a mapping: {read:?}"));
+                }
+                None => cx.counts.mapped_discarded += 1,
+            }
         }
     }
 

@@ -4,9 +4,9 @@
 //! mirrors `agent.rs` (carrying out the machine's actions), `http/handlers/remote.rs`
 //! (`grant_put`, `grant_get`, the chain and the commit) and `freed.rs` (`receive`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::net::{Hop, PushNews, Read, Rep, Req, Verdict};
+use super::net::{Hop, Mapped, PushNews, Read, Rep, Req, Verdict};
 use super::timing::*;
 use super::world::Cx;
 use super::{Key, Node, Vid, key_bytes};
@@ -66,6 +66,10 @@ pub(super) struct Local {
     /// A process that recovered blobs joins no earlier than this (`server.rs` `start_agent`:
     /// the heartbeat timeout and a second after its start).
     join_not_before: u64,
+    /// Same-host connections holding mapped reads (`shards/grant_reads.rs`), and the last
+    /// connection number given.
+    mapped: BTreeSet<u64>,
+    conns: u64,
 }
 
 /// What a dead local service left for the next (`Shape::keeps_catalog`).
@@ -99,6 +103,8 @@ impl Local {
             pages,
             calls: BTreeMap::new(),
             unlisted: Vec::new(),
+            mapped: BTreeSet::new(),
+            conns: 0,
             join_not_before: 0,
         }
     }
@@ -187,6 +193,9 @@ impl Local {
             } => {
                 self.grant_key = None;
                 self.joined = false;
+                if !cx.mutations.keep_mapped_reads_at_join {
+                    self.mapped.clear();
+                }
                 let to = Node::from_url(&meta).expect("a simulated meta");
                 let req = Req::Join {
                     incarnation: self.incarnation,
@@ -294,7 +303,10 @@ impl Local {
                 Some(v) => Rep::Done(v),
                 None => return,
             },
-            Req::Read { key, grant } => Rep::Bytes(self.read(cx, key, &grant)),
+            Req::Read { key, grant, map } => match map.then(|| self.map(cx, key, &grant)) {
+                Some(Some(m)) => Rep::Mapped(m),
+                _ => Rep::Bytes(self.read(cx, key, &grant)),
+            },
             Req::Push { epoch, news, mac } => Rep::Pushed(self.receive(epoch, news, &mac)),
             _ => Rep::Done(Verdict::Failed),
         };
@@ -438,6 +450,36 @@ impl Local {
             Some(g) => self.peek(g.offset, g.size),
             None => Read::Refused,
         }
+    }
+
+    /// `conn/same_host.rs` `map`: a read answered with where its bytes are, while its grant
+    /// has `MAPPED_GRANT_MIN_LEFT_MS` left; the connection holds it until the client copied.
+    fn map(&mut self, cx: &Cx, key: Key, text: &str) -> Option<Mapped> {
+        let g = self.check(cx, key, text, "", false)?;
+        if g.expires_ms < cx.wall + 250 {
+            return None;
+        }
+        self.conns += 1;
+        self.mapped.insert(self.conns);
+        let Node::Local(local) = cx.me else {
+            unreachable!("a local service's handler")
+        };
+        Some(Mapped {
+            local,
+            offset: g.offset,
+            size: g.size,
+            until: g.expires_ms,
+            conn: self.conns,
+        })
+    }
+
+    /// A mapped read's copy by its client (after the open-connection check and the clock's):
+    /// what it took, or `None` when it counts for nothing (its connection closed: shut down by
+    /// a join, or the process is another; or the copy ended at or after `until` by this host's
+    /// clock, `wall`).
+    pub fn copy_mapped(&mut self, m: &Mapped, wall: u64, check_time: bool) -> Option<Read> {
+        let open = self.mapped.remove(&m.conn);
+        (open && (!check_time || wall < m.until)).then(|| self.peek(m.offset, m.size))
     }
 
     /// What the memory holds at `offset` for `size` bytes.

@@ -143,6 +143,12 @@ pub(super) struct Mutations {
     /// A loss refused by etcd is tried again under whichever leadership of the meta leads
     /// then, not only the one that declared it.
     pub loss_under_current_fence: bool,
+    /// A local service joining again leaves open the same-host connections holding mapped
+    /// reads of the previous membership (`shards/grant_reads.rs` not swept).
+    pub keep_mapped_reads_at_join: bool,
+    /// A client's copy of a mapped read counts however late it ended (no check of the grant's
+    /// expiry after it).
+    pub mapped_copy_past_expiry: bool,
 }
 
 /// What a run injected and did, per kind.
@@ -175,6 +181,8 @@ pub(super) struct Counts {
     pub losses_excused: u64,
     pub moves: u64,
     pub rereplicated: u64,
+    pub mapped_reads: u64,
+    pub mapped_discarded: u64,
 }
 
 impl Counts {
@@ -184,7 +192,7 @@ impl Counts {
         }
     }
 
-    fn fields(&self) -> [u64; 27] {
+    fn fields(&self) -> [u64; 29] {
         [
             self.partitions,
             self.slow_links,
@@ -213,10 +221,12 @@ impl Counts {
             self.losses_excused,
             self.moves,
             self.rereplicated,
+            self.mapped_reads,
+            self.mapped_discarded,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 27] {
+    fn fields_mut(&mut self) -> [&mut u64; 29] {
         [
             &mut self.partitions,
             &mut self.slow_links,
@@ -245,10 +255,12 @@ impl Counts {
             &mut self.losses_excused,
             &mut self.moves,
             &mut self.rereplicated,
+            &mut self.mapped_reads,
+            &mut self.mapped_discarded,
         ]
     }
 
-    pub const NAMES: [&'static str; 27] = [
+    pub const NAMES: [&'static str; 29] = [
         "partitions",
         "slow links",
         "dropped messages",
@@ -276,6 +288,8 @@ impl Counts {
         "losses excused by a documented rule",
         "drain moves copied",
         "re-replicated copies",
+        "mapped reads copied",
+        "mapped reads discarded",
     ];
 
     /// One line per kind.
@@ -343,6 +357,17 @@ pub(super) struct Shape {
     /// default). Drawn without the seed's random stream: a calm run of a seed is another
     /// trajectory, the default runs do not move.
     pub calm: bool,
+    /// Half the clients' gets through a local service ask for a mapped answer and copy from
+    /// its memory later, some up to seconds later (a client frozen mid-copy): the join's
+    /// sweep and the grant's expiry are what keep those copies right
+    /// (`shards/grant_reads.rs`). `MMC_SIM_MAPPED=1`; off by default (the runs the found
+    /// seeds were found in do not move).
+    pub mapped_reads: bool,
+}
+
+/// `MMC_SIM_MAPPED=1`: mapped reads in every run ([`Shape::mapped_reads`]).
+pub(super) fn mapped_from_env() -> bool {
+    std::env::var("MMC_SIM_MAPPED").is_ok_and(|v| v == "1")
 }
 
 /// `MMC_SIM_CALM=1`: every run calm ([`Shape::calm`]).
@@ -378,6 +403,7 @@ pub(super) fn run_with(
         metas,
         keeps_catalog(seed),
         calm_from_env(),
+        mapped_from_env(),
     )
 }
 
@@ -399,7 +425,15 @@ pub(super) fn run_plain(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    run_shaped(seed, steps, mutations, metas, false, calm_from_env())
+    run_shaped(
+        seed,
+        steps,
+        mutations,
+        metas,
+        false,
+        calm_from_env(),
+        mapped_from_env(),
+    )
 }
 
 /// [`run_with`], the local services with a configured rank keeping their catalogs across
@@ -412,8 +446,9 @@ pub(super) fn run_shaped(
     metas: Option<usize>,
     keeps_catalog: bool,
     calm: bool,
+    mapped_reads: bool,
 ) -> Result<Counts, String> {
-    let mut w = world::World::new(seed, mutations, metas, keeps_catalog, calm);
+    let mut w = world::World::new(seed, mutations, metas, keeps_catalog, calm, mapped_reads);
     let shape = w.shape;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {

@@ -88,6 +88,8 @@ pub(super) enum Req {
     Read {
         key: Key,
         grant: String,
+        /// A same-host client asking for a mapped answer (`X-Mmc-Map`).
+        map: bool,
     },
     // A client to a meta.
     Put {
@@ -150,6 +152,20 @@ pub(super) enum Rep {
     /// Per key of a batch removal (`Verdict::Failed` for all when unconfirmed).
     Removed(Vec<Verdict>),
     Bytes(Read),
+    /// A mapped answer (`X-Mmc-Mapped`): the client copies from the local service's memory
+    /// itself, later.
+    Mapped(Mapped),
+}
+
+/// Where a mapped read's blob is, until when the copy counts (the grant's expiry, on the
+/// local service's clock, which its same-host client shares), and the connection holding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Mapped {
+    pub local: u8,
+    pub offset: u64,
+    pub size: u64,
+    pub until: u64,
+    pub conn: u64,
 }
 
 /// What a read under a grant found in the local service's memory.

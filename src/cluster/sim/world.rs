@@ -158,13 +158,14 @@ macro_rules! cx {
 
 impl World {
     /// The world of `seed`; `metas`: that many metas instead of the seed's choice;
-    /// `keeps_catalog`, `calm`: `Shape::keeps_catalog`, `Shape::calm`.
+    /// `keeps_catalog`, `calm`, `mapped_reads`: `Shape`'s.
     pub fn new(
         seed: u64,
         mutations: Mutations,
         metas: Option<usize>,
         keeps_catalog: bool,
         calm: bool,
+        mapped_reads: bool,
     ) -> World {
         let mut rng = Rng(seed);
         let drawn = 1 + rng.below(3) as usize;
@@ -175,6 +176,7 @@ impl World {
             seg_pages: [32, 64, 128][rng.below(3) as usize],
             keeps_catalog,
             calm,
+            mapped_reads,
         };
         let mut net = Net::default();
         if !rng.chance(15) {
@@ -204,7 +206,7 @@ impl World {
             locals: Vec::new(),
             ranks,
             clients: (0..shape.clients)
-                .map(|_| Client::new(shape.metas))
+                .map(|_| Client::new(shape.metas, shape.mapped_reads))
                 .collect(),
             ledger: Ledger::new(),
             counts: Counts::default(),
@@ -476,6 +478,17 @@ impl World {
             self.flush();
         }
         for c in 0..self.clients.len() {
+            if let Some(m) = self.clients[c].copy_due(now) {
+                // A same-host client: the local service's clock, and its memory as it is now
+                // (paused or not); nothing if its process is gone.
+                let j = m.local as usize;
+                let wall = (UNIX_BASE_MS + now).saturating_add_signed(self.locals[j].offset);
+                let check_time = !self.mutations.mapped_copy_past_expiry;
+                let got = (self.locals[j].proc.as_mut())
+                    .and_then(|l| l.copy_mapped(&m, wall, check_time));
+                let mut cx = cx!(self, Node::Client(c as u8), 0);
+                self.clients[c].copied(&mut cx, got);
+            }
             let mut cx = cx!(self, Node::Client(c as u8), 0);
             let again = self.clients[c].tick(&mut cx);
             if let Some(ask) = again

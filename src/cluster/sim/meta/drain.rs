@@ -112,6 +112,7 @@ impl Meta {
                     Req::Read {
                         key,
                         grant: h.grant,
+                        map: false,
                     },
                 );
                 self.calls

@@ -40,6 +40,7 @@ impl Meta {
                 Req::Read {
                     key,
                     grant: h.grant,
+                    map: false,
                 },
             );
             self.calls.insert(
