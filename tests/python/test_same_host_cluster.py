@@ -3,6 +3,7 @@
 the grant's expiry, and a local service that joins a meta again shuts down the connections
 holding such answers first."""
 
+import contextlib
 import re
 import signal
 import socket
@@ -16,6 +17,22 @@ from test_cluster_client import Cluster
 from test_same_host import data, make_store, mapped_gets, socket_path
 
 OK = 0
+
+
+@contextlib.contextmanager
+def cluster_holding(key, seed):
+    """A pure meta, two local services on this host, a same-host store and a 1 MiB object
+    `key` put through it: (cluster, store, its bytes, a buffer of their size)."""
+    c = Cluster()
+    try:
+        s = make_store("http://%s" % c.meta.addr)
+        src = data(1 << 20, seed)
+        assert s.put_from(key, src.ctypes.data, src.nbytes) == OK
+        yield c, s, src, np.zeros_like(src)
+        s.close()
+    finally:
+        codes = c.stop()
+        assert codes == [0] * len(codes), "".join(c.meta.log)
 
 
 def granted_get(c, s, key, out):
@@ -39,12 +56,7 @@ def test_gets_from_a_local_service_are_mapped_within_the_grant_s_expiry(monkeypa
     the get goes on without it, and its bytes are right."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
     monkeypatch.delenv("MMC_SAME_HOST_MAP", raising=False)
-    c = Cluster()
-    try:
-        s = make_store("http://%s" % c.meta.addr)
-        src = data(1 << 20, 5)
-        out = np.zeros_like(src)
-        assert s.put_from("shc/a", src.ctypes.data, src.nbytes) == OK
+    with cluster_holding("shc/a", 5) as (c, s, src, out):
         before = {l.port: mapped_gets(l) for l in c.locals}
         limits = []
         real = _mapped._check_in_time
@@ -76,24 +88,18 @@ def test_gets_from_a_local_service_are_mapped_within_the_grant_s_expiry(monkeypa
         assert s.get_into("shc/a", out.ctypes.data, out.nbytes) == OK
         assert late, "the mapped copy was checked"
         assert np.array_equal(src, out), "the bytes came again, right"
-        s.close()
-    finally:
-        codes = c.stop()
-        assert codes == [0] * len(codes), "".join(c.meta.log)
 
 
-def test_a_local_service_that_joins_again_shuts_connections_holding_mapped_reads_down():
+def test_a_local_service_that_joins_again_shuts_connections_holding_mapped_reads_down(
+        monkeypatch):
     """A connection holding a mapped answer read under a meta's grant is shut down when its
     local service joins a meta again (here: frozen past the heartbeat timeout, then
     resumed): the next membership's grants may write into that range, and a client that was
     still copying finds its connection closed after the copy, which then counts for
     nothing. The old grant is refused after the join; new gets are mapped again."""
-    c = Cluster()
-    try:
-        s = make_store("http://%s" % c.meta.addr)
-        src = data(1 << 20, 6)
-        out = np.zeros_like(src)
-        assert s.put_from("shc/b", src.ctypes.data, src.nbytes) == OK
+    monkeypatch.delenv("MMC_TRANSPORT", raising=False)
+    monkeypatch.delenv("MMC_SAME_HOST_MAP", raising=False)
+    with cluster_holding("shc/b", 6) as (c, s, src, out):
         local, target = granted_get(c, s, "shc/b", out)
         # This test's own connection to the local service's socket: a mapped get it does not
         # say it is done with, so the connection holds it.
@@ -136,7 +142,9 @@ def test_a_local_service_that_joins_again_shuts_connections_holding_mapped_reads
             v.sendall(("GET %s HTTP/1.1\r\nHost: t\r\nX-Mmc-Map: 0\r\n\r\n" % target).encode())
             answer = v.recv(65536).decode("latin-1")
         assert answer.startswith("HTTP/1.1 403"), answer
-        s.close()
-    finally:
-        codes = c.stop()
-        assert codes == [0] * len(codes), "".join(c.meta.log)
+        # New gets are mapped again (the service's next epoch registers their connections).
+        mapped = sum(mapped_gets(l) for l in c.locals)
+        assert s.put_from("shc/c", src.ctypes.data, src.nbytes) == OK
+        assert s.get_into("shc/c", out.ctypes.data, out.nbytes) == OK
+        assert np.array_equal(src, out)
+        assert sum(mapped_gets(l) for l in c.locals) == mapped + 1
