@@ -35,6 +35,13 @@ def cluster_holding(key, seed):
         assert codes == [0] * len(codes), "".join(c.meta.log)
 
 
+def held(server):
+    """memcache_same_host_held_{answers,bytes} of `server`."""
+    text = server.get("/metrics").decode()
+    return tuple(int(float(re.search(r"^memcache_same_host_held_%s (\S+)$" % what, text,
+                                     re.M).group(1))) for what in ("answers", "bytes"))
+
+
 def granted_get(c, s, key, out):
     """get_into of `key` through the meta; the local service the 307 named, and the grant
     URL (the target) it was sent to."""
@@ -53,7 +60,7 @@ def test_gets_from_a_local_service_are_mapped_within_the_grant_s_expiry(monkeypa
     where the blob is (mapped) and the grant's expiry: the client copies it from its mapping
     of the local service's segment, then checks the connection and the time. A copy that
     ended after the expiry counts for nothing (the bytes may be another object's by then):
-    the get goes on without it, and its bytes are right."""
+    the get starts again at the meta for a new grant, and its bytes are right."""
     monkeypatch.delenv("MMC_TRANSPORT", raising=False)
     monkeypatch.delenv("MMC_SAME_HOST_MAP", raising=False)
     with cluster_holding("shc/a", 5) as (c, s, src, out):
@@ -69,25 +76,34 @@ def test_gets_from_a_local_service_are_mapped_within_the_grant_s_expiry(monkeypa
         local, target = granted_get(c, s, "shc/a", out)
         assert np.array_equal(src, out)
         assert mapped_gets(local) == before[local.port] + 1, "copied by the client"
+        # The store's connection holds the answer until its next request; it pins nothing
+        # there (the meta's lease holds the range), so no bytes are counted.
+        assert held(local) == (1, 0)
         assert limits and limits[-1] > 0, limits
         # The limit is the grant's expiry: in the future, within the grant's time to live.
         now_ms = _mapped._now_ms()
         assert now_ms < limits[-1] <= now_ms + 10_000 + 2_000, (limits, now_ms)
 
-        # The same get with the client's clock past the expiry after its copy: discarded,
-        # and the get goes on (here over TCP to the local service, whose grant is still
-        # good by the real clock).
+        # The same get with the client's clock past the expiry after its first copy: that
+        # copy is discarded, and the get starts again at the meta for a new grant, whose
+        # copy counts.
         out[:] = 0
-        late = []
+        checks, hops = [], []
 
-        def late_check(until):
-            late.append(until)
-            raise EOFError("a mapped get's copy ended after its grant expired")
+        def late_once(until):
+            checks.append(until)
+            if len(checks) == 1:
+                raise _mapped.Expired("a mapped get's copy ended after its grant expired")
+            real(until)
 
-        monkeypatch.setattr(_mapped, "_check_in_time", late_check)
+        monkeypatch.setattr(_mapped, "_check_in_time", late_once)
+        s._client.on_redirect = lambda method, target, host, port: hops.append(port)
+        mapped = mapped_gets(local)
         assert s.get_into("shc/a", out.ctypes.data, out.nbytes) == OK
-        assert late, "the mapped copy was checked"
         assert np.array_equal(src, out), "the bytes came again, right"
+        assert len(checks) == 2, "copied twice, the first discarded"
+        assert hops == [local.port, local.port], "the meta was asked again: a new grant"
+        assert mapped_gets(local) == mapped + 2
 
 
 def test_a_local_service_that_joins_again_shuts_connections_holding_mapped_reads_down(

@@ -699,13 +699,25 @@ class Client:
                 sent: Optional[Tuple[Connection, bool, str]] = None) -> Response:
         at_meta = True
         first = True
+        origin = (host, port, target)
+        expired = 0
         for _ in range(_MAX_REDIRECTS + 1):
             try:
                 resp = None
                 if local is not None:
                     once, sent = sent, None
-                    resp = self._same_host(method, host, port, target, headers, reader, local,
-                                           key, once)
+                    try:
+                        resp = self._same_host(method, host, port, target, headers, reader,
+                                               local, key, once)
+                    except _mapped.Expired:
+                        # A mapped copy under a local service's grant ended after the grant
+                        # did: nothing of it counts, and the request starts again at the meta
+                        # for a new grant (twice at most; then TCP carries the grant).
+                        expired += 1
+                        if expired <= 2:
+                            host, port, target = origin
+                            at_meta = True
+                            continue
                 if resp is None:
                     body_len = sum(len(b) for b in body)
                     expect = 0 < body_len and body_len >= self.expect_continue_bytes
@@ -1162,6 +1174,10 @@ class Client:
         try:
             return step()
         except _StaleConnection:
+            raise
+        except _mapped.Expired:
+            # The server and the connection are fine; the grant is spent (``_follow``).
+            conn.close()
             raise
         except (socket.timeout, BlockingIOError) as e:
             # (SO_RCVTIMEO's end is EAGAIN.)

@@ -154,16 +154,21 @@ def _one_range(text: str) -> Tuple[int, Tuple[int, int, int, int], int]:
         raise MapFailed("malformed X-Mmc-Mapped: %r" % text) from e
 
 
+class Expired(EOFError):
+    """A copy of bytes read under a meta's grant that ended at or after the grant's expiry:
+    it counts for nothing, and the grant is spent (the request starts again at the meta)."""
+
+
 def _now_ms() -> float:
     return time.time() * 1000.0
 
 
 def _check_in_time(until: int) -> None:
-    """Raises EOFError when a copy of bytes read under a meta's grant (on a local service)
+    """Raises Expired when a copy of bytes read under a meta's grant (on a local service)
     ended at or after ``until``, the grant's expiry: its range may have been another
     object's by then. The same clock as the server's (this host's), read after the copy."""
     if until and _now_ms() >= until:
-        raise EOFError("a mapped get's copy ended after its grant expired")
+        raise Expired("a mapped get's copy ended after its grant expired")
 
 
 def copy(pid: int, sock_fd: int, text: str, dests: Sequence[Tuple[int, int]],

@@ -87,7 +87,12 @@ impl HeldAnswers {
         }
         let n = self.leases.get() + 1;
         self.leases.set(n);
-        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        // Bytes pinned here: a local service's reads under a meta's grant pin nothing.
+        let bytes = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Blob(b) if b.is_managed()))
+            .map(|p| p.len() as u64)
+            .sum();
         answers.push_back((n, parts, bytes));
         self.count(1, bytes as i64);
         Ok(n)
