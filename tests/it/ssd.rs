@@ -267,12 +267,14 @@ fn a_read_only_ssd_file_faults_the_tier_and_memory_evicts_by_deleting(driver: Dr
     assert!(answers.contains(&Read::NotFound), "evicted by deleting");
     assert!(!answers.contains(&Read::Damaged));
     // Each object not found was deleted by eviction; the flushes in flight when the file
-    // faulted failed, and no flush was tried after.
+    // faulted failed, and no flush was tried after. How many were in flight is how many puts
+    // came while the first flush waited for the I/O thread: a few, up to ten on a loaded CI
+    // machine; flushes tried after the fault would be one per eviction, most of the 40.
     let m = scrape(&mut c);
     let deleted = answers.iter().filter(|&a| *a == Read::NotFound).count();
     assert_eq!(m["memcache_evict_deleted_objects_total"], deleted as f64);
     let failed = m["memcache_flush_failed_total"];
-    assert!((1.0..=4.0).contains(&failed), "{failed} flushes failed");
+    assert!((1.0..=20.0).contains(&failed), "{failed} flushes failed");
     assert_eq!(m["memcache_demoted_blobs_total"], 0.0);
     let q = c.get("/query_segment?segment=rank-0-ssd").json();
     assert_eq!(q["used_bytes"], 0, "nothing reached the SSD");
