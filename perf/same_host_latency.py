@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from same_host_bench import ROOT, make_store, parse_size, start_server  # noqa: E402
+from same_host_bench import ROOT, label, make_store, parse_size, start_server  # noqa: E402
 from mmc_client._http import shard_for  # noqa: E402
 
 
@@ -106,10 +106,6 @@ def main():
         print("| %s | %s | %.1f | %.1f | %.1f | %.2f |" % (
             op, name, med * 1e6, lat[len(lat) // 10] * 1e6, lat[len(lat) * 9 // 10] * 1e6,
             args.size / med / 1e9))
-
-
-def label(size):
-    return "%d KiB" % (size >> 10) if size < (1 << 20) else "%d MiB" % (size >> 20)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,7 @@ pub const HOP_TIMEOUT_MS: u64 = 10_000;
 /// milliseconds; this is the margin the meta adds before it reuses a range a remote writer
 /// could still reach.
 pub const CLOCK_SKEW_MS: u64 = 2_000;
+
+/// A local service maps a same-host read under a meta's grant only while the grant has this
+/// long left (the client's copy, microseconds to milliseconds, must end within it).
+pub const MAPPED_GRANT_MIN_LEFT_MS: u64 = 250;

@@ -391,6 +391,13 @@ def same_host_counts(server):
             for name in ("shared_copies", "shared_refusals", "gets", "puts")}
 
 
+def held(server):
+    """memcache_same_host_held_{answers,bytes}: what same-host connections hold now."""
+    text = server.get("/metrics").decode()
+    return tuple(int(float(re.search(r"^memcache_same_host_held_%s (\S+)$" % what, text,
+                                     re.M).group(1))) for what in ("answers", "bytes"))
+
+
 def mapped_gets(server):
     """memcache_same_host_mapped_gets_total: gets the client copied from its mapping."""
     text = server.get("/metrics").decode()
@@ -1251,12 +1258,6 @@ def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeyp
         return int(float(re.search(r'^memcache_allocated_bytes\{medium="dram"\} (\S+)$', text,
                                    re.M).group(1)))
 
-    def held():
-        """memcache_same_host_held_{answers,bytes}: what same-host connections hold now."""
-        text = srv.get("/metrics").decode()
-        return tuple(int(float(re.search(r"^memcache_same_host_held_%s (\S+)$" % what, text,
-                                         re.M).group(1))) for what in ("answers", "bytes"))
-
     def mapped_view(sock, key):
         headers = raw_mapped_get(sock, key, dest, 0)
         lease, ranges, _ = _mapped.parse(headers["x-mmc-mapped"])
@@ -1285,14 +1286,14 @@ def test_a_mapped_get_holds_its_lease_until_the_client_is_done_or_closes(monkeyp
             time.sleep(0.2)
             assert allocated() == n, "the held blob was freed"
             assert np.array_equal(view, obj), "the held blob was reused"
-            assert held() == (1, n)
+            assert held(srv) == (1, n)
             if how == "done":
                 headers = raw_mapped_get(sock, "ml/missing", dest, lease)
                 assert "x-mmc-mapped" not in headers
             else:
                 sock.close()
             wait_until("the blob is freed (%s)" % how, lambda: allocated() == 0)
-            assert held() == (0, 0)
+            assert held(srv) == (0, 0)
             sock.close()
     finally:
         s.close()

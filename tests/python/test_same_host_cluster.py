@@ -14,7 +14,7 @@ import cluster_ready
 from conftest import wait_until
 from mmc_client import _mapped
 from test_cluster_client import Cluster
-from test_same_host import data, make_store, mapped_gets, socket_path
+from test_same_host import data, held, make_store, mapped_gets, socket_path
 
 OK = 0
 
@@ -33,13 +33,6 @@ def cluster_holding(key, seed):
     finally:
         codes = c.stop()
         assert codes == [0] * len(codes), "".join(c.meta.log)
-
-
-def held(server):
-    """memcache_same_host_held_{answers,bytes} of `server`."""
-    text = server.get("/metrics").decode()
-    return tuple(int(float(re.search(r"^memcache_same_host_held_%s (\S+)$" % what, text,
-                                     re.M).group(1))) for what in ("answers", "bytes"))
 
 
 def granted_get(c, s, key, out):

@@ -456,7 +456,7 @@ impl Local {
     /// has `MAPPED_GRANT_MIN_LEFT_MS` left; the connection holds it until the client copied.
     fn map(&mut self, cx: &Cx, key: Key, text: &str) -> Option<Mapped> {
         let g = self.check(cx, key, text, "", false)?;
-        if g.expires_ms < cx.wall + 250 {
+        if g.expires_ms < cx.wall + crate::limits::MAPPED_GRANT_MIN_LEFT_MS {
             return None;
         }
         self.conns += 1;

@@ -208,10 +208,6 @@ pub(super) fn deliver(
     resp.same_host = SameHost::Delivered;
 }
 
-/// A mapped answer read under a meta's grant is given only while the grant has this long
-/// left (the client's copy, a few microseconds to milliseconds, must end within it).
-const MAPPED_GRANT_MIN_LEFT_MS: u64 = 250;
-
 /// A get asked for with `X-Mmc-Map`: when every blob of the answer is pinned here in a DRAM
 /// segment on a memfd, the answer names where they are (`X-Mmc-Mapped`) instead of copying
 /// them, and the connection holds their pins (the read's lease) until the client says it is
@@ -253,7 +249,8 @@ pub(super) fn map(
             // expiry (by this host's clock, which the client reads too), and a join of this
             // service shuts the connection down before the range can change otherwise.
             let left = g.until_ms.saturating_sub(crate::grant::unix_ms());
-            if left < MAPPED_GRANT_MIN_LEFT_MS || !peer.may_hold_granted(&ctx.shard.shared, g.epoch)
+            if left < crate::limits::MAPPED_GRANT_MIN_LEFT_MS
+                || !peer.may_hold_granted(&ctx.shard.shared, g.epoch)
             {
                 return false;
             }
