@@ -20,12 +20,14 @@
 //! registered file table (at its slab key's slot), and its receives and sends name the slot,
 //! which spares the kernel a descriptor look-up per operation; the descriptor stays open for
 //! the connection code and the housekeeping tick (`shutdown`, `TCP_CORK`). Each feature the
-//! kernel may lack falls back and logs: `DEFER_TASKRUN` → `COOP_TASKRUN` → no setup flags; no
+//! kernel may lack falls back and logs: `DEFER_TASKRUN` → `COOP_TASKRUN` → no setup flags (each
+//! kept only if a completion signals the ring's eventfd, `probe.rs`; none → monoio's driver); no
 //! file table → plain descriptors; no multishot receive (< 6.0) or buffer ring (< 5.19) → the
 //! shard serves on monoio's io_uring driver as before.
 
 mod bufring;
 mod conns;
+mod probe;
 mod stream;
 
 use std::cell::{Cell, RefCell};
@@ -125,27 +127,67 @@ pub struct FrontRing {
     draining: Cell<bool>,
 }
 
-/// The setup flags the kernel took, for the log line.
-fn build_ring() -> std::io::Result<(IoUring, &'static str)> {
+/// The front ring, with the setup flags it took (for the log line) and the eventfd registered
+/// with it, whose signal wakes the parked pump. Each setup is tried in turn, `DEFER_TASKRUN` →
+/// `COOP_TASKRUN` → none, and kept only if a completion signals its eventfd (`probe.rs`: not
+/// every kernel does for `DEFER_TASKRUN`); `None` when none does (the shard then serves on
+/// monoio's driver), `Err` when the kernel refuses them all.
+fn build_ring() -> std::io::Result<Option<(IoUring, String, OwnedFd)>> {
     let cq = ENTRIES * 8;
-    let mut b = IoUring::builder();
-    b.setup_single_issuer()
-        .setup_defer_taskrun()
-        .setup_coop_taskrun()
-        .setup_cqsize(cq);
-    if let Ok(r) = b.build(ENTRIES) {
-        return Ok((r, "single_issuer+defer_taskrun+coop_taskrun"));
+    type Setup = fn(&mut io_uring::Builder);
+    let setups: [(&str, Setup); 3] = [
+        ("single_issuer+defer_taskrun+coop_taskrun", |b| {
+            b.setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_coop_taskrun();
+        }),
+        ("single_issuer+coop_taskrun", |b| {
+            b.setup_single_issuer().setup_coop_taskrun();
+        }),
+        ("no setup flags", |_| {}),
+    ];
+    let mut refused = Vec::new();
+    let mut last_err = None;
+    for (name, flags) in setups {
+        let mut b = IoUring::builder();
+        flags(&mut b);
+        b.setup_cqsize(cq);
+        let mut ring = match b.build(ENTRIES) {
+            Ok(r) => r,
+            Err(e) => {
+                last_err = Some(e);
+                continue;
+            }
+        };
+        // SAFETY: plain eventfd creation.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor was just created and is owned by nothing else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        ring.submitter().register_eventfd(efd.as_raw_fd())?;
+        // Test hook: `MMC_FAULT_URING=front-signal` fails the probe of `DEFER_TASKRUN`, as
+        // on a kernel whose signal comes late, to test the fallback where it does not.
+        let injected = std::env::var("MMC_FAULT_URING").ok().as_deref() == Some("front-signal")
+            && name.contains("defer");
+        match probe::signals_eventfd(&mut ring, efd.as_raw_fd()).map(|s| s && !injected) {
+            Ok(true) if refused.is_empty() => return Ok(Some((ring, name.to_string(), efd))),
+            Ok(true) => {
+                let name = format!(
+                    "{name}; {} did not signal its eventfd at once",
+                    refused.join(", ")
+                );
+                return Ok(Some((ring, name, efd)));
+            }
+            Ok(false) => refused.push(name),
+            Err(e) => return Err(e),
+        }
     }
-    let mut b = IoUring::builder();
-    b.setup_single_issuer()
-        .setup_coop_taskrun()
-        .setup_cqsize(cq);
-    if let Ok(r) = b.build(ENTRIES) {
-        return Ok((r, "single_issuer+coop_taskrun (no defer_taskrun)"));
+    match last_err {
+        Some(e) if refused.is_empty() => Err(e),
+        _ => Ok(None),
     }
-    let mut b = IoUring::builder();
-    b.setup_cqsize(cq);
-    Ok((b.build(ENTRIES)?, "no setup flags"))
 }
 
 /// Whether the running kernel is at least `major.minor` (`/proc/sys/kernel/osrelease`).
@@ -177,25 +219,21 @@ impl FrontRing {
                 listener,
             ));
         }
-        let (ring, flags) = match build_ring() {
-            Ok(r) => r,
+        let (ring, flags, owned) = match build_ring() {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                return Err((
+                    "no io_uring setup signals its eventfd on a completion".into(),
+                    listener,
+                ));
+            }
             Err(e) => return Err((format!("io_uring setup: {e}"), listener)),
         };
         let bufs = match BufRing::new(&ring) {
             Ok(b) => b,
             Err(e) => return Err((format!("provided buffer ring refused: {e}"), listener)),
         };
-        // SAFETY: plain eventfd creation.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err((format!("eventfd: {e}"), listener));
-        }
-        // SAFETY: the descriptor was just created and is owned by nothing else.
-        let owned = unsafe { OwnedFd::from_raw_fd(efd) };
-        if let Err(e) = ring.submitter().register_eventfd(efd) {
-            return Err((format!("register_eventfd: {e}"), listener));
-        }
+        let efd = owned.as_raw_fd();
         let (files, table) = match ring.submitter().register_files_sparse(FILES) {
             Ok(()) => (FILES, format!("registered files ({FILES} slots)")),
             Err(e) => (
