@@ -98,6 +98,18 @@ def test_gets_from_a_local_service_are_mapped_within_the_grant_s_expiry(monkeypa
         assert hops == [local.port, local.port], "the meta was asked again: a new grant"
         assert mapped_gets(local) == mapped + 2
 
+        # The same in a batch, whose gets go to the meta pipelined and on to the local
+        # service from the meta's answers: the expired copy starts that key's get again at
+        # the meta too, not at the local service's URL, whose grant it spent (refused there).
+        out[:] = 0
+        checks.clear()
+        hops.clear()
+        assert s.batch_get_into(["shc/a"], [out.ctypes.data], [out.nbytes]) == [OK]
+        assert np.array_equal(src, out), "the bytes came again, right"
+        assert len(checks) == 2, "copied twice, the first discarded"
+        assert hops == [local.port, local.port], "the meta was asked again: a new grant"
+        assert mapped_gets(local) == mapped + 4
+
 
 def test_a_local_service_that_joins_again_shuts_connections_holding_mapped_reads_down(
         monkeypatch):

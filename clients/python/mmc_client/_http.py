@@ -696,10 +696,13 @@ class Client:
     def _follow(self, method: str, host: str, port: int, target: str, body: Sequence[Any],
                 headers: Optional[Dict[str, str]], reader: BodyReader,
                 local: Optional[str] = None, key: Optional[bytes] = None,
-                sent: Optional[Tuple[Connection, bool, str]] = None) -> Response:
-        at_meta = True
+                sent: Optional[Tuple[Connection, bool, str]] = None,
+                origin: Optional[Tuple[str, int, str]] = None) -> Response:
+        at_meta = origin is None
         first = True
-        origin = (host, port, target)
+        # Where the request starts again after an expired mapped copy: the meta (a followed
+        # pipelined request names it: its own first hop was the local service).
+        origin = origin or (host, port, target)
         expired = 0
         for _ in range(_MAX_REDIRECTS + 1):
             try:
@@ -978,10 +981,12 @@ class Client:
         raise TransportError(errors.MMC_NOT_CONNET_META, "connections keep closing", retryable=True)
 
     def follow(self, resp: Response, method: str, body: Sequence[Any], reader: BodyReader,
-               local: Optional[str], key: Optional[bytes] = None) -> Response:
+               local: Optional[str], key: Optional[bytes] = None,
+               origin: Optional[str] = None) -> Response:
         """Carries a request on from the ``307``/``308`` it was answered (a pipelined one:
         the meta allocated or leased for it, so it goes where the meta said, not again to
-        the meta)."""
+        the meta). ``origin``: the request's target at the current meta, where a get whose
+        mapped copy outlived its grant starts again (``_follow``)."""
         loc = str(resp.header("location") or "")
         parts = urlsplit(loc)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -996,7 +1001,12 @@ class Client:
         target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
         if self.on_redirect is not None:
             self.on_redirect(method, target, host, port)
-        return self._follow(method, host, port, target, body, None, reader, local, key)
+        start = None
+        if origin is not None:
+            meta_host, meta_port = self.endpoints[self.current]
+            start = (meta_host, meta_port, origin)
+        return self._follow(method, host, port, target, body, None, reader, local, key,
+                            origin=start)
 
     def _head(self, method: str, host: str, port: int, target: str, body_len: int,
               headers: Optional[Dict[str, str]], expect: bool) -> bytes:

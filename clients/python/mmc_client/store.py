@@ -776,7 +776,8 @@ class DistributedObjectStore(GvaMixin):
                         parts = cast(Parts, values[i])
                         reader = _IntoReader(parts) if method == "GET" else BodyReader()
                         resp = self._c().follow(resp, method, parts if method == "PUT" else (),
-                                                reader, _local_iov(parts), keys[i].encode())
+                                                reader, _local_iov(parts), keys[i].encode(),
+                                                reqs[part.index(i)][1])
                     if resp is None or resp.status in (429, 503) or (
                             resp.status in (400, 403)
                             and b"same-host" in bytes(resp.body or b"")):
@@ -1204,7 +1205,8 @@ class DistributedObjectStore(GvaMixin):
                     # (its same-host socket too when on this host), into the same slot.
                     reader = _GetReader(scratch, j * slot, slot)
                     try:
-                        resp = c.follow(resp, "GET", (), reader, reqs[j][2], keys[i].encode())
+                        resp = c.follow(resp, "GET", (), reader, reqs[j][2], keys[i].encode(),
+                                        reqs[j][1])
                     except TransportError:
                         c.drop_scratch()
                         raise
