@@ -171,17 +171,26 @@ fn build_ring() -> std::io::Result<Option<(IoUring, String, OwnedFd)>> {
         // on a kernel whose signal comes late, to test the fallback where it does not.
         let injected = std::env::var("MMC_FAULT_URING").ok().as_deref() == Some("front-signal")
             && name.contains("defer");
-        match probe::signals_eventfd(&mut ring, efd.as_raw_fd()).map(|s| s && !injected) {
-            Ok(true) if refused.is_empty() => return Ok(Some((ring, name.to_string(), efd))),
-            Ok(true) => {
+        let probed = match probe::signals_eventfd(&mut ring, efd.as_raw_fd()) {
+            Ok(s) => s && !injected,
+            // No loopback to probe with (a namespace whose `lo` is down): `DEFER_TASKRUN` is
+            // not taken on trust; the others' completions are posted by this thread's task
+            // work, which signals from here.
+            Err(e) => {
+                log::warn!("front ring: cannot probe {name} ({e})");
+                !name.contains("defer")
+            }
+        };
+        match probed {
+            true if refused.is_empty() => return Ok(Some((ring, name.to_string(), efd))),
+            true => {
                 let name = format!(
                     "{name}; {} did not signal its eventfd at once",
                     refused.join(", ")
                 );
                 return Ok(Some((ring, name, efd)));
             }
-            Ok(false) => refused.push(name),
-            Err(e) => return Err(e),
+            false => refused.push(name),
         }
     }
     match last_err {
