@@ -148,8 +148,9 @@ impl Shard {
     }
 
     /// The I/O of a job: memory → SSD file for a flush (returning the checksum of the bytes
-    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs), and
-    /// a remote rank's tier moves by its local service (a demotion is only ever remote).
+    /// written), SSD file → DRAM for a rewarm (checking the bytes read against theirs), a
+    /// remote rank's tier moves by its local service, and a drain's demotion here (HBM →
+    /// DRAM) by the mover thread.
     pub(super) async fn run_job_io(&self, job: &IoJob) -> (IoOutcome, u64) {
         if let IoJob::Flush {
             src_view, dst_view, ..
@@ -172,6 +173,17 @@ impl Shard {
             IoJob::Flush {
                 src_view, dst_view, ..
             } => self.flush_io(src_view, dst_view).await,
+            IoJob::Demote {
+                src_view, dst_view, ..
+            } if super::mover::can_move(src_view, dst_view) => {
+                let landed = super::mover::move_down(src_view, dst_view).await;
+                let outcome = if landed {
+                    IoOutcome::Done
+                } else {
+                    IoOutcome::Failed
+                };
+                (outcome, 0)
+            }
             IoJob::ReadSsd { .. } | IoJob::Demote { .. } => (IoOutcome::Failed, 0),
             IoJob::Rewarm {
                 src_view,

@@ -20,6 +20,7 @@ pub mod load;
 mod local_ssd;
 mod mailbox;
 pub mod metadata;
+mod mover;
 pub mod notice;
 pub mod ranks;
 mod recovery;
@@ -114,7 +115,7 @@ impl Shard {
         let metadata_budget = shared.config.metadata.max_total_bytes.div_ceil(shards);
         let remote = &shared.shards[id];
         notice::mark_shard_thread();
-        let store = Store::new(
+        let mut store = Store::new(
             id,
             shared.store_config(),
             shared.segments.clone(),
@@ -122,6 +123,7 @@ impl Shard {
             remote.tracer.clone(),
             shared.clock,
         );
+        store.set_move_off_shard(true);
         #[cfg_attr(not(debug_assertions), allow(unused_mut))]
         let mut subscribers: Vec<Box<dyn Subscriber>> = vec![
             Box::new(TierMetricsSubscriber {

@@ -207,8 +207,9 @@ impl Store {
 
     /// Moves an evicted blob down the tiers: the first one below with room takes it (a copy
     /// that already exists lower down, as after a rewarm, makes the move free). A memory
-    /// tier takes a copy now; SSD takes it through a flush job, the blob leaving when the
-    /// flush lands. `one_tier`: only the tier just below is tried. False when no tier below
+    /// tier takes a copy now when the eviction is forced or named, else (a drain's) through
+    /// a demotion job the mover thread copies; SSD takes it through a flush job; the blob
+    /// leaves when the job lands. `one_tier`: only the tier just below is tried. False when no tier below
     /// (tried) has room.
     fn demote(&mut self, id: u32, now: u64, forced: bool, one_tier: bool) -> bool {
         if self.is_remote_blob(id) {
@@ -227,6 +228,13 @@ impl Store {
             }
             if let Some((seg, off, alen)) = self.alloc_demoted(t, size, rank, now) {
                 if !t.is_memory() {
+                    self.start_move(id, seg, off, alen, false, now);
+                    return true;
+                }
+                // A drain's move between host memories is copied by the mover thread (the
+                // blob leaves when it lands); a forced one (an allocation needs the room now)
+                // or a named one (`/memory/evict` says where it is after) copies here.
+                if !forced && !one_tier && self.moves_off_shard(id, seg) {
                     self.start_move(id, seg, off, alen, false, now);
                     return true;
                 }
@@ -353,6 +361,20 @@ impl Store {
             return self.alloc_on_rank(medium, size, rank);
         }
         None
+    }
+
+    /// Whether moving blob `id` into segment `dst` can be left to the mover thread: both
+    /// are memory this process addresses (`mover::can_move`), and the store runs jobs (`Store::moves_off_shard`
+    /// off: tests that expect a demotion to be done when the eviction returns).
+    fn moves_off_shard(&self, id: u32, dst: SegmentId) -> bool {
+        self.move_off_shard
+            && self
+                .seg(self.blobs[id as usize].seg)
+                .seg
+                .backend
+                .addressable()
+                .is_some()
+            && self.seg(dst).seg.backend.addressable().is_some()
     }
 
     /// Copies a memory blob's bytes into another memory segment (HBM → DRAM).

@@ -87,6 +87,8 @@ mod tests;
 #[cfg(test)]
 mod tests_leases;
 #[cfg(test)]
+mod tests_mover;
+#[cfg(test)]
 mod tests_placement;
 mod tiering;
 
@@ -467,8 +469,13 @@ pub struct Store {
     jobs: Vec<IoJob>,
     events: Vec<Event>,
     flushes_in_flight: usize,
-    /// Remote HBM → DRAM demotions in flight ([`IoJob::Demote`]).
+    /// HBM → DRAM demotions in flight ([`IoJob::Demote`]): a remote rank's, copied by its
+    /// local service, or a drain's here, copied by the mover thread (`shards/mover.rs`).
     demotes_in_flight: usize,
+    /// Whether a drain's demotion between host memories goes to the mover thread as a job
+    /// (the shards, and the simulation) or is copied at once (`false`: tests that look at
+    /// where a blob is as soon as it was evicted).
+    move_off_shard: bool,
     /// Live objects with a readable copy: this shard's share of `stored_keys`.
     readable_objects: u64,
     /// A `remove_all` whose objects are still being freed.
@@ -551,6 +558,7 @@ impl Store {
             events: Vec::new(),
             flushes_in_flight: 0,
             demotes_in_flight: 0,
+            move_off_shard: false,
             readable_objects: 0,
             purge: None,
             draining: [false; Medium::ALL.len()],
@@ -598,6 +606,12 @@ impl Store {
 
     pub fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+
+    /// Hands a drain's demotions between host memories to the mover thread as jobs
+    /// ([`IoJob::Demote`], finished by `finish_demote`) instead of copying them at once.
+    pub fn set_move_off_shard(&mut self, on: bool) {
+        self.move_off_shard = on;
     }
 
     /// Objects this shard holds (readable or being written; not those of a `remove_all`

@@ -74,6 +74,8 @@ struct Sim {
 #[derive(Debug, Default, Clone, Copy)]
 struct Coverage {
     flushes: u64,
+    /// Demotions HBM → DRAM that went as jobs (the mover's) and landed or failed.
+    demotions: u64,
     rewarms: u64,
     direct_reads: u64,
     unmounts: u64,
@@ -85,6 +87,7 @@ struct Coverage {
 impl std::ops::AddAssign for Coverage {
     fn add_assign(&mut self, o: Coverage) {
         self.flushes += o.flushes;
+        self.demotions += o.demotions;
         self.rewarms += o.rewarms;
         self.direct_reads += o.direct_reads;
         self.unmounts += o.unmounts;
@@ -113,6 +116,9 @@ impl Sim {
             .build();
         let table = store.table.clone();
         store.set_manual_clock(1_000);
+        // As the shards run it: a drain's demotion HBM → DRAM is a job that lands (or fails)
+        // whenever the simulation completes it, the blob readable in HBM until then.
+        store.set_move_off_shard(true);
         Sim {
             rng: Rng(seed),
             store,
@@ -300,7 +306,7 @@ impl Sim {
             }
             IoJob::Demote { .. } => {
                 self.store.finish_demote(&job, outcome == IoOutcome::Done);
-                self.seen.flushes += 1;
+                self.seen.demotions += 1;
             }
             IoJob::ReadSsd { .. } => {
                 self.store.finish_direct_read(&job, outcome);
@@ -427,6 +433,7 @@ fn fixed_seeds() {
     eprintln!("simulated: {seen:?}");
     let Coverage {
         flushes,
+        demotions,
         rewarms,
         direct_reads,
         unmounts,
@@ -436,6 +443,7 @@ fn fixed_seeds() {
     } = seen;
     for (what, n) in [
         ("flushes", flushes),
+        ("demotions by the mover", demotions),
         ("rewarms", rewarms),
         ("direct reads", direct_reads),
         ("unmounts", unmounts),

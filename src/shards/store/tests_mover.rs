@@ -1,0 +1,97 @@
+//! Store tests of demotions the shards leave to the mover thread (`shards/mover.rs`): a
+//! watermark drain's move between memories is a job, the blob read where it was until it
+//! lands; a forced eviction's is copied at once.
+
+use super::testing::TestStore;
+use super::tests::{media_of, put_at};
+use super::*;
+
+#[test]
+fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_once() {
+    // The shards' setting: a watermark drain's HBM → DRAM move goes to the mover thread as
+    // a job; the blob is read from HBM until it lands.
+    let mut s = TestStore::new()
+        .segment(0, Medium::Hbm, 4 << 20)
+        .segment(0, Medium::Dram, 16 << 20)
+        .config(|c| c.lease_ms = 0)
+        .build();
+    s.set_move_off_shard(true);
+    for i in 0..4 {
+        put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 0);
+    }
+    let jobs = s.take_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let IoJob::Demote {
+        src_view,
+        dst_view,
+        drop_on_failure,
+        ..
+    } = &jobs[0]
+    else {
+        panic!("{:?}", jobs[0]);
+    };
+    assert_eq!(src_view.seg.medium, Medium::Hbm);
+    assert_eq!(dst_view.seg.medium, Medium::Dram);
+    assert!(!drop_on_failure);
+    assert_eq!(
+        media_of(&s, "h0"),
+        [
+            (Medium::Hbm, BlobState::Readable),
+            (Medium::Dram, BlobState::Allocated)
+        ]
+    );
+    let GetStep::Ready(v) = s.get(b"h0") else {
+        panic!("h0 readable while it moves");
+    };
+    assert_eq!(v.seg.medium, Medium::Hbm);
+    s.unpin(v.handle);
+    assert_eq!(s.stats.demoted_blobs.get(), 0);
+    s.check();
+    s.finish_demote(&jobs[0], true);
+    assert_eq!(media_of(&s, "h0"), [(Medium::Dram, BlobState::Readable)]);
+    assert_eq!(s.stats.demoted_blobs.get(), 1);
+    s.check();
+
+    // Thresholds at the top: the drain starts only when the allocation finds the tier full;
+    // its moves do not free the room before they land, so the allocation forces the eviction
+    // of the next blob, whose move is copied at once: the room is free when the put goes on.
+    let mut s = TestStore::new()
+        .segment(0, Medium::Hbm, 4 << 20)
+        .segment(0, Medium::Dram, 16 << 20)
+        .config(|c| {
+            c.lease_ms = 0;
+            c.high_percent = 100;
+            c.low_percent = 99;
+        })
+        .build();
+    s.set_move_off_shard(true);
+    for i in 0..5 {
+        put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 0);
+    }
+    let jobs = s.take_jobs();
+    assert!(!jobs.is_empty());
+    let moving = [
+        (Medium::Hbm, BlobState::Readable),
+        (Medium::Dram, BlobState::Allocated),
+    ];
+    let copied_now = [(Medium::Dram, BlobState::Readable)];
+    let states: Vec<_> = (0..5).map(|i| media_of(&s, &format!("h{i}"))).collect();
+    assert_eq!(
+        states.iter().filter(|m| m[..] == moving).count(),
+        jobs.len(),
+        "{states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|m| m[..] == copied_now).count(),
+        1,
+        "{states:?}"
+    );
+    assert_eq!(s.stats.demoted_blobs.get(), 1);
+    s.check();
+    for job in &jobs {
+        s.finish_demote(job, true);
+    }
+    let in_dram = (0..5).filter(|i| media_of(&s, &format!("h{i}"))[..] == copied_now);
+    assert_eq!(in_dram.count(), jobs.len() + 1);
+    s.check();
+}
