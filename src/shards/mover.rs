@@ -33,6 +33,7 @@ fn queue() -> Option<&'static flume::Sender<Move>> {
             let started = std::thread::Builder::new()
                 .name("mmc-mover".into())
                 .spawn(move || {
+                    on_the_process_cpus();
                     while let Ok(m) = rx.recv() {
                         let _ = m.done.send(copy(&m));
                     }
@@ -46,6 +47,26 @@ fn queue() -> Option<&'static flume::Sender<Move>> {
             }
         })
         .as_ref()
+}
+
+/// Moves the mover off the CPU of the shard that started it (a thread inherits its creator's
+/// pinning, and there it could copy only while that shard waits) onto every CPU of the
+/// process: its main thread's mask, which `taskset` sets and the shards are chosen from.
+fn on_the_process_cpus() {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it (for the main thread: its
+    // id is the process id) and sched_setaffinity reads it; neither keeps the pointer.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0
+            && libc::sched_setaffinity(0, size, &set) != 0
+        {
+            log::debug!(
+                "mover: cannot leave its shard's CPU: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 fn copy(m: &Move) -> bool {

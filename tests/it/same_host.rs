@@ -374,7 +374,7 @@ fn the_socket_checks_tokens_as_tcp_does() {
 }
 
 /// The CPUs a thread of `pid` named `comm` may run on (its `Cpus_allowed_list`).
-fn thread_cpus(pid: u32, comm: &str) -> Option<Vec<usize>> {
+pub fn thread_cpus(pid: u32, comm: &str) -> Option<Vec<usize>> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let dir = task.ok()?.path();
         if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != comm {

@@ -1288,3 +1288,45 @@ fn unmount_gives_back_the_mapping_the_memory_and_the_file(driver: Driver) {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_drain_s_demotions_are_copied_by_the_mover_off_the_shards_cpu() {
+    // HBM fills: each put's drain moves older blobs to DRAM as jobs the mover thread copies
+    // (`shards/mover.rs`), with the bytes intact, and the mover may run on every CPU of the
+    // process (it inherits a shard's pinning when it starts; left there it could copy only
+    // while that shard waits).
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .shards(2)
+        .set("ock.mmc.local_service.hbm.size", "2MB")
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.segment.run_bytes", "1MB")
+        .set("ock.mmc.lease_ms", "0")
+        .start();
+    let mut c = srv.client();
+    let n = 24;
+    for i in 0..n {
+        put_ok(
+            &mut c,
+            &format!("mv/{i}"),
+            &data(256 << 10, i),
+            "&medium=hbm",
+        );
+    }
+    let m = crate::observability::scrape(&mut c);
+    assert!(m["memcache_demoted_blobs_total"] > 0.0, "nothing demoted");
+    assert_eq!(m["memcache_evict_deleted_objects_total"], 0.0);
+    for i in 0..n {
+        let key = format!("mv/{i}");
+        assert_eq!(get_bytes(&mut c, &key), data(256 << 10, i), "{key}");
+    }
+    let in_dram = (0..n)
+        .filter(|i| media(&query(&mut c, &format!("mv/{i}"))).contains(&"DRAM".to_string()))
+        .count();
+    assert!(in_dram > 0, "no object in DRAM");
+    let process = crate::same_host::thread_cpus(srv.pid(), "mmc-server").expect("main thread");
+    let mover = crate::same_host::thread_cpus(srv.pid(), "mmc-mover").expect("the mover");
+    assert_eq!(
+        mover, process,
+        "the mover may run on every CPU of the process"
+    );
+}
