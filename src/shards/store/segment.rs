@@ -513,16 +513,23 @@ impl ShardSegment {
     }
 
     /// Frees a blob's range. Runs that become entirely free go back to the pool, except up to
-    /// [`Segment::spare_runs`] kept for the next blobs.
+    /// [`Segment::spare_runs`] kept for the next blobs; their pages go back to the kernel.
     pub fn free(&mut self, offset: u64, len: u64) {
+        self.free_keeping(offset, len, false);
+    }
+
+    /// [`ShardSegment::free`], and `keep_pages`: runs that go back to the pool keep their pages
+    /// committed (the segment is full enough that eviction keeps it so: the room is taken again
+    /// at once, and handing the pages back would only make the next blobs fault them in).
+    pub fn free_keeping(&mut self, offset: u64, len: u64, keep_pages: bool) {
         let rounded = self.free.round_up(len.max(1));
         self.used -= rounded;
         self.seg.add_used(self.shard, offset, -(rounded as i64));
         // The freed pages stay committed while this shard holds their run: handing them back
         // here would make the next blob placed there fault every page in again (measured:
         // a 64 KiB write costs 44 µs into discarded pages, 5 µs into mapped ones). Memory goes
-        // back to the kernel when a whole run returns to the pool (`give_run`), so a shard keeps
-        // at most its runs' worth of free pages resident.
+        // back to the kernel when a whole run returns to the pool (`give_run`) and the caller
+        // does not keep its pages (`keep_pages`: the segment above its low watermark).
         let (fs, fl) = self.free.release(offset, rounded);
         let fully_free: Vec<(u64, u64)> = self
             .runs
@@ -551,7 +558,7 @@ impl ShardSegment {
             let carved = self.free.alloc_at(s, l);
             debug_assert!(carved);
             self.runs.remove(&s);
-            self.seg.give_run(s, l);
+            self.seg.give_run(s, l, !keep_pages);
         }
     }
 
@@ -582,7 +589,7 @@ impl ShardSegment {
         debug_assert_eq!(self.used, 0);
         for (s, l) in std::mem::take(&mut self.runs) {
             self.free.alloc_at(s, l);
-            self.seg.give_run(s, l);
+            self.seg.give_run(s, l, true);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Store tests of demotions the shards leave to the mover thread (`shards/mover.rs`): a
-//! watermark drain's move between memories is a job, the blob read where it was until it
-//! lands; a forced eviction's is copied at once.
+//! Store tests of what a full store's eviction costs the shard: demotions left to the mover
+//! thread (`shards/mover.rs`: a watermark drain's move between memories is a job, the blob
+//! read where it was until it lands; a forced eviction's is copied at once), and the pages of
+//! the runs it empties (kept at or above the low watermark).
 
 use super::testing::TestStore;
 use super::tests::{media_of, put_at};
@@ -93,5 +94,59 @@ fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_on
     }
     let in_dram = (0..5).filter(|i| media_of(&s, &format!("h{i}"))[..] == copied_now);
     assert_eq!(in_dram.count(), jobs.len() + 1);
+    s.check();
+}
+
+/// Bytes of DRAM segment pages resident now (`mincore`).
+fn dram_resident(s: &Store) -> u64 {
+    let seg = s
+        .segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.medium == Medium::Dram)
+        .expect("a DRAM segment");
+    let region = seg.seg.backend.host_region().expect("host memory");
+    region.resident_bytes(0, seg.seg.capacity).expect("mincore")
+}
+
+#[test]
+fn runs_emptied_above_the_low_watermark_keep_their_pages() {
+    // 16 MiB of DRAM in 1 MiB runs, one shard: two empty runs stay with the shard (its
+    // spares), the others go back to the pool. Twelve objects of 1 MiB, written.
+    let mut s = TestStore::new()
+        .dram(16 << 20)
+        .config(|c| {
+            c.lease_ms = 0;
+            c.low_percent = 50;
+        })
+        .build();
+    for i in 0..12 {
+        let step = s.alloc(
+            format!("k{i}").into_bytes().into(),
+            1 << 20,
+            Placement::on(Some(Medium::Dram), 1),
+        );
+        let AllocStep::Granted { obj, blobs, .. } = step else {
+            panic!("{step:?}");
+        };
+        let region = blobs[0].seg.backend.host_region().expect("host memory");
+        // SAFETY: the blob was just allocated for this write.
+        unsafe { region.write(blobs[0].offset, &vec![i as u8 + 1; 1 << 20]) }.expect("write");
+        assert!(s.commit(obj, true));
+    }
+    assert_eq!(dram_resident(&s), 12 << 20);
+    // Removed while the segment is at or above its low watermark (75, 69 and 62 %): the
+    // third emptied run goes back to the pool with its pages (eviction keeps a full segment
+    // between the watermarks, so the next blobs take the room again at once).
+    for i in 0..3 {
+        assert!(s.remove(format!("k{i}").as_bytes()));
+    }
+    assert_eq!(dram_resident(&s), 12 << 20, "no page handed back");
+    // Down past the low watermark: 56 and 50 % still keep theirs; from 44 % the emptied runs'
+    // pages go back to the kernel (seven of them).
+    for i in 3..12 {
+        assert!(s.remove(format!("k{i}").as_bytes()));
+    }
+    assert_eq!(dram_resident(&s), 5 << 20);
     s.check();
 }

@@ -36,9 +36,13 @@ impl Segment {
         true
     }
 
-    pub(super) fn give_run(&self, start: u64, len: u64) {
-        // SAFETY: a whole free run is no blob's range any more.
-        unsafe { self.backend.discard(start, len) };
+    /// Puts a run back in the pool; `discard`: its pages go back to the kernel (else they stay
+    /// committed for whoever takes the run next).
+    pub(super) fn give_run(&self, start: u64, len: u64, discard: bool) {
+        if discard {
+            // SAFETY: a whole free run is no blob's range any more.
+            unsafe { self.backend.discard(start, len) };
+        }
         let mut pools = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pools[self.part_of(start)].release(start, len);
         self.pool_free
