@@ -117,14 +117,17 @@ impl Store {
             self.stats
                 .tier(b.rank, |t| t.rewarm_bytes_current.add(-bytes));
         }
-        let low_percent = self.cfg.low_percent;
+        // Eviction keeps a full segment between the watermarks, each drain taking it down to
+        // the low one (and a drain's demotions freeing their sources when they land, a little
+        // later): what is freed down to one drain's width below the low watermark is allocated
+        // again soon, so emptied runs keep their pages there (at steady state, 1 MiB puts into
+        // a full default configuration 15 % faster, their p90 halved: perf/RESULTS.md
+        // session 15). Below that they go back to the kernel.
+        let (low, high) = (self.cfg.low_percent, self.cfg.high_percent);
+        let keep_from = low.saturating_sub(high.saturating_sub(low));
         if let Some(Some(ss)) = self.segs.get_mut(b.seg as usize) {
-            // At or above the low watermark eviction keeps the segment between the watermarks:
-            // what this frees is allocated again soon, so emptied runs keep their pages (at
-            // steady state, 1 MiB puts into a full default configuration 15 % faster, their
-            // p90 halved: perf/RESULTS.md session 15). Below it they go back to the kernel.
             let keep = ss.seg.used_bytes() as u128 * 100
-                >= ss.seg.capacity as u128 * u128::from(low_percent);
+                >= ss.seg.capacity as u128 * u128::from(keep_from);
             ss.free_keeping(b.offset, b.len, keep);
         }
     }

@@ -110,14 +110,16 @@ fn dram_resident(s: &Store) -> u64 {
 }
 
 #[test]
-fn runs_emptied_above_the_low_watermark_keep_their_pages() {
+fn runs_emptied_near_the_low_watermark_keep_their_pages() {
     // 16 MiB of DRAM in 1 MiB runs, one shard: two empty runs stay with the shard (its
-    // spares), the others go back to the pool. Twelve objects of 1 MiB, written.
+    // spares), the others go back to the pool. Watermarks 80 / 70 %: pages are kept down to
+    // one drain's width below the low one, 60 %. Twelve objects of 1 MiB, written.
     let mut s = TestStore::new()
         .dram(16 << 20)
         .config(|c| {
             c.lease_ms = 0;
-            c.low_percent = 50;
+            c.high_percent = 80;
+            c.low_percent = 70;
         })
         .build();
     for i in 0..12 {
@@ -135,18 +137,17 @@ fn runs_emptied_above_the_low_watermark_keep_their_pages() {
         assert!(s.commit(obj, true));
     }
     assert_eq!(dram_resident(&s), 12 << 20);
-    // Removed while the segment is at or above its low watermark (75, 69 and 62 %): the
-    // third emptied run goes back to the pool with its pages (eviction keeps a full segment
-    // between the watermarks, so the next blobs take the room again at once).
+    // Removed while the segment is that full (75, 69 and 62 %): the third emptied run goes
+    // back to the pool with its pages (eviction keeps a full segment between the watermarks,
+    // so the next blobs take the room again at once).
     for i in 0..3 {
         assert!(s.remove(format!("k{i}").as_bytes()));
     }
     assert_eq!(dram_resident(&s), 12 << 20, "no page handed back");
-    // Down past the low watermark: 56 and 50 % still keep theirs; from 44 % the emptied runs'
-    // pages go back to the kernel (seven of them).
+    // Below 60 %: the emptied runs' pages go back to the kernel (nine of them).
     for i in 3..12 {
         assert!(s.remove(format!("k{i}").as_bytes()));
     }
-    assert_eq!(dram_resident(&s), 5 << 20);
+    assert_eq!(dram_resident(&s), 3 << 20);
     s.check();
 }
