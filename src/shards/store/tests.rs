@@ -1,5 +1,6 @@
 //! Unit tests of the store.
 
+use super::tests_mover::moving_down_and_read_from_hbm;
 use super::*;
 use testing::TestStore;
 
@@ -481,18 +482,7 @@ fn a_remote_ranks_hbm_goes_down_to_its_own_dram_through_a_demotion_job() {
     );
     assert_eq!(media_of(&s, "h0"), [(Medium::Hbm, BlobState::Readable)]);
     // Until the copy lands the object is read from HBM; no flush is counted for it.
-    assert_eq!(
-        media_of(&s, "h1"),
-        [
-            (Medium::Hbm, BlobState::Readable),
-            (Medium::Dram, BlobState::Allocated)
-        ]
-    );
-    let GetStep::Ready(v) = s.get(b"h1") else {
-        panic!("h1 readable while it moves");
-    };
-    assert_eq!(v.seg.medium, Medium::Hbm);
-    s.unpin(v.handle);
+    moving_down_and_read_from_hbm(&mut s, "h1");
     assert_eq!(s.stats.flush_in_flight_bytes.get(), 0);
     s.check();
     // The copy landed: the DRAM copy replaces the HBM one, counted as a demotion here is.

@@ -7,6 +7,23 @@ use super::testing::TestStore;
 use super::tests::{media_of, put_at};
 use super::*;
 
+/// `key` is moving from HBM to DRAM (its DRAM blob allocated for the copy) and is read from
+/// HBM meanwhile.
+pub(super) fn moving_down_and_read_from_hbm(s: &mut Store, key: &str) {
+    assert_eq!(
+        media_of(s, key),
+        [
+            (Medium::Hbm, BlobState::Readable),
+            (Medium::Dram, BlobState::Allocated)
+        ]
+    );
+    let GetStep::Ready(v) = s.get(key.as_bytes()) else {
+        panic!("{key} readable while it moves");
+    };
+    assert_eq!(v.seg.medium, Medium::Hbm);
+    s.unpin(v.handle);
+}
+
 #[test]
 fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_once() {
     // The shards' setting: a watermark drain's HBM → DRAM move goes to the mover thread as
@@ -34,18 +51,7 @@ fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_on
     assert_eq!(src_view.seg.medium, Medium::Hbm);
     assert_eq!(dst_view.seg.medium, Medium::Dram);
     assert!(!drop_on_failure);
-    assert_eq!(
-        media_of(&s, "h0"),
-        [
-            (Medium::Hbm, BlobState::Readable),
-            (Medium::Dram, BlobState::Allocated)
-        ]
-    );
-    let GetStep::Ready(v) = s.get(b"h0") else {
-        panic!("h0 readable while it moves");
-    };
-    assert_eq!(v.seg.medium, Medium::Hbm);
-    s.unpin(v.handle);
+    moving_down_and_read_from_hbm(&mut s, "h0");
     assert_eq!(s.stats.demoted_blobs.get(), 0);
     s.check();
     s.finish_demote(&jobs[0], true);
