@@ -768,7 +768,7 @@ class DistributedObjectStore(GvaMixin):
                 reqs.append((method, "/api/v1/objects?key=" + _check_key(keys[i]) + extra,
                              iov, reader, keys[i].encode()))
             answers = self._c().pipeline(reqs)
-            for i, reader, resp in zip(part, readers, answers):
+            for j, (i, reader, resp) in enumerate(zip(part, readers, answers)):
                 try:
                     if resp is not None and resp.status in (307, 308):
                         # The meta allocated (or leased) for this request: on to the local
@@ -777,7 +777,7 @@ class DistributedObjectStore(GvaMixin):
                         reader = _IntoReader(parts) if method == "GET" else BodyReader()
                         resp = self._c().follow(resp, method, parts if method == "PUT" else (),
                                                 reader, _local_iov(parts), keys[i].encode(),
-                                                reqs[part.index(i)][1])
+                                                reqs[j][1])
                     if resp is None or resp.status in (429, 503) or (
                             resp.status in (400, 403)
                             and b"same-host" in bytes(resp.body or b"")):
