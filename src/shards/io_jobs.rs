@@ -175,7 +175,7 @@ impl Shard {
             } => self.flush_io(src_view, dst_view).await,
             IoJob::Demote {
                 src_view, dst_view, ..
-            } if super::mover::can_move(src_view, dst_view) => {
+            } => {
                 let landed = super::mover::move_down(src_view, dst_view).await;
                 let outcome = if landed {
                     IoOutcome::Done
@@ -184,7 +184,7 @@ impl Shard {
                 };
                 (outcome, 0)
             }
-            IoJob::ReadSsd { .. } | IoJob::Demote { .. } => (IoOutcome::Failed, 0),
+            IoJob::ReadSsd { .. } => (IoOutcome::Failed, 0),
             IoJob::Rewarm {
                 src_view,
                 dst_view,

@@ -53,19 +53,10 @@ fn queue() -> Option<&'static flume::Sender<Move>> {
 /// pinning, and there it could copy only while that shard waits) onto every CPU of the
 /// process: its main thread's mask, which `taskset` sets and the shards are chosen from.
 fn on_the_process_cpus() {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it (for the main thread: its
-    // id is the process id) and sched_setaffinity reads it; neither keeps the pointer.
-    unsafe {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0
-            && libc::sched_setaffinity(0, size, &set) != 0
-        {
-            log::debug!(
-                "mover: cannot leave its shard's CPU: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if let Some(set) = super::runtime::process_cpu_set()
+        && let Err(e) = super::runtime::run_on(&set)
+    {
+        log::debug!("mover: cannot leave its shard's CPU: {e}");
     }
 }
 
@@ -85,14 +76,9 @@ fn copy(m: &Move) -> bool {
     res.is_ok()
 }
 
-/// Whether a move between these two blobs can be made by the mover: both in memory this
-/// process addresses (host memory, or an emulated device's host mapping).
-pub fn can_move(src: &BlobView, dst: &BlobView) -> bool {
-    src.seg.backend.addressable().is_some() && dst.seg.backend.addressable().is_some()
-}
-
 /// Copies `src`'s bytes into `dst` on the mover's thread (or here, if it could not start);
-/// true when every byte landed.
+/// true when every byte landed. Both are memory this process addresses: the store makes a
+/// local demotion a job only then (`Store::moves_off_shard`).
 pub async fn move_down(src: &BlobView, dst: &BlobView) -> bool {
     let (tx, rx) = flume::bounded(1);
     let m = Move {

@@ -267,20 +267,40 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// The process's CPUs: its main thread's affinity mask, which `taskset` sets and the shards
+/// are chosen from (a thread a shard starts inherits the shard's one CPU instead). `None` when
+/// it cannot be read.
+pub fn process_cpu_set() -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for the main thread (its id
+    // is the process id) and keeps no pointer.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        (libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0).then_some(set)
+    }
+}
+
+/// Lets the calling thread run on the CPUs of `set`.
+pub fn run_on(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity reads the set and keeps no pointer.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Pins the calling thread to one CPU (`EINVAL` past `CPU_SETSIZE`).
 pub fn pin_to(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: as above; the set names one CPU within CPU_SETSIZE (checked above).
-    unsafe {
+    let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+        set
+    };
+    run_on(&set)
 }
 
 /// Formats a CPU list compactly (`0-3,8`), for log lines and error messages.

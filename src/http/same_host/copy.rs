@@ -371,24 +371,21 @@ thread_local! {
 /// `taskset` sets and shards are chosen from); it stays when there are none.
 fn beside_the_shard() {
     let shard = crate::shards::runtime::allowed_cpus();
-    // SAFETY: cpu_set_t is plain data (zeroed: the empty set); sched_getaffinity fills it (for
-    // the main thread: its id is the process id) and sched_setaffinity reads it, neither keeps
-    // the pointer; every CPU changed is below CPU_SETSIZE (the range iterated).
-    unsafe {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(libc::getpid(), size, &mut set) != 0 {
-            return;
-        }
+    let Some(mut set) = crate::shards::runtime::process_cpu_set() else {
+        return;
+    };
+    // SAFETY: every CPU changed is below CPU_SETSIZE (filtered); CPU_CLR and CPU_COUNT only
+    // touch the set.
+    let left = unsafe {
         for &c in shard.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
             libc::CPU_CLR(c, &mut set);
         }
-        if libc::CPU_COUNT(&set) > 0 && libc::sched_setaffinity(0, size, &set) != 0 {
-            log::debug!(
-                "copy helper: cannot leave its shard's CPU: {}",
-                io::Error::last_os_error()
-            );
-        }
+        libc::CPU_COUNT(&set)
+    };
+    if left > 0
+        && let Err(e) = crate::shards::runtime::run_on(&set)
+    {
+        log::debug!("copy helper: cannot leave its shard's CPU: {e}");
     }
 }
 

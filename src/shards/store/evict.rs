@@ -209,8 +209,8 @@ impl Store {
     /// that already exists lower down, as after a rewarm, makes the move free). A memory
     /// tier takes a copy now when the eviction is forced or named, else (a drain's) through
     /// a demotion job the mover thread copies; SSD takes it through a flush job; the blob
-    /// leaves when the job lands. `one_tier`: only the tier just below is tried. False when no tier below
-    /// (tried) has room.
+    /// leaves when the job lands. `one_tier`: only the tier just below is tried. False when
+    /// no tier below (tried) has room.
     fn demote(&mut self, id: u32, now: u64, forced: bool, one_tier: bool) -> bool {
         if self.is_remote_blob(id) {
             return self.demote_remote(id, now, forced);
@@ -363,9 +363,10 @@ impl Store {
         None
     }
 
-    /// Whether moving blob `id` into segment `dst` can be left to the mover thread: both
-    /// are memory this process addresses (`mover::can_move`), and the store runs jobs (`Store::moves_off_shard`
-    /// off: tests that expect a demotion to be done when the eviction returns).
+    /// Whether moving blob `id` into segment `dst` can be left to the mover thread: the store
+    /// hands such moves off ([`Store::set_move_off_shard`]; off in tests that expect a
+    /// demotion done when the eviction returns), and both are memory this process addresses
+    /// (host memory, or an emulated device's host mapping), which the mover copies between.
     fn moves_off_shard(&self, id: u32, dst: SegmentId) -> bool {
         self.move_off_shard
             && self

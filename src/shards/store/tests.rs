@@ -1,6 +1,6 @@
 //! Unit tests of the store.
 
-use super::tests_mover::moving_down_and_read_from_hbm;
+use super::tests_mover::{moving_down_and_read_from_hbm, the_one_demotion};
 use super::*;
 use testing::TestStore;
 
@@ -462,16 +462,7 @@ fn a_remote_ranks_hbm_goes_down_to_its_own_dram_through_a_demotion_job() {
     // is demoted, and only to rank 1's own DRAM (its local service copies it), never to this
     // process's DRAM or rank 2's.
     let jobs = s.take_jobs();
-    assert_eq!(jobs.len(), 1, "{jobs:?}");
-    let IoJob::Demote {
-        src_view,
-        dst_view,
-        drop_on_failure,
-        ..
-    } = &jobs[0]
-    else {
-        panic!("{:?}", jobs[0]);
-    };
+    let (src_view, dst_view, drop_on_failure) = the_one_demotion(&jobs);
     assert_eq!((src_view.seg.rank, src_view.seg.medium), (1, Medium::Hbm));
     assert_eq!((dst_view.seg.rank, dst_view.seg.medium), (1, Medium::Dram));
     assert!(dst_view.seg.backend.remote().is_some());

@@ -24,6 +24,21 @@ pub(super) fn moving_down_and_read_from_hbm(s: &mut Store, key: &str) {
     s.unpin(v.handle);
 }
 
+/// The source, destination and `drop_on_failure` of the one job, a demotion.
+pub(super) fn the_one_demotion(jobs: &[IoJob]) -> (&BlobView, &BlobView, bool) {
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let IoJob::Demote {
+        src_view,
+        dst_view,
+        drop_on_failure,
+        ..
+    } = &jobs[0]
+    else {
+        panic!("{:?}", jobs[0]);
+    };
+    (src_view, dst_view, *drop_on_failure)
+}
+
 #[test]
 fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_once() {
     // The shards' setting: a watermark drain's HBM → DRAM move goes to the mover thread as
@@ -38,16 +53,7 @@ fn a_drain_s_demotion_between_memories_is_a_job_and_a_forced_one_is_copied_at_on
         put_at(&mut s, &format!("h{i}"), 1 << 20, Medium::Hbm, 0);
     }
     let jobs = s.take_jobs();
-    assert_eq!(jobs.len(), 1, "{jobs:?}");
-    let IoJob::Demote {
-        src_view,
-        dst_view,
-        drop_on_failure,
-        ..
-    } = &jobs[0]
-    else {
-        panic!("{:?}", jobs[0]);
-    };
+    let (src_view, dst_view, drop_on_failure) = the_one_demotion(&jobs);
     assert_eq!(src_view.seg.medium, Medium::Hbm);
     assert_eq!(dst_view.seg.medium, Medium::Dram);
     assert!(!drop_on_failure);
