@@ -415,7 +415,7 @@ pub static KEYS: &[KeySpec] = &[
     key("ock.mmc.numa.policy", "preferred", With(|c, v| { c.shard.numa_policy = super::MemPolicy::parse(v)?; Ok(()) }),
         "How a node's part of a DRAM segment is bound to its node under NUMA placement: preferred (MPOL_PREFERRED: the node's memory while it has some, another node's after that) or bind (MPOL_BIND: that node only; a node out of memory then brings the kernel's OOM handling onto this process)."),
     key("ock.mmc.segment.prefault", "false", Bool(|c| &mut c.store.prefault),
-        "Commit the pages of DRAM and (emulated) HBM segments when they are mounted, on a background thread, instead of at their first write: RSS grows to the segments' size at start, and no request pays for first-touch page faults."),
+        "Commit the pages of DRAM and (emulated) HBM segments when they are mounted, on a background thread, instead of at their first write: RSS grows to the segments' size at start, and no request pays for first-touch page faults; such a segment keeps its pages for as long as it is mounted (runs emptied by removals are not handed back to the kernel)."),
     key("ock.mmc.evict_threshold_high", "90", U64(|c| &mut c.evict.high_percent, 1, 100),
         "Percent of a medium's capacity above which an allocation first evicts."),
     key("ock.mmc.evict_threshold_low", "80", U64(|c| &mut c.evict.low_percent, 0, 99),

@@ -209,7 +209,8 @@ const PREFAULT_STEP_BYTES: u64 = 64 << 20;
 type PrefaultRange = (u64, u64, Option<(u32, Vec<usize>)>);
 
 /// Commits a memory segment's pages on a background thread (`ock.mmc.segment.prefault`), so
-/// that no request pays for their first-touch faults; the server serves meanwhile. The thread
+/// that no request pays for their first-touch faults; the server serves meanwhile, and the
+/// segment keeps its pages from then on ([`Segment::keep_pages`]). The thread
 /// stops early when the segment is unmounted. With NUMA placement it commits one node part
 /// after the other, pinned to that node's CPUs, so the pages (bound to the node) are also
 /// zeroed by a CPU of the node.
@@ -217,6 +218,7 @@ pub fn prefault_in_background(seg: &Arc<Segment>) {
     if !seg.medium.is_memory() {
         return;
     }
+    seg.keep_pages();
     let weak = Arc::downgrade(seg);
     let name = seg.name.clone();
     let ranges: Vec<PrefaultRange> = if seg.node_parts().is_empty() {
@@ -349,6 +351,7 @@ mod tests {
             Err(e) => panic!("{e}"),
         }
         prefault_in_background(&seg);
+        assert!(seg.keeps_pages());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while region.resident_bytes(0, 8 << 20).unwrap() < 8 << 20 {
             assert!(

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{
-    AtomicU8, AtomicU64,
+    AtomicBool, AtomicU8, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::{Arc, Mutex, RwLock};
@@ -101,6 +101,9 @@ pub struct Segment {
     pub run_bytes: u64,
     /// Empty runs one shard may keep instead of returning them to the pool.
     pub spare_runs: usize,
+    /// The segment's pages are committed on purpose (`ock.mmc.segment.prefault`): runs that
+    /// go back to the pool keep theirs, whatever the segment's use ([`Segment::keep_pages`]).
+    keep_pages: AtomicBool,
 }
 
 impl Segment {
@@ -146,7 +149,21 @@ impl Segment {
             status: AtomicU8::new(SegmentStatus::Ok as u8),
             run_bytes,
             spare_runs,
+            keep_pages: AtomicBool::new(false),
         }
+    }
+
+    /// From now on no page of this segment goes back to the kernel while it is mounted: the
+    /// prefault thread commits it all, and a run emptied by removals would otherwise hand its
+    /// pages back (below the low watermark) for the next blobs to fault in again, which is
+    /// what committing it was to avoid.
+    pub fn keep_pages(&self) {
+        self.keep_pages.store(true, Relaxed);
+    }
+
+    /// Whether [`Segment::keep_pages`] was called.
+    pub fn keeps_pages(&self) -> bool {
+        self.keep_pages.load(Relaxed)
     }
 
     pub fn used_bytes(&self) -> u64 {

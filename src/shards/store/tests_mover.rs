@@ -121,11 +121,10 @@ fn dram_resident(s: &Store) -> u64 {
     region.resident_bytes(0, seg.seg.capacity).expect("mincore")
 }
 
-#[test]
-fn runs_emptied_near_the_low_watermark_keep_their_pages() {
-    // 16 MiB of DRAM in 1 MiB runs, one shard: two empty runs stay with the shard (its
-    // spares), the others go back to the pool. Watermarks 80 / 70 %: pages are kept down to
-    // one drain's width below the low one, 60 %. Twelve objects of 1 MiB, written.
+/// 16 MiB of DRAM in 1 MiB runs, one shard: two empty runs stay with the shard (its spares),
+/// the others go back to the pool. Watermarks 80 / 70 %: pages are kept down to one drain's
+/// width below the low one, 60 %. Twelve objects of 1 MiB, written.
+fn twelve_written_objects() -> Store {
     let mut s = TestStore::new()
         .dram(16 << 20)
         .config(|c| {
@@ -149,6 +148,12 @@ fn runs_emptied_near_the_low_watermark_keep_their_pages() {
         assert!(s.commit(obj, true));
     }
     assert_eq!(dram_resident(&s), 12 << 20);
+    s
+}
+
+#[test]
+fn runs_emptied_near_the_low_watermark_keep_their_pages() {
+    let mut s = twelve_written_objects();
     // Removed while the segment is that full (75, 69 and 62 %): the third emptied run goes
     // back to the pool with its pages (eviction keeps a full segment between the watermarks,
     // so the next blobs take the room again at once).
@@ -161,5 +166,23 @@ fn runs_emptied_near_the_low_watermark_keep_their_pages() {
         assert!(s.remove(format!("k{i}").as_bytes()));
     }
     assert_eq!(dram_resident(&s), 3 << 20);
+    s.check();
+}
+
+#[test]
+fn a_prefaulted_segment_keeps_its_pages_however_empty() {
+    // `ock.mmc.segment.prefault` commits the segment and marks it so: removals down to an
+    // empty segment hand no page back (without the mark the test above keeps 3 MiB).
+    let mut s = twelve_written_objects();
+    let seg = s
+        .segs
+        .iter()
+        .flatten()
+        .find(|ss| ss.seg.medium == Medium::Dram);
+    seg.expect("a DRAM segment").seg.keep_pages();
+    for i in 0..12 {
+        assert!(s.remove(format!("k{i}").as_bytes()));
+    }
+    assert_eq!(dram_resident(&s), 12 << 20, "no page handed back");
     s.check();
 }

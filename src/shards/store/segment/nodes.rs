@@ -37,9 +37,10 @@ impl Segment {
     }
 
     /// Puts a run back in the pool; `discard`: its pages go back to the kernel (else they stay
-    /// committed for whoever takes the run next).
+    /// committed for whoever takes the run next), unless the segment keeps its pages
+    /// ([`Segment::keep_pages`]).
     pub(super) fn give_run(&self, start: u64, len: u64, discard: bool) {
-        if discard {
+        if discard && !self.keeps_pages() {
             // SAFETY: a whole free run is no blob's range any more.
             unsafe { self.backend.discard(start, len) };
         }
