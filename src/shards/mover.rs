@@ -8,6 +8,13 @@
 //! unevictable (`flushing`) and the destination allocated and pinned until the copy lands.
 //! Forced evictions (an allocation that found no room) still copy on the shard: their room
 //! is needed now.
+//!
+//! One group of mover threads per NUMA node a demotion lands on (the node part of its
+//! destination, under `ock.mmc.numa.enable`), pinned to that node's CPUs, so the copy writes
+//! memory local to the thread and each node's demotions have threads of their own; without
+//! placement one group (`mmc-mover`) on every CPU of the process. A group has a thread per
+//! eight of its CPUs (one at least), sharing its queue, so that a host with many shards
+//! demoting at once is not held to one thread's copy rate.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,30 +30,77 @@ struct Move {
     done: flume::Sender<bool>,
 }
 
-/// The mover's queue, started at the first move; `None` when its thread could not start
-/// (the shard then copies itself).
-fn queue() -> Option<&'static flume::Sender<Move>> {
-    static QUEUE: OnceLock<Option<flume::Sender<Move>>> = OnceLock::new();
-    QUEUE
+/// Groups by NUMA node id; the last one for memory placed on no node (and node ids past the
+/// others, which no machine has).
+const GROUPS: usize = 65;
+const NO_NODE: usize = GROUPS - 1;
+
+/// CPUs per mover thread of a group.
+const CPUS_PER_MOVER: usize = 8;
+
+/// Group `group`'s queue, its threads started at its first move and placed on `cpus` (the
+/// node's; `None`: the process's); `None` when no thread could start (the shard then copies
+/// itself).
+fn queue(group: usize, cpus: Option<&[usize]>) -> Option<&'static flume::Sender<Move>> {
+    static QUEUES: [OnceLock<Option<flume::Sender<Move>>>; GROUPS] =
+        [const { OnceLock::new() }; GROUPS];
+    QUEUES[group]
         .get_or_init(|| {
+            let cpus: Option<Vec<usize>> = cpus.map(<[usize]>::to_vec);
+            let count = match &cpus {
+                Some(c) => c.len(),
+                // SAFETY: CPU_COUNT reads the set it is given.
+                None => super::runtime::process_cpu_set()
+                    .map_or(1, |s| unsafe { libc::CPU_COUNT(&s) } as usize),
+            };
+            let threads = threads_for(count);
+            let name = if group == NO_NODE {
+                "mmc-mover".to_string()
+            } else {
+                format!("mmc-mover-{group}")
+            };
             let (tx, rx) = flume::unbounded::<Move>();
-            let started = std::thread::Builder::new()
-                .name("mmc-mover".into())
-                .spawn(move || {
-                    on_the_process_cpus();
-                    while let Ok(m) = rx.recv() {
-                        let _ = m.done.send(copy(&m));
-                    }
-                });
-            match started {
-                Ok(_) => Some(tx),
-                Err(e) => {
-                    log::warn!("cannot start the mover thread ({e}): shards copy demotions");
-                    None
+            let mut started = 0;
+            for _ in 0..threads {
+                let (rx, cpus) = (rx.clone(), cpus.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        place(cpus.as_deref());
+                        while let Ok(m) = rx.recv() {
+                            let _ = m.done.send(copy(&m));
+                        }
+                    });
+                match spawned {
+                    Ok(_) => started += 1,
+                    Err(e) => log::warn!("cannot start a mover thread ({name}): {e}"),
                 }
             }
+            if started == 0 {
+                log::warn!("no mover thread ({name}) started: shards copy those demotions");
+                return None;
+            }
+            Some(tx)
         })
         .as_ref()
+}
+
+/// The mover threads of a group that runs on `cpus` CPUs: one per [`CPUS_PER_MOVER`], one at
+/// least.
+fn threads_for(cpus: usize) -> usize {
+    cpus.div_ceil(CPUS_PER_MOVER).max(1)
+}
+
+/// Places a mover thread: on its node's CPUs, or on every CPU of the process.
+fn place(cpus: Option<&[usize]>) {
+    match cpus {
+        Some(cpus) => {
+            if let Err(e) = crate::numa::pin_thread_to_cpus(cpus) {
+                log::debug!("mover: cannot run on its node's CPUs {cpus:?}: {e}");
+            }
+        }
+        None => on_the_process_cpus(),
+    }
 }
 
 /// Moves the mover off the CPU of the shard that started it (a thread inherits its creator's
@@ -76,7 +130,8 @@ fn copy(m: &Move) -> bool {
     res.is_ok()
 }
 
-/// Copies `src`'s bytes into `dst` on the mover's thread (or here, if it could not start);
+/// Copies `src`'s bytes into `dst` on a mover thread of `dst`'s node (or here, if none could
+/// start);
 /// true when every byte landed. Both are memory this process addresses: the store makes a
 /// local demotion a job only then (`Store::moves_off_shard`).
 pub async fn move_down(src: &BlobView, dst: &BlobView) -> bool {
@@ -89,11 +144,29 @@ pub async fn move_down(src: &BlobView, dst: &BlobView) -> bool {
         len: src.len as usize,
         done: tx,
     };
-    match queue() {
+    // The group of the node the copy writes to (its destination's part), else the process's.
+    let (group, cpus) = match dst.seg.node_part_at(dst.offset) {
+        Some(p) if (p.node as usize) < NO_NODE && !p.cpus.is_empty() => {
+            (p.node as usize, Some(p.cpus.as_slice()))
+        }
+        _ => (NO_NODE, None),
+    };
+    match queue(group, cpus) {
         Some(q) => match q.send(m) {
             Ok(()) => rx.recv_async().await.unwrap_or(false),
             Err(flume::SendError(m)) => copy(&m),
         },
         None => copy(&m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_has_a_mover_thread_per_eight_cpus() {
+        let got: Vec<usize> = [0, 1, 2, 8, 9, 16, 64, 65].map(threads_for).into();
+        assert_eq!(got, [1, 1, 1, 1, 2, 2, 8, 9]);
     }
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::both_drivers;
 use crate::harness::{Client, Driver, ServerBuilder};
-use crate::store::put_ok;
+use crate::same_host::thread_cpus;
+use crate::store::{data, get_bytes, put_ok};
 
 both_drivers!(segments_are_placed_on_the_nodes_of_their_shards);
 
@@ -167,4 +168,70 @@ fn segments_are_placed_on_the_nodes_of_their_shards(driver: Driver) {
         .start();
     let text = plain.client().get("/metrics").text();
     assert!(!text.contains("memcache_segment_node_"), "{text}");
+}
+
+#[test]
+fn demotions_are_copied_by_a_mover_of_the_node_they_land_on() {
+    // HBM fills and drains down to DRAM, whose segment is cut between the two nodes: each
+    // shard's demotions land in its node's part, and are copied by that node's mover threads
+    // (`mmc-mover-<node>`, pinned to the node's CPUs, `shards/mover.rs`), none by the
+    // process-wide group; the bytes intact.
+    let cpus = two_cpus();
+    if cpus[0] == cpus[1] {
+        assert!(
+            std::env::var_os("MMC_REQUIRE_TWO_CPUS").is_none(),
+            "one CPU in this process's affinity mask, and MMC_REQUIRE_TWO_CPUS is set"
+        );
+        eprintln!("SKIPPED: one CPU: a two-node tree needs two");
+        return;
+    }
+    let tree = Tree::new("mover", cpus);
+    let srv = ServerBuilder::new(Driver::Epoll)
+        .shards(2)
+        .arg("--cores")
+        .arg(&format!("{},{}", cpus[0], cpus[1]))
+        .env("MMC_NUMA_SYSFS", tree.0.to_str().unwrap())
+        .set("ock.mmc.numa.enable", "true")
+        .set("ock.mmc.local_service.hbm.size", "2MB")
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.segment.run_bytes", "1MB")
+        .set("ock.mmc.lease_ms", "0")
+        .start();
+    let mut c = srv.client();
+    let n = 32;
+    for i in 0..n {
+        put_ok(
+            &mut c,
+            &format!("mv/{i}"),
+            &data(256 << 10, i),
+            "&medium=hbm",
+        );
+    }
+    for i in 0..n {
+        let key = format!("mv/{i}");
+        assert_eq!(get_bytes(&mut c, &key), data(256 << 10, i), "{key}");
+    }
+    let mut demoted = |node: u32| {
+        sample(
+            &mut c,
+            &format!(
+                "memcache_segment_node_allocated_bytes{{segment=\"rank-0-dram\",node=\"{node}\"}}"
+            ),
+        )
+        .unwrap()
+    };
+    let (d0, d1) = (demoted(0), demoted(1));
+    assert!(
+        d0 > 0 && d1 > 0,
+        "both nodes' parts took demotions: {d0} {d1}"
+    );
+    for (node, cpu) in cpus.iter().enumerate() {
+        let mover = thread_cpus(srv.pid(), &format!("mmc-mover-{node}"));
+        assert_eq!(mover, Some(vec![*cpu]), "node {node}'s mover, on its CPU");
+    }
+    assert_eq!(
+        thread_cpus(srv.pid(), "mmc-mover"),
+        None,
+        "no demotion went to the process-wide mover"
+    );
 }

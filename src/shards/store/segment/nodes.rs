@@ -75,6 +75,14 @@ impl Segment {
         &self.parts
     }
 
+    /// The node part `offset` lies in; `None` without placement.
+    pub fn node_part_at(&self, offset: u64) -> Option<&NodePart> {
+        if self.parts.is_empty() {
+            return None;
+        }
+        self.parts.get(self.part_of(offset))
+    }
+
     /// Bytes allocated to blobs in node part `part`.
     pub fn used_in_part(&self, part: usize) -> u64 {
         let n = self.part_count();
