@@ -131,9 +131,8 @@ fn copy(m: &Move) -> bool {
 }
 
 /// Copies `src`'s bytes into `dst` on a mover thread of `dst`'s node (or here, if none could
-/// start);
-/// true when every byte landed. Both are memory this process addresses: the store makes a
-/// local demotion a job only then (`Store::moves_off_shard`).
+/// start); true when every byte landed. Both are memory this process addresses: the store
+/// makes a local demotion a job only then (`Store::moves_off_shard`).
 pub async fn move_down(src: &BlobView, dst: &BlobView) -> bool {
     let (tx, rx) = flume::bounded(1);
     let m = Move {

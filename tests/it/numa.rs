@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::both_drivers;
 use crate::harness::{Client, Driver, ServerBuilder};
 use crate::same_host::thread_cpus;
-use crate::store::{data, get_bytes, put_ok};
+use crate::store::{data, get_bytes, put_into_hbm, put_ok, with_a_small_hbm};
 
 both_drivers!(segments_are_placed_on_the_nodes_of_their_shards);
 
@@ -72,17 +72,26 @@ fn pages_on(pid: u32, policy: &str, node: u32) -> u64 {
         .sum()
 }
 
-fn segments_are_placed_on_the_nodes_of_their_shards(driver: Driver) {
+/// [`two_cpus`] when they are two; `None` (the test skipped, said on stderr) on a one-CPU
+/// machine, where a two-node tree cannot be made. scripts/test.sh sets MMC_REQUIRE_TWO_CPUS
+/// where it sees two: there the test must run.
+fn two_cpus_or_skip() -> Option<[usize; 2]> {
     let cpus = two_cpus();
     if cpus[0] == cpus[1] {
-        // scripts/test.sh sets MMC_REQUIRE_TWO_CPUS where it sees two: there it must run.
         assert!(
             std::env::var_os("MMC_REQUIRE_TWO_CPUS").is_none(),
             "one CPU in this process's affinity mask, and MMC_REQUIRE_TWO_CPUS is set"
         );
         eprintln!("SKIPPED: one CPU: a two-node tree needs two");
-        return;
+        return None;
     }
+    Some(cpus)
+}
+
+fn segments_are_placed_on_the_nodes_of_their_shards(driver: Driver) {
+    let Some(cpus) = two_cpus_or_skip() else {
+        return;
+    };
     let tree = Tree::new(driver.arg(), cpus);
     let mb = 1u64 << 20;
     let srv = ServerBuilder::new(driver)
@@ -176,37 +185,22 @@ fn demotions_are_copied_by_a_mover_of_the_node_they_land_on() {
     // shard's demotions land in its node's part, and are copied by that node's mover threads
     // (`mmc-mover-<node>`, pinned to the node's CPUs, `shards/mover.rs`), none by the
     // process-wide group; the bytes intact.
-    let cpus = two_cpus();
-    if cpus[0] == cpus[1] {
-        assert!(
-            std::env::var_os("MMC_REQUIRE_TWO_CPUS").is_none(),
-            "one CPU in this process's affinity mask, and MMC_REQUIRE_TWO_CPUS is set"
-        );
-        eprintln!("SKIPPED: one CPU: a two-node tree needs two");
+    let Some(cpus) = two_cpus_or_skip() else {
         return;
-    }
+    };
     let tree = Tree::new("mover", cpus);
-    let srv = ServerBuilder::new(Driver::Epoll)
-        .shards(2)
-        .arg("--cores")
-        .arg(&format!("{},{}", cpus[0], cpus[1]))
-        .env("MMC_NUMA_SYSFS", tree.0.to_str().unwrap())
-        .set("ock.mmc.numa.enable", "true")
-        .set("ock.mmc.local_service.hbm.size", "2MB")
-        .set("ock.mmc.local_service.dram.size", "32MB")
-        .set("ock.mmc.segment.run_bytes", "1MB")
-        .set("ock.mmc.lease_ms", "0")
-        .start();
+    let srv = with_a_small_hbm(
+        ServerBuilder::new(Driver::Epoll)
+            .shards(2)
+            .arg("--cores")
+            .arg(&format!("{},{}", cpus[0], cpus[1]))
+            .env("MMC_NUMA_SYSFS", tree.0.to_str().unwrap())
+            .set("ock.mmc.numa.enable", "true"),
+    )
+    .start();
     let mut c = srv.client();
     let n = 32;
-    for i in 0..n {
-        put_ok(
-            &mut c,
-            &format!("mv/{i}"),
-            &data(256 << 10, i),
-            "&medium=hbm",
-        );
-    }
+    put_into_hbm(&mut c, n);
     for i in 0..n {
         let key = format!("mv/{i}");
         assert_eq!(get_bytes(&mut c, &key), data(256 << 10, i), "{key}");

@@ -1289,29 +1289,32 @@ fn unmount_gives_back_the_mapping_the_memory_and_the_file(driver: Driver) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A 2 MB HBM tier over 32 MB of DRAM in 1 MB runs, no leases: a few puts into HBM make its
+/// watermark drains demote to DRAM.
+pub fn with_a_small_hbm(b: ServerBuilder) -> ServerBuilder {
+    b.set("ock.mmc.local_service.hbm.size", "2MB")
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.segment.run_bytes", "1MB")
+        .set("ock.mmc.lease_ms", "0")
+}
+
+/// Puts `mv/0` .. `mv/{n-1}`, 256 KiB each (`data(256 << 10, i)`), into HBM.
+pub fn put_into_hbm(c: &mut Client, n: u64) {
+    for i in 0..n {
+        put_ok(c, &format!("mv/{i}"), &data(256 << 10, i), "&medium=hbm");
+    }
+}
+
 #[test]
 fn a_drain_s_demotions_are_copied_by_the_mover_off_the_shards_cpu() {
     // HBM fills: each put's drain moves older blobs to DRAM as jobs the mover thread copies
     // (`shards/mover.rs`), with the bytes intact, and the mover may run on every CPU of the
     // process (it inherits a shard's pinning when it starts; left there it could copy only
     // while that shard waits).
-    let srv = ServerBuilder::new(Driver::Epoll)
-        .shards(2)
-        .set("ock.mmc.local_service.hbm.size", "2MB")
-        .set("ock.mmc.local_service.dram.size", "32MB")
-        .set("ock.mmc.segment.run_bytes", "1MB")
-        .set("ock.mmc.lease_ms", "0")
-        .start();
+    let srv = with_a_small_hbm(ServerBuilder::new(Driver::Epoll).shards(2)).start();
     let mut c = srv.client();
     let n = 24;
-    for i in 0..n {
-        put_ok(
-            &mut c,
-            &format!("mv/{i}"),
-            &data(256 << 10, i),
-            "&medium=hbm",
-        );
-    }
+    put_into_hbm(&mut c, n);
     let m = crate::observability::scrape(&mut c);
     assert!(m["memcache_demoted_blobs_total"] > 0.0, "nothing demoted");
     assert_eq!(m["memcache_evict_deleted_objects_total"], 0.0);
