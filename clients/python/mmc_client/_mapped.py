@@ -7,12 +7,12 @@ segment files (its descriptor numbers, their inode numbers), pinned by the serve
 connection says it is done with the lease (``X-Mmc-Map: LEASE`` on a later request) or closes.
 This module maps each segment once per process, read-only (``/proc/PID/fd/FD`` opened
 ``O_RDONLY``, checked to be that inode), copies the ranges with ``memmove`` (:func:`_copy`)
-into the caller's memory, and then checks that the connection is still open: the server shuts a connection down
-before it lets its pins go, so a copy followed by an open connection was made while the pins
-were held. A local service serving under a meta's read grant adds the grant's expiry
-(``X-Mmc-Mapped: LEASE RANGES UNTIL``, Unix ms): nothing pins those bytes but the meta's
-lease, so a copy that ended at or after it counts for nothing either (the service shuts the
-connection down when it joins a meta again, for the same check).
+into the caller's memory, and then checks that the connection is still open: the server
+shuts a connection down before it lets its pins go, so a copy followed by an open connection
+was made while the pins were held. A local service serving under a meta's read grant adds
+the grant's expiry (``X-Mmc-Mapped: LEASE RANGES UNTIL``, Unix ms): nothing pins those bytes
+but the meta's lease, so a copy that ended at or after it counts for nothing either (the
+service shuts the connection down when it joins a meta again, for the same check).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _PROT_READ = 1
 _MAP_SHARED = 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _memmove = ctypes.memmove
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 
 
 def _plain_memcpy() -> Optional[Callable[[int, int, int], object]]:
@@ -90,7 +91,6 @@ def _copy(dst: int, src: int, n: int) -> None:
         _plain(dst, src, n)
     else:
         _memmove(dst, src, n)
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 
 
 class _Segment:

@@ -155,7 +155,8 @@ unsafe fn split(
 /// cache (non-temporal): for a put's bytes going into a blob, which nobody reads soon. A
 /// normal copy into memory out of cache reads every line before writing it; 1 MiB into cold
 /// memory took 57-61 µs so, 31-39 µs streamed (C, this EPYC VM: `perf/RESULTS.md`, *Session 9*).
-/// A copy whose ends are [`aliased`] takes the same loop with normal stores.
+/// A copy whose ends are [`aliased`] (up to [`rep_movsb_max`]) takes the same loop with normal
+/// stores.
 ///
 /// # Safety
 /// `src` is valid for reads and `dst` for writes of `len` bytes; they do not overlap.
