@@ -282,25 +282,6 @@ pub fn policy_at(addr: usize) -> io::Result<(i32, Vec<u32>)> {
     Ok((mode, nodes))
 }
 
-/// Pins the calling thread to `cpus` (a node's CPUs, for a thread that commits memory there).
-pub fn pin_thread_to_cpus(cpus: &[usize]) -> io::Result<()> {
-    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; every CPU set is below CPU_SETSIZE
-    // (checked above); the set outlives the call.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// What segments need to place their memory: the shards' grouping by node, each node's CPUs
 /// and the memory policy. Present only when placement is active (two or more nodes).
 #[derive(Clone, Debug)]
@@ -637,22 +618,6 @@ mod tests {
         assert_eq!(nodes.len(), 16);
         assert!(nodes[..8].iter().all(|&n| n == 0), "{nodes:?}");
         assert!(nodes[8..].iter().all(|&n| n == -libc::ENOENT), "{nodes:?}");
-    }
-
-    #[test]
-    fn pins_a_thread_to_a_node_s_cpus() {
-        // A CPU this process may run on: the one it runs on now.
-        // SAFETY: no arguments.
-        let cpu = unsafe { libc::sched_getcpu() };
-        assert!(cpu >= 0);
-        let t = std::thread::spawn(move || {
-            pin_thread_to_cpus(&[cpu as usize]).unwrap();
-            // SAFETY: no arguments.
-            unsafe { libc::sched_getcpu() }
-        });
-        assert_eq!(t.join().unwrap(), cpu);
-        assert!(pin_thread_to_cpus(&[]).is_err());
-        assert!(pin_thread_to_cpus(&[1 << 20]).is_err());
     }
 
     /// `mbind` on this machine's node 0 (every Linux machine has one) succeeds on a fresh

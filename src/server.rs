@@ -500,6 +500,10 @@ fn bind_same_host(value: &str, port: u16, boot: u32, shards: usize) -> Option<Sa
             }
         }
     }
+    let stale = crate::http::same_host::remove_stale_shard_sockets(&path, own.len());
+    if stale > 0 {
+        log::info!("removed {stale} per-shard socket(s) an earlier server of this port left");
+    }
     log::info!(
         "same-host data path on {}{}",
         path.display(),

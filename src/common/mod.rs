@@ -13,7 +13,9 @@
 //! - [`error_kind`]: the kind of an error answer (`X-MMC-Error-Code`) and its upstream code.
 //! - [`chunk_keys`]: the chunk hash inside LMCache's and vllm-ascend's object keys
 //!   (`ock.mmc.kv_events.key_format`).
+//! - [`affinity`]: the CPUs a thread runs on (`sched_setaffinity`).
 
+pub mod affinity;
 pub mod chunk_keys;
 pub mod clock;
 pub mod error_kind;

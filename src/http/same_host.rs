@@ -5,14 +5,12 @@
 //! (`process_vm_readv`) and a get's bytes from the leased blob into it (`process_vm_writev`):
 //! one copy, under the same grants and leases as the TCP path (`conn/same_host.rs`).
 //!
-//! Here: where the socket lives, binding it, the peer's identity checked at accept (its uid
+//! Here: where the socket lives and binding it (`sockets`), the peer's identity checked at accept (its uid
 //! must be the server's; its pid, held by a pidfd, is the only process whose memory the
 //! server touches for that connection), parsing `X-Mmc-Iov`, and the copies themselves.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
 
 mod copy;
 mod held;
@@ -20,98 +18,11 @@ use copy::{SPLIT_MIN_BYTES, vm_copy};
 pub mod shared;
 
 pub use held::MAX_HELD_LEASES;
+mod sockets;
+pub use sockets::{advert, bind, header_path, remove_stale_shard_sockets, shard_path, socket_path};
 
 /// Entries of one `X-Mmc-Iov` (the kernel's `IOV_MAX`: one `process_vm_*` call takes them).
 pub const MAX_IOV: usize = 1024;
-
-/// Where the socket goes for `ock.mmc.http.same_host_socket` = `value` and the TCP `port`:
-/// `None` when it is `off`. `auto`: `$XDG_RUNTIME_DIR/mmc-server/PORT.sock`, else
-/// `/tmp/mmc-server-UID/PORT.sock`.
-pub fn socket_path(value: &str, port: u16) -> Option<PathBuf> {
-    match value {
-        "off" | "" => None,
-        "auto" => {
-            let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-                Some(d) => PathBuf::from(d).join("mmc-server"),
-                // SAFETY: geteuid has no preconditions.
-                None => PathBuf::from(format!("/tmp/mmc-server-{}", unsafe { libc::geteuid() })),
-            };
-            Some(dir.join(format!("{port}.sock")))
-        }
-        path => Some(PathBuf::from(path)),
-    }
-}
-
-/// Binds the socket at `path`: its directory is created (mode 0700) when missing and must
-/// belong to the server's user and be closed to others when `private_dir` (the `auto` path);
-/// a socket file left by an earlier process is replaced; the socket is mode 0600. Peers are
-/// checked at accept all the same ([`LocalPeer::of`]).
-pub fn bind(path: &Path, private_dir: bool) -> io::Result<std::os::unix::net::UnixListener> {
-    if let Some(dir) = path.parent() {
-        if private_dir {
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-            let meta = std::fs::symlink_metadata(dir)?;
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-                return Err(io::Error::other(format!(
-                    "{} is not a directory of this user closed to others",
-                    dir.display()
-                )));
-            }
-        }
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::other(format!(
-                "{} exists and is not a socket",
-                path.display()
-            )));
-        }
-        // A socket nobody listens on any more (or a live server's: then the bind below takes
-        // its name, and that server's clients fall back to TCP once they reconnect).
-        std::fs::remove_file(path)?;
-    }
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-/// The socket's path as a header can carry it: `None` when it is not UTF-8 or holds a
-/// control character.
-pub fn header_path(path: &Path) -> Option<&str> {
-    path.to_str().filter(|p| !p.chars().any(char::is_control))
-}
-
-/// The header lines `/health` answers with, each ending in CRLF: `X-Mmc-Same-Host: ID PATH`,
-/// this process's id (so that a client can tell the socket it reaches belongs to the server it
-/// talks to over TCP) and the socket's path (`header_path`); when every shard also listens on
-/// a socket of its own ([`shard_path`]), `X-Mmc-Same-Host-Shards: N` too (a client then sends
-/// a key's request to its owner's socket, the owner computed as `shards::shard_for` does, so
-/// that no other shard takes part in it; a client that does not know it uses the shared
-/// socket as before).
-pub fn advert(boot_id: u32, path: &str, own_sockets: Option<usize>) -> Box<str> {
-    let id = format!(
-        "X-Mmc-Same-Host: {boot_id:08x}-{} {path}\r\n",
-        std::process::id()
-    );
-    match own_sockets {
-        Some(n) => format!("{id}X-Mmc-Same-Host-Shards: {n}\r\n").into(),
-        None => id.into(),
-    }
-}
-
-/// The socket of shard `shard` only, beside the shared one at `path`: `PATH.N`.
-pub fn shard_path(path: &Path, shard: usize) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(format!(".{shard}"));
-    PathBuf::from(p)
-}
 
 impl super::Front {
     /// Accepts same-host connections on `listener` (the socket every shard accepts on, or
@@ -770,16 +681,5 @@ mod tests {
             .unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(b.read(&mut buf).unwrap(), 0, "shut down");
-    }
-
-    #[test]
-    fn auto_paths_are_per_port_in_a_private_directory() {
-        assert!(socket_path("off", 8000).is_none());
-        assert_eq!(
-            socket_path("/run/x.sock", 8000).unwrap(),
-            PathBuf::from("/run/x.sock")
-        );
-        let p = socket_path("auto", 8123).unwrap();
-        assert!(p.ends_with("8123.sock"), "{}", p.display());
     }
 }

@@ -95,7 +95,7 @@ fn threads_for(cpus: usize) -> usize {
 fn place(cpus: Option<&[usize]>) {
     match cpus {
         Some(cpus) => {
-            if let Err(e) = crate::numa::pin_thread_to_cpus(cpus) {
+            if let Err(e) = crate::common::affinity::pin_to_cpus(cpus) {
                 log::debug!("mover: cannot run on its node's CPUs {cpus:?}: {e}");
             }
         }

@@ -280,27 +280,12 @@ pub fn process_cpu_set() -> Option<libc::cpu_set_t> {
     }
 }
 
-/// Lets the calling thread run on the CPUs of `set`.
-pub fn run_on(set: &libc::cpu_set_t) -> io::Result<()> {
-    // SAFETY: sched_setaffinity reads the set and keeps no pointer.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
+use crate::common::affinity::pin_to_cpus;
+pub use crate::common::affinity::run_on;
 
 /// Pins the calling thread to one CPU (`EINVAL` past `CPU_SETSIZE`).
 pub fn pin_to(cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: as above; the set names one CPU within CPU_SETSIZE (checked above).
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        set
-    };
-    run_on(&set)
+    pin_to_cpus(&[cpu])
 }
 
 /// Formats a CPU list compactly (`0-3,8`), for log lines and error messages.

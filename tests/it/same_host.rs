@@ -505,3 +505,32 @@ fn one_shard_has_the_shared_socket_only() {
     let path = socket_of(&srv);
     assert!(!std::path::Path::new(&format!("{path}.0")).exists());
 }
+
+#[test]
+fn a_server_killed_leaves_per_shard_sockets_the_next_one_of_its_port_removes() {
+    let port = crate::ha::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut first = ServerBuilder::new(Driver::Epoll)
+        .shards(2)
+        .listen(&listen)
+        .start();
+    let path = socket_of(&first);
+    first.kill9();
+    let shard = |n: usize| std::path::PathBuf::from(format!("{path}.{n}"));
+    assert!(
+        shard(0).exists() && shard(1).exists(),
+        "kill -9 removes nothing"
+    );
+    // The next server of the port, with one shard: no socket of its own, none left lying.
+    let mut second = ServerBuilder::new(Driver::Epoll)
+        .shards(1)
+        .listen(&listen)
+        .start();
+    assert_eq!(socket_of(&second), path);
+    assert!(
+        !shard(0).exists() && !shard(1).exists(),
+        "stale per-shard sockets left"
+    );
+    second.stop();
+    assert!(!std::path::Path::new(&path).exists());
+}

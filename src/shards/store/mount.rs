@@ -236,7 +236,7 @@ pub fn prefault_in_background(seg: &Arc<Segment>) {
             let mut done = 0;
             for (start, end, node) in ranges {
                 if let Some((node, cpus)) = &node {
-                    if let Err(e) = numa::pin_thread_to_cpus(cpus) {
+                    if let Err(e) = crate::common::affinity::pin_to_cpus(cpus) {
                         log::warn!("prefault of {name}: cannot run on NUMA node {node}'s CPUs: {e}");
                     }
                 }
