@@ -36,6 +36,7 @@ impl super::Front {
         let _ = self.same_host_advert.set(advert);
         let handle = self.accept_canceller.borrow().handle();
         let max_conns = self.config().http.max_connections_per_shard as usize;
+        let mut last_error_log_ms: Option<u64> = None;
         loop {
             match listener.cancelable_accept(handle.clone()).await {
                 Ok((stream, _)) => {
@@ -65,7 +66,13 @@ impl super::Front {
                 }
                 Err(_) if self.draining.get() => return,
                 Err(e) => {
-                    log::warn!("shard {}: same-host accept failed: {e}", self.shard.id);
+                    // Out of descriptors or memory: logged at most once a second, as the TCP
+                    // accept loop does (a connection waiting in the backlog fails every retry).
+                    let now = self.shard.clock.now_ms();
+                    if last_error_log_ms.is_none_or(|t| now >= t + 1000) {
+                        log::warn!("shard {}: same-host accept failed: {e}", self.shard.id);
+                        last_error_log_ms = Some(now);
+                    }
                     monoio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
             }
