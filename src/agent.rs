@@ -391,10 +391,17 @@ async fn join(
             );
         }
         s => {
-            return failed(format!(
-                "refused the join ({s}): {}",
-                String::from_utf8_lossy(&a.body)
-            ));
+            let why = String::from_utf8_lossy(&a.body);
+            // The rank asked for is another service's now (`members::TAKEN_BY_ANOTHER`).
+            if s == 409 && why.contains(crate::cluster::members::TAKEN_BY_ANOTHER) {
+                log::debug!("join {meta}: refused ({s}): {why}");
+                return (
+                    JoinAnswer::Taken,
+                    None,
+                    Some(format!("refused the join ({s}): {why}")),
+                );
+            }
+            return failed(format!("refused the join ({s}): {why}"));
         }
     }
     let v: Value = serde_json::from_slice(&a.body).unwrap_or(Value::Null);

@@ -58,6 +58,11 @@ pub enum JoinAnswer {
     Fatal(String),
     /// No answer, or a refusal that may pass (a rank taken, a meta starting).
     Failed,
+    /// Refused: the rank asked for is held by another local service that started later
+    /// (`members::TAKEN_BY_ANOTHER`). A service with no configured rank then asks for any free
+    /// one, its catalog not following (it lists blobs of a membership the meta dropped when
+    /// the other took the rank); one with a configured rank asks for it again.
+    Taken,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -231,6 +236,10 @@ pub struct Agent {
     /// The rank this service's memory is mounted under (asked for again when the catalog
     /// follows, so the blobs keep their places).
     mounted_rank: Option<u32>,
+    /// A meta said another local service holds the rank this one was given
+    /// (`JoinAnswer::Taken`): until admitted, it asks for any free rank and its catalog does
+    /// not follow.
+    rank_taken: bool,
     /// A graceful stop began.
     stopping: bool,
     /// Whether the catalog holds entries to hand over, as the adapter said with this step
@@ -274,6 +283,7 @@ impl Agent {
             last_acked_send_ms: 0,
             ha: false,
             mounted_rank: None,
+            rank_taken: false,
             stopping: false,
             held: false,
             suspect_ms: None,
@@ -478,13 +488,17 @@ impl Agent {
                 let meta = candidates[*next].clone();
                 *next += 1;
                 *in_flight = true;
-                let follows = self.held && self.suspect_ms.is_none();
+                let follows = self.held && self.suspect_ms.is_none() && !self.rank_taken;
                 *catalog_follows = follows;
                 out.push(Action::Join {
                     meta,
                     // It asks for the rank its memory is mounted under, so the blobs keep their
-                    // places.
-                    rank: rank.or(if self.held { self.mounted_rank } else { None }),
+                    // places (unless another service holds it now).
+                    rank: rank.or(if self.held && !self.rank_taken {
+                        self.mounted_rank
+                    } else {
+                        None
+                    }),
                     catalog_follows: follows,
                     in_step: self.in_step,
                     catalog_since: self.catalog_since,
@@ -599,6 +613,7 @@ impl Agent {
                 )));
                 self.ha = a.ha;
                 self.mounted_rank = Some(a.rank);
+                self.rank_taken = false;
                 self.phase = Phase::Member(Member {
                     meta,
                     rank: a.rank,
@@ -631,6 +646,16 @@ impl Agent {
                 out.push(Action::Exit(Some(why)));
             }
             JoinAnswer::Failed => {}
+            JoinAnswer::Taken => {
+                if let (None, Some(r), false) =
+                    (self.config.rank, self.mounted_rank, self.rank_taken)
+                {
+                    out.push(Action::Warn(format!(
+                        "the meta service at {meta} gave rank {r} to another local service: joining for any free rank, this service's catalog not handed over (its objects went with the rank)"
+                    )));
+                    self.rank_taken = true;
+                }
+            }
         }
     }
 

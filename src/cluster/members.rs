@@ -58,6 +58,13 @@ pub fn started_before(a: u64, b: u64) -> bool {
     (a >> INCARNATION_RANDOM_BITS) < (b >> INCARNATION_RANDOM_BITS)
 }
 
+/// In a join's refusal: the rank asked for is held by another local service (another URL)
+/// that started after the one asking. A service that asked for the rank it was given before
+/// (none configured) asks for any free rank next, its catalog not following (`agent.rs`,
+/// `JoinAnswer::Taken`): else it would ask for that rank, and be refused, for as long as the
+/// other lives (found by the cluster simulation with automatic ranks, seed 19).
+pub const TAKEN_BY_ANOTHER: &str = "is held by another local service";
+
 /// The highest rank a local service may take (ranks are 42-bit-shifted in gvas; this keeps
 /// them within a u32 and well clear of embedded ones).
 pub const MAX_RANK: u32 = 1 << 20;
@@ -384,6 +391,15 @@ impl<R: Clone> Members<R> {
             Some(e)
                 if e.state != MemberState::Lost && started_before(j.incarnation, e.incarnation) =>
             {
+                // Another service holds it (given it as the lowest free rank while this one was
+                // away, or configured with it): a service asking again for the rank it was
+                // given takes any free one instead when told so (`TAKEN_BY_ANOTHER`).
+                if e.url != j.url {
+                    return Err(format!(
+                        "rank {rank} {TAKEN_BY_ANOTHER} ({}, incarnation {}), which started after this one (incarnation {})",
+                        e.url, e.incarnation, j.incarnation
+                    ));
+                }
                 return Err(format!(
                     "rank {rank} is held by a later run of its local service (incarnation {}); this run (incarnation {}) was replaced",
                     e.incarnation, j.incarnation

@@ -364,3 +364,41 @@ fn a_leaving_rank_keeps_reporting_while_it_drains() {
         );
     }
 }
+
+/// A local service given its rank (none configured) and holding an object, frozen past the
+/// heartbeat timeout while a service configured with that rank joins: resumed, it is refused
+/// the rank ("held by another local service") and joins for any free one, its catalog not
+/// following, instead of asking for the taken rank at every try for as long as the other
+/// lives (found by the cluster simulation with automatic ranks, seed 19).
+#[test]
+fn a_service_whose_given_rank_was_taken_while_it_was_frozen_joins_under_another() {
+    let fast = [
+        ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
+        ("ock.mmc.cluster.heartbeat_timeout_ms", "2000"),
+    ];
+    let meta = meta(&fast);
+    let (a, ra) = join(&meta, &fast);
+    put(
+        &meta,
+        &format!("/api/v1/objects?key=held&prefer_rank={ra}"),
+        &object(1),
+    );
+    a.signal(libc::SIGSTOP);
+    wait_segments(&meta, 0, Duration::from_secs(5));
+    let rank = ra.to_string();
+    let mut configured = fast.to_vec();
+    configured.push(("ock.mmc.local_service.rank", &rank));
+    let (_b, rb) = join(&meta, &configured);
+    assert_eq!(rb, ra);
+    a.signal(libc::SIGCONT);
+    let segs = wait_segments(&meta, 2, Duration::from_secs(10));
+    let other = format!("rank-{ra}-");
+    assert!(
+        segs.iter().any(|s| !s.starts_with(&other)),
+        "the resumed service joined under another rank: {segs:?}"
+    );
+    assert!(meta.log().contains("is held by another local service"));
+    assert!(a.log().contains("to another local service"), "{}", a.log());
+    // Its object went with the rank (the documented rule), never served from the wrong place.
+    get(&meta, "held").assert_error(200, "Key not found");
+}

@@ -428,3 +428,99 @@ fn a_join_waits_a_bounded_time_for_commits_on_their_way() {
     assert_eq!(joins(tick(&mut a, 10 + COMMITS_WAIT_MS - 1)), 0);
     assert_eq!(joins(tick(&mut a, 10 + COMMITS_WAIT_MS)), 1);
 }
+
+/// The next `Action::Join` of `acts`, or of a tick at `now` when they hold none, with the
+/// catalog `held`: (rank asked for, whether the catalog follows).
+fn next_join(a: &mut Agent, acts: Vec<Action>, now: u64, held: bool) -> (Option<u32>, bool) {
+    let acts = if acts.iter().any(|x| matches!(x, Action::Join { .. })) {
+        acts
+    } else {
+        a.step(Input::Tick { moved_at_ms: 0 }, now, held)
+    };
+    acts.into_iter()
+        .find_map(|x| match x {
+            Action::Join {
+                rank,
+                catalog_follows,
+                ..
+            } => Some((rank, catalog_follows)),
+            _ => None,
+        })
+        .expect("a join")
+}
+
+/// A service given rank 3 asks for it again with its catalog; told another service holds it
+/// now (`JoinAnswer::Taken`), it asks for any free rank, its catalog not following, and the
+/// admission drops the catalog; a service configured with the rank asks for it again. Without
+/// it, the cluster simulation with automatic ranks (seed 19) left a service refused at every
+/// try for as long as the other lived.
+#[test]
+fn a_service_whose_given_rank_another_took_joins_for_any_rank() {
+    for configured in [None, Some(3)] {
+        let mut a = Agent::new(
+            AgentConfig {
+                rank: configured,
+                ..config()
+            },
+            0,
+        );
+        tick(&mut a, 0);
+        let meta = || "http://m1".to_string();
+        a.step(
+            Input::JoinAnswered {
+                meta: meta(),
+                answer: admitted(3, 7, false),
+            },
+            1,
+            true,
+        );
+        // Forgotten (a restarted meta): the next join asks for rank 3, the catalog following.
+        let acts = a.step(
+            Input::BeatAnswered {
+                sent_ms: 1,
+                answer: BeatAnswer::Forgotten,
+            },
+            2,
+            true,
+        );
+        assert_eq!(next_join(&mut a, acts, 400, true), (Some(3), true));
+        let acts = a.step(
+            Input::JoinAnswered {
+                meta: meta(),
+                answer: JoinAnswer::Taken,
+            },
+            401,
+            true,
+        );
+        let want = match configured {
+            None => (None, false),
+            Some(r) => (Some(r), true),
+        };
+        let got = next_join(&mut a, acts, 5_000, true);
+        assert_eq!(got, want, "configured {configured:?}");
+        if configured.is_some() {
+            continue;
+        }
+        // Admitted afresh elsewhere, without the catalog: it is dropped, and the next time the
+        // service asks for its new rank again (its catalog not following here: the join comes
+        // past the heartbeat timeout of silence, without HA).
+        let acts = a.step(
+            Input::JoinAnswered {
+                meta: meta(),
+                answer: admitted(4, 9, false),
+            },
+            5_001,
+            true,
+        );
+        assert!(acts.contains(&Action::DiscardCatalog), "{acts:?}");
+        let acts = a.step(
+            Input::BeatAnswered {
+                sent_ms: 5_001,
+                answer: BeatAnswer::Forgotten,
+            },
+            5_002,
+            true,
+        );
+        assert_eq!(next_join(&mut a, acts, 5_400, true).0, Some(4));
+    }
+}

@@ -406,3 +406,29 @@ fn a_late_join_of_an_earlier_run_does_not_replace_the_live_one() {
     let c = m.join(req(Some(3), "http://a", early, 0, 20_000)).unwrap();
     assert_eq!(c.retire, Some(b.epoch));
 }
+
+/// A join for a rank another local service (another URL) holds, that service having started
+/// later, is refused saying so (`TAKEN_BY_ANOTHER`: the agent of a service that asked for the
+/// rank it was given then asks for any free one); the same service's earlier run is refused as
+/// a replaced run; neither changes the holder's membership.
+#[test]
+fn a_join_for_a_rank_another_later_service_holds_says_it_is_taken() {
+    let t0 = 1_790_000_000_000;
+    let (early, later) = (incarnation(t0, 1), incarnation(t0 + 5_000, 2));
+    let mut m = M::default();
+    let b = m.join(req(Some(3), "http://b", later, 0, 0)).unwrap();
+    let err = m.join(req(Some(3), "http://a", early, 0, 10)).unwrap_err();
+    assert!(err.contains(TAKEN_BY_ANOTHER), "{err}");
+    let err = m.join(req(Some(3), "http://b", early, 0, 10)).unwrap_err();
+    assert!(
+        err.contains("later run") && !err.contains(TAKEN_BY_ANOTHER),
+        "{err}"
+    );
+    assert_eq!(
+        m.heartbeat(0, 3, later, b.epoch, (), 20),
+        Beat::First { catalog: true }
+    );
+    // Asking for any rank instead, the first service gets a free one.
+    let a = m.join(req(None, "http://a", early, 0, 30)).unwrap();
+    assert_ne!(a.rank, 3);
+}

@@ -525,6 +525,7 @@ impl Local {
                         JoinAnswer::Admitted(admission)
                     }
                     Rep::NotLeader(Some(leader)) => JoinAnswer::Redirect(leader.url()),
+                    Rep::JoinRefused(true) => JoinAnswer::Taken,
                     _ => JoinAnswer::Failed,
                 };
                 self.step(cx, Input::JoinAnswered { meta, answer });

@@ -16,7 +16,7 @@ use super::{Key, Node, key_bytes};
 use crate::cluster::agent::Admission;
 use crate::cluster::catalog::{Adopted, BeatNews, Entry, FreedLogs, LogAnswer, Stamp};
 use crate::cluster::members::{
-    Beat, CatalogFate, JoinRequest, LostMembership, Members, Membership,
+    Beat, CatalogFate, JoinRequest, LostMembership, Members, Membership, TAKEN_BY_ANOTHER,
 };
 use crate::cluster::records::Removal;
 use crate::common::clock::Clock;
@@ -342,7 +342,7 @@ impl Meta {
             Ok(j) => j,
             Err(e) => {
                 cx.log(format!("refused a join from {url}: {e}"));
-                cx.reply(from, call, Rep::JoinRefused);
+                cx.reply(from, call, Rep::JoinRefused(e.contains(TAKEN_BY_ANOTHER)));
                 return;
             }
         };
@@ -375,7 +375,7 @@ impl Meta {
                 for seg in self.member_segments(rank, epoch) {
                     self.table.remove_id(&seg.name, seg.id);
                 }
-                cx.reply(from, call, Rep::JoinRefused);
+                cx.reply(from, call, Rep::JoinRefused(false));
                 return;
             }
         } else {

@@ -139,7 +139,8 @@ pub(super) enum Rep {
         admission: Admission,
         key: String,
     },
-    JoinRefused,
+    /// `true`: the rank asked for is another service's (`members::TAKEN_BY_ANOTHER`).
+    JoinRefused(bool),
     Heard(BeatNews),
     /// 409: join again.
     Forgotten,
