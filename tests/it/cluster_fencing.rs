@@ -12,6 +12,12 @@ use super::cluster::{
 use super::ha::{free_port, wait_gone};
 use crate::harness::{Driver, Server, ServerBuilder};
 
+/// Heartbeats every 100 ms, a rank lost after 2 s of silence: the freeze tests' settings.
+const FAST: [(&str, &str); 2] = [
+    ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
+    ("ock.mmc.cluster.heartbeat_timeout_ms", "2000"),
+];
+
 fn put(meta: &Server, target: &str, body: &[u8]) {
     let r = follow(meta, "PUT", target, Some(body));
     assert_eq!(r.json()["success"], true, "{target}: {}", r.text());
@@ -26,13 +32,9 @@ fn get(meta: &Server, key: &str) -> crate::harness::Response {
 /// resumes, and its catalog (which still lists the deleted object) is not adopted.
 #[test]
 fn a_frozen_rank_that_resumes_brings_no_deleted_object_back() {
-    let fast = [
-        ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
-        ("ock.mmc.cluster.heartbeat_timeout_ms", "2000"),
-    ];
-    let meta = meta(&fast);
-    let (_a, _ra) = join(&meta, &fast);
-    let (b, rb) = join(&meta, &fast);
+    let meta = meta(&FAST);
+    let (_a, _ra) = join(&meta, &FAST);
+    let (b, rb) = join(&meta, &FAST);
     put(&meta, "/api/v1/objects?key=A&replicas=2", &object(1));
     put(
         &meta,
@@ -372,12 +374,8 @@ fn a_leaving_rank_keeps_reporting_while_it_drains() {
 /// lives (found by the cluster simulation with automatic ranks, seed 19).
 #[test]
 fn a_service_whose_given_rank_was_taken_while_it_was_frozen_joins_under_another() {
-    let fast = [
-        ("ock.mmc.cluster.heartbeat_interval_ms", "100"),
-        ("ock.mmc.cluster.heartbeat_timeout_ms", "2000"),
-    ];
-    let meta = meta(&fast);
-    let (a, ra) = join(&meta, &fast);
+    let meta = meta(&FAST);
+    let (a, ra) = join(&meta, &FAST);
     put(
         &meta,
         &format!("/api/v1/objects?key=held&prefer_rank={ra}"),
@@ -386,7 +384,7 @@ fn a_service_whose_given_rank_was_taken_while_it_was_frozen_joins_under_another(
     a.signal(libc::SIGSTOP);
     wait_segments(&meta, 0, Duration::from_secs(5));
     let rank = ra.to_string();
-    let mut configured = fast.to_vec();
+    let mut configured = FAST.to_vec();
     configured.push(("ock.mmc.local_service.rank", &rank));
     let (_b, rb) = join(&meta, &configured);
     assert_eq!(rb, ra);
