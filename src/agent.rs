@@ -226,6 +226,7 @@ fn act(
         Action::Join {
             meta,
             rank,
+            rank_configured,
             catalog_follows,
             in_step,
             catalog_since,
@@ -254,6 +255,7 @@ fn act(
             shared.membership.local.set_joined(false);
             let body = json!({
                 "rank": rank,
+                "rank_configured": rank_configured,
                 "url": url,
                 "incarnation": incarnation,
                 "segments": lent(shared)

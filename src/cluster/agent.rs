@@ -134,6 +134,9 @@ pub enum Action {
     Join {
         meta: String,
         rank: Option<u32>,
+        /// `rank` is the configured one (`members::JoinRequest::configured`), not the one the
+        /// service was given before.
+        rank_configured: bool,
         catalog_follows: bool,
         /// The leadership the catalog was last in step with (`members::JoinRequest::in_step`).
         in_step: u64,
@@ -499,6 +502,7 @@ impl Agent {
                     } else {
                         None
                     }),
+                    rank_configured: rank.is_some(),
                     catalog_follows: follows,
                     in_step: self.in_step,
                     catalog_since: self.catalog_since,

@@ -58,8 +58,34 @@ pub fn started_before(a: u64, b: u64) -> bool {
     (a >> INCARNATION_RANDOM_BITS) < (b >> INCARNATION_RANDOM_BITS)
 }
 
+/// Whether a join for a rank that another local service (another URL) holds, live or
+/// leaving, takes it over (the holder's membership is retired; it is told `TAKEN_BY_ANOTHER`
+/// when it asks for the rank again). A service configured with the rank takes it from one
+/// that was given it (lowest free while the configured one was away, say after a meta restart
+/// without HA), whatever their start times, unless that one is leaving (its drain is under
+/// way; the rank is free once it is over); one that was given the rank never takes it from a
+/// configured one. Else, both configured or both given it, the one that started later does (a
+/// restart on another host, or two services given one rank by two meta processes; the
+/// incarnations' random parts order two that started in the same millisecond). So a rank
+/// ends with one holder: two services asking for it do not displace each other in turn
+/// (found by the cluster simulation with automatic ranks, seed 21: a configured service was
+/// refused for as long as the service given its rank lived).
+fn takes_over<R>(j: &JoinRequest<'_>, e: &Member<R>) -> bool {
+    match (j.configured, e.configured) {
+        (true, false) => {
+            e.state == MemberState::Live || !started_before(j.incarnation, e.incarnation)
+        }
+        (false, true) => false,
+        // By the whole incarnation: two started in the same millisecond are ordered by their
+        // random parts, so one of them keeps the rank (with `!started_before` both took it,
+        // each from the other, at every heartbeat: the cluster simulation with automatic ranks,
+        // seed 37759, two services given rank 1 started at once).
+        _ => j.incarnation > e.incarnation,
+    }
+}
+
 /// In a join's refusal: the rank asked for is held by another local service (another URL)
-/// that started after the one asking. A service that asked for the rank it was given before
+/// that keeps it ([`takes_over`]). A service that asked for the rank it was given before
 /// (none configured) asks for any free rank next, its catalog not following (`agent.rs`,
 /// `JoinAnswer::Taken`): else it would ask for that rank, and be refused, for as long as the
 /// other lives (found by the cluster simulation with automatic ranks, seed 19).
@@ -96,6 +122,10 @@ pub struct Member<R> {
     pub state: MemberState,
     pub last_seen_ms: u64,
     pub segments: Vec<(Medium, u64)>,
+    /// The service holds the rank because it is configured with it (`JoinRequest::configured`),
+    /// not because it was given it: a configured service asking for it takes it over from one
+    /// that was given it ([`takes_over`]).
+    pub configured: bool,
     /// The last report (`None`: none since this membership began).
     pub report: Option<R>,
     /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
@@ -116,8 +146,13 @@ pub struct Member<R> {
 #[derive(Clone, Debug)]
 pub struct JoinRequest<'a> {
     pub view: u64,
-    /// The configured rank, `None` for the lowest free one at or above `first_free`.
+    /// The rank asked for: the configured one, or the one the service was given before and
+    /// holds blobs under; `None` for the lowest free one at or above `first_free`.
     pub wanted: Option<u32>,
+    /// `wanted` is the service's configured rank (`"rank_configured": true`), not one it was
+    /// given: between two services asking for a rank, the configured one keeps it
+    /// ([`takes_over`]).
+    pub configured: bool,
     pub url: &'a str,
     pub incarnation: u64,
     pub segments: Vec<(Medium, u64)>,
@@ -383,23 +418,35 @@ impl<R: Clone> Members<R> {
                     Some(e.epoch)
                 }
             },
+            // Another local service (another URL) holds the rank, live or leaving, and keeps
+            // it: a service asking again for the rank it was given takes any free one instead
+            // when told so (`TAKEN_BY_ANOTHER`).
+            Some(e) if e.state != MemberState::Lost && e.url != j.url && !takes_over(&j, e) => {
+                let why = if e.configured && !j.configured {
+                    "configured with it, while this one was given it".to_string()
+                } else if j.configured && !e.configured {
+                    "which is leaving it".to_string()
+                } else {
+                    format!(
+                        "which started after this one (incarnation {})",
+                        j.incarnation
+                    )
+                };
+                return Err(format!(
+                    "rank {rank} {TAKEN_BY_ANOTHER} ({}, incarnation {}), {why}",
+                    e.url, e.incarnation
+                ));
+            }
             // A join of a process that started before the one holding the rank: it was
             // replaced by a restart, and its join came late (a crawling link). Taking it would
             // drop the live process's objects without its knowing why, and leave them in its
             // catalog for the next leader to adopt over newer puts (found by the cluster
             // simulation, seed 23586 with three metas). Once the live one is lost, any joins.
             Some(e)
-                if e.state != MemberState::Lost && started_before(j.incarnation, e.incarnation) =>
+                if e.state != MemberState::Lost
+                    && e.url == j.url
+                    && started_before(j.incarnation, e.incarnation) =>
             {
-                // Another service holds it (given it as the lowest free rank while this one was
-                // away, or configured with it): a service asking again for the rank it was
-                // given takes any free one instead when told so (`TAKEN_BY_ANOTHER`).
-                if e.url != j.url {
-                    return Err(format!(
-                        "rank {rank} {TAKEN_BY_ANOTHER} ({}, incarnation {}), which started after this one (incarnation {})",
-                        e.url, e.incarnation, j.incarnation
-                    ));
-                }
                 return Err(format!(
                     "rank {rank} is held by a later run of its local service (incarnation {}); this run (incarnation {}) was replaced",
                     e.incarnation, j.incarnation
@@ -430,6 +477,7 @@ impl<R: Clone> Members<R> {
                 state: MemberState::Live,
                 last_seen_ms: j.now_ms,
                 segments: j.segments,
+                configured: j.configured && j.wanted == Some(rank),
                 report: None,
                 awaiting_beat: true,
                 awaiting_catalog: catalog == CatalogFate::Follows,

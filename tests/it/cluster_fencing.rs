@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::cluster::{
-    follow, join, local_builder, meta, object, segments, status_of, wait_segments,
+    follow, join, local_builder, meta, object, segments, status_of, wait_ready, wait_segments,
 };
 use super::ha::{free_port, wait_gone};
 use crate::harness::{Driver, Server, ServerBuilder};
@@ -399,4 +399,59 @@ fn a_service_whose_given_rank_was_taken_while_it_was_frozen_joins_under_another(
     assert!(a.log().contains("to another local service"), "{}", a.log());
     // Its object went with the rank (the documented rule), never served from the wrong place.
     get(&meta, "held").assert_error(200, "Key not found");
+}
+
+/// A local service configured with rank 0, frozen while its meta was restarted (no HA) and a
+/// service without a configured rank was given rank 0 by the new meta (the lowest free one):
+/// resumed, it takes its rank back, whichever started first, and the other joins for any
+/// free rank, its object gone with the rank, never read from the wrong memory. Before, the
+/// configured service was refused ("held by another local service") for as long as the other
+/// lived (found by the cluster simulation with automatic ranks, seed 21).
+#[test]
+fn a_configured_rank_given_to_another_service_while_its_own_was_frozen_comes_back_to_it() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let start = || {
+        let mut b = ServerBuilder::new(Driver::Uring)
+            .listen(&addr)
+            .set("ock.mmc.embedded.ranks", "0");
+        for (k, v) in FAST {
+            b = b.set(k, v);
+        }
+        b.start()
+    };
+    let mut first = start();
+    let mut configured = FAST.to_vec();
+    configured.push(("ock.mmc.local_service.rank", "0"));
+    let (a, ra) = join(&first, &configured);
+    assert_eq!(ra, 0);
+    a.signal(libc::SIGSTOP);
+    first.kill9();
+    std::thread::sleep(Duration::from_millis(20));
+    let meta = start();
+    let (b, rb) = join(&meta, &FAST);
+    assert_eq!(rb, 0, "the new meta gives the lowest free rank");
+    put(&meta, "/api/v1/objects?key=on-b&prefer_rank=0", &object(2));
+    a.signal(libc::SIGCONT);
+    let segs = wait_ready(
+        Duration::from_secs(15),
+        |p| meta.client().get(p).text(),
+        |s| s.len() == 2 && s.iter().any(|n| n.starts_with("rank-1-")),
+    )
+    .unwrap_or_else(|| panic!("both services serving; have {:?}", segments(&meta)));
+    assert!(segs.iter().any(|n| n.starts_with("rank-0-")), "{segs:?}");
+    // Rank 0 is the configured service's again: a put there is sent to it.
+    let r = meta
+        .client()
+        .request("PUT", "/api/v1/objects?key=on-a&prefer_rank=0", Some(b"x"));
+    assert_eq!(r.status, 307, "{}", r.text());
+    let to_a = format!("http://{}/", a.addr);
+    assert!(
+        r.header("location").is_some_and(|l| l.starts_with(&to_a)),
+        "{:?}",
+        r.header("location")
+    );
+    assert!(meta.log().contains("is held by another local service"));
+    assert!(b.log().contains("to another local service"), "{}", b.log());
+    // B's object went with the rank (the documented rule), never served from A's memory.
+    get(&meta, "on-b").assert_error(200, "Key not found");
 }

@@ -37,6 +37,7 @@ fn joined(ha: bool) -> Agent {
         [Action::Join {
             meta: "http://m1".into(),
             rank: None,
+            rank_configured: false,
             catalog_follows: false,
             in_step: 0,
             catalog_since: Membership::default(),
@@ -225,6 +226,7 @@ fn a_catalog_survives_a_short_silence_or_a_continued_membership() {
             [Action::Join {
                 meta: "http://m1".into(),
                 rank: Some(3),
+                rank_configured: false,
                 catalog_follows: follows,
                 in_step: 0,
                 // The first join took no catalog: the one it holds began then.
@@ -431,7 +433,9 @@ fn a_join_waits_a_bounded_time_for_commits_on_their_way() {
 
 /// The next `Action::Join` of `acts`, or of a tick at `now` when they hold none, with the
 /// catalog `held`: (rank asked for, whether the catalog follows).
-fn next_join(a: &mut Agent, acts: Vec<Action>, now: u64, held: bool) -> (Option<u32>, bool) {
+/// The next join's rank, whether it says the rank is configured, and whether its catalog
+/// follows.
+fn next_join(a: &mut Agent, acts: Vec<Action>, now: u64, held: bool) -> (Option<u32>, bool, bool) {
     let acts = if acts.iter().any(|x| matches!(x, Action::Join { .. })) {
         acts
     } else {
@@ -441,9 +445,10 @@ fn next_join(a: &mut Agent, acts: Vec<Action>, now: u64, held: bool) -> (Option<
         .find_map(|x| match x {
             Action::Join {
                 rank,
+                rank_configured,
                 catalog_follows,
                 ..
-            } => Some((rank, catalog_follows)),
+            } => Some((rank, rank_configured, catalog_follows)),
             _ => None,
         })
         .expect("a join")
@@ -483,7 +488,11 @@ fn a_service_whose_given_rank_another_took_joins_for_any_rank() {
             2,
             true,
         );
-        assert_eq!(next_join(&mut a, acts, 400, true), (Some(3), true));
+        // (It says whether rank 3 is its configured rank or the one it was given.)
+        assert_eq!(
+            next_join(&mut a, acts, 400, true),
+            (Some(3), configured.is_some(), true)
+        );
         let acts = a.step(
             Input::JoinAnswered {
                 meta: meta(),
@@ -493,8 +502,8 @@ fn a_service_whose_given_rank_another_took_joins_for_any_rank() {
             true,
         );
         let want = match configured {
-            None => (None, false),
-            Some(r) => (Some(r), true),
+            None => (None, false, false),
+            Some(r) => (Some(r), true, true),
         };
         let got = next_join(&mut a, acts, 5_000, true);
         assert_eq!(got, want, "configured {configured:?}");

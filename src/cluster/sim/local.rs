@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::net::{Hop, Mapped, PushNews, Read, Rep, Req, Verdict};
+use super::net::{Hop, JoinAsk, Mapped, PushNews, Read, Rep, Req, Verdict};
 use super::timing::*;
 use super::world::Cx;
 use super::{Key, Node, Vid, key_bytes};
@@ -185,6 +185,7 @@ impl Local {
             Action::Join {
                 meta,
                 rank,
+                rank_configured,
                 catalog_follows,
                 in_step,
                 catalog_since,
@@ -197,16 +198,17 @@ impl Local {
                     self.mapped.clear();
                 }
                 let to = Node::from_url(&meta).expect("a simulated meta");
-                let req = Req::Join {
+                let req = Req::Join(JoinAsk {
                     incarnation: self.incarnation,
                     rank,
+                    rank_configured,
                     catalog_follows,
                     in_step,
                     catalog_since,
                     recovered,
                     heard_by,
                     bytes: self.pages * PAGE_BYTES,
-                };
+                });
                 let call = cx.request(to, req);
                 self.calls
                     .insert(call, (cx.now + CALL_TIMEOUT_MS, Call::Join { meta }));

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::ha::Elector;
-use super::net::{Rep, Req, Verdict};
+use super::net::{JoinAsk, Rep, Req, Verdict};
 use super::timing::*;
 use super::world::Cx;
 use super::{Key, Node, key_bytes};
@@ -241,29 +241,7 @@ impl Meta {
     pub fn handle(&mut self, cx: &mut Cx, from: Node, call: u64, req: Req) {
         self.store.set_manual_clock(cx.now);
         match req {
-            Req::Join {
-                incarnation,
-                rank,
-                catalog_follows,
-                in_step,
-                catalog_since,
-                recovered,
-                heard_by,
-                bytes,
-            } => self.join(
-                cx,
-                from,
-                call,
-                incarnation,
-                rank,
-                (
-                    catalog_follows,
-                    in_step,
-                    catalog_since,
-                    (recovered, heard_by),
-                ),
-                bytes,
-            ),
+            Req::Join(ask) => self.join(cx, from, call, ask),
             Req::Beat {
                 rank,
                 incarnation,
@@ -298,22 +276,18 @@ impl Meta {
     }
 
     /// `cluster.rs` `join`.
-    #[allow(clippy::too_many_arguments)]
-    fn join(
-        &mut self,
-        cx: &mut Cx,
-        from: Node,
-        call: u64,
-        incarnation: u64,
-        wanted: Option<u32>,
-        (catalog_follows, in_step, catalog_since, (recovered, heard_by)): (
-            bool,
-            u64,
-            Membership,
-            (bool, u64),
-        ),
-        bytes: u64,
-    ) {
+    fn join(&mut self, cx: &mut Cx, from: Node, call: u64, ask: JoinAsk) {
+        let JoinAsk {
+            incarnation,
+            rank: wanted,
+            rank_configured,
+            catalog_follows,
+            in_step,
+            catalog_since,
+            recovered,
+            heard_by,
+            bytes,
+        } = ask;
         if !self.gate(cx, from, call) {
             return;
         }
@@ -322,6 +296,7 @@ impl Meta {
         let joined = self.members.join(JoinRequest {
             view: self.view(),
             wanted,
+            configured: wanted.is_some() && rank_configured,
             url: &url,
             incarnation,
             segments: vec![(Medium::Dram, bytes)],

@@ -363,16 +363,36 @@ pub(super) struct Shape {
     /// (`shards/grant_reads.rs`). `MMC_SIM_MAPPED=1`; off by default (the runs the found
     /// seeds were found in do not move).
     pub mapped_reads: bool,
+    /// About half the local services have no configured rank and take the lowest free one
+    /// (drawn from the seed's random stream, so this is another trajectory of the seed): a
+    /// service given a rank that another, configured with it, asks for gives it up, and one
+    /// given a rank asks for it again after a freeze, holding blobs there
+    /// (`members::takes_over`). `MMC_SIM_AUTO_RANKS=1`; off by default.
+    pub auto_ranks: bool,
 }
 
-/// `MMC_SIM_MAPPED=1`: mapped reads in every run ([`Shape::mapped_reads`]).
-pub(super) fn mapped_from_env() -> bool {
-    std::env::var("MMC_SIM_MAPPED").is_ok_and(|v| v == "1")
+/// The switches of a run's [`Shape`] that its seed does not draw (the fields of the same
+/// names).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Flags {
+    pub keeps_catalog: bool,
+    pub calm: bool,
+    pub mapped_reads: bool,
+    pub auto_ranks: bool,
 }
 
-/// `MMC_SIM_CALM=1`: every run calm ([`Shape::calm`]).
-pub(super) fn calm_from_env() -> bool {
-    std::env::var("MMC_SIM_CALM").is_ok_and(|v| v == "1")
+impl Flags {
+    /// What the environment asks for (`MMC_SIM_CALM=1`, `MMC_SIM_MAPPED=1`,
+    /// `MMC_SIM_AUTO_RANKS=1`), catalogs kept across kills as `keeps_catalog` says.
+    pub fn from_env(keeps_catalog: bool) -> Flags {
+        let on = |var| std::env::var(var).is_ok_and(|v| v == "1");
+        Flags {
+            keeps_catalog,
+            calm: on("MMC_SIM_CALM"),
+            mapped_reads: on("MMC_SIM_MAPPED"),
+            auto_ranks: on("MMC_SIM_AUTO_RANKS"),
+        }
+    }
 }
 
 /// Runs `seed` for `steps` steps and the settling after; `Err` is the failure's report (the
@@ -401,9 +421,7 @@ pub(super) fn run_with(
         steps,
         mutations,
         metas,
-        keeps_catalog(seed),
-        calm_from_env(),
-        mapped_from_env(),
+        Flags::from_env(keeps_catalog(seed)),
     )
 }
 
@@ -425,30 +443,18 @@ pub(super) fn run_plain(
     mutations: Mutations,
     metas: Option<usize>,
 ) -> Result<Counts, String> {
-    run_shaped(
-        seed,
-        steps,
-        mutations,
-        metas,
-        false,
-        calm_from_env(),
-        mapped_from_env(),
-    )
+    run_shaped(seed, steps, mutations, metas, Flags::from_env(false))
 }
 
-/// [`run_with`], the local services with a configured rank keeping their catalogs across
-/// kills (as their SSD files would) when `keeps_catalog`, whatever `MMC_SIM_SSD` says, and
-/// faults rarer when `calm` ([`Shape::calm`]).
+/// [`run_with`] in the shape `flags` gives (whatever the environment says).
 pub(super) fn run_shaped(
     seed: u64,
     steps: u64,
     mutations: Mutations,
     metas: Option<usize>,
-    keeps_catalog: bool,
-    calm: bool,
-    mapped_reads: bool,
+    flags: Flags,
 ) -> Result<Counts, String> {
-    let mut w = world::World::new(seed, mutations, metas, keeps_catalog, calm, mapped_reads);
+    let mut w = world::World::new(seed, mutations, metas, flags);
     let shape = w.shape;
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..steps {

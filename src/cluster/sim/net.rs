@@ -40,19 +40,24 @@ impl Hop {
     }
 }
 
+/// A join's body (`agent.rs` `act`'s JSON; `members::JoinRequest` says what each means).
+#[derive(Clone, Debug)]
+pub(super) struct JoinAsk {
+    pub incarnation: u64,
+    pub rank: Option<u32>,
+    pub rank_configured: bool,
+    pub catalog_follows: bool,
+    pub in_step: u64,
+    pub catalog_since: Membership,
+    pub recovered: bool,
+    pub heard_by: u64,
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug)]
 pub(super) enum Req {
     // A local service to its meta (`agent.rs`, `remote.rs`).
-    Join {
-        incarnation: u64,
-        rank: Option<u32>,
-        catalog_follows: bool,
-        in_step: u64,
-        catalog_since: Membership,
-        recovered: bool,
-        heard_by: u64,
-        bytes: u64,
-    },
+    Join(JoinAsk),
     Beat {
         rank: u32,
         incarnation: u64,

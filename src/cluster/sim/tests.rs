@@ -2,9 +2,7 @@
 //! asked for, one seed replayed (`MMC_SIM_SEED`), and one test per mutation switch showing the
 //! simulation finds the defect it brings back.
 
-use super::{
-    Counts, Mutations, calm_from_env, mapped_from_env, metas_from_env, run, run_plain, run_shaped,
-};
+use super::{Counts, Flags, Mutations, metas_from_env, run, run_plain, run_shaped};
 
 /// Steps of each fixed seed.
 const STEPS: u64 = 1500;
@@ -160,8 +158,11 @@ const FOUND_KEEPING_CATALOGS: &[u64] = &[13, 117, 17];
 #[test]
 fn found_seeds_keeping_catalogs() {
     for &seed in FOUND_KEEPING_CATALOGS {
-        if let Err(report) = run_shaped(seed, 3000, Mutations::default(), None, true, false, false)
-        {
+        let flags = Flags {
+            keeps_catalog: true,
+            ..Flags::default()
+        };
+        if let Err(report) = run_shaped(seed, 3000, Mutations::default(), None, flags) {
             panic!("{report}");
         }
     }
@@ -193,9 +194,37 @@ const FOUND_CALM: &[(u64, u64, Option<usize>)] = &[
 #[test]
 fn found_calm_seeds() {
     for &(seed, steps, metas) in FOUND_CALM {
-        if let Err(report) =
-            run_shaped(seed, steps, Mutations::default(), metas, false, true, false)
-        {
+        let flags = Flags {
+            calm: true,
+            ..Flags::default()
+        };
+        if let Err(report) = run_shaped(seed, steps, Mutations::default(), metas, flags) {
+            panic!("{report}");
+        }
+    }
+}
+
+/// Seeds that found a defect with automatic ranks (`Shape::auto_ranks`, as
+/// `MMC_SIM_AUTO_RANKS=1` asks), at 3000 steps: (seed, metas (`None`: drawn), catalogs kept
+/// across kills): a local service given a rank, away while another took it, asked for it again at
+/// every try for as long as the other lived (19: `members::TAKEN_BY_ANOTHER`); a service
+/// configured with a rank was refused it for as long as the service given it while it was away
+/// lived (21: `members::takes_over`); two services given one rank, started in the same
+/// millisecond, took it from each other at every heartbeat (37759, three metas, catalogs
+/// kept: the whole incarnation orders them now). Each ended the run with a service that never
+/// held its rank.
+const FOUND_AUTO_RANKS: &[(u64, Option<usize>, bool)] =
+    &[(19, None, false), (21, None, false), (37759, Some(3), true)];
+
+#[test]
+fn found_auto_ranks_seeds() {
+    for &(seed, metas, keeps_catalog) in FOUND_AUTO_RANKS {
+        let flags = Flags {
+            auto_ranks: true,
+            keeps_catalog,
+            ..Flags::default()
+        };
+        if let Err(report) = run_shaped(seed, 3000, Mutations::default(), metas, flags) {
             panic!("{report}");
         }
     }
@@ -250,29 +279,13 @@ fn hunt() {
     let (from, to) = seeds_from_env("MMC_SIM_SEEDS").unwrap_or((1, 100));
     let steps = steps_from_env();
     let m = mutation(&name);
-    let keeps = std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1");
+    let flags = Flags::from_env(std::env::var("MMC_SIM_SSD").is_ok_and(|v| v == "1"));
     for seed in from..to {
-        if let Err(report) = run_shaped(
-            seed,
-            steps,
-            m,
-            metas_from_env(),
-            keeps,
-            calm_from_env(),
-            mapped_from_env(),
-        ) {
+        if let Err(report) = run_shaped(seed, steps, m, metas_from_env(), flags) {
             let first = report.lines().nth(1).unwrap_or("");
             // A seed that fails without the mutation too found a defect of its own.
-            let own = run_shaped(
-                seed,
-                steps,
-                Mutations::default(),
-                metas_from_env(),
-                keeps,
-                calm_from_env(),
-                mapped_from_env(),
-            )
-            .is_err();
+            let own =
+                run_shaped(seed, steps, Mutations::default(), metas_from_env(), flags).is_err();
             let what = if own {
                 "fails WITHOUT the mutation too"
             } else {
@@ -330,7 +343,12 @@ fn caught_shaped(
     mapped: bool,
     violation: &str,
 ) {
-    let run = |m| run_shaped(seed, steps, m, metas, false, calm, mapped);
+    let flags = Flags {
+        calm,
+        mapped_reads: mapped,
+        ..Flags::default()
+    };
+    let run = |m| run_shaped(seed, steps, m, metas, flags);
     if let Err(report) = run(Mutations::default()) {
         panic!("seed {seed} must pass without the mutation:\n{report}");
     }
@@ -445,7 +463,11 @@ fn without_a_copy_floor_a_moved_object_is_unlisted() {
 fn mapped_reads_count_only_within_their_grant_and_membership() {
     let mut total = Counts::default();
     for seed in 1..=8 {
-        match run_shaped(seed, STEPS, Mutations::default(), None, false, false, true) {
+        let flags = Flags {
+            mapped_reads: true,
+            ..Flags::default()
+        };
+        match run_shaped(seed, STEPS, Mutations::default(), None, flags) {
             Ok(c) => total.add(&c),
             Err(report) => panic!("{report}"),
         }

@@ -13,7 +13,7 @@ use super::local::{Kept, Local};
 use super::meta::Meta;
 use super::net::{Envelope, Msg, Net, Read, Rep, Req, Weather};
 use super::timing::*;
-use super::{Counts, Mutations, Node, Rng, Shape, Trace, key_bytes};
+use super::{Counts, Flags, Mutations, Node, Rng, Shape, Trace, key_bytes};
 use crate::shards::store::GetStep;
 
 /// The true time's Unix origin (hosts' wall clocks read it plus their offset).
@@ -157,16 +157,9 @@ macro_rules! cx {
 }
 
 impl World {
-    /// The world of `seed`; `metas`: that many metas instead of the seed's choice;
-    /// `keeps_catalog`, `calm`, `mapped_reads`: `Shape`'s.
-    pub fn new(
-        seed: u64,
-        mutations: Mutations,
-        metas: Option<usize>,
-        keeps_catalog: bool,
-        calm: bool,
-        mapped_reads: bool,
-    ) -> World {
+    /// The world of `seed`; `metas`: that many metas instead of the seed's choice; `flags`:
+    /// the rest of its `Shape`.
+    pub fn new(seed: u64, mutations: Mutations, metas: Option<usize>, flags: Flags) -> World {
         let mut rng = Rng(seed);
         let drawn = 1 + rng.below(3) as usize;
         let shape = Shape {
@@ -174,9 +167,10 @@ impl World {
             locals: 2 + rng.below(3) as usize,
             clients: 2 + rng.below(2) as usize,
             seg_pages: [32, 64, 128][rng.below(3) as usize],
-            keeps_catalog,
-            calm,
-            mapped_reads,
+            keeps_catalog: flags.keeps_catalog,
+            calm: flags.calm,
+            mapped_reads: flags.mapped_reads,
+            auto_ranks: flags.auto_ranks,
         };
         let mut net = Net::default();
         if !rng.chance(15) {
@@ -187,12 +181,10 @@ impl World {
                 slow_ms: 50 + rng.below(2500),
             });
         }
-        // Configured ranks (`local_rank`), unless `MMC_SIM_AUTO_RANKS` lets some services take
-        // the lowest free one (which can make two services displace each other forever: see
-        // the module documentation).
-        let auto = std::env::var_os("MMC_SIM_AUTO_RANKS").is_some();
+        // Configured ranks (`local_rank`), unless `auto_ranks` lets some services take the
+        // lowest free one.
         let ranks: Vec<Option<u32>> = (0..shape.locals)
-            .map(|j| (!auto || rng.chance(50)).then_some(j as u32 + 1))
+            .map(|j| (!shape.auto_ranks || rng.chance(50)).then_some(j as u32 + 1))
             .collect();
         let mut w = World {
             rng,

@@ -142,6 +142,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     // The service holds blobs it will list in its first heartbeat (after it has this meta's
     // grant key, so no adopted object is served before the service can check its grants).
     let catalog_follows = v.get("catalog_follows").and_then(Value::as_bool) == Some(true);
+    // The rank asked for is the service's configured one, not one it was given before (absent:
+    // given); the configured one keeps a rank two services ask for (`members::takes_over`).
+    let configured =
+        wanted.is_some() && v.get("rank_configured").and_then(Value::as_bool) == Some(true);
     // The leadership the catalog was last in step with (absent: none known, so with HA a
     // catalog is adopted only if no leadership served before this one).
     let in_step = v.get("in_step").and_then(Value::as_u64).unwrap_or(0);
@@ -168,6 +172,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let joined = shared.membership.ranks.lock().join(JoinRequest {
         view,
         wanted,
+        configured,
         url,
         incarnation,
         segments: segments.clone(),
