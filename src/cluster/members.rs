@@ -59,22 +59,21 @@ pub fn started_before(a: u64, b: u64) -> bool {
 }
 
 /// Whether a join for a rank that another local service (another URL) holds, live or
-/// leaving, takes it over (the holder's membership is retired; it is told `TAKEN_BY_ANOTHER`
-/// when it asks for the rank again). A service configured with the rank takes it from one
-/// that was given it (lowest free while the configured one was away, say after a meta restart
-/// without HA), whatever their start times, unless that one is leaving (its drain is under
-/// way; the rank is free once it is over); one that was given the rank never takes it from a
-/// configured one. Else, both configured or both given it, the one that started later does (a
-/// restart on another host, or two services given one rank by two meta processes; the
-/// incarnations' random parts order two that started in the same millisecond). So a rank
-/// ends with one holder: two services asking for it do not displace each other in turn
-/// (found by the cluster simulation with automatic ranks, seed 21: a configured service was
-/// refused for as long as the service given its rank lived).
+/// leaving, takes precedence over it: then the holder is asked to give the rank up (it is
+/// told `TAKEN_BY_ANOTHER` when it asks for the rank again, and its membership ends by the
+/// heartbeat timeout), and the join takes the rank after; else the join is refused saying the
+/// rank is taken. A service configured with the rank takes precedence over one that was given
+/// it (lowest free while the configured one was away, say after a meta restart without HA),
+/// whatever their start times; one that was given the rank never over a configured one. Else,
+/// both configured or both given it, the one that started later does (a restart on another
+/// host, or two services given one rank by two meta processes; the incarnations' random parts
+/// order two that started in the same millisecond). So a rank ends with one holder: two
+/// services asking for it do not displace each other in turn (found by the cluster
+/// simulation with automatic ranks, seed 21: a configured service was refused for as long as
+/// the service given its rank lived).
 fn takes_over<R>(j: &JoinRequest<'_>, e: &Member<R>) -> bool {
     match (j.configured, e.configured) {
-        (true, false) => {
-            e.state == MemberState::Live || !started_before(j.incarnation, e.incarnation)
-        }
+        (true, false) => true,
         (false, true) => false,
         // By the whole incarnation: two started in the same millisecond are ordered by their
         // random parts, so one of them keeps the rank (with `!started_before` both took it,
@@ -126,6 +125,10 @@ pub struct Member<R> {
     /// not because it was given it: a configured service asking for it takes it over from one
     /// that was given it ([`takes_over`]).
     pub configured: bool,
+    /// A service that takes precedence asked for the rank ([`takes_over`]): this membership's
+    /// heartbeats are refused and its join is told the rank is taken, until it is declared
+    /// lost by the heartbeat timeout and that service takes the rank.
+    pub yielding: bool,
     /// The last report (`None`: none since this membership began).
     pub report: Option<R>,
     /// A join was answered and no heartbeat came since: the rank's segments stay UNDEFINED
@@ -337,14 +340,15 @@ impl<R: Clone> Members<R> {
             None => {
                 // The same service asking again (its answer was lost) keeps its rank; one
                 // coming back with the same URL gets its old number again.
+                // Not a rank it was asked to give up for another service (`yielding`).
                 let mine = self
                     .ranks
                     .iter()
-                    .find(|(_, e)| e.url == j.url && e.incarnation == j.incarnation)
+                    .find(|(_, e)| e.url == j.url && e.incarnation == j.incarnation && !e.yielding)
                     .or_else(|| {
-                        self.ranks
-                            .iter()
-                            .find(|(_, e)| e.url == j.url && e.state == MemberState::Lost)
+                        self.ranks.iter().find(|(_, e)| {
+                            e.url == j.url && e.state == MemberState::Lost && !e.yielding
+                        })
                     })
                     .map(|(&r, _)| r);
                 match mine {
@@ -382,6 +386,15 @@ impl<R: Clone> Members<R> {
             catalog = CatalogFate::Discard;
         }
         let retire = match self.ranks.get_mut(&rank) {
+            // The service was asked to give the rank up for another (`yielding`): it is told
+            // the rank is taken (with none configured it asks for any free rank next, its
+            // catalog not following), and the membership ends by the heartbeat timeout. Lost
+            // since, it does not take the rank back either: the other one does.
+            Some(e) if e.incarnation == j.incarnation && e.view == j.view && e.yielding => {
+                return Err(format!(
+                    "rank {rank} {TAKEN_BY_ANOTHER}: this service was asked to give it up for one that takes precedence (configured with it, or started later)"
+                ));
+            }
             Some(e) if e.incarnation == j.incarnation && e.view == j.view => match e.state {
                 MemberState::Live => {
                     // The same membership asking again (its answer was lost): nothing changes,
@@ -424,8 +437,6 @@ impl<R: Clone> Members<R> {
             Some(e) if e.state != MemberState::Lost && e.url != j.url && !takes_over(&j, e) => {
                 let why = if e.configured && !j.configured {
                     "configured with it, while this one was given it".to_string()
-                } else if j.configured && !e.configured {
-                    "which is leaving it".to_string()
                 } else {
                     format!(
                         "which started after this one (incarnation {})",
@@ -434,6 +445,29 @@ impl<R: Clone> Members<R> {
                 };
                 return Err(format!(
                     "rank {rank} {TAKEN_BY_ANOTHER} ({}, incarnation {}), {why}",
+                    e.url, e.incarnation
+                ));
+            }
+            // Another local service holds the rank and this one takes precedence. Its membership
+            // is not ended here: that service still holds blobs its catalog lists, and a drop
+            // made here would be recorded nowhere, so a later leader (or this meta restarted)
+            // would adopt that catalog over what was put or deleted since (found by the
+            // cluster simulation with automatic ranks, seed 74485: an older value read after a
+            // newer put). It is asked to give the rank up instead: its heartbeats are refused,
+            // its join for the rank is told the rank is taken, and the membership ends as any
+            // silent one does, declared lost after the heartbeat timeout (its loss recorded in
+            // etcd under HA, so no leader adopts its catalog), after which this service's join
+            // takes the rank. A leaving holder keeps it until its drain is over.
+            Some(e) if e.state != MemberState::Lost && e.url != j.url => {
+                if e.state == MemberState::Leaving {
+                    return Err(format!(
+                        "rank {rank} is held by another local service ({}), which is leaving it; join again once it has left",
+                        e.url
+                    ));
+                }
+                e.yielding = true;
+                return Err(format!(
+                    "rank {rank} is held by another local service ({}, incarnation {}), which is asked to give it up: this one takes it once that membership has ended (within the heartbeat timeout)",
                     e.url, e.incarnation
                 ));
             }
@@ -478,6 +512,7 @@ impl<R: Clone> Members<R> {
                 last_seen_ms: j.now_ms,
                 segments: j.segments,
                 configured: j.configured && j.wanted == Some(rank),
+                yielding: false,
                 report: None,
                 awaiting_beat: true,
                 awaiting_catalog: catalog == CatalogFate::Follows,
@@ -524,7 +559,10 @@ impl<R: Clone> Members<R> {
         report: R,
         now_ms: u64,
     ) -> Beat {
-        let Some(e) = self.current(view, rank, incarnation, epoch) else {
+        let Some(e) = self
+            .current(view, rank, incarnation, epoch)
+            .filter(|e| !e.yielding)
+        else {
             return Beat::Refused;
         };
         e.last_seen_ms = e.last_seen_ms.max(now_ms);

@@ -87,11 +87,14 @@ impl HaConfig {
         k
     }
 
-    /// Where a leader records a local service's membership it declared lost: `<prefix>lost/
-    /// <rank>` = its incarnation, so a later leader refuses that service's catalog too.
-    pub fn lost_key(&self, rank: u32) -> Vec<u8> {
+    /// Where a leader records a local service's membership it declared lost:
+    /// `<prefix>lost/<rank>/<incarnation>` = `<incarnation> <view> <epoch>`, so a later leader
+    /// refuses that service's catalog too. One key per process: a rank's later loss (another
+    /// service given the rank since) does not overwrite an earlier process's record
+    /// (`ha/losses.rs`).
+    pub fn lost_key(&self, rank: u32, incarnation: u64) -> Vec<u8> {
         let mut k = self.lost_prefix();
-        k.extend_from_slice(rank.to_string().as_bytes());
+        k.extend_from_slice(format!("{rank}/{incarnation}").as_bytes());
         k
     }
 

@@ -23,9 +23,10 @@ pub(super) struct Etcd {
     revision: u64,
     last_leader: u64,
     next_lease: u64,
-    /// `<prefix>lost/<rank>`: the membership (and its process) a leader last declared lost
-    /// there (`ha/losses.rs`).
-    pub lost: BTreeMap<u32, LostMembership>,
+    /// `<prefix>lost/<rank>/<incarnation>`: the membership of each process a leader declared
+    /// lost on each rank (`ha/losses.rs`; all kept: a run loses far fewer than
+    /// `KEPT_PER_RANK` processes per rank).
+    pub lost: BTreeMap<(u32, u64), LostMembership>,
     /// `<prefix>served/<view>`: the leaderships that recorded themselves before serving
     /// (`ha/losses.rs` `load_history`).
     pub served: std::collections::BTreeSet<u64>,
@@ -51,7 +52,7 @@ impl Etcd {
         if self.holder(now) != Some((me, view)) {
             return false;
         }
-        self.lost.insert(lost.rank, lost);
+        self.lost.insert((lost.rank, lost.incarnation), lost);
         true
     }
 

@@ -206,23 +206,35 @@ fn found_calm_seeds() {
 
 /// Seeds that found a defect with automatic ranks (`Shape::auto_ranks`, as
 /// `MMC_SIM_AUTO_RANKS=1` asks), at 3000 steps: (seed, metas (`None`: drawn), catalogs kept
-/// across kills): a local service given a rank, away while another took it, asked for it again at
+/// across kills, mapped reads): a local service given a rank, away while another took it, asked for it again at
 /// every try for as long as the other lived (19: `members::TAKEN_BY_ANOTHER`); a service
 /// configured with a rank was refused it for as long as the service given it while it was away
 /// lived (21: `members::takes_over`); two services given one rank, started in the same
 /// millisecond, took it from each other at every heartbeat (37759, three metas, catalogs
 /// kept: the whole incarnation orders them now). Each ended the run with a service that never
-/// held its rank.
-const FOUND_AUTO_RANKS: &[(u64, Option<usize>, bool)] =
-    &[(19, None, false), (21, None, false), (37759, Some(3), true)];
+/// held its rank. And two that read an older value after a newer put was acknowledged (both
+/// failed on the code before the rank precedence too): a join that took a rank from a live
+/// service of another URL dropped that service's blobs with no record, and a later leader
+/// adopted its catalog (74485: the holder is asked to give the rank up now, and its membership
+/// ends as a lost one, `members::takes_over`); a rank's second loss overwrote the etcd record
+/// of its first holder's, which came back to a later leader with its catalog (65131: one
+/// record per process, `ha/losses.rs`).
+const FOUND_AUTO_RANKS: &[(u64, Option<usize>, bool, bool)] = &[
+    (19, None, false, false),
+    (21, None, false, false),
+    (37759, Some(3), true, false),
+    (74485, Some(2), true, true),
+    (65131, Some(2), true, true),
+];
 
 #[test]
 fn found_auto_ranks_seeds() {
-    for &(seed, metas, keeps_catalog) in FOUND_AUTO_RANKS {
+    for &(seed, metas, keeps_catalog, mapped_reads) in FOUND_AUTO_RANKS {
         let flags = Flags {
             auto_ranks: true,
             keeps_catalog,
-            ..Flags::default()
+            mapped_reads,
+            calm: false,
         };
         if let Err(report) = run_shaped(seed, 3000, Mutations::default(), metas, flags) {
             panic!("{report}");
