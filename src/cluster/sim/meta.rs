@@ -316,6 +316,20 @@ impl Meta {
         let joined = match joined {
             Ok(j) => j,
             Err(e) => {
+                // `cluster.rs` `join`: a holder asked to give its rank up takes no new put.
+                if let Some(rank) = wanted
+                    && let Some(epoch) = self
+                        .members
+                        .get(rank)
+                        .filter(|m| m.yielding)
+                        .map(|m| m.epoch)
+                {
+                    for seg in self.member_segments(rank, epoch) {
+                        if seg.status() == SegmentStatus::Ok {
+                            seg.set_status(SegmentStatus::Undefined);
+                        }
+                    }
+                }
                 cx.log(format!("refused a join from {url}: {e}"));
                 cx.reply(from, call, Rep::JoinRefused(e.contains(TAKEN_BY_ANOTHER)));
                 return;

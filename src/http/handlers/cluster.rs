@@ -188,6 +188,24 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let joined = match joined {
         Ok(j) => j,
         Err(e) => {
+            // A holder asked to give its rank up for this service takes no new put from now
+            // on (its next heartbeat is refused, and it drops its grant key to join again).
+            if let Some(rank) = wanted {
+                let yielding = shared
+                    .membership
+                    .ranks
+                    .lock()
+                    .get(rank)
+                    .filter(|m| m.yielding)
+                    .map(|m| m.epoch);
+                for seg in
+                    yielding.map_or_else(Vec::new, |epoch| shared.member_segments(rank, epoch))
+                {
+                    if seg.status() == SegmentStatus::Ok {
+                        seg.set_status(SegmentStatus::Undefined);
+                    }
+                }
+            }
             log::warn!("refused a join from {url}: {e}");
             let mut r = ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
             r.failed = true;
