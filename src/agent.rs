@@ -62,6 +62,7 @@ enum Came {
         why: Option<String>,
     },
     Beat {
+        meta: String,
         epoch: u64,
         sent_ms: u64,
         answer: BeatAnswer,
@@ -153,14 +154,15 @@ async fn run(shared: Arc<Shared>, listen: std::net::SocketAddr) {
                     inputs.push(Input::JoinAnswered { meta, answer });
                 }
                 Came::Beat {
+                    meta,
                     epoch,
                     sent_ms,
                     answer,
                     news,
                 } => {
-                    // An answer to an earlier membership's heartbeat is news of a log this
-                    // service no longer follows: dropped.
-                    if agent.membership().map(|(_, e)| e) != Some(epoch) {
+                    // An answer to an earlier membership's heartbeat (at this meta or another)
+                    // is news of a log this service no longer follows: dropped.
+                    if !agent.is_membership(&meta, epoch) {
                         continue;
                     }
                     if let Some((news, mark)) = news {
@@ -324,6 +326,7 @@ fn act(
                 let (answer, news) =
                     heartbeat(&shared, &meta, rank, epoch, incarnation, hand_over).await;
                 inbox.borrow_mut().push(Came::Beat {
+                    meta,
                     epoch,
                     sent_ms,
                     answer,

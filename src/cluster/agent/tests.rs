@@ -533,3 +533,15 @@ fn a_service_whose_given_rank_another_took_joins_for_any_rank() {
         assert_eq!(next_join(&mut a, acts, 5_400, true).0, Some(4));
     }
 }
+
+/// A heartbeat's answer counts for the current membership only if it names it at the meta it
+/// was sent to: another meta's membership of the same epoch (two metas started in the same
+/// millisecond hand out the same epochs) is not it (the cluster simulation, seed 42305).
+#[test]
+fn a_membership_is_its_meta_and_its_epoch() {
+    let a = joined(false);
+    assert_eq!(a.membership(), Some((3, 7)));
+    assert!(a.is_membership("http://m1", 7));
+    assert!(!a.is_membership("http://m2", 7));
+    assert!(!a.is_membership("http://m1", 6));
+}

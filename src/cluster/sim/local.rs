@@ -21,6 +21,7 @@ enum Call {
         meta: String,
     },
     Beat {
+        meta: String,
         epoch: u64,
         sent_ms: u64,
         mark: u64,
@@ -254,6 +255,7 @@ impl Local {
                 };
                 let call = cx.request(to, req);
                 let c = Call::Beat {
+                    meta,
                     epoch,
                     sent_ms: cx.now,
                     mark,
@@ -533,13 +535,14 @@ impl Local {
                 self.step(cx, Input::JoinAnswered { meta, answer });
             }
             Call::Beat {
+                meta,
                 epoch,
                 sent_ms,
                 mark,
             } => {
-                // An answer to an earlier membership's heartbeat is news of a log this service
-                // no longer follows.
-                if self.agent.membership().map(|(_, e)| e) != Some(epoch) {
+                // An answer to an earlier membership's heartbeat (at this meta or another) is
+                // news of a log this service no longer follows.
+                if !self.agent.is_membership(&meta, epoch) {
                     return;
                 }
                 let answer = match rep {
