@@ -37,6 +37,7 @@ use super::HaView;
 pub const KEPT_PER_RANK: usize = 16;
 use super::etcd::{Etcd, b64, bytes, prefix_end};
 use crate::cluster::members::{LostMembership, Membership};
+use crate::config::HaConfig;
 
 impl HaView {
     /// Records that `membership` of process `incarnation` on `rank` was declared lost, fenced
@@ -69,12 +70,7 @@ impl HaView {
                 let deadline = Instant::now() + Duration::from_millis(cfg.lease_ttl_ms);
                 let mut etcd = Etcd::new(cfg.etcd_endpoints.clone());
                 let txn = json!({
-                    "compare": [{
-                        "key": b64(&cfg.election_key()),
-                        "target": "CREATE",
-                        "result": "EQUAL",
-                        "create_revision": fence.to_string(),
-                    }],
+                    "compare": leads(&cfg, fence),
                     "success": [{"request_put": {
                         "key": b64(&cfg.lost_key(rank, incarnation)),
                         "value": b64(format!(
@@ -110,12 +106,7 @@ impl HaView {
         let (lost, served) = (cfg.lost_prefix(), cfg.served_prefix());
         let range = |from: &[u8]| json!({"request_range": {"key": b64(from), "range_end": b64(&prefix_end(from))}});
         let txn = json!({
-            "compare": [{
-                "key": b64(&cfg.election_key()),
-                "target": "CREATE",
-                "result": "EQUAL",
-                "create_revision": view.to_string(),
-            }],
+            "compare": leads(cfg, view),
             "success": [
                 {"request_put": {"key": b64(&cfg.served_key(view)), "value": b64(b"1")}},
                 range(&lost),
@@ -152,12 +143,7 @@ impl HaView {
         if !stale.is_empty() {
             // Fenced, best effort: a leader that fails to prune leaves the next one to.
             let txn = json!({
-                "compare": [{
-                    "key": b64(&cfg.election_key()),
-                    "target": "CREATE",
-                    "result": "EQUAL",
-                    "create_revision": view.to_string(),
-                }],
+                "compare": leads(cfg, view),
                 "success": stale
                     .iter()
                     .map(|k| json!({"request_delete_range": {"key": b64(k)}}))
@@ -183,6 +169,17 @@ pub struct History {
     pub losses: Vec<LostMembership>,
     /// The leaderships that served (`view_version`s), this one included.
     pub served: Vec<u64>,
+}
+
+/// A transaction's condition: the leadership `fence` (the leader key's create revision) still
+/// holds the leader key.
+fn leads(cfg: &HaConfig, fence: impl std::fmt::Display) -> Value {
+    json!([{
+        "key": b64(&cfg.election_key()),
+        "target": "CREATE",
+        "result": "EQUAL",
+        "create_revision": fence.to_string(),
+    }])
 }
 
 /// The rank of a loss record's key, past the prefix: `<rank>/<incarnation>`, or `<rank>` (an

@@ -1353,35 +1353,8 @@ fn a_loss_the_old_leader_declared_voids_that_catalog_on_the_new_one() {
     let driver = Driver::Uring;
     let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
-    let r = follow(
-        leader.addr,
-        "PUT",
-        "/api/v1/objects?key=gone&replicas=2",
-        Some(&blob(2, 5)),
-    );
-    assert_eq!(r.json()["success"], true, "{}", r.text());
-    locals[1].signal(libc::SIGSTOP);
-    wait_log(&leader, "rank 8 lost", Duration::from_secs(10));
-    let r = crate::harness::Client::connect(leader.addr).request(
-        "DELETE",
-        "/api/v1/objects?key=gone",
-        None,
-    );
-    assert_eq!(r.json()["success"], true, "{}", r.text());
-    leader.kill9();
-    wait_new_leader(standby.addr);
-    locals[1].signal(libc::SIGCONT);
-    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
-    wait_joined(standby.addr, "rank-7-dram", &locals[0]);
-    follow(standby.addr, "GET", "/api/v1/objects?key=gone", None)
-        .assert_error(200, "Key not found");
-    assert!(
-        locals[1]
-            .log()
-            .contains("declared this service lost before"),
-        "rank 8 was not told to drop its catalog:\n{}",
-        locals[1].log()
-    );
+    delete_while_rank_8_is_lost(&leader, &locals[1]);
+    rank_8_resumes_at_the_next_leader_without_gone(&mut leader, &standby, &locals);
     drop(locals);
     drop(standby);
 }
@@ -1402,28 +1375,9 @@ fn a_rank_s_second_loss_keeps_the_first_process_s_record() {
     let driver = Driver::Uring;
     let (mut leader, standby) = two_pure_metas(driver, &etcd);
     let locals = ranks_7_and_8(driver, &standby, &leader);
-    let r = follow(
-        leader.addr,
-        "PUT",
-        "/api/v1/objects?key=gone&replicas=2",
-        Some(&blob(2, 5)),
-    );
-    assert_eq!(r.json()["success"], true, "{}", r.text());
-    locals[1].signal(libc::SIGSTOP);
-    wait_log(&leader, "rank 8 lost", Duration::from_secs(10));
-    let r = crate::harness::Client::connect(leader.addr).request(
-        "DELETE",
-        "/api/v1/objects?key=gone",
-        None,
-    );
-    assert_eq!(r.json()["success"], true, "{}", r.text());
+    delete_while_rank_8_is_lost(&leader, &locals[1]);
     // A second service on rank 8, lost in turn.
-    let mut second = local_of(driver, &standby, &leader)
-        .set("ock.mmc.local_service.rank", "8")
-        .set("ock.mmc.local_service.dram.size", "32MB")
-        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-        .start();
+    let mut second = rank_local(driver, &standby, &leader, 8).start();
     wait_joined(leader.addr, "rank-8-dram", &second);
     second.signal(libc::SIGSTOP);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1447,19 +1401,7 @@ fn a_rank_s_second_loss_keeps_the_first_process_s_record() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    leader.kill9();
-    wait_new_leader(standby.addr);
-    locals[1].signal(libc::SIGCONT);
-    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
-    follow(standby.addr, "GET", "/api/v1/objects?key=gone", None)
-        .assert_error(200, "Key not found");
-    assert!(
-        locals[1]
-            .log()
-            .contains("declared this service lost before"),
-        "rank 8's first service was not told to drop its catalog:\n{}",
-        locals[1].log()
-    );
+    rank_8_resumes_at_the_next_leader_without_gone(&mut leader, &standby, &locals);
     second.kill9();
     drop(locals);
     drop(standby);
@@ -1635,19 +1577,64 @@ fn wait_log(server: &Server, needle: &str, limit: Duration) {
     }
 }
 
+/// The leader dies; rank 8's frozen service resumes and joins the next leader, which tells it
+/// to drop its catalog (the loss its record in etcd names), so `gone` stays deleted.
+fn rank_8_resumes_at_the_next_leader_without_gone(
+    leader: &mut Server,
+    standby: &Server,
+    locals: &[Server],
+) {
+    leader.kill9();
+    wait_new_leader(standby.addr);
+    locals[1].signal(libc::SIGCONT);
+    wait_joined(standby.addr, "rank-8-dram", &locals[1]);
+    wait_joined(standby.addr, "rank-7-dram", &locals[0]);
+    follow(standby.addr, "GET", "/api/v1/objects?key=gone", None)
+        .assert_error(200, "Key not found");
+    assert!(
+        locals[1]
+            .log()
+            .contains("declared this service lost before"),
+        "rank 8 was not told to drop its catalog:\n{}",
+        locals[1].log()
+    );
+}
+
+/// Puts `gone` on ranks 7 and 8, freezes rank 8's service (`local`) until the leader declares
+/// it lost, and deletes `gone` (answered relying on the loss).
+fn delete_while_rank_8_is_lost(leader: &Server, local: &Server) {
+    let r = follow(
+        leader.addr,
+        "PUT",
+        "/api/v1/objects?key=gone&replicas=2",
+        Some(&blob(2, 5)),
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+    local.signal(libc::SIGSTOP);
+    wait_log(leader, "rank 8 lost", Duration::from_secs(10));
+    let r = crate::harness::Client::connect(leader.addr).request(
+        "DELETE",
+        "/api/v1/objects?key=gone",
+        None,
+    );
+    assert_eq!(r.json()["success"], true, "{}", r.text());
+}
+
 /// Local services of ranks 7 and 8 (32 MB of DRAM, heartbeats every 200 ms, lost after
 /// 1.5 s), joined to `leader`.
+/// A local service of `rank`, with [`ranks_7_and_8`]'s settings.
+fn rank_local(driver: Driver, standby: &Server, leader: &Server, rank: u32) -> ServerBuilder {
+    local_of(driver, standby, leader)
+        .set("ock.mmc.local_service.rank", &rank.to_string())
+        .set("ock.mmc.local_service.dram.size", "32MB")
+        .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
+        .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
+}
+
 fn ranks_7_and_8(driver: Driver, standby: &Server, leader: &Server) -> Vec<Server> {
     let locals: Vec<Server> = [7, 8]
         .iter()
-        .map(|rank| {
-            local_of(driver, standby, leader)
-                .set("ock.mmc.local_service.rank", &rank.to_string())
-                .set("ock.mmc.local_service.dram.size", "32MB")
-                .set("ock.mmc.cluster.heartbeat_interval_ms", "200")
-                .set("ock.mmc.cluster.heartbeat_timeout_ms", "1500")
-                .start()
-        })
+        .map(|&rank| rank_local(driver, standby, leader, rank).start())
         .collect();
     for (local, rank) in locals.iter().zip([7, 8]) {
         wait_joined(leader.addr, &format!("rank-{rank}-dram"), local);

@@ -277,17 +277,7 @@ impl Meta {
 
     /// `cluster.rs` `join`.
     fn join(&mut self, cx: &mut Cx, from: Node, call: u64, ask: JoinAsk) {
-        let JoinAsk {
-            incarnation,
-            rank: wanted,
-            rank_configured,
-            catalog_follows,
-            in_step,
-            catalog_since,
-            recovered,
-            heard_by,
-            bytes,
-        } = ask;
+        let (incarnation, wanted, bytes) = (ask.incarnation, ask.rank, ask.bytes);
         if !self.gate(cx, from, call) {
             return;
         }
@@ -296,19 +286,19 @@ impl Meta {
         let joined = self.members.join(JoinRequest {
             view: self.view(),
             wanted,
-            configured: wanted.is_some() && rank_configured,
+            configured: wanted.is_some() && ask.rank_configured,
             url: &url,
             incarnation,
             segments: vec![(Medium::Dram, bytes)],
-            catalog_follows,
+            catalog_follows: ask.catalog_follows,
             in_step: if cx.mutations.adopt_missed_catalog {
                 self.view()
             } else {
-                in_step
+                ask.in_step
             },
-            catalog_since,
-            recovered,
-            heard_by,
+            catalog_since: ask.catalog_since,
+            recovered: ask.recovered,
+            heard_by: ask.heard_by,
             lineage: self.stamp_view(),
             first_free: 1,
             now_ms: cx.now,
