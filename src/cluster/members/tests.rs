@@ -506,3 +506,28 @@ fn a_configured_rank_is_taken_from_a_service_that_was_given_it() {
     assert!(m.left(3, b.epoch));
     assert!(m.join(req(Some(3), "http://a", early, 0, 20)).is_ok());
 }
+
+/// Two services (two URLs) with the same incarnation (started in the same millisecond, the same
+/// random bits): the second one's join is not the first one asking again; it does not get the
+/// first one's membership (the cluster simulation, seed 46188).
+#[test]
+fn a_join_of_another_url_with_the_same_incarnation_is_another_process() {
+    let inc = incarnation(1_790_000_000_000, 7);
+    let mut m = M::default();
+    let a = m.join(req(None, "http://a", inc, 0, 0)).unwrap();
+    let b = m.join(req(None, "http://b", inc, 0, 10)).unwrap();
+    assert_ne!((b.rank, b.epoch), (a.rank, a.epoch));
+    assert!(b.fresh);
+    // Asking for the first one's rank, it is refused (neither takes precedence).
+    let err = m
+        .join(JoinRequest {
+            configured: false,
+            ..req(Some(a.rank), "http://b", inc, 0, 20)
+        })
+        .unwrap_err();
+    assert!(err.contains(TAKEN_BY_ANOTHER), "{err}");
+    assert_eq!(
+        m.heartbeat(0, a.rank, inc, a.epoch, (), 30),
+        Beat::First { catalog: true }
+    );
+}

@@ -222,7 +222,10 @@ fn found_calm_seeds() {
 /// metas): a late heartbeat answer of the previous leader, whose epochs were the new leader's
 /// (both started in the same millisecond), was taken as news of the current log, and the
 /// removal's record skipped as already applied (`Agent::is_membership`; it failed before this
-/// session's changes too).
+/// session's changes too). And two services with the same incarnation (one start millisecond,
+/// the same 12 random bits): the second one's join was taken for the first one asking again
+/// and given its membership (46188, calm, two metas: a catalog listing objects the leader did
+/// not hold; `members::same_process`).
 const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (19, None, auto(false, false, false)),
     (21, None, auto(false, false, false)),
@@ -230,6 +233,7 @@ const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (74485, Some(2), auto(true, true, false)),
     (65131, Some(2), auto(true, true, false)),
     (42305, Some(3), auto(false, false, true)),
+    (46188, Some(2), auto(false, false, true)),
 ];
 
 /// Automatic ranks, catalogs kept across kills, mapped reads, calm: as said.
