@@ -759,16 +759,28 @@ impl Meta {
             && self.recording.is_empty()
             && self.drains.is_empty()
             && self.logs.barrier(None).is_empty()
+            && self.copies_in_flight() == 0
+    }
+
+    /// Re-replications begun and not finished: their destinations are allocated (the leader
+    /// holds them) and not written yet, so no catalog lists them (seed 113168 with automatic
+    /// ranks was taken for at rest while one had just begun).
+    fn copies_in_flight(&self) -> usize {
+        self.calls
+            .values()
+            .filter(|(_, c)| matches!(c, Call::Rerepl(..)))
+            .count()
     }
 
     /// What keeps this meta from [`Meta::quiet`], for a report.
     pub fn busy(&self) -> String {
         format!(
-            "{} removals waiting, {} drops, {} losses recording, {} drains, barriers {:?}",
+            "{} removals waiting, {} drops, {} losses recording, {} drains, {} copies, barriers {:?}",
             self.waiting.len(),
             self.drops.len(),
             self.recording.len(),
             self.drains.len(),
+            self.copies_in_flight(),
             self.logs.barrier(None)
         )
     }

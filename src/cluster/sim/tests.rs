@@ -225,7 +225,9 @@ fn found_calm_seeds() {
 /// session's changes too). And two services with the same incarnation (one start millisecond,
 /// the same 12 random bits): the second one's join was taken for the first one asking again
 /// and given its membership (46188, calm, two metas: a catalog listing objects the leader did
-/// not hold; `members::same_process`).
+/// not hold; `members::same_process`). And one of the simulation's own: the cluster was taken
+/// for at rest while a re-replication had just begun, its destination held by the leader and
+/// listed by no catalog yet (113168, one meta: `Meta::quiet` waits for copies in flight).
 const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (19, None, auto(false, false, false)),
     (21, None, auto(false, false, false)),
@@ -234,6 +236,7 @@ const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (65131, Some(2), auto(true, true, false)),
     (42305, Some(3), auto(false, false, true)),
     (46188, Some(2), auto(false, false, true)),
+    (113168, Some(1), auto(false, false, false)),
 ];
 
 /// Automatic ranks, catalogs kept across kills, mapped reads, calm: as said.
