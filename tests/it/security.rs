@@ -749,6 +749,13 @@ fn out_of_descriptors_the_server_backs_off_and_serves_again(driver: Driver) {
     let conns: Vec<TcpStream> = (0..64)
         .map(|_| TcpStream::connect(srv.addr).unwrap())
         .collect();
+    // The same-host connections once the descriptors are gone: sooner, its accept loop may take
+    // them while some are left, and then has nothing to fail on.
+    let out = Instant::now() + Duration::from_secs(5);
+    while !srv.log().contains("accept failed") {
+        assert!(Instant::now() < out, "no accept failed:\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let local: Vec<std::os::unix::net::UnixStream> = (0..4)
         .map(|_| std::os::unix::net::UnixStream::connect(&same_host).unwrap())
         .collect();
