@@ -531,3 +531,26 @@ fn a_join_of_another_url_with_the_same_incarnation_is_another_process() {
         Beat::First { catalog: true }
     );
 }
+
+/// A join of a service's earlier run is refused while its later run holds a live membership on
+/// any rank, not only on the rank asked for: a dead run's join delayed past its successor's
+/// (given another rank) made a membership nobody would report under (the cluster simulation,
+/// seed 196032).
+#[test]
+fn a_late_join_of_a_replaced_run_is_refused_whatever_rank_its_successor_holds() {
+    let t0 = 1_790_000_000_000;
+    let (early, later) = (incarnation(t0, 1), incarnation(t0 + 5_000, 2));
+    let given = |inc, rank, now| JoinRequest {
+        configured: false,
+        ..req(rank, "http://a", inc, 0, now)
+    };
+    let mut m = M::default();
+    let first = m.join(given(early, None, 0)).unwrap();
+    // The later run, finding the rank still held, is given another.
+    let second = m.join(given(later, None, 10)).unwrap();
+    assert_ne!(second.rank, first.rank);
+    let err = m.join(given(early, Some(first.rank), 20)).unwrap_err();
+    assert!(err.contains("later run"), "{err}");
+    let err = m.join(given(early, None, 30)).unwrap_err();
+    assert!(err.contains("later run"), "{err}");
+}

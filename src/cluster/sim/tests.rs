@@ -227,7 +227,10 @@ fn found_calm_seeds() {
 /// and given its membership (46188, calm, two metas: a catalog listing objects the leader did
 /// not hold; `members::same_process`). And one of the simulation's own: the cluster was taken
 /// for at rest while a re-replication had just begun, its destination held by the leader and
-/// listed by no catalog yet (113168, one meta: `Meta::quiet` waits for copies in flight).
+/// listed by no catalog yet (113168, one meta: `Meta::quiet` waits for copies in flight). And
+/// a dead run's join, delayed past its successor's (given another rank), admitted: nobody ever
+/// reported under that membership, and the freed log it replaced never settled (196032, calm,
+/// three metas: a join is refused while a later run of its URL is live on any rank).
 const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (19, None, auto(false, false, false)),
     (21, None, auto(false, false, false)),
@@ -237,6 +240,7 @@ const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (42305, Some(3), auto(false, false, true)),
     (46188, Some(2), auto(false, false, true)),
     (113168, Some(1), auto(false, false, false)),
+    (196032, Some(3), auto(false, false, true)),
 ];
 
 /// Automatic ranks, catalogs kept across kills, mapped reads, calm: as said.
