@@ -72,7 +72,7 @@ pub fn started_before(a: u64, b: u64) -> bool {
 /// simulation with automatic ranks, seed 21: a configured service was refused for as long as
 /// the service given its rank lived).
 fn takes_over<R>(j: &JoinRequest<'_>, e: &Member<R>) -> bool {
-    match (j.configured, e.configured) {
+    match (j.configured && j.wanted.is_some(), e.configured) {
         (true, false) => true,
         (false, true) => false,
         // By the whole incarnation: two started in the same millisecond are ordered by their
@@ -163,7 +163,7 @@ pub struct JoinRequest<'a> {
     pub wanted: Option<u32>,
     /// `wanted` is the service's configured rank (`"rank_configured": true`), not one it was
     /// given: between two services asking for a rank, the configured one keeps it
-    /// ([`takes_over`]).
+    /// ([`takes_over`]). Meaningless without `wanted` (then never counted).
     pub configured: bool,
     pub url: &'a str,
     pub incarnation: u64,
@@ -460,7 +460,7 @@ impl<R: Clone> Members<R> {
             // it: a service asking again for the rank it was given takes any free one instead
             // when told so (`TAKEN_BY_ANOTHER`).
             Some(e) if e.state != MemberState::Lost && e.url != j.url && !takes_over(&j, e) => {
-                let why = if e.configured && !j.configured {
+                let why = if e.configured && !(j.configured && j.wanted.is_some()) {
                     "configured with it, while this one was given it".to_string()
                 } else {
                     format!(
@@ -663,6 +663,16 @@ impl<R: Clone> Members<R> {
     /// The current membership of `rank`, whatever its state.
     pub fn get(&self, rank: u32) -> Option<&Member<R>> {
         self.ranks.get(&rank)
+    }
+
+    /// The epoch of `rank`'s membership when it was asked to give the rank up for another
+    /// service ([`Member::yielding`]): a join refused for that reason leaves it taking no new
+    /// put (its segments UNDEFINED) until its membership ends.
+    pub fn yielding(&self, rank: u32) -> Option<u64> {
+        self.ranks
+            .get(&rank)
+            .filter(|m| m.yielding)
+            .map(|m| m.epoch)
     }
 
     /// Whether membership `epoch` of `rank` is current and not lost.

@@ -253,6 +253,17 @@ impl super::Shared {
             .cloned()
             .collect()
     }
+
+    /// Membership `epoch` of `rank` takes no new put or redirect (its OK segments go
+    /// UNDEFINED) until a heartbeat of it is a first one again: it is joining again, or was
+    /// asked to give the rank up.
+    pub fn undefine_member_segments(&self, rank: u32, epoch: u64) {
+        for seg in self.member_segments(rank, epoch) {
+            if seg.status() == SegmentStatus::Ok {
+                seg.set_status(SegmentStatus::Undefined);
+            }
+        }
+    }
 }
 
 /// Rounds of 10 s a dropped segment waits for blobs pinned by transfers on their way (each

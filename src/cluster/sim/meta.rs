@@ -286,7 +286,7 @@ impl Meta {
         let joined = self.members.join(JoinRequest {
             view: self.view(),
             wanted,
-            configured: wanted.is_some() && ask.rank_configured,
+            configured: ask.rank_configured,
             url: &url,
             incarnation,
             segments: vec![(Medium::Dram, bytes)],
@@ -308,17 +308,9 @@ impl Meta {
             Err(e) => {
                 // `cluster.rs` `join`: a holder asked to give its rank up takes no new put.
                 if let Some(rank) = wanted
-                    && let Some(epoch) = self
-                        .members
-                        .get(rank)
-                        .filter(|m| m.yielding)
-                        .map(|m| m.epoch)
+                    && let Some(epoch) = self.members.yielding(rank)
                 {
-                    for seg in self.member_segments(rank, epoch) {
-                        if seg.status() == SegmentStatus::Ok {
-                            seg.set_status(SegmentStatus::Undefined);
-                        }
-                    }
+                    self.undefine_member_segments(rank, epoch);
                 }
                 cx.log(format!("refused a join from {url}: {e}"));
                 cx.reply(from, call, Rep::JoinRefused(e.contains(TAKEN_BY_ANOTHER)));
@@ -358,11 +350,7 @@ impl Meta {
                 return;
             }
         } else {
-            for seg in self.member_segments(rank, epoch) {
-                if seg.status() == SegmentStatus::Ok {
-                    seg.set_status(SegmentStatus::Undefined);
-                }
-            }
+            self.undefine_member_segments(rank, epoch);
         }
         let discard = joined.catalog == CatalogFate::Discard && !cx.mutations.adopt_lost_catalog;
         if joined.catalog == CatalogFate::Discard && !discard {
@@ -433,6 +421,15 @@ impl Meta {
             .filter(|s| s.rank == rank && s.backend.remote().is_some_and(|r| r.epoch == epoch))
             .cloned()
             .collect()
+    }
+
+    /// `Shared::undefine_member_segments`.
+    fn undefine_member_segments(&self, rank: u32, epoch: u64) {
+        for seg in self.member_segments(rank, epoch) {
+            if seg.status() == SegmentStatus::Ok {
+                seg.set_status(SegmentStatus::Undefined);
+            }
+        }
     }
 
     /// `Shared::unmount_member`.

@@ -144,8 +144,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
     let catalog_follows = v.get("catalog_follows").and_then(Value::as_bool) == Some(true);
     // The rank asked for is the service's configured one, not one it was given before (absent:
     // given); the configured one keeps a rank two services ask for (`members::takes_over`).
-    let configured =
-        wanted.is_some() && v.get("rank_configured").and_then(Value::as_bool) == Some(true);
+    let configured = v.get("rank_configured").and_then(Value::as_bool) == Some(true);
     // The leadership the catalog was last in step with (absent: none known, so with HA a
     // catalog is adopted only if no leadership served before this one).
     let in_step = v.get("in_step").and_then(Value::as_u64).unwrap_or(0);
@@ -190,21 +189,10 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         Err(e) => {
             // A holder asked to give its rank up for this service takes no new put from now
             // on (its next heartbeat is refused, and it drops its grant key to join again).
-            if let Some(rank) = wanted {
-                let yielding = shared
-                    .membership
-                    .ranks
-                    .lock()
-                    .get(rank)
-                    .filter(|m| m.yielding)
-                    .map(|m| m.epoch);
-                for seg in
-                    yielding.map_or_else(Vec::new, |epoch| shared.member_segments(rank, epoch))
-                {
-                    if seg.status() == SegmentStatus::Ok {
-                        seg.set_status(SegmentStatus::Undefined);
-                    }
-                }
+            let yielding =
+                wanted.and_then(|r| Some((r, shared.membership.ranks.lock().yielding(r)?)));
+            if let Some((rank, epoch)) = yielding {
+                shared.undefine_member_segments(rank, epoch);
             }
             log::warn!("refused a join from {url}: {e}");
             let mut r = ctx.protocol_error(Status::CONFLICT, &format!("Join refused: {e}"));
@@ -242,11 +230,7 @@ pub async fn join(req: &Request<'_>, ctx: &mut Ctx<'_>) -> Response {
         // The same membership joining again (its answer was lost, or it gave up on our
         // answers): it dropped its grant key when it began to, so it takes no new put until
         // the heartbeat after this answer.
-        for seg in shared.member_segments(rank, epoch) {
-            if seg.status() == SegmentStatus::Ok {
-                seg.set_status(SegmentStatus::Undefined);
-            }
-        }
+        shared.undefine_member_segments(rank, epoch);
     }
     let discard = joined.catalog == CatalogFate::Discard;
     if let Some(missed) = joined.missed {
