@@ -14,10 +14,13 @@
 //! - [`chunk_keys`]: the chunk hash inside LMCache's and vllm-ascend's object keys
 //!   (`ock.mmc.kv_events.key_format`).
 //! - [`affinity`]: the CPUs a thread runs on (`sched_setaffinity`).
+//! - [`copy`]: `memcpy` with non-temporal stores for memory nobody reads soon, and clear of
+//!   a slow `rep movsb` case.
 
 pub mod affinity;
 pub mod chunk_keys;
 pub mod clock;
+pub mod copy;
 pub mod error_kind;
 pub mod event;
 pub mod fmt;
