@@ -39,19 +39,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import same_host_bench as bench  # noqa: E402
+from same_host_ab import cpu_ns as server_cpu_ns  # noqa: E402
 
 SIZE = 1 << 20
-
-
-def server_cpu_ns(pid):
-    total = 0
-    for t in os.listdir("/proc/%d/task" % pid):
-        try:
-            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total
 
 
 def memmove_gbs(src, dst, n):
