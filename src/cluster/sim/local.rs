@@ -474,6 +474,7 @@ impl Local {
             size: g.size,
             until: g.expires_ms,
             conn: self.conns,
+            incarnation: self.incarnation,
         })
     }
 
@@ -482,7 +483,11 @@ impl Local {
     /// a join, or the process is another; or the copy ended at or after `until` by this host's
     /// clock, `wall`).
     pub fn copy_mapped(&mut self, m: &Mapped, wall: u64, check_time: bool) -> Option<Read> {
-        let open = self.mapped.remove(&m.conn);
+        // A connection of an earlier process on this service's socket closed when that
+        // process died; this one's numbers start over, and one of them named the same was
+        // taken for it (the simulation's own defect, found by seed 279801: a client read the
+        // restarted process's empty memory through an answer of the dead one).
+        let open = m.incarnation == self.incarnation && self.mapped.remove(&m.conn);
         (open && (!check_time || wall < m.until)).then(|| self.peek(m.offset, m.size))
     }
 

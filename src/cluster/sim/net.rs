@@ -171,7 +171,11 @@ pub(super) struct Mapped {
     pub offset: u64,
     pub size: u64,
     pub until: u64,
+    /// The connection that holds the answer: its number in the process that answered, and
+    /// that process's incarnation (a restarted service numbers its connections afresh, and a
+    /// client's connection to the dead process is closed whatever number it had).
     pub conn: u64,
+    pub incarnation: u64,
 }
 
 /// What a read under a grant found in the local service's memory.

@@ -241,6 +241,7 @@ const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (46188, Some(2), auto(false, false, true)),
     (113168, Some(1), auto(false, false, false)),
     (196032, Some(3), auto(false, false, true)),
+    (279801, Some(2), auto(false, true, false)),
 ];
 
 /// Automatic ranks, catalogs kept across kills, mapped reads, calm: as said.
