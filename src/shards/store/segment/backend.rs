@@ -66,8 +66,8 @@ impl Backend {
     /// cache (`common::copy::memcpy`): the blob moving down is the tier's least recently used,
     /// nobody reads it soon, and a normal copy into memory out of cache reads every line it
     /// writes. In the default configuration every put into a full cache demotes about as many
-    /// bytes as it stores: side by side, the server's CPU per 1 MiB put 580 µs against 660,
-    /// the mean put 380 against 440 µs (perf/RESULTS.md, *Session 19*).
+    /// bytes as it stores: side by side, same-host 1 MiB puts took the server 605 µs of CPU
+    /// against 684, 397 µs at the mean against 463 (perf/RESULTS.md, *Session 19*).
     ///
     /// # Safety
     /// The source range belongs to a readable blob nobody writes; the destination range was
