@@ -72,7 +72,7 @@ pub fn started_before(a: u64, b: u64) -> bool {
 /// simulation with automatic ranks, seed 21: a configured service was refused for as long as
 /// the service given its rank lived).
 fn takes_over<R>(j: &JoinRequest<'_>, e: &Member<R>) -> bool {
-    match (j.configured && j.wanted.is_some(), e.configured) {
+    match (j.holds_configured(), e.configured) {
         (true, false) => true,
         (false, true) => false,
         // By the whole incarnation: two started in the same millisecond are ordered by their
@@ -194,6 +194,14 @@ pub struct JoinRequest<'a> {
     /// The first rank above this meta's embedded ones.
     pub first_free: u32,
     pub now_ms: u64,
+}
+
+impl JoinRequest<'_> {
+    /// The rank asked for is the service's configured one ([`JoinRequest::configured`], which
+    /// counts only with a rank asked for: then the rank joined is that one).
+    fn holds_configured(&self) -> bool {
+        self.configured && self.wanted.is_some()
+    }
 }
 
 /// A membership across leaderships: the leadership (`view_version`) that admitted it and its
@@ -460,7 +468,7 @@ impl<R: Clone> Members<R> {
             // it: a service asking again for the rank it was given takes any free one instead
             // when told so (`TAKEN_BY_ANOTHER`).
             Some(e) if e.state != MemberState::Lost && e.url != j.url && !takes_over(&j, e) => {
-                let why = if e.configured && !(j.configured && j.wanted.is_some()) {
+                let why = if e.configured && !j.holds_configured() {
                     "configured with it, while this one was given it".to_string()
                 } else {
                     format!(
@@ -526,6 +534,7 @@ impl<R: Clone> Members<R> {
             None => None,
         };
         self.epoch += 1;
+        let configured = j.holds_configured();
         self.ranks.insert(
             rank,
             Member {
@@ -536,7 +545,7 @@ impl<R: Clone> Members<R> {
                 state: MemberState::Live,
                 last_seen_ms: j.now_ms,
                 segments: j.segments,
-                configured: j.configured && j.wanted == Some(rank),
+                configured,
                 yielding: false,
                 report: None,
                 awaiting_beat: true,
