@@ -1432,3 +1432,34 @@ def test_a_shard_polling_a_same_host_connection_still_serves_its_others(monkeypa
         second.close()
     finally:
         assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_a_forked_child_never_uses_its_parent_s_same_host_connections(server, store,
+                                                                      monkeypatch):
+    """A same-host connection names the memory of the process that opened it: a child forked
+    with the parent's pooled connections opens its own (the pool knows which process it runs
+    in through os.register_at_fork, not a getpid per request). Were the child to send its get
+    on the parent's connection, the server would copy the bytes into the parent's buffer at
+    that address (the child's is a copy-on-write copy at the same address), and the child's
+    would stay zero. (Gets the server copies: a mapped get is copied by the child itself.)"""
+    monkeypatch.setenv("MMC_SAME_HOST_MAP", "0")
+    n = 256 << 10
+    src = data(n, 61)
+    out = np.zeros(n, dtype=np.uint8)
+    put_then_get(store, "fork/a", src, out)
+    assert store._client.pool.idle_count() > 0
+    out[:] = 0
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if store.get_into("fork/a", out.ctypes.data, n) == OK and np.array_equal(out, src) \
+                    and store.put_from("fork/b", src.ctypes.data, n) == OK:
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # Nothing was written into the parent's buffer, and its connections still work.
+    assert not out.any()
+    assert store.get_into("fork/b", out.ctypes.data, n) == OK and np.array_equal(out, src)

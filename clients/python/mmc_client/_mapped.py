@@ -109,7 +109,18 @@ _unmappable: Set[int] = set()
 mappings_made = 0
 
 
+# ``os.environ``'s own dictionary (CPython keeps it, encoded, in ``_data``): read per request, and
+# ``os.environ.get`` of an unset name costs a caught KeyError, ~1 us, where this costs 0.05. Where
+# there is no such dictionary, ``os.environ`` itself.
+_ENV: Optional[Dict[object, object]] = getattr(os.environ, "_data", None)
+_ENV_MAP_KEY: object = os.environ.encodekey("MMC_SAME_HOST_MAP")
+_ENV_OFF: object = os.environ.encodevalue("0")
+
+
 def enabled() -> bool:
+    """``MMC_SAME_HOST_MAP`` is not ``0`` (read each time: it may change while a client runs)."""
+    if _ENV is not None:
+        return _ENV.get(_ENV_MAP_KEY) != _ENV_OFF
     return os.environ.get("MMC_SAME_HOST_MAP", "1") != "0"
 
 
@@ -289,16 +300,21 @@ def _check_open(sock_fd: int) -> None:
     """Raises EOFError unless the connection ``sock_fd`` is still open: the server held the
     pins for the whole copy just made (it shuts a connection down before it lets its pins go),
     whatever answers it may have queued on it."""
+    # One poll object per thread, which keeps the last descriptor asked about registered (a
+    # poll object only holds numbers: each poll() asks the kernel about the descriptor that has
+    # that number now).
     p = getattr(_pollers, "p", None)
     if p is None:
         p = _pollers.p = select.poll()
-    p.register(sock_fd, _POLLRDHUP)
-    try:
-        events = p.poll(0)
-    finally:
-        p.unregister(sock_fd)
-    if any(ev & _CLOSED for _, ev in events):
-        raise EOFError("the connection closed while a mapped get was copied")
+        _pollers.fd = -1
+    if _pollers.fd != sock_fd:
+        if _pollers.fd >= 0:
+            p.unregister(_pollers.fd)
+        p.register(sock_fd, _POLLRDHUP)
+        _pollers.fd = sock_fd
+    for _, ev in p.poll(0):
+        if ev & _CLOSED:
+            raise EOFError("the connection closed while a mapped get was copied")
 
 
 def string_at(pid: int, sock_fd: int, text: str, limit: int) -> Tuple[int, bytes]:
