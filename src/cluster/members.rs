@@ -429,6 +429,20 @@ impl<R: Clone> Members<R> {
                 ));
             }
             Some(e) if same_process(&j, e) && e.view == j.view => match e.state {
+                // The same membership asking again, saying now that its catalog does not
+                // follow while this meta still waits for it (no heartbeat named the
+                // membership yet): the service gave the membership up past the heartbeat
+                // timeout, and drops its catalog unless the answer continues a membership it
+                // knew. A new membership then, whose answer it drops the catalog on, and the
+                // first heartbeat of this one, with the catalog and maybe still on its way, is
+                // refused: continued, that heartbeat would have adopted the catalog's objects
+                // at blobs the service's catalog no longer listed (found by the cluster
+                // simulation, seed 455359: the join answered first, the late heartbeat
+                // adopted, the service dropped its catalog, and a failover would have lost
+                // them).
+                MemberState::Live if !j.catalog_follows && e.awaiting_catalog && !e.heard => {
+                    Some(e.epoch)
+                }
                 MemberState::Live => {
                     // The same membership asking again (its answer was lost): nothing changes,
                     // but its next heartbeat is a first one again (it dropped its grant key

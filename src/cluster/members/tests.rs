@@ -347,6 +347,40 @@ fn a_repeated_join_continues_a_membership_only_once_a_heartbeat_named_it() {
     );
 }
 
+/// A service that joined with its catalog following, heard nothing for the heartbeat timeout
+/// and joins again saying it no longer follows (it drops the catalog unless a membership it
+/// knew continues) gets a new membership, and the first heartbeat of the old one, with the
+/// catalog, adopts nothing when it comes after (cluster simulation, seed 455359). Once a
+/// heartbeat named the membership, the same join continues it.
+#[test]
+fn a_join_saying_the_catalog_no_longer_follows_ends_a_membership_that_awaited_it() {
+    let mut m = M::default();
+    let a = m.join(req(Some(1), "http://a", 7, 0, 0)).unwrap();
+    assert_eq!(a.catalog, CatalogFate::Follows);
+    let mut gave_up = req(Some(1), "http://a", 7, 0, 2000);
+    gave_up.catalog_follows = false;
+    let b = m.join(gave_up.clone()).unwrap();
+    assert!(b.fresh && !b.continued && b.epoch != a.epoch);
+    assert_eq!((b.retire, b.catalog), (Some(a.epoch), CatalogFate::None));
+    assert_eq!(m.heartbeat(0, 1, 7, a.epoch, (), 2001), Beat::Refused);
+    assert_eq!(
+        m.heartbeat(0, 1, 7, b.epoch, (), 2002),
+        Beat::First { catalog: false }
+    );
+    // Heard, and its catalog adopted: the same join continues it.
+    let mut m = M::default();
+    let a = m.join(req(Some(1), "http://a", 7, 0, 0)).unwrap();
+    assert_eq!(
+        m.heartbeat(0, 1, 7, a.epoch, (), 1),
+        Beat::First { catalog: true }
+    );
+    let later = m.join(gave_up).unwrap();
+    assert_eq!(
+        (later.epoch, later.fresh, later.continued),
+        (a.epoch, false, true)
+    );
+}
+
 #[test]
 fn a_new_leadership_makes_every_membership_stale() {
     let mut m = M::default();

@@ -146,6 +146,15 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // every earlier process's (`members::first_epoch`). Found when re-replication joined the
     // model, by a hunt that ran it without the mutation too (it failed on the code before).
     (28161, 3000, Some(2)),
+    // A local service restarted with its catalog (kept across kills) joined, its catalog
+    // following, and its first heartbeat met a paused meta: past the heartbeat timeout it gave
+    // the membership up and joined again saying its catalog no longer followed. The meta took
+    // that join for the same membership asking again, and the first heartbeat, with the
+    // catalog, came after it and was adopted, while the service, told its membership was new
+    // to it, dropped its catalog: the meta held objects at blobs no catalog listed (a failover
+    // would have lost them). Such a join now ends the membership that awaited the catalog,
+    // and that heartbeat is refused (`Members::join`).
+    (455359, 3000, None),
 ];
 /// Seeds that found a defect with catalogs kept across kills (`Shape::keeps_catalog`, as
 /// `MMC_SIM_SSD=1` asks), in their drawn shape at 3000 steps: a catalog recovered from the SSD
