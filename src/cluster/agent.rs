@@ -149,11 +149,16 @@ pub enum Action {
         heard_by: u64,
     },
     /// The join was admitted: mount this host's segments as `rank`, take the grant key from
-    /// the answer, reset the catalog's acknowledgements (a new freed log starts at 0).
+    /// the answer; for a `fresh` membership reset the catalog's acknowledgements (a new freed
+    /// log starts at 0). A continued one keeps them, and the records it applied: the meta's
+    /// log goes on numbering where it was, and a copy's late write must still meet the record
+    /// that freed its blob (found by the cluster simulation, seed 937533: the reset forgot
+    /// it, the write was listed, and a restarted meta adopted the deleted key's old value).
     Become {
         meta: String,
         rank: u32,
         epoch: u64,
+        fresh: bool,
     },
     /// Drop every catalog entry without handing it over.
     DiscardCatalog,
@@ -622,6 +627,7 @@ impl Agent {
                     meta: meta.clone(),
                     rank: a.rank,
                     epoch: a.epoch,
+                    fresh: a.fresh,
                 });
                 out.push(Action::Info(format!(
                     "joined the meta service at {meta} as rank {} (epoch {})",

@@ -56,7 +56,8 @@ fn joined(ha: bool) -> Agent {
     assert!(acts.contains(&Action::Become {
         meta: "http://m1".into(),
         rank: 3,
-        epoch: 7
+        epoch: 7,
+        fresh: true,
     }));
     a
 }
@@ -246,6 +247,13 @@ fn a_catalog_survives_a_short_silence_or_a_continued_membership() {
             !acts.contains(&Action::DiscardCatalog),
             kept,
             "ha {ha}, at {forgotten_at}, fresh {fresh}, answered at {at}"
+        );
+        // A continued membership keeps the catalog's acknowledgements and the records it
+        // applied (its freed log goes on); only a new one starts them over.
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Become { fresh: f, .. } if *f == fresh)),
+            "{acts:?}"
         );
     }
 }

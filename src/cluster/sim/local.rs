@@ -214,7 +214,12 @@ impl Local {
                 self.calls
                     .insert(call, (cx.now + CALL_TIMEOUT_MS, Call::Join { meta }));
             }
-            Action::Become { meta, rank, epoch } => {
+            Action::Become {
+                meta,
+                rank,
+                epoch,
+                fresh,
+            } => {
                 if self.rank.is_some_and(|r| r != rank) {
                     // A new rank replaces the memory: the meta forgot the old copies.
                     self.discard(cx, "mounted under another rank");
@@ -225,8 +230,10 @@ impl Local {
                     self.grant_key = Some(key);
                 }
                 self.meta = Node::from_url(&meta);
+                if fresh || self.epoch != epoch {
+                    self.catalog.reset_ack();
+                }
                 self.epoch = epoch;
-                self.catalog.reset_ack();
                 self.joined = true;
             }
             Action::DiscardCatalog => self.discard(cx, "catalog discarded"),
