@@ -610,8 +610,17 @@ impl Agent {
                     )));
                     self.discard_catalog(admitted, out);
                 } else if let Some(silent) = suspect.filter(|_| a.fresh) {
+                    // Silent since the process started when none was ever answered: its clock's
+                    // figure would say nothing then.
+                    let silence = if self.last_acked_send_ms == 0 {
+                        "no heartbeat of this process was ever answered".to_string()
+                    } else {
+                        format!(
+                            "no heartbeat was answered for {silent} ms, past the heartbeat timeout"
+                        )
+                    };
                     out.push(Action::Warn(format!(
-                        "rank {}: no heartbeat was answered for {silent} ms, past the heartbeat timeout, and the meta service at {meta} admitted this service afresh: it may have declared it lost and removed its objects (or restarted), so its catalog is dropped, not handed over",
+                        "rank {}: {silence}, and the meta service at {meta} admitted this service afresh: it may have declared it lost and removed its objects (or restarted), so its catalog is dropped, not handed over",
                         a.rank
                     )));
                     self.discard_catalog(admitted, out);

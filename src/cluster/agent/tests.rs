@@ -553,3 +553,28 @@ fn a_membership_is_its_meta_and_its_epoch() {
     assert!(!a.is_membership("http://m2", 7));
     assert!(!a.is_membership("http://m1", 6));
 }
+
+/// A service none of whose heartbeats was ever answered, given up past the timeout without HA
+/// and admitted afresh, drops its catalog and says so without a figure from its clock's zero.
+#[test]
+fn a_catalog_dropped_after_no_heartbeat_was_ever_answered_says_so() {
+    let mut a = joined(false);
+    a.step(Input::Tick { moved_at_ms: 0 }, 2, true);
+    let acts = a.step(Input::Tick { moved_at_ms: 0 }, 1500, true);
+    assert!(matches!(acts.last(), Some(Action::Join { .. })), "{acts:?}");
+    let acts = a.step(
+        Input::JoinAnswered {
+            meta: "http://m1".into(),
+            answer: admitted(3, 8, false),
+        },
+        1501,
+        true,
+    );
+    assert!(acts.contains(&Action::DiscardCatalog), "{acts:?}");
+    assert!(
+        acts.iter().any(|x| matches!(x, Action::Warn(w)
+            if w.contains("no heartbeat of this process was ever answered")
+                && !w.contains(" ms,"))),
+        "{acts:?}"
+    );
+}
