@@ -443,6 +443,20 @@ impl<R: Clone> Members<R> {
                 MemberState::Live if !j.catalog_follows && e.awaiting_catalog && !e.heard => {
                     Some(e.epoch)
                 }
+                // The other way round: the join that began the membership said no catalog
+                // follows and this one, no heartbeat having named the membership, says one
+                // does (a commit answered since, the first join a late copy of an earlier
+                // attempt). Answered with the first one's verdict, the service hands its
+                // catalog over and this meta, awaiting none, ignores it: listed, not held,
+                // and a failover brings it back (found by the cluster simulation, seed
+                // 1072231 with three metas: a join sent while the meta was dead reached it
+                // once it led, 2 s later, and began the membership). A new membership then,
+                // decided on this join.
+                MemberState::Live
+                    if j.catalog_follows && e.fate.0 == CatalogFate::None && !e.heard =>
+                {
+                    Some(e.epoch)
+                }
                 MemberState::Live => {
                     // The same membership asking again (its answer was lost): nothing changes,
                     // but its next heartbeat is a first one again (it dropped its grant key

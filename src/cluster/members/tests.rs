@@ -351,9 +351,10 @@ fn a_repeated_join_continues_a_membership_only_once_a_heartbeat_named_it() {
 /// and joins again saying it no longer follows (it drops the catalog unless a membership it
 /// knew continues) gets a new membership, and the first heartbeat of the old one, with the
 /// catalog, adopts nothing when it comes after (cluster simulation, seed 455359). Once a
-/// heartbeat named the membership, the same join continues it.
+/// heartbeat named the membership, the same join continues it. And one begun by a join without
+/// the catalog, asked again with it, awaits it in a new membership (seed 1072231).
 #[test]
-fn a_join_saying_the_catalog_no_longer_follows_ends_a_membership_that_awaited_it() {
+fn a_repeated_join_that_changes_whether_the_catalog_follows_begins_a_new_membership() {
     let mut m = M::default();
     let a = m.join(req(Some(1), "http://a", 7, 0, 0)).unwrap();
     assert_eq!(a.catalog, CatalogFate::Follows);
@@ -374,10 +375,32 @@ fn a_join_saying_the_catalog_no_longer_follows_ends_a_membership_that_awaited_it
         m.heartbeat(0, 1, 7, a.epoch, (), 1),
         Beat::First { catalog: true }
     );
-    let later = m.join(gave_up).unwrap();
+    let later = m.join(gave_up.clone()).unwrap();
     assert_eq!(
         (later.epoch, later.fresh, later.continued),
         (a.epoch, false, true)
+    );
+    // The other way round (seed 1072231): begun by a join without the catalog, asked again
+    // with it before any heartbeat, a new membership awaits it; answered with the first
+    // verdict, the catalog would be handed to a meta that ignores it.
+    let mut m = M::default();
+    let a = m.join(gave_up.clone()).unwrap();
+    assert_eq!(a.catalog, CatalogFate::None);
+    let b = m.join(req(Some(1), "http://a", 7, 0, 2000)).unwrap();
+    assert!(b.fresh && !b.continued && b.epoch != a.epoch);
+    assert_eq!((b.retire, b.catalog), (Some(a.epoch), CatalogFate::Follows));
+    assert_eq!(m.heartbeat(0, 1, 7, a.epoch, (), 2001), Beat::Refused);
+    assert_eq!(
+        m.heartbeat(0, 1, 7, b.epoch, (), 2002),
+        Beat::First { catalog: true }
+    );
+    // Asked again without it, unheard: the first verdict again, nothing new begins.
+    let mut m = M::default();
+    let a = m.join(gave_up.clone()).unwrap();
+    let again = m.join(gave_up).unwrap();
+    assert_eq!(
+        (again.epoch, again.fresh, again.catalog),
+        (a.epoch, false, CatalogFate::None)
     );
 }
 

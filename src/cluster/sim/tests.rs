@@ -155,6 +155,12 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
     // would have lost them). Such a join now ends the membership that awaited the catalog,
     // and that heartbeat is refused (`Members::join`).
     (455359, 3000, None),
+    // The other way round: a join sent while the meta was dead, its catalog not following
+    // then, reached it once it led and began a membership; the service's next join, with
+    // the catalog (a commit answered since), got that first join's verdict, and its
+    // catalog, handed over, was ignored: listed, not held (`Members::join`, a new membership
+    // decided on the later join).
+    (1072231, 3000, None),
 ];
 /// Seeds that found a defect with catalogs kept across kills (`Shape::keeps_catalog`, as
 /// `MMC_SIM_SSD=1` asks), in their drawn shape at 3000 steps: a catalog recovered from the SSD
@@ -259,6 +265,9 @@ const FOUND_AUTO_RANKS: &[(u64, Option<usize>, Flags)] = &[
     (113168, Some(1), auto(false, false, false)),
     (196032, Some(3), auto(false, false, true)),
     (279801, Some(2), auto(false, true, false)),
+    // Seed 1072231's defect (FOUND), with one meta: a repeated join with the catalog got the
+    // verdict of the first, without it.
+    (1185096, None, auto(true, true, false)),
 ];
 
 /// Automatic ranks, catalogs kept across kills, mapped reads, calm: as said.
