@@ -19,6 +19,11 @@ thread count measures, in the same run and in turn:
   shared    -- the same puts and gets over the same-host socket from and into buffers of
                alloc_shared_buffer (the server copies with memcpy: docs/same-host.md,
                *Shared buffers*)
+  bounds    -- one thread only: 16-byte same-host gets and puts (a request without its
+               copy), and process_vm_readv into memory out of cache in two halves on two
+               threads at once (a put's copy as the server makes it); a request can be no
+               faster than the first plus its copy alone, so the table of bounds says what
+               the bars could be at best on this machine
 Each figure is the median of --rounds rounds of --seconds each (the transports alternate
 round by round, so a load that comes and goes hits both alike); every get's bytes are
 checked at the end of its round. Prints a Markdown table: GB/s (object bytes, all threads
@@ -188,6 +193,45 @@ class Case:
             n += 8
         return n * self.size, time.perf_counter() - t0
 
+    def kernel_copy_far(self, t, stop, parts=2):
+        """process_vm_readv into successive slots of the window, as a put's copy writes a
+        segment out of cache; run on `parts` threads at once, each copying its share of every
+        object (the server copies a large put in two halves, its shard's and a helper's)."""
+        part = self.size // parts
+        remote = _Iovec(self.src[0].ctypes.data + (t % parts) * part, part)
+        far = self.far[0]
+        base, slots = far.ctypes.data + (t % parts) * part, len(far) // self.size
+        pid, call, n = os.getpid(), _LIBC.process_vm_readv, 0
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            for _ in range(8):
+                local = _Iovec(base + (n % slots) * self.size, part)
+                if call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) != part:
+                    raise OSError(ctypes.get_errno(), "process_vm_readv")
+                n += 1
+        return n * part, time.perf_counter() - t0
+
+    def requests(self, store, op):
+        """16-byte put_from (fresh keys) or get_into (one key) requests, one after another:
+        what a request costs besides its copy. Returns (requests, seconds): `timed` then gives
+        requests per ns."""
+        buf = np.zeros(16, dtype=np.uint8)
+        ptr = buf.ctypes.data
+        tag = "rq/%d" % self.round
+        store.put_from(tag, ptr, 16)
+
+        def work(t, stop):
+            n = 0
+            t0 = time.perf_counter()
+            while not stop.is_set():
+                if op == "put":
+                    assert store.put_from("%s/%d/%d" % (tag, t, n), ptr, 16) == 0
+                else:
+                    assert store.get_into(tag, ptr, 16) == 0
+                n += 1
+            return n, time.perf_counter() - t0
+        return work
+
     def memmove_far(self, t, stop):
         n, s, base = 0, self.src[t].ctypes.data, self.far[t].ctypes.data
         slots = len(self.far[t]) // self.size
@@ -300,12 +344,22 @@ def main():
                 got = {k: [] for k in ("memmove", "memmove far", "kernel copy",
                                        "put same-host", "put tcp",
                                        "put shared", "get same-host", "get tcp", "get shared",
-                                       "get() same-host", "get() tcp")}
+                                       "get() same-host", "get() tcp", "kernel copy far",
+                                       "16 B get", "16 B put")}
                 runs = [("same-host", False), ("tcp", False), ("shared", True)]
                 for _ in range(args.rounds):
                     got["memmove"].append(timed(threads, args.seconds, case.memmove))
                     got["memmove far"].append(timed(threads, args.seconds, case.memmove_far))
                     got["kernel copy"].append(timed(threads, args.seconds, case.kernel_copy))
+                    if threads == 1:
+                        # GB/s of one object copied in halves on two threads at once.
+                        got["kernel copy far"].append(
+                            timed(2, args.seconds, case.kernel_copy_far))
+                        for op in ("get", "put"):
+                            # µs per request (timed gives requests per ns).
+                            rate = timed(1, args.seconds, case.requests(stores["same-host"], op))
+                            got["16 B " + op].append(1e-3 / rate)
+                        stores["same-host"].remove_all()
                     for name, shared in runs:
                         store = stores["same-host" if shared else name]
                         got["put " + name].append(timed(threads, args.seconds,
@@ -321,7 +375,8 @@ def main():
                             got["get() " + name].append(timed(threads, args.seconds,
                                                               case.gets_bytes(store, tag)))
                         store.remove_all()
-                rows.append((size, threads, {k: statistics.median(v) for k, v in got.items()}))
+                rows.append((size, threads,
+                             {k: statistics.median(v) for k, v in got.items() if v}))
                 r = rows[-1][2]
                 split1, back1 = split_counts(url)
                 print("# %s x%d: %s; copies split %d, first halves taken back %d" % (
@@ -369,6 +424,27 @@ def main():
         k = r["kernel copy"]
         print("| %s | %d | %.2f | %.2f | %.2f |" % (label(size), threads, k, k / r["memmove"],
                                                   r["put same-host"] / k))
+
+    print()
+    print("What bounds one thread's same-host request on this machine: a 16-byte request's "
+          "time (everything but the copy) plus the copy alone; for a get the client's memmove "
+          "(the bench's gets read four keys in turn, in cache), for a put the kernel's copy into "
+          "memory out of cache in two halves at once, as the server makes it. The bound is what "
+          "a request would reach if nothing else cost anything:")
+    print()
+    print("| size | 16 B get µs | 16 B put µs | get bound GB/s | ×TCP | ×memmove "
+          "| put bound GB/s | ×TCP | ×memmove | kernel copy far GB/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size, threads, r in rows:
+        if threads != 1:
+            continue
+        m, kfar = r["memmove"], r["kernel copy far"]
+        g_us, p_us = r["16 B get"], r["16 B put"]
+        gb = size / (g_us * 1e3 + size / m)
+        pb = size / (p_us * 1e3 + size / kfar)
+        print("| %s | %.1f | %.1f | %.2f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f |" % (
+            label(size), g_us, p_us, gb, gb / r["get tcp"], gb / m, pb, pb / r["put tcp"],
+            pb / m, kfar))
 
     print()
     print("get(): new bytes per call (same host: made from the mapped segment, or with "
