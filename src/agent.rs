@@ -281,12 +281,8 @@ fn act(
                 });
             });
         }
-        Action::Become {
-            meta,
-            rank,
-            epoch,
-            fresh,
-        } => {
+        Action::ResetAcks => shared.membership.local.catalog().reset_ack(),
+        Action::Become { meta, rank, epoch } => {
             if let Err(e) = mount_as(shared, rank) {
                 log::error!("cannot mount this host's segments as rank {rank}: {e}");
                 std::process::exit(1);
@@ -301,11 +297,6 @@ fn act(
             // From now on it reports that meta as the leader it follows, and is ready.
             shared.ha.follow(Some((&meta, view)));
             shared.membership.local.set(rank, meta);
-            // A new membership's freed log starts at sequence 0; a continued one's goes on
-            // (`Action::Become`).
-            if fresh || shared.membership.local.epoch() != epoch {
-                shared.membership.local.catalog().reset_ack();
-            }
             shared.membership.local.set_epoch(epoch);
             shared.membership.local.set_joined(true);
         }

@@ -148,17 +148,19 @@ pub enum Action {
         /// The lineage of the meta that last answered a heartbeat (`Admission::lineage`).
         heard_by: u64,
     },
+    /// Forget the catalog's acknowledgements and the freed records it applied: a new
+    /// membership's freed log starts at 0 (comes before its `Become`). A continued one keeps
+    /// them: the meta's log goes on numbering where it was, and a copy's late write must still
+    /// meet the record that freed its blob (found by the cluster simulation, seed 937533: reset
+    /// at every admission, the record was forgotten, the write listed, and a restarted meta
+    /// adopted the deleted key's old value).
+    ResetAcks,
     /// The join was admitted: mount this host's segments as `rank`, take the grant key from
-    /// the answer; for a `fresh` membership reset the catalog's acknowledgements (a new freed
-    /// log starts at 0). A continued one keeps them, and the records it applied: the meta's
-    /// log goes on numbering where it was, and a copy's late write must still meet the record
-    /// that freed its blob (found by the cluster simulation, seed 937533: the reset forgot
-    /// it, the write was listed, and a restarted meta adopted the deleted key's old value).
+    /// the answer.
     Become {
         meta: String,
         rank: u32,
         epoch: u64,
-        fresh: bool,
     },
     /// Drop every catalog entry without handing it over.
     DiscardCatalog,
@@ -272,6 +274,8 @@ pub struct Agent {
     /// each step), and since when a join waits for them.
     commits_in_flight: bool,
     commits_wait_since: Option<u64>,
+    /// The epoch of the last membership admitted (`None` before any).
+    last_epoch: Option<u64>,
 }
 
 impl Agent {
@@ -302,6 +306,7 @@ impl Agent {
             catalog_since: Membership::default(),
             commits_in_flight: false,
             commits_wait_since: None,
+            last_epoch: None,
         }
     }
 
@@ -632,11 +637,15 @@ impl Agent {
                 } else if a.fresh {
                     out.push(Action::DropUnconfirmed);
                 }
+                // Continued: the membership this service reported under (the same epoch).
+                if a.fresh || self.last_epoch != Some(a.epoch) {
+                    out.push(Action::ResetAcks);
+                }
+                self.last_epoch = Some(a.epoch);
                 out.push(Action::Become {
                     meta: meta.clone(),
                     rank: a.rank,
                     epoch: a.epoch,
-                    fresh: a.fresh,
                 });
                 out.push(Action::Info(format!(
                     "joined the meta service at {meta} as rank {} (epoch {})",

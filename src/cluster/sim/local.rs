@@ -214,12 +214,8 @@ impl Local {
                 self.calls
                     .insert(call, (cx.now + CALL_TIMEOUT_MS, Call::Join { meta }));
             }
-            Action::Become {
-                meta,
-                rank,
-                epoch,
-                fresh,
-            } => {
+            Action::ResetAcks => self.catalog.reset_ack(),
+            Action::Become { meta, rank, epoch } => {
                 if self.rank.is_some_and(|r| r != rank) {
                     // A new rank replaces the memory: the meta forgot the old copies.
                     self.discard(cx, "mounted under another rank");
@@ -230,9 +226,6 @@ impl Local {
                     self.grant_key = Some(key);
                 }
                 self.meta = Node::from_url(&meta);
-                if fresh || self.epoch != epoch {
-                    self.catalog.reset_ack();
-                }
                 self.epoch = epoch;
                 self.joined = true;
             }

@@ -173,7 +173,7 @@ const FOUND: &[(u64, u64, Option<usize>)] = &[
 /// by a join while the meta was paused, had forgotten the records it applied; listed, the old
 /// value came back to the restarted meta after a newer put of the key was acknowledged and
 /// removed (937533, one meta: a continued membership keeps its acknowledgements,
-/// `agent::Action::Become`). (seed, mapped reads.)
+/// `agent::Action::ResetAcks`). (seed, mapped reads.)
 const FOUND_KEEPING_CATALOGS: &[(u64, bool)] =
     &[(13, false), (117, false), (17, false), (937533, true)];
 
