@@ -458,12 +458,21 @@ class Client(threading.Thread):
         self.ledger.count("abandon_put", "sent part of the body, then disconnected")
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port free now and not handed out before by this process: the ports of a
+    cluster are all chosen before any of its processes listens, and the kernel may give the
+    same free port twice (a cluster soak once started a local service on its etcd's port)."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def start_server(args, ssd_dir, faults, log_path):

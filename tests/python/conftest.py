@@ -16,10 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SERVER = os.environ.get("MMC_SERVER_BIN", os.path.join(ROOT, "target", "debug", "mmc-server"))
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out before in this run (a test may choose
+    several before any is listened on, and the kernel may give the same free port twice)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class Server:
